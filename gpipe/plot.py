@@ -1,0 +1,126 @@
+"""Gantt charts of timelines (matplotlib, imported only when a chart is drawn)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpipe.schedule import Op
+from gpipe.timeline import COMPUTE, Timeline
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["COLOURS", "plot_side_by_side", "plot_timeline"]
+
+#: One colour per kind of span; bubbles are the white space between them.
+COLOURS: dict[str, str] = {
+    "F": "#4c72b0",  # forward: blue
+    "B": "#dd8452",  # backward: orange
+    "R": "#55a868",  # recompute: green
+    "W": "#c44e52",  # weight gradient: red
+    "copy": "#8c8c8c",  # copies: grey
+}
+
+
+def _colour(stream: str, op: Op) -> str:
+    return COLOURS[op.value] if stream == COMPUTE else COLOURS["copy"]
+
+
+def _draw(ax: Axes, timeline: Timeline, origin: float, title: str, labels: bool) -> None:
+    rows: list[tuple[int, str]] = []
+    for d in range(timeline.num_devices):
+        rows.append((d, COMPUTE))
+        rows.extend((d, s) for s in sorted({s.stream for s in timeline.spans if s.device == d} - {COMPUTE}))
+    y_of = {r: k for k, r in enumerate(rows)}
+    makespan = timeline.makespan or 1.0
+    for s in timeline.spans:
+        y = y_of[(s.device, s.stream)]
+        height = 0.8 if s.stream == COMPUTE else 0.5
+        ax.broken_barh([(s.start - origin, s.duration)], (y - height / 2, height),
+                       facecolors=_colour(s.stream, s.task.op), edgecolors="white", linewidth=0.5)
+        if labels and s.stream == COMPUTE and s.duration > makespan / 60:
+            ax.text(s.start - origin + s.duration / 2, y, f"{s.task.microbatch}", ha="center", va="center",
+                    fontsize=7, color="white")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"dev {d}" if st == COMPUTE else f"dev {d} {st}" for d, st in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _legend(fig: Figure) -> None:
+    from matplotlib.patches import Patch
+
+    names = {"F": "forward", "B": "backward", "R": "recompute", "W": "weight grad", "copy": "copy"}
+    fig.legend(handles=[Patch(color=c, label=names[k]) for k, c in COLOURS.items()], loc="lower center",
+               ncol=len(COLOURS), fontsize=8, frameon=False)
+
+
+def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, title: str | None = None,
+                  ax: Axes | None = None, labels: bool = True) -> Any:
+    """Draw ``timeline`` as a Gantt chart: one row per device stream, micro-batch numbers on the bars.
+
+    Args:
+        timeline: what to draw.
+        path: where to save a PNG; nothing is saved when ``None``.
+        title: the chart's title (default: makespan and bubble fraction).
+        ax: an existing matplotlib axes to draw into (then ``path`` is ignored).
+        labels: write the micro-batch index on each compute bar.
+
+    Returns:
+        The matplotlib figure.
+    """
+    import matplotlib
+
+    if ax is None and path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    title = title or f"{timeline.source or 'timeline'}: makespan {timeline.makespan:.4g} s, " \
+                     f"bubble {timeline.bubble_fraction():.1%}"
+    if ax is not None:
+        _draw(ax, timeline, timeline.start, title, labels)
+        return ax.figure
+    rows = sum(1 + len({s.stream for s in timeline.spans if s.device == d} - {COMPUTE})
+               for d in range(timeline.num_devices))
+    fig, ax2 = plt.subplots(figsize=(10, 1.0 + 0.35 * max(rows, 2)))
+    _draw(ax2, timeline, timeline.start, title, labels)
+    ax2.set_xlabel("seconds")
+    _legend(fig)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    if path is not None:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return fig
+
+
+def plot_side_by_side(timelines: Sequence[Timeline], path: str | Path | None = None, *,
+                      titles: Sequence[str] | None = None, labels: bool = True) -> Any:
+    """Draw several timelines one above the other on one shared time axis (predicted above measured).
+
+    Each timeline is drawn from its own start, so they line up at zero.
+    """
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    titles = list(titles) if titles is not None else [
+        f"{t.source or 'timeline'}: makespan {t.makespan:.4g} s, bubble {t.bubble_fraction():.1%}" for t in timelines]
+    heights = [1 + sum(1 + len({s.stream for s in t.spans if s.device == d} - {COMPUTE})
+                       for d in range(t.num_devices)) for t in timelines]
+    fig, axes = plt.subplots(len(timelines), 1, sharex=True, figsize=(10, 1.2 + 0.35 * sum(heights)),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    for ax, tl, title in zip(axes[:, 0], timelines, titles):
+        _draw(ax, tl, tl.start, title, labels)
+    axes[-1, 0].set_xlabel("seconds")
+    _legend(fig)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    if path is not None:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return fig

@@ -1,0 +1,321 @@
+"""Timelines: what ran where and when, predicted by the simulator or measured by the executor.
+
+Pure Python (no torch). A :class:`Timeline` is a tuple of :class:`Span` (device, stream, task, start,
+end) and a tuple of :class:`MemorySample` (device, time, bytes). Times are seconds from the start of
+the step. Everything downstream (metrics, JSON, the Chrome/Perfetto trace, the Gantt chart in
+:mod:`gpipe.plot`, the comparison) takes either kind.
+
+Streams::
+
+    "compute"  the device's compute stream: F, R, B and W tasks
+    "copy"     the receiving device's copy stream: a copy is recorded on the device it arrives at,
+               and its ``task`` is the task whose result it carries (F(i, j) for an activation sent
+               to stage j+1, B(i, j) for a gradient sent to stage j-1)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpipe.schedule import Task
+
+__all__ = [
+    "COMPUTE",
+    "COPY",
+    "MemorySample",
+    "Span",
+    "Timeline",
+    "chrome_trace",
+    "write_chrome_trace",
+]
+
+COMPUTE = "compute"
+COPY = "copy"
+
+
+@dataclass(frozen=True)
+class Span:
+    """One task or copy on one stream of one device, from ``start`` to ``end`` seconds.
+
+    ``label`` only refines the display (``"skip"`` for a skip-connection copy, say); identity is
+    ``(device, stream, task, label)``.
+    """
+
+    device: int
+    stream: str
+    task: Task
+    start: float
+    end: float
+    label: str = ""
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def key(self) -> tuple[int, str, Task, str]:
+        return (self.device, self.stream, self.task, self.label)
+
+    @property
+    def name(self) -> str:
+        """Display name: ``F2@1``, or ``copy F2@1`` for a copy."""
+        base = str(self.task) if self.stream == COMPUTE else f"{self.stream} {self.task}"
+        return f"{base} ({self.label})" if self.label else base
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "device": self.device,
+            "stream": self.stream,
+            "task": str(self.task),
+            "start": self.start,
+            "end": self.end,
+        }
+        if self.label:
+            d["label"] = self.label
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Span:
+        return cls(
+            int(d["device"]), str(d["stream"]), Task.parse(d["task"]), float(d["start"]), float(d["end"]),
+            str(d.get("label", "")),
+        )
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """``bytes`` held on ``device`` from ``time`` seconds until its next sample."""
+
+    device: int
+    time: float
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "time": self.time, "bytes": self.bytes}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MemorySample:
+        return cls(int(d["device"]), float(d["time"]), int(d["bytes"]))
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Spans and memory samples of one run of one schedule.
+
+    Attributes:
+        spans: every task and copy, in no particular order.
+        memory: memory samples; per device, a step function over time.
+        num_devices: devices in the run (a device may have no spans).
+        source: ``"simulated"`` or ``"measured"``, for display.
+        meta: free-form description (schedule name, m, n, checkpoint, hardware ...), JSON-serialisable.
+    """
+
+    spans: tuple[Span, ...]
+    memory: tuple[MemorySample, ...] = ()
+    num_devices: int = 0
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spans", tuple(self.spans))
+        object.__setattr__(self, "memory", tuple(self.memory))
+        seen = max([s.device + 1 for s in self.spans] + [s.device + 1 for s in self.memory] + [0])
+        object.__setattr__(self, "num_devices", max(self.num_devices, seen))
+
+    # -- selection ---------------------------------------------------------------------------------
+
+    def compute_spans(self, device: int | None = None) -> list[Span]:
+        """Compute spans (of ``device``, or all), sorted by start."""
+        spans = [s for s in self.spans if s.stream == COMPUTE and (device is None or s.device == device)]
+        return sorted(spans, key=lambda s: (s.start, s.end))
+
+    def copy_spans(self, device: int | None = None) -> list[Span]:
+        spans = [s for s in self.spans if s.stream != COMPUTE and (device is None or s.device == device)]
+        return sorted(spans, key=lambda s: (s.start, s.end))
+
+    def task_order(self, device: int) -> list[Task]:
+        """The tasks ``device`` computed, in the order they started."""
+        return [s.task for s in self.compute_spans(device)]
+
+    def span_of(self, task: Task) -> Span:
+        """The compute span of ``task``; ``KeyError`` if there is none."""
+        for s in self.spans:
+            if s.stream == COMPUTE and s.task == task:
+                return s
+        raise KeyError(f"no compute span for {task}")
+
+    def shifted(self, offset: float) -> Timeline:
+        """The same timeline with every time moved by ``offset`` seconds."""
+        return Timeline(
+            tuple(Span(s.device, s.stream, s.task, s.start + offset, s.end + offset, s.label) for s in self.spans),
+            tuple(MemorySample(m.device, m.time + offset, m.bytes) for m in self.memory),
+            self.num_devices, self.source, dict(self.meta),
+        )
+
+    # -- metrics -----------------------------------------------------------------------------------
+
+    @property
+    def start(self) -> float:
+        return min((s.start for s in self.spans), default=0.0)
+
+    @property
+    def end(self) -> float:
+        return max((s.end for s in self.spans), default=0.0)
+
+    @property
+    def makespan(self) -> float:
+        """Seconds from the first span's start to the last span's end."""
+        return self.end - self.start
+
+    def busy(self, device: int) -> float:
+        """Seconds ``device``'s compute stream is busy (overlapping spans counted once)."""
+        return _union_length((s.start, s.end) for s in self.compute_spans(device))
+
+    def utilisation(self, device: int) -> float:
+        """Busy fraction of the makespan on ``device``."""
+        return self.busy(device) / self.makespan if self.makespan > 0 else 0.0
+
+    def bubble_fraction(self, device: int | None = None) -> float:
+        """Idle fraction of the makespan on ``device``, or the mean over all devices.
+
+        For GPipe with uniform costs and free copies this is ``(n - 1) / (m + n - 1)`` on every device.
+        """
+        if device is not None:
+            return 1.0 - self.utilisation(device)
+        if self.num_devices == 0:
+            return 0.0
+        return sum(self.bubble_fraction(d) for d in range(self.num_devices)) / self.num_devices
+
+    def memory_series(self, device: int) -> list[tuple[float, int]]:
+        """``(time, bytes)`` samples of ``device``, sorted by time."""
+        return sorted(((m.time, m.bytes) for m in self.memory if m.device == device), key=lambda p: p[0])
+
+    def peak_memory(self, device: int) -> int:
+        """The largest sampled bytes on ``device`` (0 without samples)."""
+        return max((m.bytes for m in self.memory if m.device == device), default=0)
+
+    def summary(self) -> dict[str, Any]:
+        """Makespan, bubble fraction and per-device busy, utilisation and peak memory, as plain data."""
+        return {
+            "makespan": self.makespan,
+            "bubble_fraction": self.bubble_fraction(),
+            "devices": [
+                {
+                    "device": d,
+                    "busy": self.busy(d),
+                    "utilisation": self.utilisation(d),
+                    "bubble_fraction": self.bubble_fraction(d),
+                    "peak_memory_bytes": self.peak_memory(d),
+                }
+                for d in range(self.num_devices)
+            ],
+        }
+
+    # -- serialisation -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "num_devices": self.num_devices,
+            "meta": self.meta,
+            "spans": [s.to_dict() for s in self.spans],
+            "memory": [m.to_dict() for m in self.memory],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Timeline:
+        return cls(
+            tuple(Span.from_dict(s) for s in d.get("spans", [])),
+            tuple(MemorySample.from_dict(m) for m in d.get("memory", [])),
+            int(d.get("num_devices", 0)),
+            str(d.get("source", "")),
+            dict(d.get("meta", {})),
+        )
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=1)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> Timeline:
+        """Read a timeline from JSON text or from a file path."""
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            text = Path(text_or_path).read_text()
+        return cls.from_dict(json.loads(text))
+
+
+def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    total = 0.0
+    cur_start = cur_end = None
+    for a, b in sorted(intervals):
+        if cur_end is None or a > cur_end:
+            if cur_end is not None and cur_start is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = a, b
+        else:
+            cur_end = max(cur_end, b)
+    if cur_end is not None and cur_start is not None:
+        total += cur_end - cur_start
+    return total
+
+
+# -- Chrome / Perfetto trace -------------------------------------------------------------------------
+
+_STREAM_TID = {COMPUTE: 0, COPY: 1}
+
+
+def chrome_trace(timelines: Timeline | Sequence[Timeline], titles: Sequence[str] | None = None) -> dict[str, Any]:
+    """A Chrome trace-event document (opens in https://ui.perfetto.dev and chrome://tracing).
+
+    One process per device (per timeline, when several are given: predicted and measured side by
+    side), one thread per stream, one complete (``"X"``) event per span, memory as a counter track.
+    Times are microseconds, as the format requires.
+    """
+    tls = [timelines] if isinstance(timelines, Timeline) else list(timelines)
+    names = list(titles) if titles is not None else [t.source or f"timeline {k}" for k, t in enumerate(tls)]
+    events: list[dict[str, Any]] = []
+    pid_base = 0
+    for k, tl in enumerate(tls):
+        prefix = f"{names[k]}: " if len(tls) > 1 else ""
+        origin = tl.start
+        for d in range(tl.num_devices):
+            pid = pid_base + d
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                           "args": {"name": f"{prefix}device {d}"}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+            streams = sorted({s.stream for s in tl.spans if s.device == d} | {COMPUTE}, key=_tid)
+            for stream in streams:
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": _tid(stream),
+                               "args": {"name": stream}})
+        for s in sorted(tl.spans, key=lambda s: (s.device, s.start)):
+            events.append({
+                "ph": "X", "name": s.name, "cat": s.task.op.value if s.stream == COMPUTE else s.stream,
+                "pid": pid_base + s.device, "tid": _tid(s.stream),
+                "ts": (s.start - origin) * 1e6, "dur": max(s.duration, 0.0) * 1e6,
+                "args": {"task": str(s.task), "microbatch": s.task.microbatch, "stage": s.task.stage},
+            })
+        for m in sorted(tl.memory, key=lambda m: (m.device, m.time)):
+            events.append({"ph": "C", "name": "memory", "pid": pid_base + m.device, "tid": 0,
+                           "ts": max(m.time - origin, 0.0) * 1e6, "args": {"bytes": m.bytes}})
+        pid_base += max(tl.num_devices, 1)
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _tid(stream: str) -> int:
+    return _STREAM_TID.get(stream, 2 + sum(map(ord, stream)) % 1000)
+
+
+def write_chrome_trace(path: str | Path, timelines: Timeline | Sequence[Timeline],
+                       titles: Sequence[str] | None = None) -> Path:
+    """Write :func:`chrome_trace` to ``path`` and return the path."""
+    p = Path(path)
+    p.write_text(json.dumps(chrome_trace(timelines, titles)))
+    return p
+

@@ -1,0 +1,149 @@
+"""Cost models: how long each task takes and how many bytes each copy moves and each stage keeps.
+
+One type, several sources: explicit numbers (teaching, the CLI), measurements of real partitions
+(:mod:`sim.calibrate`), and FLOPs and bytes counted on the ``meta`` device divided by a hardware spec
+(:mod:`sim.flops`). The simulator consumes a :class:`CostModel` and never changes it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+__all__ = ["CostModel", "Overheads", "StageCost"]
+
+
+def _check(name: str, value: float, *, allow_zero: bool = True) -> None:
+    if not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Costs of one stage, per micro-batch.
+
+    Attributes:
+        forward: seconds of ``F`` on the stage's device.
+        backward: seconds of ``B`` (input and weight gradient; minus ``weight`` when W tasks split it).
+        recompute: seconds of ``R``; ``None`` means the same as ``forward``.
+        weight: seconds of ``W`` (zero-bubble schedules only).
+        send_bytes: bytes of the activation sent to the next stage (the gradient coming back is as large).
+        saved_bytes: bytes kept for backward per micro-batch without checkpointing.
+        checkpoint_bytes: bytes kept per micro-batch with checkpointing (the stage input).
+        parameter_bytes: bytes of the stage's parameters (and buffers).
+        gradient_bytes: bytes of the parameter gradients.
+        optimizer_bytes: bytes of the optimizer state (e.g. Adam's two moments).
+    """
+
+    forward: float
+    backward: float
+    recompute: float | None = None
+    weight: float = 0.0
+    send_bytes: int = 0
+    saved_bytes: int = 0
+    checkpoint_bytes: int = 0
+    parameter_bytes: int = 0
+    gradient_bytes: int = 0
+    optimizer_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",
+                     "parameter_bytes", "gradient_bytes", "optimizer_bytes"):
+            _check(name, getattr(self, name))
+        if self.recompute is not None:
+            _check("recompute", self.recompute)
+
+    @property
+    def recompute_seconds(self) -> float:
+        return self.forward if self.recompute is None else self.recompute
+
+    @property
+    def model_state_bytes(self) -> int:
+        return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """What the executor costs beyond the kernels, learned from calibration (all seconds, default 0).
+
+    Attributes:
+        task: host time added to every compute task (dispatch, bookkeeping, recording).
+        handoff: latency of handing a result from one worker to another (queue put/get, wake-up).
+        contention: slowdown of compute while ``k`` devices compute at once on shared cores; a task
+            running with ``k - 1`` others takes ``1 + contention * (k - 1)`` times as long. 0 for
+            devices that do not share hardware (GPUs).
+    """
+
+    task: float = 0.0
+    handoff: float = 0.0
+    contention: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("task", "handoff", "contention"):
+            _check(f"overheads.{name}", getattr(self, name))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-stage costs plus how copies are priced.
+
+    Attributes:
+        stages: one :class:`StageCost` per stage.
+        copy_seconds: a fixed time for every copy between devices; ``None`` prices copies by the link
+            the simulator is given (latency + bytes / bandwidth).
+        overheads: the executor's own costs (zero for an ideal pipeline).
+        microbatch_scale: optional per-micro-batch factor on compute times and bytes (an uneven last
+            chunk is smaller); ``()`` means every micro-batch costs the same.
+    """
+
+    stages: tuple[StageCost, ...]
+    copy_seconds: float | None = None
+    overheads: Overheads = field(default_factory=Overheads)
+    microbatch_scale: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "microbatch_scale", tuple(self.microbatch_scale))
+        if not self.stages:
+            raise ValueError("a cost model needs at least one stage")
+        if self.copy_seconds is not None:
+            _check("copy_seconds", self.copy_seconds)
+        for k, s in enumerate(self.microbatch_scale):
+            _check(f"microbatch_scale[{k}]", s)
+
+    @property
+    def n(self) -> int:
+        return len(self.stages)
+
+    def scale(self, microbatch: int) -> float:
+        return self.microbatch_scale[microbatch] if self.microbatch_scale else 1.0
+
+    @classmethod
+    def uniform(cls, n: int, forward: float, backward: float, *, recompute: float | None = None,
+                copy_seconds: float | None = 0.0, send_bytes: int = 0, saved_bytes: int = 0,
+                checkpoint_bytes: int = 0, parameter_bytes: int = 0) -> CostModel:
+        """Every stage costs the same (teaching, closed forms)."""
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"need at least one stage, got {n!r}")
+        stage = StageCost(forward, backward, recompute, send_bytes=send_bytes, saved_bytes=saved_bytes,
+                          checkpoint_bytes=checkpoint_bytes, parameter_bytes=parameter_bytes)
+        return cls((stage,) * n, copy_seconds=copy_seconds)
+
+    @classmethod
+    def from_lists(cls, forward: Sequence[float], backward: Sequence[float], **kwargs: object) -> CostModel:
+        """Per-stage forward and backward seconds; other :class:`StageCost` fields as equal-length lists."""
+        if len(forward) != len(backward):
+            raise ValueError(f"{len(forward)} forward times but {len(backward)} backward times")
+        per_stage = {k: v for k, v in kwargs.items() if k in StageCost.__dataclass_fields__}
+        rest = {k: v for k, v in kwargs.items() if k not in per_stage}
+        stages = []
+        for j in range(len(forward)):
+            extra = {k: v[j] for k, v in per_stage.items()}  # type: ignore[index]
+            stages.append(StageCost(float(forward[j]), float(backward[j]), **extra))  # type: ignore[arg-type]
+        return cls(tuple(stages), **rest)  # type: ignore[arg-type]
+
+    def with_overheads(self, overheads: Overheads) -> CostModel:
+        return replace(self, overheads=overheads)

@@ -1,0 +1,1 @@
+"""Hardware specs: devices and links, and a small catalog of real GPUs with public sources."""
