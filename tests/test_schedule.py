@@ -1,0 +1,148 @@
+"""Schedules: the clock-cycle literals, generated schedules pass the validator, deadlocks are shown."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpipe.schedule import (
+    CHECKPOINT_MODES,
+    Op,
+    Schedule,
+    ScheduleError,
+    Task,
+    clock_cycles,
+    gpipe,
+    one_f_one_b,
+    parse_tasks,
+    step_grid,
+)
+
+
+def test_clock_cycles_match_torchgpipe() -> None:
+    assert list(clock_cycles(3, 3)) == [
+        [(0, 0)],
+        [(1, 0), (0, 1)],
+        [(2, 0), (1, 1), (0, 2)],
+        [(2, 1), (1, 2)],
+        [(2, 2)],
+    ]
+    assert list(clock_cycles(4, 2)) == [[(0, 0)], [(1, 0), (0, 1)], [(2, 0), (1, 1)], [(3, 0), (2, 1)], [(3, 1)]]
+
+
+@pytest.mark.parametrize("text", ["F0@0", "B12@3", "R3@0", "W7@11"])
+def test_task_text_round_trip(text: str) -> None:
+    task = Task.parse(text)
+    assert str(task) == text
+    assert Task.parse(str(task)) == task
+
+
+@pytest.mark.parametrize("bad", ["", "X1@2", "F1", "F-1@0", "F1@", "1F0"])
+def test_task_parse_rejects_garbage(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a task"):
+        Task.parse(bad)
+
+
+def test_gpipe_order_looks_like_the_diagram() -> None:
+    s = gpipe(3, 2, "never")
+    assert s.tasks == (
+        parse_tasks("F0@0 F1@0 F2@0 B2@0 B1@0 B0@0"),
+        parse_tasks("F0@1 F1@1 F2@1 B2@1 B1@1 B0@1"),
+    )
+    assert s.grid().splitlines() == [
+        "step   dev0  dev1",
+        "   0   F0@0     .",
+        "   1   F1@0  F0@1",
+        "   2   F2@0  F1@1",
+        "   3      .  F2@1",
+        "   4      .  B2@1",
+        "   5   B2@0  B1@1",
+        "   6   B1@0  B0@1",
+        "   7   B0@0     .",
+    ]
+
+
+def test_recompute_right_before_its_backward() -> None:
+    s = gpipe(3, 2, "except_last")
+    assert s.tasks[0] == parse_tasks("F0@0 F1@0 F2@0 B2@0 R1@0 B1@0 R0@0 B0@0")
+    for policy in CHECKPOINT_MODES:
+        for ts in gpipe(4, 3, policy).tasks + one_f_one_b(4, 3, policy).tasks:
+            for k, t in enumerate(ts):
+                if t.op is Op.R:
+                    assert ts[k + 1] == Task(Op.B, t.microbatch, t.stage)
+
+
+def test_one_f_one_b_order() -> None:
+    s = one_f_one_b(3, 2)
+    assert s.tasks == (
+        parse_tasks("F0@0 F1@0 B0@0 F2@0 B1@0 B2@0"),
+        parse_tasks("F0@1 B0@1 F1@1 B1@1 F2@1 B2@1"),
+    )
+
+
+def test_backward_in_reverse_microbatch_order_per_stage() -> None:
+    s = gpipe(5, 3, "always", placement=[0, 1, 0])
+    for j in range(3):
+        order = [t.microbatch for t in s.tasks[s.device_of(j)] if t.op is Op.B and t.stage == j]
+        assert order == [4, 3, 2, 1, 0]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    m=st.integers(1, 9),
+    n=st.integers(1, 6),
+    policy=st.sampled_from(CHECKPOINT_MODES),
+    kind=st.sampled_from(["gpipe", "1f1b"]),
+    data=st.data(),
+)
+def test_generated_schedules_are_valid(m: int, n: int, policy: str, kind: str, data: st.DataObject) -> None:
+    devices = data.draw(st.integers(1, n))
+    placement = [j % devices for j in range(n)] if data.draw(st.booleans()) else None
+    gen = gpipe if kind == "gpipe" else one_f_one_b
+    s = gen(m, n, policy, placement)  # type: ignore[arg-type]
+    assert s.validate() is s
+    assert sorted(s.all_tasks()) == sorted(s.expected_tasks())
+    assert sum(r is not None for row in step_grid(s) for r in row) == len(list(s.all_tasks()))
+
+
+def test_deadlock_shows_grid_and_cycle() -> None:
+    bad = Schedule(
+        2, 2, "never", (0, 1),
+        (parse_tasks("F0@0 B0@0 F1@0 B1@0"), parse_tasks("F1@1 B1@1 F0@1 B0@1")),
+        name="crossed",
+    )
+    with pytest.raises(ScheduleError) as info:
+        bad.validate()
+    text = str(info.value)
+    assert "deadlocks at step 1" in text
+    assert "waiting cycle B0@0 -> F1@1 -> B0@0" in text
+    assert text.splitlines()[-1] == "   1! >B0@0 >F1@1"
+
+
+def test_missing_and_duplicate_tasks_are_named() -> None:
+    s = gpipe(2, 2, "never")
+    missing = Schedule(2, 2, "never", (0, 1), (s.tasks[0][:-1], s.tasks[1]))
+    with pytest.raises(ScheduleError, match="missing B0@0"):
+        missing.validate()
+    dup = Schedule(2, 2, "never", (0, 1), (s.tasks[0] + (Task.parse("F0@0"),), s.tasks[1]))
+    with pytest.raises(ScheduleError, match="appears twice"):
+        dup.validate()
+    wrong_dev = Schedule(2, 2, "never", (0, 1), (s.tasks[1], s.tasks[0]))
+    with pytest.raises(ScheduleError, match="placed on device"):
+        wrong_dev.validate()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: gpipe(0, 2), "at least one micro-batch"),
+        (lambda: gpipe(2, 0), "at least one stage"),
+        (lambda: gpipe(2, 2, "sometimes"), "unknown checkpoint mode"),  # type: ignore[arg-type]
+        (lambda: gpipe(2, 2, placement=[0]), "placement has 1 entries"),
+        (lambda: gpipe(2, 2, placement=[0, 2]), "without gaps"),
+    ],
+)
+def test_bad_shapes(call, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        call()
