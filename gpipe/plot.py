@@ -115,7 +115,7 @@ def plot_side_by_side(timelines: Sequence[Timeline], path: str | Path | None = N
                        for d in range(t.num_devices)) for t in timelines]
     fig, axes = plt.subplots(len(timelines), 1, sharex=True, figsize=(10, 1.2 + 0.35 * sum(heights)),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
-    for ax, tl, title in zip(axes[:, 0], timelines, titles):
+    for ax, tl, title in zip(axes[:, 0], timelines, titles, strict=True):
         _draw(ax, tl, tl.start, title, labels)
     axes[-1, 0].set_xlabel("seconds")
     _legend(fig)

@@ -430,9 +430,9 @@ def _run_unit_steps(schedule: Schedule) -> tuple[list[list[Task | None]], list[i
                     row[d] = t
         if all(t is None for t in row):
             return steps, heads
-        for d, t in enumerate(row):
-            if t is not None:
-                done.add(t)
+        for d, ready in enumerate(row):
+            if ready is not None:
+                done.add(ready)
                 heads[d] += 1
                 finished += 1
         steps.append(row)

@@ -72,7 +72,7 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for dev, row in zip(d["devices"], self.devices):
+        for dev, row in zip(d["devices"], self.devices, strict=True):
             dev["peak_bytes_error"] = row.peak_bytes_error
         return d
 
