@@ -36,6 +36,9 @@ class StageCost:
         parameter_bytes: bytes of the stage's parameters (and buffers).
         gradient_bytes: bytes of the parameter gradients.
         optimizer_bytes: bytes of the optimizer state (e.g. Adam's two moments).
+        forward_checkpointed: seconds of ``F`` for a checkpointed micro-batch, whose forward runs
+            under ``no_grad`` and records no graph (cheaper); ``None`` means the same as ``forward``.
+            ``forward`` is then the grad-enabled ``F`` of a micro-batch that is not checkpointed.
     """
 
     forward: float
@@ -48,6 +51,7 @@ class StageCost:
     parameter_bytes: int = 0
     gradient_bytes: int = 0
     optimizer_bytes: int = 0
+    forward_checkpointed: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",
@@ -55,6 +59,14 @@ class StageCost:
             _check(name, getattr(self, name))
         if self.recompute is not None:
             _check("recompute", self.recompute)
+        if self.forward_checkpointed is not None:
+            _check("forward_checkpointed", self.forward_checkpointed)
+
+    def forward_seconds(self, checkpointed: bool) -> float:
+        """Seconds of ``F`` for a micro-batch that is checkpointed (no-grad forward) or not."""
+        if checkpointed and self.forward_checkpointed is not None:
+            return self.forward_checkpointed
+        return self.forward
 
     @property
     def recompute_seconds(self) -> float:

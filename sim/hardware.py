@@ -1,1 +1,254 @@
-"""Hardware specs: devices and links, and a small catalog of real GPUs with public sources."""
+"""Hardware specs: devices and links, and a small catalog of real GPUs with public sources.
+
+A :class:`DeviceSpec` says how fast a device computes (peak FLOP/s per dtype, times an ``efficiency``
+factor: the fraction of peak a real workload reaches) and how much memory it has; a :class:`LinkSpec`
+says how long a copy between two devices takes (``latency + bytes / bandwidth``). Cost models built
+from FLOP counts (:mod:`sim.flops`) divide by a device; the simulator prices copies by a link.
+
+Units: FLOP/s, bytes, bytes/s and seconds throughout. Bandwidths are decimal (1 GB/s = 1e9 bytes/s),
+as datasheets state them; link bandwidths are *per direction*. Memory capacities are the datasheet
+figure read as GiB (2**30 bytes), which is what ``nvidia-smi`` reports for these boards (give or take
+what the driver reserves).
+
+Note [dense peaks]: NVIDIA datasheets since Ampere quote tensor-core figures "with sparsity" (2:4
+structured sparsity), twice the dense rate. The catalog holds the *dense* figure (half the starred
+number); training runs dense.
+
+Note [fp64]: ``fp64`` is the tensor-core FP64 rate where the device has one (A100, H100, H200),
+the plain FP64 rate otherwise.
+
+Note [latencies]: datasheets give bandwidths, not copy latencies. The latencies below are order-of-
+magnitude assumptions for one small copy as software sees it (launch and synchronisation included),
+to be replaced by calibration; they matter only for small activations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["DEVICES", "LINKS", "DeviceSpec", "LinkSpec", "get_device", "get_link"]
+
+GiB = 2**30  # bytes
+GB = 10**9  # bytes (bandwidths)
+TFLOPS = 1e12  # FLOP/s
+
+
+def _positive(what: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{what} must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator (or host) as the cost model sees it.
+
+    Attributes:
+        name: catalog key, e.g. ``"a100-80gb"``.
+        peak_flops: peak FLOP/s per dtype (``"fp32"``, ``"tf32"``, ``"fp16"``, ``"bf16"``, ...); a dtype
+            the device has no fast path for is simply absent.
+        memory_bandwidth: bytes/s between the device and its own memory.
+        memory_bytes: memory capacity, bytes.
+        efficiency: achievable fraction of peak (0 < efficiency <= 1), an assumption to calibrate.
+        price_per_hour: optional price hint in USD per hour; ``None`` when unknown.
+        description: the product, for display.
+    """
+
+    name: str
+    peak_flops: Mapping[str, float] = field(hash=False)
+    memory_bandwidth: float
+    memory_bytes: int
+    efficiency: float = 0.5
+    price_per_hour: float | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a device needs a name")
+        if not self.peak_flops:
+            raise ValueError(f"device {self.name!r} needs a peak FLOP/s figure for at least one dtype")
+        for dtype, flops in self.peak_flops.items():
+            _positive(f"device {self.name!r} peak FLOP/s for {dtype}", flops)
+        object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
+        _positive(f"device {self.name!r} memory bandwidth (bytes/s)", self.memory_bandwidth)
+        _positive(f"device {self.name!r} memory capacity (bytes)", self.memory_bytes)
+        _positive(f"device {self.name!r} efficiency", self.efficiency)
+        if self.efficiency > 1:
+            raise ValueError(f"device {self.name!r} efficiency is a fraction of peak, got {self.efficiency!r} > 1")
+        if self.price_per_hour is not None:
+            _positive(f"device {self.name!r} price per hour", self.price_per_hour)
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtypes with a peak figure."""
+        return tuple(self.peak_flops)
+
+    def achievable_flops(self, dtype: str = "fp32") -> float:
+        """``peak_flops[dtype] * efficiency``, FLOP/s.
+
+        Raises:
+            KeyError: the device has no figure for ``dtype`` (the message lists those it has).
+        """
+        try:
+            peak = self.peak_flops[dtype.lower()]
+        except KeyError:
+            raise KeyError(f"device {self.name!r} has no peak for dtype {dtype!r}; "
+                           f"it has {', '.join(self.dtypes)}") from None
+        return peak * self.efficiency
+
+    def compute_seconds(self, flops: float, dtype: str = "fp32") -> float:
+        """Seconds to execute ``flops`` floating-point operations at the achievable rate."""
+        if flops < 0 or math.isnan(flops):
+            raise ValueError(f"FLOP count must be >= 0, got {flops!r}")
+        return flops / self.achievable_flops(dtype)
+
+    def memory_seconds(self, nbytes: float) -> float:
+        """Seconds to stream ``nbytes`` through device memory at the achievable rate."""
+        if nbytes < 0 or math.isnan(nbytes):
+            raise ValueError(f"byte count must be >= 0, got {nbytes!r}")
+        return nbytes / (self.memory_bandwidth * self.efficiency)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "description": self.description, "peak_flops": dict(self.peak_flops),
+            "memory_bandwidth": self.memory_bandwidth, "memory_bytes": self.memory_bytes,
+            "efficiency": self.efficiency, "price_per_hour": self.price_per_hour,
+        }
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A connection between two devices: a copy of ``n`` bytes takes ``latency + n / bandwidth`` seconds.
+
+    Attributes:
+        name: catalog key, e.g. ``"pcie4-x16"``.
+        latency: seconds before the first byte arrives (see Note [latencies]).
+        bandwidth: bytes/s, per direction.
+        description: what it is, for display.
+    """
+
+    name: str
+    latency: float
+    bandwidth: float
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a link needs a name")
+        lat = self.latency
+        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or math.isnan(lat) or math.isinf(lat) or lat < 0:
+            raise ValueError(f"link {self.name!r} latency must be a finite number of seconds >= 0, got {lat!r}")
+        _positive(f"link {self.name!r} bandwidth (bytes/s)", self.bandwidth)
+
+    def transfer_seconds(self, nbytes: float) -> float:
+        """Seconds to copy ``nbytes`` over this link: ``latency + nbytes / bandwidth``.
+
+        Raises:
+            ValueError: ``nbytes`` is negative or not a number.
+        """
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or math.isnan(nbytes) or nbytes < 0:
+            raise ValueError(f"copy size must be a number of bytes >= 0, got {nbytes!r}")
+        return self.latency + nbytes / self.bandwidth
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "latency": self.latency,
+                "bandwidth": self.bandwidth}
+
+
+# -- the catalog -------------------------------------------------------------------------------------
+
+_DEVICE_LIST = (
+    # NVIDIA Tesla P40 datasheet (2016): 12 TFLOPS single precision, 47 TOPS INT8, 24 GB GDDR5,
+    # 346 GB/s. Pascal GP102 has no fast fp16 path; the datasheet lists none, so neither do we.
+    DeviceSpec("tesla-p40", {"fp32": 12 * TFLOPS}, 346 * GB, 24 * GiB,
+               description="NVIDIA Tesla P40 (Pascal, PCIe)"),
+    # NVIDIA Tesla V100 datasheet / Volta architecture whitepaper (2017), SXM2: 15.7 TFLOPS fp32,
+    # 7.8 TFLOPS fp64, 125 TFLOPS tensor (fp16 in, fp32 accumulate); 16 or 32 GB HBM2 at 900 GB/s.
+    DeviceSpec("v100-sxm2-16gb", {"fp64": 7.8 * TFLOPS, "fp32": 15.7 * TFLOPS, "fp16": 125 * TFLOPS},
+               900 * GB, 16 * GiB, description="NVIDIA Tesla V100 SXM2 16 GB (Volta)"),
+    DeviceSpec("v100-sxm2-32gb", {"fp64": 7.8 * TFLOPS, "fp32": 15.7 * TFLOPS, "fp16": 125 * TFLOPS},
+               900 * GB, 32 * GiB, description="NVIDIA Tesla V100 SXM2 32 GB (Volta)"),
+    # NVIDIA A100 Tensor Core GPU datasheet (2020/2021): fp64 9.7 (tensor 19.5), fp32 19.5, TF32 156,
+    # BF16/FP16 312 TFLOPS dense (312/624 with sparsity); 40 GB HBM2 at 1,555 GB/s, 80 GB HBM2e (SXM)
+    # at 2,039 GB/s.
+    DeviceSpec("a100-40gb", {"fp64": 19.5 * TFLOPS, "fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
+                             "fp16": 312 * TFLOPS, "bf16": 312 * TFLOPS},
+               1555 * GB, 40 * GiB, description="NVIDIA A100 40 GB SXM (Ampere)"),
+    DeviceSpec("a100-80gb", {"fp64": 19.5 * TFLOPS, "fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
+                             "fp16": 312 * TFLOPS, "bf16": 312 * TFLOPS},
+               2039 * GB, 80 * GiB, description="NVIDIA A100 80 GB SXM (Ampere)"),
+    # NVIDIA H100 Tensor Core GPU datasheet (2022/2023), SXM: fp64 34 (tensor 67), fp32 67, TF32 989,
+    # BF16/FP16 1,979, FP8 3,958 TFLOPS *with sparsity* (dense: half, Note [dense peaks]);
+    # 80 GB HBM3 at 3.35 TB/s.
+    DeviceSpec("h100-sxm", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
+                            "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
+               3350 * GB, 80 * GiB, description="NVIDIA H100 SXM 80 GB (Hopper)"),
+    # NVIDIA H200 product page / datasheet (2023/2024), SXM: same compute as H100 SXM (fp32 67,
+    # TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS with sparsity); 141 GB HBM3e at 4.8 TB/s.
+    DeviceSpec("h200", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
+                        "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
+               4800 * GB, 141 * GiB, description="NVIDIA H200 SXM 141 GB (Hopper)"),
+    # A placeholder for a small x86 host, not a product: ~100 GFLOP/s fp32 (a few cores with AVX2 FMA:
+    # 32 FLOP/cycle/core at ~3 GHz), one DDR4-3200 channel (JEDEC: 3200 MT/s x 8 bytes = 25.6 GB/s),
+    # 16 GiB. Calibrate before trusting it.
+    DeviceSpec("cpu", {"fp64": 50e9, "fp32": 100e9}, 25.6 * GB, 16 * GiB,
+               description="generic CPU host (placeholder figures)"),
+)
+
+_LINK_LIST = (
+    # PCI Express Base Specification (PCI-SIG): 3.0 runs 8 GT/s per lane with 128b/130b encoding,
+    # 16 lanes -> 8e9 * 16 * 128/130 / 8 = 15.75 GB/s per direction; 4.0 doubles it (16 GT/s,
+    # 31.5 GB/s), 5.0 doubles again (32 GT/s, 63 GB/s). Achieved copies reach ~80% of these.
+    LinkSpec("pcie3-x16", 10e-6, 15.75 * GB, "PCIe 3.0 x16 (8 GT/s per lane)"),
+    LinkSpec("pcie4-x16", 10e-6, 31.5 * GB, "PCIe 4.0 x16 (16 GT/s per lane)"),
+    LinkSpec("pcie5-x16", 10e-6, 63.0 * GB, "PCIe 5.0 x16 (32 GT/s per lane)"),
+    # Volta whitepaper: V100 has 6 NVLink 2.0 links of 25 GB/s per direction, 300 GB/s total (both
+    # directions); per direction 150 GB/s when all links reach the peer (NVSwitch, DGX-2). In a DGX-1
+    # hybrid cube-mesh a GPU pair shares only 1 or 2 links (25-50 GB/s): make a LinkSpec for that.
+    LinkSpec("nvlink2", 5e-6, 150 * GB, "NVLink 2.0, V100 (6 links x 25 GB/s per direction)"),
+    # A100 datasheet: NVLink 600 GB/s total (12 third-generation links) -> 300 GB/s per direction.
+    LinkSpec("nvlink3", 5e-6, 300 * GB, "NVLink 3.0, A100 (12 links, 600 GB/s both directions)"),
+    # H100 datasheet: NVLink 900 GB/s total (18 fourth-generation links) -> 450 GB/s per direction.
+    LinkSpec("nvlink4", 5e-6, 450 * GB, "NVLink 4.0, H100/H200 (18 links, 900 GB/s both directions)"),
+    # InfiniBand HDR (IBTA; NVIDIA ConnectX-6 product brief): 200 Gb/s per port = 25 GB/s.
+    LinkSpec("infiniband-hdr", 5e-6, 200e9 / 8, "InfiniBand HDR, 200 Gb/s per port"),
+    # IEEE 802.3 100 Gigabit Ethernet: 100 Gb/s = 12.5 GB/s; TCP adds tens of microseconds.
+    LinkSpec("ethernet-100g", 30e-6, 100e9 / 8, "100 Gigabit Ethernet (TCP)"),
+    # A copy inside one host's memory (CPU "devices"): a single-threaded memcpy reaches roughly
+    # 10 GB/s on a DDR4 desktop (an assumption: read + write share the 25.6 GB/s of one channel).
+    LinkSpec("cpu-memcpy", 1e-6, 10 * GB, "in-host memory copy (CPU devices)"),
+)
+
+#: Devices by name (read-only).
+DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({d.name: d for d in _DEVICE_LIST})
+#: Links by name (read-only).
+LINKS: Mapping[str, LinkSpec] = MappingProxyType({link.name: link for link in _LINK_LIST})
+
+
+def get_device(name: str) -> DeviceSpec:
+    """The catalog device called ``name`` (case-insensitive).
+
+    Raises:
+        KeyError: unknown name; the message lists the known ones.
+    """
+    try:
+        return DEVICES[name.strip().lower()]
+    except KeyError:
+        raise KeyError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)}") from None
+
+
+def get_link(name: str) -> LinkSpec:
+    """The catalog link called ``name`` (case-insensitive).
+
+    Raises:
+        KeyError: unknown name; the message lists the known ones.
+    """
+    try:
+        return LINKS[name.strip().lower()]
+    except KeyError:
+        raise KeyError(f"unknown link {name!r}; known links: {', '.join(LINKS)}") from None

@@ -1,0 +1,126 @@
+"""How fast the simulator runs: tasks simulated per second for GPipe over a grid of stages and micro-batches.
+
+Each point is ``gpipe(m, n, "never")`` (2·m·n tasks) simulated twice:
+
+    free   every copy free (``copy_seconds=0``), no bytes tracked: the scheduling core alone
+    link   copies priced by pcie4-x16 with 16 MiB activations (a copy span each) and 64 MiB saved per
+           micro-batch (two memory samples per forward/backward pair): everything recorded
+
+``simulate()`` always validates the schedule first, and for big schedules ``Schedule.validate`` costs
+more than the simulation, so three figures are printed per point: ``validate`` (seconds of the
+validator alone), ``simulate/s`` (tasks per second of the whole public call, validation included) and
+``engine/s`` (tasks per second of the simulation proper, timed directly through the engine's internal
+``_Run`` on the already validated schedule). Each time is the best of a few repeats (the machine is
+shared). The goal is engine/s >= 250,000 at n=64, m=4096 (free copies).
+
+Run: ``.venv/bin/python benchmarks/sim_speed.py`` (about a minute and a half on two cores) or
+``--quick`` (a few seconds, a smaller grid); writes ``benchmarks/results/sim_speed.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import simpy  # noqa: E402
+
+from gpipe.schedule import Schedule, gpipe  # noqa: E402
+from sim.cost import CostModel  # noqa: E402
+from sim.engine import SimConfig, _Run, simulate  # noqa: E402
+from sim.hardware import get_link  # noqa: E402
+
+MiB = 2**20
+STAGES = (4, 16, 64)
+CHUNKS = (32, 256, 4096)
+GOAL = 250_000  # engine tasks per second at n=64, m=4096, free copies
+RESULTS = Path(__file__).resolve().parent / "results" / "sim_speed.json"
+
+
+def variants(n: int) -> dict[str, tuple[CostModel, SimConfig]]:
+    """The two cost models of the module docstring, for ``n`` stages."""
+    return {
+        "free": (CostModel.uniform(n, 1e-3, 2e-3, copy_seconds=0.0), SimConfig()),
+        "link": (CostModel.uniform(n, 1e-3, 2e-3, copy_seconds=None, send_bytes=16 * MiB, saved_bytes=64 * MiB,
+                                   checkpoint_bytes=16 * MiB), SimConfig(link=get_link("pcie4-x16"))),
+    }
+
+
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The shortest of ``repeats`` wall-clock runs of ``fn``, seconds (the collector paused, as simulate does)."""
+    best = float("inf")
+    for _ in range(repeats):
+        gc.collect()
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+        finally:
+            if was:
+                gc.enable()
+    return best
+
+
+def measure(schedule: Schedule, repeats: int) -> dict[str, Any]:
+    """Time validation and both variants on ``schedule``."""
+    tasks = sum(map(len, schedule.tasks))
+    validate = best_seconds(schedule.validate, repeats)
+    row: dict[str, Any] = {"n": schedule.n, "m": schedule.m, "tasks": tasks, "validate_seconds": validate}
+    for name, (cost, config) in variants(schedule.n).items():
+        total = best_seconds(lambda c=cost, k=config: simulate(schedule, c, k), repeats)  # type: ignore[misc]
+        engine = best_seconds(lambda c=cost, k=config: _Run(schedule, c, k).timeline(), repeats)  # type: ignore[misc]
+        row[name] = {"simulate_seconds": total, "simulate_tasks_per_second": tasks / total,
+                     "engine_seconds": engine, "engine_tasks_per_second": tasks / engine}
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="n in {4, 16}, m in {32, 256}, one repeat")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON path (default: {RESULTS})")
+    args = parser.parse_args(argv)
+    stages, chunks = ((4, 16), (32, 256)) if args.quick else (STAGES, CHUNKS)
+    rows = []
+    print(f"{'n':>3} {'m':>5} {'tasks':>8} {'validate':>9} | {'free: simulate/s':>16} {'engine/s':>9} | "
+          f"{'link: simulate/s':>16} {'engine/s':>9}")
+    for n in stages:
+        for m in chunks:
+            schedule = gpipe(m, n, "never")
+            tasks = sum(map(len, schedule.tasks))
+            repeats = 1 if args.quick else 3 if tasks < 100_000 else 2
+            row = measure(schedule, repeats)
+            rows.append(row)
+            free, link = row["free"], row["link"]
+            print(f"{n:>3} {m:>5} {tasks:>8} {row['validate_seconds']:>8.3f}s | "
+                  f"{free['simulate_tasks_per_second']:>16,.0f} {free['engine_tasks_per_second']:>9,.0f} | "
+                  f"{link['simulate_tasks_per_second']:>16,.0f} {link['engine_tasks_per_second']:>9,.0f}",
+                  flush=True)
+    goal_row = next((r for r in rows if r["n"] == 64 and r["m"] == 4096), None)
+    if goal_row is not None:
+        got = goal_row["free"]["engine_tasks_per_second"]
+        print(f"\ngoal: engine >= {GOAL:,} tasks/s at n=64, m=4096 (free copies): {got:,.0f} "
+              f"({'met' if got >= GOAL else 'not met'})")
+    doc = {
+        "benchmark": "sim_speed", "quick": args.quick, "schedule": "gpipe, checkpoint never",
+        "variants": {"free": "copy_seconds=0, no bytes", "link": "pcie4-x16, 16 MiB activations, 64 MiB saved"},
+        "python": platform.python_version(), "simpy": simpy.__version__, "machine": platform.machine(),
+        "processor": platform.processor(), "goal_engine_tasks_per_second": GOAL, "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

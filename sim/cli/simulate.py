@@ -1,0 +1,204 @@
+"""``gpipe-sim simulate``: simulate one schedule from explicit per-stage costs and report the timeline.
+
+Every stage costs the same (``--forward-time``, ``--backward-time`` ...). Copies between devices are
+priced in one of three ways, first match wins::
+
+    --copy-time S                         every copy takes S seconds
+    --activation-bytes B (or --link ...)  latency + B / bandwidth of --link (default pcie4-x16), or of
+                                          the link given by --bandwidth [--latency]
+    neither                               copies are free (the closed forms hold exactly)
+
+``--hardware NAME`` names a catalog device; it is used for display only: the header, and each
+device's peak memory as a fraction of that device's capacity. It does not change any time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from gpipe.schedule import CHECKPOINT_MODES, Schedule, gpipe, one_f_one_b
+from gpipe.timeline import Timeline, write_chrome_trace
+from sim.cli import CommandError
+from sim.cost import CostModel, StageCost
+from sim.engine import SimConfig, simulate
+from sim.hardware import DeviceSpec, LinkSpec, get_device, get_link
+
+__all__ = ["add_parser", "run"]
+
+DEFAULT_LINK = "pcie4-x16"
+PLOT_SPAN_LIMIT = 4000  # a Gantt chart with more bars than this takes long to draw and shows little
+GRID_LIMIT = (16, 8)  # print the schedule grid up to this many micro-batches and stages
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``simulate`` on the ``gpipe-sim`` subcommand parser."""
+    p = subparsers.add_parser(
+        "simulate", help="simulate a pipeline schedule from explicit costs",
+        description="Simulate one schedule (every stage costs the same) and report makespan, bubble, "
+                    "utilisation and peak memory; write a Gantt chart and a Chrome trace.",
+        epilog="Copies: --copy-time wins; else --activation-bytes/--link/--bandwidth price them by a link; "
+               "else they are free.",
+    )
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="schedule (default: gpipe)")
+    p.add_argument("--stages", type=int, default=4, metavar="N", help="pipeline stages, one per device (default: 4)")
+    p.add_argument("--chunks", type=int, default=8, metavar="M", help="micro-batches (default: 8)")
+    p.add_argument("--checkpoint", choices=CHECKPOINT_MODES, default=None,
+                   help="checkpoint policy (default: the schedule's own, gpipe: except_last, 1f1b: never)")
+    p.add_argument("--forward-time", type=float, default=1.0, metavar="S",
+                   help="seconds of one forward per stage and micro-batch (default: 1)")
+    p.add_argument("--backward-time", type=float, default=2.0, metavar="S",
+                   help="seconds of one backward (default: 2)")
+    p.add_argument("--recompute-time", type=float, default=None, metavar="S",
+                   help="seconds of one recompute (default: the forward time)")
+    p.add_argument("--copy-time", type=float, default=None, metavar="S", help="seconds of every copy between devices")
+    p.add_argument("--activation-bytes", type=int, default=0, metavar="B",
+                   help="bytes of the activation a stage sends on (and keeps, as the next stage's input, "
+                        "for a checkpointed micro-batch); prices copies by the link")
+    p.add_argument("--saved-bytes", type=int, default=0, metavar="B",
+                   help="bytes a stage keeps for backward per micro-batch without checkpointing (default: 0)")
+    p.add_argument("--model-state-bytes", type=int, default=0, metavar="B",
+                   help="bytes of parameters, gradients and optimizer state per stage (default: 0)")
+    p.add_argument("--link", default=None, metavar="NAME",
+                   help=f"catalog link that prices copies (default: {DEFAULT_LINK}; see gpipe-sim hardware)")
+    p.add_argument("--bandwidth", type=float, default=None, metavar="BYTES_PER_S",
+                   help="a custom link's bandwidth instead of --link")
+    p.add_argument("--latency", type=float, default=None, metavar="S", help="a custom link's latency (default: 0)")
+    p.add_argument("--hardware", default=None, metavar="NAME",
+                   help="catalog device, for display: peak memory as a fraction of its capacity")
+    p.add_argument("--no-copy-streams", action="store_true", help="copies run on the compute streams")
+    p.add_argument("--no-fork-join", action="store_true",
+                   help="backward order not enforced: gradient copies wait for the next backward")
+    p.add_argument("--lockstep", action="store_true", help="the forward runs in lockstep clock cycles")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--out", default="out", metavar="DIR",
+                   help="where timeline.png, trace.json and timeline.json go (default: ./out)")
+    p.set_defaults(func=run)
+
+
+def _seconds(flag: str, value: float | None) -> None:
+    if value is not None and (math.isnan(value) or math.isinf(value) or value < 0):
+        raise CommandError(f"{flag} must be a finite number of seconds >= 0, got {value}")
+
+
+def _count(flag: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise CommandError(f"{flag} must be >= {minimum}, got {value}")
+
+
+def _link(args: argparse.Namespace) -> LinkSpec | None:
+    """The link that prices copies, or ``None`` when copies are fixed or free."""
+    if args.copy_time is not None:
+        return None
+    if args.bandwidth is not None:
+        if math.isnan(args.bandwidth) or math.isinf(args.bandwidth) or args.bandwidth <= 0:
+            raise CommandError(f"--bandwidth must be a finite number of bytes/s > 0, got {args.bandwidth}")
+        return LinkSpec("custom", args.latency or 0.0, args.bandwidth, "from --bandwidth/--latency")
+    if args.latency is not None:
+        raise CommandError("--latency needs --bandwidth (or use --link NAME)")
+    if args.link is not None or args.activation_bytes:
+        return get_link(args.link or DEFAULT_LINK)
+    return None
+
+
+def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, DeviceSpec | None]:
+    """Check the arguments and turn them into a schedule, a cost model, a configuration and a device.
+
+    Raises:
+        CommandError: a bad number (the message names the flag).
+        KeyError: an unknown link or device (the message lists the known ones).
+    """
+    _count("--stages", args.stages, 1)
+    _count("--chunks", args.chunks, 1)
+    for flag in ("forward_time", "backward_time", "recompute_time", "copy_time", "latency"):
+        _seconds("--" + flag.replace("_", "-"), getattr(args, flag))
+    for flag in ("activation_bytes", "saved_bytes", "model_state_bytes"):
+        _count("--" + flag.replace("_", "-"), getattr(args, flag), 0)
+    device = get_device(args.hardware) if args.hardware is not None else None
+    link = _link(args)
+    make = gpipe if args.schedule == "gpipe" else one_f_one_b
+    schedule = make(args.chunks, args.stages, args.checkpoint) if args.checkpoint else make(args.chunks, args.stages)
+    stage = StageCost(args.forward_time, args.backward_time, args.recompute_time,
+                      send_bytes=args.activation_bytes, saved_bytes=args.saved_bytes,
+                      checkpoint_bytes=args.activation_bytes, parameter_bytes=args.model_state_bytes)
+    copy_seconds = args.copy_time if args.copy_time is not None else (None if link is not None else 0.0)
+    cost = CostModel((stage,) * args.stages, copy_seconds=copy_seconds)
+    config = SimConfig(link=link, copy_streams=not args.no_copy_streams,
+                       enforce_backward_order=not args.no_fork_join, lockstep_forward=args.lockstep)
+    return schedule, cost, config, device
+
+
+def _copies(cost: CostModel, config: SimConfig) -> str:
+    if cost.copy_seconds is not None:
+        return "free" if cost.copy_seconds == 0 else f"{cost.copy_seconds:.6g} s each"
+    assert config.link is not None
+    return f"{config.link.name}: {config.link.transfer_seconds(cost.stages[0].send_bytes):.6g} s each"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.4g} {unit}"
+    return f"{int(n)} B"
+
+
+def write_files(timeline: Timeline, out: Path) -> dict[str, str]:
+    """Write ``trace.json``, ``timeline.json`` and (if not too large) ``timeline.png`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"trace": str(write_chrome_trace(out / "trace.json", timeline))}
+    timeline.to_json(out / "timeline.json")
+    files["timeline"] = str(out / "timeline.json")
+    if len(timeline.spans) <= PLOT_SPAN_LIMIT:
+        from gpipe.plot import plot_timeline
+
+        plot_timeline(timeline, out / "timeline.png")
+        files["plot"] = str(out / "timeline.png")
+    return files
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate, print the summary (or one JSON object) and write the files; return the exit status."""
+    schedule, cost, config, device = build(args)
+    timeline = simulate(schedule, cost, config)
+    files = write_files(timeline, Path(args.out))
+    summary = timeline.summary()
+    model_state = timeline.meta["model_state_bytes"]
+    for row in summary["devices"]:
+        row["model_state_bytes"] = model_state[row["device"]]
+        if device is not None:
+            row["memory_fraction"] = (row["peak_memory_bytes"] + row["model_state_bytes"]) / device.memory_bytes
+    if args.json:
+        doc = {**summary, "schedule": schedule.name, "m": schedule.m, "n": schedule.n,
+               "checkpoint": schedule.checkpoint, "copies": _copies(cost, config),
+               "copy_streams": config.copy_streams, "fork_join": config.enforce_backward_order,
+               "lockstep": config.lockstep_forward, "hardware": device.name if device else None, "files": files}
+        print(json.dumps(doc))
+        return 0
+    print(f"{schedule.name} schedule: m={schedule.m} micro-batches, n={schedule.n} stages, "
+          f"checkpoint={schedule.checkpoint}" + (f", on {device.name}" if device else ""))
+    print(f"copies: {_copies(cost, config)}; copy streams {'on' if config.copy_streams else 'off'}, "
+          f"fork/join {'on' if config.enforce_backward_order else 'off'}, "
+          f"lockstep {'on' if config.lockstep_forward else 'off'}")
+    print(f"makespan {timeline.makespan:.6g} s, bubble fraction {timeline.bubble_fraction():.4f} "
+          f"({timeline.bubble_fraction():.1%} idle on average)")
+    print()
+    header = f"{'device':>6}  {'busy (s)':>10}  {'utilisation':>11}  {'peak saved':>11}  {'model state':>11}"
+    print(header + (f"  {'of ' + device.name:>14}" if device else ""))
+    for row in summary["devices"]:
+        line = (f"{row['device']:>6}  {row['busy']:>10.6g}  {row['utilisation']:>11.1%}  "
+                f"{_bytes(row['peak_memory_bytes']):>11}  {_bytes(row['model_state_bytes']):>11}")
+        if device is not None:
+            line += f"  {row['memory_fraction']:>14.1%}"
+        print(line)
+    if schedule.m <= GRID_LIMIT[0] and schedule.n <= GRID_LIMIT[1]:
+        print()
+        print("schedule (one step per task):")
+        print(schedule.grid())
+    print()
+    print("wrote " + ", ".join(files.values()))
+    if "plot" not in files:
+        print(f"(no timeline.png: more than {PLOT_SPAN_LIMIT} spans; open trace.json in https://ui.perfetto.dev)")
+    return 0

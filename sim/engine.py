@@ -1,0 +1,428 @@
+"""The simulator: run a schedule on a cost model as a SimPy discrete-event simulation and return its Timeline.
+
+One SimPy process per device walks that device's task list in order (Note [dependencies] in
+:mod:`gpipe.schedule` says what each task waits for) and holds its compute stream for the task's cost::
+
+    task seconds = stage cost * cost.scale(i) + cost.overheads.task
+    stage cost   = F: forward_seconds(checkpointed), B: backward, R: recompute_seconds, W: weight
+
+Note [copies]: a dependency produced on another device travels as a copy, issued when its producer
+ends: the activation of F(i, j) to stage j+1 (``stages[j].send_bytes`` bytes), the gradient of B(i, j)
+to stage j-1 (``stages[j-1].send_bytes``: it is as large as that activation). A copy takes
+``cost.copy_seconds`` when that is set, else ``config.link.transfer_seconds(bytes)``, else nothing;
+``cost.overheads.handoff`` is added to every cross-device hand-off as latency after the copy (it
+delays the consumer but does not occupy the link). Copies are serialised FIFO per *directed* device
+pair (src -> dst): links are full duplex, so activations going down and gradients coming back do not
+wait for each other, while two activations on one pair queue in issue order. Each copy is recorded as
+a span on the receiving device, stream ``"copy"``, with ``task`` = the producing task; a copy that
+takes zero seconds leaves no span (it changes no time).
+
+Note [no copy streams]: with ``copy_streams=False`` a copy runs on the default stream, as a
+cross-device ``tensor.to()`` does without torchgpipe's copy streams: it starts once the compute
+streams of *both* sender and receiver are free and holds both for its duration (both streams are
+acquired in device order, so two opposite copies cannot deadlock). It is recorded on the receiver,
+stream ``"copy"``, with ``label="on-compute"``; it blocked the sender's stream for the same interval.
+A zero-second copy synchronises nothing.
+
+Note [fork/join]: torchgpipe (Kim et al., 2020, section 3.2.1) adds Fork/Join "phony" dependencies
+because PyTorch's autograd engine does not know the order the pipeline needs: it runs whatever node is
+ready, so the copy that sends B(i, j)'s gradient to device j-1 may run only after the next backward
+computation on device j, and device j-1 idles meanwhile. ``enforce_backward_order=False`` models that
+ablation: each outgoing gradient copy of a backward task is issued when the device's *next* backward
+task ends (the device's last backward issues its copy at once). It is a model of the worst case the
+paper describes, not of autograd's exact queue order. When stages share a device, that next backward
+may itself wait for the held-back gradient (B(i, 2) -> B(i, 1) -> B(i, 0) with stages 0 and 2 on one
+device); autograd would then run the copy, since nothing else is ready, so a held-back copy is issued
+at the latest when the simulation can make no other progress.
+
+Note [lockstep]: torchgpipe's host loop runs the forward in clock cycles (``clock_cycles(m, n)``) and
+waits for every task of a cycle before it starts the next; ``lockstep_forward=True`` makes F(i, j)
+(cycle k = i + j) wait until every forward task of cycle k-1 has ended.
+
+Note [contention]: devices that share CPU cores slow each other: while k devices compute, each
+progresses at rate 1 / (1 + contention * (k - 1)), exactly (processor sharing, :mod:`sim.sharing`).
+Copies do not count as computing. With contention 0 the plain path runs.
+
+Note [memory]: per device, the bytes saved for backward (model state excluded, it is in
+``meta["model_state_bytes"]``): the end of F(i, j) adds ``saved_bytes`` (or ``checkpoint_bytes``, the
+stage input, for a checkpointed micro-batch); the start of R(i, j) adds ``saved_bytes`` (the
+recomputed activations); the end of B(i, j) frees all that (i, j) held (the end of W(i, j) instead,
+when the schedule splits the weight gradient, which still needs them). Bytes scale with
+``cost.scale(i)``. One sample at t=0 per device and one at every change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from gpipe.schedule import Op, Schedule, ScheduleError, Task
+from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
+from sim.cost import CostModel
+from sim.hardware import LinkSpec
+from sim.sharing import SharedCores
+
+__all__ = ["DEFAULT_CONFIG", "ON_COMPUTE", "SimConfig", "simulate"]
+
+ON_COMPUTE = "on-compute"  # label of a copy that ran on the compute streams (Note [no copy streams])
+
+_F, _B, _R, _W = 0, 1, 2, 3
+_OPCODE = {Op.F: _F, Op.B: _B, Op.R: _R, Op.W: _W}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Switches of the simulation (the defaults model torchgpipe on GPUs with copy streams).
+
+    Attributes:
+        link: prices copies when the cost model has no fixed ``copy_seconds``; ``None``: copies free.
+        copy_streams: copies overlap compute (torchgpipe's copy streams); ``False``: Note [no copy streams].
+        enforce_backward_order: fork/join dependencies hold; ``False``: Note [fork/join].
+        lockstep_forward: the host waits for each forward clock cycle; Note [lockstep].
+    """
+
+    link: LinkSpec | None = None
+    copy_streams: bool = True
+    enforce_backward_order: bool = True
+    lockstep_forward: bool = False
+
+    def __post_init__(self) -> None:
+        if self.link is not None and not isinstance(self.link, LinkSpec):
+            raise TypeError(f"SimConfig.link must be a LinkSpec or None, got {type(self.link).__name__}")
+
+
+DEFAULT_CONFIG = SimConfig()
+
+
+def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CONFIG) -> Timeline:
+    """Predict when every task and copy of ``schedule`` runs under ``cost``.
+
+    Args:
+        schedule: what runs where, in which order; validated first.
+        cost: per-stage costs; ``cost.n`` must equal ``schedule.n``.
+        config: the switches of :class:`SimConfig`.
+
+    Returns:
+        A new :class:`~gpipe.timeline.Timeline` (``source="simulated"``): one compute span per task,
+        one span per copy that takes time, and memory samples per device (see the module notes).
+
+    Raises:
+        ScheduleError: the schedule is invalid, or it stalls under ``config`` (e.g. lockstep).
+        ValueError: the cost model does not fit the schedule.
+    """
+    with _collector_paused():
+        schedule.validate()
+        if cost.n != schedule.n:
+            raise ValueError(f"the cost model has {cost.n} stages but the schedule has {schedule.n}")
+        if cost.microbatch_scale and len(cost.microbatch_scale) != schedule.m:
+            raise ValueError(f"the cost model scales {len(cost.microbatch_scale)} micro-batches but the schedule "
+                             f"has {schedule.m}")
+        return _Run(schedule, cost, config).timeline()
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Note [gc]: pause Python's cyclic garbage collector while the simulation allocates.
+
+    A big run allocates millions of small objects that all stay alive (spans, events); the collector
+    would rescan them again and again, which costs more than the simulation itself. Reference
+    counting still frees everything; the collector is restored (if it was on) when the block ends.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+_Tables = tuple[list[list[list[tuple[int, ...]]]], list[list[list[tuple[tuple[int, int], ...]]]], int]
+
+
+def _remote_tables(schedule: Schedule, splits: bool) -> _Tables:
+    """Which dependencies cross devices, per ``[checkpointed][opcode][stage]`` (so not per task).
+
+    A copy of a producer's result to one device has a *slot*, an index into a flat array: slot =
+    ``offset + i * stride`` for micro-batch ``i``, where ``stride = n * fanout`` and ``fanout`` is the
+    largest number of devices one result goes to. Returns ``(inputs, outputs, fanout)``:
+
+    - ``inputs[c][op][j]``: the slot offsets task ``(op, i, j)`` waits for, when micro-batch ``i`` is
+      checkpointed (``c=1``) or not;
+    - ``outputs[c][op][j]``: ``(device, slot offset)`` of each copy of that task's result.
+
+    The tables ask :meth:`Schedule.dependencies` itself, once per class, on a representative
+    micro-batch: Note [dependencies] makes every dependency one of the same micro-batch that depends
+    on ``i`` only through whether it is checkpointed (the first half is checked here).
+    """
+    m, n, place = schedule.m, schedule.n, schedule.placement
+    found: dict[tuple[int, int, int], list[tuple[int, int]]] = {}  # (c, op, j) -> remote (op, stage) deps
+    dsts: dict[tuple[int, int, int], list[int]] = {}  # (c, op, j) -> devices that need that result
+    for c in (0, 1):
+        i = next((k for k in range(m) if schedule.is_checkpointed(k) == bool(c)), None)
+        if i is None:
+            continue
+        for op in [Op.F, Op.B] + ([Op.R] if c else []) + ([Op.W] if splits else []):
+            for j in range(n):
+                for dep in schedule.dependencies(Task(op, i, j)):
+                    if dep.microbatch != i:
+                        raise NotImplementedError(f"{Task(op, i, j)} depends on {dep}, of another micro-batch; "
+                                                  "the simulator handles same-micro-batch dependencies only")
+                    if place[dep.stage] != place[j]:
+                        found.setdefault((c, _OPCODE[op], j), []).append((_OPCODE[dep.op], dep.stage))
+                        to = dsts.setdefault((c, _OPCODE[dep.op], dep.stage), [])
+                        if place[j] not in to:
+                            to.append(place[j])
+    fanout = max([len(v) for v in dsts.values()] + [1])
+
+    def offset(c: int, op: int, j: int, device: int) -> int:
+        return (op * m * n + j) * fanout + dsts[(c, op, j)].index(device)
+
+    inputs = [[[tuple(offset(c, dop, dj, place[j]) for dop, dj in found.get((c, op, j), ())) for j in range(n)]
+               for op in range(4)] for c in (0, 1)]
+    outputs = [[[tuple((dev, offset(c, op, j, dev)) for dev in dsts.get((c, op, j), ())) for j in range(n)]
+                for op in range(4)] for c in (0, 1)]
+    return inputs, outputs, fanout
+
+
+_OP_F, _OP_B, _OP_R = Op.F, Op.B, Op.R
+_Copy = tuple[Task, int, int, int, tuple[tuple[int, int], ...]]  # (producer, opcode, i, j, destination devices)
+
+
+class _Run:
+    """One simulation: the SimPy environment, one process per device, and what they record."""
+
+    def __init__(self, schedule: Schedule, cost: CostModel, config: SimConfig) -> None:
+        self.schedule, self.cost, self.config = schedule, cost, config
+        self.env = simpy.Environment()
+        m, n, devices = schedule.m, schedule.n, schedule.num_devices
+        self.m, self.n, self.devices = m, n, devices
+        self.scales = [cost.scale(i) for i in range(m)]
+        self.checkpointed = [int(schedule.is_checkpointed(i)) for i in range(m)]
+        # a valid schedule has a W task for every (i, j) or for none, so device 0's list tells
+        splits = any(t.op is Op.W for t in schedule.tasks[0])
+        inputs, outputs, fanout = _remote_tables(schedule, splits)
+        self.stride = n * fanout
+        # table[c][op][j]: (slot offsets waited for, copies sent, seconds at scale 1); the seconds include
+        # the per-task overhead unless micro-batches scale (then the process scales and adds it)
+        overhead = 0.0 if cost.microbatch_scale else cost.overheads.task
+        self.table = [[[(inputs[c][op][j], outputs[c][op][j],
+                         (s.forward_seconds(c == 1), s.backward, s.recompute_seconds, s.weight)[op] + overhead)
+                        for j, s in enumerate(cost.stages)] for op in range(4)] for c in (0, 1)]
+        self.handoff = cost.overheads.handoff
+        self.scaled = bool(cost.microbatch_scale)
+        # copy seconds of the result of (op, j) at scale 1 (only F and B results travel)
+        self.copy_table = [[self._copy_seconds(op, 0, j, 1.0) for j in range(n)] for op in range(4)]
+        self.spans: list[Span] = []  # compute spans, one per task
+        self.copies: list[Span] = []  # copy spans
+        self.memory: list[MemorySample] = [MemorySample(d, 0.0, 0) for d in range(devices)]
+        self.track_memory = any(s.saved_bytes or s.checkpoint_bytes for s in cost.stages)
+        self.held: dict[int, int] = {}  # i * n + j -> bytes micro-batch i keeps on stage j
+        self.current = [0] * devices  # bytes saved for backward per device, now
+        self.frees_at = _W if splits else _B
+        # arrival[slot]: when a copy's result is usable on its device (copy end + hand-off), see _remote_tables
+        self.arrival: list[float | None] = [None] * (4 * m * n * fanout)
+        self.waiting: dict[int, simpy.Event] = {}  # slot -> event of a consumer that already waits for it
+        self.link_free = [[0.0] * devices for _ in range(devices)]  # [src][dst]: when its last copy ends
+        self.streams = None if config.copy_streams else [simpy.Resource(self.env, 1) for _ in range(devices)]
+        self.cores = SharedCores(self.env, cost.overheads.contention) if cost.overheads.contention > 0 else None
+        # Note [lockstep]: forward tasks left per clock cycle, and the events of cycles someone waits for
+        self.forward_left = [min(k + 1, m, n, m + n - 1 - k) for k in range(m + n - 1)]
+        self.cycle_done: dict[int, simpy.Event] = {}
+        self.tasks = sum(map(len, schedule.tasks))
+        self.deferred: list[list[_Copy]] = [[] for _ in range(devices)]  # Note [fork/join]: copies held back
+
+    def timeline(self) -> Timeline:
+        for d in range(self.devices):
+            self.env.process(self._device(d))
+        self.env.run()
+        while len(self.spans) < self.tasks and any(self.deferred):
+            self._release_deferred()
+            self.env.run()
+        if len(self.spans) < self.tasks:
+            done = [0] * self.devices
+            for s in self.spans:
+                done[s.device] += 1
+            stuck = [ts[k] for ts, k in zip(self.schedule.tasks, done, strict=True) if k < len(ts)]
+            why = " (lockstep_forward: a forward waits for a clock cycle that waits for it)" \
+                if self.config.lockstep_forward else ""
+            raise ScheduleError(f"schedule {self.schedule.name!r} stalls in the simulation{why}: "
+                                f"devices wait at {', '.join(map(str, stuck))}")
+        schedule, cost, config = self.schedule, self.cost, self.config
+        meta: dict[str, Any] = {
+            "schedule": schedule.name, "m": schedule.m, "n": schedule.n, "checkpoint": schedule.checkpoint,
+            "placement": list(schedule.placement),
+            "model_state_bytes": [sum(cost.stages[j].model_state_bytes for j in schedule.stages_on(d))
+                                  for d in range(self.devices)],
+            "link": config.link.name if config.link is not None else None, "copy_seconds": cost.copy_seconds,
+            "copy_streams": config.copy_streams, "enforce_backward_order": config.enforce_backward_order,
+            "lockstep_forward": config.lockstep_forward,
+            "overheads": {"task": cost.overheads.task, "handoff": cost.overheads.handoff,
+                          "contention": cost.overheads.contention},
+        }
+        return Timeline((*self.spans, *self.copies), tuple(self.memory), self.devices, "simulated", meta)
+
+    # -- the device process ------------------------------------------------------------------------
+
+    def _device(self, d: int) -> Generator[simpy.Event, Any, None]:
+        """Walk device ``d``'s task list: wait for inputs, hold the compute stream, send results on."""
+        env = self.env
+        timeout, new_event = env.timeout, env.event
+        checkpointed, table, scales = self.checkpointed, self.table, self.scales
+        scaled, overhead = self.scaled, self.cost.overheads.task
+        arrival, waiting, append_span, stride = self.arrival, self.waiting, self.spans.append, self.stride
+        lockstep, forward_left, fork_join = self.config.lockstep_forward, self.forward_left, \
+            self.config.enforce_backward_order
+        stream, cores, track_memory = self.streams[d] if self.streams is not None else None, self.cores, \
+            self.track_memory
+        tasks = self.schedule.tasks[d]
+        backward_left = 0 if fork_join else sum(1 for t in tasks if t.op is _OP_B)
+        for task in tasks:
+            o, i, j = task.op, task.microbatch, task.stage
+            op = _F if o is _OP_F else _B if o is _OP_B else _R if o is _OP_R else _W
+            waits, sends, seconds = table[checkpointed[i]][op][j]
+            for offset in waits:  # results from other devices
+                slot = offset + i * stride
+                at = arrival[slot]
+                if at is None:
+                    event = waiting[slot] = new_event()
+                    yield event
+                    at = arrival[slot]
+                    assert at is not None
+                if at > env.now:
+                    yield timeout(at - env.now)
+            if lockstep and op == _F and i + j and forward_left[i + j - 1]:
+                yield self._cycle_event(i + j - 1)
+            request = None
+            if stream is not None:
+                request = stream.request()
+                yield request
+            if track_memory and op == _R:
+                self._hold(d, i, j, self.cost.stages[j].saved_bytes)
+            if scaled:
+                seconds = seconds * scales[i] + overhead
+            start = env.now
+            yield timeout(seconds) if cores is None else cores.run(seconds)
+            if stream is not None and request is not None:
+                stream.release(request)
+            append_span(Span(d, COMPUTE, task, start, env.now))
+            if track_memory:
+                self._memory_after(d, op, i, j)
+            if lockstep and op == _F:
+                forward_left[i + j] -= 1
+                if not forward_left[i + j] and i + j in self.cycle_done:
+                    self.cycle_done.pop(i + j).succeed()
+            if op == _B and not fork_join:  # Note [fork/join]
+                backward_left -= 1
+                send, self.deferred[d] = self.deferred[d], []
+                if sends:
+                    (self.deferred[d] if backward_left else send).append((task, op, i, j, sends))
+            elif sends:
+                send = [(task, op, i, j, sends)]
+            else:
+                continue
+            for copy in send:
+                if stream is None:
+                    self._copy_on_streams(d, *copy)
+                else:
+                    yield from self._copy_on_compute(d, *copy)
+
+    def _release_deferred(self) -> None:
+        """Issue every held-back gradient copy now: the simulation stalled waiting for one of them."""
+        for d, held in enumerate(self.deferred):
+            self.deferred[d] = []
+            for copy in held:
+                if self.streams is None:
+                    self._copy_on_streams(d, *copy)
+                else:
+                    self.env.process(self._copy_on_compute(d, *copy))
+
+    def _cycle_event(self, cycle: int) -> simpy.Event:
+        event = self.cycle_done.get(cycle)
+        if event is None:
+            event = self.cycle_done[cycle] = self.env.event()
+        return event
+
+    # -- copies (Note [copies], Note [no copy streams]) ----------------------------------------------
+
+    def _copy_seconds(self, op: int, i: int, j: int, scale: float | None = None) -> float:
+        """Seconds of a copy of the result of ``(op, i, j)`` (Note [copies])."""
+        cost, link = self.cost, self.config.link
+        if cost.copy_seconds is not None:
+            return cost.copy_seconds
+        if link is None:
+            return 0.0
+        if scale is None:
+            if not self.scaled:
+                return self.copy_table[op][j]
+            scale = self.scales[i]
+        stage = j if op == _F else j - 1 if op == _B and j > 0 else -1
+        return link.transfer_seconds(cost.stages[stage].send_bytes * scale if stage >= 0 else 0)
+
+    def _deliver(self, slot: int, at: float) -> None:
+        self.arrival[slot] = at
+        event = self.waiting.pop(slot, None)
+        if event is not None:
+            event.succeed()
+
+    def _copy_on_streams(self, src: int, task: Task, op: int, i: int, j: int,
+                         dsts: tuple[tuple[int, int], ...]) -> None:
+        """Send ``task``'s result on copy streams: FIFO per directed pair, so each copy starts when it is
+        issued (now) or when the pair's previous copy ends; computed at issue time, no process needed."""
+        now, seconds, free = self.env.now, self._copy_seconds(op, i, j), self.link_free[src]
+        arrival, waiting, base = self.arrival, self.waiting, i * self.stride
+        for dst, offset in dsts:
+            start = free[dst]
+            if start < now:
+                start = now
+            end = free[dst] = start + seconds
+            if seconds > 0:
+                self.copies.append(Span(dst, COPY, task, start, end))
+            arrival[offset + base] = end + self.handoff
+            if waiting:
+                event = waiting.pop(offset + base, None)
+                if event is not None:
+                    event.succeed()
+
+    def _copy_on_compute(self, src: int, task: Task, op: int, i: int, j: int,
+                         dsts: tuple[tuple[int, int], ...]) -> Generator[simpy.Event, Any, None]:
+        """Send ``task``'s result on the compute streams of sender and receiver, taken in device order."""
+        assert self.streams is not None
+        seconds = self._copy_seconds(op, i, j)
+        for dst, offset in dsts:
+            if seconds > 0:
+                first, second = (self.streams[k] for k in sorted((src, dst)))
+                with first.request() as hold_first:
+                    yield hold_first
+                    with second.request() as hold_second:
+                        yield hold_second
+                        start = self.env.now
+                        yield self.env.timeout(seconds)
+                self.copies.append(Span(dst, COPY, task, start, self.env.now, ON_COMPUTE))
+            self._deliver(offset + i * self.stride, self.env.now + self.handoff)
+
+    # -- memory (Note [memory]) --------------------------------------------------------------------
+
+    def _hold(self, d: int, i: int, j: int, nbytes: int) -> None:
+        if self.scaled:
+            nbytes = round(nbytes * self.scales[i])
+        if nbytes:
+            key = i * self.n + j
+            self.held[key] = self.held.get(key, 0) + nbytes
+            self.current[d] += nbytes
+            self.memory.append(MemorySample(d, self.env.now, self.current[d]))
+
+    def _memory_after(self, d: int, op: int, i: int, j: int) -> None:
+        if op == _F:
+            stage = self.cost.stages[j]
+            self._hold(d, i, j, stage.checkpoint_bytes if self.checkpointed[i] else stage.saved_bytes)
+        elif op == self.frees_at:
+            freed = self.held.pop(i * self.n + j, 0)
+            if freed:
+                self.current[d] -= freed
+                self.memory.append(MemorySample(d, self.env.now, self.current[d]))

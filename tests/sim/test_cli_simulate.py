@@ -1,0 +1,97 @@
+"""``gpipe-sim simulate`` and ``gpipe-sim hardware`` through ``sim.cli.main``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+
+BASE = ["simulate", "--stages", "4", "--chunks", "8", "--checkpoint", "never", "--forward-time", "1",
+        "--backward-time", "2"]
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main([*args, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one JSON object, nothing else
+    return json.loads(out)
+
+
+def test_the_closed_form_case(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    doc = run_json(capsys, *BASE, "--out", str(tmp_path))
+    assert doc["makespan"] == 33.0
+    assert doc["bubble_fraction"] == pytest.approx(3 / 11, rel=1e-12)
+    assert len(doc["devices"]) == 4
+    assert all(d["busy"] == 24.0 and d["peak_memory_bytes"] == 0 for d in doc["devices"])
+    assert doc["schedule"] == "gpipe" and doc["copies"] == "free"
+
+
+def test_default_out_dir_and_files(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(BASE) == 0
+    text = capsys.readouterr().out
+    assert "makespan 33 s" in text and "bubble fraction 0.2727" in text
+    assert "F0@0" in text  # the grid of a small schedule
+    out = tmp_path / "out"
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = json.loads((out / "trace.json").read_text())
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(complete) == 64 and all({"name", "pid", "tid", "ts", "dur"} <= e.keys() for e in complete)
+    assert json.loads((out / "timeline.json").read_text())["source"] == "simulated"
+
+
+def test_memory_copies_and_hardware(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    doc = run_json(capsys, "simulate", "--stages", "2", "--chunks", "4", "--checkpoint", "always",
+                   "--saved-bytes", "1000", "--activation-bytes", "10", "--model-state-bytes", "5",
+                   "--hardware", "A100-80GB", "--link", "pcie3-x16", "--out", str(tmp_path))
+    assert [d["peak_memory_bytes"] for d in doc["devices"]] == [4 * 10 + 1000] * 2
+    assert doc["devices"][0]["model_state_bytes"] == 5
+    assert 0 < doc["devices"][0]["memory_fraction"] < 1e-6
+    assert doc["copies"].startswith("pcie3-x16") and doc["makespan"] > (4 + 1) * 3
+
+
+def test_switches_change_the_result(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = ["--out", str(tmp_path)]
+    base = run_json(capsys, *BASE, "--copy-time", "0.5", *out)["makespan"]
+    assert run_json(capsys, *BASE, "--copy-time", "0.5", "--no-copy-streams", *out)["makespan"] > base
+    assert run_json(capsys, *BASE, "--copy-time", "0.5", "--lockstep", *out)["makespan"] > base
+    assert run_json(capsys, *BASE, "--no-fork-join", *out)["makespan"] > 33.0
+    assert run_json(capsys, *BASE, "--schedule", "1f1b", *out)["makespan"] == 33.0
+    custom = run_json(capsys, *BASE, "--activation-bytes", "100", "--bandwidth", "100", "--latency", "0.5", *out)
+    assert custom["copies"] == "custom: 1.5 s each"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--forward-time", "-1"], "--forward-time must be a finite number of seconds >= 0"),
+    (["--backward-time", "nan"], "--backward-time must be a finite number"),
+    (["--copy-time", "inf"], "--copy-time must be a finite number"),
+    (["--chunks", "0"], "--chunks must be >= 1"),
+    (["--stages", "0"], "--stages must be >= 1"),
+    (["--saved-bytes", "-5"], "--saved-bytes must be >= 0"),
+    (["--bandwidth", "0"], "--bandwidth must be a finite number of bytes/s > 0"),
+    (["--latency", "1"], "--latency needs --bandwidth"),
+    (["--hardware", "tpu"], "unknown device 'tpu'; known devices: tesla-p40"),
+    (["--link", "smoke-signals"], "unknown link 'smoke-signals'; known links: pcie3-x16"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                          args: list[str], message: str) -> None:
+    assert main([*BASE, *args, "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpipe-sim simulate: error: ") and message in lines[0]
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_hardware_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hardware"]) == 0
+    text = capsys.readouterr().out
+    for name in ("tesla-p40", "h200", "cpu", "pcie4-x16", "nvlink4", "cpu-memcpy"):
+        assert name in text
+    assert main(["hardware", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {d["name"] for d in doc["devices"]} >= {"a100-40gb", "h100-sxm"}
+    assert next(link for link in doc["links"] if link["name"] == "infiniband-hdr")["bandwidth"] == 25e9

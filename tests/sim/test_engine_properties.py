@@ -1,0 +1,168 @@
+"""Properties every simulated timeline has, for random schedules, placements, costs and switches."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, gpipe, one_f_one_b
+from gpipe.timeline import COMPUTE, Span, Timeline
+from sim.cost import CostModel, Overheads, StageCost
+from sim.engine import ON_COMPUTE, SimConfig, simulate
+from sim.hardware import LinkSpec
+
+EPS = 1e-9
+PROPERTIES = settings(max_examples=50, deadline=None, derandomize=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    schedule: Schedule
+    cost: CostModel
+    config: SimConfig
+
+
+def _surjective(raw: list[int]) -> list[int]:
+    """Relabel devices by first appearance, so they are 0..k-1 without gaps."""
+    labels: dict[int, int] = {}
+    return [labels.setdefault(d, len(labels)) for d in raw]
+
+
+@st.composite
+def cases(draw: st.DrawFn, shared: bool | None = None) -> Case:
+    kind = draw(st.sampled_from(["gpipe", "1f1b"]))
+    n, m = draw(st.integers(1, 5)), draw(st.integers(1, 6))
+    policy = draw(st.sampled_from(CHECKPOINT_MODES))
+    share = draw(st.booleans()) if shared is None else shared
+    placement = _surjective(draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n))) if share else None
+    schedule = (gpipe if kind == "gpipe" else one_f_one_b)(m, n, policy, placement)
+    seconds = st.floats(0.05, 5.0, allow_nan=False)
+    stages = tuple(
+        StageCost(draw(seconds), draw(seconds), draw(st.none() | seconds), send_bytes=draw(st.integers(0, 4)),
+                  saved_bytes=draw(st.integers(0, 1000)), checkpoint_bytes=draw(st.integers(0, 100)),
+                  forward_checkpointed=draw(st.none() | seconds))
+        for _ in range(n))
+    copy_seconds = draw(st.none() | st.sampled_from([0.0, 0.3, 1.7]))
+    link = LinkSpec("test", draw(st.sampled_from([0.0, 0.2])), draw(st.sampled_from([1.0, 4.0]))) \
+        if copy_seconds is None and draw(st.booleans()) else None
+    overheads = Overheads(task=draw(st.sampled_from([0.0, 0.05])), handoff=draw(st.sampled_from([0.0, 0.1])),
+                          contention=draw(st.sampled_from([0.0, 0.0, 0.5])))
+    scale = tuple(draw(st.lists(st.sampled_from([0.5, 1.0, 1.5]), min_size=m, max_size=m))) \
+        if draw(st.booleans()) else ()
+    cost = CostModel(stages, copy_seconds=copy_seconds, overheads=overheads, microbatch_scale=scale)
+    # lockstep is GPipe's host loop; a 1F1B order merged onto shared devices may legally stall under it
+    lockstep = draw(st.booleans()) and (kind == "gpipe" or placement is None)
+    config = SimConfig(link=link, copy_streams=draw(st.booleans()), enforce_backward_order=draw(st.booleans()),
+                       lockstep_forward=lockstep)
+    return Case(schedule, cost, config)
+
+
+def copy_seconds(case: Case, producer: Task) -> float:
+    """What the contract says a copy of ``producer``'s result takes."""
+    cost, link = case.cost, case.config.link
+    if cost.copy_seconds is not None:
+        return cost.copy_seconds
+    if link is None:
+        return 0.0
+    stage = producer.stage if producer.op is Op.F else producer.stage - 1
+    return link.transfer_seconds(cost.stages[stage].send_bytes * cost.scale(producer.microbatch))
+
+
+def nominal_seconds(schedule: Schedule, cost: CostModel, task: Task) -> float:
+    s = cost.stages[task.stage]
+    forward = s.forward_seconds(schedule.is_checkpointed(task.microbatch))
+    base = {Op.F: forward, Op.B: s.backward, Op.R: s.recompute_seconds, Op.W: s.weight}[task.op]
+    return base * cost.scale(task.microbatch) + cost.overheads.task
+
+
+def disjoint(spans: list[Span]) -> bool:
+    ordered = sorted(spans, key=lambda s: (s.start, s.end))
+    return all(a.end <= b.start + EPS for a, b in zip(ordered, ordered[1:], strict=False))
+
+
+@PROPERTIES
+@given(cases())
+def test_timeline_invariants(case: Case) -> None:
+    schedule, cost, config = case.schedule, case.cost, case.config
+    tl = simulate(schedule, cost, config)
+    compute = {s.task: s for s in tl.compute_spans()}
+    copies = {(s.device, s.task): s for s in tl.copy_spans()}
+    # every task exactly once, on its stage's device, in the device's order
+    assert Counter(s.task for s in tl.compute_spans()) == Counter(schedule.all_tasks())
+    assert all(s.device == schedule.device_of(s.task.stage) for s in compute.values())
+    for d in range(schedule.num_devices):
+        assert disjoint(tl.compute_spans(d))  # one compute task at a time
+        assert tl.task_order(d) == list(schedule.tasks[d])
+    # every dependency: after its producer, and after the copy that carries it
+    for task, span in compute.items():
+        for dep in schedule.dependencies(task):
+            produced = compute[dep]
+            if produced.device == span.device:
+                assert span.start >= produced.end - EPS
+                continue
+            seconds = copy_seconds(case, dep)
+            copy = copies.get((span.device, dep))
+            if seconds > 0:
+                assert copy is not None and abs(copy.duration - seconds) < EPS
+                assert copy.start >= produced.end - EPS
+                assert span.start >= copy.end + cost.overheads.handoff - EPS
+                assert copy.label == ("" if config.copy_streams else ON_COMPUTE)
+            else:
+                assert copy is None and span.start >= produced.end + cost.overheads.handoff - EPS
+    # copies: FIFO per directed pair on copy streams; on compute, they also exclude compute
+    for src in range(schedule.num_devices):
+        for dst in range(schedule.num_devices):
+            pair = [c for c in tl.copy_spans(dst) if schedule.device_of(c.task.stage) == src]
+            assert disjoint(pair)
+    if not config.copy_streams:
+        for d in range(schedule.num_devices):
+            mine = [c for c in tl.copy_spans() if d in (c.device, schedule.device_of(c.task.stage))]
+            assert disjoint(tl.compute_spans(d) + mine)
+    # durations: exact without contention, never shorter with it
+    for task, span in compute.items():
+        if cost.overheads.contention == 0:
+            assert abs(span.duration - nominal_seconds(schedule, cost, task)) < EPS
+        else:
+            assert span.duration >= nominal_seconds(schedule, cost, task) - EPS
+    if config.lockstep_forward:
+        for task, span in compute.items():
+            if task.op is Op.F:
+                k = task.microbatch + task.stage
+                before = [s.end for t, s in compute.items() if t.op is Op.F and t.microbatch + t.stage == k - 1]
+                assert span.start >= max(before, default=0.0) - EPS
+    check_memory(tl, schedule)
+
+
+def check_memory(tl: Timeline, schedule: Schedule) -> None:
+    for d in range(schedule.num_devices):
+        series = tl.memory_series(d)
+        assert series[0] == (0.0, 0) and series[-1][1] == 0  # everything saved is freed by the end
+        assert all(b >= 0 for _, b in series)
+
+
+@PROPERTIES
+@given(cases(shared=False))
+def test_ablations_never_beat_the_defaults(case: Case) -> None:
+    """With one stage per device every link carries one producer's results in its list order, so
+    holding anything back (lockstep, no fork/join) can only delay: the timeline is monotone."""
+    base = SimConfig(link=case.config.link)
+    cost = case.cost.with_overheads(Overheads(task=case.cost.overheads.task, handoff=case.cost.overheads.handoff))
+    fast = simulate(case.schedule, cost, base).makespan
+    for config in (SimConfig(link=base.link, lockstep_forward=True),
+                   SimConfig(link=base.link, enforce_backward_order=False)):
+        assert simulate(case.schedule, cost, config).makespan >= fast - EPS
+
+
+@PROPERTIES
+@given(cases())
+def test_simulation_is_deterministic_and_contention_zero_is_free(case: Case) -> None:
+    first = simulate(case.schedule, case.cost, case.config)
+    assert simulate(case.schedule, case.cost, case.config) == first
+    if case.cost.overheads.contention == 0:
+        plain = case.cost.with_overheads(Overheads(task=case.cost.overheads.task,
+                                                   handoff=case.cost.overheads.handoff))
+        assert simulate(case.schedule, plain, case.config).spans == first.spans
+    assert all(s.stream == COMPUTE or s.end >= s.start for s in first.spans)

@@ -1,0 +1,96 @@
+"""The shared timeline type (metrics, JSON, Chrome trace) and the Gantt charts of gpipe.plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpipe.plot import plot_side_by_side, plot_timeline
+from gpipe.schedule import Task, gpipe
+from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline, chrome_trace, write_chrome_trace
+from sim.cost import CostModel
+from sim.engine import simulate
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def T(text: str) -> Task:
+    return Task.parse(text)
+
+
+def sample() -> Timeline:
+    spans = (
+        Span(0, COMPUTE, T("F0@0"), 1.0, 2.0),
+        Span(0, COMPUTE, T("F1@0"), 2.0, 3.0),
+        Span(1, COPY, T("F0@0"), 2.0, 2.5),
+        Span(1, COPY, T("F0@0"), 2.5, 2.75, "skip"),
+        Span(1, COMPUTE, T("F0@1"), 2.5, 4.0),
+    )
+    memory = (MemorySample(0, 1.0, 0), MemorySample(0, 2.0, 100), MemorySample(1, 4.0, 7))
+    return Timeline(spans, memory, source="test", meta={"m": 2, "model_state_bytes": [1, 2]})
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    tl = sample()
+    assert Timeline.from_json(tl.to_json()) == tl
+    path = tmp_path / "t.json"
+    tl.to_json(path)
+    assert Timeline.from_json(path) == tl
+    simulated = simulate(gpipe(3, 2, "except_last"), CostModel.uniform(2, 1, 2, copy_seconds=0.5, saved_bytes=10))
+    assert Timeline.from_json(simulated.to_json()) == simulated
+
+
+def test_metrics() -> None:
+    tl = sample()
+    assert tl.num_devices == 2 and tl.start == 1.0 and tl.end == 4.0 and tl.makespan == 3.0
+    assert tl.busy(0) == 2.0 and tl.busy(1) == 1.5  # copies are not compute
+    assert tl.bubble_fraction(0) == pytest.approx(1 / 3) and tl.bubble_fraction() == pytest.approx((1 / 3 + 0.5) / 2)
+    assert tl.peak_memory(0) == 100 and tl.peak_memory(1) == 7 and tl.memory_series(0) == [(1.0, 0), (2.0, 100)]
+    assert tl.task_order(0) == [T("F0@0"), T("F1@0")] and tl.span_of(T("F0@1")).end == 4.0
+    assert [s.name for s in tl.copy_spans(1)] == ["copy F0@0", "copy F0@0 (skip)"]
+    summary = tl.summary()
+    assert summary["makespan"] == 3.0 and summary["devices"][1]["peak_memory_bytes"] == 7
+    shifted = tl.shifted(10.0)
+    assert shifted.start == 11.0 and shifted.makespan == tl.makespan and shifted.memory[0].time == 11.0
+    with pytest.raises(KeyError):
+        tl.span_of(T("B0@0"))
+
+
+def test_busy_is_the_union_of_overlapping_spans() -> None:
+    spans = (Span(0, COMPUTE, T("F0@0"), 0.0, 2.0), Span(0, COMPUTE, T("F1@0"), 1.0, 3.0),
+             Span(0, COMPUTE, T("F2@0"), 3.0, 4.0), Span(0, COMPUTE, T("F3@0"), 5.0, 6.0),
+             Span(0, COMPUTE, T("F4@0"), 5.5, 5.75))
+    tl = Timeline(spans)
+    assert tl.busy(0) == 5.0 and tl.makespan == 6.0
+    assert Timeline(()).makespan == 0.0 and Timeline(()).bubble_fraction() == 0.0
+
+
+def test_chrome_trace_structure(tmp_path: Path) -> None:
+    tl = sample()
+    doc = chrome_trace(tl)
+    events = doc["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {"device 0", "device 1"}
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == len(tl.spans)
+    first = next(e for e in complete if e["name"] == "F0@0")
+    assert first["ts"] == 0.0 and first["dur"] == 1e6 and first["tid"] == 0 and first["cat"] == "F"
+    assert {e["tid"] for e in complete if e["name"].startswith("copy")} == {1}
+    counters = [e for e in events if e["ph"] == "C"]
+    assert [c["args"]["bytes"] for c in counters] == [0, 100, 7]
+    both = chrome_trace([tl, tl.shifted(5.0)], titles=["predicted", "measured"])
+    pids = {e["pid"] for e in both["traceEvents"] if e["ph"] == "X"}
+    assert pids == {0, 1, 2, 3}
+    path = write_chrome_trace(tmp_path / "trace.json", tl)
+    assert json.loads(path.read_text())["traceEvents"] == json.loads(json.dumps(events))
+
+
+def test_plots_write_pngs(tmp_path: Path) -> None:
+    tl = simulate(gpipe(4, 3, "except_last"), CostModel.uniform(3, 1, 2, copy_seconds=0.3))
+    plot_timeline(tl, tmp_path / "one.png")
+    plot_side_by_side([tl, tl.shifted(1.0)], tmp_path / "two.png", titles=["a", "b"])
+    for name in ("one.png", "two.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == PNG and len(data) > 1000
