@@ -1,0 +1,365 @@
+"""Measure blocks of layers: forward, backward and no-grad forward seconds, and the bytes each keeps and sends.
+
+One profiler serves both :func:`gpipe.balance.balance_by_time` (blocks are single layers) and
+``sim.calibrate`` (blocks are whole partitions). A sample flows through the blocks in order, block ``k``
+receiving block ``k - 1``'s output, and each block is measured alone on a detached copy of its input::
+
+    sample -> [block 0] -> y0 -> [block 1] -> y1 -> ...
+                 |                  |
+        measured on x0        measured on y0.detach() (requires grad iff y0 did)
+
+Per block, :class:`BlockProfile` holds:
+
+- ``forward_seconds``: forward with grad enabled (it records the graph): an ``F`` that is not
+  checkpointed, and every ``R`` (a recompute is exactly this forward);
+- ``forward_nograd_seconds``: forward under ``no_grad`` (with :func:`gpipe.phase.checkpointing` set):
+  the ``F`` of a checkpointed micro-batch, cheaper because nothing is saved;
+- ``backward_seconds``: ``torch.autograd.backward`` of this block's outputs alone, with a gradient of
+  ones, into its parameters and (when it requires grad) its input;
+- ``output_bytes`` (sent to the next block), ``input_bytes`` (what checkpointing keeps),
+  ``saved_bytes`` (kept for backward, from ``torch.autograd.graph.saved_tensors_hooks``),
+  ``parameter_bytes`` (parameters and buffers) and ``gradient_bytes`` (trainable parameters).
+
+Times are medians over ``repeats`` passes after ``warmup`` untimed ones; a pass runs every block once,
+so a burst of noise from a busy machine spoils one sample of each block rather than all samples of one.
+The clock is ``time.perf_counter`` on CPU and CUDA events on CUDA (after a device synchronise, so
+earlier work is not billed to the block).
+
+Note [saved bytes]: every tensor autograd saves passes through the pack hook. Tensors sharing storage
+with the block's parameters or buffers are model state, not activations, and are left out; the rest are
+counted by the bytes of storage they cover, each byte once, however many ops save a view of it (ReLU's
+output and the next Linear's input are one tensor). Each block is counted on its own, as if it ran on
+its own device: summing single layers may count a boundary tensor twice, once in each layer that keeps it.
+
+Note [no side effects]: blocks are profiled in place, in training mode, and left as found: gradients,
+buffers (BatchNorm's running statistics), plain numeric attributes (counters such as
+``DeferredBatchNorm``'s pending micro-batches), every module's training flag, and the CPU and CUDA
+random state are saved first and restored after. Every run gets a fresh clone of its input (made
+outside the timed region), so in-place layers neither fail on a leaf nor change the next run's input.
+A block that is not on the requested ``device`` is profiled as a deep copy moved there, held until
+the profile is done.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from gpipe.phase import checkpointing
+
+__all__ = ["BlockProfile", "BlockSizes", "Device", "TensorOrTensors", "profile_blocks", "profile_sizes"]
+
+Device = torch.device | str | int
+TensorOrTensors = Tensor | tuple[Tensor, ...]
+Clock = Callable[[Callable[[], Any]], tuple[float, Any]]  # runs a thunk: (seconds, its result)
+
+
+@dataclass(frozen=True)
+class BlockSizes:
+    """Bytes of one block for one input (see the module docstring for what each counts)."""
+
+    output_bytes: int
+    saved_bytes: int
+    input_bytes: int
+    parameter_bytes: int
+    gradient_bytes: int
+
+
+@dataclass(frozen=True)
+class BlockProfile(BlockSizes):
+    """Bytes and median seconds of one block for one input."""
+
+    forward_seconds: float
+    forward_nograd_seconds: float
+    backward_seconds: float
+
+    @property
+    def recompute_seconds(self) -> float:
+        """A recompute is a grad-enabled forward."""
+        return self.forward_seconds
+
+    @property
+    def train_seconds(self) -> float:
+        """Forward plus backward without checkpointing: what ``balance_by_time`` balances."""
+        return self.forward_seconds + self.backward_seconds
+
+
+def profile_blocks(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
+                   device: Device | Sequence[Device] | None = None, warmup: int = 2,
+                   repeats: int = 5) -> list[BlockProfile]:
+    """Time and size each block, the sample flowing through the blocks in sequence.
+
+    Args:
+        blocks: the blocks, in order; each takes the previous one's output (a tensor, or a tuple of
+            tensors passed as one argument, as ``nn.Sequential`` does).
+        sample: the first block's input (a micro-batch); its ``requires_grad`` is respected.
+        device: where to run: one device for all blocks or one per block; a block elsewhere is
+            profiled as a copy moved there. ``None``: each block where its parameters are (a block
+            without any where its input is).
+        warmup: untimed passes over the blocks before timing.
+        repeats: timed passes; each time is the median over them.
+
+    Returns:
+        One :class:`BlockProfile` per block.
+
+    Raises:
+        ValueError: no blocks, ``warmup < 0``, ``repeats < 1``, or a device list of the wrong length.
+        TypeError: an input or output that is not a tensor or a tuple of tensors.
+    """
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+    with _session(blocks, sample, device) as steps:
+        clocks = [_clock(step.device) for step in steps]
+        runs: list[list[tuple[float, float, float]]] = [[] for _ in steps]
+        for _ in range(warmup + repeats):  # passes over all blocks, so a burst of noise hits one pass
+            for step, clock, block_runs in zip(steps, clocks, runs, strict=True):
+                block_runs.append((*_train_run(step, clock), _nograd_run(step, clock)))
+    profiles = []
+    for step, block_runs in zip(steps, runs, strict=True):
+        forward, backward, nograd = (statistics.median(column) for column in zip(*block_runs[warmup:], strict=True))
+        profiles.append(BlockProfile(**vars(step.sizes), forward_seconds=forward, forward_nograd_seconds=nograd,
+                                     backward_seconds=backward))
+    return profiles
+
+
+def profile_sizes(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
+                  device: Device | Sequence[Device] | None = None) -> list[BlockSizes]:
+    """Only the bytes of :func:`profile_blocks`: one forward per block, nothing timed.
+
+    Args:
+        blocks: as for :func:`profile_blocks`.
+        sample: as for :func:`profile_blocks`.
+        device: as for :func:`profile_blocks`.
+
+    Returns:
+        One :class:`BlockSizes` per block.
+
+    Raises:
+        ValueError: no blocks, or a device list of the wrong length.
+        TypeError: an input or output that is not a tensor or a tuple of tensors.
+    """
+    with _session(blocks, sample, device) as steps:
+        return [step.sizes for step in steps]
+
+
+# --- the walk through the blocks ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Step:
+    """One block ready to run: placed on its device, with its leaf inputs and its measured sizes."""
+
+    block: nn.Module
+    device: torch.device
+    inputs: tuple[Tensor, ...]
+    atomic: bool  # the input is one tensor, not a tuple
+    sizes: BlockSizes
+
+
+@contextmanager
+def _session(blocks: Sequence[nn.Module], sample: TensorOrTensors,
+             device: Device | Sequence[Device] | None) -> Iterator[list[_Step]]:
+    """Place, size and chain every block; on exit leave every block as found (:func:`_preserved`)."""
+    blocks = list(blocks)
+    if not blocks:
+        raise ValueError("nothing to profile: no blocks")
+    devices = _devices(len(blocks), device)
+    atomic, inputs = _as_tuple(sample, "the sample")
+    inputs = tuple(t.detach().requires_grad_(t.requires_grad and t.is_floating_point()) for t in inputs)
+    cuda = sorted({d for d in devices if d is not None and d.type == "cuda"} |
+                  {t.device for b in blocks for t in _state(b) if t.device.type == "cuda"}, key=str)
+    with ExitStack() as stack:
+        stack.enter_context(torch.random.fork_rng(devices=cuda, enabled=True))
+        steps = []
+        for block, wanted in zip(blocks, devices, strict=True):
+            if wanted is not None and not {t.device for t in _state(block)} <= {wanted}:
+                block = copy.deepcopy(block).to(wanted)
+            dev = wanted or _device_of(block) or (inputs[0].device if inputs else torch.device("cpu"))
+            inputs = tuple(t.detach().to(dev).requires_grad_(t.requires_grad) for t in inputs)
+            stack.enter_context(_preserved(block))
+            sizes, (out_atomic, outputs) = _measure_sizes(block, inputs, atomic)
+            steps.append(_Step(block, dev, inputs, atomic, sizes))
+            atomic = out_atomic
+            inputs = tuple(t.detach().requires_grad_(t.requires_grad) for t in outputs)
+        yield steps
+
+
+def _devices(count: int, device: Device | Sequence[Device] | None) -> list[torch.device | None]:
+    if device is None:
+        return [None] * count
+    if isinstance(device, (torch.device, str, int)):
+        return [_normalize(device)] * count
+    devices: list[torch.device | None] = [_normalize(d) for d in device]
+    if len(devices) != count:
+        raise ValueError(f"{len(devices)} devices for {count} blocks; give one per block, or one")
+    return devices
+
+
+def _normalize(device: Device) -> torch.device:
+    """``"cuda"`` means the current CUDA device, so that it compares equal to a tensor's ``cuda:0``."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _device_of(block: nn.Module) -> torch.device | None:
+    return next((t.device for t in _state(block)), None)
+
+
+def _state(block: nn.Module) -> Iterator[Tensor]:
+    yield from block.parameters()
+    yield from block.buffers()
+
+
+def _as_tuple(value: Any, what: str) -> tuple[bool, tuple[Tensor, ...]]:
+    if isinstance(value, Tensor):
+        return True, (value,)
+    if isinstance(value, tuple) and all(isinstance(t, Tensor) for t in value):
+        return False, value
+    raise TypeError(f"{what} must be a tensor or a tuple of tensors, got {type(value).__name__}")
+
+
+def _fresh(leaves: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Clones to feed a block: an in-place first layer then neither fails on a leaf nor edits ``leaves``."""
+    return tuple(t.clone() for t in leaves)
+
+
+def _call(block: nn.Module, inputs: tuple[Tensor, ...], atomic: bool) -> tuple[bool, tuple[Tensor, ...]]:
+    return _as_tuple(block(inputs[0] if atomic else inputs), f"the output of {type(block).__name__}")
+
+
+def _nbytes(tensors: Sequence[Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# --- sizes ----------------------------------------------------------------------------------------
+
+def _measure_sizes(block: nn.Module, inputs: tuple[Tensor, ...], atomic: bool
+                   ) -> tuple[BlockSizes, tuple[bool, tuple[Tensor, ...]]]:
+    model_state = {_storage_key(t) for t in _state(block)}
+    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        key = _storage_key(t)
+        if key not in model_state and t.numel() > 0:
+            spans.setdefault(key, []).append(_byte_span(t))
+        return t
+
+    # Fresh leaves, as in every timed run, so the hook sees exactly what a timed forward saves.
+    leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in inputs)
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        output = _call(block, _fresh(leaves), atomic)
+    params = list(block.parameters())
+    sizes = BlockSizes(
+        output_bytes=_nbytes(output[1]),
+        saved_bytes=sum(_union_length(s) for s in spans.values()),
+        input_bytes=_nbytes(inputs),
+        parameter_bytes=_nbytes(params) + _nbytes(list(block.buffers())),
+        gradient_bytes=_nbytes([p for p in params if p.requires_grad]),
+    )
+    return sizes, output
+
+
+def _storage_key(t: Tensor) -> tuple[str, int]:
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+def _byte_span(t: Tensor) -> tuple[int, int]:
+    """The bytes ``[start, end)`` of its storage that a tensor covers (strides included)."""
+    extent = 1 + sum((int(size) - 1) * int(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
+    start = int(t.storage_offset()) * t.element_size()
+    return start, start + extent * t.element_size()
+
+
+def _union_length(spans: list[tuple[int, int]]) -> int:
+    total, reach = 0, -1
+    for start, end in sorted(spans):
+        start = max(start, reach)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
+
+
+# --- times ----------------------------------------------------------------------------------------
+
+def _train_run(step: _Step, clock: Clock) -> tuple[float, float]:
+    """Seconds of one grad-enabled forward and of its backward."""
+    leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in step.inputs)
+    with torch.enable_grad():
+        fresh = _fresh(leaves)
+        forward, (_, outputs) = clock(lambda: _call(step.block, fresh, step.atomic))
+    tensors = [t for t in outputs if t.requires_grad]
+    grads = [torch.ones_like(t) for t in tensors]
+    backward = clock(lambda: torch.autograd.backward(tensors, grads))[0] if tensors else 0.0
+    for p in step.block.parameters():
+        p.grad = None
+    return forward, backward  # the graph dies with this frame
+
+
+def _nograd_run(step: _Step, clock: Clock) -> float:
+    """Seconds of one forward as a checkpointed micro-batch runs it."""
+    with torch.no_grad(), checkpointing():
+        fresh = _fresh(step.inputs)
+        return clock(lambda: _call(step.block, fresh, step.atomic))[0]
+
+
+def _clock(dev: torch.device) -> Clock:
+    """A function that runs a thunk and returns (seconds, its result)."""
+    if dev.type == "cuda":
+        def cuda_clock(fn: Callable[[], Any]) -> tuple[float, Any]:
+            with torch.cuda.device(dev):
+                torch.cuda.synchronize(dev)
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                result = fn()
+                end.record()
+                end.synchronize()
+                return start.elapsed_time(end) / 1000.0, result
+        return cuda_clock
+
+    def host_clock(fn: Callable[[], Any]) -> tuple[float, Any]:
+        tick = time.perf_counter()
+        result = fn()
+        return time.perf_counter() - tick, result
+    return host_clock
+
+
+# --- leaving the block as found -------------------------------------------------------------------
+
+@contextmanager
+def _preserved(block: nn.Module) -> Iterator[None]:
+    """Run in training mode; afterwards restore grads, buffers, numeric attributes and training flags."""
+    grads = [(p, p.grad) for p in block.parameters()]
+    modules = list(block.modules())
+    scalars = [(m, {k: v for k, v in vars(m).items() if isinstance(v, (bool, int, float))}) for m in modules]
+    buffers = [(m, {k: (b, None if b is None else b.detach().clone()) for k, b in m._buffers.items()})
+               for m in modules]
+    for p, _ in grads:
+        p.grad = None
+    block.train()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, saved in buffers:
+                for name, (original, value) in saved.items():
+                    if original is not None and value is not None:
+                        original.copy_(value)
+                    m._buffers[name] = original
+        for m, attrs in scalars:
+            for k, v in attrs.items():
+                setattr(m, k, v)
+        for p, g in grads:
+            p.grad = g

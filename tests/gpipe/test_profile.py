@@ -1,0 +1,138 @@
+"""The profiler: exact bytes for known layers, the sample chained through blocks, and no side effects."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gpipe.batchnorm import DeferredBatchNorm
+from gpipe.profile import BlockProfile, profile_blocks, profile_sizes
+
+F32 = 4  # bytes per float32
+
+
+def test_linear_relu_bytes_are_exact() -> None:
+    batch, d_in, d_out = 8, 16, 32
+    block = nn.Sequential(nn.Linear(d_in, d_out), nn.ReLU())
+    (p,) = profile_blocks([block], torch.randn(batch, d_in), warmup=0, repeats=1)
+    assert p.input_bytes == batch * d_in * F32
+    assert p.output_bytes == batch * d_out * F32
+    # Linear keeps its input (for the weight gradient), ReLU its output; the weight is model state.
+    assert p.saved_bytes == batch * d_in * F32 + batch * d_out * F32
+    assert p.parameter_bytes == p.gradient_bytes == (d_in * d_out + d_out) * F32
+
+
+def test_a_tensor_saved_twice_counts_once() -> None:
+    # ReLU keeps its output; the Linear after it keeps the same tensor as its input.
+    block = nn.Sequential(nn.ReLU(), nn.Linear(4, 2, bias=False))
+    (s,) = profile_sizes([block], torch.randn(3, 4, requires_grad=True))
+    assert s.saved_bytes == 3 * 4 * F32
+
+
+def test_buffers_count_as_state_and_frozen_params_have_no_gradient() -> None:
+    block = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    block[0].bias.requires_grad_(False)
+    (s,) = profile_sizes([block], torch.randn(5, 4))
+    buffers = (4 + 4) * F32 + 8  # running mean and var (float32), num_batches_tracked (int64)
+    assert s.parameter_bytes == (16 + 4 + 4 + 4) * F32 + buffers
+    assert s.gradient_bytes == (16 + 4 + 4) * F32
+
+
+def test_the_sample_flows_through_the_blocks() -> None:
+    blocks = [nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)]
+    profiles = profile_blocks(blocks, torch.randn(3, 4), warmup=0, repeats=2)
+    assert [p.input_bytes for p in profiles] == [3 * 4 * F32, 3 * 8 * F32, 3 * 8 * F32]
+    assert [p.output_bytes for p in profiles] == [3 * 8 * F32, 3 * 8 * F32, 3 * 2 * F32]
+    assert all(isinstance(p, BlockProfile) for p in profiles)
+    for p in profiles:
+        assert p.forward_seconds > 0 and p.forward_nograd_seconds > 0 and p.backward_seconds > 0
+        assert p.recompute_seconds == p.forward_seconds
+        assert p.train_seconds == p.forward_seconds + p.backward_seconds
+
+
+def test_nothing_to_differentiate_has_no_backward() -> None:
+    # An integer input and no parameters: the block's output does not require grad.
+    (p,) = profile_blocks([nn.Flatten()], torch.arange(6).view(2, 3), warmup=0, repeats=1)
+    assert p.backward_seconds == 0.0 and p.saved_bytes == 0
+
+
+class Split(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x[:, :2] * 2, x[:, 2:] * 3
+
+
+class Join(nn.Module):
+    def forward(self, xs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return torch.cat(xs, dim=1)
+
+
+def test_tuple_outputs_and_inputs() -> None:
+    profiles = profile_blocks([nn.Linear(5, 5), Split(), Join()], torch.randn(2, 5), warmup=0, repeats=1)
+    assert profiles[1].output_bytes == 2 * 5 * F32
+    assert profiles[2].input_bytes == 2 * 5 * F32 and profiles[2].output_bytes == 2 * 5 * F32
+    (s,) = profile_sizes([Join()], (torch.randn(2, 1), torch.randn(2, 3)))
+    assert s.input_bytes == 2 * 4 * F32
+
+
+def test_in_place_first_layer() -> None:
+    x = torch.randn(4, 4, requires_grad=True)
+    before = x.detach().clone()
+    (p,) = profile_blocks([nn.ReLU(inplace=True)], x, warmup=1, repeats=2)
+    assert p.saved_bytes == 4 * 4 * F32  # ReLU keeps its (in-place) output
+    assert torch.equal(x.detach(), before) and x.grad is None
+
+
+def test_the_blocks_are_left_as_found() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5),
+                          DeferredBatchNorm(4, chunks=3), nn.Linear(4, 2))
+    model[4].eval()  # a submodule in eval mode stays in eval mode
+    model(torch.randn(6, 4)).sum().backward()  # existing gradients and one pending micro-batch
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    x = torch.randn(6, 4)
+    rng = torch.get_rng_state()
+    dbn = model[3]
+    assert isinstance(dbn, DeferredBatchNorm) and dbn.pending == 1
+
+    profile_blocks(list(model), x, warmup=1, repeats=3)
+    profile_blocks([model], x, warmup=0, repeats=1)
+
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    for k, p in model.named_parameters():
+        assert p.grad is not None and torch.equal(p.grad, grads[k]), k
+    assert [m.training for m in model] == [True, True, True, True, False]
+    assert dbn.pending == 1
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_errors() -> None:
+    with pytest.raises(ValueError, match="no blocks"):
+        profile_blocks([], torch.randn(1))
+    with pytest.raises(ValueError, match="repeats"):
+        profile_blocks([nn.ReLU()], torch.randn(1), repeats=0)
+    with pytest.raises(ValueError, match="warmup"):
+        profile_blocks([nn.ReLU()], torch.randn(1), warmup=-1)
+    with pytest.raises(ValueError, match="2 devices for 1 blocks"):
+        profile_sizes([nn.ReLU()], torch.randn(1), device=["cpu", "cpu"])
+    with pytest.raises(TypeError, match="tensor or a tuple of tensors"):
+        profile_sizes([nn.ReLU()], [torch.randn(1)])  # type: ignore[arg-type]
+
+    class Bad(nn.Module):
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"x": x}
+
+    with pytest.raises(TypeError, match="the output of Bad"):
+        profile_sizes([Bad()], torch.randn(1))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_copy_leaves_the_cpu_block_alone() -> None:
+    block = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
+    (p,) = profile_blocks([block], torch.randn(32, 64), device="cuda", warmup=1, repeats=3)
+    assert block[0].weight.device.type == "cpu"
+    assert p.forward_seconds > 0 and p.backward_seconds > 0
+    assert p.saved_bytes == 2 * 32 * 64 * F32

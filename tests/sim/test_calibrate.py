@@ -1,0 +1,127 @@
+"""Calibration: a tiny model's cost model has exact bytes and positive times; overheads are sane."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from sim.calibrate import (
+    calibrate,
+    calibrate_overheads,
+    measure_contention,
+    measure_handoff,
+    measure_task_overhead,
+    partitions_of,
+)
+from sim.cost import CostModel, Overheads, StageCost
+
+F32 = 4  # bytes per float32
+BATCH = 4
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def test_cost_model_shape_and_exact_bytes() -> None:
+    model = _model()
+    cost = calibrate(model, [2, 1], torch.randn(BATCH, 8), warmup=1, repeats=3)
+    assert isinstance(cost, CostModel) and cost.n == 2
+    first, last = cost.stages
+    # Stage 0, Linear(8, 16) + ReLU on a data input: Linear keeps its input, ReLU its output.
+    assert first.send_bytes == BATCH * 16 * F32
+    assert first.saved_bytes == BATCH * 8 * F32 + BATCH * 16 * F32
+    assert first.checkpoint_bytes == BATCH * 8 * F32
+    assert first.parameter_bytes == first.gradient_bytes == (8 * 16 + 16) * F32
+    # Stage 1, Linear(16, 4): keeps its input (which requires grad: it came from stage 0).
+    assert last.send_bytes == BATCH * 4 * F32
+    assert last.saved_bytes == BATCH * 16 * F32
+    assert last.checkpoint_bytes == BATCH * 16 * F32
+    assert last.parameter_bytes == last.gradient_bytes == (16 * 4 + 4) * F32
+
+
+def test_times_are_positive_and_both_forwards_are_there() -> None:
+    cost = calibrate(_model(), [1, 2], torch.randn(BATCH, 8), warmup=1, repeats=3)
+    for stage in cost.stages:
+        assert stage.forward > 0 and stage.backward > 0 and stage.recompute_seconds > 0
+        assert stage.forward_checkpointed is not None and stage.forward_checkpointed > 0
+        assert stage.forward_seconds(checkpointed=False) == stage.forward
+        assert stage.forward_seconds(checkpointed=True) == stage.forward_checkpointed
+        assert stage.recompute_seconds == stage.forward
+
+
+def test_calibration_leaves_the_model_alone() -> None:
+    model = _model()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    calibrate(model, [3], torch.randn(BATCH, 8), warmup=0, repeats=1)
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_simulator_accepts_the_calibrated_model() -> None:
+    from gpipe.schedule import gpipe
+    from sim.engine import simulate
+
+    cost = calibrate(_model(), [2, 1], torch.randn(BATCH, 8), warmup=0, repeats=2)
+    timeline = simulate(gpipe(4, 2, "except_last"), cost.with_overheads(Overheads(task=1e-6)))
+    assert timeline.makespan > 0
+
+
+def test_stage_cost_forward_checkpointed_defaults_to_forward() -> None:
+    stage = StageCost(2.0, 3.0)
+    assert stage.forward_checkpointed is None
+    assert stage.forward_seconds(checkpointed=True) == stage.forward_seconds(checkpointed=False) == 2.0
+    assert StageCost(2.0, 3.0, forward_checkpointed=1.5).forward_seconds(checkpointed=True) == 1.5
+    with pytest.raises(ValueError, match="forward_checkpointed"):
+        StageCost(2.0, 3.0, forward_checkpointed=-1.0)
+
+
+def test_partitions_share_the_layers() -> None:
+    model = _model()
+    parts = partitions_of(model, [1, 2])
+    assert [len(p) for p in parts] == [1, 2]
+    assert parts[0][0] is model[0] and parts[1][1] is model[2]
+
+
+@pytest.mark.parametrize(("balance", "match"),
+                         [([2, 2], "sums to 4"), ([3, 0], "positive integers"), ([], "non-empty")])
+def test_bad_balance(balance: list[int], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        calibrate(_model(), balance, torch.randn(BATCH, 8))
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="2 devices for 1 partitions"):
+        calibrate(_model(), [3], torch.randn(BATCH, 8), devices=["cpu", "cpu"])
+    with pytest.raises(TypeError, match="nn.Sequential"):
+        calibrate(nn.Linear(8, 4), [1], torch.randn(BATCH, 8))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 2 workers"):
+        measure_contention(1)
+    with pytest.raises(ValueError, match="repeats"):
+        measure_handoff(0)
+
+
+def test_overheads_are_finite_and_non_negative() -> None:
+    threads = torch.get_num_threads()
+    overheads = calibrate_overheads(workers=2, repeats=50)
+    assert torch.get_num_threads() == threads  # the intra-op setting is restored
+    for value in (overheads.task, overheads.handoff, overheads.contention):
+        assert math.isfinite(value) and value >= 0
+    assert overheads.task < 1e-2 and overheads.handoff < 1e-2  # microseconds, not milliseconds
+    assert calibrate_overheads(repeats=5, contention=False).contention == 0.0
+    assert measure_task_overhead(5) >= 0
+
+
+def test_the_simulator_bills_a_checkpointed_forward_at_its_no_grad_time() -> None:
+    from gpipe.schedule import Op, Task, gpipe
+    from sim.engine import simulate
+
+    cost = CostModel((StageCost(2.0, 3.0, forward_checkpointed=1.0),))
+    timeline = simulate(gpipe(2, 1, "except_last"), cost)
+    assert timeline.span_of(Task(Op.F, 0, 0)).duration == 1.0  # checkpointed: no-grad forward
+    assert timeline.span_of(Task(Op.F, 1, 0)).duration == 2.0  # the last micro-batch is not
+    assert timeline.span_of(Task(Op.R, 0, 0)).duration == 2.0  # a recompute records the graph
