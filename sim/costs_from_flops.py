@@ -1,0 +1,251 @@
+"""Per-stage costs from FLOP and byte counts: a :class:`~sim.flops.ModelProfile` divided by a device spec.
+
+Each operator the counter saw takes (a roofline with a fixed cost per kernel)::
+
+    seconds = max(flops / (peak[dtype] * efficiency), bytes / (memory_bandwidth * efficiency)) + kernel_seconds
+
+Compute-bound work (matrix products, convolutions) runs at the device's peak for the compute dtype
+times its ``efficiency``; memory-bound work (normalisation, activations, elementwise, pooling) streams
+its bytes at the memory bandwidth times the same ``efficiency``; every kernel also pays
+``kernel_seconds``. These are :meth:`DeviceSpec.compute_seconds` and :meth:`DeviceSpec.memory_seconds`:
+``efficiency`` is one number, the fraction of the datasheet rates a real workload reaches.
+
+Note [one efficiency]: applying ``efficiency`` to the bandwidth too is a choice. Datasheet bandwidth is
+no more reachable than datasheet FLOP/s (elementwise kernels reach 60-90% of it, and batch norm reads
+its input twice), and the one-parameter form keeps calibration to one number. On torchgpipe's ResNet-101
+benchmark (``benchmarks/published.py``) the datasheet-bandwidth variant under-predicts the 2- and 4-GPU
+speed-ups by 10-12%; this form stays within 9%.
+
+Note [small micro-batches]: the fixed cost per kernel is what makes the efficiency fall for small
+micro-batches. For a compute-bound operator of ``f`` FLOPs the fraction of peak reached is::
+
+    efficiency(f) = efficiency * f / (f + f_half),   f_half = kernel_seconds * peak * efficiency
+
+a saturating curve: half of the asymptote at ``f_half`` FLOPs, all of it for large kernels. ``f``
+grows with the micro-batch, so a pipeline with many small micro-batches loses throughput, as on
+real GPUs. The rationale is the latency-bandwidth ("alpha-beta", Hockney 1994) model applied to
+kernels: a launch costs a few microseconds (NVIDIA's CUDA C++ Best Practices Guide puts kernel launch
+overhead in the microseconds), and a kernel too small to fill every SM still pays its ramp-up and
+tail. The default, 5 microseconds, is that order of magnitude, chosen a priori and not fitted.
+
+Model state per parameter comes from a :class:`Training` policy: mixed-precision Adam keeps 16-bit
+weights and gradients, 32-bit master weights and two 32-bit moments: 2 + 2 + 4 + 4 + 4 = 16 bytes
+(Rajbhandari et al., 2020, ZeRO, section 3.1), 18 with 32-bit gradients.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sim.cost import CostModel, Overheads, StageCost
+from sim.flops import ModelProfile
+from sim.hardware import DeviceSpec
+
+__all__ = ["KERNEL_SECONDS", "TRAINING", "FlopCosts", "Training", "effective_efficiency", "training_policy"]
+
+#: Default fixed cost of one kernel, seconds (Note [small micro-batches]).
+KERNEL_SECONDS = 5e-6
+
+
+@dataclass(frozen=True)
+class Training:
+    """How training stores and updates numbers: the compute dtype and bytes of model state per parameter.
+
+    Attributes:
+        name: for display (``"mixed-adam"``).
+        compute: the key of ``DeviceSpec.peak_flops`` the matrix products run at.
+        torch_dtype: the dtype to count the model in (activations take its size).
+        weight_bytes: bytes per parameter of weights (16-bit copy plus 32-bit master in mixed precision).
+        gradient_bytes: bytes per parameter of gradients.
+        optimizer_bytes: bytes per parameter of optimizer state (Adam: two moments).
+        update_bytes: bytes per parameter the optimizer step reads and writes.
+    """
+
+    name: str
+    compute: str
+    torch_dtype: torch.dtype
+    weight_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    update_bytes: int
+
+    @property
+    def model_state_bytes_per_parameter(self) -> int:
+        return self.weight_bytes + self.gradient_bytes + self.optimizer_bytes
+
+
+_OPTIMIZER_STATE = {"adam": 2, "momentum": 1, "sgd": 0}  # fp32 tensors per parameter
+
+#: The named policies: ``{fp32, tf32, fp16, bf16}-{adam, momentum, sgd}``.
+TRAINING: dict[str, Training] = {}
+for _dtype, _torch_dtype in (("fp32", torch.float32), ("tf32", torch.float32),
+                             ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+    for _opt, _states in _OPTIMIZER_STATE.items():
+        _mixed = _dtype in ("fp16", "bf16")
+        _w = 2 + 4 if _mixed else 4  # mixed: a 16-bit copy for compute plus the 32-bit master
+        _g = 2 if _mixed else 4
+        # the step reads master weights, gradients and state, and writes weights, state (and the copy)
+        _update = 4 + _g + 8 * _states + 4 + (2 if _mixed else 0)
+        TRAINING[f"{_dtype}-{_opt}"] = Training(f"{_dtype}-{_opt}", _dtype, _torch_dtype, _w, _g, 4 * _states,
+                                                 _update)
+
+
+def training_policy(name: str) -> Training:
+    """The named :class:`Training` policy (``"bf16-adam"``, ``"fp32-sgd"``, ...).
+
+    Raises:
+        KeyError: unknown name; the message lists the known ones.
+    """
+    key = name.strip().lower()
+    if key not in TRAINING:
+        raise KeyError(f"unknown training policy {name!r}; known: {', '.join(TRAINING)}")
+    return TRAINING[key]
+
+
+def effective_efficiency(device: DeviceSpec, flops: float, dtype: str = "fp32",
+                         kernel_seconds: float = KERNEL_SECONDS) -> float:
+    """The fraction of peak one compute-bound kernel of ``flops`` FLOPs reaches (Note [small micro-batches])."""
+    rate = device.achievable_flops(dtype)
+    return device.efficiency * flops / (flops + kernel_seconds * rate) if flops > 0 else 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class _Flat:
+    """Every operator of every layer in one array, for vectorised timing."""
+
+    flops: np.ndarray  # (ops, 2)
+    bytes: np.ndarray  # (ops, 2)
+    starts: np.ndarray  # first operator of each layer
+    empty: np.ndarray  # layers without operators
+
+
+def _flatten(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> _Flat:
+    counts = np.array([f.shape[0] for f, _ in tables])
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    flops = np.concatenate([f for f, _ in tables] + [np.zeros((1, 2))])
+    nbytes = np.concatenate([b for _, b in tables] + [np.zeros((1, 2))])
+    return _Flat(flops, nbytes, starts, counts == 0)
+
+
+class FlopCosts:
+    """The costs of one counted model on one device under one training policy, for any balance and micro-batch.
+
+    Per-layer times are cached per micro-batch size (a sweep asks for few distinct sizes).
+    """
+
+    def __init__(self, profile: ModelProfile, device: DeviceSpec, training: Training | str = "fp32-adam",
+                 kernel_seconds: float = KERNEL_SECONDS) -> None:
+        """Args:
+            profile: the counts (:func:`sim.flops.count_layers`).
+            device: the hardware; its ``efficiency`` scales the compute-bound rate.
+            training: a :class:`Training` or its name.
+            kernel_seconds: fixed cost per kernel (Note [small micro-batches]).
+
+        Raises:
+            KeyError: the device has no peak for the policy's compute dtype, or an unknown policy.
+            ValueError: a negative ``kernel_seconds``.
+        """
+        self.profile = profile
+        self.device = device
+        self.training = training_policy(training) if isinstance(training, str) else training
+        if kernel_seconds < 0:
+            raise ValueError(f"kernel_seconds must be >= 0, got {kernel_seconds!r}")
+        self.kernel_seconds = kernel_seconds
+        self.rate = device.achievable_flops(self.training.compute)  # raises KeyError for a missing dtype
+        self.bandwidth = device.memory_bandwidth * device.efficiency  # Note [one efficiency]
+        self._fwd = _flatten([(t.forward.flops, t.forward.bytes) for t in profile.layers])
+        self._bwd = _flatten([(t.backward.flops, t.backward.bytes) for t in profile.layers])
+        params = np.array([layer.parameters for layer in profile.layers], dtype=np.float64)
+        tensors = np.array([layer.parameter_tensors for layer in profile.layers], dtype=np.float64)
+        self._param_prefix = np.concatenate([[0.0], np.cumsum(params)])
+        self._tensor_prefix = np.concatenate([[0.0], np.cumsum(tensors)])
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _seconds(self, flat: _Flat, batch: int) -> np.ndarray:
+        flops = np.maximum(flat.flops[:, 0] + flat.flops[:, 1] * batch, 0.0)
+        nbytes = np.maximum(flat.bytes[:, 0] + flat.bytes[:, 1] * batch, 0.0)
+        per_op = np.maximum(flops / self.rate, nbytes / self.bandwidth) + self.kernel_seconds
+        per_op[-1] = 0.0  # the padding row
+        per_layer = np.add.reduceat(per_op, flat.starts)
+        per_layer[flat.empty] = 0.0
+        return per_layer
+
+    def layer_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward seconds of every layer for one micro-batch of ``microbatch`` samples."""
+        if microbatch < 1:
+            raise ValueError(f"a micro-batch needs at least one sample, got {microbatch}")
+        if microbatch not in self._cache:
+            self._cache[microbatch] = (self._seconds(self._fwd, microbatch), self._seconds(self._bwd, microbatch))
+        return self._cache[microbatch]
+
+    def stage_parameters(self, balance: Sequence[int]) -> list[int]:
+        """Parameters of each stage of ``balance``."""
+        bounds = np.cumsum([0, *balance])
+        return [int(self._param_prefix[b] - self._param_prefix[a]) for a, b in itertools.pairwise(bounds)]
+
+    def update_seconds(self, balance: Sequence[int]) -> list[float]:
+        """Seconds of each stage's optimizer step: one memory-bound kernel per parameter tensor."""
+        bounds = np.cumsum([0, *balance])
+        out = []
+        for a, b in itertools.pairwise(bounds):
+            params = self._param_prefix[b] - self._param_prefix[a]
+            kernels = self._tensor_prefix[b] - self._tensor_prefix[a]
+            out.append(float(params * self.training.update_bytes / self.bandwidth
+                             + kernels * self.kernel_seconds))
+        return out
+
+    def stages(self, balance: Sequence[int], microbatch: int) -> tuple[StageCost, ...]:
+        """One :class:`~sim.cost.StageCost` per stage of ``balance`` (layers per stage, in order).
+
+        Raises:
+            ValueError: the balance does not cover the model's layers exactly, or has an empty stage.
+        """
+        _check_balance(balance, len(self.profile))
+        fwd, bwd = self.layer_seconds(microbatch)
+        layers, tr = self.profile.layers, self.training
+        out = []
+        start = 0
+        for size in balance:
+            stop = start + size
+            first, last = layers[start], layers[stop - 1]
+            saved = sum(layer.saved_bytes[0] + layer.saved_bytes[1] * microbatch for layer in layers[start:stop])
+            if start > 0:  # what the first layer saves of its input was counted at the previous layer
+                saved += first.input_saved_bytes[0] + first.input_saved_bytes[1] * microbatch
+            params = int(self._param_prefix[stop] - self._param_prefix[start])
+            out.append(StageCost(
+                forward=float(fwd[start:stop].sum()),
+                backward=float(bwd[start:stop].sum()),
+                send_bytes=_bytes(last.output_bytes, microbatch),
+                saved_bytes=int(round(max(saved, 0.0))),
+                checkpoint_bytes=_bytes(first.input_bytes, microbatch),
+                parameter_bytes=params * tr.weight_bytes,
+                gradient_bytes=params * tr.gradient_bytes,
+                optimizer_bytes=params * tr.optimizer_bytes,
+            ))
+            start = stop
+        return tuple(out)
+
+    def cost_model(self, balance: Sequence[int], microbatch: int,
+                   microbatch_scale: Sequence[float] = (), overheads: Overheads | None = None) -> CostModel:
+        """A :class:`~sim.cost.CostModel` for ``balance`` at ``microbatch`` samples per micro-batch.
+
+        Copies are priced by the link the simulator is given (``copy_seconds=None``).
+        """
+        return CostModel(self.stages(balance, microbatch), copy_seconds=None,
+                         overheads=overheads or Overheads(), microbatch_scale=tuple(microbatch_scale))
+
+
+def _bytes(q: tuple[float, float], batch: int) -> int:
+    return max(int(round(q[0] + q[1] * batch)), 0)
+
+
+def _check_balance(balance: Sequence[int], layers: int) -> None:
+    if not balance or any(int(b) < 1 for b in balance):
+        raise ValueError(f"every stage needs at least one layer, got balance {list(balance)}")
+    if sum(balance) != layers:
+        raise ValueError(f"balance {list(balance)} covers {sum(balance)} layers but the model has {layers}")

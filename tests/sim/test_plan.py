@@ -1,0 +1,227 @@
+"""The planner and its CLI: balance, memory fit, the best row, model state per parameter, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from gpipe.balance.blockpartition import solve
+from sim.cli import main
+from sim.costs_from_flops import TRAINING, FlopCosts, effective_efficiency, training_policy
+from sim.flops import ModelProfile, count_layers
+from sim.hardware import DeviceSpec, get_device, get_link
+from sim.models.gpt import GPTConfig, gpt, gpt_sample
+from sim.plan import block_partition, default_training, plan, resolve_link
+
+MiB = 2**20
+
+
+def _mlp(layers: int = 8, width: int = 512) -> nn.Sequential:
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
+
+
+@pytest.fixture(scope="module")
+def mlp_profile() -> ModelProfile:
+    return count_layers(_mlp(), torch.randn(2, 512))
+
+
+SMALL = DeviceSpec("small", {"fp32": 10e12}, 500e9, 24 * MiB, efficiency=0.5)
+
+
+def test_block_partition_is_the_shared_solver() -> None:
+    rng = np.random.default_rng(0)
+    for trial in range(500):
+        layers = int(rng.integers(1, 30))
+        n = int(rng.integers(1, layers + 1))
+        w = rng.random(layers) if trial % 2 else np.round(rng.random(layers), 1)
+        assert list(block_partition(w, n)) == solve([float(x) for x in w], n)
+
+
+def test_block_partition_errors() -> None:
+    with pytest.raises(ValueError):
+        block_partition([1.0, 2.0], 3)
+    with pytest.raises(ValueError):
+        block_partition([1.0, -2.0], 1)
+
+
+def test_planner_picks_the_fastest_configuration_that_fits(mlp_profile: ModelProfile) -> None:
+    # 8 x 512^2 parameters x 16 bytes (fp32 Adam) = 32 MiB of model state: one 24 MiB device is too small
+    result = plan(mlp_profile, 256, SMALL, [1, 2, 4], get_link("pcie4-x16"), training="fp32-adam")
+    best = result.best
+    assert best is not None and best.fits
+    assert sum(r.best for r in result.rows) == 1
+    assert best.throughput == max(r.throughput for r in result.rows if r.fits)
+    assert any(not r.fits for r in result.rows)
+    assert all(not r.fits for r in result.rows if r.stages == 1)  # a whole replica holds the model
+    for r in result.rows:
+        assert sum(r.balance) == len(mlp_profile) and len(r.balance) == r.stages
+        assert r.gpus == r.stages * r.replicas
+        assert r.fits == all(m <= SMALL.memory_bytes for m in r.memory_bytes)
+        assert r.throughput == pytest.approx(256 / r.step_seconds)
+    assert {r.schedule for r in result.rows} == {"gpipe", "1f1b"}
+    assert {r.checkpoint for r in result.rows} == {"never", "except_last", "always"}
+
+
+def test_checkpointing_trades_time_for_memory(mlp_profile: ModelProfile) -> None:
+    result = plan(mlp_profile, 64, SMALL, [2], "pcie4-x16", training="fp32-adam", chunks=[8], stages=[2],
+                  schedules=["gpipe"])
+    by = {r.checkpoint: r for r in result.rows}
+    assert by["always"].step_seconds > by["never"].step_seconds
+    assert max(by["always"].activation_bytes) < max(by["never"].activation_bytes)
+
+
+def test_price_gives_cost_per_million_samples(mlp_profile: ModelProfile) -> None:
+    result = plan(mlp_profile, 64, SMALL, [2, 4], "pcie4-x16", training="fp32-adam", price_per_gpu_hour=2.5,
+                  chunks=[4], objective="cost")
+    for r in result.rows:
+        assert r.cost_per_million == pytest.approx(r.gpus * 2.5 / 3600 * 1e6 / r.throughput)
+    best = result.best
+    assert best is not None
+    assert best.cost_per_million == min(r.cost_per_million or 0 for r in result.rows if r.fits)
+
+
+def test_progress_bar_is_optional(mlp_profile: ModelProfile, capsys: pytest.CaptureFixture[str]) -> None:
+    plan(mlp_profile, 8, SMALL, [2], "pcie4-x16", training="fp32-adam", chunks=[2], progress=True)
+    assert "simulating" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("policy", ["fp16-adam", "bf16-adam"])
+def test_mixed_precision_adam_keeps_16_to_18_bytes_per_parameter(policy: str) -> None:
+    cfg = GPTConfig(n_layer=2, n_head=4, d_model=64, seq_len=32, vocab_size=100)
+    training = training_policy(policy)
+    with torch.device("meta"):
+        model = gpt(cfg)
+    profile = count_layers(model, gpt_sample(cfg, 1), dtype=training.torch_dtype)
+    stages = FlopCosts(profile, get_device("a100-80gb"), training).stages((2, 2), 1)
+    per_param = sum(s.model_state_bytes for s in stages) / profile.parameters
+    assert 16 <= per_param <= 18
+    assert sum(s.parameter_bytes for s in stages) == profile.parameters * 6  # fp16 copy + fp32 master
+
+
+def test_training_policies() -> None:
+    assert TRAINING["fp32-sgd"].model_state_bytes_per_parameter == 8
+    assert TRAINING["fp32-adam"].model_state_bytes_per_parameter == 16
+    assert default_training(get_device("h100-sxm")).name == "bf16-adam"
+    assert default_training(get_device("tesla-p40")).name == "fp32-adam"
+    with pytest.raises(KeyError, match="known"):
+        training_policy("int4-lion")
+
+
+def test_efficiency_falls_for_small_kernels() -> None:
+    h100 = get_device("h100-sxm")
+    small, large = (effective_efficiency(h100, f, "bf16") for f in (1e6, 1e13))
+    assert small < 0.1 * h100.efficiency
+    assert large == pytest.approx(h100.efficiency, rel=0.01)
+
+
+def test_throughput_per_sample_falls_for_small_micro_batches() -> None:
+    cfg = GPTConfig(n_layer=2, n_head=4, d_model=256, seq_len=64, vocab_size=1000)
+    with torch.device("meta"):
+        model = gpt(cfg)
+    costs = FlopCosts(count_layers(model, gpt_sample(cfg, 1)), get_device("a100-80gb"), "fp32-adam")
+    per_sample = [sum(map(float, (f.sum(), b.sum()))) / mb for mb in (1, 8, 64)
+                  for f, b in [costs.layer_seconds(mb)]]
+    assert per_sample[0] > per_sample[1] > per_sample[2]
+
+
+def test_stage_costs_from_counts(mlp_profile: ModelProfile) -> None:
+    costs = FlopCosts(mlp_profile, SMALL, "fp32-adam")
+    first, second = costs.stages((3, 5), 16)
+    assert first.checkpoint_bytes == 16 * 512 * 4  # the input batch
+    assert first.send_bytes == second.checkpoint_bytes == 16 * 512 * 4
+    assert first.forward > 0 and first.backward > first.forward
+    with pytest.raises(ValueError, match="covers"):
+        costs.stages((3, 3), 16)
+
+
+def test_links_resolve_by_family() -> None:
+    assert resolve_link("nvlink", get_device("h100-sxm")).name == "nvlink4"
+    assert resolve_link("nvlink", get_device("a100-40gb")).name == "nvlink3"
+    assert resolve_link("pcie", get_device("tesla-p40")).name == "pcie3-x16"
+    with pytest.raises(KeyError, match="no nvlink"):
+        resolve_link("nvlink", get_device("tesla-p40"))
+    with pytest.raises(KeyError, match="unknown link"):
+        resolve_link("carrier-pigeon", get_device("h100-sxm"))
+
+
+def test_plan_errors(mlp_profile: ModelProfile) -> None:
+    with pytest.raises(ValueError, match="smaller than the number of chunks"):
+        plan(mlp_profile, 4, SMALL, [2], training="fp32-adam", chunks=[8])
+    with pytest.raises(ValueError, match="at least one GPU"):
+        plan(mlp_profile, 4, SMALL, [0], training="fp32-adam")
+    with pytest.raises(KeyError, match="unknown device"):
+        plan(mlp_profile, 4, "tpu-v9", [1])
+    with pytest.raises(ValueError, match="counted in 32-bit"):
+        plan(mlp_profile, 4, "h100-sxm", [1], training="bf16-adam")
+
+
+# -- the CLI -------------------------------------------------------------------------------------------
+
+MODEL_FILE = '''
+import torch
+from torch import nn
+
+def build():
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU()), torch.randn(4, 64)
+'''
+
+
+def test_cli_plans_a_users_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "mymodel.py"
+    path.write_text(MODEL_FILE)
+    out = tmp_path / "out"
+    code = main(["plan", "--model", f"{path}:build", "--batch", "32", "--gpus", "1,2", "--hardware", "a100-80gb",
+                 "--link", "nvlink", "--price", "2.5", "--chunks", "1,4", "--json", "--out", str(out)])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["device"] == "a100-80gb" and doc["link"] == "nvlink3" and doc["training"] == "bf16-adam"
+    assert doc["best"]["fits"] and len(doc["rows"]) == 2 * 3 * 2 * 3  # (gpus, stages) x chunks x sched x ckpt
+    assert {p.name for p in out.iterdir()} == {"plan.json", "throughput.png", "memory.png"}
+
+
+def test_cli_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "--model", "gpt:125m", "--batch", "8", "--gpus", "2", "--hardware", "h100-sxm",
+                 "--link", "nvlink", "--chunks", "2", "--schedule", "1f1b", "--checkpoint", "never", "--price", "3"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "best: 2 GPUs" in text and "$/M samp" in text
+    assert sum(line.startswith("*") for line in text.splitlines()) == 1
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "vgg16"], "unknown model 'vgg16'"),
+    (["--hardware", "tpu-v9"], "unknown device 'tpu-v9'"),
+    (["--batch", "4", "--chunks", "8"], "batch 4 is smaller than the number of chunks (8)"),
+    (["--gpus", "0"], "need at least one GPU"),
+    (["--gpus", "two"], "--gpus takes comma-separated integers"),
+    (["--model", "no_such_module:build"], "cannot import 'no_such_module'"),
+    (["--link", "carrier-pigeon"], "unknown link 'carrier-pigeon'"),
+])
+def test_cli_bad_input_is_one_line_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    base = {"--model": "gpt:125m", "--batch": "64", "--gpus": "1,2", "--hardware": "h100-sxm"}
+    base.update(dict(zip(args[::2], args[1::2], strict=True)))
+    argv = ["plan"] + [x for kv in base.items() for x in kv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and err.startswith("gpipe-sim plan: error:")
+
+
+@pytest.mark.slow
+def test_torchgpipe_resnet101_speedups_within_10_percent() -> None:
+    """benchmarks/published.py: one efficiency calibrated on the baseline, every speed-up predicted."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "published.py"
+    spec = importlib.util.spec_from_file_location("published", path)
+    assert spec is not None and spec.loader is not None
+    published = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(published)
+    table = published.resnet_table()
+    assert 0.3 < table["calibrated_efficiency"] < 0.9
+    for row in table["rows"]:
+        assert abs(row["error"]) <= published.TOLERANCE, row
