@@ -1,0 +1,606 @@
+"""The site's figures and tables of simulated numbers, drawn by the project's own simulator.
+
+Every PNG under ``docs/img/generated/`` comes from one function here, registered with :func:`figure`;
+every ``<!-- generated: NAME -->`` marker in a page is replaced by the markdown that :func:`fragments`
+returns under ``NAME``. The MkDocs hook (``docs/hooks/figures.py``) calls both; so can you::
+
+    .venv/bin/python docs/make_figures.py            # draw every figure into docs/img/generated/
+    .venv/bin/python docs/make_figures.py --force    # even if nothing changed
+
+:func:`build` skips the drawing when the figures are there and no source they depend on (``gpipe/``,
+``sim/``, this file) changed since they were drawn, so ``mkdocs serve`` does not redraw in a loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from gpipe.plot import plot_side_by_side, plot_timeline  # noqa: E402
+from gpipe.schedule import Checkpoint, Schedule, gpipe, one_f_one_b  # noqa: E402
+from gpipe.timeline import Timeline  # noqa: E402
+from sim.cost import CostModel  # noqa: E402
+
+__all__ = ["FIGURES", "build", "figure", "fragments", "main"]
+
+log = logging.getLogger(__name__)
+
+OUT = ROOT / "docs" / "img" / "generated"
+MiB = 2**20
+DPI = 100
+
+#: name of the PNG -> the function that draws it into a path.
+FIGURES: dict[str, Callable[[Path], None]] = {}
+
+
+def figure(name: str) -> Callable[[Callable[[Path], None]], Callable[[Path], None]]:
+    """Register a function ``draw(path)`` as the maker of ``docs/img/generated/<name>``."""
+
+    def register(draw: Callable[[Path], None]) -> Callable[[Path], None]:
+        if name in FIGURES:
+            raise ValueError(f"two figures named {name!r}")
+        FIGURES[name] = draw
+        return draw
+
+    return register
+
+
+# -- the simulator, in the few shapes the pages use ---------------------------------------------------
+
+
+def simulate(schedule: Schedule, cost: CostModel, **config: Any) -> Timeline:
+    """:func:`sim.engine.simulate` with ``SimConfig(**config)``."""
+    from sim.engine import SimConfig
+    from sim.engine import simulate as run
+
+    return run(schedule, cost, config=SimConfig(**config))
+
+
+def per_microbatch(n: int, m: int, total_forward: float = 4e-3, total_backward: float = 8e-3,
+                   **kwargs: Any) -> CostModel:
+    """Uniform stages whose forward (backward) of the whole mini-batch takes ``total_forward``
+    (``total_backward``) seconds, cut into ``m`` micro-batches; copies free unless ``kwargs`` say."""
+    return CostModel.uniform(n, total_forward / m, total_backward / m, **kwargs)
+
+
+def bubble_formula(m: int, n: int) -> float:
+    """GPipe's bubble fraction with equal stages and free copies: ``(n - 1) / (m + n - 1)``."""
+    return (n - 1) / (m + n - 1)
+
+
+#: The teaching example of the checkpointing and 1F1B pages: per micro-batch and stage.
+TEACH = {"forward": 1e-3, "backward": 2e-3, "saved_bytes": 64 * MiB, "checkpoint_bytes": 8 * MiB}
+
+
+def teach_cost(n: int = 4, **overrides: Any) -> CostModel:
+    kw: dict[str, Any] = {**TEACH, **overrides}
+    return CostModel.uniform(n, kw.pop("forward"), kw.pop("backward"), **kw)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    align = [" :--- "] + [" ---: "] * (len(header) - 1)  # labels left, numbers right
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _save(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+# -- figures ---------------------------------------------------------------------------------------------
+
+
+@figure("home_gantt.png")
+def _home(path: Path) -> None:
+    tl = simulate(gpipe(8, 4, "never"), per_microbatch(4, 8))
+    _save(plot_timeline(tl, title=f"GPipe, n=4, m=8: makespan {_ms(tl.makespan)}, "
+                                  f"bubble {tl.bubble_fraction():.0%}"), path)
+
+
+@figure("mp_vs_pp.png")
+def _mp_vs_pp(path: Path) -> None:
+    tls = [simulate(gpipe(m, 4, "never"), per_microbatch(4, m)) for m in (1, 8)]
+    titles = [f"{label}: makespan {_ms(t.makespan)}, each device busy {1 - t.bubble_fraction():.0%}"
+              for label, t in zip(("model parallelism, m=1", "pipeline, m=8"), tls, strict=True)]
+    _save(plot_side_by_side(tls, titles=titles), path)
+
+
+BUBBLE_MS = (1, 2, 4, 8)
+
+
+@figure("bubble_gantt.png")
+def _bubble_gantt(path: Path) -> None:
+    tls = [simulate(gpipe(m, 4, "never"), per_microbatch(4, m)) for m in BUBBLE_MS]
+    titles = [f"m={m}: makespan {_ms(t.makespan)}, bubble {t.bubble_fraction():.1%} "
+              f"(formula {bubble_formula(m, 4):.1%})" for m, t in zip(BUBBLE_MS, tls, strict=True)]
+    _save(plot_side_by_side(tls, titles=titles, labels=False), path)
+
+
+@figure("bubble_vs_m.png")
+def _bubble_vs_m(path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ms = list(range(1, 33))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n, colour in zip((2, 4, 8), ("#4c72b0", "#dd8452", "#55a868"), strict=True):
+        ax.plot(ms, [bubble_formula(m, n) for m in ms], color=colour, label=f"n={n}: (n-1)/(m+n-1)")
+        sampled = [1, 2, 4, 8, 16, 32]
+        sim_b = [simulate(gpipe(m, n, "never"), per_microbatch(n, m)).bubble_fraction() for m in sampled]
+        ax.plot(sampled, sim_b, "o", color=colour, label=f"n={n}: simulated")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 2, 4, 8, 16, 32], ["1", "2", "4", "8", "16", "32"])
+    ax.set_xlabel("micro-batches m")
+    ax.set_ylabel("bubble fraction")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    ax.set_title("GPipe's bubble against the number of micro-batches", fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+POLICIES: tuple[Checkpoint, ...] = ("never", "except_last", "always")
+
+
+def _memory_curve(tl: Timeline, device: int) -> tuple[list[float], list[float]]:
+    """Times (ms) and MiB of ``device``'s memory samples as a step function from 0 to the makespan.
+
+    Of several samples at one instant (a backward frees as the next recompute allocates) the last counts.
+    """
+    xs, ys = [0.0], [0.0]
+    for t, b in tl.memory_series(device):
+        x = (t - tl.start) * 1e3
+        if xs and xs[-1] == x:
+            xs.pop()
+            ys.pop()
+        xs.append(x)
+        ys.append(b / MiB)
+    xs.append(tl.makespan * 1e3)
+    ys.append(ys[-1])
+    return xs, ys
+
+
+@figure("checkpoint_memory.png")
+def _checkpoint_memory(path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for policy, colour in zip(POLICIES, ("#dd8452", "#4c72b0", "#55a868"), strict=True):
+        tl = simulate(gpipe(8, 4, policy), teach_cost())
+        xs, ys = _memory_curve(tl, 0)
+        ax.step(xs, ys, where="post", color=colour, lw=1.6,
+                label=f"checkpoint={policy}: peak {tl.peak_memory(0) / MiB:.0f} MiB, step {_ms(tl.makespan)}")
+    ax.set_xlabel("ms")
+    ax.set_ylabel("MiB saved for backward (device 0)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Memory against time on device 0: GPipe, n=4, m=8", fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+@figure("checkpoint_gantt.png")
+def _checkpoint_gantt(path: Path) -> None:
+    tl = simulate(gpipe(8, 4, "except_last"), teach_cost())
+    _save(plot_timeline(tl, title=f"GPipe, n=4, m=8, checkpoint=except_last: makespan {_ms(tl.makespan)}"), path)
+
+
+COPY = 0.5e-3  # seconds per copy in the copy-stream figures
+
+
+@figure("copy_streams.png")
+def _copy_streams(path: Path) -> None:
+    cost = teach_cost(copy_seconds=COPY)
+    tls = [simulate(gpipe(8, 4, "never"), cost, copy_streams=s) for s in (True, False)]
+    titles = [f"{label}: makespan {_ms(t.makespan)}" for label, t in
+              zip(("copies on copy streams", "copies on the compute stream"), tls, strict=True)]
+    _save(plot_side_by_side(tls, titles=titles), path)
+
+
+#: Activation bytes per micro-batch in the link comparison.
+LINK_BYTES = 16 * MiB
+LINK_NAMES = ("nvlink2", "pcie5-x16", "pcie4-x16", "pcie3-x16", "ethernet-100g")
+
+
+@figure("copy_latency.png")
+def _copy_latency(path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from sim.hardware import get_link
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    copies = [k * 0.25e-3 for k in range(0, 13)]
+    for streams, colour in ((True, "#4c72b0"), (False, "#dd8452")):
+        spans = [simulate(gpipe(8, 4, "never"), teach_cost(copy_seconds=c), copy_streams=streams).makespan
+                 for c in copies]
+        a.plot([c * 1e3 for c in copies], [s * 1e3 for s in spans], "o-", color=colour, ms=3,
+               label="copy streams" if streams else "copies on the compute stream")
+    a.axvline(TEACH["forward"] * 1e3, color="grey", lw=0.5, ls=":")
+    a.set_xlabel("seconds per copy (ms): latency + bytes / bandwidth")
+    a.set_ylabel("makespan (ms)")
+    a.set_title("Step time against copy time (forward 1 ms, backward 2 ms)", fontsize=10)
+    a.grid(alpha=0.3)
+    a.legend(fontsize=8)
+
+    links = [get_link(name) for name in LINK_NAMES]
+    cost = teach_cost(send_bytes=LINK_BYTES, copy_seconds=None)  # copies priced by the link
+    xs = range(len(links))
+    w = 0.38
+    for k, (streams, colour) in enumerate(((True, "#4c72b0"), (False, "#dd8452"))):
+        spans = [simulate(gpipe(8, 4, "never"), cost, link=link, copy_streams=streams).makespan for link in links]
+        b.bar([x + (k - 0.5) * w for x in xs], [s * 1e3 for s in spans], w, color=colour,
+              label="copy streams" if streams else "compute stream")
+    b.axhline(simulate(gpipe(8, 4, "never"), teach_cost()).makespan * 1e3, color="grey", lw=0.8, ls="--",
+              label="free copies")
+    b.set_xticks(list(xs), [f"{link.name}\n{link.transfer_seconds(LINK_BYTES) * 1e3:.2f} ms/copy" for link in links],
+                 fontsize=8)
+    b.set_ylabel("makespan (ms)")
+    b.set_title(f"Catalog links, {LINK_BYTES // MiB} MiB per activation", fontsize=10)
+    b.grid(axis="y", alpha=0.3)
+    b.legend(fontsize=8)
+    fig.suptitle("GPipe, n=4, m=8", fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+@figure("fork_join.png")
+def _fork_join(path: Path) -> None:
+    tls = [simulate(gpipe(8, 4, "never"), teach_cost(), enforce_backward_order=e) for e in (False, True)]
+    titles = [f"{label}: makespan {_ms(t.makespan)}" for label, t in
+              zip(("backward order not enforced (no fork/join)", "fork/join: backward order enforced"), tls,
+                  strict=True)]
+    _save(plot_side_by_side(tls, titles=titles), path)
+
+
+@figure("skip_portals.png")
+def _skip_portals(path: Path) -> None:
+    from sim.ablation import UNET
+
+    sched = gpipe(UNET.chunks, UNET.devices, UNET.checkpoint)
+    tls = [simulate(sched, UNET.cost(portals=p), link=UNET.link) for p in (False, True)]
+    titles = [f"{label}: makespan {_ms(t.makespan)}" for label, t in
+              zip(("skips through every stage (no portals)", "portals: skips sent directly"), tls, strict=True)]
+    _save(plot_side_by_side(tls, titles=titles, labels=False), path)
+
+
+@figure("onefoneb.png")
+def _onefoneb(path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    cost = teach_cost()
+    tls = {"GPipe": simulate(gpipe(8, 4, "never"), cost), "1F1B": simulate(one_f_one_b(8, 4, "never"), cost)}
+    fig, axes = plt.subplots(2, 2, figsize=(12, 6), sharex=True, gridspec_kw={"height_ratios": [1.2, 1]})
+    for col, (name, tl) in enumerate(tls.items()):
+        plot_timeline(tl, ax=axes[0, col], title=f"{name}: makespan {_ms(tl.makespan)}")
+        for d in range(tl.num_devices):
+            xs, ys = _memory_curve(tl, d)
+            axes[1, col].step([x / 1e3 for x in xs], ys, where="post", lw=1.4, label=f"dev {d}")
+        axes[1, col].set_xlabel("seconds")
+        axes[1, col].set_ylabel("MiB saved for backward")
+        axes[1, col].grid(alpha=0.3)
+        axes[1, col].legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+@figure("overheads.png")
+def _overheads(path: Path) -> None:
+    from sim.cost import Overheads
+
+    ideal = teach_cost(n=2)
+    real = ideal.with_overheads(Overheads(task=0.2e-3, handoff=0.3e-3, contention=0.5))
+    tls = [simulate(gpipe(4, 2, "never"), c) for c in (ideal, real)]
+    titles = [f"ideal: makespan {_ms(tls[0].makespan)}",
+              f"task overhead 0.2 ms, hand-off 0.3 ms, contention 0.5: makespan {_ms(tls[1].makespan)}"]
+    _save(plot_side_by_side(tls, titles=titles), path)
+
+
+#: The what-if example of the planning page: a model that needs a pipeline (it does not fit on one GPU).
+PLAN_EXAMPLE = {"model": "gpt:13b", "device": "a100-80gb", "batch": 512, "gpus": (8, 16), "link": "nvlink"}
+
+
+@functools.cache
+def _plan_example() -> Any:
+    """The planner's answer for :data:`PLAN_EXAMPLE` (counted and swept once per process: a few seconds)."""
+    from sim.flops import count_layers
+    from sim.hardware import get_device
+    from sim.models import get_model
+    from sim.plan import default_training, plan
+
+    ex = PLAN_EXAMPLE
+    device = get_device(str(ex["device"]))
+    training = default_training(device)
+    model = get_model(str(ex["model"]))
+    profile = count_layers(model.module("meta"), model.sample(2, "meta"), dtype=training.torch_dtype)
+    return plan(profile, int(ex["batch"]), device, list(ex["gpus"]), str(ex["link"]),  # type: ignore[call-overload]
+                training=training, model_name=model.name)
+
+
+@figure("plan_memory.png")
+def _plan_memory(path: Path) -> None:
+    from sim.plan_plot import plot_memory
+
+    result = _plan_example()
+    _save(plot_memory(result, result.best), path)
+
+
+def _plan_fragments() -> dict[str, str]:
+    result = _plan_example()
+    rows = sorted((r for r in result.rows if r.fits), key=lambda r: -r.throughput)[:8]
+    table = _table(["GPUs", "pp x dp", "chunks", "checkpoint", "schedule", "samples/s", "bubble", "GiB/dev"],
+                   [[str(r.gpus), f"{r.stages} x {r.replicas}", str(r.chunks), r.checkpoint, r.schedule,
+                     f"{r.throughput:.2f}", f"{r.bubble_fraction:.1%}", f"{r.peak_memory_bytes / 2**30:.1f}"]
+                    for r in rows])
+    fits = len([r for r in result.rows if r.fits])
+    head = (f"{result.model}, batch {result.batch}, on {result.device} over {result.link}, training "
+            f"{result.training}: {len(result.rows)} configurations simulated, {fits} fit in memory; the fastest:")
+    return {"plan_table": head + "\n\n" + table}
+
+
+@figure("ablation.png")
+def _ablation(path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from sim.ablation import run
+
+    rows = run()
+    labels = [r.step for r in rows]
+    xs = range(len(rows))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    w = 0.38
+    a.bar([x - w / 2 for x in xs], [r.throughput for r in rows], w, color="#4c72b0", label="simulated")
+    a.bar([x + w / 2 for x in xs], [r.published_throughput for r in rows], w, color="#bbbbbb", label="published")
+    a.set_ylabel("samples / s")
+    a.set_title("Throughput", fontsize=10)
+    b.bar([x - w / 2 for x in xs], [100 * r.utilisation for r in rows], w, color="#4c72b0", label="simulated")
+    b.bar([x + w / 2 for x in xs], [100 * r.published_utilisation for r in rows], w, color="#bbbbbb",
+          label="published")
+    b.set_ylabel("utilisation (%)")
+    b.set_ylim(0, 100)
+    b.set_title("Mean device utilisation", fontsize=10)
+    for ax in (a, b):
+        ax.set_xticks(list(xs), labels, fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("torchgpipe's U-Net ablation (4 devices, chunks 8): simulated beside published", fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+# -- markdown fragments ---------------------------------------------------------------------------------
+
+
+def fragments(cache: Path | None = None) -> dict[str, str]:
+    """Markdown for each ``<!-- generated: NAME -->`` marker: simulated numbers, schedule grids, benchmarks.
+
+    Args:
+        cache: a folder (the figures' folder) where the simulated fragments are kept with the stamp of the
+            sources they came from; they are recomputed only when a source changed. Benchmark results are
+            read anew every time.
+    """
+    import json
+
+    out: dict[str, str] | None = None
+    cache_file = cache / ".fragments.json" if cache is not None else None
+    stamp = _stamp()
+    if cache_file is not None and cache_file.exists():
+        saved = json.loads(cache_file.read_text())
+        if saved.get("stamp") == stamp:
+            out = dict(saved["fragments"])
+    if out is None:
+        out = simulated_fragments()
+        if cache_file is not None:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            cache_file.write_text(json.dumps({"stamp": stamp, "fragments": out}))
+    out.update(benchmark_fragments())
+    return out
+
+
+def simulated_fragments() -> dict[str, str]:
+    """The fragments computed by the simulator and the planner (see :func:`fragments`)."""
+    out: dict[str, str] = {
+        "grid_m4_n3": gpipe(4, 3, "never").grid(),
+        "grid_1f1b_m4_n3": one_f_one_b(4, 3).grid(),
+    }
+
+    rows = []
+    for m in (1, 8):
+        tl = simulate(gpipe(m, 4, "never"), per_microbatch(4, m))
+        rows.append([str(m), _ms(tl.makespan), f"{tl.bubble_fraction():.1%}", f"{1 - tl.bubble_fraction():.1%}"])
+    out["mp_vs_pp_table"] = _table(["m", "makespan", "bubble", "busy per device"], rows)
+
+    rows = []
+    for m in BUBBLE_MS + (16, 32):
+        tl = simulate(gpipe(m, 4, "never"), per_microbatch(4, m))
+        closed = (m + 3) * (4e-3 + 8e-3) / m
+        rows.append([str(m), _ms(tl.makespan), _ms(closed), f"{tl.bubble_fraction():.1%}",
+                     f"{bubble_formula(m, 4):.1%}"])
+    out["bubble_table"] = _table(
+        ["m", "simulated makespan", "(m+n-1)(t_f+t_b)", "simulated bubble", "(n-1)/(m+n-1)"], rows)
+
+    rows = []
+    for policy in POLICIES:
+        tl = simulate(gpipe(8, 4, policy), teach_cost())
+        recompute = sum(s.duration for s in tl.compute_spans() if s.task.op.value == "R")
+        rows.append([f"`{policy}`", _ms(tl.makespan), f"{tl.peak_memory(0) / MiB:.0f} MiB",
+                     f"{max(tl.peak_memory(d) for d in range(tl.num_devices)) / MiB:.0f} MiB",
+                     _ms(recompute)])
+    out["checkpoint_table"] = _table(
+        ["checkpoint", "makespan", "peak, device 0", "peak, any device", "recompute, all devices"], rows)
+
+    cost = teach_cost(copy_seconds=COPY)
+    free = simulate(gpipe(8, 4, "never"), teach_cost())
+    rows = [["no copy cost", _ms(free.makespan), f"{free.bubble_fraction():.1%}"]]
+    for streams in (True, False):
+        tl = simulate(gpipe(8, 4, "never"), cost, copy_streams=streams)
+        rows.append(["copy streams" if streams else "compute stream", _ms(tl.makespan), f"{tl.bubble_fraction():.1%}"])
+    out["copy_streams_table"] = _table(["copies", "makespan", "bubble"], rows)
+
+    rows = []
+    cost = teach_cost()
+    for name, sched in (("GPipe", gpipe(8, 4, "never")), ("1F1B", one_f_one_b(8, 4, "never"))):
+        tl = simulate(sched, cost)
+        rows.append([name, _ms(tl.makespan), f"{tl.bubble_fraction():.1%}"]
+                    + [f"{tl.peak_memory(d) / MiB:.0f}" for d in range(tl.num_devices)])
+    out["onefoneb_table"] = _table(["schedule", "makespan", "bubble"] + [f"peak MiB, dev {d}" for d in range(4)],
+                                   rows)
+
+    rows = []
+    for copy in (0.0, COPY):
+        for enforce in (False, True):
+            tl = simulate(gpipe(8, 4, "never"), teach_cost(copy_seconds=copy), enforce_backward_order=enforce)
+            rows.append([_ms(copy), "fork/join" if enforce else "not enforced", _ms(tl.makespan),
+                         f"{tl.bubble_fraction():.1%}"])
+    out["fork_join_table"] = _table(["copy time", "backward order", "makespan", "bubble"], rows)
+
+    out.update(_ablation_fragments())
+    out.update(_plan_fragments())
+    return out
+
+
+BENCHMARKS = ("sim_speed", "executor_speed", "fidelity", "published", "plan_speed")
+
+
+def benchmark_fragments(results: Path | None = None) -> dict[str, str]:
+    """``bench_NAME`` for each benchmark: its JSON results as tables, or how to produce them."""
+    folder = results if results is not None else ROOT / "benchmarks" / "results"
+    out = {}
+    for name in BENCHMARKS:
+        path = folder / f"{name}.json"
+        if path.exists():
+            out[f"bench_{name}"] = render_result(path)
+        else:
+            out[f"bench_{name}"] = (f"*No results yet.* Run `.venv/bin/python benchmarks/{name}.py` to produce "
+                                    f"`benchmarks/results/{name}.json`; the next site build renders it here.")
+    return out
+
+
+def render_result(path: Path) -> str:
+    """A benchmark's JSON as markdown: its command and machine, then a table of its rows.
+
+    Understood shapes: an object with ``rows`` (a list of flat objects) and optional ``command``,
+    ``machine`` (a string or an object) and ``note``; or a bare list of flat objects. Anything else is
+    shown as JSON.
+    """
+    import json
+
+    data = json.loads(path.read_text())
+    parts: list[str] = []
+    rows = data if isinstance(data, list) else data.get("rows") if isinstance(data, dict) else None
+    if isinstance(data, dict):
+        if "command" in data:
+            parts.append(f"Command: `{data['command']}`")
+        machine = data.get("machine")
+        if isinstance(machine, dict):
+            parts.append("Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))
+        elif machine:
+            parts.append(f"Machine: {machine}")
+        if data.get("note"):
+            parts.append(str(data["note"]))
+    if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+        header = list(dict.fromkeys(k for r in rows for k in r))
+        parts.append(_table(header, [[_cell(r.get(k, "")) for k in header] for r in rows]))
+    else:
+        parts.append("```json\n" + json.dumps(data, indent=1)[:4000] + "\n```")
+    return "\n\n".join(parts)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|")
+
+
+def _ablation_fragments() -> dict[str, str]:
+    from sim.ablation import UNET, run
+
+    rows = run()
+    table = _table(
+        ["step", "simulated samples/s", "published samples/s", "simulated utilisation", "published utilisation"],
+        [[r.step, f"{r.throughput:.1f}", f"{r.published_throughput:.1f}", f"{r.utilisation:.0%}",
+          f"{r.published_utilisation:.0%}"] for r in rows])
+    by = {r.step: r for r in rows}
+    skip = _table(["skip connections", "makespan", "samples/s", "utilisation"],
+                  [[label, _ms(by[step].makespan), f"{by[step].throughput:.1f}", f"{by[step].utilisation:.0%}"]
+                   for label, step in (("through every stage", "+ streams"), ("portals", "+ portals"))])
+    return {"ablation_table": table, "skip_table": skip, "unet_setup": UNET.describe()}
+
+
+# -- building --------------------------------------------------------------------------------------------
+
+
+def _stamp() -> str:
+    """A hash of every source the figures depend on."""
+    import matplotlib
+
+    h = hashlib.sha256(matplotlib.__version__.encode())
+    for folder in ("gpipe", "sim"):
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            h.update(str(p.relative_to(ROOT)).encode())
+            h.update(p.read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()
+
+
+def build(out: Path = OUT, *, force: bool = False, only: list[str] | None = None) -> list[Path]:
+    """Draw the figures into ``out``; return the paths drawn (empty when they were up to date).
+
+    Args:
+        out: the folder for the PNGs (created if missing).
+        force: draw even if the stamp says nothing changed.
+        only: draw just these figure names (for tests); the stamp is then left alone.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out.mkdir(parents=True, exist_ok=True)
+    stamp_file = out / ".stamp"
+    stamp = _stamp()
+    names = list(FIGURES) if only is None else list(only)
+    unknown = [n for n in names if n not in FIGURES]
+    if unknown:
+        raise KeyError(f"no figure named {', '.join(unknown)}; have {', '.join(FIGURES)}")
+    if (only is None and not force and stamp_file.exists() and stamp_file.read_text() == stamp
+            and all((out / n).exists() for n in names)):
+        return []
+    _plan_example.cache_clear()  # a long-lived process (mkdocs serve) must not keep an old answer
+    drawn = []
+    for name in names:
+        FIGURES[name](out / name)
+        drawn.append(out / name)
+    if only is None:
+        stamp_file.write_text(stamp)
+    return drawn
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="draw even if nothing changed")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"folder for the PNGs (default {OUT})")
+    args = parser.parse_args(argv)
+    drawn = build(args.out, force=args.force)
+    print(f"drew {len(drawn)} figures into {args.out}" if drawn else "figures up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

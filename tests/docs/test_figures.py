@@ -1,0 +1,125 @@
+"""The site's figures, fragments and notebook pages come from the project's code, and its examples run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+PAGES = sorted(p for p in DOCS.rglob("*.md") if "img" not in p.parts)
+
+#: Pages whose python blocks are fragments, not programs (with the reason).
+NOT_RUN = {
+    "concepts/skip-connections.md": "an excerpt of a model (needs nn and gpipe.skip)",
+    "how-to/compare.md": "reads timelines a comparison wrote",
+}
+
+
+def _load(name: str) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_figure_a_page_shows_is_drawn_by_make_figures() -> None:
+    figures = _load("make_figures").FIGURES
+    shown = {m for p in PAGES for m in re.findall(r"img/generated/([\w.-]+\.png)", p.read_text())}
+    assert shown, "no page shows a generated figure"
+    assert shown <= set(figures), f"pages show figures nobody draws: {sorted(shown - set(figures))}"
+    assert set(figures) <= shown, f"figures drawn but shown nowhere: {sorted(set(figures) - shown)}"
+
+
+@pytest.fixture(scope="module")
+def fragments() -> dict[str, str]:
+    """Computed once for the module: the planning fragment counts and sweeps a 13B GPT (seconds)."""
+    return dict(_load("make_figures").fragments())
+
+
+def test_every_marker_has_a_fragment(fragments: dict[str, str]) -> None:
+    markers = {m for p in PAGES for m in re.findall(r"<!--\s*generated:\s*(\w+)\s*-->", p.read_text())}
+    assert markers <= set(fragments), f"markers without a fragment: {sorted(markers - set(fragments))}"
+    assert all(text.strip() for text in fragments.values())
+
+
+def test_fragments_state_the_closed_forms(fragments: dict[str, str]) -> None:
+    for line in fragments["bubble_table"].splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[3] == cells[4], f"simulated bubble differs from (n-1)/(m+n-1): {line}"
+
+
+def test_build_draws_pngs_and_then_skips(tmp_path: Path) -> None:
+    mf = _load("make_figures")
+    drawn = mf.build(tmp_path, only=["home_gantt.png", "bubble_vs_m.png"])
+    assert [p.name for p in drawn] == ["home_gantt.png", "bubble_vs_m.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in drawn)
+    with pytest.raises(KeyError, match="no figure named"):
+        mf.build(tmp_path, only=["nope.png"])
+
+
+def test_build_is_skipped_when_nothing_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mf = _load("make_figures")
+    drawn: list[str] = []
+
+    def draw(path: Path) -> None:
+        drawn.append(path.name)
+        path.write_bytes(b"x")
+
+    monkeypatch.setattr(mf, "FIGURES", {"a.png": draw})
+    assert [p.name for p in mf.build(tmp_path)] == ["a.png"]
+    assert mf.build(tmp_path) == []
+    assert [p.name for p in mf.build(tmp_path, force=True)] == ["a.png"]
+    assert drawn == ["a.png", "a.png"]
+
+
+def test_benchmark_results_render_as_tables(tmp_path: Path) -> None:
+    mf = _load("make_figures")
+    (tmp_path / "sim_speed.json").write_text(json.dumps({
+        "command": ".venv/bin/python benchmarks/sim_speed.py", "machine": {"cpu": "x86_64", "cores": 2},
+        "rows": [{"m": 8, "n": 4, "tasks_per_s": 12345.678}, {"m": 32, "n": 8, "tasks_per_s": 9876.5}],
+    }))
+    out = mf.benchmark_fragments(tmp_path)
+    text = out["bench_sim_speed"]
+    assert "Command: `.venv/bin/python benchmarks/sim_speed.py`" in text
+    assert "| m | n | tasks_per_s |" in text and "| 8 | 4 | 1.235e+04 |" in text
+    assert "No results yet" in out["bench_fidelity"] and "benchmarks/fidelity.py" in out["bench_fidelity"]
+
+
+def test_notebook_pages_keep_text_and_code(tmp_path: Path) -> None:
+    notebooks = _load("notebooks")
+    found = notebooks.find_notebooks(ROOT / "tutorials")
+    assert [nb.page for nb in found][:1] == ["tutorials/01_bubble.md"]
+    assert found[0].title == "Micro-batches and the bubble"
+    page = notebooks.notebook_markdown(found[0].path, found[0].path.name)
+    assert page.startswith("# Micro-batches and the bubble")
+    assert "```python\nfrom gpipe.schedule import gpipe" in page
+    assert "(01_bubble.ipynb)" in page and "<details><summary>Answer</summary>" in page
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if "```python" in p.read_text()],
+                         ids=lambda p: str(p.relative_to(DOCS)))
+def test_python_examples_in_the_pages_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rel = str(page.relative_to(DOCS))
+    if rel in NOT_RUN:
+        pytest.skip(NOT_RUN[rel])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    monkeypatch.chdir(tmp_path)  # examples write their files here
+    namespace: dict[str, object] = {"__name__": "__doc_example__"}
+    with open(os.devnull, "w") as quiet:
+        monkeypatch.setattr(sys, "stdout", quiet)
+        for k, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.DOTALL)):
+            exec(compile(block, f"{rel}, block {k + 1}", "exec"), namespace)  # noqa: S102 (our own docs)

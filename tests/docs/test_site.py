@@ -1,0 +1,140 @@
+"""The site builds strict and offline, and every page loads in a real browser without a broken link or image.
+
+The browser check serves the built site on 127.0.0.1 and loads every page it can reach from the home page in
+headless chromium (Debian's ``/usr/bin/chromium``; skipped where it is missing): no console error, no failed
+request, no image that did not load, no link to a local page that does not answer 200, no link to an anchor that
+is not on its page.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urldefrag, urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+
+
+def build_site(site_dir: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``mkdocs build --strict`` into ``site_dir``; the completed process and its wall time in seconds."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    return proc, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site_dir = tmp_path_factory.mktemp("site")
+    proc, _ = build_site(site_dir)
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    return site_dir
+
+
+@pytest.mark.slow
+def test_site_builds_strict(site: Path) -> None:
+    for page in ("index.html", "concepts/bubble/index.html", "ablation/index.html", "tutorials/01_bubble/index.html",
+                 "reference/gpipe.schedule/index.html", "img/generated/bubble_gantt.png",
+                 "tutorials/01_bubble.ipynb", "search/search_index.json"):
+        assert (site / page).is_file(), f"the site lacks {page}"
+    html = (site / "index.html").read_text()
+    assert "fonts.googleapis.com" not in html, "the theme must not load Google Fonts (theme.font: false)"
+
+
+@pytest.mark.slow
+def test_site_loads_nothing_remote(site: Path) -> None:
+    """No page pulls a script, stylesheet or font from another host (links to papers are fine)."""
+    import re
+
+    remote = re.compile(r"<(?:script|link|img)\b[^>]*\b(?:src|href)=\"(?:https?:)?//", re.IGNORECASE)
+    offenders = [str(p.relative_to(site)) for p in site.rglob("*.html") if remote.search(p.read_text())]
+    assert not offenders, f"pages that load remote resources: {offenders}"
+
+
+@pytest.fixture(scope="module")
+def served(site: Path) -> Iterator[str]:
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        pass
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def _is_page(url: str) -> bool:
+    path = urlparse(url).path
+    return path.endswith("/") or path.endswith(".html")
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's chromium at {CHROMIUM}")
+def test_every_page_loads_in_chromium(served: str) -> None:
+    from _cdp import Chromium
+
+    base = served
+    problems: list[str] = []
+    seen_pages: dict[str, set[str]] = {}  # page url -> ids on it
+    wanted_anchors: list[tuple[str, str, str]] = []  # (from page, target page, fragment)
+    checked: dict[str, int] = {}
+    queue = [base]
+    with Chromium(CHROMIUM) as browser:
+        while queue:
+            url = queue.pop(0)
+            if url in seen_pages:
+                continue
+            report = browser.load(url)
+            seen_pages[url] = report.ids
+            problems += [f"{url}: {e}" for e in report.errors]
+            problems += [f"{url}: image did not load: {src}" for src in report.broken_images]
+            for href in report.links:
+                target, fragment = urldefrag(href)
+                if not target.startswith(base):
+                    continue  # another host: not fetched (the check is offline)
+                if target not in checked:
+                    checked[target] = _status(target)
+                    if checked[target] != 200:
+                        problems.append(f"{url}: broken link {href} (HTTP {checked[target]})")
+                if checked[target] == 200 and _is_page(target):
+                    if target not in seen_pages and target not in queue:
+                        queue.append(target)
+                    if fragment:
+                        wanted_anchors.append((url, target, fragment))
+    for source, target, fragment in wanted_anchors:
+        if fragment not in seen_pages.get(target, set()):
+            problems.append(f"{source}: link to #{fragment} on {target}, which has no such id")
+    sys.stderr.write(f"browser check: {len(seen_pages)} pages, {len(checked)} local URLs, "
+                     f"{len(wanted_anchors)} anchors\n")
+    assert len(seen_pages) >= 20, f"the crawl reached only {len(seen_pages)} pages: {sorted(seen_pages)}"
+    assert not problems, "\n".join(problems)

@@ -1,0 +1,617 @@
+"""Write the tutorial notebooks from the cells below: this file is their source.
+
+Edit a notebook here, then run::
+
+    .venv/bin/python tutorials/make_notebooks.py
+
+which rewrites every ``tutorials/NN_*.ipynb`` without outputs. ``tests/docs/test_notebooks.py`` checks that
+the committed notebooks match this file and executes each of them. (Keeping the cells as Python text makes
+diffs readable and keeps outputs out of the repository.)
+
+A cell is a string: one starting with ``"md:"`` is markdown, anything else is code. Exercises put their answers in
+``<details><summary>Answer</summary> ... </details>`` so that a reader reveals them on purpose.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+
+HERE = Path(__file__).resolve().parent
+
+def setup(pyplot: bool = True) -> str:
+    """The first code cell: make the project importable from the repository root or from tutorials/."""
+    plt = "import matplotlib.pyplot as plt\n\n" if pyplot else ""
+    return f"""\
+# Run from the repository root or from tutorials/: make the project importable either way.
+import sys
+from pathlib import Path
+
+{plt}%matplotlib inline
+root = Path.cwd() if (Path.cwd() / "gpipe").is_dir() else Path.cwd().parent
+sys.path.insert(0, str(root))
+MiB = 2**20"""
+
+
+def _answer(text: str) -> str:
+    return f"<details><summary>Answer</summary>\n\n{text.strip()}\n\n</details>"
+
+
+BUBBLE = [
+    """md:# Micro-batches and the bubble
+
+In this notebook you will
+
+1. build GPipe's schedule as plain data and print it as a grid,
+2. simulate it and read its makespan and bubble fraction,
+3. check the simulator against the closed forms `(m + n - 1)(t_f + t_b)` and `(n - 1)/(m + n - 1)`,
+4. see what an unbalanced stage does to the pipeline.
+
+Everything runs on a CPU in a few seconds.""",
+    setup(),
+    """md:## A schedule is data
+
+`gpipe(m, n)` returns, for each of the `n` devices, the ordered list of tasks it runs: `F2@1` is the forward of
+micro-batch 2 on stage 1, `B2@1` its backward. Printing a schedule shows each task as one unit step; a dot is a
+step in which that device waits. The dots are the **bubble**.""",
+    """from gpipe.schedule import gpipe
+
+schedule = gpipe(m=4, n=3, checkpoint="never")
+print(schedule)""",
+    """md:Each device first runs all forwards, then all backwards, in reverse micro-batch order. Device 0 waits at
+the end of the forward phase and at the start of the backward phase; the last device waits at the start and the
+end. Count the dots on one device: `2 (n - 1)` steps out of `2 (m + n - 1)`.""",
+    """md:## Simulating it
+
+The simulator needs a **cost model**: how long each task takes. `CostModel.uniform` gives every stage the same
+forward and backward time (seconds per micro-batch). Copies between devices are free here.""",
+    """from gpipe.plot import plot_timeline
+from sim.cost import CostModel
+from sim.engine import simulate
+
+m, n = 8, 4
+t_f, t_b = 1e-3, 2e-3
+timeline = simulate(gpipe(m, n, "never"), CostModel.uniform(n, t_f, t_b))
+
+print(f"makespan {timeline.makespan * 1e3:.2f} ms   formula {(m + n - 1) * (t_f + t_b) * 1e3:.2f} ms")
+print(f"bubble   {timeline.bubble_fraction():.3f}      formula {(n - 1) / (m + n - 1):.3f}")
+plot_timeline(timeline);""",
+    """md:The timeline is data too: spans `(device, stream, task, start, end)`. Here are device 0's first and last
+three.""",
+    """spans = timeline.compute_spans(0)
+for s in spans[:3] + spans[-3:]:
+    print(f"{str(s.task):6} {s.start * 1e3:6.2f} -> {s.end * 1e3:6.2f} ms")""",
+    """md:## A fixed mini-batch, cut finer and finer
+
+In practice the mini-batch is fixed and `m` decides how finely it is cut: each micro-batch's tasks take `1/m` of
+the mini-batch's. Say one stage's forward of the whole mini-batch takes 4 ms and its backward 8 ms.""",
+    """T_f, T_b = 4e-3, 8e-3
+print(f"{'m':>3} {'makespan':>10} {'bubble':>8} {'formula':>8}")
+for m in (1, 2, 4, 8, 16, 32):
+    tl = simulate(gpipe(m, 4, "never"), CostModel.uniform(4, T_f / m, T_b / m))
+    print(f"{m:>3} {tl.makespan * 1e3:>8.2f}ms {tl.bubble_fraction():>8.3f} {3 / (m + 3):>8.3f}")""",
+    """md:The makespan falls towards `T_f + T_b` = 12 ms, the time of the work alone, as `(1 + (n - 1)/m)(T_f + T_b)`.
+Here is the bubble against `m` for several pipeline depths.""",
+    """ms = [1, 2, 4, 8, 16, 32]
+fig, ax = plt.subplots(figsize=(6, 3.5))
+for n in (2, 4, 8):
+    simulated = [simulate(gpipe(m, n, "never"), CostModel.uniform(n, 1.0, 2.0)).bubble_fraction() for m in ms]
+    ax.plot(ms, simulated, "o-", label=f"n={n}")
+ax.set_xscale("log", base=2)
+ax.set_xlabel("micro-batches m")
+ax.set_ylabel("bubble fraction")
+ax.legend();""",
+    """md:## An unbalanced stage
+
+The formulas assume equal stages. Make stage 1 twice as slow as the others and look at the picture: who waits
+for whom?""",
+    """uneven = CostModel.from_lists(forward=[1e-3, 2e-3, 1e-3, 1e-3], backward=[2e-3, 4e-3, 2e-3, 2e-3])
+tl = simulate(gpipe(8, 4, "never"), uneven)
+print(f"makespan {tl.makespan * 1e3:.1f} ms")
+for d in range(4):
+    print(f"device {d}: busy {tl.utilisation(d):.0%}")
+plot_timeline(tl);""",
+    """md:The slow stage is busy most of the time; every other device waits for it once per micro-batch. Balancing
+the partitions matters as much as choosing `m`.
+
+## Exercises
+
+**1.** A pipeline has `n = 8` stages of equal cost. What is the smallest `m` whose bubble is at most 20%? Work it
+out from the formula, then check it with the simulator.""",
+    "md:" + _answer("""`(n - 1)/(m + n - 1) ≤ 0.2` means `7 ≤ 0.2 (m + 7)`, so `m ≥ 28`. In code:
+
+```python
+next(m for m in range(1, 100)
+     if simulate(gpipe(m, 8, "never"), CostModel.uniform(8, 1.0, 2.0)).bubble_fraction() <= 0.2)
+```
+
+returns 28. This is the GPipe paper's rule of thumb `m ≥ 4n` at work (`4n = 32` gives 18%)."""),
+    """# Exercise 1: your code here
+""",
+    """md:**2.** Predict the makespan of `gpipe(m=5, n=3)` with `t_f = 1 ms` and `t_b = 2 ms` before you simulate
+it.""",
+    "md:" + _answer("""`(m + n - 1)(t_f + t_b) = 7 × 3 ms = 21 ms`:
+
+```python
+simulate(gpipe(5, 3, "never"), CostModel.uniform(3, 1e-3, 2e-3)).makespan  # 0.021
+```"""),
+    """# Exercise 2: your code here
+""",
+    """md:**3.** In the unbalanced pipeline above, find a formula for the makespan. Hint: the slow stage sets the pace
+once the pipeline is full; add what it takes to fill and drain.""",
+    "md:" + _answer("""Every micro-batch must pass every stage once (the sum of all stages' `t_f + t_b`), and the slow
+stage must process the other `m - 1` micro-batches one after the other:
+
+```
+makespan = Σ_j (t_f,j + t_b,j) + (m - 1) · max_j (t_f,j + t_b,j) = 15 ms + 7 × 6 ms = 57 ms
+```
+
+which is what the simulator says. With equal stages it is the familiar `(m + n - 1)(t_f + t_b)`."""),
+    """# Exercise 3: your code here
+""",
+    """md:**4.** With the mini-batch fixed (`T_f` = 4 ms, `T_b` = 8 ms per stage, `n = 4`), what makespan does the
+pipeline approach as `m` grows? Why can't a real pipeline get there by taking `m` very large?""",
+    "md:" + _answer("""`(1 + (n - 1)/m)(T_f + T_b) → T_f + T_b = 12 ms`. In practice tiny micro-batches use an
+accelerator poorly (a kernel has a fixed launch cost and needs enough work to fill the device), every task pays a
+fixed host overhead, and each copy pays a latency: the cost per micro-batch does not shrink as `1/m` forever. The
+simulator can show this: give the cost model `Overheads(task=...)` and sweep `m` again."""),
+    """# Exercise 4: your code here
+""",
+]
+
+CHECKPOINTING = [
+    """md:# Checkpointing: memory against time
+
+GPipe holds the activations of every micro-batch at the turn from forward to backward. Checkpointing keeps only
+each stage's input and recomputes the rest right before the backward. In this notebook you will
+
+1. read the simulator's memory samples and plot memory against time,
+2. compare the checkpoint policies `never`, `except_last` and `always`,
+3. measure what the recompute costs in time, and where that time goes.""",
+    setup(),
+    """md:## The cost model
+
+Per micro-batch and stage: forward 1 ms, backward 2 ms, 64 MiB kept for backward (`saved_bytes`) and, when the
+micro-batch is checkpointed, only its 8 MiB input (`checkpoint_bytes`). The recompute costs a forward.""",
+    """from gpipe.plot import plot_timeline
+from gpipe.schedule import gpipe
+from sim.cost import CostModel
+from sim.engine import simulate
+
+cost = CostModel.uniform(4, 1e-3, 2e-3, saved_bytes=64 * MiB, checkpoint_bytes=8 * MiB)
+runs = {policy: simulate(gpipe(8, 4, policy), cost) for policy in ("never", "except_last", "always")}
+
+print(f"{'checkpoint':12} {'makespan':>9} {'peak dev 0':>11}")
+for policy, tl in runs.items():
+    print(f"{policy:12} {tl.makespan * 1e3:>7.1f}ms {tl.peak_memory(0) / MiB:>8.0f}MiB")""",
+    """md:## Memory against time
+
+A timeline's memory samples are `(device, time, bytes)`: the bytes each device keeps for backward, as a step
+function. `memory_series(d)` gives one device's samples in time order.""",
+    """fig, ax = plt.subplots(figsize=(8, 3.5))
+for policy, tl in runs.items():
+    # dict() keeps the last sample of each instant (a backward frees as the next recompute allocates)
+    series = list(dict(tl.memory_series(0)).items())
+    ax.step([t * 1e3 for t, _ in series], [b / MiB for _, b in series], where="post", label=policy)
+ax.set_xlabel("ms")
+ax.set_ylabel("MiB on device 0")
+ax.legend();""",
+    """md:Without checkpointing, memory climbs 64 MiB per forward to `m × 64 MiB` at the turn. With checkpointing it
+climbs by 8 MiB per forward; in the backward phase each recompute brings 64 MiB back while its backward runs.
+
+## Where the recompute goes
+
+Green bars are recomputes. Each runs right before its backward, on the same compute stream.""",
+    """plot_timeline(runs["except_last"]);""",
+    """never, always = runs["never"], runs["always"]
+recompute = sum(s.duration for s in always.compute_spans(0) if s.task.op.value == "R")
+print(f"extra time with 'always': {(always.makespan - never.makespan) * 1e3:.1f} ms "
+      f"(device 0 recomputes for {recompute * 1e3:.1f} ms)")""",
+    """md:With `always` the step is 8 ms longer: `m × t_r`, not `(m + n - 1) × t_r`. A recompute needs only its own
+stage input, so devices further down the pipeline run theirs while they would otherwise wait for a gradient: the
+recompute fills part of the bubble.
+
+## Exercises
+
+**1.** With `m = 16` (same micro-batch size, so the mini-batch doubles), predict device 0's peak memory under
+`never` and under `except_last`. Check with the simulator.""",
+    "md:" + _answer("""`never`: all 16 micro-batches at the turn, `16 × 64 = 1024 MiB`. `except_last`: 15 checkpointed
+inputs and the last micro-batch's activations, `15 × 8 + 64 = 184 MiB`; later, each recompute brings back 64 MiB
+just as the backward before it frees its own, so the peak stays 184 MiB.
+
+```python
+for policy in ("never", "except_last"):
+    print(policy, simulate(gpipe(16, 4, policy), cost).peak_memory(0) / MiB)
+```"""),
+    """# Exercise 1: your code here
+""",
+    """md:**2.** Predict the makespan of `gpipe(16, 4, "always")` from the makespan with `never` and the rule you just
+saw.""",
+    "md:" + _answer("""`never`: `(16 + 3) × 3 ms = 57 ms`; `always` adds `m × t_r = 16 ms`: 73 ms.
+
+```python
+simulate(gpipe(16, 4, "always"), cost).makespan  # 0.073
+```"""),
+    """# Exercise 2: your code here
+""",
+    """md:**3.** Each device has 1 GiB for activations. Without checkpointing, how many micro-batches of this size
+fit? With `except_last`? (Use the formulas, then confirm the boundary with the simulator.)""",
+    "md:" + _answer("""`never`: `m × 64 MiB ≤ 1024 MiB`, so `m ≤ 16`. `except_last`: `(m - 1) × 8 + 64 ≤ 1024`, so
+`m ≤ 121`. Checkpointing lets about seven times as many micro-batches in the same memory, which also shrinks the
+bubble:
+
+```python
+budget = 1024 * MiB
+for policy in ("never", "except_last"):
+    fits = [m for m in range(1, 200) if simulate(gpipe(m, 4, policy), cost).peak_memory(0) <= budget]
+    print(policy, max(fits))
+```"""),
+    """# Exercise 3: your code here
+""",
+    """md:**4.** Why does torchgpipe's default, `except_last`, leave the last micro-batch un-checkpointed? Compare
+`except_last` with `always` in the table at the top.""",
+    "md:" + _answer("""The last micro-batch's backward runs right after its forward (it is the first backward of the
+schedule), so its activations would be recomputed immediately after being thrown away. Keeping them costs no
+extra peak memory (the peak is even a little lower, 120 MiB instead of 128 MiB: the last micro-batch's
+activations take the place of a recompute's, and its input is not kept besides) and saves one recompute per
+device: 40 ms instead of 41 ms."""),
+    """# Exercise 4: your code here
+""",
+]
+
+COPY_STREAMS = [
+    """md:# Copy streams: latency and overlap
+
+Between stages, activations travel forward and gradients come back. In this notebook you will
+
+1. price a copy from a link's latency and bandwidth,
+2. compare copies on copy streams (overlapping compute) with copies on the compute stream,
+3. sweep the copy time and see where copy streams stop hiding copies,
+4. find the best number of micro-batches on a high-latency link.""",
+    setup(),
+    """md:## The price of a copy
+
+A link copies `n` bytes in `latency + n / bandwidth` seconds. The hardware catalog has a few real ones.""",
+    """from sim.hardware import LINKS, get_link
+
+for name, link in LINKS.items():
+    print(f"{name:16} {link.latency * 1e6:5.0f} us  {link.bandwidth / 1e9:7.2f} GB/s   "
+          f"16 MiB in {link.transfer_seconds(16 * MiB) * 1e3:6.3f} ms")""",
+    """md:## Copy streams against the compute stream
+
+Four stages, 8 micro-batches, forward 1 ms, backward 2 ms, and every copy 0.5 ms (a fixed `copy_seconds`).
+`SimConfig(copy_streams=False)` puts each copy on the compute streams of both devices it joins.""",
+    """from gpipe.plot import plot_side_by_side
+from gpipe.schedule import gpipe
+from sim.cost import CostModel
+from sim.engine import SimConfig, simulate
+
+cost = CostModel.uniform(4, 1e-3, 2e-3, copy_seconds=0.5e-3)
+with_streams = simulate(gpipe(8, 4, "never"), cost)
+without = simulate(gpipe(8, 4, "never"), cost, config=SimConfig(copy_streams=False))
+print(f"copy streams: {with_streams.makespan * 1e3:.1f} ms, compute stream: {without.makespan * 1e3:.1f} ms")
+plot_side_by_side([with_streams, without], titles=["copy streams", "copies on the compute stream"]);""",
+    """md:Grey bars are copies, drawn on the row of the device that receives them.
+
+## Sweeping the copy time""",
+    """copies = [k * 0.25e-3 for k in range(13)]
+fig, ax = plt.subplots(figsize=(6, 3.5))
+for streams in (True, False):
+    spans = [simulate(gpipe(8, 4, "never"), CostModel.uniform(4, 1e-3, 2e-3, copy_seconds=c),
+                      config=SimConfig(copy_streams=streams)).makespan for c in copies]
+    ax.plot([c * 1e3 for c in copies], [s * 1e3 for s in spans], "o-", label=f"copy_streams={streams}")
+ax.set_xlabel("ms per copy")
+ax.set_ylabel("makespan (ms)")
+ax.legend();""",
+    """md:## Pricing copies by a link
+
+Give the stages `send_bytes` (the activation sent to the next stage; the gradient coming back is as large), leave
+`copy_seconds=None`, and pass the link in the configuration.""",
+    """for name in ("nvlink2", "pcie4-x16", "pcie3-x16", "ethernet-100g"):
+    cost = CostModel.uniform(4, 1e-3, 2e-3, copy_seconds=None, send_bytes=16 * MiB)
+    tl = simulate(gpipe(8, 4, "never"), cost, config=SimConfig(link=get_link(name)))
+    print(f"{name:14} makespan {tl.makespan * 1e3:6.2f} ms")""",
+    """md:## Exercises
+
+**1.** How long does a 64 MiB activation take over `ethernet-100g`? Compute it by hand from the catalog's numbers,
+then with `transfer_seconds`.""",
+    "md:" + _answer("""`30 µs + 67,108,864 B / 12.5 GB/s = 30 µs + 5.37 ms ≈ 5.40 ms`:
+
+```python
+get_link("ethernet-100g").transfer_seconds(64 * MiB)  # 0.0053987...
+```"""),
+    """# Exercise 1: your code here
+""",
+    """md:**2.** In the sweep with copy streams, the makespan grows by 6 ms per ms of copy time while copies are
+shorter than a forward, and faster after that. Where does the 6 come from?""",
+    "md:" + _answer("""With copy streams only the copies on the critical path cost time: the `n - 1 = 3` activation
+copies that the first micro-batch makes on its way down (the fill) and the 3 gradient copies of the last backward
+on their way up (the drain): `2 (n - 1) = 6`. Every other copy overlaps compute. Once a copy takes longer than the
+forward it overlaps, copies queue on the link behind each other and the link, not the devices, sets the pace."""),
+    """# Exercise 2: your code here
+""",
+    """md:**3.** A slow link, `LinkSpec("slow", latency=0.5e-3, bandwidth=10e9)`, joins four stages; the mini-batch's
+forward takes 8 ms per stage, its backward 16 ms, and its activation is 64 MiB. Cutting it into `m` micro-batches
+divides the times and the bytes by `m`, but every copy still pays the latency. Which `m` in 1, 2, 4, ... 64 gives the
+shortest step?""",
+    "md:" + _answer("""`m = 16` (about 40 ms). Fewer micro-batches leave a large bubble; more pay the 0.5 ms latency
+more often, and once a copy is longer than the compute it overlaps, the link dominates:
+
+```python
+from sim.hardware import LinkSpec
+
+slow = LinkSpec("slow", latency=0.5e-3, bandwidth=10e9)
+for m in (1, 2, 4, 8, 16, 32, 64):
+    cost = CostModel.uniform(4, 8e-3 / m, 16e-3 / m, copy_seconds=None, send_bytes=64 * MiB // m)
+    print(m, simulate(gpipe(m, 4, "never"), cost, config=SimConfig(link=slow)).makespan)
+```"""),
+    """# Exercise 3: your code here
+""",
+    """md:**4.** Why is a copy recorded on the device that *receives* it?""",
+    "md:" + _answer("""Because that is where it matters: the consumer's task cannot start before its input arrived,
+so a copy drawn on the receiver's row ends exactly where the task it feeds may begin, and the gaps it causes are on
+that row. It is also where the executor records it: on the receiving device's copy stream. The sender is free as soon
+as the copy is issued (with copy streams)."""),
+    """# Exercise 4: your code here
+""",
+]
+
+ABLATION = [
+    """md:# The paper's ablations
+
+torchgpipe's paper adds its components one at a time to a U-Net on 4 GPUs with chunks 8: fork/join (the
+*dependency*), copy *streams* and *portals* for the skip connections, and reports throughput and GPU utilisation
+after each. `sim.ablation` reproduces the experiment in the simulator, with U-Net-*like* costs (assumptions, not
+measurements: read the module's note). In this notebook you will
+
+1. run the ablation and set it beside the published figures,
+2. look at the four timelines,
+3. change the assumptions and see which step each one moves.""",
+    setup(pyplot=False),
+    """from IPython.display import Markdown, display
+
+from sim.ablation import STEPS, UNET, run, simulate_step
+
+display(Markdown(UNET.describe()))
+print(f"{'step':14} {'simulated':>10} {'published':>10} {'util sim':>9} {'util paper':>11}")
+for r in run():
+    print(f"{r.step:14} {r.throughput:>10.1f} {r.published_throughput:>10.1f} {r.utilisation:>9.0%} "
+          f"{r.published_utilisation:>11.0%}")""",
+    """md:## The four timelines""",
+    """from gpipe.plot import plot_side_by_side
+
+timelines = [simulate_step(step) for step in STEPS]
+titles = [f"{s.name}: {t.makespan * 1e3:.0f} ms" for s, t in zip(STEPS, timelines, strict=True)]
+plot_side_by_side(timelines, titles=titles, labels=False);""",
+    """md:Read them top to bottom:
+
+- **baseline**: no fork/join, so every gradient waits a backward before it is sent on, and the copies sit on the
+  compute streams of both devices;
+- **+ dependency**: the backward phase overlaps across devices again;
+- **+ streams**: copies leave the compute streams and overlap compute;
+- **+ portals**: the skip tensors no longer ride along every boundary, so each copy is shorter.
+
+## Changing the assumptions
+
+`UNET` is a frozen dataclass; `dataclasses.replace` gives a changed copy, and `run(setup)` simulates it.""",
+    """from dataclasses import replace
+
+from sim.hardware import get_link
+
+
+def show(setup, title):
+    print(title)
+    for r in run(setup):
+        print(f"  {r.step:14} {r.throughput:6.1f} samples/s  {r.utilisation:4.0%}")
+
+
+show(UNET, "as assumed (PCIe 3.0)")
+show(replace(UNET, link=get_link("nvlink2")), "NVLink 2.0")""",
+    """md:## Exercises
+
+**1.** On NVLink the *streams* step is worth much less than on PCIe. Why?""",
+    "md:" + _answer("""Copies take about a tenth of the time on NVLink 2.0 (150 GB/s against 15.75 GB/s), so there
+is little copy time left to hide: putting copies on their own streams saves what they cost, and they cost little.
+The *dependency* step is still worth as much, because it is about *when* a gradient is sent, not how long it takes."""),
+    """# Exercise 1: your code here
+""",
+    """md:**2.** Make every copy free (`activation_bytes` and `skip_bytes` all zero). Which steps still help?""",
+    "md:" + _answer("""Only *+ dependency*. Without copy time there is nothing for copy streams to hide and no bytes for
+portals to save, but the missing fork/join still delays every gradient by one backward:
+
+```python
+show(replace(UNET, activation_bytes=(0, 0, 0), skip_bytes=(0, 0, 0)), "free copies")
+```"""),
+    """# Exercise 2: your code here
+""",
+    """md:**3.** Double the skip tensors (`skip_bytes`). Which step changes most, and why does the last configuration
+not change at all?""",
+    "md:" + _answer("""The configurations without portals slow down (their boundaries carry the skips), most of all the
+two without copy streams, where every byte is paid on the compute streams; *+ portals* is unchanged, because with
+portals the skips do not ride along the boundaries (and the simulator leaves the portal's own copy out, as if
+hidden behind compute). So the *portals* step grows from a few percent to more than ten:
+
+```python
+show(replace(UNET, skip_bytes=tuple(2 * b for b in UNET.skip_bytes)), "skips twice as large")
+```"""),
+    """# Exercise 3: your code here
+""",
+    """md:**4.** Cut the same mini-batch into 16 chunks instead of 8 (`UNET.rechunked(16)`). What happens to the
+baseline and to the full configuration, and what does the simulator leave out that would temper the gain?""",
+    "md:" + _answer("""Both improve (the bubble shrinks from `3/11` to `3/19`), the full configuration most, to about
+65 samples/s. The simulator scales every task by `8/16` exactly, but real kernels get less efficient as
+micro-batches shrink and every task and copy pays fixed overheads, so the real gain is smaller; `Overheads(task=...)`
+in the cost model is the place to try that:
+
+```python
+show(UNET.rechunked(16), "chunks 16")
+```"""),
+    """# Exercise 4: your code here
+""",
+]
+
+PLANNING = [
+    """md:# What-if capacity planning
+
+How many GPUs of which kind, how deep a pipeline, how many micro-batches, checkpointing or not, for a model too
+large to run here? The planner answers from a cost model built *without running the model*: it counts each layer's
+FLOPs and bytes on PyTorch's `meta` device (nothing is allocated, so a 13-billion-parameter GPT costs nothing), divides
+them by a device of the hardware catalog, and simulates every configuration. In this notebook you will
+
+1. count a model and plan it on a GPU of the catalog,
+2. read the ranked table and the recommendation,
+3. ask what changes with a larger model, a memory limit, and a price.""",
+    setup(pyplot=False),
+    """md:## Counting a model
+
+`get_model` knows a few real architectures (GPT sizes, ResNet-101, U-Net, AmoebaNet-D); `count_layers` runs the
+model on meta tensors and records, per layer, the FLOPs and bytes of forward and backward, the activation sizes and
+the parameters. The training policy says in which precision (mixed bf16 with Adam here: 16 bytes of model state per
+parameter).""",
+    """from sim.flops import count_layers
+from sim.hardware import get_device
+from sim.models import get_model
+from sim.plan import default_training, plan
+
+gpu = get_device("h100-sxm")
+training = default_training(gpu)
+small = get_model("gpt:1.3b")
+profile = count_layers(small.module("meta"), small.sample(2, "meta"), dtype=training.torch_dtype)
+print(small.description)
+print(f"{len(profile)} layers, training {training.name}")""",
+    """md:## Planning
+
+`plan` sweeps GPU counts, pipeline depths (the rest of the GPUs are data-parallel replicas), chunks, checkpoint
+policies and schedules; it balances each configuration, simulates it and checks it against the GPU's memory.""",
+    """result = plan(profile, batch=512, device=gpu, gpus=[1, 2, 4, 8], link="nvlink", training=training,
+              model_name=small.name)
+
+
+def table(result, top=8):
+    rows = sorted((r for r in result.rows if r.fits), key=lambda r: -r.throughput)[:top]
+    print(f"{'gpus':>4} {'pp x dp':>8} {'chunks':>6} {'checkpoint':>11} {'sched':>6} {'samples/s':>10} "
+          f"{'bubble':>7} {'GiB/dev':>8}")
+    for r in rows:
+        print(f"{r.gpus:>4} {f'{r.stages}x{r.replicas}':>8} {r.chunks:>6} {r.checkpoint:>11} {r.schedule:>6} "
+              f"{r.throughput:>10.2f} {r.bubble_fraction:>7.1%} {r.peak_memory_bytes / 2**30:>8.1f}")
+
+
+print(f"{len(result.rows)} configurations on {result.device} over {result.link}; the fastest that fit:")
+table(result)""",
+    """from sim.plan_plot import plot_throughput
+
+plot_throughput(result);""",
+    """md:For a 1.3-billion-parameter model on H100s the answer is no pipeline at all: the model fits on one GPU, so
+eight data-parallel replicas have no bubble, and NVLink makes their gradient all-reduce cheap.
+
+## A model that does not fit on one GPU
+
+A 13-billion-parameter GPT on A100s with 80 GB is another matter.""",
+    """a100 = get_device("a100-80gb")
+training13 = default_training(a100)
+big = get_model("gpt:13b")
+profile13 = count_layers(big.module("meta"), big.sample(2, "meta"), dtype=training13.torch_dtype)
+result13 = plan(profile13, batch=512, device=a100, gpus=[8, 16], link="nvlink", training=training13,
+                model_name=big.name)
+table(result13)
+best = result13.best
+print(f"best: {best.gpus} GPUs as {best.stages} stages x {best.replicas} replicas, {best.chunks} chunks, "
+      f"{best.schedule}, checkpoint {best.checkpoint}: {best.throughput:.2f} samples/s")""",
+    """from sim.plan_plot import plot_memory
+
+plot_memory(result13, best);""",
+    """md:## Exercises
+
+**1.** On 8 A100s, what is the shallowest pipeline that fits the 13B model? Explain it with a back-of-the-envelope
+count of model state alone (16 bytes per parameter).""",
+    "md:" + _answer("""Four stages. Model state alone is `13e9 × 16 B ≈ 208 GB ≈ 194 GiB`: two stages would need
+about 97 GiB each, more than the 80 GB (74.5 GiB) of an A100, before a single activation. Four stages need about
+48 GiB each, which leaves room for the activations:
+
+```python
+fits = [r for r in result13.rows if r.fits and r.gpus == 8]
+min(r.stages for r in fits)  # 4
+```"""),
+    """# Exercise 1: your code here
+""",
+    """md:**2.** The best 16-GPU configuration checkpoints (`except_last`). How much memory would the same configuration
+need per device without checkpointing, and how much faster would it be if it fitted?""",
+    "md:" + _answer("""Look up the row with the same GPUs, stages, chunks and schedule and `checkpoint="never"`: it
+needs well over a terabyte per device (every micro-batch's activations of a quarter of a 13B GPT, at the turn),
+and would be about a third faster (no recompute). Checkpointing is not optional here:
+
+```python
+same = [r for r in result13.rows if (r.gpus, r.stages, r.chunks, r.schedule)
+        == (best.gpus, best.stages, best.chunks, best.schedule)]
+for r in same:
+    print(r.checkpoint, round(r.throughput, 2), round(r.peak_memory_bytes / 2**30), "GiB", r.fits)
+```"""),
+    """# Exercise 2: your code here
+""",
+    """md:**3.** At 2.50 USD per GPU-hour, is the fastest configuration also the cheapest per sample? Plan again with
+`price_per_gpu_hour=2.5, objective="cost"`.""",
+    "md:" + _answer("""No. Sixteen GPUs are fastest, but eight GPUs (4 stages × 2 replicas) deliver slightly more than
+half the throughput at half the price, so they are a little cheaper per million samples. With twice the replicas each
+pipeline gets half the samples, so it runs fewer micro-batches and has a larger bubble (7.1% against 5.6%), and the
+all-reduce has more partners: throughput grows a little less than twofold.
+
+```python
+cheap = plan(profile13, batch=512, device=a100, gpus=[8, 16], link="nvlink", training=training13,
+             price_per_gpu_hour=2.5, objective="cost")
+print(cheap.best.gpus, cheap.best.cost_per_million)
+```"""),
+    """# Exercise 3: your code here
+""",
+    """md:**4.** (Open.) The planner's costs are FLOPs divided by the catalog's achievable FLOP/s plus a fixed cost per
+kernel. Which of the assumptions listed on the site's page *The simulator's model of a device* would you check
+first before buying the GPUs this notebook recommends?""",
+    "md:" + _answer("""There is no single answer; good candidates are the efficiency factor (the fraction of peak a real
+kernel reaches, an assumption per device), the all-reduce model (not overlapped with the backward, a ring over one
+link), the memory model (no allocator overhead, no temporary buffers), and the network topology (every pair of GPUs
+has its own link). Calibrating one stage on one real GPU (measure its forward and backward and compare with the
+counted cost) checks the first and most important of these."""),
+    """# Exercise 4: your code here
+""",
+]
+
+NOTEBOOKS: dict[str, list[str]] = {
+    "01_bubble.ipynb": BUBBLE,
+    "02_checkpointing.ipynb": CHECKPOINTING,
+    "03_copy_streams.ipynb": COPY_STREAMS,
+    "05_capacity_planning.ipynb": PLANNING,
+    "06_ablation.ipynb": ABLATION,
+}
+
+
+def notebook(cells: list[str]) -> nbformat.NotebookNode:
+    """A notebook without outputs from the cell strings (``"md:"`` prefix: markdown)."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for k, text in enumerate(cells):
+        if text.startswith("md:"):
+            cell = nbformat.v4.new_markdown_cell(text[3:].strip("\n"))
+        else:
+            cell = nbformat.v4.new_code_cell(text.strip("\n"))
+        cell["id"] = f"cell-{k:02d}"  # stable ids: regenerating does not churn the files
+        nb.cells.append(cell)
+    nbformat.validate(nb)
+    return nb
+
+
+def render(name: str) -> str:
+    """The text of notebook ``name`` as this script writes it."""
+    return nbformat.writes(notebook(NOTEBOOKS[name])) + "\n"
+
+
+def main() -> int:
+    for name in NOTEBOOKS:
+        (HERE / name).write_text(render(name), encoding="utf-8")
+    sys.stdout.write(f"wrote {len(NOTEBOOKS)} notebooks into {HERE}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
