@@ -1,0 +1,60 @@
+"""Cutting a mini-batch into micro-batches and putting the outputs back together."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["as_tensors", "gather", "scatter"]
+
+
+def as_tensors(value: Any, what: str) -> tuple[bool, tuple[Tensor, ...]]:
+    """``(was_tuple, tensors)``; a clear error for anything but a tensor or a tuple of tensors."""
+    if isinstance(value, Tensor):
+        return False, (value,)
+    if isinstance(value, tuple) and value and all(isinstance(t, Tensor) for t in value):
+        return True, value
+    if isinstance(value, tuple):
+        kinds = ", ".join(type(t).__name__ for t in value) or "empty"
+        raise TypeError(f"{what} must be a tensor or a tuple of tensors, got a tuple of ({kinds}); pass other "
+                        "values as tensors or keep them inside the layers")
+    raise TypeError(f"{what} must be a tensor or a tuple of tensors, got {type(value).__name__}")
+
+
+def scatter(tensors: tuple[Tensor, ...], chunks: int) -> list[tuple[Tensor, ...]]:
+    """Split every tensor along dim 0 into ``chunks`` micro-batches; sizes differ by at most one.
+
+    (``torch.tensor_split``, not ``torch.chunk``: ``torch.chunk`` may return fewer pieces than asked,
+    which would change the schedule's shape behind the user's back.)
+    """
+    sizes = {t.size(0) if t.dim() else None for t in tensors}
+    if None in sizes:
+        raise ValueError("inputs need a batch dimension (dim 0) to be split into micro-batches; got a 0-d tensor")
+    if len(sizes) != 1:
+        raise ValueError(f"every input tensor needs the same batch size (dim 0), got {sorted(map(str, sizes))}")
+    batch = sizes.pop()
+    assert batch is not None
+    if chunks > batch:
+        raise ValueError(f"chunks={chunks} is more than the batch size {batch}: every micro-batch needs at least "
+                         f"one sample; use chunks <= {batch} or a larger batch")
+    pieces = [torch.tensor_split(t, chunks, dim=0) for t in tensors]
+    return [tuple(p[i] for p in pieces) for i in range(chunks)]
+
+
+def gather(outputs: Sequence[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    """Concatenate the micro-batch outputs along dim 0, element by element."""
+    width = len(outputs[0])
+    for out in outputs:
+        if len(out) != width:
+            raise RuntimeError(f"the last partition returned {len(out)} tensors for one micro-batch and {width} "
+                               "for another; it must return the same structure every time")
+        for t in out:
+            if t.dim() == 0:
+                raise RuntimeError("the last partition returned a 0-d tensor: outputs need a batch dimension "
+                                   "to be gathered; compute the loss outside the pipeline")
+    if len(outputs) == 1:
+        return outputs[0]
+    return tuple(torch.cat([out[k] for out in outputs], dim=0) for k in range(width))

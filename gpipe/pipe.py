@@ -1,0 +1,785 @@
+"""GPipe: an ``nn.Sequential`` split into partitions over devices, run by worker threads that follow a schedule.
+
+Switching from torchgpipe is a change of import::
+
+    from gpipe import GPipe
+    model = GPipe(model, balance=[2, 2], devices=["cpu", "cpu"], chunks=8)
+    output = model(input)
+    loss_fn(output, target).backward()
+
+Note [the schedule drives both passes]: one worker thread per partition runs that partition's task
+list from :func:`gpipe.schedule.gpipe` in the schedule's order. ``forward()`` runs the forward tasks
+(each device's ``F`` prefix) and returns the gathered output, wired into autograd through two nodes::
+
+    inputs --> _Wait --phony--> _Gather --> output --> (the user's loss)
+
+``_Gather.backward`` receives the output gradient, hands one piece per micro-batch to the workers and
+starts the backward phase (the ``R`` and ``B`` tasks); it returns at once, because on a CUDA output it
+runs on the autograd engine's device thread, which the workers' own backward calls need. The phony
+gradient is a CPU tensor, so ``_Wait.backward`` runs on the thread that called ``backward()``: it waits
+for the workers and returns the gradient of the inputs. Each ``B`` task calls
+``torch.autograd.backward`` on its own partition's graph on its worker's thread, so on CPU devices the
+backward passes of different partitions overlap (autograd alone would run all of them on the caller's
+thread), and the order that torchgpipe's fork/join enforces holds by construction.
+
+Note [hand-offs]: a worker sends its result (activations downstream, gradients upstream) to the
+inbox (a ``queue.SimpleQueue``) of the worker of the next stage. The receiver moves tensors to its
+device (on its copy stream for CUDA; on CPU devices the hand-off itself is the copy). An exception in
+any task is recorded, every worker is woken with a stop message, all threads are joined, and the
+original exception is raised in the caller with its traceback.
+
+Note [checkpointing]: a checkpointed forward runs under ``no_grad`` and keeps only its input; the
+``R`` task recomputes it with grad right before the ``B`` task. Stochastic layers draw identical
+numbers in both (see :mod:`gpipe.rng`). A partition that modifies its input in place would recompute
+from a different input; that is detected and refused.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from gpipe import rng
+from gpipe.batchnorm import DeferredBatchNorm
+from gpipe.microbatch import as_tensors, gather, scatter
+from gpipe.phase import checkpointing, recomputing
+from gpipe.profile import _byte_span, _storage_key, _union_length
+from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task
+from gpipe.schedule import gpipe as gpipe_schedule
+from gpipe.skip.layout import SkipLayout
+from gpipe.skip.skippable import SkipKey, use_tracker
+from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
+
+__all__ = ["GPipe"]
+
+Device = torch.device | str | int
+Grads = tuple[Tensor | None, ...]
+
+_STOP = object()  # wakes a worker when another one failed
+
+
+class GPipe(nn.Module):
+    """Pipeline-parallel wrapper of an ``nn.Sequential`` (torchgpipe's API).
+
+    Args:
+        module: the model; its children are the layers that ``balance`` counts.
+        balance: layers per partition, e.g. ``[2, 3]``; see :mod:`gpipe.balance` to choose it.
+        devices: one device per partition (several partitions may share one); default: a CUDA device
+            each when there are enough, else ``"cpu"`` for every partition.
+        chunks: micro-batches per mini-batch.
+        checkpoint: ``"always"``, ``"except_last"`` (default) or ``"never"``.
+        deferred_batch_norm: replace batch norm by :class:`gpipe.DeferredBatchNorm`.
+        record: record a measured :class:`~gpipe.timeline.Timeline` of every training step
+            (:attr:`timeline`); settable later.
+
+    Raises:
+        TypeError: ``module`` is not an ``nn.Sequential``.
+        ValueError: a bad balance, chunks, checkpoint mode or device list; duplicate layers; invalid
+            skip connections (see :func:`gpipe.skip.verify_skippables`).
+    """
+
+    def __init__(self, module: nn.Sequential, balance: Sequence[int] | None = None, *,
+                 devices: Sequence[Device] | None = None, chunks: int = 1, checkpoint: str = "except_last",
+                 deferred_batch_norm: bool = False, record: bool = False) -> None:
+        super().__init__()
+        if not isinstance(module, nn.Sequential):
+            raise TypeError(f"GPipe partitions an nn.Sequential, got {type(module).__name__}: wrap the layers in "
+                            "nn.Sequential(...) (one child per layer)")
+        _check_unique(module)
+        self.balance = _check_balance(balance, len(module))
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks <= 0:
+            raise ValueError(f"chunks must be a positive integer (micro-batches per mini-batch), got {chunks!r}")
+        if checkpoint not in CHECKPOINT_MODES:
+            raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
+        self.chunks = chunks
+        self.checkpoint = checkpoint
+        self.devices = _check_devices(devices, len(self.balance))
+        self.skip_layout = SkipLayout.of(list(module), self.balance)
+        if deferred_batch_norm:
+            module = DeferredBatchNorm.convert_deferred_batch_norm(module, chunks)
+        named = list(module.named_children())
+        partitions, k = [], 0
+        for size, device in zip(self.balance, self.devices, strict=True):
+            partition = nn.Sequential(OrderedDict(named[k:k + size]))
+            partitions.append(partition.to(device))
+            k += size
+        self.partitions = nn.ModuleList(partitions)
+        self._hooks = [h for p in self.partitions for h in rng.install(p)]
+        self.record = record
+        self.timeline: Timeline | None = None
+        self._schedules: dict[tuple[int, str], Schedule] = {}
+        self._copy_streams: dict[torch.device, Any] = {}
+
+    # -- nn.Sequential's face -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return sum(len(cast(nn.Sequential, p)) for p in self.partitions)
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        for partition in self.partitions:
+            yield from cast(nn.Sequential, partition)
+
+    def __getitem__(self, index: int) -> nn.Module:
+        layers = list(self)
+        try:
+            return layers[index]
+        except IndexError:
+            raise IndexError(f"layer index {index} out of range for {len(layers)} layers") from None
+
+    def to(self, *args: Any, **kwargs: Any) -> GPipe:  # type: ignore[override]
+        device, dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None:
+            raise TypeError("GPipe places its partitions itself and cannot be moved to a device; pass devices=[...] "
+                            "when you build it (dtype casts such as .to(torch.float64) are allowed)")
+        return cast(GPipe, super().to(*args, **kwargs))
+
+    def cuda(self, device: Any = None) -> GPipe:
+        raise TypeError("GPipe places its partitions itself and cannot be moved with .cuda(); pass devices=[...]")
+
+    def cpu(self) -> GPipe:
+        raise TypeError("GPipe places its partitions itself and cannot be moved with .cpu(); pass devices=[...]")
+
+    # -- running --------------------------------------------------------------------------------------
+
+    def schedule_for(self, m: int, checkpoint: str | None = None) -> Schedule:
+        """The schedule a step of ``m`` micro-batches runs (GPipe's fill-drain, one stage per partition)."""
+        mode = self.checkpoint if checkpoint is None else checkpoint
+        key = (m, mode)
+        if key not in self._schedules:
+            self._schedules[key] = gpipe_schedule(m, len(self.partitions), mode).validate()  # type: ignore[arg-type]
+        return self._schedules[key]
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule of a full training step: ``chunks`` micro-batches, this pipeline's checkpoint mode."""
+        return self.schedule_for(self.chunks)
+
+    def forward(self, input: Any) -> Any:
+        """Run the forward tasks on the micro-batches of ``input``; return the output on the last device."""
+        was_tuple, tensors = as_tensors(input, "GPipe's input")
+        batches = scatter(tensors, self.chunks)
+        m = len(batches)
+        params = [p for p in self.parameters() if p.requires_grad]
+        train = torch.is_grad_enabled() and (bool(params) or any(t.requires_grad for t in tensors))
+        mode = self.checkpoint if (train and self.training) else "never"
+        run = _Run(self, self.schedule_for(m, mode), batches, was_tuple, train, self.record and train)
+        run.execute(forward=True)
+        if run.recorder is not None:
+            run.recorder.pause()
+        if not train:
+            return run.gathered()
+        leaves = [t for t in tensors if t.requires_grad] or [torch.empty(0, requires_grad=True)]
+        run.input_requires_grad = [t.requires_grad for t in tensors]
+        phony = _Wait.apply(run, *leaves)
+        outputs = _Gather.apply(run, phony)
+        return outputs if run.output_is_tuple else outputs[0]
+
+    def copy_stream(self, device: torch.device) -> Any:
+        if device not in self._copy_streams:
+            self._copy_streams[device] = torch.cuda.Stream(device) if device.type == "cuda" else None
+        return self._copy_streams[device]
+
+
+class _Wait(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, run: _Run, *inputs: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.run = run
+        ctx.count = len(inputs)
+        return torch.empty(0)
+
+    @staticmethod
+    def backward(ctx: Any, *grad: Tensor) -> Any:
+        run: _Run = ctx.run
+        run.finish_backward()
+        grads = run.input_grads()
+        return (None, *grads[:ctx.count], *([None] * (ctx.count - len(grads))))
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, run: _Run, phony: Tensor) -> Any:  # type: ignore[override]
+        ctx.run = run
+        outputs = run.gathered_tensors()
+        for t in outputs:
+            if not t.is_floating_point() and not t.is_complex():
+                ctx.mark_non_differentiable(t)
+        return outputs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> Any:
+        ctx.run.start_backward(grads)
+        return None, torch.empty(0)
+
+
+class _Enter(torch.autograd.Function):
+    """Identity between a partition's leaf input and its first layer.
+
+    Note [entering a partition]: a partition's input is a fresh leaf (its gradient is what goes back to the
+    previous stage), and autograd refuses in-place operations on a leaf that requires grad, so a partition
+    starting with, say, ``nn.ReLU(inplace=True)`` would fail where the un-pipelined model works. This node
+    gives the partition a non-leaf alias of its input, sharing its storage, as the un-pipelined model's
+    previous layer would.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, input: Tensor) -> Tensor:  # type: ignore[override]
+        return input.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+        return grad
+
+
+class _Failed(Exception):
+    """Raised inside a worker that was told to stop because another one failed."""
+
+
+class _Run:
+    """One mini-batch through the pipeline: the forward phase now, the backward phase when autograd asks."""
+
+    def __init__(self, pipe: GPipe, schedule: Schedule, batches: list[tuple[Tensor, ...]], input_is_tuple: bool,
+                 train: bool, record: bool) -> None:
+        self.pipe = pipe
+        self.schedule = schedule
+        self.batches = batches
+        self.input_is_tuple = input_is_tuple
+        self.train = train
+        self.record = record
+        self.n = schedule.n
+        self.devices = pipe.devices
+        self.partitions = list(pipe.partitions)
+        self.layout = pipe.skip_layout
+        # Note [random state] in gpipe.rng: the step's seed, drawn only when a layer needs one
+        self.step_seed = int(torch.randint(0, 2**62, (), generator=torch.default_generator).item()) \
+            if train and pipe._hooks else 0
+        # Each device's task list: the forward phase is its leading F tasks, the backward phase the rest.
+        self.phases: list[tuple[tuple[Task, ...], tuple[Task, ...]]] = []
+        for tasks in schedule.tasks:
+            k = next((x for x, t in enumerate(tasks) if t.op is not Op.F), len(tasks))
+            if any(t.op is Op.F for t in tasks[k:]):
+                raise ValueError(f"schedule {schedule.name!r} interleaves forward and backward tasks on one device; "
+                                 "GPipe runs schedules whose forward tasks all come first")
+            self.phases.append((tasks[:k], tasks[k:]))
+        self.inbox: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in schedule.tasks]
+        self.mail: list[dict[Task, Any]] = [{} for _ in schedule.tasks]
+        self.error: BaseException | None = None
+        self.error_lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.leaves: dict[tuple[int, int], tuple[Tensor, ...]] = {}
+        self.graphs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
+        self.outputs: dict[int, tuple[Tensor, ...]] = {}
+        self.output_is_tuple = False
+        self.tuple_between: dict[int, bool] = {}
+        self.out_grads: dict[int, Grads] = {}
+        self.in_grads: dict[int, Grads] = {}
+        self.input_requires_grad: list[bool] = []
+        # skips crossing partitions: the stashed tensor (with its graph) in the stashing partition, its value
+        # for the pop, the popped leaf in the popping partition, and its gradient on the way back
+        self.stash_graph: dict[tuple[int, int], dict[SkipKey, Tensor]] = {}
+        self.portal: dict[tuple[int, SkipKey], Tensor] = {}
+        self.popped: dict[tuple[int, int], dict[SkipKey, Tensor]] = {}
+        self.portal_grad: dict[tuple[int, SkipKey], Tensor | None] = {}
+        self.backward_started = False
+        self.backward_done = False
+        self.recorder = _Recorder(self) if record else None
+
+    # -- phases -----------------------------------------------------------------------------------------
+
+    def execute(self, forward: bool) -> None:
+        phase = 0 if forward else 1
+        self.threads = [threading.Thread(target=self._work, args=(d, self.phases[d][phase]), daemon=True,
+                                         name=f"gpipe-worker-{d}") for d in range(len(self.phases))]
+        for thread in self.threads:
+            thread.start()
+        self.join()
+
+    def join(self) -> None:
+        try:
+            for thread in self.threads:
+                while thread.is_alive():
+                    thread.join(timeout=0.1)
+        except BaseException as interrupt:  # KeyboardInterrupt while waiting: stop the workers, then re-raise
+            self._fail(interrupt)
+            for thread in self.threads:
+                thread.join()
+            raise
+        self.threads = []
+        if self.error is not None:
+            raise self.error
+
+    def gathered_tensors(self) -> tuple[Tensor, ...]:
+        return gather([self.outputs[i] for i in range(self.schedule.m)])
+
+    def gathered(self) -> Any:
+        outputs = self.gathered_tensors()
+        return outputs if self.output_is_tuple else outputs[0]
+
+    def start_backward(self, grads: Sequence[Tensor | None]) -> None:
+        if self.backward_started:
+            raise RuntimeError("this pipeline step was already run backward; retain_graph is not supported by GPipe")
+        self.backward_started = True
+        if self.recorder is not None:
+            self.recorder.resume()
+        sizes = [self.outputs[i][0].size(0) for i in range(self.schedule.m)]
+        pieces = [g.split(sizes, dim=0) if g is not None else [None] * len(sizes) for g in grads]
+        for i in range(self.schedule.m):
+            self.out_grads[i] = tuple(p[i] for p in pieces)
+        phase = 1
+        self.threads = [threading.Thread(target=self._work, args=(d, self.phases[d][phase]), daemon=True,
+                                         name=f"gpipe-worker-{d}") for d in range(len(self.phases))]
+        for thread in self.threads:
+            thread.start()
+
+    def finish_backward(self) -> None:
+        if self.backward_done:
+            return
+        self.backward_done = True
+        try:
+            self.join()
+        finally:
+            for partition in self.partitions:
+                DeferredBatchNorm.commit_all(partition)
+        if self.recorder is not None:
+            self.pipe.timeline = self.recorder.timeline()
+        self.release()
+
+    def input_grads(self) -> list[Tensor | None]:
+        """The gradient of each input that requires one, gathered over the micro-batches."""
+        grads: list[Tensor | None] = []
+        for k, needs in enumerate(self.input_requires_grad):
+            if not needs:
+                continue
+            pieces = [self.in_grads[i][k] for i in range(self.schedule.m)]
+            if all(p is None for p in pieces):
+                grads.append(None)
+                continue
+            filled = [p if p is not None else torch.zeros_like(b[k]) for p, b in zip(pieces, self.batches, strict=True)]
+            grads.append(torch.cat(filled) if len(filled) > 1 else filled[0])
+        return grads
+
+    def release(self) -> None:
+        self.leaves.clear()
+        self.graphs.clear()
+        self.stash_graph.clear()
+        self.portal.clear()
+        self.popped.clear()
+        self.portal_grad.clear()
+
+    # -- workers ----------------------------------------------------------------------------------------
+
+    def _work(self, d: int, tasks: Sequence[Task]) -> None:
+        device = self.devices[d]
+        try:
+            with _device_context(device):
+                for task in tasks:
+                    if self.error is not None:
+                        return
+                    if task.op is Op.F:
+                        self._forward(d, task)
+                    elif task.op is Op.R:
+                        self._recompute(d, task)
+                    elif task.op is Op.B:
+                        self._backward(d, task)
+                    else:
+                        raise NotImplementedError(f"GPipe does not run {task.op.name} tasks ({task})")
+        except _Failed:
+            pass
+        except BaseException as error:
+            self._fail(error)
+
+    def _fail(self, error: BaseException) -> None:
+        with self.error_lock:
+            if self.error is None:
+                self.error = error
+        for box in self.inbox:
+            box.put((None, _STOP))
+
+    def _send(self, stage: int, task: Task, payload: Any) -> None:
+        self.inbox[self.schedule.device_of(stage)].put((task, payload))
+
+    def _receive(self, d: int, task: Task) -> Any:
+        mail = self.mail[d]
+        while task not in mail:
+            key, payload = self.inbox[d].get()
+            if payload is _STOP:
+                raise _Failed
+            mail[key] = payload
+        return mail.pop(task)
+
+    def _arrive(self, d: int, tensors: Sequence[Tensor | None], producer: Task, label: str = "") -> tuple[Any, ...]:
+        """Bring ``tensors`` to device ``d`` (a copy only where they are elsewhere)."""
+        device = self.devices[d]
+        if all(t is None or t.device == device for t in tensors):
+            return tuple(tensors)
+        start = self.recorder.now(d, copy=True) if self.recorder else 0.0
+        stream = self.pipe.copy_stream(device) if device.type == "cuda" else None
+        if stream is not None:
+            compute = torch.cuda.current_stream(device)
+            for t in tensors:
+                if t is not None and t.device.type == "cuda":
+                    stream.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(stream):
+                moved = tuple(None if t is None else t.to(device, non_blocking=True) for t in tensors)
+            compute.wait_stream(stream)
+            for t, out in zip(tensors, moved, strict=True):
+                if t is not None and t.device.type == "cuda":
+                    t.record_stream(stream)
+                if out is not None:
+                    out.record_stream(compute)
+        else:
+            moved = tuple(None if t is None else t.to(device) for t in tensors)
+        if self.recorder is not None:
+            self.recorder.span(d, COPY, producer, start, label=label)
+        return moved
+
+    def _inputs(self, d: int, task: Task) -> tuple[Tensor, ...]:
+        i, j = task.microbatch, task.stage
+        if j == 0:
+            return self._arrive(d, self.batches[i], task)
+        previous = Task(Op.F, i, j - 1)
+        return self._arrive(d, self._receive(d, previous), previous)
+
+    def _call(self, d: int, task: Task, leaves: tuple[Tensor, ...], recompute: bool) -> tuple[Tensor, ...]:
+        i, j = task.microbatch, task.stage
+        tracker = _PortalTracker(self, d, i, j, recompute)
+        if torch.is_grad_enabled():  # Note [entering a partition]
+            leaves = tuple(_Enter.apply(t) if t.requires_grad else t for t in leaves)
+        arg: Any = leaves if (self.input_is_tuple if j == 0 else self.tuple_between[j - 1]) else leaves[0]
+        with use_tracker(tracker), rng.seeded(self.step_seed, i, j):
+            output = self.partitions[j](arg)
+        was_tuple, outputs = as_tensors(output, f"the output of partition {j}")
+        if j == self.n - 1:
+            self.output_is_tuple = was_tuple
+        else:
+            self.tuple_between[j] = was_tuple  # written before the hand-off, so the next stage sees it
+        return outputs
+
+    def _forward(self, d: int, task: Task) -> None:
+        i, j = task.microbatch, task.stage
+        inputs = self._inputs(d, task)
+        recorder = self.recorder
+        start = recorder.now(d) if recorder else 0.0
+        ckpt = self.train and self.schedule.is_checkpointed(i)
+        if self.train:
+            leaves = tuple(t.detach().requires_grad_(t.requires_grad or (j > 0 and t.is_floating_point()))
+                           for t in inputs)
+            versions = [t._version for t in leaves]
+            if ckpt:
+                with torch.no_grad(), checkpointing():
+                    outputs = self._call(d, task, leaves, recompute=False)
+                self.leaves[(i, j)] = leaves
+                changed = [k for k, (t, v) in enumerate(zip(leaves, versions, strict=True)) if t._version != v]
+                if changed:
+                    raise RuntimeError(
+                        f"partition {j} modified its input in place (input {changed[0]}) during a checkpointed "
+                        "forward, so its recompute would start from different values; make the first in-place "
+                        "layer of the partition out-of-place (e.g. nn.ReLU(inplace=False)) or use "
+                        "checkpoint='never'")
+                if recorder:
+                    recorder.hold(d, i, j, sum(t.numel() * t.element_size() for t in leaves))
+            else:
+                with torch.enable_grad(), (recorder.saved(d, i, j) if recorder else _nothing()):
+                    outputs = self._call(d, task, leaves, recompute=False)
+                self.leaves[(i, j)] = leaves
+                self.graphs[(i, j)] = outputs
+        else:
+            with torch.no_grad():  # a new thread starts with grad enabled, whatever the caller's mode
+                outputs = self._call(d, task, tuple(inputs), recompute=False)
+        if recorder:
+            recorder.span(d, COMPUTE, task, start)
+        if j == self.n - 1:
+            self.outputs[i] = tuple(t.detach() if self.train else t for t in outputs)
+        else:
+            self._send(j + 1, task, tuple(t.detach() for t in outputs))
+
+    def _recompute(self, d: int, task: Task) -> None:
+        i, j = task.microbatch, task.stage
+        recorder = self.recorder
+        start = recorder.now(d) if recorder else 0.0
+        leaves = self.leaves[(i, j)]
+        with torch.enable_grad(), recomputing(), (recorder.saved(d, i, j) if recorder else _nothing()):
+            self.graphs[(i, j)] = self._call(d, task, leaves, recompute=True)
+        if recorder:
+            recorder.span(d, COMPUTE, task, start)
+
+    def _backward(self, d: int, task: Task) -> None:
+        i, j = task.microbatch, task.stage
+        if j == self.n - 1:
+            grads = self._arrive(d, self.out_grads[i], Task(Op.F, i, j))
+        else:
+            producer = Task(Op.B, i, j + 1)
+            grads = self._arrive(d, self._receive(d, producer), producer)
+        outputs = list(self.graphs.pop((i, j)))
+        grads_l = list(grads)
+        for key, stashed in self.stash_graph.pop((i, j), {}).items():
+            grad = self.portal_grad.pop((i, key), None)
+            if grad is not None:
+                consumer = Task(Op.B, i, self.layout.popped_in[key])
+                grads_l.append(self._arrive(d, (grad,), consumer, label="skip")[0])
+                outputs.append(stashed)
+        recorder = self.recorder
+        start = recorder.now(d) if recorder else 0.0
+        pairs = [(o, g) for o, g in zip(outputs, grads_l, strict=True) if g is not None and o.requires_grad]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        leaves = self.leaves.pop((i, j))
+        for key, leaf in self.popped.pop((i, j), {}).items():
+            self.portal_grad[(i, key)] = leaf.grad
+        if recorder:
+            recorder.span(d, COMPUTE, task, start)
+            recorder.free(d, i, j)
+        result = tuple(t.grad if t.requires_grad else None for t in leaves)
+        if j == 0:
+            self.in_grads[i] = result
+        else:
+            self._send(j - 1, task, result)
+
+
+class _PortalTracker:
+    """Routes the stashes and pops of one task: in the partition, or through a portal to another one."""
+
+    def __init__(self, run: _Run, d: int, i: int, j: int, recompute: bool) -> None:
+        self.run, self.d, self.i, self.j, self.recompute = run, d, i, j, recompute
+        self.local: dict[SkipKey, Tensor] = {}
+
+    def save(self, key: SkipKey, tensor: Tensor) -> None:
+        run = self.run
+        if key not in run.layout.popped_in:
+            raise RuntimeError(f"stash of {key[1]!r} that no layer of this pipeline pops")
+        if run.layout.popped_in[key] == self.j:
+            self.local[key] = tensor
+            return
+        if run.train and torch.is_grad_enabled():
+            run.stash_graph.setdefault((self.i, self.j), {})[key] = tensor
+        if not self.recompute:
+            run.portal[(self.i, key)] = tensor.detach() if run.train else tensor
+
+    def load(self, key: SkipKey) -> Tensor:
+        if key in self.local:
+            return self.local.pop(key)
+        run = self.run
+        if self.recompute:
+            return run.popped[(self.i, self.j)][key]
+        value = run.portal.pop((self.i, key))
+        producer = Task(Op.F, self.i, run.layout.stashed_in[key])
+        value = run._arrive(self.d, (value,), producer, label="skip")[0]
+        if run.train:
+            value = value.detach().requires_grad_(value.is_floating_point())
+            run.popped.setdefault((self.i, self.j), {})[key] = value
+        return value
+
+
+class _Recorder:
+    """Spans and memory samples of one step (Note [the schedule drives both passes]: one per device)."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+        self.devices = run.devices
+        self.cuda = any(dev.type == "cuda" for dev in self.devices)
+        self.spans: list[tuple[int, str, Task, Any, Any, str]] = []
+        self.lock = threading.Lock()
+        self.held: dict[int, dict[tuple[int, int], int]] = {d: {} for d in range(len(self.devices))}
+        self.memory: list[tuple[int, Any, int]] = []
+        self.model_state = [{_storage_key(t) for t in [*p.parameters(), *p.buffers()]} for p in run.partitions]
+        self.paused_at = 0.0
+        self.paused = 0.0
+        if self.cuda:
+            self.base: dict[torch.device, Any] = {}
+            self.allocated0: dict[torch.device, int] = {}
+            for dev in {d for d in self.devices if d.type == "cuda"}:
+                torch.cuda.synchronize(dev)
+                self.allocated0[dev] = torch.cuda.memory_allocated(dev)
+        self.t0 = time.perf_counter()
+        if self.cuda:
+            for dev in {d for d in self.devices if d.type == "cuda"}:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(torch.cuda.current_stream(dev))
+                self.base[dev] = event
+        for d in range(len(self.devices)):
+            self.memory.append((d, 0.0, 0))
+
+    def pause(self) -> None:
+        self.paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        """Time between the forward and the backward (the user's loss) is not the pipeline's: cut it out."""
+        if self.paused_at and not self.cuda:
+            self.paused += time.perf_counter() - self.paused_at
+
+    def now(self, d: int, copy: bool = False) -> Any:
+        device = self.devices[d]
+        if device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            stream = self.run.pipe.copy_stream(device) if copy else torch.cuda.current_stream(device)
+            event.record(stream)
+            return event
+        return time.perf_counter() - self.t0 - self.paused
+
+    def span(self, d: int, stream: str, task: Task, start: Any, label: str = "") -> None:
+        end = self.now(d, copy=stream == COPY)
+        with self.lock:
+            self.spans.append((d, stream, task, start, end, label))
+            if stream == COMPUTE and self.devices[d].type == "cuda":
+                used = torch.cuda.memory_allocated(self.devices[d]) - self.allocated0[self.devices[d]]
+                self.memory.append((d, end, max(used, 0)))
+
+    def hold(self, d: int, i: int, j: int, nbytes: int) -> None:
+        if self.devices[d].type == "cuda":
+            return
+        with self.lock:
+            held = self.held[d]
+            held[(i, j)] = held.get((i, j), 0) + nbytes
+            self.memory.append((d, self.now(d), sum(held.values())))
+
+    def free(self, d: int, i: int, j: int) -> None:
+        if self.devices[d].type == "cuda":
+            return
+        with self.lock:
+            self.held[d].pop((i, j), None)
+            self.memory.append((d, self.now(d), sum(self.held[d].values())))
+
+    def saved(self, d: int, i: int, j: int) -> Any:
+        """Count the bytes this task saves for backward (parameters and buffers excluded), as the profiler does."""
+        state = self.model_state[j]
+        spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            key = _storage_key(t)
+            if key not in state and t.numel() > 0:
+                spans.setdefault(key, []).append(_byte_span(t))
+            return t
+
+        recorder = self
+
+        class _Saved:
+            def __enter__(self) -> None:
+                self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, _identity)
+                self.hooks.__enter__()
+
+            def __exit__(self, *exc: Any) -> None:
+                self.hooks.__exit__(*exc)
+                if exc[0] is None:
+                    recorder.hold(d, i, j, sum(_union_length(s) for s in spans.values()))
+
+        return _Saved()
+
+    def timeline(self) -> Timeline:
+        run = self.run
+        if self.cuda:
+            for dev in self.base:
+                torch.cuda.synchronize(dev)
+
+        def seconds(d: int, value: Any) -> float:
+            if isinstance(value, float):
+                return value
+            return self.base[self.devices[d]].elapsed_time(value) / 1e3
+
+        spans = [Span(d, stream, task, seconds(d, start), seconds(d, end), label)
+                 for d, stream, task, start, end, label in self.spans]
+        memory = [MemorySample(d, seconds(d, t), b) for d, t, b in self.memory]
+        memory.sort(key=lambda s: (s.device, s.time))
+        meta = {
+            "schedule": run.schedule.name, "m": run.schedule.m, "n": run.schedule.n,
+            "checkpoint": run.schedule.checkpoint, "placement": list(run.schedule.placement),
+            "devices": [str(dev) for dev in self.devices],
+            "model_state_bytes": [sum(t.numel() * t.element_size() for t in [*p.parameters(), *p.buffers()])
+                                  for p in run.partitions],
+            "threads": torch.get_num_threads(),
+        }
+        return Timeline(tuple(spans), tuple(memory), len(self.devices), "measured", meta)
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t
+
+
+class _nothing:  # noqa: N801 - a cheap null context manager
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _device_context:  # noqa: N801
+    """On a CUDA device, make it current on the worker's thread."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.guard = torch.cuda.device(device) if device.type == "cuda" else None
+
+    def __enter__(self) -> None:
+        if self.guard is not None:
+            self.guard.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.guard is not None:
+            self.guard.__exit__(*exc)
+
+
+# -- argument checks ---------------------------------------------------------------------------------
+
+
+def _check_unique(module: nn.Sequential) -> None:
+    seen: dict[int, int] = {}
+    for index, layer in enumerate(module):
+        if id(layer) in seen:
+            raise ValueError(f"module has duplicate children: layer {index} is the same object as layer "
+                             f"{seen[id(layer)]}; a layer can live in only one partition, so use a copy "
+                             "(copy.deepcopy) or share parameters explicitly")
+        seen[id(layer)] = index
+
+
+def _check_balance(balance: Sequence[int] | None, layers: int) -> list[int]:
+    if balance is None:
+        raise ValueError("balance is required: the number of layers in each partition, e.g. balance=[2, 2], or "
+                         "one computed by gpipe.balance.balance_by_time(partitions, module, sample)")
+    try:
+        values = list(balance)
+    except TypeError:
+        raise TypeError(f"balance must be a list of layer counts, got {type(balance).__name__}") from None
+    if not values:
+        raise ValueError("balance is empty: give at least one partition, e.g. balance=[len(module)]")
+    if any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in values):
+        raise ValueError(f"every partition needs a positive number of layers, got balance={values}")
+    if sum(values) != layers:
+        raise ValueError(f"balance {values} sums to {sum(values)} but the module has {layers} layers; "
+                         "make the counts add up to len(module)")
+    return values
+
+
+def _check_devices(devices: Sequence[Device] | None, partitions: int) -> list[torch.device]:
+    if devices is None:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count >= partitions:
+            return [torch.device("cuda", k) for k in range(partitions)]
+        return [torch.device("cpu")] * partitions
+    if isinstance(devices, (str, int, torch.device)):
+        raise TypeError(f"devices must be a list with one device per partition, got {devices!r}")
+    result = []
+    for dev in devices:
+        try:
+            device = torch.device(dev) if not isinstance(dev, int) else torch.device("cuda", dev)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"not a device: {dev!r} ({error})") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {dev!r} does not exist: CUDA is not available here; use 'cpu'")
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            if index >= torch.cuda.device_count():
+                raise ValueError(f"device {dev!r} does not exist: there are {torch.cuda.device_count()} CUDA devices")
+            device = torch.device("cuda", index)
+        elif device.type != "cpu":
+            raise ValueError(f"device {dev!r} is not supported: GPipe runs on 'cpu' and 'cuda' devices")
+        result.append(device)
+    if len(result) < partitions:
+        raise ValueError(f"too few devices: {partitions} partitions need {partitions} devices, got {len(result)}; "
+                         "list a device per partition (several partitions may share one, e.g. ['cpu'] * n)")
+    return result[:partitions]
+

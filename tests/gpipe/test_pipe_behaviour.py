@@ -1,0 +1,196 @@
+"""What the executor does besides computing the right numbers: order, recompute, phases, RNG, timelines, API."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from gpipe import DeferredBatchNorm, GPipe, is_checkpointing, is_recomputing
+from gpipe.schedule import CHECKPOINT_MODES, Op
+from tests.gpipe.models import mlp
+
+
+class Probe(nn.Module):
+    """Logs (phase, micro-batch) in forward and ('B', micro-batch) in backward; micro-batch i's rows hold i."""
+
+    def __init__(self, log: list[tuple[str, int]]) -> None:
+        super().__init__()
+        self.log = log
+
+    def forward(self, x: Tensor) -> Tensor:
+        i = int(x[0, 0].round().item())
+        phase = "R" if is_recomputing() else ("C" if is_checkpointing() else "F")
+        self.log.append((phase, i))
+        if x.requires_grad:
+            x.register_hook(lambda g: self.log.append(("B", i)) or g)
+        return x * 1.0
+
+
+def _marked(m: int, rows: int = 2) -> Tensor:
+    return torch.arange(m, dtype=torch.float32).repeat_interleave(rows).unsqueeze(1).repeat(1, 3)
+
+
+def _probed(logs: list[list[tuple[str, int]]]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for log in logs:
+        layers += [nn.Linear(3, 3, bias=False), Probe(log)]
+    model = nn.Sequential(*layers)
+    with torch.no_grad():
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                layer.weight.copy_(torch.eye(3))
+    return model
+
+
+@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
+def test_backward_in_reverse_order_with_recompute_right_before(checkpoint: str) -> None:
+    m = 4
+    logs: list[list[tuple[str, int]]] = [[], [], []]
+    pipe = GPipe(_probed(logs), [2, 2, 2], chunks=m, checkpoint=checkpoint)
+    pipe(_marked(m).requires_grad_()).sum().backward()
+    for log in logs:
+        forward = [entry for entry in log if entry[0] in "FC"]
+        assert [i for _, i in forward] == list(range(m))
+        for phase, i in forward:
+            assert phase == ("C" if pipe.schedule.is_checkpointed(i) else "F")
+        backward = [entry for entry in log if entry[0] in "RB"]
+        expected: list[tuple[str, int]] = []
+        for i in reversed(range(m)):
+            if pipe.schedule.is_checkpointed(i):
+                expected.append(("R", i))
+            expected.append(("B", i))
+        assert backward == expected
+
+
+@pytest.mark.parametrize("grad_mode", ["eval", "no_grad"])
+def test_eval_and_no_grad_run_no_checkpointing(grad_mode: str) -> None:
+    logs: list[list[tuple[str, int]]] = [[], []]
+    pipe = GPipe(_probed(logs), [2, 2], chunks=3, checkpoint="always")
+    if grad_mode == "eval":
+        pipe.eval()
+        out = pipe(_marked(3))
+    else:
+        with torch.no_grad():
+            out = pipe(_marked(3))
+    assert out.requires_grad == (grad_mode == "eval")  # as the plain model: eval mode still records a graph
+    assert all(phase == "F" for log in logs for phase, _ in log)
+    assert [i for _, i in logs[1]] == [0, 1, 2]
+
+
+def test_dropout_identical_under_recompute() -> None:
+    def run(checkpoint: str) -> list[Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.ReLU(), nn.Linear(16, 16), nn.Dropout(0.3),
+                              nn.Linear(16, 4))
+        pipe = GPipe(model, [3, 3], chunks=4, checkpoint=checkpoint)
+        torch.manual_seed(1)
+        x = torch.randn(8, 8)
+        pipe(x).pow(2).sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    never, always, except_last = run("never"), run("always"), run("except_last")
+    for a, b, c in zip(never, always, except_last, strict=True):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, c)
+    # and dropout really dropped something (the masks are not all ones)
+    assert any((g == 0).any() for g in never)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_deferred_batch_norm_running_stats_equal_whole_batch(momentum: float | None) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4, momentum=momentum), nn.ReLU(), nn.Conv2d(4, 4, 1))
+    reference = copy.deepcopy(model)
+    pipe = GPipe(model, [2, 2], chunks=3, checkpoint="always", deferred_batch_norm=True)
+    assert isinstance(pipe[1], DeferredBatchNorm)
+    for _ in range(3):
+        x = torch.randn(10, 2, 6, 6)
+        pipe(x).mean().backward()
+        reference(x)
+    for ours, theirs in ((pipe[1], reference[1]),):
+        torch.testing.assert_close(ours.running_mean, theirs.running_mean)
+        torch.testing.assert_close(ours.running_var, theirs.running_var)
+        assert int(ours.num_batches_tracked) == int(theirs.num_batches_tracked) == 3
+
+
+@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
+@pytest.mark.parametrize("chunks", [1, 3, 5])
+def test_measured_timeline_holds_exactly_the_schedule(chunks: int, checkpoint: str) -> None:
+    torch.manual_seed(0)
+    pipe = GPipe(mlp(), [1, 2, 2], chunks=chunks, checkpoint=checkpoint, record=True)
+    assert pipe.timeline is None
+    pipe(torch.randn(10, 6)).sum().backward()
+    timeline = pipe.timeline
+    assert timeline is not None and timeline.source == "measured"
+    schedule = pipe.schedule
+    for d in range(3):
+        assert timeline.task_order(d) == list(schedule.tasks[d])
+    assert len(timeline.compute_spans()) == sum(map(len, schedule.tasks))
+    assert timeline.copy_spans() == []  # CPU to CPU: the hand-off is the copy, nothing is moved
+    for span in timeline.compute_spans():
+        assert 0 <= span.start <= span.end
+        for dep in schedule.dependencies(span.task):
+            assert timeline.span_of(dep).end <= span.start + 1e-9
+    assert timeline.meta["m"] == chunks and timeline.meta["checkpoint"] == checkpoint
+    assert timeline.meta["model_state_bytes"] == [sum(p.numel() * 4 for p in part.parameters())
+                                                  for part in pipe.partitions]
+    for d in range(3):  # everything saved for backward is released by the end of the step
+        assert timeline.memory_series(d)[-1][1] == 0
+        assert timeline.peak_memory(d) > 0
+
+
+def test_recording_off_records_nothing_and_can_be_switched_on() -> None:
+    pipe = GPipe(mlp(), [2, 3], chunks=2)
+    pipe(torch.randn(4, 6)).sum().backward()
+    assert pipe.timeline is None
+    pipe.record = True
+    with torch.no_grad():
+        pipe(torch.randn(4, 6))
+    assert pipe.timeline is None  # forward-only steps are not training steps
+    pipe(torch.randn(4, 6)).sum().backward()
+    assert pipe.timeline is not None
+
+
+def test_sequential_face() -> None:
+    model = mlp()
+    layers = list(model)
+    pipe = GPipe(model, [2, 3], devices=["cpu", "cpu"], chunks=4)
+    assert pipe.balance == [2, 3] and pipe.chunks == 4 and pipe.checkpoint == "except_last"
+    assert pipe.devices == [torch.device("cpu")] * 2
+    assert len(pipe) == 5 and list(pipe) == layers and pipe[2] is layers[2] and pipe[-1] is layers[-1]
+    assert [len(p) for p in pipe.partitions] == [2, 3]
+    with pytest.raises(TypeError, match="places its partitions"):
+        pipe.to("cpu")
+    with pytest.raises(TypeError, match="places its partitions"):
+        pipe.cpu()
+    with pytest.raises(TypeError, match="places its partitions"):
+        pipe.cuda()
+    assert pipe.to(torch.float64) is pipe and layers[0].weight.dtype == torch.float64
+
+
+def test_workers_overlap_backward_on_cpu() -> None:
+    """The B tasks of different partitions run on their own worker threads, not on the caller's."""
+    seen: dict[str, set[str]] = {"B": set()}
+
+    class Where(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            if x.requires_grad:
+                x.register_hook(lambda g: seen["B"].add(threading.current_thread().name) or g)
+            return x
+
+    pipe = GPipe(nn.Sequential(nn.Linear(3, 3), Where(), nn.Linear(3, 3), Where()), [2, 2], chunks=2)
+    pipe(torch.randn(4, 3)).sum().backward()
+    assert seen["B"] == {"gpipe-worker-0", "gpipe-worker-1"}
+    assert threading.current_thread().name not in seen["B"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpipe-worker")]
+
+
+def test_schedule_drives_the_workers() -> None:
+    pipe = GPipe(mlp(), [2, 3], chunks=3, checkpoint="except_last")
+    schedule = pipe.schedule
+    assert schedule.name == "gpipe" and schedule.m == 3 and schedule.n == 2
+    assert [t.op for t in schedule.tasks[0]].count(Op.R) == 2
