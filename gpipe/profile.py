@@ -54,6 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from gpipe.phase import checkpointing
+from gpipe.skip.skippable import SkipKey, use_tracker
 
 __all__ = ["BlockProfile", "BlockSizes", "Device", "TensorOrTensors", "profile_blocks", "profile_sizes"]
 
@@ -179,6 +180,7 @@ def _session(blocks: Sequence[nn.Module], sample: TensorOrTensors,
                   {t.device for b in blocks for t in _state(b) if t.device.type == "cuda"}, key=str)
     with ExitStack() as stack:
         stack.enter_context(torch.random.fork_rng(devices=cuda, enabled=True))
+        stack.enter_context(use_tracker(_ProfileTracker()))
         steps = []
         for block, wanted in zip(blocks, devices, strict=True):
             if wanted is not None and not {t.device for t in _state(block)} <= {wanted}:
@@ -191,6 +193,27 @@ def _session(blocks: Sequence[nn.Module], sample: TensorOrTensors,
             atomic = out_atomic
             inputs = tuple(t.detach().requires_grad_(t.requires_grad) for t in outputs)
         yield steps
+
+
+class _ProfileTracker:
+    """Skip connections while blocks are profiled one at a time, each run many times.
+
+    A pop returns the latest stash of its name as a fresh leaf, every time it runs: the popping block is
+    timed with its skip input (and the gradient it sends back) but apart from the stashing block's graph.
+    """
+
+    def __init__(self) -> None:
+        self.table: dict[SkipKey, Tensor] = {}
+
+    def save(self, key: SkipKey, tensor: Tensor) -> None:
+        self.table[key] = tensor.detach()
+
+    def load(self, key: SkipKey) -> Tensor:
+        if key not in self.table:
+            raise RuntimeError(f"pop({key[1]!r}) before any stash({key[1]!r}): the layer that stashes it must come "
+                               "first in the module")
+        value = self.table[key]
+        return value.detach().requires_grad_(value.is_floating_point())
 
 
 def _devices(count: int, device: Device | Sequence[Device] | None) -> list[torch.device | None]:
