@@ -22,6 +22,11 @@ for the workers and returns the gradient of the inputs. Each ``B`` task calls
 backward passes of different partitions overlap (autograd alone would run all of them on the caller's
 thread), and the order that torchgpipe's fork/join enforces holds by construction.
 
+Note [step]: ``pipe.step(input, target, loss_fn)`` runs a whole training step in one call: every task of
+the schedule, the loss computed by the last partition on each micro-batch as soon as its forward ends.
+That lets a schedule start backwards before all forwards end, as 1F1B (``schedule="1f1b"``) does; the
+``forward()`` + ``backward()`` path needs the forwards first, so it always runs GPipe's schedule.
+
 Note [hand-offs]: a worker sends its result (activations downstream, gradients upstream) to the
 inbox (a ``queue.SimpleQueue``) of the worker of the next stage. The receiver moves tensors to its
 device (on its copy stream for CUDA; on CPU devices the hand-off itself is the copy). An exception in
@@ -40,7 +45,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import torch
@@ -51,7 +56,7 @@ from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.microbatch import as_tensors, gather, scatter
 from gpipe.phase import checkpointing, recomputing
 from gpipe.profile import _byte_span, _storage_key, _union_length
-from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task
+from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, one_f_one_b
 from gpipe.schedule import gpipe as gpipe_schedule
 from gpipe.skip.layout import SkipLayout
 from gpipe.skip.skippable import SkipKey, use_tracker
@@ -63,6 +68,9 @@ Device = torch.device | str | int
 Grads = tuple[Tensor | None, ...]
 
 _STOP = object()  # wakes a worker when another one failed
+
+#: The schedules a pipeline runs; ``forward()`` + ``backward()`` needs one whose forwards come first (``gpipe``).
+SCHEDULES: dict[str, Callable[..., Schedule]] = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b}
 
 
 class GPipe(nn.Module):
@@ -87,7 +95,7 @@ class GPipe(nn.Module):
 
     def __init__(self, module: nn.Sequential, balance: Sequence[int] | None = None, *,
                  devices: Sequence[Device] | None = None, chunks: int = 1, checkpoint: str = "except_last",
-                 deferred_batch_norm: bool = False, record: bool = False) -> None:
+                 deferred_batch_norm: bool = False, record: bool = False, schedule: str = "gpipe") -> None:
         super().__init__()
         if not isinstance(module, nn.Sequential):
             raise TypeError(f"GPipe partitions an nn.Sequential, got {type(module).__name__}: wrap the layers in "
@@ -98,8 +106,11 @@ class GPipe(nn.Module):
             raise ValueError(f"chunks must be a positive integer (micro-batches per mini-batch), got {chunks!r}")
         if checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
         self.chunks = chunks
         self.checkpoint = checkpoint
+        self.schedule_name = schedule
         self.devices = _check_devices(devices, len(self.balance))
         self.skip_layout = SkipLayout.of(list(module), self.balance)
         if deferred_batch_norm:
@@ -114,7 +125,7 @@ class GPipe(nn.Module):
         self._hooks = [h for p in self.partitions for h in rng.install(p)]
         self.record = record
         self.timeline: Timeline | None = None
-        self._schedules: dict[tuple[int, str], Schedule] = {}
+        self._schedules: dict[tuple[int, str, str], Schedule] = {}
         self._copy_streams: dict[torch.device, Any] = {}
 
     # -- nn.Sequential's face -------------------------------------------------------------------------
@@ -148,12 +159,13 @@ class GPipe(nn.Module):
 
     # -- running --------------------------------------------------------------------------------------
 
-    def schedule_for(self, m: int, checkpoint: str | None = None) -> Schedule:
-        """The schedule a step of ``m`` micro-batches runs (GPipe's fill-drain, one stage per partition)."""
+    def schedule_for(self, m: int, checkpoint: str | None = None, name: str | None = None) -> Schedule:
+        """The schedule a step of ``m`` micro-batches runs (one stage per partition)."""
         mode = self.checkpoint if checkpoint is None else checkpoint
-        key = (m, mode)
+        kind = self.schedule_name if name is None else name
+        key = (m, mode, kind)
         if key not in self._schedules:
-            self._schedules[key] = gpipe_schedule(m, len(self.partitions), mode).validate()  # type: ignore[arg-type]
+            self._schedules[key] = SCHEDULES[kind](m, len(self.partitions), mode).validate()  # type: ignore[operator]
         return self._schedules[key]
 
     @property
@@ -169,7 +181,10 @@ class GPipe(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         train = torch.is_grad_enabled() and (bool(params) or any(t.requires_grad for t in tensors))
         mode = self.checkpoint if (train and self.training) else "never"
-        run = _Run(self, self.schedule_for(m, mode), batches, was_tuple, train, self.record and train)
+        if train and self.schedule_name != "gpipe":
+            raise RuntimeError(f"the {self.schedule_name!r} schedule interleaves forward and backward, so the loss "
+                               "must be known before the forward ends: train with pipe.step(input, target, loss_fn)")
+        run = _Run(self, self.schedule_for(m, mode, "gpipe"), batches, was_tuple, train, self.record and train)
         run.execute(forward=True)
         if run.recorder is not None:
             run.recorder.pause()
@@ -180,6 +195,36 @@ class GPipe(nn.Module):
         phony = _Wait.apply(run, *leaves)
         outputs = _Gather.apply(run, phony)
         return outputs if run.output_is_tuple else outputs[0]
+
+    def step(self, input: Any, target: Any, loss_fn: Callable[..., Tensor]) -> Tensor:
+        """Forward and backward of one mini-batch in one call, by this pipeline's schedule (GPipe or 1F1B).
+
+        The last partition computes ``loss_fn(output, target)`` on each micro-batch as soon as its forward ends,
+        so a schedule may start a micro-batch's backward before the others' forwards: 1F1B needs this. Each
+        micro-batch's loss is weighted by its share of the batch (``size_i / batch``), which reproduces a
+        mean-reduced loss over the whole batch; a loss module with ``reduction="sum"`` is summed instead.
+        Gradients accumulate into the parameters, as after ``loss.backward()``.
+
+        Returns:
+            The mini-batch's loss (detached), on the last device.
+        """
+        was_tuple, tensors = as_tensors(input, "GPipe's input")
+        _, targets = as_tensors(target, "the target")
+        batches = scatter(tensors, self.chunks)
+        target_batches = scatter(targets, self.chunks)
+        if targets[0].size(0) != tensors[0].size(0):
+            raise ValueError(f"the target's batch size {targets[0].size(0)} differs from the input's "
+                             f"{tensors[0].size(0)}")
+        if not torch.is_grad_enabled():
+            raise RuntimeError("pipe.step trains: call it with grad enabled (not under torch.no_grad())")
+        mode = self.checkpoint if self.training else "never"
+        run = _Run(self, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record)
+        total = tensors[0].size(0)
+        summed = getattr(loss_fn, "reduction", "mean") == "sum"
+        run.loss = (loss_fn, [t if len(t) > 1 else t[0] for t in target_batches],
+                    [1.0 if summed else b[0].size(0) / total for b in batches])
+        run.execute_all()
+        return torch.stack([run.losses[i] for i in range(len(batches))]).sum()
 
     def copy_stream(self, device: torch.device) -> Any:
         if device not in self._copy_streams:
@@ -259,14 +304,6 @@ class _Run:
         # Note [random state] in gpipe.rng: the step's seed, drawn only when a layer needs one
         self.step_seed = int(torch.randint(0, 2**62, (), generator=torch.default_generator).item()) \
             if train and pipe._hooks else 0
-        # Each device's task list: the forward phase is its leading F tasks, the backward phase the rest.
-        self.phases: list[tuple[tuple[Task, ...], tuple[Task, ...]]] = []
-        for tasks in schedule.tasks:
-            k = next((x for x, t in enumerate(tasks) if t.op is not Op.F), len(tasks))
-            if any(t.op is Op.F for t in tasks[k:]):
-                raise ValueError(f"schedule {schedule.name!r} interleaves forward and backward tasks on one device; "
-                                 "GPipe runs schedules whose forward tasks all come first")
-            self.phases.append((tasks[:k], tasks[k:]))
         self.inbox: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in schedule.tasks]
         self.mail: list[dict[Task, Any]] = [{} for _ in schedule.tasks]
         self.error: BaseException | None = None
@@ -289,13 +326,45 @@ class _Run:
         self.backward_started = False
         self.backward_done = False
         self.recorder = _Recorder(self) if record else None
+        self.loss: tuple[Callable[..., Tensor], list[Any], list[float]] | None = None  # set by GPipe.step
+        self.losses: dict[int, Tensor] = {}
 
     # -- phases -----------------------------------------------------------------------------------------
 
+    @property
+    def phases(self) -> list[tuple[tuple[Task, ...], tuple[Task, ...]]]:
+        """Each device's task list cut in two: its leading F tasks (``forward()``), then the rest (backward)."""
+        cut = []
+        for tasks in self.schedule.tasks:
+            k = next((x for x, t in enumerate(tasks) if t.op is not Op.F), len(tasks))
+            if any(t.op is Op.F for t in tasks[k:]):
+                raise ValueError(f"schedule {self.schedule.name!r} interleaves forward and backward tasks on one "
+                                 "device; forward() + backward() runs schedules whose forwards come first")
+            cut.append((tasks[:k], tasks[k:]))
+        return cut
+
+    def execute_all(self) -> None:
+        """Run every task of the schedule at once (:meth:`GPipe.step`): the last stage computes the loss."""
+        for i in range(self.schedule.m):
+            self.out_grads[i] = (None,)  # filled by the loss of F(i, n-1), see _call
+        self.threads = [threading.Thread(target=self._work, args=(d, tasks), daemon=True, name=f"gpipe-worker-{d}")
+                        for d, tasks in enumerate(self.schedule.tasks)]
+        for thread in self.threads:
+            thread.start()
+        try:
+            self.join()
+        finally:
+            for partition in self.partitions:
+                DeferredBatchNorm.commit_all(partition)
+        if self.recorder is not None:
+            self.pipe.timeline = self.recorder.timeline()
+        self.release()
+
     def execute(self, forward: bool) -> None:
         phase = 0 if forward else 1
-        self.threads = [threading.Thread(target=self._work, args=(d, self.phases[d][phase]), daemon=True,
-                                         name=f"gpipe-worker-{d}") for d in range(len(self.phases))]
+        phases = self.phases
+        self.threads = [threading.Thread(target=self._work, args=(d, phases[d][phase]), daemon=True,
+                                         name=f"gpipe-worker-{d}") for d in range(len(phases))]
         for thread in self.threads:
             thread.start()
         self.join()
@@ -332,8 +401,9 @@ class _Run:
         for i in range(self.schedule.m):
             self.out_grads[i] = tuple(p[i] for p in pieces)
         phase = 1
-        self.threads = [threading.Thread(target=self._work, args=(d, self.phases[d][phase]), daemon=True,
-                                         name=f"gpipe-worker-{d}") for d in range(len(self.phases))]
+        phases = self.phases
+        self.threads = [threading.Thread(target=self._work, args=(d, phases[d][phase]), daemon=True,
+                                         name=f"gpipe-worker-{d}") for d in range(len(phases))]
         for thread in self.threads:
             thread.start()
 
@@ -457,6 +527,19 @@ class _Run:
         was_tuple, outputs = as_tensors(output, f"the output of partition {j}")
         if j == self.n - 1:
             self.output_is_tuple = was_tuple
+            if self.loss is not None:  # GPipe.step: the loss of this micro-batch is this stage's output
+                loss_fn, targets, weights = self.loss
+                target = self._arrive(d, (targets[i],), task)[0] if isinstance(targets[i], Tensor) else \
+                    self._arrive(d, targets[i], task)
+                loss = loss_fn(outputs[0] if not was_tuple else outputs, target) * weights[i]
+                if not isinstance(loss, Tensor) or loss.dim() != 0:
+                    raise TypeError("loss_fn must return a scalar tensor (a reduced loss), got "
+                                    f"{type(loss).__name__ if not isinstance(loss, Tensor) else tuple(loss.shape)}")
+                if not recompute:
+                    self.losses[i] = loss.detach()
+                if torch.is_grad_enabled():
+                    self.out_grads[i] = (torch.ones_like(loss),)
+                return (loss,)
         else:
             self.tuple_between[j] = was_tuple  # written before the hand-off, so the next stage sees it
         return outputs

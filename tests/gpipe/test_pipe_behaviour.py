@@ -194,3 +194,46 @@ def test_schedule_drives_the_workers() -> None:
     schedule = pipe.schedule
     assert schedule.name == "gpipe" and schedule.m == 3 and schedule.n == 2
     assert [t.op for t in schedule.tasks[0]].count(Op.R) == 2
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_step_trains_like_the_plain_model(schedule: str, checkpoint: str, reduction: str) -> None:
+    torch.manual_seed(0)
+    model = mlp()
+    reference = copy.deepcopy(model)
+    loss_fn = nn.MSELoss(reduction=reduction)
+    pipe = GPipe(model, [2, 2, 1], chunks=4, checkpoint=checkpoint, schedule=schedule, record=True)
+    x, y = torch.randn(9, 6), torch.randn(9, 3)
+    loss = pipe.step(x, y, loss_fn)
+    expected = loss_fn(reference(x), y)
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach())
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    timeline = pipe.timeline
+    assert timeline is not None and timeline.meta["schedule"] == pipe.schedule.name
+    for d in range(3):
+        assert timeline.task_order(d) == list(pipe.schedule.tasks[d])
+
+
+def test_one_f_one_b_keeps_fewer_activations() -> None:
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        torch.manual_seed(0)
+        pipe = GPipe(mlp(), [2, 2, 1], chunks=8, checkpoint="never", schedule=schedule, record=True)
+        pipe.step(torch.randn(16, 6), torch.randn(16, 3), nn.functional.mse_loss)
+        assert pipe.timeline is not None
+        peaks[schedule] = pipe.timeline.peak_memory(0)
+    assert peaks["1f1b"] < peaks["gpipe"]
+
+
+def test_one_f_one_b_needs_step() -> None:
+    pipe = GPipe(mlp(), [2, 3], chunks=2, schedule="1f1b")
+    with pytest.raises(RuntimeError, match=r"pipe.step\(input, target, loss_fn\)"):
+        pipe(torch.randn(4, 6))
+    with torch.no_grad():  # inference needs no loss: any schedule runs it
+        assert pipe(torch.randn(4, 6)).shape == (4, 3)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        GPipe(mlp(), [2, 3], schedule="zero-bubble")
