@@ -22,6 +22,21 @@ needs the gradient of ``B(i, j+1)`` (or, on the last stage, the loss of ``F(i, n
 ``F(i, j)``, and ``R(i, j)`` when checkpointed; ``R(i, j)`` needs only ``F(i, j)`` (it keeps the stage
 input), so it may run before the gradient arrives, as torchgpipe does; ``W(i, j)`` needs ``B(i, j)``.
 The simulator and the executor derive the copies from these edges.
+
+Note [fast frozen records]: a big simulation builds hundreds of thousands of tasks, spans and memory
+samples. A frozen dataclass's generated ``__init__`` sets each field through ``object.__setattr__``
+(about a microsecond for six fields); :class:`Task` here, and :class:`~gpipe.timeline.Span` and
+:class:`~gpipe.timeline.MemorySample`, write their fields into the instance dict directly, which is
+twice as fast and changes nothing else: they stay dataclasses (fields, ``replace``, ``repr``, equality,
+ordering, hashing), and assigning a field still raises ``FrozenInstanceError``.
+
+Note [linear validation]: :meth:`Schedule.validate` runs for every simulation, so it must cost less
+than one. It numbers every task ``(op, i, j)`` as an integer and checks Note [dependencies] on those
+numbers; the deadlock check lets each device run its list as far as it can and parks a device on the
+first unfinished dependency of its head task, to be woken when that task finishes. Each task finishes
+once and wakes its waiting devices once, so the check is linear in the tasks (the unit-step grid is
+``steps x devices``). Only an invalid schedule pays for the grid, which its error message shows. A
+schedule is immutable, so it remembers that it passed.
 """
 
 from __future__ import annotations
@@ -66,7 +81,7 @@ class Op(str, enum.Enum):
 _TASK_RE = re.compile(r"^\s*([FBRW])(\d+)@(\d+)\s*$")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, init=False)
 class Task:
     """One unit of work on one stage: ``op`` of micro-batch ``microbatch`` on stage ``stage``."""
 
@@ -74,11 +89,16 @@ class Task:
     microbatch: int
     stage: int
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.op, Op):
-            object.__setattr__(self, "op", Op(self.op))
-        if self.microbatch < 0 or self.stage < 0:
-            raise ValueError(f"task indices must be >= 0, got microbatch={self.microbatch}, stage={self.stage}")
+    def __init__(self, op: Op | str, microbatch: int, stage: int) -> None:
+        # Note [fast frozen records]: fields go straight into the instance dict
+        if op.__class__ is not Op:
+            op = Op(op)
+        if microbatch < 0 or stage < 0:
+            raise ValueError(f"task indices must be >= 0, got microbatch={microbatch}, stage={stage}")
+        fields = self.__dict__
+        fields["op"] = op
+        fields["microbatch"] = microbatch
+        fields["stage"] = stage
 
     def __str__(self) -> str:
         return f"{self.op.value}{self.microbatch}@{self.stage}"
@@ -197,48 +217,69 @@ class Schedule:
         after its dependencies). A deadlock's error shows the grid up to the stuck step and the cycle
         of waiting tasks.
         """
-        if self.m < 1:
-            raise ScheduleError(f"a schedule needs at least one micro-batch, got m={self.m}")
-        if self.n < 1:
-            raise ScheduleError(f"a schedule needs at least one stage, got n={self.n}")
-        checkpointed(self.checkpoint, 0, self.m)  # rejects an unknown policy
-        if len(self.placement) != self.n:
-            raise ScheduleError(f"placement has {len(self.placement)} entries for {self.n} stages")
-        for j, d in enumerate(self.placement):
-            if not 0 <= d < self.num_devices:
-                raise ScheduleError(f"stage {j} is placed on device {d}, but there are {self.num_devices} devices")
+        if self.__dict__.get("_valid"):  # Note [linear validation]: immutable, so checked once
+            return self
+        m, n, placement, devices = self.m, self.n, self.placement, self.num_devices
+        if m < 1:
+            raise ScheduleError(f"a schedule needs at least one micro-batch, got m={m}")
+        if n < 1:
+            raise ScheduleError(f"a schedule needs at least one stage, got n={n}")
+        checkpointed(self.checkpoint, 0, m)  # rejects an unknown policy
+        if len(placement) != n:
+            raise ScheduleError(f"placement has {len(placement)} entries for {n} stages")
+        for j, d in enumerate(placement):
+            if not 0 <= d < devices:
+                raise ScheduleError(f"stage {j} is placed on device {d}, but there are {devices} devices")
+        ck = [checkpointed(self.checkpoint, i, m) for i in range(m)]
+        weights = _walk(self, ck) if type(self).dependencies is Schedule.dependencies else -1
+        if weights >= 0:  # every task ran once, in range, on its device, of a kind this shape has
+            if sum(map(len, self.tasks)) != m * n * (3 if weights else 2) + n * sum(ck):
+                self._raise_wrong_tasks()
+        else:  # something is wrong (or a subclass has its own edges): name the first problem, in task order
+            self._check_tasks(ck)
+            if not _runs_to_completion(self):
+                steps, stuck = _run_unit_steps(self)
+                assert stuck is not None, "the linear check and the unit-step run disagree"
+                cycle = _waiting_cycle(self, stuck)
+                grid = _format_grid(self, steps, stuck)
+                raise ScheduleError(
+                    f"schedule {self.name!r} deadlocks at step {len(steps)}: "
+                    f"waiting cycle {' -> '.join(map(str, cycle))}\n{grid}"
+                )
+        object.__setattr__(self, "_valid", True)
+        return self
+
+    def _check_tasks(self, ck: Sequence[bool]) -> None:
+        """Raise for the first task, in device and list order, that is out of range, repeated or on the
+        wrong device; then for missing or unexpected tasks."""
+        m, n, placement = self.m, self.n, self.placement
         seen: dict[Task, int] = {}
         for d, ts in enumerate(self.tasks):
             for t in ts:
                 if t in seen:
                     raise ScheduleError(f"task {t} appears twice (devices {seen[t]} and {d})\n{self.grid()}")
                 seen[t] = d
-                if t.stage >= self.n or t.microbatch >= self.m:
-                    raise ScheduleError(f"task {t} is outside m={self.m}, n={self.n}")
-                if self.placement[t.stage] != d:
+                if t.stage >= n or t.microbatch >= m:
+                    raise ScheduleError(f"task {t} is outside m={m}, n={n}")
+                if placement[t.stage] != d:
                     raise ScheduleError(
-                        f"task {t} is on device {d}, but stage {t.stage} is placed on device "
-                        f"{self.placement[t.stage]}"
+                        f"task {t} is on device {d}, but stage {t.stage} is placed on device {placement[t.stage]}"
                     )
+        if seen.keys() != self.expected_tasks():
+            self._raise_wrong_tasks()
+
+    def _raise_wrong_tasks(self) -> None:
+        """The message for a schedule whose tasks are not exactly :meth:`expected_tasks` (each once)."""
         expected = self.expected_tasks()
-        missing = sorted(expected - seen.keys())
-        extra = sorted(seen.keys() - expected)
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append("missing " + ", ".join(map(str, missing[:12])) + (" ..." if len(missing) > 12 else ""))
-            if extra:
-                parts.append("unexpected " + ", ".join(map(str, extra[:12])) + (" ..." if len(extra) > 12 else ""))
-            raise ScheduleError(f"schedule {self.name!r} has the wrong tasks: {'; '.join(parts)}")
-        steps, stuck = _run_unit_steps(self)
-        if stuck is not None:
-            cycle = _waiting_cycle(self, stuck)
-            grid = _format_grid(self, steps, stuck)
-            raise ScheduleError(
-                f"schedule {self.name!r} deadlocks at step {len(steps)}: "
-                f"waiting cycle {' -> '.join(map(str, cycle))}\n{grid}"
-            )
-        return self
+        seen = set(self.all_tasks())
+        missing = sorted(expected - seen)
+        extra = sorted(seen - expected)
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join(map(str, missing[:12])) + (" ..." if len(missing) > 12 else ""))
+        if extra:
+            parts.append("unexpected " + ", ".join(map(str, extra[:12])) + (" ..." if len(extra) > 12 else ""))
+        raise ScheduleError(f"schedule {self.name!r} has the wrong tasks: {'; '.join(parts)}")
 
     def grid(self) -> str:
         """The step x device grid: each task takes one step, each device runs as soon as it can.
@@ -407,6 +448,92 @@ def step_grid(schedule: Schedule) -> list[list[Task | None]]:
     if stuck is not None:
         schedule.validate()
     return steps
+
+
+def _walk(schedule: Schedule, ck: Sequence[bool]) -> int:
+    """Note [linear validation]: run every device's list in order, each task once its dependencies
+    (Note [dependencies]) have run, parking a device on the first missing one.
+
+    Returns the number of ``W`` tasks when every task ran, exactly once, within ``m`` and ``n``, on its
+    stage's device, and an ``R`` only for a checkpointed micro-batch; -1 otherwise (a deadlock, or a
+    problem :meth:`Schedule._check_tasks` names). Missing tasks are for the caller to count.
+    """
+    m, n, placement = schedule.m, schedule.n, schedule.placement
+    mn = m * n
+    f_op, b_op, r_op = Op.F, Op.B, Op.R
+    last = n - 1
+    done = bytearray(4 * mn)  # task (op, i, j) is number op * m * n + i * n + j, op = F 0, B 1, R 2, W 3
+    awaited = bytearray(4 * mn)  # whether a device waits for the task (cheaper to test than the dict)
+    waiting: dict[int, list[int]] = {}  # task number -> devices whose head task waits for it
+    heads = [0] * schedule.num_devices
+    ready = list(range(schedule.num_devices))
+    weights = 0
+    while ready:
+        d = ready.pop()
+        ts = schedule.tasks[d]
+        k = heads[d]
+        while k < len(ts):
+            t = ts[k]
+            o, i, j = t.op, t.microbatch, t.stage
+            if i >= m or j >= n or placement[j] != d:
+                return -1
+            base = i * n + j
+            if o is f_op:
+                code, blocker = 0, (base - 1 if j and not done[base - 1] else -1)
+            elif o is b_op:
+                code = 1
+                if not done[base]:
+                    blocker = base  # its own forward
+                elif ck[i] and not done[2 * mn + base]:
+                    blocker = 2 * mn + base  # its recompute
+                elif j < last and not done[mn + base + 1]:
+                    blocker = mn + base + 1  # the gradient of the next stage
+                else:  # on the last stage the loss needs F(i, n-1): its own forward, done
+                    blocker = -1
+            elif o is r_op:
+                if not ck[i]:
+                    return -1
+                code, blocker = 2, (base if not done[base] else -1)
+            else:
+                code, blocker = 3, (mn + base if not done[mn + base] else -1)
+                weights += 1
+            if blocker >= 0:
+                waiting.setdefault(blocker, []).append(d)
+                awaited[blocker] = 1
+                break
+            key = code * mn + base
+            if done[key]:
+                return -1  # a second copy of a task
+            done[key] = 1
+            k += 1
+            if awaited[key]:
+                ready.extend(waiting.pop(key))
+        heads[d] = k
+    if any(heads[d] < len(ts) for d, ts in enumerate(schedule.tasks)):
+        return -1
+    return weights
+
+
+def _runs_to_completion(schedule: Schedule) -> bool:
+    """Whether every device can run its list in order under :meth:`Schedule.dependencies` (any subclass's),
+    as :func:`_walk` does, on task objects."""
+    done: set[Task] = set()
+    waiting: dict[Task, list[int]] = {}
+    heads = [0] * schedule.num_devices
+    ready = list(range(schedule.num_devices))
+    while ready:
+        d = ready.pop()
+        ts = schedule.tasks[d]
+        while heads[d] < len(ts):
+            t = ts[heads[d]]
+            blocker = next((dep for dep in schedule.dependencies(t) if dep not in done), None)
+            if blocker is not None:
+                waiting.setdefault(blocker, []).append(d)
+                break
+            done.add(t)
+            heads[d] += 1
+            ready.extend(waiting.pop(t, ()))
+    return all(heads[d] == len(ts) for d, ts in enumerate(schedule.tasks))
 
 
 def _run_unit_steps(schedule: Schedule) -> tuple[list[list[Task | None]], list[int] | None]:

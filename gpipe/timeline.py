@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ COMPUTE = "compute"
 COPY = "copy"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Span:
     """One task or copy on one stream of one device, from ``start`` to ``end`` seconds.
 
@@ -51,6 +52,16 @@ class Span:
     start: float
     end: float
     label: str = ""
+
+    def __init__(self, device: int, stream: str, task: Task, start: float, end: float, label: str = "") -> None:
+        # Note [fast frozen records] in gpipe.schedule: a simulation builds one span per task
+        fields = self.__dict__
+        fields["device"] = device
+        fields["stream"] = stream
+        fields["task"] = task
+        fields["start"] = start
+        fields["end"] = end
+        fields["label"] = label
 
     @property
     def duration(self) -> float:
@@ -86,13 +97,19 @@ class Span:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class MemorySample:
     """``bytes`` held on ``device`` from ``time`` seconds until its next sample."""
 
     device: int
     time: float
     bytes: int
+
+    def __init__(self, device: int, time: float, bytes: int) -> None:
+        fields = self.__dict__  # Note [fast frozen records] in gpipe.schedule
+        fields["device"] = device
+        fields["time"] = time
+        fields["bytes"] = bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "time": self.time, "bytes": self.bytes}
@@ -123,7 +140,8 @@ class Timeline:
     def __post_init__(self) -> None:
         object.__setattr__(self, "spans", tuple(self.spans))
         object.__setattr__(self, "memory", tuple(self.memory))
-        seen = max([s.device + 1 for s in self.spans] + [s.device + 1 for s in self.memory] + [0])
+        device = attrgetter("device")
+        seen = max(max(map(device, self.spans), default=-1), max(map(device, self.memory), default=-1)) + 1
         object.__setattr__(self, "num_devices", max(self.num_devices, seen))
 
     # -- selection ---------------------------------------------------------------------------------

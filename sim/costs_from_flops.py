@@ -10,11 +10,15 @@ its bytes at the memory bandwidth times the same ``efficiency``; every kernel al
 ``kernel_seconds``. These are :meth:`DeviceSpec.compute_seconds` and :meth:`DeviceSpec.memory_seconds`:
 ``efficiency`` is one number, the fraction of the datasheet rates a real workload reaches.
 
-Note [one efficiency]: applying ``efficiency`` to the bandwidth too is a choice. Datasheet bandwidth is
-no more reachable than datasheet FLOP/s (elementwise kernels reach 60-90% of it, and batch norm reads
-its input twice), and the one-parameter form keeps calibration to one number. On torchgpipe's ResNet-101
-benchmark (``benchmarks/published.py``) the datasheet-bandwidth variant under-predicts the 2- and 4-GPU
-speed-ups by 10-12%; this form stays within 9%.
+Note [one efficiency]: applying ``efficiency`` to the bandwidth too is a modelling assumption, not a
+measurement: datasheet bandwidth is no more reachable than datasheet FLOP/s (streaming kernels reach
+60-90% of it), and one number keeps calibration to one measurement. ``memory_efficiency`` replaces it
+for the bandwidth where a separate figure is known (1.0: the datasheet rate). The assumption matters
+for pipelines: it sets how much of a stage's time is memory-bound work, which sits in the early,
+high-resolution layers of a CNN, and so how the time splits between stages. On torchgpipe's ResNet-101
+benchmark (``benchmarks/published.py``, which prints both) the datasheet-bandwidth variant predicts
+the 2- and 4-GPU speed-ups 9-11% low, this form 4-7% low; the bytes it divides already count the
+second pass of batch norm (:mod:`sim.flops`, Note [one operator, several kernels]).
 
 Note [small micro-batches]: the fixed cost per kernel is what makes the efficiency fall for small
 micro-batches. For a compute-bound operator of ``f`` FLOPs the fraction of peak reached is::
@@ -139,25 +143,31 @@ class FlopCosts:
     """
 
     def __init__(self, profile: ModelProfile, device: DeviceSpec, training: Training | str = "fp32-adam",
-                 kernel_seconds: float = KERNEL_SECONDS) -> None:
+                 kernel_seconds: float = KERNEL_SECONDS, memory_efficiency: float | None = None) -> None:
         """Args:
             profile: the counts (:func:`sim.flops.count_layers`).
             device: the hardware; its ``efficiency`` scales the compute-bound rate.
             training: a :class:`Training` or its name.
             kernel_seconds: fixed cost per kernel (Note [small micro-batches]).
+            memory_efficiency: the fraction of the datasheet bandwidth memory-bound work reaches;
+                ``None``: the device's ``efficiency`` (Note [one efficiency]).
 
         Raises:
             KeyError: the device has no peak for the policy's compute dtype, or an unknown policy.
-            ValueError: a negative ``kernel_seconds``.
+            ValueError: a negative ``kernel_seconds``, or a ``memory_efficiency`` outside (0, 1].
         """
         self.profile = profile
         self.device = device
         self.training = training_policy(training) if isinstance(training, str) else training
         if kernel_seconds < 0:
             raise ValueError(f"kernel_seconds must be >= 0, got {kernel_seconds!r}")
+        if memory_efficiency is not None and not 0 < memory_efficiency <= 1:
+            raise ValueError(f"memory_efficiency is a fraction of the datasheet bandwidth in (0, 1], "
+                             f"got {memory_efficiency!r}")
         self.kernel_seconds = kernel_seconds
         self.rate = device.achievable_flops(self.training.compute)  # raises KeyError for a missing dtype
-        self.bandwidth = device.memory_bandwidth * device.efficiency  # Note [one efficiency]
+        self.memory_efficiency = device.efficiency if memory_efficiency is None else memory_efficiency
+        self.bandwidth = device.memory_bandwidth * self.memory_efficiency  # Note [one efficiency]
         self._fwd = _flatten([(t.forward.flops, t.forward.bytes) for t in profile.layers])
         self._bwd = _flatten([(t.backward.flops, t.backward.bytes) for t in profile.layers])
         params = np.array([layer.parameters for layer in profile.layers], dtype=np.float64)

@@ -9,6 +9,9 @@ Nothing is allocated, so a 175B-parameter model counts in a few seconds. Per ope
             backward); 0 for everything else
     bytes   bytes read and written: every tensor argument plus every output (views are free)
 
+An operator that a GPU runs as several kernels, or in several passes over its input, is recorded as
+those kernels (Note [one operator, several kernels]).
+
 Per layer: parameters (count, bytes; a shared parameter counts once, at its first layer), output
 bytes (what a stage boundary after this layer sends), and the bytes saved for backward, parameters
 excluded, each storage counted once (at the first layer that saves it).
@@ -22,6 +25,29 @@ operators a layer runs.
 Note [dropout on meta]: on CPU and meta, ``F.dropout`` multiplies by a mask in the input's dtype; on a
 GPU it runs ``native_dropout``, which keeps a one-byte mask. Counting runs ``native_dropout`` so the
 bytes saved are a GPU's (and Korthikanti et al.'s accounting).
+
+Note [one operator, several kernels]: an ATen operator is not always one kernel, and a kernel does not
+always read its input once. Two cases matter for convolutional networks, and the counter splits them
+into the kernels a GPU runs:
+
+- ``convolution_backward`` is one operator on meta but two or three kernels on a GPU (cuDNN's
+  backward-data, backward-filter and backward-bias): one pass each over the output gradient, each with
+  its own FLOPs (the two halves of ``flop_registry``'s count), its own bytes and its own launch. Counted
+  as one operator it reads the output gradient once and takes one roofline ``max`` over work that runs
+  as separate, differently bound kernels.
+- batch norm in training normalises every element by statistics over the whole ``(N, H, W)`` slice of
+  its channel, so no output can be written before the whole input has been read: the forward reads the
+  input twice (statistics, then normalisation) and the backward reads the input and the output gradient
+  twice (the two reductions, then the input gradient). The count records a reduction pass and an
+  elementwise pass, each as a kernel (PyTorch's CUDA forward runs them as two kernels; a backward that
+  fuses them into one kernel still reads twice, and pays one launch less than counted). The second
+  read comes from DRAM when the tensor is larger than the L2 cache, which the count assumes: true for
+  training batches on a P40 or V100 (3 and 6 MB of L2; a ResNet-101 activation is 0.4-3.2 MB per
+  sample in fp32), an upper bound where a small tensor fits the 40-50 MB of an A100 or H100. Batch
+  norm in evaluation, and layer norm (whose statistics are over one row, which a thread block keeps
+  on chip), stay one pass.
+
+FLOPs are unchanged by the split; bytes and kernels grow.
 
 Note [attention on meta]: ``F.scaled_dot_product_attention`` has no fused kernel on meta; it
 decomposes into its math form, two ``bmm`` per head and a softmax, which the counter sees as matrix
@@ -78,6 +104,10 @@ class _Recorder(TorchDispatchMode):
         inputs = _tensors((args, kwargs))
         outputs = _tensors(out)
         packet = func._overloadpacket
+        kernels = _kernels(packet, args, kwargs, out)
+        if kernels is not None:  # Note [one operator, several kernels]
+            self.ops.extend(kernels)
+            return out
         flops = 0
         if packet in flop_registry:
             flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
@@ -88,6 +118,48 @@ class _Recorder(TorchDispatchMode):
         traffic = sum(_tensor_bytes(t) for t in inputs) + sum(_tensor_bytes(t) for t in outputs)
         self.ops.append((float(flops), float(traffic)))
         return out
+
+
+_aten = torch.ops.aten
+_BATCH_NORM = {_aten.native_batch_norm, _aten._native_batch_norm_legit, _aten._native_batch_norm_legit_functional}
+
+
+def _arg(args: Any, kwargs: dict[str, Any], index: int, name: str) -> Any:
+    return args[index] if len(args) > index else kwargs[name]
+
+
+def _kernels(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> list[tuple[float, float]] | None:
+    """The kernels a GPU runs for one operator that is not one single-pass kernel, as ``(flops, bytes)``;
+    ``None`` for every other operator (Note [one operator, several kernels])."""
+    if packet is _aten.convolution_backward:
+        grad_out, x, w = (_arg(args, kwargs, k, name) for k, name in enumerate(("grad_output", "input", "weight")))
+        mask = list(_arg(args, kwargs, 10, "output_mask"))
+        reads = ((grad_out, w), (grad_out, x), (grad_out,))  # backward-data, backward-filter, backward-bias
+        kernels = []
+        for k in range(3):
+            if not mask[k] or not isinstance(out[k], torch.Tensor):
+                continue
+            flops = 0.0
+            if k < 2:  # the bias gradient is a reduction: no FLOPs in the count, as in the forward
+                only_args, only_kwargs = list(args), dict(kwargs)
+                only = [i == k for i in range(3)]
+                if len(only_args) > 10:
+                    only_args[10] = only
+                else:
+                    only_kwargs["output_mask"] = only
+                flops = float(flop_registry[packet](*only_args, **only_kwargs, out_val=out))
+            kernels.append((flops, float(sum(map(_tensor_bytes, reads[k])) + _tensor_bytes(out[k]))))
+        return kernels
+    if packet not in _BATCH_NORM and packet is not _aten.native_batch_norm_backward:
+        return None
+    single_pass = sum(map(_tensor_bytes, _tensors((args, kwargs)))) + sum(map(_tensor_bytes, _tensors(out)))
+    if packet in _BATCH_NORM and _arg(args, kwargs, 5, "training"):
+        x = _arg(args, kwargs, 0, "input")
+        return [(0.0, float(_tensor_bytes(x))), (0.0, float(single_pass))]  # statistics, then normalisation
+    if packet is _aten.native_batch_norm_backward and _arg(args, kwargs, 7, "train"):
+        grad_out, x = _arg(args, kwargs, 0, "grad_out"), _arg(args, kwargs, 1, "input")
+        return [(0.0, float(_tensor_bytes(grad_out) + _tensor_bytes(x))), (0.0, float(single_pass))]
+    return None
 
 
 class _GpuDropout(TorchFunctionMode):

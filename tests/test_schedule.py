@@ -1,6 +1,10 @@
-"""Schedules: the clock-cycle literals, generated schedules pass the validator, deadlocks are shown."""
+"""Schedules: the clock-cycle literals, generated schedules pass the validator, deadlocks are shown;
+the linear validator agrees with the step grid."""
 
 from __future__ import annotations
+
+import dataclasses
+import pickle
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +16,9 @@ from gpipe.schedule import (
     Schedule,
     ScheduleError,
     Task,
+    _run_unit_steps,
+    _runs_to_completion,
+    _walk,
     clock_cycles,
     gpipe,
     one_f_one_b,
@@ -146,3 +153,78 @@ def test_missing_and_duplicate_tasks_are_named() -> None:
 def test_bad_shapes(call, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    m=st.integers(1, 4),
+    n=st.integers(1, 4),
+    policy=st.sampled_from(CHECKPOINT_MODES),
+    kind=st.sampled_from(["gpipe", "1f1b"]),
+    data=st.data(),
+)
+def test_linear_deadlock_check_agrees_with_the_unit_step_grid(
+    m: int, n: int, policy: str, kind: str, data: st.DataObject
+) -> None:
+    """Note [linear validation]: shuffled task lists deadlock or not exactly as the step grid says."""
+    gen = gpipe if kind == "gpipe" else one_f_one_b
+    s = gen(m, n, policy)  # type: ignore[arg-type]
+    shuffled = Schedule(m, n, s.checkpoint, s.placement, tuple(data.draw(st.permutations(ts)) for ts in s.tasks))
+    _, stuck = _run_unit_steps(shuffled)
+    assert (_walk(shuffled, [shuffled.is_checkpointed(i) for i in range(m)]) >= 0) == (stuck is None)
+    assert _runs_to_completion(shuffled) == (stuck is None)  # the same on task objects (a subclass's edges)
+    if stuck is None:
+        assert shuffled.validate() is shuffled
+    else:
+        with pytest.raises(ScheduleError, match="deadlocks at step"):
+            shuffled.validate()
+
+
+def test_validation_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule is immutable, so it is checked once; an equal new one is checked again."""
+    calls = []
+    monkeypatch.setattr("gpipe.schedule._walk", lambda *args: calls.append(1) or _walk(*args))
+    s = gpipe(64, 8, "except_last")
+    assert s.validate() is s and s.validate() is s and len(calls) == 1
+    fresh = Schedule(s.m, s.n, s.checkpoint, s.placement, s.tasks, s.name)
+    assert fresh == s and fresh.validate() is fresh and len(calls) == 2
+
+
+def test_tasks_stay_frozen_ordered_dataclasses() -> None:
+    t = Task("F", 2, 1)  # Note [fast frozen records]: the op is coerced, indices checked, fields frozen
+    assert t.op is Op.F and t == Task.parse("F2@1") and hash(t) == hash(Task.parse("F2@1"))
+    assert repr(t) == "Task('F2@1')" and [f.name for f in dataclasses.fields(t)] == ["op", "microbatch", "stage"]
+    assert sorted([Task.parse("F1@0"), Task.parse("F0@1")]) == [Task.parse("F0@1"), Task.parse("F1@0")]
+    assert dataclasses.replace(t, stage=3) == Task.parse("F2@3")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.stage = 0  # type: ignore[misc]
+    with pytest.raises(ValueError, match=">= 0"):
+        Task(Op.B, -1, 0)
+    with pytest.raises(ValueError):
+        Task("X", 0, 0)
+    assert pickle.loads(pickle.dumps(t)) == t
+
+
+def test_every_problem_is_named_in_task_order() -> None:
+    s = gpipe(2, 2, "never")
+    outside = Schedule(2, 2, "never", (0, 1), (s.tasks[0] + (Task.parse("F5@0"),), s.tasks[1]))
+    with pytest.raises(ScheduleError, match="F5@0 is outside m=2, n=2"):
+        outside.validate()
+    recompute = Schedule(2, 2, "never", (0, 1), (s.tasks[0][:-1] + parse_tasks("R0@0 B0@0"), s.tasks[1]))
+    with pytest.raises(ScheduleError, match="wrong tasks: unexpected R0@0"):
+        recompute.validate()
+    early = Schedule(2, 2, "never", (0, 1), (parse_tasks("B0@0") + s.tasks[0][:-1], s.tasks[1]))
+    with pytest.raises(ScheduleError, match="deadlocks"):
+        early.validate()
+
+
+def test_a_subclass_with_its_own_edges_is_validated_by_them() -> None:
+    class Independent(Schedule):
+        def dependencies(self, task: Task) -> tuple[Task, ...]:
+            return ()  # no task waits for another
+
+    s = gpipe(2, 2, "never")
+    backwards_first = Independent(2, 2, "never", (0, 1), tuple(ts[::-1] for ts in s.tasks))
+    assert backwards_first.validate() is backwards_first
+    with pytest.raises(ScheduleError, match="deadlocks"):
+        Schedule(2, 2, "never", (0, 1), backwards_first.tasks).validate()

@@ -1,4 +1,5 @@
-"""Meta-device counting: exact FLOPs of linear layers and attention, bytes saved for backward, 175B on meta."""
+"""Meta-device counting: exact FLOPs of linear layers and attention, kernels and bytes, bytes saved for backward
+(Korthikanti et al.), 175B on meta."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from sim.costs_from_flops import FlopCosts
 from sim.flops import count_layers
+from sim.hardware import get_device
 from sim.models.gpt import CONFIGS, GPTConfig, gpt, gpt_sample
 
 
@@ -69,6 +72,36 @@ def test_memory_traffic_of_an_elementwise_layer() -> None:
     assert c.forward_kernels == 1
 
 
+def test_convolution_backward_is_counted_as_its_kernels() -> None:
+    """Note [one operator, several kernels]: backward-data, backward-filter, backward-bias, each its own pass."""
+    b, c_in, c_out, hw = 4, 8, 16, 10
+    model = nn.Sequential(nn.Identity(), nn.Conv2d(c_in, c_out, 3, padding=1))
+    layer = count_layers(model, torch.randn(2, c_in, hw, hw)).layers[1]
+    x, y = b * c_in * hw * hw * 4, b * c_out * hw * hw * 4  # bytes of the input and of the output (gradient)
+    w, bias = c_out * c_in * 9 * 4, c_out * 4
+    conv = 2 * b * c_out * hw * hw * c_in * 9  # the forward's FLOPs
+    flops, nbytes = layer.backward.flops_at(b), layer.backward.bytes_at(b)
+    assert list(flops[:3]) == [conv, conv, 0]  # the FLOPs are the single count's, split
+    assert list(nbytes[:3]) == [y + w + x, y + x + w, y + bias]  # each kernel reads the output gradient
+    assert layer.backward.kernels == 3 + 2  # and one accumulation into .grad per parameter
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_norm_reads_its_input_twice_in_training(train: bool) -> None:
+    """Statistics over the whole (N, H, W) slice come before the first output: two passes in training."""
+    b, c, hw = 4, 8, 10
+    model = nn.Sequential(nn.Identity(), nn.BatchNorm2d(c)).train(train)
+    layer = count_layers(model, torch.randn(2, c, hw, hw)).layers[1]
+    x = b * c * hw * hw * 4
+    forward = sorted(layer.forward.bytes_at(b))[-2:]  # the largest kernels (training adds a counter update)
+    if train:
+        assert forward[0] == x and forward[1] == pytest.approx(2 * x, abs=8 * 4 * c)  # statistics; normalisation
+        backward = sorted(layer.backward.bytes_at(b))[-2:]
+        assert backward[0] == 2 * x and backward[1] == pytest.approx(3 * x, abs=8 * 4 * c)  # reductions; dx
+    else:
+        assert layer.forward.kernels == 1 and forward[-1] == pytest.approx(2 * x, abs=8 * 4 * c)
+
+
 def test_dtype_override_counts_in_half_precision() -> None:
     model = nn.Sequential(nn.Identity(), nn.Linear(16, 16))
     half = count_layers(model, torch.randn(2, 16), dtype=torch.float16)
@@ -106,6 +139,23 @@ def test_activation_bytes_per_layer_match_korthikanti(size: str) -> None:
     for b in (1, 4):
         formula = s * b * h * (34 + 5 * a * s / h)  # bytes, 16-bit activations, no recomputation
         assert profile.at(b)[1].saved_bytes == pytest.approx(formula, rel=KORTHIKANTI_TOLERANCE)
+
+
+def test_stage_memory_matches_korthikanti_with_and_without_recompute() -> None:
+    """What the simulator holds per micro-batch: k blocks save k times the formula; a checkpointed stage keeps
+    its input, 2·s·b·h bytes in 16 bits (Korthikanti et al.'s full recomputation)."""
+    cfg = CONFIGS["125m"]
+    with torch.device("meta"):
+        model = gpt(cfg, n_layer=4)
+    profile = count_layers(model, gpt_sample(cfg, 1), dtype=torch.float16)
+    costs = FlopCosts(profile, get_device("a100-80gb"), "fp16-adam")
+    s, h, a = cfg.seq_len, cfg.d_model, cfg.n_head
+    for b in (1, 3):
+        formula = s * b * h * (34 + 5 * a * s / h)
+        _, one, two, _, _ = costs.stages((1, 1, 2, 1, 1), b)  # embedding | block | 2 blocks | block | head
+        assert one.saved_bytes == pytest.approx(formula, rel=KORTHIKANTI_TOLERANCE)
+        assert two.saved_bytes == pytest.approx(2 * formula, rel=KORTHIKANTI_TOLERANCE)
+        assert one.checkpoint_bytes == two.checkpoint_bytes == 2 * s * b * h
 
 
 def _rss_bytes() -> int:

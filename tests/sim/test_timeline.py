@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,26 @@ def test_plots_write_pngs(tmp_path: Path) -> None:
     for name in ("one.png", "two.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == PNG and len(data) > 1000
+
+
+def test_spans_and_samples_stay_frozen_dataclasses() -> None:
+    """Note [fast frozen records]: the quick constructors change nothing a caller sees."""
+    span = Span(1, COPY, T("F0@0"), 2.5, 2.75, "skip")
+    same = Span(1, COPY, T("F0@0"), 2.5, 2.75, "skip")
+    assert span == same and hash(span) == hash(same) and span != dataclasses.replace(same, label="")
+    assert Span(0, COMPUTE, T("F0@0"), 1.0, 2.0).label == "" and span.duration == 0.25
+    assert repr(span) == "Span(device=1, stream='copy', task=Task('F0@0'), start=2.5, end=2.75, label='skip')"
+    assert [f.name for f in dataclasses.fields(Span)] == ["device", "stream", "task", "start", "end", "label"]
+    assert dataclasses.replace(span, end=3.0).duration == 0.5
+    sample_ = MemorySample(0, 1.0, 100)
+    assert dataclasses.astuple(sample_) == (0, 1.0, 100) and dataclasses.replace(sample_, bytes=7).bytes == 7
+    for record, name in ((span, "start"), (sample_, "bytes")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(record, name, 0)
+    assert pickle.loads(pickle.dumps(sample())) == sample()
+
+
+def test_num_devices_counts_spans_and_samples() -> None:
+    assert Timeline((Span(2, COMPUTE, T("F0@2"), 0.0, 1.0),)).num_devices == 3
+    assert Timeline((), (MemorySample(4, 0.0, 1),)).num_devices == 5
+    assert Timeline((), num_devices=2).num_devices == 2 and Timeline(()).num_devices == 0
