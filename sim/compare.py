@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpipe.schedule import Task
-from gpipe.timeline import Timeline
+from gpipe.timeline import Span, Timeline
 
-__all__ = ["Comparison", "DeviceComparison", "compare", "order_agreement"]
+__all__ = ["Comparison", "DeviceComparison", "OpComparison", "compare", "order_agreement"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,30 @@ class DeviceComparison:
 
 
 @dataclass(frozen=True)
+class OpComparison:
+    """One kind of task (F, R, B or W), predicted beside measured, over the matched tasks of that kind.
+
+    Attributes:
+        op: ``"F"``, ``"R"``, ``"B"`` or ``"W"``.
+        count: matched tasks of this kind.
+        predicted_seconds: their total predicted duration.
+        measured_seconds: their total measured duration.
+    """
+
+    op: str
+    count: int
+    predicted_seconds: float
+    measured_seconds: float
+
+    @property
+    def error(self) -> float:
+        """Relative error of the total duration (0 when both are 0)."""
+        if self.measured_seconds == 0:
+            return 0.0 if self.predicted_seconds == 0 else float("inf")
+        return (self.predicted_seconds - self.measured_seconds) / self.measured_seconds
+
+
+@dataclass(frozen=True)
 class Comparison:
     """What :func:`compare` finds.
 
@@ -55,6 +79,8 @@ class Comparison:
         only_predicted: tasks the measurement lacks (should be empty).
         only_measured: tasks the prediction lacks (should be empty).
         devices: per-device figures.
+        ops: per kind of task, total predicted and measured durations (where a gap is: in the tasks
+            themselves, or between them).
     """
 
     predicted_makespan: float
@@ -69,11 +95,14 @@ class Comparison:
     only_predicted: tuple[str, ...]
     only_measured: tuple[str, ...]
     devices: tuple[DeviceComparison, ...]
+    ops: tuple[OpComparison, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for dev, row in zip(d["devices"], self.devices, strict=True):
             dev["peak_bytes_error"] = row.peak_bytes_error
+        for op, kind in zip(d["ops"], self.ops, strict=True):
+            op["error"] = kind.error
         return d
 
     def table(self) -> str:
@@ -87,6 +116,11 @@ class Comparison:
             f"{'task duration err (ms)':22}{'mean':>14}{self.duration_error_mean * 1e3:>14.3f}",
             f"{'':22}{'max':>14}{self.duration_error_max * 1e3:>14.3f}",
             f"{'task order agreement':22}{self.order_agreement:>14.1%}",
+        ]
+        for o in self.ops:
+            lines.append(f"{o.op + ' tasks total (ms)':22}{o.predicted_seconds * 1e3:>14.3f}"
+                         f"{o.measured_seconds * 1e3:>14.3f}{o.error:>+10.1%}")
+        lines += [
             "",
             f"{'device':>6}{'busy pred':>11}{'busy meas':>11}{'bubble pred':>13}{'bubble meas':>13}"
             f"{'order':>8}{'peak pred':>12}{'peak meas':>12}",
@@ -183,4 +217,17 @@ def compare(predicted: Timeline, measured: Timeline) -> Comparison:
         only_predicted=tuple(sorted(str(t) for t in pspans.keys() - mspans.keys())),
         only_measured=tuple(sorted(str(t) for t in mspans.keys() - pspans.keys())),
         devices=tuple(devices),
+        ops=tuple(_ops(common, pspans, mspans)),
     )
+
+
+def _ops(common: list[Task], pspans: dict[Task, Span], mspans: dict[Task, Span]) -> list[OpComparison]:
+    totals: dict[str, list[float]] = {}
+    for t in common:
+        row = totals.setdefault(t.op.value, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += pspans[t].duration
+        row[2] += mspans[t].duration
+    order = "FRBW"
+    return [OpComparison(op, int(r[0]), r[1], r[2]) for op, r in sorted(totals.items(), key=lambda kv: order.index(
+        kv[0]) if kv[0] in order else len(order))]

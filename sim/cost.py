@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-__all__ = ["CostModel", "Overheads", "StageCost"]
+__all__ = ["TASK_KINDS", "CostModel", "Overheads", "StageCost"]
 
 
 def _check(name: str, value: float, *, allow_zero: bool = True) -> None:
@@ -39,6 +39,13 @@ class StageCost:
         forward_checkpointed: seconds of ``F`` for a checkpointed micro-batch, whose forward runs
             under ``no_grad`` and records no graph (cheaper); ``None`` means the same as ``forward``.
             ``forward`` is then the grad-enabled ``F`` of a micro-batch that is not checkpointed.
+        saved_tensors: how many tensors a grad-enabled forward of the stage hands to autograd's
+            saved-tensor hooks (parameters included); an executor that records pays
+            ``Overheads.per_saved_tensor`` for each (see :mod:`sim.engine`, Note [host costs]).
+        thread_start: extra seconds of the stage's first task on a fresh worker thread (the math
+            libraries set up their per-thread state on first use); paid by each device's first task,
+            and again by the first task of the backward phase when the executor starts new threads
+            for it (``SimConfig(backward_after_forward=True)``).
     """
 
     forward: float
@@ -52,10 +59,12 @@ class StageCost:
     gradient_bytes: int = 0
     optimizer_bytes: int = 0
     forward_checkpointed: float | None = None
+    saved_tensors: int = 0
+    thread_start: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",
-                     "parameter_bytes", "gradient_bytes", "optimizer_bytes"):
+                     "parameter_bytes", "gradient_bytes", "optimizer_bytes", "saved_tensors", "thread_start"):
             _check(name, getattr(self, name))
         if self.recompute is not None:
             _check("recompute", self.recompute)
@@ -77,25 +86,61 @@ class StageCost:
         return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
 
 
+#: Kinds of task for :attr:`Overheads.pairs`: grad-enabled forward, checkpointed forward, backward.
+TASK_KINDS = ("F", "Fc", "B")
+
+
 @dataclass(frozen=True)
 class Overheads:
     """What the executor costs beyond the kernels, learned from calibration (all seconds, default 0).
 
     Attributes:
         task: host time added to every compute task (dispatch, bookkeeping, recording).
-        handoff: latency of handing a result from one worker to another (queue put/get, wake-up).
+        handoff: latency of handing a result from one worker to another (queue put/get, wake-up):
+            from the end of the producing task (or of its copy) to the earliest start of the consumer.
         contention: slowdown of compute while ``k`` devices compute at once on shared cores; a task
             running with ``k - 1`` others takes ``1 + contention * (k - 1)`` times as long. 0 for
             devices that do not share hardware (GPUs).
+        gap: host time between two consecutive tasks of one worker, outside both (taking the next
+            task's inputs, sending the previous one's results): a device's next task starts no
+            earlier than ``gap`` after its previous task ended.
+        turnaround: with ``SimConfig(backward_after_forward=True)``, seconds from the end of the
+            step's last forward to the earliest start of its backward phase (the host joins the
+            forward workers and starts the backward ones; the user's loss is not counted).
+        recording: host seconds a recording executor adds to each grad-enabled forward (an ``F``
+            that is not checkpointed, every ``R``): entering and leaving its saved-tensor hooks.
+        per_saved_tensor: host seconds of the recorder's hook per tensor autograd saves.
+        per_unpacked_tensor: host seconds per saved tensor the backward of a recorded graph takes
+            back through the recorder's unpack hook (every ``B`` of a recording executor).
+        pairs: measured contention of *pairs* of tasks, replacing ``contention`` for the pairs
+            listed: ``(kind, stage, other kind, other stage, c)`` says a task of ``kind`` on
+            ``stage`` runs at ``1 / (1 + c)`` of its speed while a task of ``other kind`` on
+            ``other stage`` runs beside it. Kinds: ``"F"`` a grad-enabled forward (an ``F`` that is
+            not checkpointed, and every ``R``), ``"Fc"`` a checkpointed (no-grad) forward, ``"B"``
+            a backward (and ``W``). On CPU devices the pairs differ a lot: two forwards of small
+            layers serialise on Python's global interpreter lock, two backwards hardly meet.
     """
 
     task: float = 0.0
     handoff: float = 0.0
     contention: float = 0.0
+    gap: float = 0.0
+    turnaround: float = 0.0
+    recording: float = 0.0
+    per_saved_tensor: float = 0.0
+    per_unpacked_tensor: float = 0.0
+    pairs: tuple[tuple[str, int, str, int, float], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("task", "handoff", "contention"):
+        for name in ("task", "handoff", "contention", "gap", "turnaround", "recording", "per_saved_tensor",
+                     "per_unpacked_tensor"):
             _check(f"overheads.{name}", getattr(self, name))
+        object.__setattr__(self, "pairs", tuple((str(a), int(j), str(b), int(k), float(c))
+                                                for a, j, b, k, c in self.pairs))
+        for a, j, b, k, c in self.pairs:
+            if a not in TASK_KINDS or b not in TASK_KINDS:
+                raise ValueError(f"overheads.pairs: task kinds are {', '.join(TASK_KINDS)}, got {a!r} and {b!r}")
+            _check(f"overheads.pairs[{a}@{j}, {b}@{k}]", c)
 
 
 @dataclass(frozen=True)

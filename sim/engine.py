@@ -3,8 +3,22 @@
 One SimPy process per device walks that device's task list in order (Note [dependencies] in
 :mod:`gpipe.schedule` says what each task waits for) and holds its compute stream for the task's cost::
 
-    task seconds = stage cost * cost.scale(i) + cost.overheads.task
+    task seconds = stage cost * cost.scale(i) + host seconds
     stage cost   = F: forward_seconds(checkpointed), B: backward, R: recompute_seconds, W: weight
+    host seconds = overheads.task
+                   + for a grad-enabled forward (F not checkpointed, R): overheads.recording
+                     + stage.saved_tensors * overheads.per_saved_tensor
+                   + for a backward: stage.saved_tensors * overheads.per_unpacked_tensor
+                   + for a device's first task (and, with two phases, the first of its backward
+                     phase): stage.thread_start
+
+Note [host costs]: an executor costs host time beyond its kernels, which does not scale with the
+micro-batch: every task's bookkeeping (``task``), and, while it records a timeline, the saved-tensor
+hooks that count the bytes each grad-enabled forward keeps (``recording`` per task, and
+``per_saved_tensor`` for every tensor autograd saves: ``StageCost.saved_tensors`` per stage; the
+backward gets each back through an unpack hook, ``per_unpacked_tensor``), and the
+first task on a fresh worker thread (``StageCost.thread_start``): an executor that starts its
+workers for each phase (Note [two phases]) pays it at the start of each.
 
 Note [copies]: a dependency produced on another device travels as a copy, issued when its producer
 ends: the activation of F(i, j) to stage j+1 (``stages[j].send_bytes`` bytes), the gradient of B(i, j)
@@ -39,9 +53,31 @@ Note [lockstep]: torchgpipe's host loop runs the forward in clock cycles (``cloc
 waits for every task of a cycle before it starts the next; ``lockstep_forward=True`` makes F(i, j)
 (cycle k = i + j) wait until every forward task of cycle k-1 has ended.
 
+Note [two phases]: ``backward_after_forward=True`` models an executor whose ``forward()`` runs every
+forward task and returns the gathered output before ``loss.backward()`` starts the backward phase
+(GPipe's API, :mod:`gpipe.pipe`): each device's tasks after its leading forwards (its R, B and W tasks)
+wait until the step's last forward has ended plus ``cost.overheads.turnaround`` (joining the forward
+workers and starting the backward ones). A recompute then no longer runs during the forward phase.
+Only schedules whose devices run all their forwards first can be split so (GPipe's; not 1F1B's).
+
+Note [gap]: ``cost.overheads.gap`` is host time a worker spends between two of its tasks, outside both
+spans (taking the next task's inputs, sending the previous one's results): a device's next task starts
+no earlier than ``gap`` after its previous one ended. A consumer that waited for a hand-off starts at
+``max(previous end + gap, arrival)``: ``handoff`` already covers the producer's sending and the
+consumer's waking.
+
 Note [contention]: devices that share CPU cores slow each other: while k devices compute, each
 progresses at rate 1 / (1 + contention * (k - 1)), exactly (processor sharing, :mod:`sim.sharing`).
 Copies do not count as computing. With contention 0 the plain path runs.
+
+Note [pairwise contention]: how much two tasks slow each other depends on what they are: on CPU
+devices two forwards of small layers serialise on Python's global interpreter lock while two
+backwards (autograd's C++ engine) hardly meet. ``cost.overheads.pairs`` holds measured slowdowns per
+pair of (task kind, stage); when it is given, a task ``x`` running beside the set ``Y`` progresses at
+``1 / (1 + sum over y in Y of c(x, y))``, with ``c`` from the pairs (``contention`` for a pair not
+listed), again exactly, recomputed whenever a task starts or ends. Pairs are measured two at a time,
+so for three or more tasks at once the sum is a model, not a measurement; it does not know how many
+cores there are.
 
 Note [memory]: per device, the bytes saved for backward (model state excluded, it is in
 ``meta["model_state_bytes"]``): the end of F(i, j) adds ``saved_bytes`` (or ``checkpoint_bytes``, the
@@ -63,7 +99,7 @@ import simpy
 
 from gpipe.schedule import Op, Schedule, ScheduleError, Task
 from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
-from sim.cost import CostModel
+from sim.cost import CostModel, StageCost
 from sim.hardware import LinkSpec
 from sim.sharing import SharedCores
 
@@ -84,12 +120,14 @@ class SimConfig:
         copy_streams: copies overlap compute (torchgpipe's copy streams); ``False``: Note [no copy streams].
         enforce_backward_order: fork/join dependencies hold; ``False``: Note [fork/join].
         lockstep_forward: the host waits for each forward clock cycle; Note [lockstep].
+        backward_after_forward: the backward phase starts after every forward; Note [two phases].
     """
 
     link: LinkSpec | None = None
     copy_streams: bool = True
     enforce_backward_order: bool = True
     lockstep_forward: bool = False
+    backward_after_forward: bool = False
 
     def __post_init__(self) -> None:
         if self.link is not None and not isinstance(self.link, LinkSpec):
@@ -190,6 +228,81 @@ def _remote_tables(schedule: Schedule, splits: bool) -> _Tables:
     return inputs, outputs, fanout
 
 
+def _host_seconds(cost: CostModel, checkpointed: bool, op: int, stage: StageCost) -> float:
+    """Note [host costs]: the executor's host seconds of one task, which do not scale with the micro-batch."""
+    o = cost.overheads
+    seconds = o.task
+    if op == _R or (op == _F and not checkpointed):  # a grad-enabled forward: recorded through saved-tensor hooks
+        seconds += o.recording + stage.saved_tensors * o.per_saved_tensor
+    elif op == _B:  # its graph was recorded: every saved tensor comes back through the unpack hook
+        seconds += stage.saved_tensors * o.per_unpacked_tensor
+    return seconds
+
+
+_KIND = {_F: "F", _R: "F", _B: "B", _W: "B"}  # Note [pairwise contention]; a checkpointed F is "Fc"
+
+
+class _PairSharing:
+    """Note [pairwise contention]: exact sharing with a rate per task, from measured pairs.
+
+    As :class:`sim.sharing.SharedCores`, each start or end brings every running task's remaining
+    work up to date at the rates that held since the last change, and schedules the next completion.
+    """
+
+    def __init__(self, env: simpy.Environment, default: float,
+                 pairs: tuple[tuple[str, int, str, int, float], ...]) -> None:
+        self.env = env
+        self.default = default
+        self.pairs = {((a, j), (b, k)): c for a, j, b, k, c in pairs}
+        self.jobs: dict[int, list[Any]] = {}  # id -> [remaining work, done event, key, rate]
+        self.last = 0.0
+        self.version = 0
+        self.ids = 0
+
+    def _rates(self) -> None:
+        jobs = list(self.jobs.values())
+        for job in jobs:
+            slow = sum(self.pairs.get((job[2], other[2]), self.default) for other in jobs if other is not job)
+            job[3] = 1.0 / (1.0 + slow)
+
+    def _advance(self) -> None:
+        elapsed = self.env.now - self.last
+        if elapsed > 0:
+            for job in self.jobs.values():
+                job[0] -= elapsed * job[3]
+        self.last = self.env.now
+
+    def run(self, work: float, key: tuple[str, int]) -> simpy.Event:
+        """Start a task of ``work`` seconds at full speed; the event fires when it is done."""
+        self._advance()
+        done = self.env.event()
+        self.ids += 1
+        self.jobs[self.ids] = [work, done, key, 1.0]
+        self._reschedule()
+        return done
+
+    def _reschedule(self) -> None:
+        self.version += 1
+        if not self.jobs:
+            return
+        self._rates()
+        target = min(self.jobs, key=lambda k: self.jobs[k][0] / self.jobs[k][3])
+        version = self.version
+        job = self.jobs[target]
+        timer = self.env.timeout(max(job[0], 0.0) / job[3])
+        timer.callbacks.append(lambda _event: self._complete(version, target))
+
+    def _complete(self, version: int, target: int) -> None:
+        if version != self.version:
+            return
+        self._advance()
+        tolerance = 1e-12 * max(1.0, self.env.now)
+        finished = [k for k, job in self.jobs.items() if k == target or job[0] <= tolerance]
+        for k in finished:
+            self.jobs.pop(k)[1].succeed()
+        self._reschedule()
+
+
 _OP_F, _OP_B, _OP_R = Op.F, Op.B, Op.R
 _Copy = tuple[Task, int, int, int, tuple[tuple[int, int], ...]]  # (producer, opcode, i, j, destination devices)
 
@@ -208,11 +321,13 @@ class _Run:
         splits = any(t.op is Op.W for t in schedule.tasks[0])
         inputs, outputs, fanout = _remote_tables(schedule, splits)
         self.stride = n * fanout
-        # table[c][op][j]: (slot offsets waited for, copies sent, seconds at scale 1); the seconds include
-        # the per-task overhead unless micro-batches scale (then the process scales and adds it)
-        overhead = 0.0 if cost.microbatch_scale else cost.overheads.task
+        # table[c][op][j]: (slot offsets waited for, copies sent, seconds at scale 1, host seconds); the
+        # seconds include the host seconds (Note [host costs]) unless micro-batches scale (then the
+        # process scales the stage seconds and adds the host seconds, which do not scale)
+        host = [[[_host_seconds(cost, c == 1, op, s) for s in cost.stages] for op in range(4)] for c in (0, 1)]
         self.table = [[[(inputs[c][op][j], outputs[c][op][j],
-                         (s.forward_seconds(c == 1), s.backward, s.recompute_seconds, s.weight)[op] + overhead)
+                         (s.forward_seconds(c == 1), s.backward, s.recompute_seconds, s.weight)[op]
+                         + (0.0 if cost.microbatch_scale else host[c][op][j]), host[c][op][j])
                         for j, s in enumerate(cost.stages)] for op in range(4)] for c in (0, 1)]
         self.handoff = cost.overheads.handoff
         self.scaled = bool(cost.microbatch_scale)
@@ -230,12 +345,28 @@ class _Run:
         self.waiting: dict[int, simpy.Event] = {}  # slot -> event of a consumer that already waits for it
         self.link_free = [[0.0] * devices for _ in range(devices)]  # [src][dst]: when its last copy ends
         self.streams = None if config.copy_streams else [simpy.Resource(self.env, 1) for _ in range(devices)]
-        self.cores = SharedCores(self.env, cost.overheads.contention) if cost.overheads.contention > 0 else None
+        self.cores: SharedCores | _PairSharing | None = None
+        if cost.overheads.pairs:
+            self.cores = _PairSharing(self.env, cost.overheads.contention, cost.overheads.pairs)
+        elif cost.overheads.contention > 0:
+            self.cores = SharedCores(self.env, cost.overheads.contention)
         # Note [lockstep]: forward tasks left per clock cycle, and the events of cycles someone waits for
         self.forward_left = [min(k + 1, m, n, m + n - 1 - k) for k in range(m + n - 1)]
         self.cycle_done: dict[int, simpy.Event] = {}
         self.tasks = sum(map(len, schedule.tasks))
         self.deferred: list[list[_Copy]] = [[] for _ in range(devices)]  # Note [fork/join]: copies held back
+        # Note [two phases]: each device's forward prefix, the forwards left, and the backward phase's start
+        self.prefix = [next((k for k, t in enumerate(ts) if t.op is not Op.F), len(ts)) for ts in schedule.tasks]
+        if config.backward_after_forward:
+            for d, ts in enumerate(schedule.tasks):
+                late = next((t for t in ts[self.prefix[d]:] if t.op is Op.F), None)
+                if late is not None:
+                    raise ScheduleError(f"backward_after_forward needs every device to run its forwards first, but "
+                                        f"device {d} of schedule {schedule.name!r} runs {late} after a backward task")
+        self.forwards_left = sum(self.prefix)
+        self.backward_phase: simpy.Event = self.env.event()
+        if config.backward_after_forward and not self.forwards_left:
+            self.backward_phase.succeed()
 
     def timeline(self) -> Timeline:
         for d in range(self.devices):
@@ -261,9 +392,13 @@ class _Run:
                                   for d in range(self.devices)],
             "link": config.link.name if config.link is not None else None, "copy_seconds": cost.copy_seconds,
             "copy_streams": config.copy_streams, "enforce_backward_order": config.enforce_backward_order,
-            "lockstep_forward": config.lockstep_forward,
+            "lockstep_forward": config.lockstep_forward, "backward_after_forward": config.backward_after_forward,
             "overheads": {"task": cost.overheads.task, "handoff": cost.overheads.handoff,
-                          "contention": cost.overheads.contention},
+                          "contention": cost.overheads.contention, "gap": cost.overheads.gap,
+                          "turnaround": cost.overheads.turnaround, "recording": cost.overheads.recording,
+                          "per_saved_tensor": cost.overheads.per_saved_tensor,
+                          "per_unpacked_tensor": cost.overheads.per_unpacked_tensor,
+                          "pairs": [list(p) for p in cost.overheads.pairs]},
         }
         return Timeline((*self.spans, *self.copies), tuple(self.memory), self.devices, "simulated", meta)
 
@@ -274,7 +409,7 @@ class _Run:
         env = self.env
         timeout, new_event = env.timeout, env.event
         checkpointed, table, scales = self.checkpointed, self.table, self.scales
-        scaled, overhead = self.scaled, self.cost.overheads.task
+        scaled = self.scaled
         arrival, waiting, append_span, stride = self.arrival, self.waiting, self.spans.append, self.stride
         lockstep, forward_left, fork_join = self.config.lockstep_forward, self.forward_left, \
             self.config.enforce_backward_order
@@ -282,10 +417,12 @@ class _Run:
             self.track_memory
         tasks = self.schedule.tasks[d]
         backward_left = 0 if fork_join else sum(1 for t in tasks if t.op is _OP_B)
-        for task in tasks:
+        gap, free_at = self.cost.overheads.gap, 0.0  # Note [gap]
+        two_phases, prefix = self.config.backward_after_forward, self.prefix[d]
+        for k, task in enumerate(tasks):
             o, i, j = task.op, task.microbatch, task.stage
             op = _F if o is _OP_F else _B if o is _OP_B else _R if o is _OP_R else _W
-            waits, sends, seconds = table[checkpointed[i]][op][j]
+            waits, sends, seconds, host = table[checkpointed[i]][op][j]
             for offset in waits:  # results from other devices
                 slot = offset + i * stride
                 at = arrival[slot]
@@ -298,6 +435,10 @@ class _Run:
                     yield timeout(at - env.now)
             if lockstep and op == _F and i + j and forward_left[i + j - 1]:
                 yield self._cycle_event(i + j - 1)
+            if two_phases and k >= prefix and not self.backward_phase.triggered:  # Note [two phases]
+                yield self.backward_phase
+            if free_at > env.now:
+                yield timeout(free_at - env.now)
             request = None
             if stream is not None:
                 request = stream.request()
@@ -305,12 +446,23 @@ class _Run:
             if track_memory and op == _R:
                 self._hold(d, i, j, self.cost.stages[j].saved_bytes)
             if scaled:
-                seconds = seconds * scales[i] + overhead
+                seconds = seconds * scales[i] + host
+            if k == 0 or (two_phases and k == prefix):  # a fresh worker thread's first task
+                seconds += self.cost.stages[j].thread_start
             start = env.now
-            yield timeout(seconds) if cores is None else cores.run(seconds)
+            if cores is None:
+                yield timeout(seconds)
+            elif isinstance(cores, _PairSharing):
+                yield cores.run(seconds, (_KIND[op] if op != _F or not checkpointed[i] else "Fc", j))
+            else:
+                yield cores.run(seconds)
             if stream is not None and request is not None:
                 stream.release(request)
             append_span(Span(d, COMPUTE, task, start, env.now))
+            if gap:
+                free_at = env.now + gap
+            if two_phases and op == _F:
+                self._forward_done()
             if track_memory:
                 self._memory_after(d, op, i, j)
             if lockstep and op == _F:
@@ -331,6 +483,19 @@ class _Run:
                     self._copy_on_streams(d, *copy)
                 else:
                     yield from self._copy_on_compute(d, *copy)
+
+    def _forward_done(self) -> None:
+        """Note [two phases]: after the step's last forward, the backward phase opens ``turnaround`` later."""
+        self.forwards_left -= 1
+        if not self.forwards_left:
+            turnaround = self.cost.overheads.turnaround
+            if turnaround > 0:
+                self.env.timeout(turnaround).callbacks.append(self._open_backward_phase)
+            else:
+                self.backward_phase.succeed()
+
+    def _open_backward_phase(self, _event: simpy.Event) -> None:
+        self.backward_phase.succeed()
 
     def _release_deferred(self) -> None:
         """Issue every held-back gradient copy now: the simulation stalled waiting for one of them."""

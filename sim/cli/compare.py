@@ -1,0 +1,162 @@
+"""``gpipe-sim compare MODULE:FUNCTION``: the simulator's prediction beside the executor's measurement, on your model.
+
+``FUNCTION`` takes no arguments and returns ``(model, batch)``: an ``nn.Sequential`` and one sample
+mini-batch (a tensor, or a tuple of tensors, batch in dimension 0). ``MODULE`` is a dotted module
+importable from the current directory, or a path to a ``.py`` file::
+
+    gpipe-sim compare mypackage.models:build --chunks 8 --balance 3,5 --devices cpu,cpu
+    gpipe-sim compare examples/tiny.py:build --json
+
+The same pipeline as ``gpipe-sim demo`` (:func:`sim.experiment.run`): balance (unless ``--balance``),
+calibrate, simulate, run the executor for ``--steps`` steps, compare, write the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from sim.cli import CommandError
+from sim.cli.demo import add_common_options, check_common, execute
+from sim.experiment import Batch, Setup, default_devices
+
+__all__ = ["add_parser", "load", "run"]
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``compare`` on the ``gpipe-sim`` subcommand parser."""
+    p = subparsers.add_parser(
+        "compare", help="predicted vs measured on your model (MODULE:FUNCTION returning a model and a batch)",
+        description="Calibrate, simulate and run your nn.Sequential in the executor, and print the prediction "
+                    "beside the measurement; write timeline.png, trace.json and report.json.",
+    )
+    p.add_argument("target", metavar="MODULE:FUNCTION",
+                   help="a function of no arguments returning (nn.Sequential, sample mini-batch); MODULE is a "
+                        "dotted module or a path to a .py file")
+    p.add_argument("--balance", default=None, metavar="LIST",
+                   help="layers per partition, e.g. 3,5 (default: balance_by_time over the devices)")
+    p.add_argument("--devices", default=None, metavar="LIST",
+                   help="one torch device per partition, e.g. cpu,cpu or cuda:0,cuda:1 (default: the CUDA devices "
+                        "when there are enough, else cpu for each partition)")
+    add_common_options(p, out="compare")
+    p.set_defaults(func=run)
+
+
+def parse_balance(text: str) -> tuple[int, ...]:
+    """``"3,5"`` -> ``(3, 5)``; anything but positive integers is a :class:`CommandError`."""
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise CommandError(f"--balance takes comma-separated positive integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise CommandError(f"--balance takes comma-separated positive integers, got {text!r}")
+    return values
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    """``"cpu,cpu"`` -> ``("cpu", "cpu")``, each checked to be a device this machine has."""
+    names = tuple(x.strip() for x in text.split(","))
+    for name in names:
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise CommandError(f"--devices: {name!r} is not a torch device") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise CommandError(f"--devices: {name!r} asked for, but CUDA is not available here")
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise CommandError(f"--devices: {name!r} asked for, but there are {torch.cuda.device_count()} "
+                                   "CUDA devices")
+        elif device.type != "cpu":
+            raise CommandError(f"--devices: {name!r}: only cpu and cuda devices are supported")
+    return names
+
+
+def _import(module_name: str) -> ModuleType:
+    if module_name.endswith(".py") or "/" in module_name:
+        path = Path(module_name)
+        if not path.is_file():
+            raise CommandError(f"no Python file {module_name!r}")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise CommandError(f"cannot load {module_name!r} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    cwd = str(Path.cwd())
+    sys.path.insert(0, cwd)  # a console script does not have the current directory on its path
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise CommandError(f"no module named {exc.name!r} (while importing {module_name!r})") from None
+    finally:
+        sys.path.remove(cwd)
+
+
+def load(target: str) -> tuple[nn.Sequential, Batch]:
+    """Import ``MODULE:FUNCTION``, call it, and check it returned ``(nn.Sequential, mini-batch)``.
+
+    Raises:
+        CommandError: a malformed target, a module or function that is not there, or a wrong return value.
+    """
+    module_name, sep, func_name = target.rpartition(":")
+    if not sep or not module_name or not func_name:
+        raise CommandError(f"expected MODULE:FUNCTION, got {target!r}")
+    module = _import(module_name)
+    func = getattr(module, func_name, None)
+    if func is None:
+        raise CommandError(f"module {module_name!r} has no function {func_name!r}")
+    if not callable(func):
+        raise CommandError(f"{target} is a {type(func).__name__}, not a function")
+    result = func()
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise CommandError(f"{target} must return (nn.Sequential, sample mini-batch), got {_kind(result)}")
+    model, batch = result
+    if not isinstance(model, nn.Sequential):
+        raise CommandError(f"{target} must return an nn.Sequential first, got {_kind(model)}")
+    if isinstance(batch, list):
+        batch = tuple(batch)
+    ok = isinstance(batch, Tensor) or (isinstance(batch, tuple) and batch and all(isinstance(t, Tensor)
+                                                                                 for t in batch))
+    if not ok:
+        raise CommandError(f"{target} must return a tensor (or a tuple of tensors) as the mini-batch, "
+                           f"got {_kind(batch)}")
+    first = batch if isinstance(batch, Tensor) else batch[0]
+    if first.dim() == 0 or first.shape[0] < 1:
+        raise CommandError(f"{target}: the mini-batch needs a batch dimension (dimension 0) with samples")
+    return model, batch
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return type(value).__name__
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the user's model, run the experiment, report; return the exit status."""
+    check_common(args)
+    balance = parse_balance(args.balance) if args.balance is not None else None
+    devices = parse_devices(args.devices) if args.devices is not None else None
+    if balance is not None and devices is not None and len(balance) != len(devices):
+        raise CommandError(f"--balance has {len(balance)} partitions but --devices names {len(devices)} devices")
+    torch.manual_seed(args.seed)
+    model, batch = load(args.target)
+    if balance is not None and sum(balance) != len(model):
+        raise CommandError(f"--balance {args.balance} sums to {sum(balance)}, but the model has {len(model)} layers")
+    partitions = len(balance) if balance is not None else len(devices) if devices is not None else 2
+    if partitions > len(model):
+        raise CommandError(f"{partitions} partitions for a model of {len(model)} layers")
+    setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, steps=args.steps, seed=args.seed,
+                  balance=balance, devices=devices or default_devices(partitions))
+    layers = len(model)
+    size = batch.shape[0] if isinstance(batch, Tensor) else batch[0].shape[0]
+    return execute(model, batch, setup, args, f"compare: {args.target}, {layers} layers, batch {size}")

@@ -1,0 +1,144 @@
+"""``gpipe-sim demo``: the simulator's prediction beside the executor's measurement, on a built-in model.
+
+Balance a small convolutional model over two devices (the CPU twice, or the CUDA devices when there
+are two), calibrate a cost model by measuring its partitions and the executor's own overheads,
+simulate the GPipe schedule, run the same schedule in the executor for a few training steps, and
+compare the step of median makespan with the prediction::
+
+    gpipe-sim demo                       # the table; timeline.png, trace.json, report.json in ./demo
+    gpipe-sim demo --chunks 8 --checkpoint always --json
+
+The pipeline itself is :func:`sim.experiment.run`; ``gpipe-sim compare`` runs it on a user's model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# Note [one thread per worker]: the executor starts fresh worker threads, and in a fresh thread MKL
+# ignores torch.set_num_threads() from the caller: its first call builds a team of OpenMP threads
+# (10-50 ms), whose spinning then takes the other worker's core. Only the environment, read when
+# torch loads, reaches every thread; this module is the CLI's first to import torch, so it sets it
+# here, unless the user chose a value or torch is already loaded (then it changes nothing).
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
+from sim.cli import CommandError  # noqa: E402
+from sim.experiment import (  # noqa: E402
+    Batch,
+    Outcome,
+    Setup,
+    demo_model,
+    keep_freed_memory,
+    progress_labels,
+    run,
+    write_outputs,
+)
+
+__all__ = ["add_common_options", "add_parser", "execute", "run_command"]
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``demo`` on the ``gpipe-sim`` subcommand parser."""
+    p = subparsers.add_parser(
+        "demo", help="predicted vs measured on a built-in model: calibrate, simulate, run, compare",
+        description="Balance a small built-in model over two devices, calibrate, simulate the GPipe schedule, "
+                    "run it in the executor for a few steps and print the prediction beside the measurement; "
+                    "write timeline.png, trace.json and report.json.",
+    )
+    add_common_options(p, out="demo")
+    p.set_defaults(func=run_command)
+
+
+def add_common_options(p: argparse.ArgumentParser, *, out: str) -> None:
+    """The options ``demo`` and ``compare`` share."""
+    p.add_argument("--chunks", type=int, default=4, metavar="M", help="micro-batches per mini-batch (default: 4)")
+    p.add_argument("--checkpoint", choices=CHECKPOINT_MODES, default="except_last",
+                   help="checkpoint policy (default: except_last)")
+    p.add_argument("--steps", type=int, default=5, metavar="K",
+                   help="training steps measured; the step of median makespan is compared (default: 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model, the input and PyTorch (default: 0)")
+    p.add_argument("--out", default=out, metavar="DIR",
+                   help=f"where timeline.png, trace.json and report.json go (default: ./{out})")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of the table")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def check_common(args: argparse.Namespace) -> None:
+    """Reject bad values of the shared options (one-line errors)."""
+    if args.chunks < 1:
+        raise CommandError(f"--chunks must be >= 1, got {args.chunks}")
+    if args.steps < 1:
+        raise CommandError(f"--steps must be >= 1, got {args.steps}")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the demo; return the exit status."""
+    check_common(args)
+    model, batch = demo_model(args.seed)
+    setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, steps=args.steps, seed=args.seed)
+    return execute(model, batch, setup, args, "demo: 19-layer convolutional classifier, batch 64 of 3x32x32")
+
+
+def execute(model: nn.Sequential, batch: Batch, setup: Setup, args: argparse.Namespace, description: str) -> int:
+    """Run the experiment with a progress bar, write the files, print the table (or the report)."""
+    from tqdm import tqdm
+
+    size = (batch if isinstance(batch, torch.Tensor) else batch[0]).shape[0]
+    if setup.chunks > size:
+        raise CommandError(f"--chunks {setup.chunks} is more than the {size} samples of the mini-batch: every "
+                           "micro-batch needs at least one")
+    keep_freed_memory()  # sim.experiment, Note [allocator]
+    labels = progress_labels(setup)
+    with tqdm(total=len(labels), desc="starting", unit="step", file=sys.stderr, leave=False,
+              disable=args.no_progress, bar_format="{desc:<18}{bar}| {n_fmt}/{total_fmt} [{elapsed}]") as bar:
+        def progress(label: str) -> None:
+            bar.update(1)
+            k = labels.index(label) + 1 if label in labels else len(labels)
+            bar.set_description_str(labels[k] if k < len(labels) else "done")
+
+        bar.set_description_str(labels[0])
+        outcome = run(model, batch, setup, progress=progress, description=description)
+    files = write_outputs(outcome, Path(args.out))
+    if args.json:
+        print(json.dumps({**outcome.report(), "files": files}))
+        return 0
+    print_outcome(outcome, files)
+    return 0
+
+
+def print_outcome(outcome: Outcome, files: dict[str, str]) -> None:
+    """The human-readable report: what ran, the comparison table, the calibrated overheads, the files."""
+    s, o = outcome.setup, outcome.cost.overheads
+    if outcome.model:
+        print(outcome.model)
+    print(f"{outcome.schedule.name} schedule: m={outcome.schedule.m} micro-batches, n={outcome.schedule.n} stages, "
+          f"checkpoint={outcome.schedule.checkpoint}; balance {list(s.balance or ())} on {', '.join(s.devices or ())}"
+          + (f", {s.threads} intra-op thread(s) per worker" if s.threads else ""))
+    print(f"measured: step {outcome.chosen_step + 1} of {len(outcome.step_makespans)} (median makespan; all: "
+          + ", ".join(f"{t * 1e3:.1f}" for t in outcome.step_makespans) + " ms)")
+    print(f"calibrated overheads: task {o.task * 1e6:.1f} us, gap {o.gap * 1e6:.1f} us, hand-off "
+          f"{o.handoff * 1e6:.1f} us, turnaround {o.turnaround * 1e6:.1f} us, recording {o.recording * 1e6:.1f} us "
+          f"+ {o.per_saved_tensor * 1e6:.2f} us per saved tensor (and {o.per_unpacked_tensor * 1e6:.2f} us to "
+          "unpack it in the backward)")
+    if o.pairs:
+        print("contention of pairs running together (task kind@stage beside kind@stage: slowdown): "
+              + ", ".join(f"{a}@{j}|{b}@{k} {1 + c:.2f}x" for a, j, b, k, c in o.pairs))
+    elif o.contention:
+        print(f"contention {o.contention:.3f}")
+    if outcome.background_cores is not None and outcome.background_cores > 0.2:
+        print(f"note: other processes kept {outcome.background_cores:.1f} cores busy while the steps were "
+              "measured; the measurement is noisier than usual")
+    print()
+    print(outcome.comparison.table())
+    print()
+    print("wrote " + ", ".join(files.values()))

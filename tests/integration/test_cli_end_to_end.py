@@ -1,0 +1,70 @@
+"""``gpipe-sim demo --json`` and ``gpipe-sim compare`` end to end: a real process, real files, the report's fields."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = ("predicted_makespan", "measured_makespan", "makespan_error", "order_agreement")
+
+
+def _check_report(report: dict, out: Path) -> None:
+    for key in FIELDS:
+        assert isinstance(report[key], float), key
+    assert report["predicted_makespan"] > 0 and report["measured_makespan"] > 0
+    error = (report["predicted_makespan"] - report["measured_makespan"]) / report["measured_makespan"]
+    assert report["makespan_error"] == pytest.approx(error)
+    assert report["order_agreement"] == 1.0
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = json.loads((out / "trace.json").read_text())
+    assert any(e["ph"] == "X" for e in trace["traceEvents"])
+    assert json.loads((out / "report.json").read_text())["makespan_error"] == report["makespan_error"]
+
+
+@pytest.mark.slow
+def test_demo_json_runs_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "sim", "demo", "--json", "--steps", "2", "--out", str(out),
+                             "--seed", "1"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1  # one JSON object on stdout; the progress bar went to stderr
+    report = json.loads(lines[0])
+    _check_report(report, out)
+    assert report["steps"] == 2 and len(report["step_makespans"]) == 2 and report["seed"] == 1
+    assert report["n"] == 2 and report["chunks"] == 4 and report["checkpoint"] == "except_last"
+
+
+MODEL = '''
+import torch
+from torch import nn
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)), \\
+        torch.randn(16, 32)
+'''
+
+
+@pytest.mark.slow
+def test_compare_runs_a_user_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "tinymodel.py").write_text(MODEL)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "cmp"
+    assert main(["compare", "tinymodel:build", "--balance", "2,3", "--devices", "cpu,cpu", "--chunks", "2",
+                 "--checkpoint", "always", "--steps", "2", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "makespan (ms)" in text and "task order agreement" in text and "balance [2, 3]" in text
+    report = json.loads((out / "report.json").read_text())
+    _check_report(report, out)
+    assert report["balance"] == [2, 3] and report["m"] == 2 and report["checkpoint"] == "always"

@@ -1,0 +1,115 @@
+"""The executor against the simulator, on real CPU devices: the same schedule, the same order, the same bytes.
+
+Deterministic properties are held tight (task order, dependencies, bytes saved for backward); the
+makespan, which a shared CI machine makes noisy, only within a wide tolerance here: the fidelity
+benchmark (``benchmarks/fidelity.py``) reports the real accuracy.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gpipe import GPipe
+from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, gpipe
+from gpipe.timeline import Timeline
+from sim.engine import simulate
+from sim.experiment import Outcome, Setup, demo_model, loss_of, run, stage_costs
+
+EPSILON = 1e-6  # seconds: host clocks of two threads, read in order, may tie
+MAKESPAN_TOLERANCE = 0.5  # a noisy shared machine; the benchmark, not the test, reports the accuracy
+PEAK_TOLERANCE = 0.05
+
+
+def _model(seed: int = 0) -> tuple[nn.Sequential, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 48),
+                          nn.ReLU(), nn.Linear(48, 8))
+    return model, torch.randn(24, 16)
+
+
+def _step(pipe: GPipe, model: nn.Module, batch: torch.Tensor) -> Timeline:
+    loss_of(pipe(batch)).backward()
+    for p in model.parameters():
+        p.grad = None
+    assert pipe.timeline is not None
+    return pipe.timeline
+
+
+def _measured(balance: list[int], chunks: int, checkpoint: Checkpoint, steps: int = 2
+              ) -> tuple[Schedule, Timeline, nn.Sequential, torch.Tensor]:
+    model, batch = _model()
+    pipe = GPipe(model, balance=balance, devices=["cpu"] * len(balance), chunks=chunks, checkpoint=checkpoint,
+                 record=True)
+    timeline = None
+    for _ in range(steps):
+        timeline = _step(pipe, model, batch)
+    assert timeline is not None and pipe.schedule is not None
+    return pipe.schedule, timeline, model, batch
+
+
+CASES = [([4, 3], 1), ([4, 3], 4), ([2, 2, 3], 5)]
+
+
+@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
+@pytest.mark.parametrize(("balance", "chunks"), CASES)
+def test_measured_task_order_is_the_schedule(balance: list[int], chunks: int, checkpoint: Checkpoint) -> None:
+    schedule, measured, _, _ = _measured(balance, chunks, checkpoint)
+    assert schedule == gpipe(chunks, len(balance), checkpoint)
+    for d in range(schedule.num_devices):
+        assert measured.task_order(d) == list(schedule.tasks[d]), f"device {d}"
+
+
+@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
+@pytest.mark.parametrize(("balance", "chunks"), CASES)
+def test_every_dependency_is_respected(balance: list[int], chunks: int, checkpoint: Checkpoint) -> None:
+    schedule, measured, _, _ = _measured(balance, chunks, checkpoint)
+    spans = {s.task: s for s in measured.compute_spans()}
+    assert set(spans) == set(schedule.all_tasks())
+    for task, span in spans.items():
+        assert span.end >= span.start
+        for dep in schedule.dependencies(task):
+            assert span.start >= spans[dep].end - EPSILON, f"{task} starts before {dep} ends"
+    for copy in measured.copy_spans():  # a copy carries its producer's result, so it starts after it
+        assert copy.start >= spans[copy.task].end - EPSILON, f"copy of {copy.task}"
+    for d in range(schedule.num_devices):  # one task at a time per worker
+        order = measured.compute_spans(d)
+        for a, b in zip(order, order[1:], strict=False):
+            assert b.start >= a.end - EPSILON, f"{a.task} and {b.task} overlap on device {d}"
+
+
+@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
+@pytest.mark.parametrize(("balance", "chunks"), CASES)
+def test_predicted_peak_saved_bytes_match_the_measured(balance: list[int], chunks: int,
+                                                       checkpoint: Checkpoint) -> None:
+    schedule, measured, model, batch = _measured(balance, chunks, checkpoint, steps=1)
+    cost = stage_costs(model, batch, balance, chunks, ["cpu"] * len(balance), warmup=0, repeats=1)
+    predicted = simulate(schedule, cost)
+    for d in range(schedule.num_devices):
+        want = measured.peak_memory(d)
+        assert want > 0
+        assert predicted.peak_memory(d) == pytest.approx(want, rel=PEAK_TOLERANCE), f"device {d}"
+
+
+@pytest.fixture(scope="module")
+def demo_outcome() -> Outcome:
+    model, batch = demo_model(seed=0)
+    return run(model, batch, Setup(chunks=4, checkpoint="except_last", steps=3, warmup_steps=1, seed=0,
+                                   repeats=5, warmup=2))
+
+
+@pytest.mark.slow
+def test_demo_model_makespan_within_tolerance(demo_outcome: Outcome) -> None:
+    c = demo_outcome.comparison
+    assert c.matched == sum(map(len, demo_outcome.schedule.tasks))
+    assert not c.only_predicted and not c.only_measured
+    assert c.order_agreement == 1.0
+    assert abs(c.makespan_error) < MAKESPAN_TOLERANCE, c.table()
+
+
+@pytest.mark.slow
+def test_demo_model_peak_bytes_match(demo_outcome: Outcome) -> None:
+    for row in demo_outcome.comparison.devices:
+        assert row.measured_peak_bytes > 0
+        assert abs(row.peak_bytes_error) <= PEAK_TOLERANCE, demo_outcome.comparison.table()

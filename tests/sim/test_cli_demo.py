@@ -1,0 +1,154 @@
+"""``gpipe-sim demo`` and ``gpipe-sim compare``: options, one-line errors, the report and the files.
+
+Everything here runs without the executor: bad input is rejected before anything runs, and the
+report is written from a synthetic outcome. The end-to-end runs are in ``tests/integration``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpipe.schedule import gpipe
+from sim.cli import build_parser, main
+from sim.cli.demo import print_outcome
+from sim.compare import compare
+from sim.cost import CostModel, Overheads
+from sim.engine import SimConfig, simulate
+from sim.experiment import Outcome, Setup, microbatch_sizes, progress_labels, write_outputs
+
+MODELS = '''
+import torch
+from torch import nn
+
+def good():
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), torch.randn(8, 4)
+
+def not_a_pair():
+    return nn.Sequential(nn.Linear(4, 2))
+
+def not_sequential():
+    return nn.Linear(4, 2), torch.randn(8, 4)
+
+def bad_batch():
+    return nn.Sequential(nn.Linear(4, 2)), [1, 2, 3]
+
+def scalar_batch():
+    return nn.Sequential(nn.Linear(4, 2)), torch.tensor(1.0)
+
+not_callable = 3
+'''
+
+
+@pytest.fixture
+def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "usermodels.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_both_commands_are_registered_with_their_options() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["demo"])
+    assert (args.chunks, args.checkpoint, args.steps, args.out, args.json, args.seed) == (4, "except_last", 5,
+                                                                                         "demo", False, 0)
+    args = parser.parse_args(["compare", "m:f", "--balance", "1,2", "--devices", "cpu,cpu", "--chunks", "8",
+                              "--checkpoint", "always", "--steps", "2", "--out", "x", "--json"])
+    assert (args.target, args.balance, args.devices, args.chunks, args.checkpoint, args.steps, args.out, args.json) \
+        == ("m:f", "1,2", "cpu,cpu", 8, "always", 2, "x", True)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["compare", "usermodels"], "expected MODULE:FUNCTION"),
+    (["compare", "nosuchmodule:build"], "no module named 'nosuchmodule'"),
+    (["compare", "usermodels:missing"], "module 'usermodels' has no function 'missing'"),
+    (["compare", "usermodels:not_callable"], "is a int, not a function"),
+    (["compare", "usermodels:not_a_pair"], "must return (nn.Sequential, sample mini-batch), got Sequential"),
+    (["compare", "usermodels:not_sequential"], "must return an nn.Sequential first, got Linear"),
+    (["compare", "usermodels:bad_batch"], "as the mini-batch, got a tuple of 3"),
+    (["compare", "usermodels:scalar_batch"], "needs a batch dimension"),
+    (["compare", "nofile.py:build"], "no Python file 'nofile.py'"),
+    (["compare", "usermodels:good", "--balance", "1,x"], "--balance takes comma-separated positive integers"),
+    (["compare", "usermodels:good", "--balance", "0,3"], "--balance takes comma-separated positive integers"),
+    (["compare", "usermodels:good", "--balance", "1,1"], "sums to 2, but the model has 3 layers"),
+    (["compare", "usermodels:good", "--balance", "1,2", "--devices", "cpu"], "2 partitions but --devices names 1"),
+    (["compare", "usermodels:good", "--devices", "tpu,cpu"], "'tpu'"),
+    (["compare", "usermodels:good", "--devices", "cpu,cpu,cpu,cpu"], "4 partitions for a model of 3 layers"),
+    (["compare", "usermodels:good", "--chunks", "0"], "--chunks must be >= 1"),
+    (["demo", "--steps", "0"], "--steps must be >= 1"),
+    (["demo", "--chunks", "65"], "--chunks 65 is more than the 64 samples"),
+    (["compare", "usermodels:good", "--chunks", "9"], "--chunks 9 is more than the 8 samples"),
+])
+def test_bad_input_is_one_line_and_exit_2(models: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                          message: str) -> None:
+    assert main([*argv, "--out", str(models / "out"), "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"gpipe-sim {argv[0]}: error: ") and message in lines[0], lines[0]
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert not (models / "out").exists()  # nothing ran
+
+
+def test_a_file_path_target_loads(models: Path) -> None:
+    from sim.cli.compare import load
+
+    model, batch = load(str(models / "usermodels.py") + ":good")
+    assert len(model) == 3 and batch.shape == (8, 4)
+
+
+def test_microbatch_sizes_follow_tensor_split() -> None:
+    assert microbatch_sizes(10, 4) == [3, 3, 2, 2]
+    assert microbatch_sizes(8, 8) == [1] * 8
+    with pytest.raises(ValueError, match="more than the batch size"):
+        microbatch_sizes(3, 4)
+
+
+def test_progress_labels_count_every_unit() -> None:
+    labels = progress_labels(Setup(steps=3, warmup_steps=1))
+    assert labels == ["balance", "calibrate", "overheads", "warm-up step 1", "step 1", "step 2", "step 3",
+                      "simulate", "compare"]
+    assert progress_labels(Setup(balance=(1, 2), steps=1, warmup_steps=0))[0] == "calibrate"
+
+
+def test_setup_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="chunks"):
+        Setup(chunks=0)
+    with pytest.raises(ValueError, match="checkpoint"):
+        Setup(checkpoint="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="2 partitions but 3 devices"):
+        Setup(balance=(1, 2), devices=("cpu",) * 3)
+
+
+def _outcome() -> Outcome:
+    schedule = gpipe(4, 2, "except_last")
+    cost = CostModel.uniform(2, 1e-3, 2e-3, saved_bytes=1000, checkpoint_bytes=100).with_overheads(
+        Overheads(task=1e-5, handoff=2e-5, contention=0.1))
+    predicted = simulate(schedule, cost)
+    measured = predicted.shifted(5.0)
+    return Outcome(Setup(balance=(1, 2), devices=("cpu", "cpu"), steps=3), schedule, cost, SimConfig(), predicted,
+                   measured, (0.2, 0.1, 0.3), 1, compare(predicted, measured), {"simulate": 0.01}, "a test model")
+
+
+def test_report_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    outcome = _outcome()
+    files = write_outputs(outcome, tmp_path / "out")
+    assert set(files) == {"plot", "trace", "report"}
+    assert Path(files["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = json.loads(Path(files["trace"]).read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert {"predicted: device 0", "measured: device 1"} <= names
+    report = json.loads(Path(files["report"]).read_text())
+    assert report["predicted_makespan"] == pytest.approx(report["measured_makespan"]) and report["m"] == 4
+    assert report["makespan_error"] == pytest.approx(0.0, abs=1e-9) and report["order_agreement"] == 1.0
+    assert report["balance"] == [1, 2] and report["chosen_step"] == 1
+    assert report["comparison"]["devices"][0]["predicted_peak_bytes"] == report["comparison"]["devices"][0][
+        "measured_peak_bytes"]
+    assert {o["op"] for o in report["comparison"]["ops"]} == {"F", "R", "B"}
+    assert report["cost_model"]["overheads"]["handoff"] == 2e-5
+    print_outcome(outcome, files)
+    text = capsys.readouterr().out
+    assert "makespan (ms)" in text and "a test model" in text and "step 2 of 3" in text
+    assert "hand-off 20.0 us" in text
