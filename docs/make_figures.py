@@ -6,9 +6,14 @@ returns under ``NAME``. The MkDocs hook (``docs/hooks/figures.py``) calls both; 
 
     .venv/bin/python docs/make_figures.py            # draw every figure into docs/img/generated/
     .venv/bin/python docs/make_figures.py --force    # even if nothing changed
+    .venv/bin/python docs/make_figures.py --readme   # redraw the README's picture (committed)
 
 :func:`build` skips the drawing when the figures are there and no source they depend on (``gpipe/``,
 ``sim/``, this file) changed since they were drawn, so ``mkdocs serve`` does not redraw in a loop.
+
+The README's picture is the exception: GitHub shows the README without building the site, so that PNG is
+committed (``docs/img/demo_timeline.png``) and redrawn on purpose with ``--readme`` (:func:`readme_figure`). It
+is what ``gpipe-sim demo`` draws: the demo's predicted and measured timelines, one above the other.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from gpipe.schedule import Checkpoint, Schedule, gpipe, one_f_one_b  # noqa: E40
 from gpipe.timeline import Timeline  # noqa: E402
 from sim.cost import CostModel  # noqa: E402
 
-__all__ = ["FIGURES", "build", "figure", "fragments", "main"]
+__all__ = ["FIGURES", "README_FIGURE", "build", "figure", "fragments", "main", "readme_figure"]
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +317,49 @@ def _overheads(path: Path) -> None:
     _save(plot_side_by_side(tls, titles=titles), path)
 
 
+@figure("deferred_bn.png")
+def _deferred_bn(path: Path) -> None:
+    """Running mean of one channel over training steps: plain batch norm fed micro-batches, deferred batch norm,
+    and the un-pipelined model (batch norm on the whole mini-batch). Real layers, no executor needed."""
+    import matplotlib.pyplot as plt
+    import torch
+    from torch import nn
+
+    from gpipe.batchnorm import DeferredBatchNorm
+
+    steps, batch, chunks = 30, 32, 8
+    generator = torch.Generator().manual_seed(0)
+    data = [1.0 + 2.0 * torch.randn(batch, 1, generator=generator) for _ in range(steps)]  # mean 1, std 2
+    whole, plain, deferred = nn.BatchNorm1d(1), nn.BatchNorm1d(1), DeferredBatchNorm(1, chunks=chunks)
+    curves: dict[str, list[float]] = {"whole": [0.0], "plain": [0.0], "deferred": [0.0]}
+    with torch.no_grad():
+        for x in data:
+            whole(x)
+            for piece in x.chunk(chunks):
+                plain(piece)
+                deferred(piece)
+            for name, layer in (("whole", whole), ("plain", plain), ("deferred", deferred)):
+                assert layer.running_mean is not None
+                curves[name].append(float(layer.running_mean[0]))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    xs = range(steps + 1)
+    ax.plot(xs, curves["whole"], color="#4c72b0", lw=2.5, alpha=0.5, label="un-pipelined: BatchNorm on the mini-batch")
+    ax.plot(xs, curves["deferred"], "o", color="#4c72b0", ms=3.5,
+            label=f"pipelined, DeferredBatchNorm (chunks={chunks}): one update per step")
+    ax.plot(xs, curves["plain"], color="#dd8452", lw=1.4,
+            label=f"pipelined, plain BatchNorm: {chunks} updates per step")
+    ax.axhline(1.0, color="grey", lw=0.6, ls=":")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("running_mean (true mean 1)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    gap = max(abs(a - b) for a, b in zip(curves["whole"], curves["deferred"], strict=True))
+    ax.set_title(f"Running mean, momentum 0.1, mini-batch {batch}: deferred vs un-pipelined differ by at most "
+                 f"{gap:.0e}", fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
 #: The what-if example of the planning page: a model that needs a pipeline (it does not fit on one GPU).
 PLAN_EXAMPLE = {"model": "gpt:13b", "device": "a100-80gb", "batch": 512, "gpus": (8, 16), "link": "nvlink"}
 
@@ -543,6 +591,46 @@ def _ablation_fragments() -> dict[str, str]:
     return {"ablation_table": table, "skip_table": skip, "unet_setup": UNET.describe()}
 
 
+# -- the README's picture --------------------------------------------------------------------------------
+
+#: Committed, unlike the figures above: the README (on GitHub, on PyPI) shows it without a site build.
+README_FIGURE = ROOT / "docs" / "img" / "demo_timeline.png"
+
+
+def readme_figure(path: Path = README_FIGURE, *, measure: bool = True) -> str:
+    """Draw the README's picture into ``path``; return what it shows (``"measured"`` or ``"simulated"``).
+
+    With ``measure`` and the executor present, it runs what ``gpipe-sim demo`` runs
+    (:func:`sim.experiment.run` on :func:`sim.experiment.demo_model`) and keeps the demo's own picture,
+    predicted above measured. Otherwise it draws the simulator's timeline of the same schedule alone, from a
+    teaching cost model.
+    """
+    import shutil
+    import tempfile
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if measure:
+        try:
+            from gpipe import GPipe  # noqa: F401 (only: is the executor there?)
+            from sim.experiment import Setup, demo_model, run, write_outputs
+        except ImportError:
+            log.warning("the executor or sim.experiment is missing: drawing a simulated timeline only")
+        else:
+            model, batch = demo_model(0)
+            outcome = run(model, batch, Setup(), description="demo")
+            with tempfile.TemporaryDirectory() as tmp:
+                files = write_outputs(outcome, tmp)
+                shutil.copyfile(files["plot"], path)
+            return "measured"
+    tl = simulate(gpipe(4, 2, "except_last"), teach_cost(n=2))
+    _save(plot_timeline(tl, title=f"simulated: GPipe, n=2, m=4, checkpoint=except_last: makespan {_ms(tl.makespan)}"),
+          path)
+    return "simulated"
+
+
 # -- building --------------------------------------------------------------------------------------------
 
 
@@ -596,7 +684,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="draw even if nothing changed")
     parser.add_argument("--out", type=Path, default=OUT, help=f"folder for the PNGs (default {OUT})")
+    parser.add_argument("--readme", action="store_true",
+                        help=f"redraw only the README's picture, {README_FIGURE.relative_to(ROOT)}, from the demo")
     args = parser.parse_args(argv)
+    if args.readme:
+        shows = readme_figure()
+        print(f"drew {README_FIGURE.relative_to(ROOT)} ({shows})")
+        return 0
     drawn = build(args.out, force=args.force)
     print(f"drew {len(drawn)} figures into {args.out}" if drawn else "figures up to date")
     return 0

@@ -358,6 +358,249 @@ as the copy is issued (with copy streams)."""),
 """,
 ]
 
+EXECUTOR = [
+    """md:# The executor against the simulator on your own machine
+
+The other notebooks trust the simulator. This one checks it: you run a real pipeline with PyTorch on your CPU,
+predict the same step with the simulator, and put the two timelines side by side. You will
+
+1. build a small model and train it through `gpipe.GPipe` with `record=True`, which measures a **timeline** of
+   each training step,
+2. **calibrate** a cost model: measure the model's partitions and the executor's own overheads on this machine,
+3. **simulate** the very schedule the executor ran, with those costs,
+4. **compare** prediction and measurement task by task (`sim.compare.compare`) and draw them on one time axis,
+5. change one thing, predict first, then measure.
+
+Your numbers will differ from anyone else's: they are your machine's. On a busy machine they also differ from run
+to run, so the text says what to look for rather than quoting numbers. Everything runs in well under a minute on two
+CPU cores.""",
+    setup(pyplot=False),
+    """md:## A model and a mini-batch
+
+Sixteen layers (eight `Linear` + `GELU` pairs), big enough that each task takes milliseconds. PyTorch gets one
+intra-op thread: the pipeline's two workers then share two cores, one each.""",
+    """import torch
+from torch import nn
+
+torch.set_num_threads(1)  # one thread per worker: two workers on two cores
+torch.manual_seed(0)
+
+
+def make_model(width=512, pairs=8):
+    layers = []
+    for _ in range(pairs):
+        layers += [nn.Linear(width, width), nn.GELU()]
+    return nn.Sequential(*layers)
+
+
+model = make_model()
+batch = torch.randn(256, 512)
+print(f"{len(model)} layers, {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
+      f"a mini-batch of {len(batch)}")""",
+    """md:## Running the executor
+
+`GPipe(model, balance, devices, chunks, checkpoint)` has torchgpipe's interface: `balance=[8, 8]` puts eight
+layers in each of two partitions, `devices=["cpu", "cpu"]` gives each partition a worker thread on the CPU, and
+`chunks=4` cuts every mini-batch into four micro-batches. With `record=True` every training step (a forward with
+grad and its backward) leaves its measured timeline in `pipe.timeline`, and `pipe.schedule` is the schedule it ran.
+
+The first steps of a process are slower (memory allocation, thread pools), so we run two unrecorded steps first,
+then five, and keep the step of median makespan: a real step, not an average of several.""",
+    """from gpipe import GPipe
+
+balance, chunks = [8, 8], 4
+pipe = GPipe(model, balance=balance, devices=["cpu", "cpu"], chunks=chunks, checkpoint="except_last", record=True)
+
+
+def train_step(pipe, batch):
+    \"\"\"One training step; its measured timeline. (No optimizer here: the gradients are dropped.)\"\"\"
+    pipe(batch).pow(2).mean().backward()
+    for p in pipe.parameters():
+        p.grad = None
+    return pipe.timeline
+
+
+def measure(pipe, batch, steps=5, warmup=2):
+    \"\"\"The timeline of the median of ``steps`` recorded steps, and all their makespans (seconds).\"\"\"
+    for _ in range(warmup):
+        train_step(pipe, batch)
+    timelines = sorted((train_step(pipe, batch) for _ in range(steps)), key=lambda t: t.makespan)
+    return timelines[len(timelines) // 2], [t.makespan for t in timelines]
+
+
+measured, makespans = measure(pipe, batch)
+print("step makespans:", ", ".join(f"{t * 1e3:.1f} ms" for t in makespans))
+print(pipe.schedule)""",
+    """md:The grid is the schedule the two workers followed: each runs its column top to bottom (`R` is the recompute of
+a checkpointed micro-batch, right before its backward). The measured timeline is the same type the simulator
+returns, so it draws the same way.""",
+    """from gpipe.plot import plot_timeline
+
+plot_timeline(measured, title=f"measured: makespan {measured.makespan * 1e3:.1f} ms");""",
+    """md:## Calibrating a cost model
+
+The simulator needs to know how long each task takes. `sim.calibrate.calibrate` profiles each partition with a
+micro-batch of the size the pipeline runs (forward, backward, recompute, and the bytes each keeps), with the same
+profiler that `gpipe.balance.balance_by_time` uses.""",
+    """from sim.calibrate import calibrate, calibrate_overheads
+
+microbatch = batch[: len(batch) // chunks]
+cost = calibrate(model, balance, microbatch)
+for j, s in enumerate(cost.stages):
+    print(f"stage {j}: forward {s.forward * 1e3:.2f} ms, recompute {s.recompute * 1e3:.2f} ms, "
+          f"backward {s.backward * 1e3:.2f} ms; keeps {s.saved_bytes / MiB:.2f} MiB, "
+          f"or {s.checkpoint_bytes / MiB:.2f} MiB when checkpointed")""",
+    """md:An executor costs more than its kernels. `calibrate_overheads` measures three such costs on this machine (the
+site's page *The simulator's model of a device* says where each goes in the simulation):
+
+- `task`: the host time of one task's bookkeeping,
+- `handoff`: handing a result from one worker thread to another,
+- `contention`: how much two workers computing at once slow each other on shared cores (0: not at all; 1: as if
+  they shared one core).""",
+    """overheads = calibrate_overheads(workers=2, threads_per_worker=1)
+print(f"task {overheads.task * 1e6:.1f} us, hand-off {overheads.handoff * 1e6:.1f} us, "
+      f"contention {overheads.contention:.2f}")
+calibrated = cost.with_overheads(overheads)""",
+    """md:## Predict, then compare
+
+The simulator gets the very schedule the executor ran. Both partitions live on the same CPU, so a hand-off moves no
+bytes: no link (`SimConfig(link=None)`). We simulate twice: the *ideal* pipeline (kernels only) and the
+*calibrated* one (kernels and overheads).""",
+    """from sim.compare import compare
+from sim.engine import SimConfig, simulate
+
+config = SimConfig(link=None)
+ideal = simulate(pipe.schedule, cost, config)
+predicted = simulate(pipe.schedule, calibrated, config)
+comparison = compare(predicted, measured)
+print(comparison.table())""",
+    """md:How to read the table:
+
+- **makespan**: one training step, predicted and measured; the error is `(predicted - measured) / measured`
+  (negative: the simulator is optimistic).
+- **task start error**: how far each task's predicted start is from its measured start, on average and at worst.
+  Errors accumulate along the pipeline, so the worst is usually late in the step.
+- **task duration error**: the same for durations: one task that took much longer than its calibrated cost shows
+  up here.
+- **task order agreement**: the fraction of pairs of tasks that ran in the same order on their device. The
+  executor follows the schedule, so it should be 100%.
+- per device: time computing (*busy*), the fraction spent waiting (*bubble*), and the peak bytes kept for
+  backward, predicted against measured.
+
+A picture says more: the ideal prediction, the calibrated one and the measurement on one time axis.""",
+    """from gpipe.plot import plot_side_by_side
+
+plot_side_by_side(
+    [ideal, predicted, measured],
+    titles=[f"ideal (kernels only): {ideal.makespan * 1e3:.1f} ms",
+            f"calibrated (kernels and overheads): {predicted.makespan * 1e3:.1f} ms",
+            f"measured: {measured.makespan * 1e3:.1f} ms"],
+);""",
+    """md:## Where is the gap?
+
+Align the tasks and sort them by how much longer (or shorter) they ran than predicted.""",
+    """pred = {s.task: s for s in predicted.compute_spans()}
+gaps = sorted(measured.compute_spans(), key=lambda s: -abs(s.duration - pred[s.task].duration))
+print(f"{'task':8}{'predicted':>11}{'measured':>11}")
+for s in gaps[:6]:
+    print(f"{str(s.task):8}{pred[s.task].duration * 1e3:>9.2f}ms{s.duration * 1e3:>9.2f}ms")
+print(f"\\nmakespan: ideal {ideal.makespan * 1e3:.1f} ms, calibrated {predicted.makespan * 1e3:.1f} ms, "
+      f"measured {measured.makespan * 1e3:.1f} ms")""",
+    """md:If the calibrated prediction lands between the ideal one and the measurement, the overheads explain part
+of the gap; if it overshoots, the calibration saw more contention than the step did (a busy moment of a shared machine:
+calibrate again, or see exercise 2). The simulator treats a task as one number of seconds: whatever makes a real
+task slower than its calibrated cost shows up as a duration error on that task. Typical culprits: the first task
+of a phase (a worker thread just started), another process taking a core, the two workers' memory traffic, the
+operating system moving a thread.
+A *start* error without a duration error, on the other hand, is inherited: the task waited for an earlier one that
+was late.
+
+## Change one thing: predict first
+
+Cut the same mini-batch into 8 micro-batches instead of 4. Each task now processes half as many samples, so
+calibrate again with the smaller micro-batch, predict the new makespan, and only then measure.""",
+    """chunks8 = 8
+cost8 = calibrate(model, balance, batch[: len(batch) // chunks8]).with_overheads(overheads)
+pipe8 = GPipe(model, balance=balance, devices=["cpu", "cpu"], chunks=chunks8, checkpoint="except_last", record=True)
+predicted8 = simulate(pipe8.schedule, cost8, config)
+print(f"predicted: chunks=4 {predicted.makespan * 1e3:6.1f} ms, chunks=8 {predicted8.makespan * 1e3:6.1f} ms")
+
+measured8, _ = measure(pipe8, batch)
+print(f"measured:  chunks=4 {measured.makespan * 1e3:6.1f} ms, chunks=8 {measured8.makespan * 1e3:6.1f} ms")
+print(f"error with chunks=8: {compare(predicted8, measured8).makespan_error:+.1%}")""",
+    """md:More micro-batches shrink the bubble, `(n - 1)/(m + n - 1)`, but each task is smaller, and a small task uses a
+core less well and pays the same fixed overheads: whether 8 beats 4 depends on the model and the machine. That is
+what the simulator is for: with a calibrated cost model it answers such questions before you run them.
+
+The whole loop (balance, calibrate, simulate, measure the median step, compare, draw) is also one command,
+`gpipe-sim demo` for a built-in model, and the how-to *Compare on your own model* shows it for yours.
+
+## Exercises
+
+**1.** Before you measure: with `checkpoint="never"` and `chunks=4`, which device's peak memory (bytes kept for
+backward) changes, and by about how much? Predict with the simulator, then measure.""",
+    "md:" + _answer("""Both devices keep every micro-batch's activations until its backward instead of only the stage
+input, so both peaks grow: to about `m × saved_bytes` of the stage (the calibrated `saved_bytes`, four times). The
+measured peaks come from autograd's saved-tensor hooks, the same count the calibration makes, so prediction and
+measurement should agree closely:
+
+```python
+pipe_never = GPipe(model, balance=balance, devices=["cpu", "cpu"], chunks=4, checkpoint="never", record=True)
+predicted_never = simulate(pipe_never.schedule, calibrated, config)
+measured_never, _ = measure(pipe_never, batch)
+for d in range(2):
+    print(d, predicted_never.peak_memory(d) / MiB, measured_never.peak_memory(d) / MiB,
+          "was", measured.peak_memory(d) / MiB)
+```"""),
+    """# Exercise 1: your code here
+""",
+    """md:**2.** Which of the three overheads explains most of the gap between the ideal and the calibrated
+prediction? Set each to zero in turn and simulate again.""",
+    "md:" + _answer("""```python
+from dataclasses import replace
+
+for name in ("task", "handoff", "contention"):
+    without = cost.with_overheads(replace(overheads, **{name: 0.0}))
+    print(name, simulate(pipe.schedule, without, config).makespan * 1e3)
+```
+
+Task and hand-off overheads are microseconds against tasks of milliseconds: they matter only for very small tasks
+(try a model of width 64). So the answer is `contention` or nothing. While both workers compute, each runs at
+`1 / (1 + contention)` of its calibrated speed, and in a pipeline both compute most of the time. On an idle machine
+with a core per worker, contention is small (the workers share only caches and memory bandwidth) and the calibrated
+prediction stays close to the ideal one; on a machine busy with other work, or with fewer cores than workers, it is
+large and explains most of the gap."""),
+    """# Exercise 2: your code here
+""",
+    """md:**3.** Unbalance the pipeline: `balance=[10, 6]`. Which device becomes the bottleneck? Predict the makespan
+(calibrate the new partitions), then measure.""",
+    "md:" + _answer("""Partition 0 now holds five of the eight layer pairs, so its tasks take about 5/4 as long and
+partition 1's about 3/4: device 1 waits for device 0 once per micro-batch in the forward phase, and device 0 waits
+less in the backward phase. The step is longer than with `[8, 8]`:
+
+```python
+uneven = [10, 6]
+cost_uneven = calibrate(model, uneven, microbatch).with_overheads(overheads)
+pipe_uneven = GPipe(model, balance=uneven, devices=["cpu", "cpu"], chunks=4, record=True)
+print(simulate(pipe_uneven.schedule, cost_uneven, config).makespan * 1e3,
+      measure(pipe_uneven, batch)[0].makespan * 1e3)
+```
+
+`gpipe.balance.balance_by_time(2, model, microbatch)` finds `[8, 8]` by itself: it profiles every layer and cuts
+where the slowest partition is fastest."""),
+    """# Exercise 3: your code here
+""",
+    """md:**4.** Run the *Running the executor* cell several times. Why do the makespans differ from step to step, and
+why keep the median step instead of averaging the timelines?""",
+    "md:" + _answer("""A real machine is noisy: other processes take cores, the operating system moves threads,
+caches and the memory allocator are in different states, CPU clocks change with temperature and load. The simulator
+is deterministic and knows none of it. Averaging timelines would give spans that no step ever ran (and a task order
+that may not exist); the median step is a real step that is neither the luckiest nor the unluckiest. To see the
+spread, look at `makespans`; to shrink it, close other programs, or compare several medians."""),
+    """# Exercise 4: your code here
+""",
+]
+
 ABLATION = [
     """md:# The paper's ablations
 
@@ -580,6 +823,7 @@ NOTEBOOKS: dict[str, list[str]] = {
     "01_bubble.ipynb": BUBBLE,
     "02_checkpointing.ipynb": CHECKPOINTING,
     "03_copy_streams.ipynb": COPY_STREAMS,
+    "04_executor_vs_simulator.ipynb": EXECUTOR,
     "05_capacity_planning.ipynb": PLANNING,
     "06_ablation.ipynb": ABLATION,
 }

@@ -1,9 +1,13 @@
 """MkDocs hook: the site's figures, drawn by the simulator, and the tutorial notebooks, as pages.
 
-- ``on_config``: the *Tutorials* section of the nav lists every ``tutorials/NN_*.ipynb``.
+- ``on_config``: the *Tutorials* section of the nav lists every ``tutorials/NN_*.ipynb``, and the *API reference*
+  section every public module of ``gpipe`` and ``sim`` (:func:`reference_modules`).
 - ``on_pre_build``: :func:`make_figures.build` draws every PNG into ``docs/img/generated/`` (git-ignored),
   skipped when nothing it depends on changed since the last build.
-- ``on_files``: each notebook becomes a page ``tutorials/NN_name.md`` and is offered for download.
+- ``on_files``: each notebook becomes a page ``tutorials/NN_name.md`` and is offered for download; each public
+  module becomes a page ``reference/<module>.md`` holding one mkdocstrings directive (``::: gpipe.schedule``), so
+  the reference is rendered from the docstrings and a new module gets its page without anyone writing it, and
+  ``reference/index.md`` lists them with the first line of each module's docstring.
 - ``on_page_markdown``: a marker ``<!-- generated: NAME -->`` in a page is replaced by the markdown fragment
   ``NAME`` that :func:`make_figures.fragments` computes (tables of simulated numbers).
 - ``on_page_content``: the project's docstrings cross-reference in Sphinx style (``:class:`Timeline```);
@@ -12,6 +16,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import logging
 import re
@@ -49,12 +54,85 @@ def _load(name: str) -> ModuleType:
 
 _fragments: dict[str, str] = {}
 
+#: The packages whose public modules get a reference page, in the order of the nav.
+PACKAGES = ("gpipe", "sim")
+
+
+def reference_modules(root: Path = ROOT) -> list[str]:
+    """The dotted names of the public modules of :data:`PACKAGES`: each ``pkg/name.py`` and each subpackage
+    ``pkg/name/`` whose name does not start with ``_`` (a subpackage's own modules are documented through it)."""
+    names = []
+    for package in PACKAGES:
+        folder = root / package
+        children = [p.stem for p in folder.glob("*.py")]
+        children += [p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").is_file()]
+        names += [f"{package}.{c}" for c in sorted(set(children)) if not c.startswith("_")]
+    return names
+
+
+def module_summary(module: str, root: Path = ROOT) -> str:
+    """The first line of ``module``'s docstring (read with ``ast``, nothing is imported), or ``""``."""
+    path = root.joinpath(*module.split("."))
+    source = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    doc = ast.get_docstring(ast.parse(source.read_text(encoding="utf-8"))) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def shadowed_exports(module: str, root: Path = ROOT) -> list[str]:
+    """Names in a package's ``__all__`` that are also the names of its submodules.
+
+    ``gpipe.skip`` exports the function ``skippable`` from its submodule ``gpipe.skip.skippable``; a static
+    reader of the package (griffe) sees the submodule under that name and the function would be left out of
+    the page, so :func:`reference_page` renders each such object explicitly.
+    """
+    folder = root.joinpath(*module.split("."))
+    init = folder / "__init__.py"
+    if not init.is_file():
+        return []
+    exported: list[str] = []
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            if isinstance(node.value, (ast.List, ast.Tuple)):
+                exported = [e.value for e in node.value.elts
+                            if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return [name for name in exported if (folder / f"{name}.py").is_file() and _defines(folder / f"{name}.py", name)]
+
+
+def _defines(source: Path, name: str) -> bool:
+    """True when the file defines a function or class ``name`` at its top level."""
+    return any(isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name
+               for node in ast.parse(source.read_text(encoding="utf-8")).body)
+
+
+def reference_page(module: str, root: Path = ROOT) -> str:
+    """The markdown of ``module``'s reference page: mkdocstrings directives, nothing written by hand."""
+    page = f"# `{module}`\n\n::: {module}\n"
+    for name in shadowed_exports(module, root):
+        page += (f"\n::: {module}.{name}.{name}\n    options:\n      show_root_heading: true\n"
+                 f"      show_root_full_path: false\n")
+    return page
+
+
+def _reference_index(modules: list[str]) -> str:
+    rows = "\n".join(f"| [`{m}`]({m}.md) | {_cell(module_summary(m))} |" for m in modules)
+    return ("# API reference\n\n"
+            "Rendered from the docstrings by mkdocstrings when the site is built: one page per public module of "
+            "`gpipe` (the executor and the shared language: schedules, timelines, plots) and `sim` (the "
+            "simulator, cost models, hardware catalog, comparison and planning).\n\n"
+            "| module | what it is for |\n| :--- | :--- |\n" + rows + "\n")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
 
 def on_config(config: Any) -> Any:
     notebooks = _load("notebooks").find_notebooks(TUTORIALS)
     for entry in config.nav or []:
         if isinstance(entry, dict) and "Tutorials" in entry:
             entry["Tutorials"] = ["tutorials/index.md"] + [{nb.title: nb.page} for nb in notebooks]
+        if isinstance(entry, dict) and "API reference" in entry:
+            entry["API reference"] = ["reference/index.md"] + [{m: f"reference/{m}.md"} for m in reference_modules()]
     return config
 
 
@@ -74,6 +152,10 @@ def on_files(files: Files, config: Any) -> Files:
         ipynb = f"tutorials/{nb.path.name}"
         files.append(File.generated(config, nb.page, content=notebooks.notebook_markdown(nb.path, nb.path.name)))
         files.append(File.generated(config, ipynb, abs_src_path=str(nb.path)))
+    modules = reference_modules()
+    files.append(File.generated(config, "reference/index.md", content=_reference_index(modules)))
+    for module in modules:
+        files.append(File.generated(config, f"reference/{module}.md", content=reference_page(module)))
     return files
 
 
@@ -91,6 +173,7 @@ def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
     """``:class:<code>Timeline</code>`` (a Sphinx role as markdown renders it) -> an optional autoref link."""
     src = page.file.src_uri
     module = src.removeprefix("reference/").removesuffix(".md") if src.startswith("reference/") else ""
+    module = "" if module == "index" else module
 
     def replace(match: re.Match[str]) -> str:
         tilde, name, call = match.group(1), match.group(2), match.group(3) or ""

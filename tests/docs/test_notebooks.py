@@ -27,8 +27,8 @@ def _generator() -> ModuleType:
 
 def test_there_are_notebooks() -> None:
     names = {p.name for p in NOTEBOOKS}
-    assert {"01_bubble.ipynb", "02_checkpointing.ipynb", "03_copy_streams.ipynb", "05_capacity_planning.ipynb",
-            "06_ablation.ipynb"} <= names
+    assert {"01_bubble.ipynb", "02_checkpointing.ipynb", "03_copy_streams.ipynb", "04_executor_vs_simulator.ipynb",
+            "05_capacity_planning.ipynb", "06_ablation.ipynb"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

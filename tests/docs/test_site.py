@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import importlib.util
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from urllib.parse import urldefrag, urlparse
 
 import pytest
@@ -49,11 +51,58 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_site_builds_strict(site: Path) -> None:
     for page in ("index.html", "concepts/bubble/index.html", "ablation/index.html", "tutorials/01_bubble/index.html",
-                 "reference/gpipe.schedule/index.html", "img/generated/bubble_gantt.png",
+                 "reference/gpipe.schedule/index.html", "reference/index.html", "img/generated/bubble_gantt.png",
+                 "img/generated/deferred_bn.png", "img/demo_timeline.png",
                  "tutorials/01_bubble.ipynb", "search/search_index.json"):
         assert (site / page).is_file(), f"the site lacks {page}"
     html = (site / "index.html").read_text()
     assert "fonts.googleapis.com" not in html, "the theme must not load Google Fonts (theme.font: false)"
+
+
+def _hook() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_hook_figures", ROOT / "docs" / "hooks" / "figures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: Modules the reference must have, once their file exists (issue 5: the executor's modules among them).
+REQUIRED_REFERENCE = ("gpipe.schedule", "gpipe.timeline", "gpipe.plot", "gpipe.pipe", "gpipe.skip", "gpipe.batchnorm",
+                      "gpipe.balance", "gpipe.phase", "gpipe.profile", "sim.engine", "sim.cost", "sim.compare",
+                      "sim.calibrate", "sim.experiment", "sim.hardware")
+
+
+def test_the_reference_lists_every_public_module() -> None:
+    hook = _hook()
+    modules = hook.reference_modules()
+    present = [m for m in REQUIRED_REFERENCE
+               if (ROOT / f"{m.replace('.', '/')}.py").is_file() or (ROOT / m.replace(".", "/")).is_dir()]
+    assert set(present) <= set(modules)
+    assert not [m for m in modules if m.split(".")[-1].startswith("_")]
+    page = hook.reference_page("gpipe.schedule")
+    assert page.startswith("# `gpipe.schedule`") and "::: gpipe.schedule" in page
+
+
+def test_a_function_shadowed_by_its_submodule_gets_rendered(tmp_path: Path) -> None:
+    package = tmp_path / "pkg" / "sub"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text('from pkg.sub.thing import thing\nfrom pkg.sub import other\n'
+                                         '__all__ = ["thing", "other"]\n')
+    (package / "thing.py").write_text("def thing():\n    pass\n")
+    (package / "other.py").write_text("X = 1\n")
+    hook = _hook()
+    assert hook.shadowed_exports("pkg.sub", tmp_path) == ["thing"]
+    assert "::: pkg.sub.thing.thing" in hook.reference_page("pkg.sub", tmp_path)
+
+
+@pytest.mark.slow
+def test_reference_pages_render_the_docstrings(site: Path) -> None:
+    for module in _hook().reference_modules():
+        html = (site / "reference" / module / "index.html").read_text()
+        assert f'id="{module}"' in html, f"the reference page of {module} does not render the module"
+    index = (site / "reference" / "index.html").read_text()
+    assert "sim.engine" in index and "gpipe.schedule" in index
 
 
 @pytest.mark.slow
