@@ -27,6 +27,11 @@ the schedule, the loss computed by the last partition on each micro-batch as soo
 That lets a schedule start backwards before all forwards end, as 1F1B (``schedule="1f1b"``) does; the
 ``forward()`` + ``backward()`` path needs the forwards first, so it always runs GPipe's schedule.
 
+Note [threads]: every worker sets its intra-op thread count to the caller's (``torch.get_num_threads()``
+when the step starts). A fresh thread's OpenMP and MKL pools do not inherit ``torch.set_num_threads``:
+left alone, each worker would start a pool as wide as the machine, and on a small CPU the workers' pools
+would spin on each other's cores (steps several times slower).
+
 Note [hand-offs]: a worker sends its result (activations downstream, gradients upstream) to the
 inbox (a ``queue.SimpleQueue``) of the worker of the next stage. The receiver moves tensors to its
 device (on its copy stream for CUDA; on CPU devices the hand-off itself is the copy). An exception in
@@ -325,6 +330,7 @@ class _Run:
         self.portal_grad: dict[tuple[int, SkipKey], Tensor | None] = {}
         self.backward_started = False
         self.backward_done = False
+        self.threads_per_worker = torch.get_num_threads()
         self.recorder = _Recorder(self) if record else None
         self.loss: tuple[Callable[..., Tensor], list[Any], list[float]] | None = None  # set by GPipe.step
         self.losses: dict[int, Tensor] = {}
@@ -447,6 +453,8 @@ class _Run:
     def _work(self, d: int, tasks: Sequence[Task]) -> None:
         device = self.devices[d]
         try:
+            # Note [threads]: a fresh thread's OpenMP/MKL pools do not inherit the caller's thread count
+            torch.set_num_threads(self.threads_per_worker)
             with _device_context(device):
                 for task in tasks:
                     if self.error is not None:
@@ -774,7 +782,7 @@ class _Recorder:
             "devices": [str(dev) for dev in self.devices],
             "model_state_bytes": [sum(t.numel() * t.element_size() for t in [*p.parameters(), *p.buffers()])
                                   for p in run.partitions],
-            "threads": torch.get_num_threads(),
+            "threads_per_worker": run.threads_per_worker,
         }
         return Timeline(tuple(spans), tuple(memory), len(self.devices), "measured", meta)
 
