@@ -85,6 +85,20 @@ stage input, for a checkpointed micro-batch); the start of R(i, j) adds ``saved_
 recomputed activations); the end of B(i, j) frees all that (i, j) held (the end of W(i, j) instead,
 when the schedule splits the weight gradient, which still needs them). Bytes scale with
 ``cost.scale(i)``. One sample at t=0 per device and one at every change.
+
+Note [local clocks]: on the plain path (no contention, copy streams, no lockstep, one phase) a device
+process keeps its own clock instead of a SimPy timeout per task, and yields to SimPy only to wait for
+an input whose copy is not issued yet; times are passed to the copy and memory helpers explicitly. Copy
+times are fixed when issued and each directed pair's copies come from one process in its task order,
+so every time is the one the SimPy path computes, bit for bit: a consumer that reaches an input before
+its copy was issued (``issued[slot]`` later than its clock) moves to that issue time first, as the SimPy
+path wakes then, and ``t + (arrival - t)`` reproduces a SimPy ``timeout(arrival - now)``. A stall
+(Note [fork/join]) releases held copies at the latest clock of a blocked or finished device, the time
+SimPy would have reached. With free copies (0 seconds, no hand-off) a copy just sets its arrival.
+
+Note [span order]: the Timeline lists compute spans device by device in task order, then copy spans
+by sending device in issue order; memory samples device by device (the t=0 sample first), so the
+order does not depend on how SimPy interleaved the processes.
 """
 
 from __future__ import annotations
@@ -93,6 +107,7 @@ import contextlib
 import gc
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import simpy
@@ -333,17 +348,23 @@ class _Run:
         self.scaled = bool(cost.microbatch_scale)
         # copy seconds of the result of (op, j) at scale 1 (only F and B results travel)
         self.copy_table = [[self._copy_seconds(op, 0, j, 1.0) for j in range(n)] for op in range(4)]
-        self.spans: list[Span] = []  # compute spans, one per task
-        self.copies: list[Span] = []  # copy spans
-        self.memory: list[MemorySample] = [MemorySample(d, 0.0, 0) for d in range(devices)]
+        # Note [span order]: compute spans per device (one per task, in task order), copy spans per sending
+        # device (in issue order), memory samples per device (one at t=0, then in time order)
+        self.spans: list[list[Span]] = [[] for _ in range(devices)]
+        self.copies: list[list[Span]] = [[] for _ in range(devices)]
+        self.memory: list[list[MemorySample]] = [[MemorySample(d, 0.0, 0)] for d in range(devices)]
         self.track_memory = any(s.saved_bytes or s.checkpoint_bytes for s in cost.stages)
         self.held: dict[int, int] = {}  # i * n + j -> bytes micro-batch i keeps on stage j
         self.current = [0] * devices  # bytes saved for backward per device, now
         self.frees_at = _W if splits else _B
         # arrival[slot]: when a copy's result is usable on its device (copy end + hand-off), see _remote_tables
         self.arrival: list[float | None] = [None] * (4 * m * n * fanout)
+        self.issued = [0.0] * (4 * m * n * fanout)  # issued[slot]: when that copy was issued (Note [local clocks])
+        self.clock = [0.0] * devices  # Note [local clocks]: each device's time when it last blocked or finished
         self.waiting: dict[int, simpy.Event] = {}  # slot -> event of a consumer that already waits for it
         self.link_free = [[0.0] * devices for _ in range(devices)]  # [src][dst]: when its last copy ends
+        self.free_copies = (cost.copy_seconds == 0.0 or (cost.copy_seconds is None and config.link is None)) \
+            and not self.handoff
         self.streams = None if config.copy_streams else [simpy.Resource(self.env, 1) for _ in range(devices)]
         self.cores: SharedCores | _PairSharing | None = None
         if cost.overheads.pairs:
@@ -356,7 +377,8 @@ class _Run:
         self.tasks = sum(map(len, schedule.tasks))
         self.deferred: list[list[_Copy]] = [[] for _ in range(devices)]  # Note [fork/join]: copies held back
         # Note [two phases]: each device's forward prefix, the forwards left, and the backward phase's start
-        self.prefix = [next((k for k, t in enumerate(ts) if t.op is not Op.F), len(ts)) for ts in schedule.tasks]
+        self.prefix = [next((k for k, t in enumerate(ts) if t.op is not Op.F), len(ts)) for ts in schedule.tasks] \
+            if config.backward_after_forward else [0] * devices  # (only two phases need it)
         if config.backward_after_forward:
             for d, ts in enumerate(schedule.tasks):
                 late = next((t for t in ts[self.prefix[d]:] if t.op is Op.F), None)
@@ -369,16 +391,17 @@ class _Run:
             self.backward_phase.succeed()
 
     def timeline(self) -> Timeline:
+        config = self.config
+        fast = self.cores is None and config.copy_streams and not config.lockstep_forward \
+            and not config.backward_after_forward  # Note [local clocks]
         for d in range(self.devices):
-            self.env.process(self._device(d))
+            self.env.process(self._device_fast(d) if fast else self._device(d))
         self.env.run()
-        while len(self.spans) < self.tasks and any(self.deferred):
-            self._release_deferred()
+        while sum(map(len, self.spans)) < self.tasks and any(self.deferred):
+            self._release_deferred(max(self.clock) if fast else self.env.now)
             self.env.run()
-        if len(self.spans) < self.tasks:
-            done = [0] * self.devices
-            for s in self.spans:
-                done[s.device] += 1
+        if sum(map(len, self.spans)) < self.tasks:
+            done = [len(s) for s in self.spans]
             stuck = [ts[k] for ts, k in zip(self.schedule.tasks, done, strict=True) if k < len(ts)]
             why = " (lockstep_forward: a forward waits for a clock cycle that waits for it)" \
                 if self.config.lockstep_forward else ""
@@ -400,7 +423,8 @@ class _Run:
                           "per_unpacked_tensor": cost.overheads.per_unpacked_tensor,
                           "pairs": [list(p) for p in cost.overheads.pairs]},
         }
-        return Timeline((*self.spans, *self.copies), tuple(self.memory), self.devices, "simulated", meta)
+        spans = (*chain.from_iterable(self.spans), *chain.from_iterable(self.copies))
+        return Timeline(spans, tuple(chain.from_iterable(self.memory)), self.devices, "simulated", meta)
 
     # -- the device process ------------------------------------------------------------------------
 
@@ -410,7 +434,7 @@ class _Run:
         timeout, new_event = env.timeout, env.event
         checkpointed, table, scales = self.checkpointed, self.table, self.scales
         scaled = self.scaled
-        arrival, waiting, append_span, stride = self.arrival, self.waiting, self.spans.append, self.stride
+        arrival, waiting, append_span, stride = self.arrival, self.waiting, self.spans[d].append, self.stride
         lockstep, forward_left, fork_join = self.config.lockstep_forward, self.forward_left, \
             self.config.enforce_backward_order
         stream, cores, track_memory = self.streams[d] if self.streams is not None else None, self.cores, \
@@ -444,7 +468,7 @@ class _Run:
                 request = stream.request()
                 yield request
             if track_memory and op == _R:
-                self._hold(d, i, j, self.cost.stages[j].saved_bytes)
+                self._hold(d, i, j, self.cost.stages[j].saved_bytes, env.now)
             if scaled:
                 seconds = seconds * scales[i] + host
             if k == 0 or (two_phases and k == prefix):  # a fresh worker thread's first task
@@ -464,7 +488,7 @@ class _Run:
             if two_phases and op == _F:
                 self._forward_done()
             if track_memory:
-                self._memory_after(d, op, i, j)
+                self._memory_after(d, op, i, j, env.now)
             if lockstep and op == _F:
                 forward_left[i + j] -= 1
                 if not forward_left[i + j] and i + j in self.cycle_done:
@@ -480,9 +504,90 @@ class _Run:
                 continue
             for copy in send:
                 if stream is None:
-                    self._copy_on_streams(d, *copy)
+                    self._copy_on_streams(d, env.now, *copy)
                 else:
                     yield from self._copy_on_compute(d, *copy)
+
+    def _device_fast(self, d: int) -> Generator[simpy.Event, Any, None]:
+        """:meth:`_device` on the plain path (Note [local clocks]): the same times, from a local clock."""
+        new_event = self.env.event
+        checkpointed, table, scales, scaled = self.checkpointed, self.table, self.scales, self.scaled
+        arrival, issued, waiting, stride = self.arrival, self.issued, self.waiting, self.stride
+        append_span, track_memory, free_copies = self.spans[d].append, self.track_memory, self.free_copies
+        fork_join, stages, copy = self.config.enforce_backward_order, self.cost.stages, self._copy_on_streams
+        tasks = self.schedule.tasks[d]
+        backward_left = 0 if fork_join else sum(1 for t in tasks if t.op is _OP_B)
+        gap, free_at = self.cost.overheads.gap, 0.0  # Note [gap]
+        held, current, mem_append, frees_at, n = self.held, self.current, self.memory[d].append, self.frees_at, self.n
+        t = 0.0  # this device's time
+        for k, task in enumerate(tasks):
+            o, i, j = task.op, task.microbatch, task.stage
+            op = _F if o is _OP_F else _B if o is _OP_B else _R if o is _OP_R else _W
+            waits, sends, seconds, host = table[checkpointed[i]][op][j]
+            for offset in waits:  # results from other devices
+                slot = offset + i * stride
+                at = arrival[slot]
+                if at is None:  # not issued yet: wait for it
+                    self.clock[d] = t
+                    event = waiting[slot] = new_event()
+                    yield event
+                    at = arrival[slot]
+                    assert at is not None
+                if free_copies:  # usable when issued
+                    if at > t:
+                        t = at
+                    continue
+                issued_at = issued[slot]
+                if issued_at > t:  # _device would have waited for the copy until it was issued
+                    t = issued_at
+                if at > t:
+                    t = t + (at - t)  # as a SimPy timeout(at - now) computes it
+            if free_at > t:
+                t = t + (free_at - t)
+            if track_memory and op == _R:
+                self._hold(d, i, j, stages[j].saved_bytes, t)
+            if scaled:
+                seconds = seconds * scales[i] + host
+            if k == 0:  # a fresh worker thread's first task
+                seconds += stages[j].thread_start
+            start, t = t, t + seconds
+            append_span(Span(d, COMPUTE, task, start, t))
+            if gap:
+                free_at = t + gap
+            if track_memory:  # inline _memory_after
+                if op == _F:
+                    nbytes = stages[j].checkpoint_bytes if checkpointed[i] else stages[j].saved_bytes
+                    if scaled:
+                        nbytes = round(nbytes * scales[i])
+                    if nbytes:
+                        key = i * n + j
+                        held[key] = held.get(key, 0) + nbytes
+                        current[d] += nbytes
+                        mem_append(MemorySample(d, t, current[d]))
+                elif op == frees_at:
+                    freed = held.pop(i * n + j, 0)
+                    if freed:
+                        current[d] -= freed
+                        mem_append(MemorySample(d, t, current[d]))
+            if op == _B and not fork_join:  # Note [fork/join]
+                backward_left -= 1
+                send, self.deferred[d] = self.deferred[d], []
+                if sends:
+                    (self.deferred[d] if backward_left else send).append((task, op, i, j, sends))
+                for c in send:
+                    copy(d, t, *c)
+            elif sends:
+                if free_copies:  # inline _copy_on_streams: usable at once
+                    base = i * stride
+                    for _dst, offset in sends:
+                        arrival[offset + base] = t
+                        if waiting:
+                            woken = waiting.pop(offset + base, None)
+                            if woken is not None:
+                                woken.succeed()
+                else:
+                    copy(d, t, task, op, i, j, sends)
+        self.clock[d] = t
 
     def _forward_done(self) -> None:
         """Note [two phases]: after the step's last forward, the backward phase opens ``turnaround`` later."""
@@ -497,13 +602,13 @@ class _Run:
     def _open_backward_phase(self, _event: simpy.Event) -> None:
         self.backward_phase.succeed()
 
-    def _release_deferred(self) -> None:
-        """Issue every held-back gradient copy now: the simulation stalled waiting for one of them."""
+    def _release_deferred(self, now: float) -> None:
+        """Issue every held-back gradient copy at ``now``: the simulation stalled waiting for one of them."""
         for d, held in enumerate(self.deferred):
             self.deferred[d] = []
             for copy in held:
                 if self.streams is None:
-                    self._copy_on_streams(d, *copy)
+                    self._copy_on_streams(d, now, *copy)
                 else:
                     self.env.process(self._copy_on_compute(d, *copy))
 
@@ -535,20 +640,30 @@ class _Run:
         if event is not None:
             event.succeed()
 
-    def _copy_on_streams(self, src: int, task: Task, op: int, i: int, j: int,
+    def _copy_on_streams(self, src: int, now: float, task: Task, op: int, i: int, j: int,
                          dsts: tuple[tuple[int, int], ...]) -> None:
-        """Send ``task``'s result on copy streams: FIFO per directed pair, so each copy starts when it is
-        issued (now) or when the pair's previous copy ends; computed at issue time, no process needed."""
-        now, seconds, free = self.env.now, self._copy_seconds(op, i, j), self.link_free[src]
-        arrival, waiting, base = self.arrival, self.waiting, i * self.stride
+        """Send ``task``'s result on copy streams at time ``now``: FIFO per directed pair, so each copy starts
+        when it is issued (now) or when the pair's previous copy ends; computed at issue time, no process needed."""
+        arrival, waiting, issued, base = self.arrival, self.waiting, self.issued, i * self.stride
+        if self.free_copies:  # nothing to queue: usable at once (Note [local clocks])
+            for _dst, offset in dsts:
+                arrival[offset + base] = now
+                if waiting:
+                    event = waiting.pop(offset + base, None)
+                    if event is not None:
+                        event.succeed()
+            return
+        seconds = self._copy_seconds(op, i, j) if self.scaled else self.copy_table[op][j]
+        free = self.link_free[src]
         for dst, offset in dsts:
             start = free[dst]
             if start < now:
                 start = now
             end = free[dst] = start + seconds
             if seconds > 0:
-                self.copies.append(Span(dst, COPY, task, start, end))
+                self.copies[src].append(Span(dst, COPY, task, start, end))
             arrival[offset + base] = end + self.handoff
+            issued[offset + base] = now
             if waiting:
                 event = waiting.pop(offset + base, None)
                 if event is not None:
@@ -568,26 +683,26 @@ class _Run:
                         yield hold_second
                         start = self.env.now
                         yield self.env.timeout(seconds)
-                self.copies.append(Span(dst, COPY, task, start, self.env.now, ON_COMPUTE))
+                self.copies[src].append(Span(dst, COPY, task, start, self.env.now, ON_COMPUTE))
             self._deliver(offset + i * self.stride, self.env.now + self.handoff)
 
     # -- memory (Note [memory]) --------------------------------------------------------------------
 
-    def _hold(self, d: int, i: int, j: int, nbytes: int) -> None:
+    def _hold(self, d: int, i: int, j: int, nbytes: int, now: float) -> None:
         if self.scaled:
             nbytes = round(nbytes * self.scales[i])
         if nbytes:
             key = i * self.n + j
             self.held[key] = self.held.get(key, 0) + nbytes
             self.current[d] += nbytes
-            self.memory.append(MemorySample(d, self.env.now, self.current[d]))
+            self.memory[d].append(MemorySample(d, now, self.current[d]))
 
-    def _memory_after(self, d: int, op: int, i: int, j: int) -> None:
+    def _memory_after(self, d: int, op: int, i: int, j: int, now: float) -> None:
         if op == _F:
             stage = self.cost.stages[j]
-            self._hold(d, i, j, stage.checkpoint_bytes if self.checkpointed[i] else stage.saved_bytes)
+            self._hold(d, i, j, stage.checkpoint_bytes if self.checkpointed[i] else stage.saved_bytes, now)
         elif op == self.frees_at:
             freed = self.held.pop(i * self.n + j, 0)
             if freed:
                 self.current[d] -= freed
-                self.memory.append(MemorySample(d, self.env.now, self.current[d]))
+                self.memory[d].append(MemorySample(d, now, self.current[d]))
