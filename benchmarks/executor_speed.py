@@ -32,7 +32,8 @@ the slower rank ends.
 
 Note [prediction]: the simulator's figure comes from calibrating this machine: each partition profiled at the
 micro-batch size (``sim.calibrate.calibrate``), the executor's own costs measured (task overhead, hand-off,
-two workers sharing the cores: ``calibrate_overheads``) and merged into the cost model, then
+two workers sharing the cores: ``calibrate_executor_overheads``, ``measure_thread_start``,
+``measure_pairs``, as :mod:`sim.experiment` does) and merged into the cost model, then
 ``simulate(gpipe(m, n, checkpoint), cost)``. A shared machine drifts (the cores' contention measured a few
 seconds apart has ranged from 0.5 to 1.9 here), so it is calibrated three times, before, halfway through and after
 the timed rounds; the prediction is the median of the three, and all three are kept. Two bounds come
@@ -77,9 +78,16 @@ from torch.nn import functional as F  # noqa: E402
 
 from gpipe.schedule import Checkpoint  # noqa: E402
 from gpipe.schedule import gpipe as gpipe_schedule  # noqa: E402
-from sim.calibrate import calibrate, calibrate_overheads, partitions_of  # noqa: E402
+from sim.calibrate import (  # noqa: E402
+    calibrate,
+    calibrate_executor_overheads,
+    measure_pairs,
+    measure_thread_start,
+    on_device,
+    partitions_of,
+)
 from sim.cost import Overheads  # noqa: E402
-from sim.engine import simulate  # noqa: E402
+from sim.engine import SimConfig, simulate  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "executor_speed.json"
 MODES: tuple[Checkpoint, ...] = ("never", "except_last", "always")
@@ -294,12 +302,19 @@ def predict(workload: Workload, quick: bool) -> dict[str, Any]:
     devices = ["cpu", "cpu"]
     cost = calibrate(model, workload.balance, sample, devices=devices, warmup=2 if quick else 3,
                      repeats=3 if quick else 15)
-    overheads = calibrate_overheads(workers=2, threads_per_worker=THREADS, repeats=50 if quick else 300)
+    # the executor's own costs, as sim.experiment measures them: its overheads from probe pipelines, each
+    # partition's first task on a fresh thread, and what each pair of tasks costs on shared cores
+    overheads = calibrate_executor_overheads(devices, steps=4 if quick else 12)
+    parts = [on_device(p, d) for p, d in zip(partitions_of(model, workload.balance), devices, strict=True)]
+    starts = measure_thread_start(parts, sample)
+    cost = replace(cost, stages=tuple(replace(s, thread_start=t) for s, t in zip(cost.stages, starts, strict=True)))
+    overheads = replace(overheads, pairs=measure_pairs(parts, sample))
     scale = tuple(p.shape[0] / sample.shape[0] for p in pieces)
     if all(s == 1.0 for s in scale):
         scale = ()
     ideal = replace(cost, microbatch_scale=scale, overheads=Overheads())
     full = replace(ideal, overheads=overheads)
+    config = SimConfig(link=None, backward_after_forward=True)  # forward() returns before backward starts
     n = len(workload.balance)
     out: dict[str, Any] = {
         "overheads": {"task_seconds": overheads.task, "handoff_seconds": overheads.handoff,
@@ -314,10 +329,10 @@ def predict(workload: Workload, quick: bool) -> dict[str, Any]:
     }
     for mode in MODES:
         schedule = gpipe_schedule(workload.m, n, mode)
-        predicted = simulate(schedule, full)
+        predicted = simulate(schedule, full, config)
         out["modes"][mode] = {
             "predicted_ms": predicted.makespan * 1e3,
-            "without_overheads_ms": simulate(schedule, ideal).makespan * 1e3,
+            "without_overheads_ms": simulate(schedule, ideal, config).makespan * 1e3,
             "timeline": predicted,
         }
     return out
