@@ -353,27 +353,19 @@ class _Run:
         """Run every task of the schedule at once (:meth:`GPipe.step`): the last stage computes the loss."""
         for i in range(self.schedule.m):
             self.out_grads[i] = (None,)  # filled by the loss of F(i, n-1), see _call
-        self.threads = [threading.Thread(target=self._work, args=(d, tasks), daemon=True, name=f"gpipe-worker-{d}")
-                        for d, tasks in enumerate(self.schedule.tasks)]
-        for thread in self.threads:
-            thread.start()
-        try:
-            self.join()
-        finally:
-            for partition in self.partitions:
-                DeferredBatchNorm.commit_all(partition)
-        if self.recorder is not None:
-            self.pipe.timeline = self.recorder.timeline()
-        self.release()
+        self.launch(self.schedule.tasks)
+        self.finish()
 
     def execute(self, forward: bool) -> None:
-        phase = 0 if forward else 1
-        phases = self.phases
-        self.threads = [threading.Thread(target=self._work, args=(d, phases[d][phase]), daemon=True,
-                                         name=f"gpipe-worker-{d}") for d in range(len(phases))]
+        self.launch([tasks[0 if forward else 1] for tasks in self.phases])
+        self.join()
+
+    def launch(self, task_lists: Sequence[Sequence[Task]]) -> None:
+        """Start one worker thread per device on its task list."""
+        self.threads = [threading.Thread(target=self._work, args=(d, tasks), daemon=True, name=f"gpipe-worker-{d}")
+                        for d, tasks in enumerate(task_lists)]
         for thread in self.threads:
             thread.start()
-        self.join()
 
     def join(self) -> None:
         try:
@@ -406,17 +398,16 @@ class _Run:
         pieces = [g.split(sizes, dim=0) if g is not None else [None] * len(sizes) for g in grads]
         for i in range(self.schedule.m):
             self.out_grads[i] = tuple(p[i] for p in pieces)
-        phase = 1
-        phases = self.phases
-        self.threads = [threading.Thread(target=self._work, args=(d, phases[d][phase]), daemon=True,
-                                         name=f"gpipe-worker-{d}") for d in range(len(phases))]
-        for thread in self.threads:
-            thread.start()
+        self.launch([tasks[1] for tasks in self.phases])
 
     def finish_backward(self) -> None:
         if self.backward_done:
             return
         self.backward_done = True
+        self.finish()
+
+    def finish(self) -> None:
+        """Wait for the workers, commit deferred batch norm, keep the timeline, drop the step's tensors."""
         try:
             self.join()
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,6 +16,15 @@ from tests.gpipe.models import balances, convnet, mlp, skipnet, tuple_input, tup
 
 BATCH = 9  # divides none of 2, 4, 8: the last micro-batches are uneven
 CHUNKS = (1, 2, 4, 8)
+
+
+def _every_configuration(layers: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Every balance of ``layers`` layers over 2-4 partitions x chunks 1, 2, 4, 8 x every checkpoint mode."""
+    def mark(test: Callable[..., None]) -> Callable[..., None]:
+        test = pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)(test)
+        test = pytest.mark.parametrize("chunks", CHUNKS)(test)
+        return pytest.mark.parametrize("balance", list(balances(layers)), ids=str)(test)
+    return mark
 
 
 def _loss(out: Tensor) -> Tensor:
@@ -46,34 +56,26 @@ def _check(model: nn.Sequential, balance: list[int], chunks: int, checkpoint: st
             torch.testing.assert_close(a.grad, b.grad)
 
 
-@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
-@pytest.mark.parametrize("chunks", CHUNKS)
-@pytest.mark.parametrize("balance", list(balances(5)), ids=str)
+@_every_configuration(layers=5)
 def test_mlp(balance: list[int], chunks: int, checkpoint: str) -> None:
     torch.manual_seed(0)
     _check(mlp(), balance, chunks, checkpoint, torch.randn(BATCH, 6, requires_grad=True))
 
 
-@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
-@pytest.mark.parametrize("chunks", CHUNKS)
-@pytest.mark.parametrize("balance", list(balances(5)), ids=str)
+@_every_configuration(layers=5)
 def test_convnet_with_deferred_batch_norm(balance: list[int], chunks: int, checkpoint: str) -> None:
     torch.manual_seed(0)
     _check(convnet(), balance, chunks, checkpoint, torch.randn(BATCH, 2, 5, 5), per_microbatch=True,
            deferred_batch_norm=True)
 
 
-@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
-@pytest.mark.parametrize("chunks", CHUNKS)
-@pytest.mark.parametrize("balance", list(balances(5)), ids=str)
+@_every_configuration(layers=5)
 def test_skip_connection_across_partitions(balance: list[int], chunks: int, checkpoint: str) -> None:
     torch.manual_seed(0)
     _check(skipnet(), balance, chunks, checkpoint, torch.randn(BATCH, 6, requires_grad=True))
 
 
-@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
-@pytest.mark.parametrize("chunks", CHUNKS)
-@pytest.mark.parametrize("balance", list(balances(4)), ids=str)
+@_every_configuration(layers=4)
 def test_tuple_inputs(balance: list[int], chunks: int, checkpoint: str) -> None:
     torch.manual_seed(0)
     a, b = tuple_input(BATCH)
