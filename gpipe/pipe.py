@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
@@ -58,14 +57,15 @@ from torch import Tensor, nn
 
 from gpipe import rng
 from gpipe.batchnorm import DeferredBatchNorm
+from gpipe.checks import check_balance, check_devices, check_unique
 from gpipe.microbatch import as_tensors, gather, scatter
 from gpipe.phase import checkpointing, recomputing
-from gpipe.profile import _byte_span, _storage_key, _union_length
+from gpipe.recorder import Recorder
 from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, one_f_one_b
 from gpipe.schedule import gpipe as gpipe_schedule
 from gpipe.skip.layout import SkipLayout
 from gpipe.skip.skippable import SkipKey, use_tracker
-from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
+from gpipe.timeline import COMPUTE, COPY, Timeline
 
 __all__ = ["GPipe"]
 
@@ -105,8 +105,8 @@ class GPipe(nn.Module):
         if not isinstance(module, nn.Sequential):
             raise TypeError(f"GPipe partitions an nn.Sequential, got {type(module).__name__}: wrap the layers in "
                             "nn.Sequential(...) (one child per layer)")
-        _check_unique(module)
-        self.balance = _check_balance(balance, len(module))
+        check_unique(module)
+        self.balance = check_balance(balance, len(module))
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks <= 0:
             raise ValueError(f"chunks must be a positive integer (micro-batches per mini-batch), got {chunks!r}")
         if checkpoint not in CHECKPOINT_MODES:
@@ -116,7 +116,7 @@ class GPipe(nn.Module):
         self.chunks = chunks
         self.checkpoint = checkpoint
         self.schedule_name = schedule
-        self.devices = _check_devices(devices, len(self.balance))
+        self.devices = check_devices(devices, len(self.balance))
         self.skip_layout = SkipLayout.of(list(module), self.balance)
         if deferred_batch_norm:
             module = DeferredBatchNorm.convert_deferred_batch_norm(module, chunks)
@@ -331,7 +331,7 @@ class _Run:
         self.backward_started = False
         self.backward_done = False
         self.threads_per_worker = torch.get_num_threads()
-        self.recorder = _Recorder(self) if record else None
+        self.recorder = Recorder(self) if record else None
         self.loss: tuple[Callable[..., Tensor], list[Any], list[float]] | None = None  # set by GPipe.step
         self.losses: dict[int, Tensor] = {}
 
@@ -658,130 +658,6 @@ class _PortalTracker:
         return value
 
 
-class _Recorder:
-    """Spans and memory samples of one step (Note [the schedule drives both passes]: one per device)."""
-
-    def __init__(self, run: _Run) -> None:
-        self.run = run
-        self.devices = run.devices
-        self.cuda = any(dev.type == "cuda" for dev in self.devices)
-        self.spans: list[tuple[int, str, Task, Any, Any, str]] = []
-        self.lock = threading.Lock()
-        self.held: dict[int, dict[tuple[int, int], int]] = {d: {} for d in range(len(self.devices))}
-        self.memory: list[tuple[int, Any, int]] = []
-        self.model_state = [{_storage_key(t) for t in [*p.parameters(), *p.buffers()]} for p in run.partitions]
-        self.paused_at = 0.0
-        self.paused = 0.0
-        if self.cuda:
-            self.base: dict[torch.device, Any] = {}
-            self.allocated0: dict[torch.device, int] = {}
-            for dev in {d for d in self.devices if d.type == "cuda"}:
-                torch.cuda.synchronize(dev)
-                self.allocated0[dev] = torch.cuda.memory_allocated(dev)
-        self.t0 = time.perf_counter()
-        if self.cuda:
-            for dev in {d for d in self.devices if d.type == "cuda"}:
-                event = torch.cuda.Event(enable_timing=True)
-                event.record(torch.cuda.current_stream(dev))
-                self.base[dev] = event
-        for d in range(len(self.devices)):
-            self.memory.append((d, 0.0, 0))
-
-    def pause(self) -> None:
-        self.paused_at = time.perf_counter()
-
-    def resume(self) -> None:
-        """Time between the forward and the backward (the user's loss) is not the pipeline's: cut it out."""
-        if self.paused_at and not self.cuda:
-            self.paused += time.perf_counter() - self.paused_at
-
-    def now(self, d: int, copy: bool = False) -> Any:
-        device = self.devices[d]
-        if device.type == "cuda":
-            event = torch.cuda.Event(enable_timing=True)
-            stream = self.run.pipe.copy_stream(device) if copy else torch.cuda.current_stream(device)
-            event.record(stream)
-            return event
-        return time.perf_counter() - self.t0 - self.paused
-
-    def span(self, d: int, stream: str, task: Task, start: Any, label: str = "") -> None:
-        end = self.now(d, copy=stream == COPY)
-        with self.lock:
-            self.spans.append((d, stream, task, start, end, label))
-            if stream == COMPUTE and self.devices[d].type == "cuda":
-                used = torch.cuda.memory_allocated(self.devices[d]) - self.allocated0[self.devices[d]]
-                self.memory.append((d, end, max(used, 0)))
-
-    def hold(self, d: int, i: int, j: int, nbytes: int) -> None:
-        if self.devices[d].type == "cuda":
-            return
-        with self.lock:
-            held = self.held[d]
-            held[(i, j)] = held.get((i, j), 0) + nbytes
-            self.memory.append((d, self.now(d), sum(held.values())))
-
-    def free(self, d: int, i: int, j: int) -> None:
-        if self.devices[d].type == "cuda":
-            return
-        with self.lock:
-            self.held[d].pop((i, j), None)
-            self.memory.append((d, self.now(d), sum(self.held[d].values())))
-
-    def saved(self, d: int, i: int, j: int) -> Any:
-        """Count the bytes this task saves for backward (parameters and buffers excluded), as the profiler does."""
-        state = self.model_state[j]
-        spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
-
-        def pack(t: Tensor) -> Tensor:
-            key = _storage_key(t)
-            if key not in state and t.numel() > 0:
-                spans.setdefault(key, []).append(_byte_span(t))
-            return t
-
-        recorder = self
-
-        class _Saved:
-            def __enter__(self) -> None:
-                self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, _identity)
-                self.hooks.__enter__()
-
-            def __exit__(self, *exc: Any) -> None:
-                self.hooks.__exit__(*exc)
-                if exc[0] is None:
-                    recorder.hold(d, i, j, sum(_union_length(s) for s in spans.values()))
-
-        return _Saved()
-
-    def timeline(self) -> Timeline:
-        run = self.run
-        if self.cuda:
-            for dev in self.base:
-                torch.cuda.synchronize(dev)
-
-        def seconds(d: int, value: Any) -> float:
-            if isinstance(value, float):
-                return value
-            return self.base[self.devices[d]].elapsed_time(value) / 1e3
-
-        spans = [Span(d, stream, task, seconds(d, start), seconds(d, end), label)
-                 for d, stream, task, start, end, label in self.spans]
-        memory = [MemorySample(d, seconds(d, t), b) for d, t, b in self.memory]
-        memory.sort(key=lambda s: (s.device, s.time))
-        meta = {
-            "schedule": run.schedule.name, "m": run.schedule.m, "n": run.schedule.n,
-            "checkpoint": run.schedule.checkpoint, "placement": list(run.schedule.placement),
-            "devices": [str(dev) for dev in self.devices],
-            "model_state_bytes": [sum(t.numel() * t.element_size() for t in [*p.parameters(), *p.buffers()])
-                                  for p in run.partitions],
-            "threads_per_worker": run.threads_per_worker,
-        }
-        return Timeline(tuple(spans), tuple(memory), len(self.devices), "measured", meta)
-
-
-def _identity(t: Tensor) -> Tensor:
-    return t
-
-
 class _nothing:  # noqa: N801 - a cheap null context manager
     def __enter__(self) -> None:
         return None
@@ -803,65 +679,3 @@ class _device_context:  # noqa: N801
     def __exit__(self, *exc: Any) -> None:
         if self.guard is not None:
             self.guard.__exit__(*exc)
-
-
-# -- argument checks ---------------------------------------------------------------------------------
-
-
-def _check_unique(module: nn.Sequential) -> None:
-    seen: dict[int, int] = {}
-    for index, layer in enumerate(module):
-        if id(layer) in seen:
-            raise ValueError(f"module has duplicate children: layer {index} is the same object as layer "
-                             f"{seen[id(layer)]}; a layer can live in only one partition, so use a copy "
-                             "(copy.deepcopy) or share parameters explicitly")
-        seen[id(layer)] = index
-
-
-def _check_balance(balance: Sequence[int] | None, layers: int) -> list[int]:
-    if balance is None:
-        raise ValueError("balance is required: the number of layers in each partition, e.g. balance=[2, 2], or "
-                         "one computed by gpipe.balance.balance_by_time(partitions, module, sample)")
-    try:
-        values = list(balance)
-    except TypeError:
-        raise TypeError(f"balance must be a list of layer counts, got {type(balance).__name__}") from None
-    if not values:
-        raise ValueError("balance is empty: give at least one partition, e.g. balance=[len(module)]")
-    if any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in values):
-        raise ValueError(f"every partition needs a positive number of layers, got balance={values}")
-    if sum(values) != layers:
-        raise ValueError(f"balance {values} sums to {sum(values)} but the module has {layers} layers; "
-                         "make the counts add up to len(module)")
-    return values
-
-
-def _check_devices(devices: Sequence[Device] | None, partitions: int) -> list[torch.device]:
-    if devices is None:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count >= partitions:
-            return [torch.device("cuda", k) for k in range(partitions)]
-        return [torch.device("cpu")] * partitions
-    if isinstance(devices, (str, int, torch.device)):
-        raise TypeError(f"devices must be a list with one device per partition, got {devices!r}")
-    result = []
-    for dev in devices:
-        try:
-            device = torch.device(dev) if not isinstance(dev, int) else torch.device("cuda", dev)
-        except (RuntimeError, TypeError) as error:
-            raise ValueError(f"not a device: {dev!r} ({error})") from None
-        if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError(f"device {dev!r} does not exist: CUDA is not available here; use 'cpu'")
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            if index >= torch.cuda.device_count():
-                raise ValueError(f"device {dev!r} does not exist: there are {torch.cuda.device_count()} CUDA devices")
-            device = torch.device("cuda", index)
-        elif device.type != "cpu":
-            raise ValueError(f"device {dev!r} is not supported: GPipe runs on 'cpu' and 'cuda' devices")
-        result.append(device)
-    if len(result) < partitions:
-        raise ValueError(f"too few devices: {partitions} partitions need {partitions} devices, got {len(result)}; "
-                         "list a device per partition (several partitions may share one, e.g. ['cpu'] * n)")
-    return result[:partitions]
-

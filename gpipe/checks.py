@@ -1,0 +1,70 @@
+"""The checks of :class:`gpipe.GPipe`'s arguments: each error names the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["check_balance", "check_devices", "check_unique"]
+
+Device = torch.device | str | int
+
+
+def check_unique(module: nn.Sequential) -> None:
+    seen: dict[int, int] = {}
+    for index, layer in enumerate(module):
+        if id(layer) in seen:
+            raise ValueError(f"module has duplicate children: layer {index} is the same object as layer "
+                             f"{seen[id(layer)]}; a layer can live in only one partition, so use a copy "
+                             "(copy.deepcopy) or share parameters explicitly")
+        seen[id(layer)] = index
+
+
+def check_balance(balance: Sequence[int] | None, layers: int) -> list[int]:
+    if balance is None:
+        raise ValueError("balance is required: the number of layers in each partition, e.g. balance=[2, 2], or "
+                         "one computed by gpipe.balance.balance_by_time(partitions, module, sample)")
+    try:
+        values = list(balance)
+    except TypeError:
+        raise TypeError(f"balance must be a list of layer counts, got {type(balance).__name__}") from None
+    if not values:
+        raise ValueError("balance is empty: give at least one partition, e.g. balance=[len(module)]")
+    if any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in values):
+        raise ValueError(f"every partition needs a positive number of layers, got balance={values}")
+    if sum(values) != layers:
+        raise ValueError(f"balance {values} sums to {sum(values)} but the module has {layers} layers; "
+                         "make the counts add up to len(module)")
+    return values
+
+
+def check_devices(devices: Sequence[Device] | None, partitions: int) -> list[torch.device]:
+    if devices is None:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count >= partitions:
+            return [torch.device("cuda", k) for k in range(partitions)]
+        return [torch.device("cpu")] * partitions
+    if isinstance(devices, (str, int, torch.device)):
+        raise TypeError(f"devices must be a list with one device per partition, got {devices!r}")
+    result = []
+    for dev in devices:
+        try:
+            device = torch.device(dev) if not isinstance(dev, int) else torch.device("cuda", dev)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"not a device: {dev!r} ({error})") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {dev!r} does not exist: CUDA is not available here; use 'cpu'")
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            if index >= torch.cuda.device_count():
+                raise ValueError(f"device {dev!r} does not exist: there are {torch.cuda.device_count()} CUDA devices")
+            device = torch.device("cuda", index)
+        elif device.type != "cpu":
+            raise ValueError(f"device {dev!r} is not supported: GPipe runs on 'cpu' and 'cuda' devices")
+        result.append(device)
+    if len(result) < partitions:
+        raise ValueError(f"too few devices: {partitions} partitions need {partitions} devices, got {len(result)}; "
+                         "list a device per partition (several partitions may share one, e.g. ['cpu'] * n)")
+    return result[:partitions]

@@ -1,0 +1,151 @@
+"""Measured timelines: the spans and memory samples one training step of :class:`gpipe.GPipe` records.
+
+Times come from a monotonic host clock on CPU devices and from CUDA events on CUDA streams, brought to one
+time base (each device's first event is recorded right after the host clock starts). Memory samples are the
+bytes saved for backward per device: on CPU counted by saved-tensor hooks exactly as the profiler counts them
+(:mod:`gpipe.profile`: parameters and buffers excluded, overlapping views counted once), on CUDA read from the
+allocator's statistics (minus what was allocated when the step began). The time between ``forward()`` and
+the output's ``backward()`` (the user's loss) is cut out on CPU devices: it is not the pipeline's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from gpipe.profile import _byte_span, _storage_key, _union_length
+from gpipe.schedule import Task
+from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
+
+if TYPE_CHECKING:
+    from gpipe.pipe import _Run as Run
+
+__all__ = ["Recorder"]
+
+
+class Recorder:
+    """Spans and memory samples of one step (Note [the schedule drives both passes]: one per device)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.devices = run.devices
+        self.cuda = any(dev.type == "cuda" for dev in self.devices)
+        self.spans: list[tuple[int, str, Task, Any, Any, str]] = []
+        self.lock = threading.Lock()
+        self.held: dict[int, dict[tuple[int, int], int]] = {d: {} for d in range(len(self.devices))}
+        self.memory: list[tuple[int, Any, int]] = []
+        self.model_state = [{_storage_key(t) for t in [*p.parameters(), *p.buffers()]} for p in run.partitions]
+        self.paused_at = 0.0
+        self.paused = 0.0
+        if self.cuda:
+            self.base: dict[torch.device, Any] = {}
+            self.allocated0: dict[torch.device, int] = {}
+            for dev in {d for d in self.devices if d.type == "cuda"}:
+                torch.cuda.synchronize(dev)
+                self.allocated0[dev] = torch.cuda.memory_allocated(dev)
+        self.t0 = time.perf_counter()
+        if self.cuda:
+            for dev in {d for d in self.devices if d.type == "cuda"}:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(torch.cuda.current_stream(dev))
+                self.base[dev] = event
+        for d in range(len(self.devices)):
+            self.memory.append((d, 0.0, 0))
+
+    def pause(self) -> None:
+        self.paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        """Time between the forward and the backward (the user's loss) is not the pipeline's: cut it out."""
+        if self.paused_at and not self.cuda:
+            self.paused += time.perf_counter() - self.paused_at
+
+    def now(self, d: int, copy: bool = False) -> Any:
+        device = self.devices[d]
+        if device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            stream = self.run.pipe.copy_stream(device) if copy else torch.cuda.current_stream(device)
+            event.record(stream)
+            return event
+        return time.perf_counter() - self.t0 - self.paused
+
+    def span(self, d: int, stream: str, task: Task, start: Any, label: str = "") -> None:
+        end = self.now(d, copy=stream == COPY)
+        with self.lock:
+            self.spans.append((d, stream, task, start, end, label))
+            if stream == COMPUTE and self.devices[d].type == "cuda":
+                used = torch.cuda.memory_allocated(self.devices[d]) - self.allocated0[self.devices[d]]
+                self.memory.append((d, end, max(used, 0)))
+
+    def hold(self, d: int, i: int, j: int, nbytes: int) -> None:
+        if self.devices[d].type == "cuda":
+            return
+        with self.lock:
+            held = self.held[d]
+            held[(i, j)] = held.get((i, j), 0) + nbytes
+            self.memory.append((d, self.now(d), sum(held.values())))
+
+    def free(self, d: int, i: int, j: int) -> None:
+        if self.devices[d].type == "cuda":
+            return
+        with self.lock:
+            self.held[d].pop((i, j), None)
+            self.memory.append((d, self.now(d), sum(self.held[d].values())))
+
+    def saved(self, d: int, i: int, j: int) -> Any:
+        """Count the bytes this task saves for backward (parameters and buffers excluded), as the profiler does."""
+        state = self.model_state[j]
+        spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            key = _storage_key(t)
+            if key not in state and t.numel() > 0:
+                spans.setdefault(key, []).append(_byte_span(t))
+            return t
+
+        recorder = self
+
+        class _Saved:
+            def __enter__(self) -> None:
+                self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, _identity)
+                self.hooks.__enter__()
+
+            def __exit__(self, *exc: Any) -> None:
+                self.hooks.__exit__(*exc)
+                if exc[0] is None:
+                    recorder.hold(d, i, j, sum(_union_length(s) for s in spans.values()))
+
+        return _Saved()
+
+    def timeline(self) -> Timeline:
+        run = self.run
+        if self.cuda:
+            for dev in self.base:
+                torch.cuda.synchronize(dev)
+
+        def seconds(d: int, value: Any) -> float:
+            if isinstance(value, float):
+                return value
+            return self.base[self.devices[d]].elapsed_time(value) / 1e3
+
+        spans = [Span(d, stream, task, seconds(d, start), seconds(d, end), label)
+                 for d, stream, task, start, end, label in self.spans]
+        memory = [MemorySample(d, seconds(d, t), b) for d, t, b in self.memory]
+        memory.sort(key=lambda s: (s.device, s.time))
+        meta = {
+            "schedule": run.schedule.name, "m": run.schedule.m, "n": run.schedule.n,
+            "checkpoint": run.schedule.checkpoint, "placement": list(run.schedule.placement),
+            "devices": [str(dev) for dev in self.devices],
+            "model_state_bytes": [sum(t.numel() * t.element_size() for t in [*p.parameters(), *p.buffers()])
+                                  for p in run.partitions],
+            "threads_per_worker": run.threads_per_worker,
+        }
+        return Timeline(tuple(spans), tuple(memory), len(self.devices), "measured", meta)
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t
