@@ -78,16 +78,10 @@ from torch.nn import functional as F  # noqa: E402
 
 from gpipe.schedule import Checkpoint  # noqa: E402
 from gpipe.schedule import gpipe as gpipe_schedule  # noqa: E402
-from sim.calibrate import (  # noqa: E402
-    calibrate,
-    calibrate_executor_overheads,
-    measure_pairs,
-    measure_thread_start,
-    on_device,
-    partitions_of,
-)
+from sim.calibrate import calibrate, on_device, partitions_of  # noqa: E402
 from sim.cost import Overheads  # noqa: E402
-from sim.engine import SimConfig, simulate  # noqa: E402
+from sim.engine import simulate  # noqa: E402
+from sim.experiment import with_executor_costs  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "executor_speed.json"
 MODES: tuple[Checkpoint, ...] = ("never", "except_last", "always")
@@ -302,19 +296,15 @@ def predict(workload: Workload, quick: bool) -> dict[str, Any]:
     devices = ["cpu", "cpu"]
     cost = calibrate(model, workload.balance, sample, devices=devices, warmup=2 if quick else 3,
                      repeats=3 if quick else 15)
-    # the executor's own costs, as sim.experiment measures them: its overheads from probe pipelines, each
-    # partition's first task on a fresh thread, and what each pair of tasks costs on shared cores
-    overheads = calibrate_executor_overheads(devices, steps=4 if quick else 12)
+    # the executor's own costs, measured as sim.experiment measures them
     parts = [on_device(p, d) for p, d in zip(partitions_of(model, workload.balance), devices, strict=True)]
-    starts = measure_thread_start(parts, sample)
-    cost = replace(cost, stages=tuple(replace(s, thread_start=t) for s, t in zip(cost.stages, starts, strict=True)))
-    overheads = replace(overheads, pairs=measure_pairs(parts, sample))
+    cost, config = with_executor_costs(cost, parts, sample, devices, steps=4 if quick else 12)
+    overheads = cost.overheads
     scale = tuple(p.shape[0] / sample.shape[0] for p in pieces)
     if all(s == 1.0 for s in scale):
         scale = ()
-    ideal = replace(cost, microbatch_scale=scale, overheads=Overheads())
-    full = replace(ideal, overheads=overheads)
-    config = SimConfig(link=None, backward_after_forward=True)  # forward() returns before backward starts
+    full = replace(cost, microbatch_scale=scale)
+    ideal = replace(full, overheads=Overheads())
     n = len(workload.balance)
     out: dict[str, Any] = {
         "overheads": {"task_seconds": overheads.task, "handoff_seconds": overheads.handoff,

@@ -378,17 +378,8 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         tick("calibrate")
 
         clock = time.perf_counter()
-        overheads = calibrate_executor_overheads(list(devices))
         parts = [on_device(p, d) for p, d in zip(partitions_of(model, balance), devices, strict=True)]
-        starts = measure_thread_start(parts, first)
-        cost = replace(cost, stages=tuple(replace(s, thread_start=t) for s, t in zip(cost.stages, starts, strict=True)))
-        if len(devices) >= 2 and all(torch.device(d).type == "cpu" for d in devices):
-            # workers on the CPU share its cores and Python's lock: measure what each pair of tasks costs
-            overheads = replace(overheads, pairs=measure_pairs(parts, first))
-        cost = replace(cost, overheads=overheads, copy_seconds=None)
-        # partitions on one torch device hand tensors over and nothing is copied; GPipe's forward() returns
-        # before loss.backward() starts the backward phase (sim.engine, Note [two phases])
-        config = SimConfig(link=None, backward_after_forward=True)
+        cost, config = with_executor_costs(cost, parts, first, devices)
         seconds["overheads"] = time.perf_counter() - clock
         tick("overheads")
 
@@ -434,6 +425,23 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     tick("compare")
     return Outcome(setup, schedule, cost, config, predicted, measured_steps[chosen], makespans, chosen,
                    comparison, seconds, description, background)
+
+
+def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Batch, devices: Sequence[str], *,
+                        steps: int = 12) -> tuple[CostModel, SimConfig]:
+    """``cost`` with what the executor adds, and the simulator's switches for it.
+
+    The executor's own overheads from probe pipelines, each partition's first task on a fresh thread,
+    and, for workers sharing the CPU's cores and Python's lock, what each pair of tasks costs.
+    Partitions on one torch device hand tensors over and nothing is copied; GPipe's ``forward()``
+    returns before ``loss.backward()`` starts the backward phase (sim.engine, Note [two phases]).
+    """
+    overheads = calibrate_executor_overheads(list(devices), steps=steps)
+    starts = measure_thread_start(parts, sample)
+    cost = replace(cost, stages=tuple(replace(s, thread_start=t) for s, t in zip(cost.stages, starts, strict=True)))
+    if len(devices) >= 2 and all(torch.device(d).type == "cpu" for d in devices):
+        overheads = replace(overheads, pairs=measure_pairs(parts, sample))
+    return replace(cost, overheads=overheads, copy_seconds=None), SimConfig(link=None, backward_after_forward=True)
 
 
 def _median_seconds(stage: StageCost, profiles: Sequence[BlockProfile]) -> StageCost:

@@ -18,6 +18,7 @@ from gpipe.schedule import Op, ScheduleError, Task, gpipe, one_f_one_b
 from gpipe.timeline import Timeline
 from sim.calibrate import (
     PHASE_PAIRS,
+    _Scale,
     calibrate,
     calibrate_executor_overheads,
     count_saved_tensors,
@@ -120,14 +121,6 @@ def test_overheads_reject_unknown_kinds() -> None:
 
 # -- calibration ----------------------------------------------------------------------------------
 
-
-class _Scale(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(()))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.weight
 
 
 def test_saved_tensors_are_counted_per_stage() -> None:
