@@ -16,6 +16,9 @@ Per block, :class:`BlockProfile` holds:
   the ``F`` of a checkpointed micro-batch, cheaper because nothing is saved;
 - ``backward_seconds``: ``torch.autograd.backward`` of this block's outputs alone, with a gradient of
   ones, into its parameters and (when it requires grad) its input;
+- with ``recorded=True``, ``forward_recorded_seconds`` and ``backward_recorded_seconds``: the same
+  forward and backward while a recording executor's saved-tensor hooks count the bytes (Note [recorded
+  runs]);
 - ``output_bytes`` (sent to the next block), ``input_bytes`` (what checkpointing keeps),
   ``saved_bytes`` (kept for backward, from ``torch.autograd.graph.saved_tensors_hooks``),
   ``parameter_bytes`` (parameters and buffers) and ``gradient_bytes`` (trainable parameters).
@@ -30,6 +33,21 @@ with the block's parameters or buffers are model state, not activations, and are
 counted by the bytes of storage they cover, each byte once, however many ops save a view of it (ReLU's
 output and the next Linear's input are one tensor). Each block is counted on its own, as if it ran on
 its own device: summing single layers may count a boundary tensor twice, once in each layer that keeps it.
+
+Note [recorded runs]: a recording :class:`gpipe.GPipe` counts the bytes each grad-enabled forward
+saves with a Python pack hook (:class:`SavedBytes`, the very hook that measures ``saved_bytes``), and
+its backward takes every saved tensor back through an unpack hook. For a block of many small layers
+that is a large share of its time, and how large depends on what the layers save (a Linear's input
+and weight, a ReLU's output): it is measured on the block itself, not estimated per tensor. The hooks
+are installed outside the timed region, so what they add is their per-tensor calls.
+
+Note [run order]: a pass runs the blocks as a training step does: every grad-enabled forward in block
+order (graphs kept), then every backward in reverse order; then every no-grad forward; then, with
+``recorded``, the recorded forwards and backwards in the same order. Between two runs of a block the
+other blocks ran, as in a pipeline step, where a partition's next task follows other work. Timed
+back to back instead (forward, its backward at once, the same block again), a block of many small
+layers ran 10-20% faster than it does in a step (what it just used is still in the caches and on
+the allocator's free lists).
 
 Note [no side effects]: blocks are profiled in place, in training mode, and left as found: gradients,
 buffers (BatchNorm's running statistics), plain numeric attributes (counters such as
@@ -46,17 +64,18 @@ import copy
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from gpipe.affinity import Cores, check_affinity, pinned
 from gpipe.phase import checkpointing
 from gpipe.skip.skippable import SkipKey, use_tracker
 
-__all__ = ["BlockProfile", "BlockSizes", "Device", "TensorOrTensors", "profile_blocks", "profile_sizes"]
+__all__ = ["BlockProfile", "BlockSizes", "Device", "SavedBytes", "TensorOrTensors", "profile_blocks", "profile_sizes"]
 
 Device = torch.device | str | int
 TensorOrTensors = Tensor | tuple[Tensor, ...]
@@ -81,6 +100,8 @@ class BlockProfile(BlockSizes):
     forward_seconds: float
     forward_nograd_seconds: float
     backward_seconds: float
+    forward_recorded_seconds: float | None = None
+    backward_recorded_seconds: float | None = None
 
     @property
     def recompute_seconds(self) -> float:
@@ -95,7 +116,8 @@ class BlockProfile(BlockSizes):
 
 def profile_blocks(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
                    device: Device | Sequence[Device] | None = None, warmup: int = 2,
-                   repeats: int = 5) -> list[BlockProfile]:
+                   repeats: int = 5, recorded: bool = False,
+                   affinity: Sequence[Cores | None] | None = None) -> list[BlockProfile]:
     """Time and size each block, the sample flowing through the blocks in sequence.
 
     Args:
@@ -107,29 +129,44 @@ def profile_blocks(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
             without any where its input is).
         warmup: untimed passes over the blocks before timing.
         repeats: timed passes; each time is the median over them.
+        recorded: also time the forward and backward with a recording executor's hooks
+            (Note [recorded runs]); otherwise those two times are ``None``.
+        affinity: one set of CPU cores per block (or ``None``): each block runs on the calling thread
+            moved to its cores, as a pinned worker runs it (:mod:`gpipe.affinity`); restored after.
 
     Returns:
         One :class:`BlockProfile` per block.
 
     Raises:
-        ValueError: no blocks, ``warmup < 0``, ``repeats < 1``, or a device list of the wrong length.
+        ValueError: no blocks, ``warmup < 0``, ``repeats < 1``, a device or affinity list of the
+            wrong length, or cores this process cannot use.
         TypeError: an input or output that is not a tensor or a tuple of tensors.
     """
+    cores = check_affinity(affinity, len(blocks)) or [None] * len(blocks)
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
     with _session(blocks, sample, device) as steps:
         clocks = [_clock(step.device) for step in steps]
-        runs: list[list[tuple[float, float, float]]] = [[] for _ in steps]
+        runs: list[list[tuple[float, ...]]] = [[] for _ in steps]
         for _ in range(warmup + repeats):  # passes over all blocks, so a burst of noise hits one pass
-            for step, clock, block_runs in zip(steps, clocks, runs, strict=True):
-                block_runs.append((*_train_run(step, clock), _nograd_run(step, clock)))
+            # Note [run order]: one kind of run over every block, then the next kind
+            times: list[tuple[float, ...]] = list(_train_pass(steps, clocks, cores))
+            times = [(*t, _nograd_run(step, clock, where))
+                     for t, step, clock, where in zip(times, steps, clocks, cores, strict=True)]
+            if recorded:
+                times = [(*t, *r) for t, r in zip(times, _train_pass(steps, clocks, cores, recorded=True), strict=True)]
+            for block_runs, t in zip(runs, times, strict=True):
+                block_runs.append(t)
     profiles = []
     for step, block_runs in zip(steps, runs, strict=True):
-        forward, backward, nograd = (statistics.median(column) for column in zip(*block_runs[warmup:], strict=True))
+        medians = [statistics.median(column) for column in zip(*block_runs[warmup:], strict=True)]
+        forward, backward, nograd = medians[:3]
+        forward_recorded, backward_recorded = medians[3:] if recorded else (None, None)
         profiles.append(BlockProfile(**vars(step.sizes), forward_seconds=forward, forward_nograd_seconds=nograd,
-                                     backward_seconds=backward))
+                                     backward_seconds=backward, forward_recorded_seconds=forward_recorded,
+                                     backward_recorded_seconds=backward_recorded))
     return profiles
 
 
@@ -267,25 +304,52 @@ def _nbytes(tensors: Sequence[Tensor]) -> int:
 
 # --- sizes ----------------------------------------------------------------------------------------
 
-def _measure_sizes(block: nn.Module, inputs: tuple[Tensor, ...], atomic: bool
-                   ) -> tuple[BlockSizes, tuple[bool, tuple[Tensor, ...]]]:
-    model_state = {_storage_key(t) for t in _state(block)}
-    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+class SavedBytes:
+    """Counts the bytes a grad-enabled forward saves for backward (Note [saved bytes]).
 
-    def pack(t: Tensor) -> Tensor:
+    ``with counter.hooks():`` installs the pack hook (and an unpack hook that returns the tensor);
+    :attr:`nbytes` is what the forwards run inside kept, each byte of storage once. The profiler and
+    the executor's recorder (:mod:`gpipe.recorder`) count with this one class.
+
+    Args:
+        block: the module whose parameters and buffers are model state, not saved activations; or
+            the set of their storage keys.
+    """
+
+    def __init__(self, block: nn.Module | set[tuple[str, int]]) -> None:
+        self.model_state = block if isinstance(block, set) else {_storage_key(t) for t in _state(block)}
+        self.spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+
+    def pack(self, t: Tensor) -> Tensor:
         key = _storage_key(t)
-        if key not in model_state and t.numel() > 0:
-            spans.setdefault(key, []).append(_byte_span(t))
+        if key not in self.model_state and t.numel() > 0:
+            self.spans.setdefault(key, []).append(_byte_span(t))
         return t
 
+    def hooks(self) -> Any:
+        """The context manager of both hooks."""
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, _unpack)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_union_length(s) for s in self.spans.values())
+
+
+def _unpack(t: Tensor) -> Tensor:
+    return t
+
+
+def _measure_sizes(block: nn.Module, inputs: tuple[Tensor, ...], atomic: bool
+                   ) -> tuple[BlockSizes, tuple[bool, tuple[Tensor, ...]]]:
+    counter = SavedBytes(block)
     # Fresh leaves, as in every timed run, so the hook sees exactly what a timed forward saves.
     leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in inputs)
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.enable_grad(), counter.hooks():
         output = _call(block, _fresh(leaves), atomic)
     params = list(block.parameters())
     sizes = BlockSizes(
         output_bytes=_nbytes(output[1]),
-        saved_bytes=sum(_union_length(s) for s in spans.values()),
+        saved_bytes=counter.nbytes,
         input_bytes=_nbytes(inputs),
         parameter_bytes=_nbytes(params) + _nbytes(list(block.buffers())),
         gradient_bytes=_nbytes([p for p in params if p.requires_grad]),
@@ -316,23 +380,36 @@ def _union_length(spans: list[tuple[int, int]]) -> int:
 
 # --- times ----------------------------------------------------------------------------------------
 
-def _train_run(step: _Step, clock: Clock) -> tuple[float, float]:
-    """Seconds of one grad-enabled forward and of its backward."""
-    leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in step.inputs)
-    with torch.enable_grad():
-        fresh = _fresh(leaves)
-        forward, (_, outputs) = clock(lambda: _call(step.block, fresh, step.atomic))
-    tensors = [t for t in outputs if t.requires_grad]
-    grads = [torch.ones_like(t) for t in tensors]
-    backward = clock(lambda: torch.autograd.backward(tensors, grads))[0] if tensors else 0.0
-    for p in step.block.parameters():
-        p.grad = None
-    return forward, backward  # the graph dies with this frame
+def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence[Cores | None],
+                recorded: bool = False) -> list[tuple[float, float]]:
+    """Seconds of each block's grad-enabled forward and of its backward, in a step's order (Note [run order]).
+
+    Every forward first, in block order, keeping its graph; then every backward, in reverse order. With
+    ``recorded``, under a recording executor's hooks (Note [recorded runs]).
+    """
+    graphs: list[tuple[float, list[Tensor], list[Tensor]]] = []
+    for step, clock, where in zip(steps, clocks, cores, strict=True):
+        leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in step.inputs)
+        with pinned(where), torch.enable_grad(), (SavedBytes(step.block).hooks() if recorded else nullcontext()):
+            fresh = _fresh(leaves)
+            forward, (_, outputs) = clock(lambda: _call(step.block, fresh, step.atomic))  # noqa: B023 (called at once)
+        tensors = [t for t in outputs if t.requires_grad]
+        graphs.append((forward, tensors, [torch.ones_like(t) for t in tensors]))
+    times: list[tuple[float, float]] = []
+    for step, clock, where, (forward, tensors, grads) in reversed(list(zip(steps, clocks, cores, graphs,
+                                                                           strict=True))):
+        with pinned(where):
+            backward = clock(lambda: torch.autograd.backward(tensors, grads))[0] if tensors else 0.0  # noqa: B023
+        for p in step.block.parameters():
+            p.grad = None
+        times.append((forward, backward))
+    graphs.clear()  # the graphs die here
+    return times[::-1]
 
 
-def _nograd_run(step: _Step, clock: Clock) -> float:
+def _nograd_run(step: _Step, clock: Clock, cores: Cores | None = None) -> float:
     """Seconds of one forward as a checkpointed micro-batch runs it."""
-    with torch.no_grad(), checkpointing():
+    with pinned(cores), torch.no_grad(), checkpointing():
         fresh = _fresh(step.inputs)
         return clock(lambda: _call(step.block, fresh, step.atomic))[0]
 

@@ -15,9 +15,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
 
-from gpipe.profile import _byte_span, _storage_key, _union_length
+from gpipe.profile import SavedBytes, _storage_key
 from gpipe.schedule import Task
 from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
 
@@ -98,26 +97,18 @@ class Recorder:
 
     def saved(self, d: int, i: int, j: int) -> Any:
         """Count the bytes this task saves for backward (parameters and buffers excluded), as the profiler does."""
-        state = self.model_state[j]
-        spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
-
-        def pack(t: Tensor) -> Tensor:
-            key = _storage_key(t)
-            if key not in state and t.numel() > 0:
-                spans.setdefault(key, []).append(_byte_span(t))
-            return t
-
+        counter = SavedBytes(self.model_state[j])
         recorder = self
 
         class _Saved:
             def __enter__(self) -> None:
-                self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, _identity)
+                self.hooks = counter.hooks()
                 self.hooks.__enter__()
 
             def __exit__(self, *exc: Any) -> None:
                 self.hooks.__exit__(*exc)
                 if exc[0] is None:
-                    recorder.hold(d, i, j, sum(_union_length(s) for s in spans.values()))
+                    recorder.hold(d, i, j, counter.nbytes)
 
         return _Saved()
 
@@ -145,7 +136,3 @@ class Recorder:
             "threads_per_worker": run.threads_per_worker,
         }
         return Timeline(tuple(spans), tuple(memory), len(self.devices), "measured", meta)
-
-
-def _identity(t: Tensor) -> Tensor:
-    return t

@@ -32,9 +32,10 @@ profiled seconds of the probe layer is the executor's own cost:
                                                  recording  = median(span - profiled) of F and R with
                                                               grad, minus task and the hooks' per-tensor cost
                                                  gap        = median time between two tasks of the worker
-    two workers, 1 micro-batch, never            handoff    = F0@0 end -> F0@1 start, B0@1 end -> B0@0 start
-                                                 turnaround = F0@1 end -> B0@1 start (the user's loss is
+    a worker per device, 1 micro-batch, never    handoff    = F0@j end -> F0@j+1 start, B0@j+1 end -> B0@j start
+                                                 turnaround = F0@n-1 end -> B0@n-1 start (the user's loss is
                                                               not in the measured timeline)
+                                                 launch     = step start -> F0@0 start
 
 With one micro-batch nothing runs at the same time, so the hand-offs are not mixed up with contention.
 
@@ -71,6 +72,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import queue
 import statistics
 import threading
@@ -81,14 +83,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpipe.affinity import Cores, check_affinity, pinned
 from gpipe.phase import checkpointing
 from gpipe.profile import (
     Device,
+    SavedBytes,
     TensorOrTensors,
-    _byte_span,
     _preserved,
     _storage_key,
-    _union_length,
     profile_blocks,
 )
 from gpipe.schedule import Op, Task
@@ -141,7 +143,8 @@ def partitions_of(module: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequ
 
 
 def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: TensorOrTensors, *,
-              devices: Sequence[Device] | None = None, warmup: int = 2, repeats: int = 5) -> CostModel:
+              devices: Sequence[Device] | None = None, warmup: int = 2, repeats: int = 5,
+              recorded: bool = False, affinity: Sequence[Cores | None] | None = None) -> CostModel:
     """Profile each partition on its device into a cost model (see the module docstring's table).
 
     Args:
@@ -152,6 +155,11 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
             moved there (the model is never moved or changed). ``None``: where each partition is.
         warmup: untimed passes before timing.
         repeats: timed passes; every time is the median over them.
+        recorded: also measure each partition's forward and backward with a recording executor's
+            saved-tensor hooks (``forward_recorded``, ``backward_recorded``): for predicting a
+            :class:`gpipe.GPipe` that records its timeline (Note [recording]).
+        affinity: one set of CPU cores per partition (or ``None``), as the executor's
+            ``cpu_affinity``: each partition is profiled on its cores.
 
     Returns:
         One :class:`~sim.cost.StageCost` per partition; copies priced by the simulator's link
@@ -164,7 +172,8 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
     parts = partitions_of(module, balance)
     if devices is not None and len(devices) != len(parts):
         raise ValueError(f"{len(devices)} devices for {len(parts)} partitions; give one device per partition")
-    profiles = profile_blocks(parts, sample_microbatch, device=devices, warmup=warmup, repeats=repeats)
+    profiles = profile_blocks(parts, sample_microbatch, device=devices, warmup=warmup, repeats=repeats,
+                              recorded=recorded, affinity=affinity)
     placed = parts if devices is None else [on_device(p, d) for p, d in zip(parts, devices, strict=True)]
     counts = count_saved_tensors(placed, sample_microbatch)
     stages = tuple(StageCost(
@@ -178,6 +187,8 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
         parameter_bytes=p.parameter_bytes,
         gradient_bytes=p.gradient_bytes,
         saved_tensors=count,
+        forward_recorded=p.forward_recorded_seconds,
+        backward_recorded=p.backward_recorded_seconds,
     ) for p, count in zip(profiles, counts, strict=True))
     return CostModel(stages)
 
@@ -223,7 +234,8 @@ def calibrate_overheads(*, workers: int = 2, repeats: int = 200, contention: boo
 
 
 def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, warmup_steps: int = 3,
-                                 contention: bool | None = None, saved_tensor_repeats: int = 101) -> Overheads:
+                                 contention: bool | None = None, saved_tensor_repeats: int = 101,
+                                 affinity: Sequence[Cores | None] | None = None) -> Overheads:
     """Measure the executor's own costs by running it (Note [executor overheads]).
 
     Args:
@@ -233,12 +245,14 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
         contention: measure core sharing among the workers on the CPU (:func:`measure_contention`);
             ``None``: when at least two partitions are on the CPU.
         saved_tensor_repeats: samples of :func:`measure_saved_tensor_cost`.
+        affinity: one set of CPU cores per device (or ``None``), as the executor's ``cpu_affinity``:
+            the probe pipelines' workers are pinned the same way.
 
     Returns:
         :class:`~sim.cost.Overheads` with every field measured on this machine.
 
     Raises:
-        ValueError: no devices, or a non-positive ``steps``.
+        ValueError: no devices, a non-positive ``steps``, or a bad ``affinity``.
     """
     from gpipe import GPipe  # the executor; imported here so the simulator never needs it
 
@@ -247,13 +261,14 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
     _positive("steps", steps)
     first = torch.device(devices[0])
     second = torch.device(devices[1]) if len(devices) > 1 else first
+    cores = check_affinity(affinity, len(devices)) or [None] * len(devices)
     per_saved, per_unpacked = measure_saved_tensor_cost(saved_tensor_repeats)
     sample = torch.randn(1, 4, device=first)
 
     def probe(stage_devices: list[torch.device], chunks: int, checkpoint: str) -> list[Any]:
         model = nn.Sequential(*[_Scale() for _ in stage_devices])
         pipe = GPipe(model, balance=[1] * len(stage_devices), devices=stage_devices, chunks=chunks,
-                     checkpoint=checkpoint, record=True)
+                     checkpoint=checkpoint, record=True, cpu_affinity=(cores * 2)[:len(stage_devices)])
         batch = torch.randn(chunks, 4, device=first)
         timelines = []
         for k in range(warmup_steps + steps):
@@ -263,7 +278,7 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
         return timelines
 
     # One worker alone: each task's own host time and the gap between two tasks, with nothing to wait for.
-    (alone,) = profile_blocks([_Scale().to(first)], sample, warmup=10, repeats=51)
+    (alone,) = profile_blocks([_Scale().to(first)], sample, warmup=10, repeats=51, affinity=cores[:1])
     packs = count_saved_tensors([_Scale().to(first)], sample)[0]
     base: list[float] = []
     recorded: list[float] = []
@@ -281,13 +296,20 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
     task = max(0.0, statistics.median(base))
     recording = max(0.0, statistics.median(recorded) - task)
 
-    # Two workers, one micro-batch: every wait is a hand-off, and nothing computes at the same time.
+    # One worker per device (at least two), one micro-batch: every wait is a hand-off, nothing computes
+    # at the same time, and the first forward starts after the workers are launched.
     handoffs: list[float] = []
     turnarounds: list[float] = []
-    for timeline in probe([first, second], 1, "never"):
-        f0, f1, b1, b0 = (timeline.span_of(Task(op, 0, j)) for op, j in ((Op.F, 0), (Op.F, 1), (Op.B, 1), (Op.B, 0)))
-        handoffs += [f1.start - f0.end, b0.start - b1.end]
-        turnarounds.append(b1.start - f1.end)
+    launches: list[float] = []
+    chain = [torch.device(d) for d in devices] if len(devices) > 1 else [first, second]
+    last = len(chain) - 1
+    for timeline in probe(chain, 1, "never"):
+        forward = [timeline.span_of(Task(Op.F, 0, j)) for j in range(len(chain))]
+        backward = [timeline.span_of(Task(Op.B, 0, j)) for j in range(len(chain))]
+        handoffs += [b.start - a.end for a, b in zip(forward, forward[1:], strict=False)]
+        handoffs += [a.start - b.end for a, b in zip(backward, backward[1:], strict=False)]
+        turnarounds.append(backward[last].start - forward[last].end)
+        launches.append(forward[0].start)
     if contention is None:
         contention = sum(1 for d in devices if torch.device(d).type == "cpu") >= 2
     return Overheads(
@@ -297,13 +319,15 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
         if contention else 0.0,
         gap=max(0.0, statistics.median(gaps)),
         turnaround=max(0.0, statistics.median(turnarounds)),
+        launch=max(0.0, statistics.median(launches)),
         recording=recording,
         per_saved_tensor=per_saved,
         per_unpacked_tensor=per_unpacked,
     )
 
 
-def measure_thread_start(parts: Sequence[nn.Module], sample: TensorOrTensors, *, threads: int = 3) -> list[float]:
+def measure_thread_start(parts: Sequence[nn.Module], sample: TensorOrTensors, *, threads: int = 3,
+                         affinity: Sequence[Cores | None] | None = None) -> list[float]:
     """Extra seconds of each partition's first task on a fresh thread (:attr:`sim.cost.StageCost.thread_start`).
 
     On each of ``threads`` fresh threads, one partition after the other runs a grad-enabled forward
@@ -314,14 +338,17 @@ def measure_thread_start(parts: Sequence[nn.Module], sample: TensorOrTensors, *,
         parts: the partitions, in order, on their devices.
         sample: the first partition's input (one micro-batch).
         threads: fresh threads per partition.
+        affinity: one set of CPU cores per partition (or ``None``): the fresh threads are pinned
+            there, as the executor's pinned workers are.
 
     Returns:
         Seconds per partition, >= 0.
 
     Raises:
-        ValueError: ``threads < 1``.
+        ValueError: ``threads < 1`` or a bad ``affinity``.
     """
     _positive("threads", threads)
+    cores = check_affinity(affinity, len(parts)) or [None] * len(parts)
     extra: list[list[float]] = [[] for _ in parts]
     with contextlib.ExitStack() as stack:
         for part in parts:
@@ -338,7 +365,9 @@ def measure_thread_start(parts: Sequence[nn.Module], sample: TensorOrTensors, *,
                 cuda = {t.device for t in parts[k].parameters() if t.device.type == "cuda"}
 
                 def job(runner: dict[str, Callable[[], Any]] = runner, times: list[float] = times,
-                        cuda: set[torch.device] = cuda) -> None:
+                        cuda: set[torch.device] = cuda, where: Cores | None = cores[k]) -> None:
+                    if where is not None:  # a pinned worker is pinned before its first task
+                        os.sched_setaffinity(0, where)
                     for kind in ("F", "F", "B", "B"):
                         for device in cuda:
                             torch.cuda.synchronize(device)
@@ -407,17 +436,6 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _recorder_pack(state: set[tuple[str, int]], spans: dict[tuple[str, int], list[tuple[int, int]]]
-                   ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A pack hook that does what :mod:`gpipe.pipe`'s recorder does for every saved tensor."""
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
-        if key not in state and t.numel() > 0:
-            spans.setdefault(key, []).append(_byte_span(t))
-        return t
-    return pack
-
-
 #: The pairs of task kinds that can run at the same time in GPipe's two phases (Note [two phases] in
 #: sim.engine): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
 PHASE_PAIRS = (("F", "F"), ("F", "Fc"), ("Fc", "F"), ("Fc", "Fc"), ("F", "B"), ("B", "F"), ("B", "B"))
@@ -425,7 +443,8 @@ PHASE_PAIRS = (("F", "F"), ("F", "Fc"), ("Fc", "F"), ("Fc", "Fc"), ("F", "B"), (
 
 def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window: float = 0.03,
                   max_window: float = 0.15, repeats: int = 2,
-                  kinds: Sequence[tuple[str, str]] = PHASE_PAIRS) -> tuple[tuple[str, int, str, int, float], ...]:
+                  kinds: Sequence[tuple[str, str]] = PHASE_PAIRS,
+                  affinity: Sequence[Cores | None] | None = None) -> tuple[tuple[str, int, str, int, float], ...]:
     """How much the tasks of two stages slow each other when they run at the same time (Note [pairs]).
 
     Args:
@@ -436,14 +455,17 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
         max_window: the longest time one pair runs together, seconds.
         repeats: rounds of every measurement; each slowdown is the median over the rounds.
         kinds: the pairs of task kinds to measure, for every pair of stages.
+        affinity: one set of CPU cores per stage (or ``None``): each stage's task runs on a thread
+            pinned there, as :class:`gpipe.GPipe` with ``cpu_affinity`` runs it.
 
     Returns:
         ``(kind, stage, other kind, other stage, c)`` for :attr:`sim.cost.Overheads.pairs`, both ways.
 
     Raises:
-        ValueError: ``repeats < 1`` or a non-positive window.
+        ValueError: ``repeats < 1``, a non-positive window, or a bad ``affinity``.
     """
     _positive("repeats", repeats)
+    cores = check_affinity(affinity, len(parts)) or [None] * len(parts)
     if not window > 0 or not max_window >= window:
         raise ValueError(f"need 0 < window <= max_window, got {window!r} and {max_window!r}")
     with contextlib.ExitStack() as stack:
@@ -466,15 +488,18 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
                 helper.call(fn)
         for _ in range(repeats):
             for key in sorted(needed):
-                alone[key].append(_loop_alone(runners[key[1]][key[0]], window))
+                with pinned(cores[key[1]]):
+                    alone[key].append(_loop_alone(runners[key[1]][key[0]], window))
             for j in range(len(parts)):
                 for k in range(j + 1, len(parts)):
                     for a, b in kinds:
                         ta, tb = statistics.median(alone[(a, j)]), statistics.median(alone[(b, k)])
                         span = min(max(window, 2.5 * max(ta, tb)), max_window)
                         # both ways round: the thread that holds Python's lock first tends to keep it
-                        xa, xb = _loop_together(helper, runners[j][a], runners[k][b], span, (ta, tb))
-                        yb, ya = _loop_together(helper, runners[k][b], runners[j][a], span, (tb, ta))
+                        xa, xb = _loop_together(helper, runners[j][a], runners[k][b], span, (ta, tb),
+                                                (cores[j], cores[k]))
+                        yb, ya = _loop_together(helper, runners[k][b], runners[j][a], span, (tb, ta),
+                                                (cores[k], cores[j]))
                         rate_a = (ta / xa + ta / ya) / 2 if ta > 0 else 1.0
                         rate_b = (tb / xb + tb / yb) / 2 if tb > 0 else 1.0
                         slow.setdefault((a, j, b, k), []).append(1.0 / max(rate_a, 1e-3))
@@ -490,11 +515,10 @@ class _Graphs:
         self.ready: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
 
     def build(self, count: int) -> None:
-        state = {_storage_key(t) for t in [*self.part.parameters(), *self.part.buffers()]}
         while len(self.ready) < count:
             fresh = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in self.leaves)
             # saved through the recorder's hooks, as the executor saves them: the backward unpacks each
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_recorder_pack(state, {}), _unpack):
+            with torch.enable_grad(), SavedBytes(self.part).hooks():
                 out = self.part(fresh[0] if self.atomic else fresh)
             outs = [t for t in ((out,) if isinstance(out, torch.Tensor) else tuple(out)) if t.requires_grad]
             self.ready.append((outs, [torch.ones_like(t) for t in outs]))
@@ -520,11 +544,11 @@ def _pair_runners(parts: Sequence[nn.Module], sample: TensorOrTensors) -> list[d
 
         def forward(part: nn.Module = part, leaves: tuple[torch.Tensor, ...] = leaves, atomic: bool = atomic,
                     state: set[tuple[str, int]] = state) -> Any:
-            spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+            counter = SavedBytes(state)
             fresh = tuple(t.detach().requires_grad_(t.requires_grad) for t in leaves)
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_recorder_pack(state, spans), _unpack):
+            with torch.enable_grad(), counter.hooks():
                 out = part(fresh[0] if atomic else fresh)
-            sum(_union_length(v) for v in spans.values())
+            _ = counter.nbytes
             return out
 
         def forward_checkpointed(part: nn.Module = part, leaves: tuple[torch.Tensor, ...] = leaves,
@@ -600,11 +624,13 @@ class _Helper:
 
 
 def _loop_together(helper: _Helper, a: Callable[[], Any], b: Callable[[], Any], window: float,
-                   alone: tuple[float, float]) -> tuple[float, float]:
+                   alone: tuple[float, float], cores: tuple[Cores | None, Cores | None] = (None, None)
+                   ) -> tuple[float, float]:
     """Mean seconds of ``a`` (this thread) and ``b`` (the helper) while both run back to back for ``window`` s.
 
     Only the runs that lie wholly inside the time both loops ran count (at least one run each).
-    ``alone`` (each one's seconds alone) sizes how many backward graphs to build ahead.
+    ``alone`` (each one's seconds alone) sizes how many backward graphs to build ahead; ``cores``
+    pins each loop's thread.
     """
     for fn, seconds in zip((a, b), alone, strict=True):
         if isinstance(fn, _Graphs):
@@ -615,13 +641,15 @@ def _loop_together(helper: _Helper, a: Callable[[], Any], b: Callable[[], Any], 
     until = [0.0]
 
     def other() -> None:
-        barrier.wait()
-        _timed_loop(b, until[0], times_b)
+        with pinned(cores[1]):
+            barrier.wait()
+            _timed_loop(b, until[0], times_b)
 
     helper.submit(other)
-    until[0] = time.perf_counter() + window
-    barrier.wait()
-    _timed_loop(a, until[0], times_a)
+    with pinned(cores[0]):
+        until[0] = time.perf_counter() + window
+        barrier.wait()
+        _timed_loop(a, until[0], times_a)
     helper.result()
     lo = max(times_a[0][0], times_b[0][0])
     hi = min(times_a[-1][1], times_b[-1][1])
@@ -657,18 +685,17 @@ def measure_saved_tensor_cost(repeats: int = 101, *, ops: int = 32) -> tuple[flo
 
     def chain(hooked: bool) -> tuple[float, float]:
         x = torch.randn(4, 4, requires_grad=True)
-        spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        pack = _recorder_pack(model_state, spans)
+        counter = SavedBytes(model_state)
         tick = time.perf_counter()
         with torch.enable_grad():
             if hooked:
-                with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+                with counter.hooks():
                     for _ in range(ops):
                         x = x * weight
             else:
                 for _ in range(ops):
                     x = x * weight
-        _union_length([s for v in spans.values() for s in v])
+        _ = counter.nbytes
         forward = time.perf_counter() - tick
         grad = torch.ones_like(x)
         tick = time.perf_counter()

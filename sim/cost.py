@@ -46,6 +46,12 @@ class StageCost:
             libraries set up their per-thread state on first use); paid by each device's first task,
             and again by the first task of the backward phase when the executor starts new threads
             for it (``SimConfig(backward_after_forward=True)``).
+        forward_recorded: seconds of a grad-enabled forward (an ``F`` not checkpointed, an ``R``)
+            while a recording executor's saved-tensor hooks count its bytes, measured on the stage
+            itself (:func:`gpipe.profile.profile_blocks` with ``recorded=True``); when set, it
+            replaces ``forward`` (or ``recompute``) plus ``saved_tensors`` per-tensor overheads.
+            Set it only to predict a recording executor; ``None``: the per-tensor estimate.
+        backward_recorded: as ``forward_recorded``, for ``B`` (the unpack hook of every saved tensor).
     """
 
     forward: float
@@ -61,6 +67,8 @@ class StageCost:
     forward_checkpointed: float | None = None
     saved_tensors: int = 0
     thread_start: float = 0.0
+    forward_recorded: float | None = None
+    backward_recorded: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",
@@ -68,8 +76,9 @@ class StageCost:
             _check(name, getattr(self, name))
         if self.recompute is not None:
             _check("recompute", self.recompute)
-        if self.forward_checkpointed is not None:
-            _check("forward_checkpointed", self.forward_checkpointed)
+        for name in ("forward_checkpointed", "forward_recorded", "backward_recorded"):
+            if getattr(self, name) is not None:
+                _check(name, getattr(self, name))
 
     def forward_seconds(self, checkpointed: bool) -> float:
         """Seconds of ``F`` for a micro-batch that is checkpointed (no-grad forward) or not."""
@@ -104,6 +113,8 @@ class Overheads:
         gap: host time between two consecutive tasks of one worker, outside both (taking the next
             task's inputs, sending the previous one's results): a device's next task starts no
             earlier than ``gap`` after its previous task ended.
+        launch: seconds from the start of a step to the earliest start of its first task (the
+            executor cuts the mini-batch and starts its workers): no task starts before it.
         turnaround: with ``SimConfig(backward_after_forward=True)``, seconds from the end of the
             step's last forward to the earliest start of its backward phase (the host joins the
             forward workers and starts the backward ones; the user's loss is not counted).
@@ -126,13 +137,14 @@ class Overheads:
     contention: float = 0.0
     gap: float = 0.0
     turnaround: float = 0.0
+    launch: float = 0.0
     recording: float = 0.0
     per_saved_tensor: float = 0.0
     per_unpacked_tensor: float = 0.0
     pairs: tuple[tuple[str, int, str, int, float], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("task", "handoff", "contention", "gap", "turnaround", "recording", "per_saved_tensor",
+        for name in ("task", "handoff", "contention", "gap", "turnaround", "launch", "recording", "per_saved_tensor",
                      "per_unpacked_tensor"):
             _check(f"overheads.{name}", getattr(self, name))
         object.__setattr__(self, "pairs", tuple((str(a), int(j), str(b), int(k), float(c))

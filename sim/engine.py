@@ -7,8 +7,9 @@ One SimPy process per device walks that device's task list in order (Note [depen
     stage cost   = F: forward_seconds(checkpointed), B: backward, R: recompute_seconds, W: weight
     host seconds = overheads.task
                    + for a grad-enabled forward (F not checkpointed, R): overheads.recording
-                     + stage.saved_tensors * overheads.per_saved_tensor
+                     + stage.saved_tensors * overheads.per_saved_tensor (unless forward_recorded)
                    + for a backward: stage.saved_tensors * overheads.per_unpacked_tensor
+                     (unless backward_recorded)
                    + for a device's first task (and, with two phases, the first of its backward
                      phase): stage.thread_start
 
@@ -16,9 +17,11 @@ Note [host costs]: an executor costs host time beyond its kernels, which does no
 micro-batch: every task's bookkeeping (``task``), and, while it records a timeline, the saved-tensor
 hooks that count the bytes each grad-enabled forward keeps (``recording`` per task, and
 ``per_saved_tensor`` for every tensor autograd saves: ``StageCost.saved_tensors`` per stage; the
-backward gets each back through an unpack hook, ``per_unpacked_tensor``), and the
-first task on a fresh worker thread (``StageCost.thread_start``): an executor that starts its
-workers for each phase (Note [two phases]) pays it at the start of each.
+backward gets each back through an unpack hook, ``per_unpacked_tensor``; a stage whose
+``forward_recorded`` and ``backward_recorded`` seconds were measured with the hooks on uses those
+instead of its plain seconds and the per-tensor estimate), and the first task on a fresh worker
+thread (``StageCost.thread_start``): an executor that starts its workers for each phase (Note [two
+phases]) pays it at the start of each.
 
 Note [copies]: a dependency produced on another device travels as a copy, issued when its producer
 ends: the activation of F(i, j) to stage j+1 (``stages[j].send_bytes`` bytes), the gradient of B(i, j)
@@ -62,7 +65,8 @@ Only schedules whose devices run all their forwards first can be split so (GPipe
 
 Note [gap]: ``cost.overheads.gap`` is host time a worker spends between two of its tasks, outside both
 spans (taking the next task's inputs, sending the previous one's results): a device's next task starts
-no earlier than ``gap`` after its previous one ended. A consumer that waited for a hand-off starts at
+no earlier than ``gap`` after its previous one ended. Its first task starts no earlier than ``cost.overheads.launch``
+(the executor cutting the mini-batch and starting its workers). A consumer that waited for a hand-off starts at
 ``max(previous end + gap, arrival)``: ``handoff`` already covers the producer's sending and the
 consumer's waking.
 
@@ -248,10 +252,25 @@ def _host_seconds(cost: CostModel, checkpointed: bool, op: int, stage: StageCost
     o = cost.overheads
     seconds = o.task
     if op == _R or (op == _F and not checkpointed):  # a grad-enabled forward: recorded through saved-tensor hooks
-        seconds += o.recording + stage.saved_tensors * o.per_saved_tensor
-    elif op == _B:  # its graph was recorded: every saved tensor comes back through the unpack hook
+        seconds += o.recording
+        if stage.forward_recorded is None:  # else the hooks are in the measured seconds (_stage_seconds)
+            seconds += stage.saved_tensors * o.per_saved_tensor
+    elif op == _B and stage.backward_recorded is None:  # every saved tensor comes back through the unpack hook
         seconds += stage.saved_tensors * o.per_unpacked_tensor
     return seconds
+
+
+def _stage_seconds(stage: StageCost, checkpointed: bool, op: int) -> float:
+    """Seconds of one task at micro-batch scale 1: Note [host costs] for the measured recorded seconds."""
+    if op == _F:
+        if not checkpointed and stage.forward_recorded is not None:
+            return stage.forward_recorded
+        return stage.forward_seconds(checkpointed)
+    if op == _R:
+        return stage.recompute_seconds if stage.forward_recorded is None else stage.forward_recorded
+    if op == _B:
+        return stage.backward if stage.backward_recorded is None else stage.backward_recorded
+    return stage.weight
 
 
 _KIND = {_F: "F", _R: "F", _B: "B", _W: "B"}  # Note [pairwise contention]; a checkpointed F is "Fc"
@@ -341,8 +360,8 @@ class _Run:
         # process scales the stage seconds and adds the host seconds, which do not scale)
         host = [[[_host_seconds(cost, c == 1, op, s) for s in cost.stages] for op in range(4)] for c in (0, 1)]
         self.table = [[[(inputs[c][op][j], outputs[c][op][j],
-                         (s.forward_seconds(c == 1), s.backward, s.recompute_seconds, s.weight)[op]
-                         + (0.0 if cost.microbatch_scale else host[c][op][j]), host[c][op][j])
+                         _stage_seconds(s, c == 1, op) + (0.0 if cost.microbatch_scale else host[c][op][j]),
+                         host[c][op][j])
                         for j, s in enumerate(cost.stages)] for op in range(4)] for c in (0, 1)]
         self.handoff = cost.overheads.handoff
         self.scaled = bool(cost.microbatch_scale)
@@ -418,7 +437,8 @@ class _Run:
             "lockstep_forward": config.lockstep_forward, "backward_after_forward": config.backward_after_forward,
             "overheads": {"task": cost.overheads.task, "handoff": cost.overheads.handoff,
                           "contention": cost.overheads.contention, "gap": cost.overheads.gap,
-                          "turnaround": cost.overheads.turnaround, "recording": cost.overheads.recording,
+                          "turnaround": cost.overheads.turnaround, "launch": cost.overheads.launch,
+                          "recording": cost.overheads.recording,
                           "per_saved_tensor": cost.overheads.per_saved_tensor,
                           "per_unpacked_tensor": cost.overheads.per_unpacked_tensor,
                           "pairs": [list(p) for p in cost.overheads.pairs]},
@@ -441,7 +461,7 @@ class _Run:
             self.track_memory
         tasks = self.schedule.tasks[d]
         backward_left = 0 if fork_join else sum(1 for t in tasks if t.op is _OP_B)
-        gap, free_at = self.cost.overheads.gap, 0.0  # Note [gap]
+        gap, free_at = self.cost.overheads.gap, self.cost.overheads.launch  # Note [gap]
         two_phases, prefix = self.config.backward_after_forward, self.prefix[d]
         for k, task in enumerate(tasks):
             o, i, j = task.op, task.microbatch, task.stage
@@ -517,7 +537,7 @@ class _Run:
         fork_join, stages, copy = self.config.enforce_backward_order, self.cost.stages, self._copy_on_streams
         tasks = self.schedule.tasks[d]
         backward_left = 0 if fork_join else sum(1 for t in tasks if t.op is _OP_B)
-        gap, free_at = self.cost.overheads.gap, 0.0  # Note [gap]
+        gap, free_at = self.cost.overheads.gap, self.cost.overheads.launch  # Note [gap]
         held, current, mem_append, frees_at, n = self.held, self.current, self.memory[d].append, self.frees_at, self.n
         t = 0.0  # this device's time
         for k, task in enumerate(tasks):

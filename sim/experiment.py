@@ -68,6 +68,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gpipe.affinity import Cores, available_cores, supported
 from gpipe.profile import BlockProfile, profile_blocks
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, gpipe
 from gpipe.timeline import Timeline, write_chrome_trace
@@ -95,6 +96,7 @@ __all__ = [
     "progress_labels",
     "run",
     "stage_costs",
+    "worker_affinity",
     "write_outputs",
 ]
 
@@ -121,6 +123,9 @@ class Setup:
             overhead measurements use; the stage seconds of the prediction are the medians over the
             passes interleaved with the steps (Note [interleaved calibration]).
         balance_timeout: seconds ``balance_by_time`` may spend.
+        pin: on CPU devices (Linux), pin partition ``j``'s worker, and everything that calibrates it,
+            to one core of its own (Note [pinned workers] in :mod:`gpipe.affinity`); ``False``:
+            the operating system places the threads.
     """
 
     chunks: int = 4
@@ -134,6 +139,7 @@ class Setup:
     warmup: int = 2
     repeats: int = 3
     balance_timeout: float = 1.0
+    pin: bool = True
 
     def __post_init__(self) -> None:
         if self.balance is not None:
@@ -211,6 +217,7 @@ class Outcome:
             "schedule": self.schedule.name,
             "seed": self.setup.seed,
             "threads_per_worker": self.setup.threads,
+            "pinned_workers": self.setup.pin,
             "steps": self.setup.steps,
             "warmup_steps": self.setup.warmup_steps,
             "step_makespans": list(self.step_makespans),
@@ -289,6 +296,18 @@ def default_devices(partitions: int) -> tuple[str, ...]:
     if torch.cuda.is_available() and torch.cuda.device_count() >= partitions:
         return tuple(f"cuda:{k}" for k in range(partitions))
     return ("cpu",) * partitions
+
+
+def worker_affinity(devices: Sequence[str]) -> list[frozenset[int] | None] | None:
+    """One core per partition for :class:`gpipe.GPipe`'s ``cpu_affinity``: partition ``j`` on the ``j``-th core.
+
+    Only where every device is the CPU and threads can be pinned (Linux); ``None`` otherwise. With
+    more partitions than cores, the cores are dealt round (partitions then share them).
+    """
+    if not devices or not supported() or any(torch.device(d).type != "cpu" for d in devices):
+        return None
+    cores = available_cores()
+    return [frozenset({cores[j % len(cores)]}) for j in range(len(devices))]
 
 
 def microbatch_sizes(batch: int, chunks: int) -> list[int]:
@@ -373,18 +392,20 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         setup = replace(setup, balance=tuple(balance), devices=tuple(devices))
 
         clock = time.perf_counter()
-        cost = stage_costs(model, batch, balance, setup.chunks, devices, warmup=setup.warmup, repeats=setup.repeats)
+        affinity = worker_affinity(devices) if setup.pin else None
+        cost = stage_costs(model, batch, balance, setup.chunks, devices, warmup=setup.warmup, repeats=setup.repeats,
+                           affinity=affinity)
         seconds["calibrate"] = time.perf_counter() - clock
         tick("calibrate")
 
         clock = time.perf_counter()
         parts = [on_device(p, d) for p, d in zip(partitions_of(model, balance), devices, strict=True)]
-        cost, config = with_executor_costs(cost, parts, first, devices)
+        cost, config = with_executor_costs(cost, parts, first, devices, affinity=affinity)
         seconds["overheads"] = time.perf_counter() - clock
         tick("overheads")
 
         pipe = GPipe(model, balance=list(balance), devices=list(devices), chunks=setup.chunks,
-                     checkpoint=setup.checkpoint)
+                     checkpoint=setup.checkpoint, cpu_affinity=affinity)
         pipe.record = True
         schedule = pipe.schedule  # Note [one schedule]
         if schedule != gpipe(len(sizes), len(balance), setup.checkpoint):
@@ -402,7 +423,8 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
             timeline = _train_step(pipe, model, batch)
             if k >= setup.warmup_steps:
                 measured_steps.append(timeline)
-            passes.append(profile_blocks(parts, first, device=list(devices), warmup=1, repeats=1))
+            passes.append(profile_blocks(parts, first, device=list(devices), warmup=1, repeats=1, recorded=True,
+                                         affinity=affinity))
             tick(f"step {k - setup.warmup_steps + 1}" if k >= setup.warmup_steps else f"warm-up step {k + 1}")
         seconds["measure"] = time.perf_counter() - clock
         background = meter.cores()
@@ -428,33 +450,44 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
 
 def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Batch, devices: Sequence[str], *,
-                        steps: int = 12) -> tuple[CostModel, SimConfig]:
+                        steps: int = 12, affinity: Sequence[Cores | None] | None = None
+                        ) -> tuple[CostModel, SimConfig]:
     """``cost`` with what the executor adds, and the simulator's switches for it.
 
     The executor's own overheads from probe pipelines, each partition's first task on a fresh thread,
     and, for workers sharing the CPU's cores and Python's lock, what each pair of tasks costs.
     Partitions on one torch device hand tensors over and nothing is copied; GPipe's ``forward()``
     returns before ``loss.backward()`` starts the backward phase (sim.engine, Note [two phases]).
+    ``affinity``: the executor's ``cpu_affinity``; every measurement pins its threads the same way.
     """
-    overheads = calibrate_executor_overheads(list(devices), steps=steps)
-    starts = measure_thread_start(parts, sample)
+    overheads = calibrate_executor_overheads(list(devices), steps=steps, affinity=affinity)
+    starts = measure_thread_start(parts, sample, affinity=affinity)
     cost = replace(cost, stages=tuple(replace(s, thread_start=t) for s, t in zip(cost.stages, starts, strict=True)))
     if len(devices) >= 2 and all(torch.device(d).type == "cpu" for d in devices):
-        overheads = replace(overheads, pairs=measure_pairs(parts, sample))
+        overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=affinity))
     return replace(cost, overheads=overheads, copy_seconds=None), SimConfig(link=None, backward_after_forward=True)
 
 
 def _median_seconds(stage: StageCost, profiles: Sequence[BlockProfile]) -> StageCost:
     """``stage`` with its seconds replaced by the medians over ``profiles`` (Note [interleaved calibration])."""
+    def median(values: Sequence[float | None], default: float | None = None) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else default
+
     forward = statistics.median(p.forward_seconds for p in profiles)
     return replace(stage, forward=forward, recompute=forward,
-                   forward_checkpointed=statistics.median(p.forward_nograd_seconds for p in profiles),
-                   backward=statistics.median(p.backward_seconds for p in profiles))
+                   forward_checkpointed=median([p.forward_nograd_seconds for p in profiles]),
+                   backward=statistics.median(p.backward_seconds for p in profiles),
+                   forward_recorded=median([p.forward_recorded_seconds for p in profiles], stage.forward_recorded),
+                   backward_recorded=median([p.backward_recorded_seconds for p in profiles], stage.backward_recorded))
 
 
 def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chunks: int, devices: Sequence[str], *,
-                warmup: int = 3, repeats: int = 9) -> CostModel:
+                warmup: int = 3, repeats: int = 9, affinity: Sequence[Cores | None] | None = None) -> CostModel:
     """Calibrate each partition on its device at the first micro-batch's size (no overheads).
+
+    The executor the experiment runs records its timeline, so each stage's forward and backward are
+    also measured with the recorder's hooks (``StageCost.forward_recorded``, ``backward_recorded``).
 
     An uneven split (``torch.tensor_split`` makes the first ``batch % chunks`` micro-batches one
     sample larger) becomes the cost model's ``microbatch_scale``: sample counts relative to the first.
@@ -462,7 +495,8 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
     tensors = _tensors(batch)
     sizes = microbatch_sizes(tensors[0].shape[0], chunks)
     first = _slice(batch, 0, sizes[0], torch.device(devices[0]))
-    cost = calibrate(model, balance, first, devices=list(devices), warmup=warmup, repeats=repeats)
+    cost = calibrate(model, balance, first, devices=list(devices), warmup=warmup, repeats=repeats, recorded=True,
+                     affinity=affinity)
     if len(set(sizes)) > 1:
         cost = replace(cost, microbatch_scale=tuple(s / sizes[0] for s in sizes))
     return cost

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.profile import BlockProfile, profile_blocks, profile_sizes
+from gpipe.profile import BlockProfile, SavedBytes, profile_blocks, profile_sizes
 
 F32 = 4  # bytes per float32
 
@@ -21,6 +21,21 @@ def test_linear_relu_bytes_are_exact() -> None:
     # Linear keeps its input (for the weight gradient), ReLU its output; the weight is model state.
     assert p.saved_bytes == batch * d_in * F32 + batch * d_out * F32
     assert p.parameter_bytes == p.gradient_bytes == (d_in * d_out + d_out) * F32
+
+
+def test_recorded_runs_are_timed_only_when_asked_and_count_what_the_recorder_counts() -> None:
+    blocks = [nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Sequential(nn.Linear(8, 2))]
+    plain = profile_blocks(blocks, torch.randn(4, 8), warmup=0, repeats=1)
+    assert all(p.forward_recorded_seconds is None and p.backward_recorded_seconds is None for p in plain)
+    recorded = profile_blocks(blocks, torch.randn(4, 8), warmup=0, repeats=3, recorded=True)
+    for p in recorded:
+        assert p.forward_recorded_seconds is not None and p.forward_recorded_seconds > 0
+        assert p.backward_recorded_seconds is not None and p.backward_recorded_seconds > 0
+    # the recorder's counter, the profiler's bytes: one class
+    counter = SavedBytes(blocks[0])
+    with torch.enable_grad(), counter.hooks():
+        blocks[0](torch.randn(4, 8))
+    assert counter.nbytes == recorded[0].saved_bytes == plain[0].saved_bytes
 
 
 def test_a_tensor_saved_twice_counts_once() -> None:

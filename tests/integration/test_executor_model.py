@@ -82,6 +82,26 @@ def test_recording_costs_grad_enabled_forwards_only_and_does_not_scale() -> None
     assert half.span_of(Task(Op.F, 1, 0)).duration == pytest.approx(0.5 + 0.5)  # stage seconds halve, host not
 
 
+def test_measured_recorded_seconds_replace_the_per_tensor_estimate() -> None:
+    stage = StageCost(forward=1.0, backward=2.0, forward_checkpointed=0.5, saved_tensors=10,
+                      forward_recorded=1.75, backward_recorded=2.5)
+    host = Overheads(task=0.125, recording=0.25, per_saved_tensor=0.0125, per_unpacked_tensor=0.025)
+    tl = simulate(gpipe(2, 1, "except_last"), CostModel((stage,), overheads=host))
+    durations = {str(s.task): s.duration for s in tl.compute_spans()}
+    # recorded F and R: 1.75 + task + recording; B: 2.5 + task; the checkpointed F is not recorded
+    assert durations == pytest.approx({"F0@0": 0.625, "F1@0": 2.125, "B1@0": 2.625, "R0@0": 2.125, "B0@0": 2.625})
+
+
+def test_no_task_starts_before_the_workers_are_launched() -> None:
+    cost = CostModel.uniform(2, 1, 2).with_overheads(Overheads(launch=0.5))
+    for config in (SimConfig(), TWO_PHASES):
+        tl = simulate(gpipe(2, 2, "never"), cost, config)
+        assert spans(tl, 0)[0] == ("F0@0", 0.5, 1.5)
+        assert min(s.start for s in tl.compute_spans()) == 0.5
+    plain, launched = (simulate(gpipe(2, 2, "never"), c) for c in (CostModel.uniform(2, 1, 2), cost))
+    assert max(s.end for s in launched.spans) == pytest.approx(max(s.end for s in plain.spans) + 0.5)
+
+
 def test_a_fresh_worker_thread_pays_its_start_once_per_phase() -> None:
     cost = CostModel((StageCost(forward=1.0, backward=2.0, thread_start=0.5),))
     two = simulate(gpipe(2, 1, "never"), cost, TWO_PHASES)
@@ -157,10 +177,10 @@ def test_pairs_cover_both_phases_both_ways() -> None:
 
 def test_executor_overheads_are_measured_from_the_executor() -> None:
     o = calibrate_executor_overheads(["cpu", "cpu"], steps=3, warmup_steps=1, saved_tensor_repeats=11)
-    for name in ("task", "handoff", "contention", "gap", "turnaround", "recording", "per_saved_tensor",
+    for name in ("task", "handoff", "contention", "gap", "turnaround", "launch", "recording", "per_saved_tensor",
                  "per_unpacked_tensor"):
         value = getattr(o, name)
         assert math.isfinite(value) and value >= 0, name
-    assert o.task < 5e-3 and o.gap < 5e-3 and o.handoff < 5e-2 and o.turnaround < 0.1
+    assert o.task < 5e-3 and o.gap < 5e-3 and o.handoff < 5e-2 and o.turnaround < 0.1 and 0 < o.launch < 0.1
     assert calibrate_executor_overheads(["cpu"], steps=1, warmup_steps=0, contention=None,
                                         saved_tensor_repeats=3).contention == 0.0

@@ -54,6 +54,17 @@ def test_times_are_positive_and_both_forwards_are_there() -> None:
         assert stage.recompute_seconds == stage.forward
 
 
+def test_recorded_calibration_is_for_a_recording_executor_only() -> None:
+    plain = calibrate(_model(), [1, 2], torch.randn(BATCH, 8), warmup=0, repeats=2)
+    assert all(s.forward_recorded is None and s.backward_recorded is None for s in plain.stages)
+    recorded = calibrate(_model(), [1, 2], torch.randn(BATCH, 8), warmup=0, repeats=2, recorded=True)
+    for stage in recorded.stages:
+        assert stage.forward_recorded is not None and stage.forward_recorded > 0
+        assert stage.backward_recorded is not None and stage.backward_recorded > 0
+    with pytest.raises(ValueError, match="backward_recorded"):
+        StageCost(1.0, 1.0, backward_recorded=-1.0)
+
+
 def test_calibration_leaves_the_model_alone() -> None:
     model = _model()
     state = {k: v.clone() for k, v in model.state_dict().items()}
