@@ -47,6 +47,12 @@ the profiler ``balance_by_time`` uses; a first pass pays one-off costs, a backwa
 the stage seconds of the cost model are the medians over the timed passes. The prediction still
 uses nothing the executor measured: profiling and stepping merely sample the same machine.
 
+Note [paired error]: the machine's speed drifts between seconds, so besides the median step against the
+prediction from the median calibration, each recorded step is also compared with the prediction made
+from the one calibration pass that ran right after it (the same machine, a second later):
+``Outcome.paired_error`` is the median of those per-step errors. Both use only calibrated costs; the
+pairing only decides which calibration a step is held against.
+
 Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
 ``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
 (the lower median for an even count): a real step, not an average of several.
@@ -184,6 +190,8 @@ class Outcome:
         model: a one-line description of the model.
         background_cores: CPU cores other processes used, on average, while the steps were measured
             (Linux; ``None`` elsewhere): a busy machine makes the measurement, not the model, noisy.
+        step_predictions: per recorded step, the makespan predicted from the calibration pass that ran
+            right after it alone (Note [paired error]).
     """
 
     setup: Setup
@@ -198,6 +206,15 @@ class Outcome:
     seconds: dict[str, float] = field(default_factory=dict)
     model: str = ""
     background_cores: float | None = None
+    step_predictions: tuple[float, ...] = ()
+
+    @property
+    def paired_error(self) -> float | None:
+        """Note [paired error]: the median over steps of (predicted - measured) / measured, each step
+        against the prediction from its own calibration pass; ``None`` without step predictions."""
+        if not self.step_predictions:
+            return None
+        return statistics.median((p - m) / m for p, m in zip(self.step_predictions, self.step_makespans, strict=True))
 
     def report(self) -> dict[str, Any]:
         """The report as plain data (what ``report.json`` holds)."""
@@ -221,6 +238,8 @@ class Outcome:
             "steps": self.setup.steps,
             "warmup_steps": self.setup.warmup_steps,
             "step_makespans": list(self.step_makespans),
+            "step_predictions": list(self.step_predictions),
+            "paired_error": self.paired_error,
             "chosen_step": self.chosen_step,
             "comparison": c.to_dict(),
             "cost_model": _cost_dict(self.cost),
@@ -434,9 +453,13 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
                                    f"{timeline.meta.get('checkpoint')}; the prediction is of m={schedule.m}, "
                                    f"checkpoint={schedule.checkpoint}")
 
+        clock = time.perf_counter()
+        step_predictions = tuple(  # Note [paired error]
+            simulate(schedule, replace(cost, stages=tuple(_median_seconds(stage, [p[j]])
+                                                          for j, stage in enumerate(cost.stages))), config).makespan
+            for p in passes[setup.warmup_steps:])
         cost = replace(cost, stages=tuple(_median_seconds(stage, [p[j] for p in passes])
                                           for j, stage in enumerate(cost.stages)))
-        clock = time.perf_counter()
         predicted = simulate(schedule, cost, config)
         seconds["simulate"] = time.perf_counter() - clock
         tick("simulate")
@@ -446,7 +469,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     comparison = compare(predicted, measured_steps[chosen])
     tick("compare")
     return Outcome(setup, schedule, cost, config, predicted, measured_steps[chosen], makespans, chosen,
-                   comparison, seconds, description, background)
+                   comparison, seconds, description, background, step_predictions)
 
 
 def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Batch, devices: Sequence[str], *,

@@ -126,10 +126,16 @@ def print_outcome(outcome: Outcome, files: dict[str, str]) -> None:
           + (f", {s.threads} intra-op thread(s) per worker" if s.threads else ""))
     print(f"measured: step {outcome.chosen_step + 1} of {len(outcome.step_makespans)} (median makespan; all: "
           + ", ".join(f"{t * 1e3:.1f}" for t in outcome.step_makespans) + " ms)")
-    print(f"calibrated overheads: task {o.task * 1e6:.1f} us, gap {o.gap * 1e6:.1f} us, hand-off "
-          f"{o.handoff * 1e6:.1f} us, turnaround {o.turnaround * 1e6:.1f} us, recording {o.recording * 1e6:.1f} us "
-          f"+ {o.per_saved_tensor * 1e6:.2f} us per saved tensor (and {o.per_unpacked_tensor * 1e6:.2f} us to "
-          "unpack it in the backward)")
+    if outcome.paired_error is not None:
+        print(f"paired error (each step against the calibration pass right after it, median): "
+              f"{outcome.paired_error:+.1%}")
+    measured_hooks = all(st.forward_recorded is not None for st in outcome.cost.stages)
+    print(f"calibrated overheads: launch {o.launch * 1e6:.1f} us, task {o.task * 1e6:.1f} us, "
+          f"gap {o.gap * 1e6:.1f} us, hand-off {o.handoff * 1e6:.1f} us, turnaround {o.turnaround * 1e6:.1f} us, "
+          f"recording {o.recording * 1e6:.1f} us per task "
+          + ("+ the recorder's hooks measured on each stage (recorded forward and backward)" if measured_hooks else
+             f"+ {o.per_saved_tensor * 1e6:.2f} us per saved tensor (and {o.per_unpacked_tensor * 1e6:.2f} us to "
+             "unpack it in the backward)"))
     if o.pairs:
         print("contention of pairs running together (task kind@stage beside kind@stage: slowdown): "
               + ", ".join(f"{a}@{j}|{b}@{k} {1 + c:.2f}x" for a, j, b, k, c in o.pairs))

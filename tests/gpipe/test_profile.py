@@ -38,6 +38,25 @@ def test_recorded_runs_are_timed_only_when_asked_and_count_what_the_recorder_cou
     assert counter.nbytes == recorded[0].saved_bytes == plain[0].saved_bytes
 
 
+def test_a_counted_graph_that_never_runs_backward_is_freed() -> None:
+    # Note [no cycle through the hook]: ReLU saves its own output; handing it back as-is from the pack
+    # hook made a cycle the collector cannot see, and every abandoned graph leaked
+    import gc
+    import weakref
+
+    block = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    counter = SavedBytes(block)
+    with torch.enable_grad(), counter.hooks():
+        out = block(torch.randn(2, 4))
+    alive = weakref.ref(out)
+    del out
+    gc.collect()
+    assert alive() is None and counter.nbytes > 0
+    with torch.enable_grad(), counter.hooks():  # and a graph that does run backward still computes gradients
+        block(torch.randn(2, 4)).sum().backward()
+    assert block[0].weight.grad is not None
+
+
 def test_a_tensor_saved_twice_counts_once() -> None:
     # ReLU keeps its output; the Linear after it keeps the same tensor as its input.
     block = nn.Sequential(nn.ReLU(), nn.Linear(4, 2, bias=False))

@@ -41,6 +41,10 @@ def test_demo_json_runs_end_to_end(tmp_path: Path) -> None:
     report = json.loads(lines[0])
     _check_report(report, out)
     assert report["steps"] == 2 and len(report["step_makespans"]) == 2 and report["seed"] == 1
+    # Note [paired error]: each step against the prediction from the calibration pass right after it
+    pairs = zip(report["step_predictions"], report["step_makespans"], strict=True)
+    errors = sorted((p - m) / m for p, m in pairs)
+    assert report["paired_error"] == pytest.approx((errors[0] + errors[1]) / 2)
     assert report["n"] == 2 and report["chunks"] == 4 and report["checkpoint"] == "except_last"
 
 
@@ -65,6 +69,7 @@ def test_compare_runs_a_user_model(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                  "--checkpoint", "always", "--steps", "2", "--out", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "makespan (ms)" in text and "task order agreement" in text and "balance [2, 3]" in text
+    assert "paired error" in text and "launch" in text
     report = json.loads((out / "report.json").read_text())
     _check_report(report, out)
     assert report["balance"] == [2, 3] and report["m"] == 2 and report["checkpoint"] == "always"
