@@ -24,11 +24,13 @@ The process is set up deliberately, before anything runs, and says so in its res
   worker]).
 - :func:`sim.experiment.keep_freed_memory`: glibc keeps freed memory instead of page-faulting it back
   in (``sim.experiment``, Note [allocator]).
+- each worker pinned to a core of its own, and each stage calibrated on its worker's core
+  (``Setup(pin=True)``; ``gpipe.affinity``, Note [pinned workers]).
 - a quiet machine: before each configuration the script waits (up to two minutes) until other
   processes use less than 0.15 cores, and a configuration during which they used more than 0.25
   cores is run again (up to twice); each row records that load (``background``).
 
-Run: ``.venv/bin/python benchmarks/fidelity.py`` (about ten minutes on two quiet cores) or ``--quick``
+Run: ``.venv/bin/python benchmarks/fidelity.py`` (about half an hour on two quiet cores) or ``--quick``
 (the conv model, chunks 1, 4, 16); writes ``benchmarks/results/fidelity.json``.
 """
 
