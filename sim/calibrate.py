@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import queue
 import statistics
 import threading
@@ -266,15 +265,15 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
         raise ValueError("need at least one device")
     _positive("steps", steps)
     first = torch.device(devices[0])
-    second = torch.device(devices[1]) if len(devices) > 1 else first
     cores = check_affinity(affinity, len(devices)) or [None] * len(devices)
     per_saved, per_unpacked = measure_saved_tensor_cost(saved_tensor_repeats)
     sample = torch.randn(1, 4, device=first)
 
-    def probe(stage_devices: list[torch.device], chunks: int, checkpoint: str) -> list[Any]:
+    def probe(stage_devices: list[torch.device], stage_cores: Sequence[Cores | None], chunks: int,
+              checkpoint: str) -> list[Any]:
         model = nn.Sequential(*[_Scale() for _ in stage_devices])
         pipe = GPipe(model, balance=[1] * len(stage_devices), devices=stage_devices, chunks=chunks,
-                     checkpoint=checkpoint, record=True, cpu_affinity=(cores * 2)[:len(stage_devices)])
+                     checkpoint=checkpoint, record=True, cpu_affinity=stage_cores)
         batch = torch.randn(chunks, 4, device=first)
         timelines = []
         for k in range(warmup_steps + steps):
@@ -289,7 +288,7 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
     base: list[float] = []
     recorded: list[float] = []
     gaps: list[float] = []
-    for timeline in probe([first], 8, "except_last"):
+    for timeline in probe([first], cores[:1], 8, "except_last"):
         spans = timeline.compute_spans(0)
         for s in spans:
             if s.task.op is Op.B:
@@ -307,9 +306,10 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
     handoffs: list[float] = []
     turnarounds: list[float] = []
     launches: list[float] = []
-    chain = [torch.device(d) for d in devices] if len(devices) > 1 else [first, second]
+    chain = [torch.device(d) for d in devices] if len(devices) > 1 else [first, first]
+    chain_cores = cores if len(devices) > 1 else cores * 2
     last = len(chain) - 1
-    for timeline in probe(chain, 1, "never"):
+    for timeline in probe(chain, chain_cores, 1, "never"):
         forward = [timeline.span_of(Task(Op.F, 0, j)) for j in range(len(chain))]
         backward = [timeline.span_of(Task(Op.B, 0, j)) for j in range(len(chain))]
         handoffs += [b.start - a.end for a, b in zip(forward, forward[1:], strict=False)]
@@ -372,16 +372,15 @@ def measure_thread_start(parts: Sequence[nn.Module], sample: TensorOrTensors, *,
 
                 def job(runner: dict[str, Callable[[], Any]] = runner, times: list[float] = times,
                         cuda: set[torch.device] = cuda, where: Cores | None = cores[k]) -> None:
-                    if where is not None:  # a pinned worker is pinned before its first task
-                        os.sched_setaffinity(0, where)
-                    for kind in ("F", "F", "B", "B"):
-                        for device in cuda:
-                            torch.cuda.synchronize(device)
-                        tick = time.perf_counter()
-                        runner[kind]()
-                        for device in cuda:  # the kernels' time too, not only their launch
-                            torch.cuda.synchronize(device)
-                        times.append(time.perf_counter() - tick)
+                    with pinned(where):  # a pinned worker is pinned before its first task
+                        for kind in ("F", "F", "B", "B"):
+                            for device in cuda:
+                                torch.cuda.synchronize(device)
+                            tick = time.perf_counter()
+                            runner[kind]()
+                            for device in cuda:  # the kernels' time too, not only their launch
+                                torch.cuda.synchronize(device)
+                            times.append(time.perf_counter() - tick)
 
                 thread = threading.Thread(target=job, name="gpipe-sim-fresh", daemon=True)
                 thread.start()
