@@ -26,6 +26,8 @@ The process is set up deliberately, before anything runs, and says so in its res
   in (``sim.experiment``, Note [allocator]).
 - each worker pinned to a core of its own, and each stage calibrated on its worker's core
   (``Setup(pin=True)``; ``gpipe.affinity``, Note [pinned workers]).
+- the pairs of tasks on the two cores measured in rounds between the steps (``PAIR_ROUNDS``; Note
+  [interleaved calibration] in ``sim.experiment``).
 - a quiet machine: before each configuration the script waits (up to two minutes) until other
   processes use less than 0.15 cores, and a configuration during which they used more than 0.25
   cores is run again (up to twice); each row records that load (``background``).
@@ -86,6 +88,10 @@ MODELS = {"conv": conv_model, "mlp": mlp_model}
 #: measured steps per configuration, by model: a step of ``mlp`` takes milliseconds, so it can afford many more
 #: samples of this noisy machine (Note [median step] in sim.experiment) than ``conv``, whose steps take 0.5 s
 STEPS = {"conv": 15, "mlp": 31}
+#: rounds of pair measurements per configuration, spread over the steps (Note [interleaved calibration] in
+#: sim.experiment): a round of ``conv`` takes seconds and its pairs hardly slow each other; ``mlp``'s pairs are the
+#: largest and noisiest term of its prediction (Note [pair rounds] in sim.pairs), and a round takes a second
+PAIR_ROUNDS = {"conv": 5, "mlp": 17}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     began = time.perf_counter()
     header = (f"{'model':>5} {'chunks':>6} {'checkpoint':>11} {'predicted ms':>13} {'measured ms':>12} "
-              f"{'error':>8} {'paired':>8} {'start err ms':>13} {'order':>6} {'spread':>7} {'busy':>5}")
+              f"{'error':>8} {'paired':>8} {'start err ms':>13} {'order':>6} {'spread':>7} {'halves':>7} {'busy':>5}")
     print(header)
     for name in models:
         model, batch = MODELS[name](args.seed)
@@ -124,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:>5} {chunks:>6} {checkpoint:>11} {row['predicted_ms']:>13.3f} "
                       f"{row['measured_ms']:>12.3f} {row['error']:>+8.1%} {row['paired_error']:>+8.1%} "
                       f"{row['start_error_mean_ms']:>13.3f} "
-                      f"{row['order_agreement']:>6.0%} {row['measured_spread']:>7.1%} {row['background']:>5.2f}",
+                      f"{row['order_agreement']:>6.0%} {row['measured_spread']:>7.1%} {row['halves']:>+7.1%} "
+                      f"{row['background']:>5.2f}",
                       flush=True)
     errors = [abs(r["error"]) for r in rows]
     mean, worst = statistics.mean(errors), max(errors)
@@ -142,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in per_model.items():
         print(f"  {name}: mean {s['mean_abs_error']:.2%}, max {s['max_abs_error']:.2%}")
     spread = statistics.median(r["measured_spread"] for r in rows)
+    halves = statistics.mean(abs(r["halves"]) for r in rows)
     print(f"median spread of the measured steps themselves (max - min) / median: {spread:.1%}")
+    print(f"the measurement against itself (Note [halves]): mean |halves| {halves:.2%}, "
+          f"max {max(abs(r['halves']) for r in rows):.2%}")
     command = "python benchmarks/fidelity.py" + (" --quick" if args.quick else "")
     doc = {
         "benchmark": "fidelity",
@@ -152,13 +162,17 @@ def main(argv: list[str] | None = None) -> int:
                     "keep_freed_memory": kept},
         "note": (f"Two CPU devices, one worker each, pinned to a core each; batch {BATCH}; "
                  f"{args.steps or ', '.join(f'{k} {v}' for k, v in STEPS.items())} measured steps per row, the step "
-                 f"of median makespan compared. Mean |error| {mean:.2%}, max |error| {worst:.2%} "
+                 f"of median makespan compared; rounds of pair measurements between the steps: "
+                 f"{', '.join(f'{k} {v}' for k, v in PAIR_ROUNDS.items())}. "
+                 f"Mean |error| {mean:.2%}, max |error| {worst:.2%} "
                  f"(goal <= {GOAL_MEAN:.0%} and <= {GOAL_MAX:.0%}). error = (predicted - measured) / measured; "
                  f"spread = (slowest - fastest measured step) / median step (median over rows {spread:.1%}); "
+                 f"halves = (median of the last half of the steps - median of the first half) / median step; "
                  f"background = cores other processes used while the steps ran."),
         "summary": {"mean_abs_error": mean, "max_abs_error": worst, "goal_mean": GOAL_MEAN, "goal_max": GOAL_MAX,
                     "mean_abs_paired_error": statistics.mean(paired), "max_abs_paired_error": max(paired),
-                    "configurations": len(rows), "per_model": per_model, "median_measured_spread": spread},
+                    "configurations": len(rows), "per_model": per_model, "median_measured_spread": spread,
+                    "mean_abs_halves": halves},
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -171,7 +185,7 @@ def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple
             checkpoint: Checkpoint, args: argparse.Namespace) -> dict[str, Any]:
     """One configuration on a quiet machine (see the module docstring): run the experiment, keep one row."""
     setup = Setup(chunks=chunks, checkpoint=checkpoint, balance=balance, devices=("cpu", "cpu"),
-                  steps=args.steps or STEPS[name],
+                  steps=args.steps or STEPS[name], pair_rounds=PAIR_ROUNDS[name],
                   seed=args.seed, threads=1)
     outcome: Outcome | None = None
     background, attempts = 0.0, 0
@@ -192,8 +206,21 @@ def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple
         "start_error_mean_ms": c.start_error_mean * 1e3,
         "duration_error_mean_ms": c.duration_error_mean * 1e3, "order_agreement": c.order_agreement,
         "measured_spread": (max(outcome.step_makespans) - min(outcome.step_makespans)) / c.measured_makespan,
+        "halves": halves_of(outcome.step_makespans),
         "background": background, "attempts": attempts,
     }
+
+
+def halves_of(makespans: tuple[float, ...]) -> float:
+    """Note [halves]: the measurement against itself. The median step of the second half of the steps
+    against that of the first, relative to the median of all: how far the measured makespan of one
+    configuration moves within its own run, a floor under any prediction's error at that sample size.
+    """
+    half = len(makespans) // 2
+    if half < 1:
+        return 0.0
+    first, second = statistics.median(makespans[:half]), statistics.median(makespans[-half:])
+    return (second - first) / statistics.median(makespans)
 
 
 def wait_until_quiet(limit: float = 120.0) -> None:

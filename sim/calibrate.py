@@ -21,8 +21,8 @@ consumes the :class:`~sim.cost.CostModel` it returns. Three parts:
       backward_recorded     recorded backward      B of a recording executor (``recorded=True``)
 
 - :func:`calibrate_executor_overheads` runs the executor itself on probe pipelines and reads its
-  timelines (Note [executor overheads]); :func:`measure_pairs` runs the real partitions two at a time
-  (Note [pairs]). Together they give :class:`~sim.cost.Overheads`.
+  timelines (Note [executor overheads]); :func:`sim.pairs.measure_pairs` runs the real partitions two at a
+  time (Note [pairs] there). Together they give :class:`~sim.cost.Overheads`.
 - :func:`calibrate_overheads` is the older, emulated measurement of the same costs, for when the
   executor is not at hand (Notes [task overhead], [hand-off], [contention]).
 
@@ -50,16 +50,6 @@ backward with the recorder's own hooks (``forward_recorded``, ``backward_recorde
 simulator then uses as they are. The per-tensor estimate remains for stages calibrated without:
 :func:`count_saved_tensors` counts the tensors per stage (deterministic) and
 :func:`measure_saved_tensor_cost` times both hooks per tensor on a chain of multiplications.
-
-Note [pairs]: how much two workers slow each other depends on *what* they run. Convolutions on two
-cores hardly meet; forwards of small layers take turns on Python's global interpreter lock, and a
-backward that unpacks saved tensors through Python hooks needs the lock for each one. So the
-contention is measured on the real partitions, per pair of task kinds that GPipe's two phases can run
-at once (:data:`PHASE_PAIRS`): both run back to back on two threads for a window; each one's rate is
-its time alone over its time together, averaged over the two ways round (the thread that holds the
-lock first tends to keep it, so one order alone would say "one starves" rather than "they share");
-``c = 1 / rate - 1``. The second thread is long-lived and warmed up first: a fresh thread pays
-one-off costs on its first calls, which are not contention.
 
 Note [task overhead]: (emulated) take the task's input from a queue, detach it into a leaf, enter
 the grad mode and the phase flag, call an empty stage, stamp the span, put the result on a queue.
@@ -101,6 +91,7 @@ from gpipe.profile import (
 from gpipe.schedule import Op, Task
 from gpipe.timeline import COMPUTE, Span
 from sim.cost import CostModel, Overheads, StageCost
+from sim.pairs import Graphs, measure_pairs, task_runners
 
 __all__ = [
     "calibrate",
@@ -360,10 +351,10 @@ def measure_thread_start(parts: Sequence[nn.Module], sample: TensorOrTensors, *,
         for part in parts:
             stack.enter_context(_preserved(part))
         stack.enter_context(torch.random.fork_rng(devices=[]))
-        runners = _pair_runners(parts, sample)
+        runners = task_runners(parts, sample)
         for k, runner in enumerate(runners):
             graphs = runner["B"]
-            assert isinstance(graphs, _Graphs)
+            assert isinstance(graphs, Graphs)
             for _ in range(threads):
                 graphs.build(2)
                 times: list[float] = []
@@ -439,231 +430,6 @@ def count_saved_tensors(parts: Sequence[nn.Module], sample: TensorOrTensors) -> 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
-
-
-#: The pairs of task kinds that can run at the same time in GPipe's two phases (Note [two phases] in
-#: sim.engine): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
-PHASE_PAIRS = (("F", "F"), ("F", "Fc"), ("Fc", "F"), ("Fc", "Fc"), ("F", "B"), ("B", "F"), ("B", "B"))
-
-
-def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window: float = 0.03,
-                  max_window: float = 0.15, repeats: int = 2,
-                  kinds: Sequence[tuple[str, str]] = PHASE_PAIRS,
-                  affinity: Sequence[Cores | None] | None = None) -> tuple[tuple[str, int, str, int, float], ...]:
-    """How much the tasks of two stages slow each other when they run at the same time (Note [pairs]).
-
-    Args:
-        parts: the partitions, in order, on their devices (the CPU: sharing devices are the point).
-        sample: the first partition's input (one micro-batch).
-        window: the shortest time each pair runs together, seconds; a pair whose tasks are slow runs
-            for 2.5 times its slower task, up to ``max_window``.
-        max_window: the longest time one pair runs together, seconds.
-        repeats: rounds of every measurement; each slowdown is the median over the rounds.
-        kinds: the pairs of task kinds to measure, for every pair of stages.
-        affinity: one set of CPU cores per stage (or ``None``): each stage's task runs on a thread
-            pinned there, as :class:`gpipe.GPipe` with ``cpu_affinity`` runs it.
-
-    Returns:
-        ``(kind, stage, other kind, other stage, c)`` for :attr:`sim.cost.Overheads.pairs`, both ways.
-
-    Raises:
-        ValueError: ``repeats < 1``, a non-positive window, or a bad ``affinity``.
-    """
-    _positive("repeats", repeats)
-    cores = check_affinity(affinity, len(parts)) or [None] * len(parts)
-    if not window > 0 or not max_window >= window:
-        raise ValueError(f"need 0 < window <= max_window, got {window!r} and {max_window!r}")
-    with contextlib.ExitStack() as stack:
-        for part in parts:
-            stack.enter_context(_preserved(part))
-        stack.enter_context(torch.random.fork_rng(devices=[]))
-        runners = _pair_runners(parts, sample)
-        needed = {(a, j) for a, b in kinds for j in range(len(parts))} | \
-            {(b, k) for a, b in kinds for k in range(len(parts))}
-        alone: dict[tuple[str, int], list[float]] = {key: [] for key in needed}
-        slow: dict[tuple[str, int, str, int], list[float]] = {}
-        helper = _Helper()
-        stack.callback(helper.close)
-        for kind, j in sorted(needed):  # warm both threads up on every task first
-            for _ in range(2):
-                fn = runners[j][kind]
-                if isinstance(fn, _Graphs):
-                    fn.build(2)
-                fn()
-                helper.call(fn)
-        for _ in range(repeats):
-            for key in sorted(needed):
-                with pinned(cores[key[1]]):
-                    alone[key].append(_loop_alone(runners[key[1]][key[0]], window))
-            for j in range(len(parts)):
-                for k in range(j + 1, len(parts)):
-                    for a, b in kinds:
-                        ta, tb = statistics.median(alone[(a, j)]), statistics.median(alone[(b, k)])
-                        span = min(max(window, 2.5 * max(ta, tb)), max_window)
-                        # both ways round: the thread that holds Python's lock first tends to keep it
-                        xa, xb = _loop_together(helper, runners[j][a], runners[k][b], span, (ta, tb),
-                                                (cores[j], cores[k]))
-                        yb, ya = _loop_together(helper, runners[k][b], runners[j][a], span, (tb, ta),
-                                                (cores[k], cores[j]))
-                        rate_a = (ta / xa + ta / ya) / 2 if ta > 0 else 1.0
-                        rate_b = (tb / xb + tb / yb) / 2 if tb > 0 else 1.0
-                        slow.setdefault((a, j, b, k), []).append(1.0 / max(rate_a, 1e-3))
-                        slow.setdefault((b, k, a, j), []).append(1.0 / max(rate_b, 1e-3))
-    return tuple((a, j, b, k, max(0.0, statistics.median(v) - 1.0)) for (a, j, b, k), v in sorted(slow.items()))
-
-
-class _Graphs:
-    """Backward runs for the pair measurements: graphs built ahead, so only the backward is timed."""
-
-    def __init__(self, part: nn.Module, leaves: tuple[torch.Tensor, ...], atomic: bool) -> None:
-        self.part, self.leaves, self.atomic = part, leaves, atomic
-        self.ready: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
-
-    def build(self, count: int) -> None:
-        while len(self.ready) < count:
-            fresh = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in self.leaves)
-            # saved through the recorder's hooks, as the executor saves them: the backward unpacks each
-            with torch.enable_grad(), SavedBytes(self.part).hooks():
-                out = self.part(fresh[0] if self.atomic else fresh)
-            outs = [t for t in ((out,) if isinstance(out, torch.Tensor) else tuple(out)) if t.requires_grad]
-            self.ready.append((outs, [torch.ones_like(t) for t in outs]))
-
-    def __call__(self) -> None:
-        outs, grads = self.ready.pop()
-        if outs:
-            torch.autograd.backward(outs, grads)
-        for p in self.part.parameters():
-            p.grad = None
-
-
-def _pair_runners(parts: Sequence[nn.Module], sample: TensorOrTensors) -> list[dict[str, Callable[[], Any]]]:
-    """Per stage, a thunk per task kind that runs it as the executor does (recording hooks included)."""
-    runners: list[dict[str, Callable[[], Any]]] = []
-    atomic = not isinstance(sample, tuple)
-    inputs = sample if isinstance(sample, tuple) else (sample,)
-    for k, part in enumerate(parts):
-        device = next((t.device for t in part.parameters()), inputs[0].device)
-        leaves = tuple(t.detach().to(device).requires_grad_(t.requires_grad or (k > 0 and t.is_floating_point()))
-                       for t in inputs)
-        state = {_storage_key(t) for t in [*part.parameters(), *part.buffers()]}
-
-        def forward(part: nn.Module = part, leaves: tuple[torch.Tensor, ...] = leaves, atomic: bool = atomic,
-                    state: set[tuple[str, int]] = state) -> Any:
-            counter = SavedBytes(state)
-            fresh = tuple(t.detach().requires_grad_(t.requires_grad) for t in leaves)
-            with torch.enable_grad(), counter.hooks():
-                out = part(fresh[0] if atomic else fresh)
-            _ = counter.nbytes
-            return out
-
-        def forward_checkpointed(part: nn.Module = part, leaves: tuple[torch.Tensor, ...] = leaves,
-                                 atomic: bool = atomic) -> Any:
-            with torch.no_grad(), checkpointing():
-                return part(leaves[0] if atomic else leaves)
-
-        graphs = _Graphs(part, leaves, atomic)
-        runners.append({"F": forward, "Fc": forward_checkpointed, "B": graphs})
-        out = forward_checkpointed()
-        atomic = isinstance(out, torch.Tensor)
-        inputs = tuple(t.detach() for t in ((out,) if atomic else out))
-    return runners
-
-
-def _timed_loop(fn: Callable[[], Any], until: float, times: list[tuple[float, float]]) -> None:
-    while True:
-        if isinstance(fn, _Graphs) and not fn.ready:
-            fn.build(2)  # untimed; rare, when the estimate of how many runs fit was short
-        start = time.perf_counter()
-        if start >= until and times:
-            return
-        fn()
-        times.append((start, time.perf_counter()))
-
-
-def _loop_alone(fn: Callable[[], Any], window: float) -> float:
-    """Mean seconds of ``fn`` run back to back for ``window`` seconds on this thread alone."""
-    if isinstance(fn, _Graphs):
-        fn.build(2)
-    fn()  # a first call pays for allocations
-    times: list[tuple[float, float]] = []
-    _timed_loop(fn, time.perf_counter() + window, times)
-    return statistics.mean(end - start for start, end in times)
-
-
-class _Helper:
-    """A second thread that runs what it is given, kept for a whole measurement.
-
-    A fresh thread pays one-off costs on its first calls (thread-local state of the math libraries,
-    a new allocator arena), which would read as contention; one long-lived, warmed-up thread does not.
-    """
-
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[Callable[[], Any] | None] = queue.SimpleQueue()
-        self.done: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._serve, name="gpipe-sim-pair", daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            try:
-                self.done.put((True, job()))
-            except BaseException as error:  # handed back to the caller
-                self.done.put((False, error))
-
-    def submit(self, job: Callable[[], Any]) -> None:
-        self.jobs.put(job)
-
-    def result(self) -> Any:
-        ok, value = self.done.get()
-        if not ok:
-            raise value
-        return value
-
-    def call(self, job: Callable[[], Any]) -> Any:
-        self.submit(job)
-        return self.result()
-
-    def close(self) -> None:
-        self.jobs.put(None)
-        self.thread.join()
-
-
-def _loop_together(helper: _Helper, a: Callable[[], Any], b: Callable[[], Any], window: float,
-                   alone: tuple[float, float], cores: tuple[Cores | None, Cores | None] = (None, None)
-                   ) -> tuple[float, float]:
-    """Mean seconds of ``a`` (this thread) and ``b`` (the helper) while both run back to back for ``window`` s.
-
-    Only the runs that lie wholly inside the time both loops ran count (at least one run each).
-    ``alone`` (each one's seconds alone) sizes how many backward graphs to build ahead; ``cores``
-    pins each loop's thread.
-    """
-    for fn, seconds in zip((a, b), alone, strict=True):
-        if isinstance(fn, _Graphs):
-            fn.build(min(int(window / max(seconds, 1e-6)) + 3, 1000))
-    times_a: list[tuple[float, float]] = []
-    times_b: list[tuple[float, float]] = []
-    barrier = threading.Barrier(2)
-    until = [0.0]
-
-    def other() -> None:
-        with pinned(cores[1]):
-            barrier.wait()
-            _timed_loop(b, until[0], times_b)
-
-    helper.submit(other)
-    with pinned(cores[0]):
-        until[0] = time.perf_counter() + window
-        barrier.wait()
-        _timed_loop(a, until[0], times_a)
-    helper.result()
-    lo = max(times_a[0][0], times_b[0][0])
-    hi = min(times_a[-1][1], times_b[-1][1])
-
-    def mean(times: list[tuple[float, float]]) -> float:
-        inside = [end - start for start, end in times if start >= lo and end <= hi]
-        return statistics.mean(inside) if inside else times[0][1] - times[0][0]
-
-    return mean(times_a), mean(times_b)
 
 
 def measure_saved_tensor_cost(repeats: int = 101, *, ops: int = 32) -> tuple[float, float]:

@@ -11,7 +11,8 @@ integration tests::
         |
         v
     GPipe(model, balance, devices, chunks, checkpoint): warm-up steps, then ``steps`` recorded
-    training steps, each followed by one profiling pass (Note [interleaved calibration])
+    training steps, each followed by one profiling pass (and, on shared cores, one round of pairs;
+    Note [interleaved calibration])
         |                                             |
         v                                             v
     measured Timeline                              CostModel -> simulate(pipe.schedule, cost, config)
@@ -23,8 +24,8 @@ integration tests::
 
 Note [one schedule]: the simulator is given the schedule the executor reports (``pipe.schedule``), so
 the two timelines are of the same schedule by construction (each measured step's ``meta`` is checked
-against it); the prediction is made before the executor runs a single step, from the calibrated
-costs alone.
+against it); the prediction comes from the calibrated costs alone, never from the executor's
+timelines (Note [interleaved calibration] says when the calibration runs).
 
 Note [threads]: on CPU devices every worker of the executor computes on the same cores. ``threads``
 sets PyTorch's intra-op threads for the whole experiment (calibration included) and restores the
@@ -44,12 +45,18 @@ more over seconds, so a calibration made before the executor runs can describe a
 machine than the one the steps see. After every training step, warm-up steps included, one timed
 profiling pass of every partition runs, after one untimed pass (:func:`gpipe.profile.profile_blocks`,
 the profiler ``balance_by_time`` uses; a first pass pays one-off costs, a backward's a quarter more);
-the stage seconds of the cost model are the medians over the timed passes. The prediction still
-uses nothing the executor measured: profiling and stepping merely sample the same machine.
+the stage seconds of the cost model are the medians over the timed passes. On shared cores
+(:func:`shares_cores`) one round of pair measurements follows each pass (a :class:`sim.pairs.PairMeter`
+kept open across the steps), and ``Overheads.pairs`` are the medians over the rounds: one round of a
+pair is a poor sample of Python's lock changing hands (Note [pair rounds] in :mod:`sim.pairs`), and
+measured once up front the pairs of 64 x (Linear(64, 64), ReLU) put a prediction 40% off a run
+whose interleaved medians were 4% off. The prediction still uses nothing the executor measured:
+profiling and stepping merely sample the same machine.
 
 Note [paired error]: the machine's speed drifts between seconds, so besides the median step against the
 prediction from the median calibration, each recorded step is also compared with the prediction made
-from the one calibration pass that ran right after it (the same machine, a second later):
+from the one profiling pass that ran right after it (the same machine, a second later; the pairs stay
+the medians, since one round of them is too noisy to pair):
 ``Outcome.paired_error`` is the median of those per-step errors. Both use only calibrated costs; the
 pairing only decides which calibration a step is held against.
 
@@ -81,7 +88,6 @@ from gpipe.timeline import Timeline, write_chrome_trace
 from sim.calibrate import (
     calibrate,
     calibrate_executor_overheads,
-    measure_pairs,
     measure_thread_start,
     on_device,
     partitions_of,
@@ -89,6 +95,7 @@ from sim.calibrate import (
 from sim.compare import Comparison, compare
 from sim.cost import CostModel, StageCost
 from sim.engine import SimConfig, simulate
+from sim.pairs import PairMeter, measure_pairs, median_pairs
 
 __all__ = [
     "BackgroundLoad",
@@ -101,6 +108,7 @@ __all__ = [
     "microbatch_sizes",
     "progress_labels",
     "run",
+    "shares_cores",
     "stage_costs",
     "worker_affinity",
     "write_outputs",
@@ -128,6 +136,9 @@ class Setup:
         repeats: timed passes of the first calibration, which the bytes, the balance check and the
             overhead measurements use; the stage seconds of the prediction are the medians over the
             passes interleaved with the steps (Note [interleaved calibration]).
+        pair_rounds: on shared cores, rounds of pair measurements spread evenly over the warm-up and
+            recorded steps (at most one after each step); ``Overheads.pairs`` are their medians
+            (Note [interleaved calibration]).
         balance_timeout: seconds ``balance_by_time`` may spend.
         pin: on CPU devices (Linux), pin partition ``j``'s worker, and everything that calibrates it,
             to one core of its own (Note [pinned workers] in :mod:`gpipe.affinity`); ``False``:
@@ -144,6 +155,7 @@ class Setup:
     threads: int | None = 1
     warmup: int = 2
     repeats: int = 3
+    pair_rounds: int = 9
     balance_timeout: float = 1.0
     pin: bool = True
 
@@ -152,7 +164,8 @@ class Setup:
             object.__setattr__(self, "balance", tuple(self.balance))
         if self.devices is not None:
             object.__setattr__(self, "devices", tuple(str(d) for d in self.devices))
-        for name, low in (("chunks", 1), ("steps", 1), ("warmup_steps", 0), ("warmup", 0), ("repeats", 1)):
+        for name, low in (("chunks", 1), ("steps", 1), ("warmup_steps", 0), ("warmup", 0), ("repeats", 1),
+                          ("pair_rounds", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -419,7 +432,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
         clock = time.perf_counter()
         parts = [on_device(p, d) for p, d in zip(partitions_of(model, balance), devices, strict=True)]
-        cost, config = with_executor_costs(cost, parts, first, devices, affinity=affinity)
+        cost, config = with_executor_costs(cost, parts, first, devices, affinity=affinity, pairs=False)
         seconds["overheads"] = time.perf_counter() - clock
         tick("overheads")
 
@@ -435,16 +448,21 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         clock = time.perf_counter()
         measured_steps: list[Timeline] = []
         passes: list[list[BlockProfile]] = []  # Note [interleaved calibration]
+        rounds: list[dict[tuple[str, int, str, int], float]] = []  # one round of pairs per step, on shared cores
         meter = BackgroundLoad()
-        for k in range(setup.warmup_steps + setup.steps):
-            if k == setup.warmup_steps:
-                meter = BackgroundLoad()
-            timeline = _train_step(pipe, model, batch)
-            if k >= setup.warmup_steps:
-                measured_steps.append(timeline)
-            passes.append(profile_blocks(parts, first, device=list(devices), warmup=1, repeats=1, recorded=True,
-                                         affinity=affinity))
-            tick(f"step {k - setup.warmup_steps + 1}" if k >= setup.warmup_steps else f"warm-up step {k + 1}")
+        with contextlib.ExitStack() as stack:
+            pairs = stack.enter_context(PairMeter(parts, first, affinity=affinity)) if shares_cores(devices) else None
+            for k in range(setup.warmup_steps + setup.steps):
+                if k == setup.warmup_steps:
+                    meter = BackgroundLoad()
+                timeline = _train_step(pipe, model, batch)
+                if k >= setup.warmup_steps:
+                    measured_steps.append(timeline)
+                passes.append(profile_blocks(parts, first, device=list(devices), warmup=1, repeats=1,
+                                             recorded=True, affinity=affinity))
+                if pairs is not None and k in _spread(setup.pair_rounds, setup.warmup_steps + setup.steps):
+                    rounds.append(pairs.round())
+                tick(f"step {k - setup.warmup_steps + 1}" if k >= setup.warmup_steps else f"warm-up step {k + 1}")
         seconds["measure"] = time.perf_counter() - clock
         background = meter.cores()
         for timeline in measured_steps:
@@ -454,12 +472,9 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
                                    f"checkpoint={schedule.checkpoint}")
 
         clock = time.perf_counter()
+        cost = _interleaved(cost, passes, rounds)
         step_predictions = tuple(  # Note [paired error]
-            simulate(schedule, replace(cost, stages=tuple(_median_seconds(stage, [p[j]])
-                                                          for j, stage in enumerate(cost.stages))), config).makespan
-            for p in passes[setup.warmup_steps:])
-        cost = replace(cost, stages=tuple(_median_seconds(stage, [p[j] for p in passes])
-                                          for j, stage in enumerate(cost.stages)))
+            simulate(schedule, _interleaved(cost, [p], []), config).makespan for p in passes[setup.warmup_steps:])
         predicted = simulate(schedule, cost, config)
         seconds["simulate"] = time.perf_counter() - clock
         tick("simulate")
@@ -473,22 +488,45 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
 
 def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Batch, devices: Sequence[str], *,
-                        steps: int = 12, affinity: Sequence[Cores | None] | None = None
+                        steps: int = 12, affinity: Sequence[Cores | None] | None = None, pairs: bool = True
                         ) -> tuple[CostModel, SimConfig]:
     """``cost`` with what the executor adds, and the simulator's switches for it.
 
     The executor's own overheads from probe pipelines, each partition's first task on a fresh thread,
-    and, for workers sharing the CPU's cores and Python's lock, what each pair of tasks costs.
-    Partitions on one torch device hand tensors over and nothing is copied; GPipe's ``forward()``
-    returns before ``loss.backward()`` starts the backward phase (sim.engine, Note [two phases]).
-    ``affinity``: the executor's ``cpu_affinity``; every measurement pins its threads the same way.
+    and, for workers sharing the CPU's cores and Python's lock (:func:`shares_cores`), what each pair
+    of tasks costs. Partitions on one torch device hand tensors over and nothing is copied; GPipe's
+    ``forward()`` returns before ``loss.backward()`` starts the backward phase (sim.engine, Note [two
+    phases]). ``affinity``: the executor's ``cpu_affinity``; every measurement pins its threads the
+    same way. ``pairs=False`` leaves ``Overheads.pairs`` to the caller (:func:`run` measures a round
+    of them after every step, Note [interleaved calibration]).
     """
     overheads = calibrate_executor_overheads(list(devices), steps=steps, affinity=affinity)
     starts = measure_thread_start(parts, sample, affinity=affinity)
     cost = replace(cost, stages=tuple(replace(s, thread_start=t) for s, t in zip(cost.stages, starts, strict=True)))
-    if len(devices) >= 2 and all(torch.device(d).type == "cpu" for d in devices):
+    if pairs and shares_cores(devices):
         overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=affinity))
     return replace(cost, overheads=overheads, copy_seconds=None), SimConfig(link=None, backward_after_forward=True)
+
+
+def _spread(count: int, steps: int) -> set[int]:
+    """``min(count, steps)`` of the step indices ``0 .. steps - 1``, evenly spread, the last one included."""
+    count = min(count, steps)
+    return {k for k in range(steps) if (k * count) // steps != ((k + 1) * count) // steps}
+
+
+def shares_cores(devices: Sequence[str]) -> bool:
+    """Whether the partitions' workers compete for the same cores: two or more CPU devices."""
+    return len(devices) >= 2 and all(torch.device(d).type == "cpu" for d in devices)
+
+
+def _interleaved(cost: CostModel, passes: Sequence[Sequence[BlockProfile]],
+                 rounds: Sequence[dict[tuple[str, int, str, int], float]]) -> CostModel:
+    """``cost`` with the medians of interleaved profiling ``passes`` and pair ``rounds`` (if any)."""
+    cost = replace(cost, stages=tuple(_median_seconds(stage, [p[j] for p in passes])
+                                      for j, stage in enumerate(cost.stages)))
+    if rounds:
+        cost = replace(cost, overheads=replace(cost.overheads, pairs=median_pairs(rounds)))
+    return cost
 
 
 def _median_seconds(stage: StageCost, profiles: Sequence[BlockProfile]) -> StageCost:

@@ -17,12 +17,10 @@ from torch import nn
 from gpipe.schedule import Op, ScheduleError, Task, gpipe, one_f_one_b
 from gpipe.timeline import Timeline
 from sim.calibrate import (
-    PHASE_PAIRS,
     _Scale,
     calibrate,
     calibrate_executor_overheads,
     count_saved_tensors,
-    measure_pairs,
     measure_saved_tensor_cost,
     measure_thread_start,
 )
@@ -163,16 +161,6 @@ def test_thread_start_is_measured_per_partition() -> None:
     parts = [nn.Sequential(nn.Linear(8, 16), nn.ReLU()), nn.Sequential(nn.Linear(16, 4))]
     starts = measure_thread_start(parts, torch.randn(4, 8), threads=2)
     assert len(starts) == 2 and all(math.isfinite(t) and 0 <= t < 1.0 for t in starts)
-
-
-def test_pairs_cover_both_phases_both_ways() -> None:
-    torch.manual_seed(0)
-    parts = [nn.Sequential(nn.Linear(8, 16), nn.ReLU()), nn.Sequential(nn.Linear(16, 4))]
-    pairs = measure_pairs(parts, torch.randn(4, 8), window=0.002, max_window=0.004, repeats=1)
-    keys = {(a, j, b, k) for a, j, b, k, _ in pairs}
-    assert keys == {(a, 0, b, 1) for a, b in PHASE_PAIRS} | {(b, 1, a, 0) for a, b in PHASE_PAIRS}
-    assert all(math.isfinite(c) and c >= 0 for *_, c in pairs)
-    Overheads(pairs=pairs)  # the cost model takes them as they are
 
 
 def test_executor_overheads_are_measured_from_the_executor() -> None:

@@ -1,0 +1,348 @@
+"""How the tasks of two stages slow each other on shared cores, measured on the real partitions.
+
+:class:`PairMeter` measures, round after round, every pair of task kinds that GPipe's two phases can
+run at once; :func:`measure_pairs` is one meter, a few rounds, and the median of each pair. The result
+is :attr:`sim.cost.Overheads.pairs`, which the engine's pairwise sharing uses (sim.engine, Note
+[pairwise contention]). :mod:`sim.experiment` keeps one meter open while the executor runs and takes a
+round after every training step (Note [interleaved calibration] there).
+
+Note [pairs]: how much two workers slow each other depends on *what* they run. Convolutions on two
+cores hardly meet; forwards of small layers take turns on Python's global interpreter lock, and a
+backward that unpacks saved tensors through Python hooks needs the lock for each one. So the
+contention is measured on the real partitions, per pair of task kinds that GPipe's two phases can run
+at once (:data:`PHASE_PAIRS`): both run back to back on two threads for a window; each one's rate is
+its time alone (measured in the same round) over its time together, averaged over the two ways round
+(the thread that holds the lock first tends to keep it, so one order alone would say "one starves"
+rather than "they share"); ``c = 1 / rate - 1``. The second thread is long-lived and warmed up first:
+a fresh thread pays one-off costs on its first calls, which are not contention.
+
+Note [pair rounds]: one round is a poor sample. Who gets Python's lock next depends on how fast a
+sleeping core wakes up, which on a virtual machine changes from one second to the next: on
+64 x (Linear(64, 64), ReLU) the slowdown of two forwards, measured over 30 ms, ranged from 0.3 to 4.2
+within one minute. The median of many rounds, spread over the time the executor runs, is stable
+(sim.experiment takes one round after every step); a single up-front measurement is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpipe.affinity import Cores, check_affinity, pinned
+from gpipe.phase import checkpointing
+from gpipe.profile import SavedBytes, TensorOrTensors, _preserved, _storage_key
+
+__all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "measure_pairs", "median_pairs", "task_runners"]
+
+#: The pairs of task kinds that can run at the same time in GPipe's two phases (Note [two phases] in
+#: sim.engine): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
+PHASE_PAIRS = (("F", "F"), ("F", "Fc"), ("Fc", "F"), ("Fc", "Fc"), ("F", "B"), ("B", "F"), ("B", "B"))
+
+#: ``(kind, stage, other kind, other stage, c)``, as :attr:`sim.cost.Overheads.pairs` holds them.
+Pairs = tuple[tuple[str, int, str, int, float], ...]
+PairKey = tuple[str, int, str, int]
+
+
+def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window: float = 0.03,
+                  max_window: float = 0.15, repeats: int = 2,
+                  kinds: Sequence[tuple[str, str]] = PHASE_PAIRS,
+                  affinity: Sequence[Cores | None] | None = None) -> Pairs:
+    """How much the tasks of two stages slow each other when they run at the same time (Note [pairs]).
+
+    Args:
+        parts: the partitions, in order, on their devices (the CPU: sharing devices are the point).
+        sample: the first partition's input (one micro-batch).
+        window: the shortest time each pair runs together, seconds; a pair whose tasks are slow runs
+            for 2.5 times its slower task, up to ``max_window``.
+        max_window: the longest time one pair runs together, seconds.
+        repeats: rounds of every measurement; each slowdown is the median over the rounds.
+        kinds: the pairs of task kinds to measure, for every pair of stages.
+        affinity: one set of CPU cores per stage (or ``None``): each stage's task runs on a thread
+            pinned there, as :class:`gpipe.GPipe` with ``cpu_affinity`` runs it.
+
+    Returns:
+        ``(kind, stage, other kind, other stage, c)`` for :attr:`sim.cost.Overheads.pairs`, both ways.
+
+    Raises:
+        ValueError: ``repeats < 1``, a non-positive window, or a bad ``affinity``.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    with PairMeter(parts, sample, window=window, max_window=max_window, kinds=kinds, affinity=affinity) as meter:
+        return median_pairs([meter.round() for _ in range(repeats)])
+
+
+def median_pairs(rounds: Sequence[Mapping[PairKey, float]]) -> Pairs:
+    """Each pair's median over ``rounds`` (of :meth:`PairMeter.round`), at least 0, sorted by pair.
+
+    Raises:
+        ValueError: no rounds, or rounds of different pairs.
+    """
+    if not rounds:
+        raise ValueError("need at least one round of pair measurements")
+    keys = sorted(rounds[0])
+    if any(sorted(r) != keys for r in rounds):
+        raise ValueError("the rounds measured different pairs")
+    return tuple((*key, max(0.0, statistics.median(r[key] for r in rounds))) for key in keys)
+
+
+class PairMeter:
+    """Measures, one round at a time, how the tasks of each pair of stages slow each other (Note [pairs]).
+
+    A context manager. Entering builds a runner per stage and task kind (:func:`task_runners`), starts
+    the second thread and warms both threads up on every task; each :meth:`round` then measures every
+    pair once. Each round (and the set-up) leaves the partitions as it found them (gradients, buffers,
+    training flags) and the random number generator untouched, so between rounds the partitions may
+    be trained by anything else, as :mod:`sim.experiment` does (Note [pair rounds]).
+
+    Args: as :func:`measure_pairs`, less ``repeats``.
+
+    Raises:
+        ValueError: a non-positive window, or a bad ``affinity``.
+    """
+
+    def __init__(self, parts: Sequence[nn.Module], sample: TensorOrTensors, *, window: float = 0.03,
+                 max_window: float = 0.15, kinds: Sequence[tuple[str, str]] = PHASE_PAIRS,
+                 affinity: Sequence[Cores | None] | None = None) -> None:
+        if not window > 0 or not max_window >= window:
+            raise ValueError(f"need 0 < window <= max_window, got {window!r} and {max_window!r}")
+        self.parts, self.sample = list(parts), sample
+        self.window, self.max_window, self.kinds = window, max_window, tuple(kinds)
+        self.cores = check_affinity(affinity, len(self.parts)) or [None] * len(self.parts)
+        self.needed = sorted({(a, j) for a, _ in self.kinds for j in range(len(self.parts))} |
+                             {(b, k) for _, b in self.kinds for k in range(len(self.parts))})
+        self.runners: list[dict[str, Callable[[], Any]]] = []
+        self.helper: _Helper | None = None
+
+    def __enter__(self) -> PairMeter:
+        try:
+            with self._untouched():
+                self.runners = task_runners(self.parts, self.sample)
+                self.helper = _Helper()
+                for kind, j in self.needed:  # warm both threads up on every task first
+                    for _ in range(2):
+                        fn = self.runners[j][kind]
+                        if isinstance(fn, Graphs):
+                            fn.build(2)
+                        fn()
+                        self.helper.call(fn)
+        except BaseException:
+            self.__exit__(None, None, None)  # no second thread left behind
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self.helper is not None:
+            self.helper.close()
+            self.helper = None
+        self.runners = []  # frees the graphs built ahead
+
+    @contextlib.contextmanager
+    def _untouched(self) -> Any:
+        with contextlib.ExitStack() as stack:
+            for part in self.parts:
+                stack.enter_context(_preserved(part))
+            stack.enter_context(torch.random.fork_rng(devices=[]))
+            yield
+
+    def round(self) -> dict[PairKey, float]:
+        """One measurement of every pair, both ways: ``{(kind, stage, other kind, other stage): c}``.
+
+        ``c`` is not clipped: a pair that ran faster together than its tasks alone (noise) gives a
+        negative ``c``, which the median over rounds (:func:`median_pairs`) weighs like any other.
+
+        Raises:
+            RuntimeError: the meter is not entered.
+        """
+        helper = self.helper
+        if helper is None:
+            raise RuntimeError("a PairMeter measures inside its with-block")
+        slow: dict[PairKey, float] = {}
+        with self._untouched():
+            alone: dict[tuple[str, int], float] = {}
+            for kind, j in self.needed:
+                with pinned(self.cores[j]):
+                    alone[(kind, j)] = _loop_alone(self.runners[j][kind], self.window)
+            for j in range(len(self.parts)):
+                for k in range(j + 1, len(self.parts)):
+                    for a, b in self.kinds:
+                        ta, tb = alone[(a, j)], alone[(b, k)]
+                        span = min(max(self.window, 2.5 * max(ta, tb)), self.max_window)
+                        fa, fb = self.runners[j][a], self.runners[k][b]
+                        # both ways round: the thread that holds Python's lock first tends to keep it
+                        xa, xb = _loop_together(helper, fa, fb, span, (ta, tb), (self.cores[j], self.cores[k]))
+                        yb, ya = _loop_together(helper, fb, fa, span, (tb, ta), (self.cores[k], self.cores[j]))
+                        rate_a = (ta / xa + ta / ya) / 2 if ta > 0 else 1.0
+                        rate_b = (tb / xb + tb / yb) / 2 if tb > 0 else 1.0
+                        slow[(a, j, b, k)] = 1.0 / max(rate_a, 1e-3) - 1.0
+                        slow[(b, k, a, j)] = 1.0 / max(rate_b, 1e-3) - 1.0
+        return slow
+
+
+class Graphs:
+    """Backward runs for timing: graphs built ahead, so only the backward is timed."""
+
+    def __init__(self, part: nn.Module, leaves: tuple[torch.Tensor, ...], atomic: bool) -> None:
+        self.part, self.leaves, self.atomic = part, leaves, atomic
+        self.ready: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+
+    def build(self, count: int) -> None:
+        while len(self.ready) < count:
+            fresh = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in self.leaves)
+            # saved through the recorder's hooks, as the executor saves them: the backward unpacks each
+            with torch.enable_grad(), SavedBytes(self.part).hooks():
+                out = self.part(fresh[0] if self.atomic else fresh)
+            outs = [t for t in ((out,) if isinstance(out, torch.Tensor) else tuple(out)) if t.requires_grad]
+            self.ready.append((outs, [torch.ones_like(t) for t in outs]))
+
+    def __call__(self) -> None:
+        outs, grads = self.ready.pop()
+        if outs:
+            torch.autograd.backward(outs, grads)
+        for p in self.part.parameters():
+            p.grad = None
+
+
+def task_runners(parts: Sequence[nn.Module], sample: TensorOrTensors) -> list[dict[str, Callable[[], Any]]]:
+    """Per stage, a thunk per task kind (``F``, ``Fc``, ``B``) that runs it as the executor does.
+
+    ``F`` is a grad-enabled forward through the recorder's hooks, ``Fc`` a checkpointed forward
+    (no grad), ``B`` a :class:`Graphs` (a backward of a graph built ahead). Stage ``k`` takes what
+    stage ``k - 1`` returns for the sample, requiring grad as the executor's inputs do.
+    """
+    runners: list[dict[str, Callable[[], Any]]] = []
+    atomic = not isinstance(sample, tuple)
+    inputs = sample if isinstance(sample, tuple) else (sample,)
+    for k, part in enumerate(parts):
+        device = next((t.device for t in part.parameters()), inputs[0].device)
+        leaves = tuple(t.detach().to(device).requires_grad_(t.requires_grad or (k > 0 and t.is_floating_point()))
+                       for t in inputs)
+        state = {_storage_key(t) for t in [*part.parameters(), *part.buffers()]}
+
+        def forward(part: nn.Module = part, leaves: tuple[torch.Tensor, ...] = leaves, atomic: bool = atomic,
+                    state: set[tuple[str, int]] = state) -> Any:
+            counter = SavedBytes(state)
+            fresh = tuple(t.detach().requires_grad_(t.requires_grad) for t in leaves)
+            with torch.enable_grad(), counter.hooks():
+                out = part(fresh[0] if atomic else fresh)
+            _ = counter.nbytes
+            return out
+
+        def forward_checkpointed(part: nn.Module = part, leaves: tuple[torch.Tensor, ...] = leaves,
+                                 atomic: bool = atomic) -> Any:
+            with torch.no_grad(), checkpointing():
+                return part(leaves[0] if atomic else leaves)
+
+        graphs = Graphs(part, leaves, atomic)
+        runners.append({"F": forward, "Fc": forward_checkpointed, "B": graphs})
+        out = forward_checkpointed()
+        atomic = isinstance(out, torch.Tensor)
+        inputs = tuple(t.detach() for t in ((out,) if atomic else out))
+    return runners
+
+
+def _timed_loop(fn: Callable[[], Any], until: float, times: list[tuple[float, float]]) -> None:
+    while True:
+        if isinstance(fn, Graphs) and not fn.ready:
+            fn.build(2)  # untimed; rare, when the estimate of how many runs fit was short
+        start = time.perf_counter()
+        if start >= until and times:
+            return
+        fn()
+        times.append((start, time.perf_counter()))
+
+
+def _loop_alone(fn: Callable[[], Any], window: float) -> float:
+    """Mean seconds of ``fn`` run back to back for ``window`` seconds on this thread alone."""
+    if isinstance(fn, Graphs):
+        fn.build(2)
+    fn()  # a first call pays for allocations
+    times: list[tuple[float, float]] = []
+    _timed_loop(fn, time.perf_counter() + window, times)
+    return statistics.mean(end - start for start, end in times)
+
+
+class _Helper:
+    """A second thread that runs what it is given, kept for a whole measurement.
+
+    A fresh thread pays one-off costs on its first calls (thread-local state of the math libraries,
+    a new allocator arena), which would read as contention; one long-lived, warmed-up thread does not.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Callable[[], Any] | None] = queue.SimpleQueue()
+        self.done: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="gpipe-sim-pair", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            try:
+                self.done.put((True, job()))
+            except BaseException as error:  # handed back to the caller
+                self.done.put((False, error))
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        self.jobs.put(job)
+
+    def result(self) -> Any:
+        ok, value = self.done.get()
+        if not ok:
+            raise value
+        return value
+
+    def call(self, job: Callable[[], Any]) -> Any:
+        self.submit(job)
+        return self.result()
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+
+
+def _loop_together(helper: _Helper, a: Callable[[], Any], b: Callable[[], Any], window: float,
+                   alone: tuple[float, float], cores: tuple[Cores | None, Cores | None] = (None, None)
+                   ) -> tuple[float, float]:
+    """Mean seconds of ``a`` (this thread) and ``b`` (the helper) while both run back to back for ``window`` s.
+
+    Only the runs that lie wholly inside the time both loops ran count (at least one run each).
+    ``alone`` (each one's seconds alone) sizes how many backward graphs to build ahead; ``cores``
+    pins each loop's thread.
+    """
+    for fn, seconds in zip((a, b), alone, strict=True):
+        if isinstance(fn, Graphs):
+            fn.build(min(int(window / max(seconds, 1e-6)) + 3, 1000))
+    times_a: list[tuple[float, float]] = []
+    times_b: list[tuple[float, float]] = []
+    barrier = threading.Barrier(2)
+    until = [0.0]
+
+    def other() -> None:
+        with pinned(cores[1]):
+            barrier.wait()
+            _timed_loop(b, until[0], times_b)
+
+    helper.submit(other)
+    with pinned(cores[0]):
+        until[0] = time.perf_counter() + window
+        barrier.wait()
+        _timed_loop(a, until[0], times_a)
+    helper.result()
+    lo = max(times_a[0][0], times_b[0][0])
+    hi = min(times_a[-1][1], times_b[-1][1])
+
+    def mean(times: list[tuple[float, float]]) -> float:
+        inside = [end - start for start, end in times if start >= lo and end <= hi]
+        return statistics.mean(inside) if inside else times[0][1] - times[0][0]
+
+    return mean(times_a), mean(times_b)
