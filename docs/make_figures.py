@@ -543,9 +543,10 @@ def benchmark_fragments(results: Path | None = None) -> dict[str, str]:
 def render_result(path: Path) -> str:
     """A benchmark's JSON as markdown: its command and machine, then a table of its rows.
 
-    Understood shapes: an object with ``rows`` (a list of flat objects) and optional ``command``,
-    ``machine`` (a string or an object) and ``note``; or a bare list of flat objects. Anything else is
-    shown as JSON.
+    Understood shapes: an object with ``rows`` (a list of objects) and optional ``command``,
+    ``machine`` (a string or an object) and ``note``; or a bare list of objects. Columns that hold lists
+    or objects (raw samples, such as each step's makespan) stay in the JSON and out of the table.
+    Anything else is shown as JSON.
     """
     import json
 
@@ -563,7 +564,8 @@ def render_result(path: Path) -> str:
         if data.get("note"):
             parts.append(str(data["note"]))
     if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
-        header = list(dict.fromkeys(k for r in rows for k in r))
+        header = [k for k in dict.fromkeys(k for r in rows for k in r)
+                  if not any(isinstance(r.get(k), (list, dict)) for r in rows)]
         parts.append(_table(header, [[_cell(r.get(k, "")) for k in header] for r in rows]))
     else:
         parts.append("```json\n" + json.dumps(data, indent=1)[:4000] + "\n```")

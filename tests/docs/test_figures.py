@@ -88,12 +88,14 @@ def test_benchmark_results_render_as_tables(tmp_path: Path) -> None:
     mf = _load("make_figures")
     (tmp_path / "sim_speed.json").write_text(json.dumps({
         "command": ".venv/bin/python benchmarks/sim_speed.py", "machine": {"cpu": "x86_64", "cores": 2},
-        "rows": [{"m": 8, "n": 4, "tasks_per_s": 12345.678}, {"m": 32, "n": 8, "tasks_per_s": 9876.5}],
+        "rows": [{"m": 8, "n": 4, "tasks_per_s": 12345.678, "samples": [1.0, 2.0]},
+                 {"m": 32, "n": 8, "tasks_per_s": 9876.5, "samples": [3.0]}],
     }))
     out = mf.benchmark_fragments(tmp_path)
     text = out["bench_sim_speed"]
     assert "Command: `.venv/bin/python benchmarks/sim_speed.py`" in text
     assert "| m | n | tasks_per_s |" in text and "| 8 | 4 | 1.235e+04 |" in text
+    assert "samples" not in text  # raw samples stay in the JSON
     assert "No results yet" in out["bench_fidelity"] and "benchmarks/fidelity.py" in out["bench_fidelity"]
 
 
