@@ -154,16 +154,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['order_agreement']:>6.0%} {row['measured_spread']:>7.1%} {row['halves']:>+7.1%} "
                       f"{row['background']:>5.2f}",
                       flush=True)
-    errors = [abs(r["error"]) for r in rows]
-    mean, worst = statistics.mean(errors), max(errors)
+    overall = _summary(rows)
+    mean, worst = overall["mean_abs_error"], overall["max_abs_error"]
     print(f"\nmean |error| {mean:.2%} (goal <= {GOAL_MEAN:.0%}), max |error| {worst:.2%} (goal <= {GOAL_MAX:.0%}); "
           f"{len(rows)} configurations in {time.perf_counter() - began:.0f} s")
-    paired = [abs(r["paired_error"]) for r in rows]
-    trimmed = [abs(r["trimmed_error"]) for r in rows]
-    print(f"trimmed means (Note [trimmed means]): mean |error| {statistics.mean(trimmed):.2%}, "
-          f"max |error| {max(trimmed):.2%}")
-    print(f"paired (each step against its own calibration pass): mean |error| {statistics.mean(paired):.2%}, "
-          f"max |error| {max(paired):.2%}")
+    print(f"trimmed means (Note [trimmed means]): mean |error| {overall['mean_abs_trimmed_error']:.2%}, "
+          f"max |error| {overall['max_abs_trimmed_error']:.2%}")
+    print(f"paired (each step against its own calibration pass): mean |error| "
+          f"{overall['mean_abs_paired_error']:.2%}, max |error| {overall['max_abs_paired_error']:.2%}")
     per_model = {name: _summary([r for r in rows if r["model"] == name]) for name in models}
     for name, s in per_model.items():
         print(f"  {name}: mean {s['mean_abs_error']:.2%}, max {s['max_abs_error']:.2%}; trimmed means: mean "
@@ -189,9 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"spread = (slowest - fastest measured step) / median step (median over rows {spread:.1%}); "
                  f"halves = (median of the last half of the steps - median of the first half) / median step; "
                  f"background = cores other processes used while the steps ran."),
-        "summary": {"mean_abs_error": mean, "max_abs_error": worst, "goal_mean": GOAL_MEAN, "goal_max": GOAL_MAX,
-                    "mean_abs_paired_error": statistics.mean(paired), "max_abs_paired_error": max(paired),
-                    "mean_abs_trimmed_error": statistics.mean(trimmed), "max_abs_trimmed_error": max(trimmed),
+        "summary": {**overall, "goal_mean": GOAL_MEAN, "goal_max": GOAL_MAX,
                     "configurations": len(rows), "per_model": per_model, "median_measured_spread": spread,
                     "mean_abs_halves": halves},
         "rows": rows,

@@ -11,8 +11,8 @@ integration tests::
         |
         v
     GPipe(model, balance, devices, chunks, checkpoint): warm-up steps, then ``steps`` recorded
-    training steps, each followed by one profiling pass (and, on shared cores, one round of pairs;
-    Note [interleaved calibration])
+    training steps, each followed by one profiling pass (and, on shared cores, some by a round of
+    pair measurements; Note [interleaved calibration])
         |                                             |
         v                                             v
     measured Timeline                              CostModel -> simulate(pipe.schedule, cost, config)
@@ -46,12 +46,12 @@ machine than the one the steps see. After every training step, warm-up steps inc
 profiling pass of every partition runs, after one untimed pass (:func:`gpipe.profile.profile_blocks`,
 the profiler ``balance_by_time`` uses; a first pass pays one-off costs, a backward's a quarter more);
 the stage seconds of the cost model are the medians over the timed passes. On shared cores
-(:func:`shares_cores`) one round of pair measurements follows each pass (a :class:`sim.pairs.PairMeter`
-kept open across the steps), and ``Overheads.pairs`` are the medians over the rounds: one round of a
-pair is a poor sample of Python's lock changing hands (Note [pair rounds] in :mod:`sim.pairs`), and
-measured once up front the pairs of 64 x (Linear(64, 64), ReLU) put a prediction 40% off a run
-whose interleaved medians were 4% off. The prediction still uses nothing the executor measured:
-profiling and stepping merely sample the same machine.
+(:func:`shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes spread evenly
+over the steps (one :class:`sim.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are
+the medians over the rounds: one round of a pair is a poor sample of Python's lock changing hands
+(Note [pair rounds] in :mod:`sim.pairs`), and measured once up front the pairs of 64 x (Linear(64,
+64), ReLU) put a prediction 40% off a run whose interleaved medians were 4% off. The prediction still
+uses nothing the executor measured: profiling and stepping merely sample the same machine.
 
 Note [paired error]: the machine's speed drifts between seconds, so besides the median step against the
 prediction from the median calibration, each recorded step is also compared with the prediction made
@@ -448,7 +448,8 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         clock = time.perf_counter()
         measured_steps: list[Timeline] = []
         passes: list[list[BlockProfile]] = []  # Note [interleaved calibration]
-        rounds: list[dict[tuple[str, int, str, int], float]] = []  # one round of pairs per step, on shared cores
+        rounds: list[dict[tuple[str, int, str, int], float]] = []  # of pairs, after the steps in pair_steps
+        pair_steps = _spread(setup.pair_rounds, setup.warmup_steps + setup.steps)
         meter = BackgroundLoad()
         with contextlib.ExitStack() as stack:
             pairs = stack.enter_context(PairMeter(parts, first, affinity=affinity)) if shares_cores(devices) else None
@@ -460,7 +461,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
                     measured_steps.append(timeline)
                 passes.append(profile_blocks(parts, first, device=list(devices), warmup=1, repeats=1,
                                              recorded=True, affinity=affinity))
-                if pairs is not None and k in _spread(setup.pair_rounds, setup.warmup_steps + setup.steps):
+                if pairs is not None and k in pair_steps:
                     rounds.append(pairs.round())
                 tick(f"step {k - setup.warmup_steps + 1}" if k >= setup.warmup_steps else f"warm-up step {k + 1}")
         seconds["measure"] = time.perf_counter() - clock
