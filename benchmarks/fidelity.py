@@ -22,8 +22,8 @@ The process is set up deliberately, before anything runs, and says so in its res
   noise. The environment variable is needed because the executor starts fresh worker threads, in
   which MKL does not see ``torch.set_num_threads`` (see ``sim/cli/demo.py``, Note [one thread per
   worker]).
-- :func:`sim.experiment.keep_freed_memory`: glibc keeps freed memory instead of page-faulting it back
-  in (``sim.experiment``, Note [allocator]).
+- :func:`sim.machine.keep_freed_memory`: glibc keeps freed memory instead of page-faulting it back
+  in (``sim.machine``, Note [allocator]).
 - each worker pinned to a core of its own, and each stage calibrated on its worker's core
   (``Setup(pin=True)``; ``gpipe.affinity``, Note [pinned workers]).
 - the pairs of tasks on the two cores measured in rounds between the steps (``PAIR_ROUNDS``; Note
@@ -74,7 +74,8 @@ from torch import nn  # noqa: E402
 
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint  # noqa: E402
-from sim.experiment import BackgroundLoad, Outcome, Setup, keep_freed_memory, microbatch_sizes, run  # noqa: E402
+from sim.experiment import Outcome, Setup, microbatch_sizes, run  # noqa: E402
+from sim.machine import BackgroundLoad, cpu_count, keep_freed_memory  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fidelity.json"
 CHUNKS = (1, 2, 4, 8, 16)
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "fidelity",
         "command": command,
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
-                    "cpus": _cpus(), "intra-op threads per worker": 1, "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"],
+                    "cpus": cpu_count(), "intra-op threads per worker": 1,
+                    "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"],
                     "keep_freed_memory": kept},
         "note": (f"Two CPU devices, one worker each, pinned to a core each; batch {BATCH}; "
                  f"{args.steps or ', '.join(f'{k} {v}' for k, v in STEPS.items())} measured steps per row, the step "
@@ -269,15 +271,6 @@ def wait_until_quiet(limit: float = 120.0) -> None:
         cores = meter.cores()
         if cores is None or cores < QUIET:
             return
-
-
-def _cpus() -> int | None:
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count()
 
 
 if __name__ == "__main__":

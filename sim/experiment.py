@@ -27,26 +27,13 @@ the two timelines are of the same schedule by construction (each measured step's
 against it); the prediction comes from the calibrated costs alone, never from the executor's
 timelines (Note [interleaved calibration] says when the calibration runs).
 
-Note [threads]: on CPU devices every worker of the executor computes on the same cores. ``threads``
-sets PyTorch's intra-op threads for the whole experiment (calibration included) and restores the
-previous setting afterwards; one thread per worker on two cores is the setting the contention
-measurements are made for, and ``None`` leaves the setting alone. The executor's workers are fresh
-threads, in which MKL does not see this setting: only ``OMP_NUM_THREADS=1`` in the environment before
-torch loads reaches them (``sim/cli/demo.py`` sets it for the CLI, Note [one thread per worker]).
-
-Note [allocator]: glibc hands large freed blocks back to the operating system (``munmap``, heap
-trimming), so the next allocation of that size touches fresh pages and page-faults; on a virtual
-machine that can double a convolution's time, depending on what was freed before, which neither the
-profiler nor the simulator can know. :func:`keep_freed_memory` tells glibc to keep freed memory for
-reuse (``mallopt``); the CLI commands and the fidelity benchmark call it once, before measuring.
-
 Note [interleaved calibration]: the speed of a shared (virtual) machine drifts by ten per cent and
 more over seconds, so a calibration made before the executor runs can describe a faster or slower
 machine than the one the steps see. After every training step, warm-up steps included, one timed
 profiling pass of every partition runs, after one untimed pass (:func:`gpipe.profile.profile_blocks`,
 the profiler ``balance_by_time`` uses; a first pass pays one-off costs, a backward's a quarter more);
 the stage seconds of the cost model are the medians over the timed passes. On shared cores
-(:func:`shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes spread evenly
+(:func:`sim.machine.shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes spread evenly
 over the steps (one :class:`sim.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are
 the medians over the rounds: one round of a pair is a poor sample of Python's lock changing hands
 (Note [pair rounds] in :mod:`sim.pairs`), and measured once up front the pairs of 64 x (Linear(64,
@@ -73,7 +60,7 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -81,7 +68,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gpipe.affinity import Cores, available_cores, supported
+from gpipe.affinity import Cores
 from gpipe.profile import BlockProfile, profile_blocks
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, gpipe
 from gpipe.timeline import Timeline, write_chrome_trace
@@ -95,22 +82,25 @@ from sim.calibrate import (
 from sim.compare import Comparison, compare
 from sim.cost import CostModel, StageCost
 from sim.engine import SimConfig, simulate
+from sim.machine import (
+    BackgroundLoad,
+    cpu_count,
+    default_devices,
+    intra_op_threads,
+    shares_cores,
+    worker_affinity,
+)
 from sim.pairs import PairMeter, measure_pairs, median_pairs
 
 __all__ = [
-    "BackgroundLoad",
     "Outcome",
     "Setup",
-    "default_devices",
     "demo_model",
-    "keep_freed_memory",
     "loss_of",
     "microbatch_sizes",
     "progress_labels",
     "run",
-    "shares_cores",
     "stage_costs",
-    "worker_affinity",
     "write_outputs",
 ]
 
@@ -126,12 +116,12 @@ class Setup:
         chunks: micro-batches per mini-batch (GPipe's ``chunks``).
         checkpoint: ``always``, ``except_last`` or ``never``.
         balance: layers per partition; ``None``: ``balance_by_time`` over ``len(devices)`` partitions.
-        devices: one torch device per partition; ``None``: :func:`default_devices` of two partitions
+        devices: one torch device per partition; ``None``: :func:`sim.machine.default_devices` of two partitions
             (or of ``len(balance)`` when a balance is given).
         steps: recorded training steps; the measured timeline is the median one (Note [median step]).
         warmup_steps: unrecorded training steps first (allocator, thread pools, first-call costs).
         seed: seeds PyTorch before anything random (the caller seeds the model and input it builds).
-        threads: intra-op threads per worker during the whole experiment (Note [threads]).
+        threads: intra-op threads per worker during the whole experiment (Note [threads] in :mod:`sim.machine`).
         warmup: untimed passes before the first calibration.
         repeats: timed passes of the first calibration, which the bytes, the balance check and the
             overhead measurements use; the stage seconds of the prediction are the medians over the
@@ -259,35 +249,8 @@ class Outcome:
             "phase_seconds": dict(self.seconds),
             "background_cores": self.background_cores,
             "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                            "machine": platform.machine(), "cpus": _cpu_count()},
+                            "machine": platform.machine(), "cpus": cpu_count()},
         }
-
-
-# -- the process ------------------------------------------------------------------------------------
-
-
-def keep_freed_memory() -> bool:
-    """Note [allocator]: make glibc keep freed memory for reuse, for the rest of the process.
-
-    Sets ``M_MMAP_THRESHOLD`` to its maximum (32 MiB: smaller blocks come from the heap, not from
-    ``mmap``), ``M_TRIM_THRESHOLD`` to 1 GiB and ``M_TOP_PAD`` to 64 MiB (the heap is not trimmed
-    after every free). It cannot be undone within the process.
-
-    Returns:
-        Whether the settings took effect (``False`` off glibc, e.g. on macOS or musl).
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # from glibc's malloc.h
-    return all([mallopt(m_mmap_threshold, 32 * 2**20) == 1, mallopt(m_trim_threshold, 2**30) == 1,
-                mallopt(m_top_pad, 64 * 2**20) == 1])
 
 
 # -- models and devices ----------------------------------------------------------------------------
@@ -315,31 +278,6 @@ def demo_model(seed: int = 0) -> tuple[nn.Sequential, Tensor]:
         model = nn.Sequential(*layers)
     batch = torch.randn(64, 3, 32, 32, generator=generator)
     return model, batch
-
-
-def default_devices(partitions: int) -> tuple[str, ...]:
-    """One device per partition: the CUDA devices when there are enough, else the CPU for every one.
-
-    A single CUDA device is not shared by several partitions here; two workers on one GPU contend in
-    ways the simulator does not model, so the CPU is the honest default then.
-    """
-    if partitions < 1:
-        raise ValueError(f"need at least one partition, got {partitions}")
-    if torch.cuda.is_available() and torch.cuda.device_count() >= partitions:
-        return tuple(f"cuda:{k}" for k in range(partitions))
-    return ("cpu",) * partitions
-
-
-def worker_affinity(devices: Sequence[str]) -> list[frozenset[int] | None] | None:
-    """One core per partition for :class:`gpipe.GPipe`'s ``cpu_affinity``: partition ``j`` on the ``j``-th core.
-
-    Only where every device is the CPU and threads can be pinned (Linux); ``None`` otherwise. With
-    more partitions than cores, the cores are dealt round (partitions then share them).
-    """
-    if not devices or not supported() or any(torch.device(d).type != "cpu" for d in devices):
-        return None
-    cores = available_cores()
-    return [frozenset({cores[j % len(cores)]}) for j in range(len(devices))]
 
 
 def microbatch_sizes(batch: int, chunks: int) -> list[int]:
@@ -409,7 +347,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     tick = _ticker(progress)
     seconds: dict[str, float] = {}
     torch.manual_seed(setup.seed)
-    with _intra_op_threads(setup.threads):
+    with intra_op_threads(setup.threads):
         devices = setup.devices or default_devices(setup.partitions)
         sizes = microbatch_sizes(size, setup.chunks)
         first = _slice(batch, 0, sizes[0], torch.device(devices[0]))
@@ -494,7 +432,7 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
     """``cost`` with what the executor adds, and the simulator's switches for it.
 
     The executor's own overheads from probe pipelines, each partition's first task on a fresh thread,
-    and, for workers sharing the CPU's cores and Python's lock (:func:`shares_cores`), what each pair
+    and, for workers sharing the CPU's cores and Python's lock (:func:`sim.machine.shares_cores`), what each pair
     of tasks costs. Partitions on one torch device hand tensors over and nothing is copied; GPipe's
     ``forward()`` returns before ``loss.backward()`` starts the backward phase (sim.engine, Note [two
     phases]). ``affinity``: the executor's ``cpu_affinity``; every measurement pins its threads the
@@ -513,11 +451,6 @@ def _spread(count: int, steps: int) -> set[int]:
     """``min(count, steps)`` of the step indices ``0 .. steps - 1``, evenly spread, the last one included."""
     count = min(count, steps)
     return {k for k in range(steps) if (k * count) // steps != ((k + 1) * count) // steps}
-
-
-def shares_cores(devices: Sequence[str]) -> bool:
-    """Whether the partitions' workers compete for the same cores: two or more CPU devices."""
-    return len(devices) >= 2 and all(torch.device(d).type == "cpu" for d in devices)
 
 
 def _interleaved(cost: CostModel, passes: Sequence[Sequence[BlockProfile]],
@@ -593,61 +526,6 @@ def _slice(batch: Batch, start: int, stop: int, device: torch.device) -> Batch:
     if isinstance(batch, Tensor):
         return batch[start:stop].to(device)
     return tuple(t[start:stop].to(device) for t in batch)
-
-
-@contextlib.contextmanager
-def _intra_op_threads(threads: int | None) -> Iterator[None]:
-    """Note [threads]: set the intra-op threads for the block and restore them after."""
-    if threads is None:
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-class BackgroundLoad:
-    """CPU time that processes other than this one used since it was made (Linux: ``/proc``)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.ticks = self._ticks()
-
-    @staticmethod
-    def _ticks() -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-            with open("/proc/self/stat") as f:
-                mine = f.read().rsplit(")", 1)[1].split()
-        except (OSError, ValueError, IndexError):
-            return None
-        busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
-        return busy, int(mine[11]) + int(mine[12])  # utime + stime of this process, all its threads
-
-    def cores(self) -> float | None:
-        """Average cores the other processes kept busy; ``None`` where ``/proc`` is not there."""
-        import os
-
-        now = self._ticks()
-        elapsed = time.perf_counter() - self.start
-        if now is None or self.ticks is None or elapsed <= 0:
-            return None
-        per_second = os.sysconf("SC_CLK_TCK")
-        other = (now[0] - self.ticks[0]) - (now[1] - self.ticks[1])
-        return max(0.0, other / per_second / elapsed)
-
-
-def _cpu_count() -> int | None:
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count()
 
 
 def _cost_dict(cost: CostModel) -> dict[str, Any]:

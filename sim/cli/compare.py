@@ -26,7 +26,8 @@ from torch import Tensor, nn
 
 from sim.cli import CommandError
 from sim.cli.demo import add_common_options, check_common, execute
-from sim.experiment import Batch, Setup, default_devices
+from sim.experiment import Batch, Setup
+from sim.machine import default_devices
 
 __all__ = ["add_parser", "load", "run"]
 

@@ -38,11 +38,11 @@ from sim.experiment import (  # noqa: E402
     Outcome,
     Setup,
     demo_model,
-    keep_freed_memory,
     progress_labels,
     run,
     write_outputs,
 )
+from sim.machine import keep_freed_memory  # noqa: E402
 
 __all__ = ["add_common_options", "add_parser", "execute", "run_command"]
 
@@ -97,7 +97,7 @@ def execute(model: nn.Sequential, batch: Batch, setup: Setup, args: argparse.Nam
     if setup.chunks > size:
         raise CommandError(f"--chunks {setup.chunks} is more than the {size} samples of the mini-batch: every "
                            "micro-batch needs at least one")
-    keep_freed_memory()  # sim.experiment, Note [allocator]
+    keep_freed_memory()  # sim.machine, Note [allocator]
     labels = progress_labels(setup)
     with tqdm(total=len(labels), desc="starting", unit="step", file=sys.stderr, leave=False,
               disable=args.no_progress, bar_format="{desc:<18}{bar}| {n_fmt}/{total_fmt} [{elapsed}]") as bar:
