@@ -276,67 +276,6 @@ def _stage_seconds(stage: StageCost, checkpointed: bool, op: int) -> float:
 _KIND = {_F: "F", _R: "F", _B: "B", _W: "B"}  # Note [pairwise contention]; a checkpointed F is "Fc"
 
 
-class _PairSharing:
-    """Note [pairwise contention]: exact sharing with a rate per task, from measured pairs.
-
-    As :class:`sim.sharing.SharedCores`, each start or end brings every running task's remaining
-    work up to date at the rates that held since the last change, and schedules the next completion.
-    """
-
-    def __init__(self, env: simpy.Environment, default: float,
-                 pairs: tuple[tuple[str, int, str, int, float], ...]) -> None:
-        self.env = env
-        self.default = default
-        self.pairs = {((a, j), (b, k)): c for a, j, b, k, c in pairs}
-        self.jobs: dict[int, list[Any]] = {}  # id -> [remaining work, done event, key, rate]
-        self.last = 0.0
-        self.version = 0
-        self.ids = 0
-
-    def _rates(self) -> None:
-        jobs = list(self.jobs.values())
-        for job in jobs:
-            slow = sum(self.pairs.get((job[2], other[2]), self.default) for other in jobs if other is not job)
-            job[3] = 1.0 / (1.0 + slow)
-
-    def _advance(self) -> None:
-        elapsed = self.env.now - self.last
-        if elapsed > 0:
-            for job in self.jobs.values():
-                job[0] -= elapsed * job[3]
-        self.last = self.env.now
-
-    def run(self, work: float, key: tuple[str, int]) -> simpy.Event:
-        """Start a task of ``work`` seconds at full speed; the event fires when it is done."""
-        self._advance()
-        done = self.env.event()
-        self.ids += 1
-        self.jobs[self.ids] = [work, done, key, 1.0]
-        self._reschedule()
-        return done
-
-    def _reschedule(self) -> None:
-        self.version += 1
-        if not self.jobs:
-            return
-        self._rates()
-        target = min(self.jobs, key=lambda k: self.jobs[k][0] / self.jobs[k][3])
-        version = self.version
-        job = self.jobs[target]
-        timer = self.env.timeout(max(job[0], 0.0) / job[3])
-        timer.callbacks.append(lambda _event: self._complete(version, target))
-
-    def _complete(self, version: int, target: int) -> None:
-        if version != self.version:
-            return
-        self._advance()
-        tolerance = 1e-12 * max(1.0, self.env.now)
-        finished = [k for k, job in self.jobs.items() if k == target or job[0] <= tolerance]
-        for k in finished:
-            self.jobs.pop(k)[1].succeed()
-        self._reschedule()
-
-
 _OP_F, _OP_B, _OP_R = Op.F, Op.B, Op.R
 _Copy = tuple[Task, int, int, int, tuple[tuple[int, int], ...]]  # (producer, opcode, i, j, destination devices)
 
@@ -385,11 +324,9 @@ class _Run:
         self.free_copies = (cost.copy_seconds == 0.0 or (cost.copy_seconds is None and config.link is None)) \
             and not self.handoff
         self.streams = None if config.copy_streams else [simpy.Resource(self.env, 1) for _ in range(devices)]
-        self.cores: SharedCores | _PairSharing | None = None
-        if cost.overheads.pairs:
-            self.cores = _PairSharing(self.env, cost.overheads.contention, cost.overheads.pairs)
-        elif cost.overheads.contention > 0:
-            self.cores = SharedCores(self.env, cost.overheads.contention)
+        self.cores = SharedCores(self.env, cost.overheads.contention,
+                                 (((a, j), (b, k), c) for a, j, b, k, c in cost.overheads.pairs)) \
+            if cost.overheads.pairs or cost.overheads.contention > 0 else None
         # Note [lockstep]: forward tasks left per clock cycle, and the events of cycles someone waits for
         self.forward_left = [min(k + 1, m, n, m + n - 1 - k) for k in range(m + n - 1)]
         self.cycle_done: dict[int, simpy.Event] = {}
@@ -496,10 +433,8 @@ class _Run:
             start = env.now
             if cores is None:
                 yield timeout(seconds)
-            elif isinstance(cores, _PairSharing):
-                yield cores.run(seconds, (_KIND[op] if op != _F or not checkpointed[i] else "Fc", j))
             else:
-                yield cores.run(seconds)
+                yield cores.run(seconds, (_KIND[op] if op != _F or not checkpointed[i] else "Fc", j))
             if stream is not None and request is not None:
                 stream.release(request)
             append_span(Span(d, COMPUTE, task, start, env.now))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import simpy
@@ -10,36 +11,49 @@ __all__ = ["SharedCores"]
 
 
 class SharedCores:
-    """Jobs that share cores: while ``k`` run, each progresses at ``1 / (1 + contention * (k - 1))``.
+    """Jobs that share cores, each slowed by the others it runs beside.
+
+    A job ``x`` running beside the set ``Y`` progresses at ``1 / (1 + sum over y in Y of c(x, y))``,
+    where ``c(x, y)`` is the slowdown measured for the pair of the jobs' keys (``pairs``) or
+    ``contention`` for a pair not listed. Without pairs every job runs at
+    ``1 / (1 + contention * (k - 1))`` while ``k`` run (sim.engine, Notes [contention] and
+    [pairwise contention]).
 
     Exact processor sharing in SimPy: each start or end brings every running job's remaining work up
-    to date and schedules the next completion (one timer at a time; a change invalidates the old one).
+    to date at the rates that held since the last change, recomputes the rates and schedules the next
+    completion (one timer at a time; a change invalidates the old one).
 
     Args:
         env: the SimPy environment the jobs run in.
-        contention: the slowdown per extra running job (>= 0); 0 means jobs never slow each other.
+        contention: the slowdown per other running job (>= 0); 0 means jobs never slow each other.
+        pairs: ``(key, other key, c)``: how much a job of the first key slows beside one of the second.
     """
 
-    def __init__(self, env: simpy.Environment, contention: float) -> None:
+    def __init__(self, env: simpy.Environment, contention: float,
+                 pairs: Iterable[tuple[Hashable, Hashable, float]] = ()) -> None:
         self.env = env
         self.contention = contention
-        self.jobs: dict[int, list[Any]] = {}  # id -> [remaining work (seconds at full speed), done event]
+        self.pairs = {(x, y): c for x, y, c in pairs}
+        self.jobs: dict[int, list[Any]] = {}  # id -> [remaining work (seconds at full speed), done event, key, rate]
         self.last = 0.0  # when the remaining work was last brought up to date
         self.version = 0  # invalidates the scheduled completion after every change
         self.ids = 0
 
-    def _rate(self) -> float:
-        return 1.0 / (1.0 + self.contention * (len(self.jobs) - 1)) if len(self.jobs) > 1 else 1.0
+    def _rates(self) -> None:
+        jobs = list(self.jobs.values())
+        for job in jobs:
+            slow = sum(self.pairs.get((job[2], other[2]), self.contention) for other in jobs if other is not job)
+            job[3] = 1.0 / (1.0 + slow)
 
     def _advance(self) -> None:
-        progress = (self.env.now - self.last) * self._rate()
-        if progress > 0:
+        elapsed = self.env.now - self.last
+        if elapsed > 0:
             for job in self.jobs.values():
-                job[0] -= progress
+                job[0] -= elapsed * job[3]
         self.last = self.env.now
 
-    def run(self, work: float) -> simpy.Event:
-        """Start a job of ``work`` seconds at full speed.
+    def run(self, work: float, key: Hashable = None) -> simpy.Event:
+        """Start a job of ``work`` seconds at full speed; ``key`` names it for ``pairs``.
 
         Returns:
             An event that fires when the job is done.
@@ -47,7 +61,7 @@ class SharedCores:
         self._advance()
         done = self.env.event()
         self.ids += 1
-        self.jobs[self.ids] = [work, done]
+        self.jobs[self.ids] = [work, done, key, 1.0]
         self._reschedule()
         return done
 
@@ -55,9 +69,11 @@ class SharedCores:
         self.version += 1
         if not self.jobs:
             return
-        target = min(self.jobs, key=lambda k: self.jobs[k][0])
+        self._rates()
+        target = min(self.jobs, key=lambda k: self.jobs[k][0] / self.jobs[k][3])
         version = self.version
-        timer = self.env.timeout(max(self.jobs[target][0], 0.0) / self._rate())
+        job = self.jobs[target]
+        timer = self.env.timeout(max(job[0], 0.0) / job[3])
         timer.callbacks.append(lambda _event: self._complete(version, target))
 
     def _complete(self, version: int, target: int) -> None:
