@@ -105,9 +105,10 @@ def mlp_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
 
 
 MODELS = {"conv": conv_model, "mlp": mlp_model}
-#: measured steps per configuration, by model: a step of ``mlp`` takes milliseconds, so it can afford many more
-#: samples of this noisy machine (Note [median step] in sim.experiment) than ``conv``, whose steps take 0.5 s
-STEPS = {"conv": 15, "mlp": 31}
+#: measured steps per configuration, by model: enough samples of this noisy machine's regimes for a stable median
+#: (Note [median step] in sim.experiment; Note [trimmed means]); with 15, one ``conv`` row moved from -31.8% to -7.6%
+#: between two runs
+STEPS = {"conv": 31, "mlp": 31}
 #: rounds of pair measurements per configuration, spread over the steps (Note [interleaved calibration] in
 #: sim.experiment): a round of ``conv`` takes seconds and its pairs hardly slow each other; ``mlp``'s pairs are the
 #: largest and noisiest term of its prediction (Note [pair rounds] in sim.pairs), and a round takes a second
