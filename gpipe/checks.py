@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["check_balance", "check_devices", "check_unique"]
+__all__ = ["check_balance", "check_devices", "check_positive", "check_unique"]
 
 Device = torch.device | str | int
 
@@ -68,3 +68,9 @@ def check_devices(devices: Sequence[Device] | None, partitions: int) -> list[tor
         raise ValueError(f"too few devices: {partitions} partitions need {partitions} devices, got {len(result)}; "
                          "list a device per partition (several partitions may share one, e.g. ['cpu'] * n)")
     return result[:partitions]
+
+
+def check_positive(name: str, value: int) -> None:
+    """Refuse anything but an ``int`` of at least 1 (a ``bool`` too), naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -79,6 +79,7 @@ import torch
 from torch import nn
 
 from gpipe.affinity import Cores, check_affinity, pinned
+from gpipe.checks import check_positive
 from gpipe.phase import checkpointing
 from gpipe.profile import (
     Device,
@@ -254,7 +255,7 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
 
     if not devices:
         raise ValueError("need at least one device")
-    _positive("steps", steps)
+    check_positive("steps", steps)
     first = torch.device(devices[0])
     cores = check_affinity(affinity, len(devices)) or [None] * len(devices)
     per_saved, per_unpacked = measure_saved_tensor_cost(saved_tensor_repeats)
@@ -344,7 +345,7 @@ def measure_thread_start(parts: Sequence[nn.Module], sample: TensorOrTensors, *,
     Raises:
         ValueError: ``threads < 1`` or a bad ``affinity``.
     """
-    _positive("threads", threads)
+    check_positive("threads", threads)
     cores = check_affinity(affinity, len(parts)) or [None] * len(parts)
     extra: list[list[float]] = [[] for _ in parts]
     with contextlib.ExitStack() as stack:
@@ -449,8 +450,8 @@ def measure_saved_tensor_cost(repeats: int = 101, *, ops: int = 32) -> tuple[flo
     Raises:
         ValueError: a non-positive ``repeats`` or ``ops``.
     """
-    _positive("repeats", repeats)
-    _positive("ops", ops)
+    check_positive("repeats", repeats)
+    check_positive("ops", ops)
     weight = torch.ones((), requires_grad=True)
     model_state = {_storage_key(weight)}
 
@@ -498,7 +499,7 @@ def measure_task_overhead(repeats: int = 200) -> float:
     Raises:
         ValueError: ``repeats < 1``.
     """
-    _positive("repeats", repeats)
+    check_positive("repeats", repeats)
     inbox: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
     outbox: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
     stage: Callable[[torch.Tensor], torch.Tensor] = nn.Identity()
@@ -531,7 +532,7 @@ def measure_handoff(repeats: int = 200) -> float:
     Raises:
         ValueError: ``repeats < 1``.
     """
-    _positive("repeats", repeats)
+    check_positive("repeats", repeats)
     ping: queue.SimpleQueue[object] = queue.SimpleQueue()
     pong: queue.SimpleQueue[object] = queue.SimpleQueue()
     stop = object()
@@ -581,7 +582,7 @@ def measure_contention(workers: int = 2, *, size: int = 192, inner: int = 20, re
         raise ValueError(f"contention needs at least 2 workers, got {workers!r}")
     for name, value in (("size", size), ("inner", inner), ("repeats", repeats),
                         ("threads_per_worker", threads_per_worker)):
-        _positive(name, value)
+        check_positive(name, value)
     generator = torch.Generator().manual_seed(0)
     matrices = [torch.randn(size, size, generator=generator) for _ in range(workers)]
 
@@ -618,8 +619,3 @@ def measure_contention(workers: int = 2, *, size: int = 192, inner: int = 20, re
     finally:
         torch.set_num_threads(previous)
     return max(0.0, (statistics.median(slowdowns) - 1.0) / (workers - 1))
-
-
-def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from gpipe.affinity import Cores, check_affinity, pinned
+from gpipe.checks import check_positive
 from gpipe.phase import checkpointing
 from gpipe.profile import SavedBytes, TensorOrTensors, _preserved, _storage_key
 
@@ -75,8 +76,7 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
     Raises:
         ValueError: ``repeats < 1``, a non-positive window, or a bad ``affinity``.
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    check_positive("repeats", repeats)
     with PairMeter(parts, sample, window=window, max_window=max_window, kinds=kinds, affinity=affinity) as meter:
         return median_pairs([meter.round() for _ in range(repeats)])
 
