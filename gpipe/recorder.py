@@ -21,7 +21,7 @@ from gpipe.schedule import Task
 from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
 
 if TYPE_CHECKING:
-    from gpipe.pipe import _Run as Run
+    from gpipe.worker import Run
 
 __all__ = ["Recorder"]
 

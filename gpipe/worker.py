@@ -1,0 +1,486 @@
+"""The worker threads of one training step: each device's task list in order, the hand-offs between them.
+
+:class:`Run` is one mini-batch through a :class:`gpipe.GPipe`: one thread per device runs that device's
+tasks of the schedule (Note [the schedule drives both passes] in :mod:`gpipe.pipe`), receiving its inputs
+from the previous stage's worker and sending its results on.
+
+Note [threads]: every worker sets its intra-op thread count to the caller's (``torch.get_num_threads()``
+when the step starts). A fresh thread's OpenMP and MKL pools do not inherit ``torch.set_num_threads``:
+left alone, each worker would start a pool as wide as the machine, and on a small CPU the workers' pools
+would spin on each other's cores (steps several times slower).
+
+Note [launch order]: each phase starts its workers as fresh threads, and starting a thread takes
+Python's interpreter lock, on both sides, for a while. The worker whose first task can run at once
+(the first stage's in the forward phase, the last stage's in the backward phase) is started last, so
+the others are already waiting on their inboxes and the main thread on them: started first, its first
+task would trade the lock with the thread starts that follow (a small-layer forward was 40% slower).
+The main thread then waits for one event, set by the last worker to end, rather than joining each
+worker in turn (each join woke it, to take the lock, while the next worker computed).
+
+Note [hand-offs]: a worker sends its result (activations downstream, gradients upstream) to the
+inbox (a ``queue.SimpleQueue``) of the worker of the next stage. The receiver moves tensors to its
+device (on its copy stream for CUDA; on CPU devices the hand-off itself is the copy). An exception in
+any task is recorded, every worker is woken with a stop message, all threads are joined, and the
+original exception is raised in the caller with its traceback.
+
+Note [checkpointing]: a checkpointed forward runs under ``no_grad`` and keeps only its input; the
+``R`` task recomputes it with grad right before the ``B`` task. Stochastic layers draw identical
+numbers in both (see :mod:`gpipe.rng`). A partition that modifies its input in place would recompute
+from a different input; that is detected and refused.
+
+Note [entering a partition]: a partition's input is a fresh leaf (its gradient is what goes back to the
+previous stage), and autograd refuses in-place operations on a leaf that requires grad, so a partition
+starting with, say, ``nn.ReLU(inplace=True)`` would fail where the un-pipelined model works. An identity
+node (``_Enter``) gives the partition a non-leaf alias of its input, sharing its storage, as the un-pipelined model's
+previous layer would.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from gpipe import rng
+from gpipe.affinity import pinned
+from gpipe.batchnorm import DeferredBatchNorm
+from gpipe.microbatch import as_tensors, gather
+from gpipe.phase import checkpointing, recomputing
+from gpipe.recorder import Recorder
+from gpipe.schedule import Op, Schedule, Task
+from gpipe.skip.skippable import SkipKey, use_tracker
+from gpipe.timeline import COMPUTE, COPY
+
+if TYPE_CHECKING:
+    from gpipe.pipe import GPipe
+
+__all__ = ["Run"]
+
+Grads = tuple[Tensor | None, ...]
+
+_STOP = object()  # wakes a worker when another one failed
+
+
+class Run:
+    """One mini-batch through the pipeline: the forward phase now, the backward phase when autograd asks."""
+
+    def __init__(self, pipe: GPipe, schedule: Schedule, batches: list[tuple[Tensor, ...]], input_is_tuple: bool,
+                 train: bool, record: bool) -> None:
+        self.pipe = pipe
+        self.schedule = schedule
+        self.batches = batches
+        self.input_is_tuple = input_is_tuple
+        self.train = train
+        self.record = record
+        self.n = schedule.n
+        self.devices = pipe.devices
+        self.affinity = pipe.cpu_affinity
+        self.partitions = list(pipe.partitions)
+        self.layout = pipe.skip_layout
+        # Note [random state] in gpipe.rng: the step's seed, drawn only when a layer needs one
+        self.step_seed = int(torch.randint(0, 2**62, (), generator=torch.default_generator).item()) \
+            if train and pipe._hooks else 0
+        self.inbox: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in schedule.tasks]
+        self.mail: list[dict[Task, Any]] = [{} for _ in schedule.tasks]
+        self.error: BaseException | None = None
+        self.error_lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.running = 0  # workers of the current phase still running
+        self.finished = threading.Event()  # set by the last of them
+        self.leaves: dict[tuple[int, int], tuple[Tensor, ...]] = {}
+        self.graphs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
+        self.outputs: dict[int, tuple[Tensor, ...]] = {}
+        self.output_is_tuple = False
+        self.tuple_between: dict[int, bool] = {}
+        self.out_grads: dict[int, Grads] = {}
+        self.in_grads: dict[int, Grads] = {}
+        self.input_requires_grad: list[bool] = []
+        # skips crossing partitions: the stashed tensor (with its graph) in the stashing partition, its value
+        # for the pop, the popped leaf in the popping partition, and its gradient on the way back
+        self.stash_graph: dict[tuple[int, int], dict[SkipKey, Tensor]] = {}
+        self.portal: dict[tuple[int, SkipKey], Tensor] = {}
+        self.popped: dict[tuple[int, int], dict[SkipKey, Tensor]] = {}
+        self.portal_grad: dict[tuple[int, SkipKey], Tensor | None] = {}
+        self.backward_started = False
+        self.backward_done = False
+        self.threads_per_worker = torch.get_num_threads()
+        self.recorder = Recorder(self) if record else None
+        self.loss: tuple[Callable[..., Tensor], list[Any], list[float]] | None = None  # set by GPipe.step
+        self.losses: dict[int, Tensor] = {}
+
+    # -- phases -----------------------------------------------------------------------------------------
+
+    @property
+    def phases(self) -> list[tuple[tuple[Task, ...], tuple[Task, ...]]]:
+        """Each device's task list cut in two: its leading F tasks (``forward()``), then the rest (backward)."""
+        cut = []
+        for tasks in self.schedule.tasks:
+            k = next((x for x, t in enumerate(tasks) if t.op is not Op.F), len(tasks))
+            if any(t.op is Op.F for t in tasks[k:]):
+                raise ValueError(f"schedule {self.schedule.name!r} interleaves forward and backward tasks on one "
+                                 "device; forward() + backward() runs schedules whose forwards come first")
+            cut.append((tasks[:k], tasks[k:]))
+        return cut
+
+    def execute_all(self) -> None:
+        """Run every task of the schedule at once (:meth:`GPipe.step`): the last stage computes the loss."""
+        for i in range(self.schedule.m):
+            self.out_grads[i] = (None,)  # filled by the loss of F(i, n-1), see _call
+        self.launch(self.schedule.tasks, first=self.schedule.device_of(0))
+        self.finish()
+
+    def execute(self, forward: bool) -> None:
+        self.launch([tasks[0 if forward else 1] for tasks in self.phases],
+                    first=self.schedule.device_of(0 if forward else self.n - 1))
+        self.join()
+
+    def launch(self, task_lists: Sequence[Sequence[Task]], first: int) -> None:
+        """Start one worker thread per device on its task list; device ``first``'s thread last (Note [launch order])."""
+        self.threads = [threading.Thread(target=self._work, args=(d, tasks), daemon=True, name=f"gpipe-worker-{d}")
+                        for d, tasks in enumerate(task_lists)]
+        self.running = len(self.threads)
+        self.finished = threading.Event()
+        for d, thread in enumerate(self.threads):
+            if d != first:
+                thread.start()
+        self.threads[first].start()
+
+    def join(self) -> None:
+        """Wait for the phase's workers: one wake-up when the last one ends (Note [launch order])."""
+        try:
+            while not self.finished.wait(timeout=0.1):
+                pass
+            for thread in self.threads:
+                thread.join()
+        except BaseException as interrupt:  # KeyboardInterrupt while waiting: stop the workers, then re-raise
+            self._fail(interrupt)
+            for thread in self.threads:
+                thread.join()
+            raise
+        self.threads = []
+        if self.error is not None:
+            raise self.error
+
+    def gathered_tensors(self) -> tuple[Tensor, ...]:
+        return gather([self.outputs[i] for i in range(self.schedule.m)])
+
+    def gathered(self) -> Any:
+        outputs = self.gathered_tensors()
+        return outputs if self.output_is_tuple else outputs[0]
+
+    def start_backward(self, grads: Sequence[Tensor | None]) -> None:
+        if self.backward_started:
+            raise RuntimeError("this pipeline step was already run backward; retain_graph is not supported by GPipe")
+        self.backward_started = True
+        if self.recorder is not None:
+            self.recorder.resume()
+        sizes = [self.outputs[i][0].size(0) for i in range(self.schedule.m)]
+        pieces = [g.split(sizes, dim=0) if g is not None else [None] * len(sizes) for g in grads]
+        for i in range(self.schedule.m):
+            self.out_grads[i] = tuple(p[i] for p in pieces)
+        self.launch([tasks[1] for tasks in self.phases], first=self.schedule.device_of(self.n - 1))
+
+    def finish_backward(self) -> None:
+        if self.backward_done:
+            return
+        self.backward_done = True
+        self.finish()
+
+    def finish(self) -> None:
+        """Wait for the workers, commit deferred batch norm, keep the timeline, drop the step's tensors."""
+        try:
+            self.join()
+        finally:
+            for partition in self.partitions:
+                DeferredBatchNorm.commit_all(partition)
+        if self.recorder is not None:
+            self.pipe.timeline = self.recorder.timeline()
+        self.release()
+
+    def input_grads(self) -> list[Tensor | None]:
+        """The gradient of each input that requires one, gathered over the micro-batches."""
+        grads: list[Tensor | None] = []
+        for k, needs in enumerate(self.input_requires_grad):
+            if not needs:
+                continue
+            pieces = [self.in_grads[i][k] for i in range(self.schedule.m)]
+            if all(p is None for p in pieces):
+                grads.append(None)
+                continue
+            filled = [p if p is not None else torch.zeros_like(b[k]) for p, b in zip(pieces, self.batches, strict=True)]
+            grads.append(torch.cat(filled) if len(filled) > 1 else filled[0])
+        return grads
+
+    def release(self) -> None:
+        self.leaves.clear()
+        self.graphs.clear()
+        self.stash_graph.clear()
+        self.portal.clear()
+        self.popped.clear()
+        self.portal_grad.clear()
+
+    # -- workers ----------------------------------------------------------------------------------------
+
+    def _work(self, d: int, tasks: Sequence[Task]) -> None:
+        device = self.devices[d]
+        try:
+            # Note [threads]: a fresh thread's OpenMP/MKL pools do not inherit the caller's thread count
+            torch.set_num_threads(self.threads_per_worker)
+            with _device_context(device), pinned(self.affinity[d] if self.affinity else None):
+                for task in tasks:
+                    if self.error is not None:
+                        return
+                    if task.op is Op.F:
+                        self._forward(d, task)
+                    elif task.op is Op.R:
+                        self._recompute(d, task)
+                    elif task.op is Op.B:
+                        self._backward(d, task)
+                    else:
+                        raise NotImplementedError(f"GPipe does not run {task.op.name} tasks ({task})")
+        except _Failed:
+            pass
+        except BaseException as error:
+            self._fail(error)
+        finally:
+            with self.error_lock:
+                self.running -= 1
+                if not self.running:
+                    self.finished.set()
+
+    def _fail(self, error: BaseException) -> None:
+        with self.error_lock:
+            if self.error is None:
+                self.error = error
+        for box in self.inbox:
+            box.put((None, _STOP))
+
+    def _send(self, stage: int, task: Task, payload: Any) -> None:
+        self.inbox[self.schedule.device_of(stage)].put((task, payload))
+
+    def _receive(self, d: int, task: Task) -> Any:
+        mail = self.mail[d]
+        while task not in mail:
+            key, payload = self.inbox[d].get()
+            if payload is _STOP:
+                raise _Failed
+            mail[key] = payload
+        return mail.pop(task)
+
+    def _arrive(self, d: int, tensors: Sequence[Tensor | None], producer: Task, label: str = "") -> tuple[Any, ...]:
+        """Bring ``tensors`` to device ``d`` (a copy only where they are elsewhere)."""
+        device = self.devices[d]
+        if all(t is None or t.device == device for t in tensors):
+            return tuple(tensors)
+        start = self.recorder.now(d, copy=True) if self.recorder else 0.0
+        stream = self.pipe.copy_stream(device) if device.type == "cuda" else None
+        if stream is not None:
+            compute = torch.cuda.current_stream(device)
+            for t in tensors:
+                if t is not None and t.device.type == "cuda":
+                    stream.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(stream):
+                moved = tuple(None if t is None else t.to(device, non_blocking=True) for t in tensors)
+            compute.wait_stream(stream)
+            for t, out in zip(tensors, moved, strict=True):
+                if t is not None and t.device.type == "cuda":
+                    t.record_stream(stream)
+                if out is not None:
+                    out.record_stream(compute)
+        else:
+            moved = tuple(None if t is None else t.to(device) for t in tensors)
+        if self.recorder is not None:
+            self.recorder.span(d, COPY, producer, start, label=label)
+        return moved
+
+    def _inputs(self, d: int, task: Task) -> tuple[Tensor, ...]:
+        i, j = task.microbatch, task.stage
+        if j == 0:
+            return self._arrive(d, self.batches[i], task)
+        previous = Task(Op.F, i, j - 1)
+        return self._arrive(d, self._receive(d, previous), previous)
+
+    def _call(self, d: int, task: Task, leaves: tuple[Tensor, ...], recompute: bool) -> tuple[Tensor, ...]:
+        i, j = task.microbatch, task.stage
+        tracker = _PortalTracker(self, d, i, j, recompute)
+        if torch.is_grad_enabled():  # Note [entering a partition]
+            leaves = tuple(_Enter.apply(t) if t.requires_grad else t for t in leaves)
+        arg: Any = leaves if (self.input_is_tuple if j == 0 else self.tuple_between[j - 1]) else leaves[0]
+        with use_tracker(tracker), rng.seeded(self.step_seed, i, j):
+            output = self.partitions[j](arg)
+        was_tuple, outputs = as_tensors(output, f"the output of partition {j}")
+        if j == self.n - 1:
+            self.output_is_tuple = was_tuple
+            if self.loss is not None:  # GPipe.step: the loss of this micro-batch is this stage's output
+                loss_fn, targets, weights = self.loss
+                target = self._arrive(d, (targets[i],), task)[0] if isinstance(targets[i], Tensor) else \
+                    self._arrive(d, targets[i], task)
+                loss = loss_fn(outputs[0] if not was_tuple else outputs, target) * weights[i]
+                if not isinstance(loss, Tensor) or loss.dim() != 0:
+                    raise TypeError("loss_fn must return a scalar tensor (a reduced loss), got "
+                                    f"{type(loss).__name__ if not isinstance(loss, Tensor) else tuple(loss.shape)}")
+                if not recompute:
+                    self.losses[i] = loss.detach()
+                if torch.is_grad_enabled():
+                    self.out_grads[i] = (torch.ones_like(loss),)
+                return (loss,)
+        else:
+            self.tuple_between[j] = was_tuple  # written before the hand-off, so the next stage sees it
+        return outputs
+
+    def _forward(self, d: int, task: Task) -> None:
+        i, j = task.microbatch, task.stage
+        inputs = self._inputs(d, task)
+        recorder = self.recorder
+        start = recorder.now(d) if recorder else 0.0
+        ckpt = self.train and self.schedule.is_checkpointed(i)
+        if self.train:
+            leaves = tuple(t.detach().requires_grad_(t.requires_grad or (j > 0 and t.is_floating_point()))
+                           for t in inputs)
+            versions = [t._version for t in leaves]
+            if ckpt:
+                with torch.no_grad(), checkpointing():
+                    outputs = self._call(d, task, leaves, recompute=False)
+                self.leaves[(i, j)] = leaves
+                changed = [k for k, (t, v) in enumerate(zip(leaves, versions, strict=True)) if t._version != v]
+                if changed:
+                    raise RuntimeError(
+                        f"partition {j} modified its input in place (input {changed[0]}) during a checkpointed "
+                        "forward, so its recompute would start from different values; make the first in-place "
+                        "layer of the partition out-of-place (e.g. nn.ReLU(inplace=False)) or use "
+                        "checkpoint='never'")
+                if recorder:
+                    recorder.hold(d, i, j, sum(t.numel() * t.element_size() for t in leaves))
+            else:
+                with torch.enable_grad(), (recorder.saved(d, i, j) if recorder else _nothing()):
+                    outputs = self._call(d, task, leaves, recompute=False)
+                self.leaves[(i, j)] = leaves
+                self.graphs[(i, j)] = outputs
+        else:
+            with torch.no_grad():  # a new thread starts with grad enabled, whatever the caller's mode
+                outputs = self._call(d, task, tuple(inputs), recompute=False)
+        if recorder:
+            recorder.span(d, COMPUTE, task, start)
+        if j == self.n - 1:
+            self.outputs[i] = tuple(t.detach() if self.train else t for t in outputs)
+        else:
+            self._send(j + 1, task, tuple(t.detach() for t in outputs))
+
+    def _recompute(self, d: int, task: Task) -> None:
+        i, j = task.microbatch, task.stage
+        recorder = self.recorder
+        start = recorder.now(d) if recorder else 0.0
+        leaves = self.leaves[(i, j)]
+        with torch.enable_grad(), recomputing(), (recorder.saved(d, i, j) if recorder else _nothing()):
+            self.graphs[(i, j)] = self._call(d, task, leaves, recompute=True)
+        if recorder:
+            recorder.span(d, COMPUTE, task, start)
+
+    def _backward(self, d: int, task: Task) -> None:
+        i, j = task.microbatch, task.stage
+        if j == self.n - 1:
+            grads = self._arrive(d, self.out_grads[i], Task(Op.F, i, j))
+        else:
+            producer = Task(Op.B, i, j + 1)
+            grads = self._arrive(d, self._receive(d, producer), producer)
+        outputs = list(self.graphs.pop((i, j)))
+        grads_l = list(grads)
+        for key, stashed in self.stash_graph.pop((i, j), {}).items():
+            grad = self.portal_grad.pop((i, key), None)
+            if grad is not None:
+                consumer = Task(Op.B, i, self.layout.popped_in[key])
+                grads_l.append(self._arrive(d, (grad,), consumer, label="skip")[0])
+                outputs.append(stashed)
+        recorder = self.recorder
+        start = recorder.now(d) if recorder else 0.0
+        pairs = [(o, g) for o, g in zip(outputs, grads_l, strict=True) if g is not None and o.requires_grad]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        leaves = self.leaves.pop((i, j))
+        for key, leaf in self.popped.pop((i, j), {}).items():
+            self.portal_grad[(i, key)] = leaf.grad
+        if recorder:
+            recorder.span(d, COMPUTE, task, start)
+            recorder.free(d, i, j)
+        result = tuple(t.grad if t.requires_grad else None for t in leaves)
+        if j == 0:
+            self.in_grads[i] = result
+        else:
+            self._send(j - 1, task, result)
+
+
+class _Enter(torch.autograd.Function):
+    """Identity between a partition's leaf input and its first layer (Note [entering a partition])."""
+
+    @staticmethod
+    def forward(ctx: Any, input: Tensor) -> Tensor:  # type: ignore[override]
+        return input.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # type: ignore[override]
+        return grad
+
+
+class _Failed(Exception):
+    """Raised inside a worker that was told to stop because another one failed."""
+
+
+class _PortalTracker:
+    """Routes the stashes and pops of one task: in the partition, or through a portal to another one."""
+
+    def __init__(self, run: Run, d: int, i: int, j: int, recompute: bool) -> None:
+        self.run, self.d, self.i, self.j, self.recompute = run, d, i, j, recompute
+        self.local: dict[SkipKey, Tensor] = {}
+
+    def save(self, key: SkipKey, tensor: Tensor) -> None:
+        run = self.run
+        if key not in run.layout.popped_in:
+            raise RuntimeError(f"stash of {key[1]!r} that no layer of this pipeline pops")
+        if run.layout.popped_in[key] == self.j:
+            self.local[key] = tensor
+            return
+        if run.train and torch.is_grad_enabled():
+            run.stash_graph.setdefault((self.i, self.j), {})[key] = tensor
+        if not self.recompute:
+            run.portal[(self.i, key)] = tensor.detach() if run.train else tensor
+
+    def load(self, key: SkipKey) -> Tensor:
+        if key in self.local:
+            return self.local.pop(key)
+        run = self.run
+        if self.recompute:
+            return run.popped[(self.i, self.j)][key]
+        value = run.portal.pop((self.i, key))
+        producer = Task(Op.F, self.i, run.layout.stashed_in[key])
+        value = run._arrive(self.d, (value,), producer, label="skip")[0]
+        if run.train:
+            value = value.detach().requires_grad_(value.is_floating_point())
+            run.popped.setdefault((self.i, self.j), {})[key] = value
+        return value
+
+
+class _nothing:  # noqa: N801 - a cheap null context manager
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _device_context:  # noqa: N801
+    """On a CUDA device, make it current on the worker's thread."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.guard = torch.cuda.device(device) if device.type == "cuda" else None
+
+    def __enter__(self) -> None:
+        if self.guard is not None:
+            self.guard.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.guard is not None:
+            self.guard.__exit__(*exc)
