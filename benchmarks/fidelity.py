@@ -50,7 +50,14 @@ per-step predictions and of the measured steps, both without their lowest and hi
 process hit. Each row also keeps every step's measured and predicted makespan (``step_ms``,
 ``step_predicted_ms``).
 
-Run: ``.venv/bin/python benchmarks/fidelity.py`` (about half an hour on two quiet cores) or ``--quick``
+Note [row noise]: how much of a row's error is the machine's. The row's recorded steps are cut into
+``BLOCKS`` runs of consecutive steps, each predicted from its own profiling passes and pair rounds
+(:meth:`sim.experiment.Outcome.block_errors`, Note [block errors] there), and ``noise`` is the
+standard error of the mean of the block errors, ``stdev / sqrt(BLOCKS)``: what measuring the row
+again, calibration and steps together, would move its error by. A row whose error is within about
+two ``noise`` of zero does not show a fault of the simulator at that sample size.
+
+Run: ``.venv/bin/python benchmarks/fidelity.py`` (about an hour on two quiet cores) or ``--quick``
 (the conv model, chunks 1, 4, 16); writes ``benchmarks/results/fidelity.json``.
 """
 
@@ -58,11 +65,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -82,6 +91,7 @@ CHUNKS = (1, 2, 4, 8, 16)
 GOAL_MEAN, GOAL_MAX = 0.03, 0.08
 BATCH = 64
 TRIM = 0.2  # Note [trimmed means]
+BLOCKS = 5  # Note [row noise]
 QUIET, BUSY = 0.15, 0.25  # cores used by other processes: wait for less than QUIET, redo above BUSY
 
 
@@ -106,13 +116,16 @@ def mlp_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
 
 MODELS = {"conv": conv_model, "mlp": mlp_model}
 #: measured steps per configuration, by model: enough samples of this noisy machine's regimes for a stable median
-#: (Note [median step] in sim.experiment; Note [trimmed means]); with 15, one ``conv`` row moved from -31.8% to -7.6%
-#: between two runs
-STEPS = {"conv": 31, "mlp": 31}
+#: (Note [median step] in sim.experiment; Note [trimmed means], Note [row noise]); with 15, one ``conv`` row moved
+#: from -31.8% to -7.6% between two runs, and with 31 the medians of a row's blocks of steps still spread by 3% on
+#: average; an ``mlp`` step takes a tenth of a ``conv`` step, so it gets more
+STEPS = {"conv": 41, "mlp": 61}
 #: rounds of pair measurements per configuration, spread over the steps (Note [interleaved calibration] in
-#: sim.experiment): a round of ``conv`` takes seconds and its pairs hardly slow each other; ``mlp``'s pairs are the
-#: largest and noisiest term of its prediction (Note [pair rounds] in sim.pairs), and a round takes a second
-PAIR_ROUNDS = {"conv": 5, "mlp": 17}
+#: sim.experiment), at least two per block (Note [row noise]): ``mlp``'s pairs are the largest term of its
+#: prediction (Note [pair rounds] in sim.pairs); ``conv``'s slow each other by about a tenth, but one round (a run or
+#: two of each task) gives a slowdown with a standard deviation of 0.2, so five rounds could put a row of many
+#: micro-batches, where the stages overlap most, 10% off
+PAIR_ROUNDS = {"conv": 10, "mlp": 25}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     header = (f"{'model':>5} {'chunks':>6} {'checkpoint':>11} {'predicted ms':>13} {'measured ms':>12} "
               f"{'error':>8} {'paired':>8} {'trimmed':>8} {'start err ms':>13} {'order':>6} {'spread':>7} "
-              f"{'halves':>7} {'busy':>5}")
+              f"{'halves':>7} {'noise':>6} {'busy':>5}")
     print(header)
     for name in models:
         model, batch = MODELS[name](args.seed)
@@ -154,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['trimmed_error']:>+8.1%} "
                       f"{row['start_error_mean_ms']:>13.3f} "
                       f"{row['order_agreement']:>6.0%} {row['measured_spread']:>7.1%} {row['halves']:>+7.1%} "
-                      f"{row['background']:>5.2f}",
+                      f"{_percent(row['noise']):>6} {row['background']:>5.2f}",
                       flush=True)
     overall = _summary(rows)
     mean, worst = overall["mean_abs_error"], overall["max_abs_error"]
@@ -173,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median spread of the measured steps themselves (max - min) / median: {spread:.1%}")
     print(f"the measurement against itself (Note [halves]): mean |halves| {halves:.2%}, "
           f"max {max(abs(r['halves']) for r in rows):.2%}")
+    noises = [r["noise"] for r in rows if r["noise"] is not None]
+    noise = statistics.mean(noises) if noises else None
+    beyond = sum(1 for r in rows if r["noise"] and abs(r["error"]) > 2 * r["noise"])
+    if noise is not None:
+        print(f"a row's own noise (Note [row noise]): mean {noise:.2%}; rows with |error| beyond two of it: "
+              f"{beyond} of {len(rows)}")
     command = "python benchmarks/fidelity.py" + (" --quick" if args.quick else "")
     doc = {
         "benchmark": "fidelity",
@@ -189,10 +208,12 @@ def main(argv: list[str] | None = None) -> int:
                  f"(goal <= {GOAL_MEAN:.0%} and <= {GOAL_MAX:.0%}). error = (predicted - measured) / measured; "
                  f"spread = (slowest - fastest measured step) / median step (median over rows {spread:.1%}); "
                  f"halves = (median of the last half of the steps - median of the first half) / median step; "
+                 f"noise = standard error of the error over {BLOCKS} blocks of consecutive steps, each predicted "
+                 f"from its own passes and pair rounds (Note [row noise]); "
                  f"background = cores other processes used while the steps ran."),
         "summary": {**overall, "goal_mean": GOAL_MEAN, "goal_max": GOAL_MAX,
                     "configurations": len(rows), "per_model": per_model, "median_measured_spread": spread,
-                    "mean_abs_halves": halves},
+                    "mean_abs_halves": halves, "mean_noise": noise, "rows_beyond_two_noise": beyond},
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +229,7 @@ def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple
                   steps=args.steps or STEPS[name], pair_rounds=PAIR_ROUNDS[name],
                   seed=args.seed, threads=1)
     outcome: Outcome | None = None
-    background, attempts = 0.0, 0
+    background, attempts, began = 0.0, 0, time.perf_counter()
     while attempts < 3:
         attempts += 1
         wait_until_quiet()
@@ -219,6 +240,7 @@ def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple
             break
     assert outcome is not None
     c = outcome.comparison
+    blocks = outcome.block_errors(BLOCKS) if len(outcome.step_makespans) >= 2 * BLOCKS else ()
     return {
         "model": name, "chunks": chunks, "checkpoint": checkpoint, "balance": ",".join(map(str, balance)),
         "predicted_ms": c.predicted_makespan * 1e3, "measured_ms": c.measured_makespan * 1e3,
@@ -231,7 +253,8 @@ def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple
         / trimmed_mean(outcome.step_makespans),
         "step_ms": [m * 1e3 for m in outcome.step_makespans],
         "step_predicted_ms": [p * 1e3 for p in outcome.step_predictions],
-        "background": background, "attempts": attempts,
+        "block_errors": list(blocks), "noise": standard_error(blocks),
+        "background": background, "attempts": attempts, "seconds": time.perf_counter() - began,
     }
 
 
@@ -261,6 +284,17 @@ def halves_of(makespans: tuple[float, ...]) -> float:
         return 0.0
     first, second = statistics.median(makespans[:half]), statistics.median(makespans[-half:])
     return (second - first) / statistics.median(makespans)
+
+
+def standard_error(values: Sequence[float]) -> float | None:
+    """The standard error of the mean of ``values``, ``stdev / sqrt(n)`` (Note [row noise]); ``None`` below two."""
+    if len(values) < 2:
+        return None
+    return statistics.stdev(values) / math.sqrt(len(values))
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def wait_until_quiet(limit: float = 120.0) -> None:

@@ -47,6 +47,14 @@ the medians, since one round of them is too noisy to pair):
 ``Outcome.paired_error`` is the median of those per-step errors. Both use only calibrated costs; the
 pairing only decides which calibration a step is held against.
 
+Note [block errors]: how much of an experiment's error is the machine's. The recorded steps are cut
+into runs of consecutive steps (blocks); each block gives a prediction of its own, from the profiling
+passes after its steps and the pair rounds taken among them (the pairs of all rounds where a block has
+none), against its own median step (:meth:`Outcome.block_errors`). Blocks of consecutive steps, not
+single steps, so that the machine's regimes, which last seconds, count as the few samples they are;
+the spread of the block errors is what sampling the same machine again would move the error by,
+calibration and measurement together.
+
 Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
 ``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
 (the lower median for an even count): a real step, not an average of several.
@@ -56,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import platform
 import statistics
@@ -69,6 +78,7 @@ import torch
 from torch import Tensor, nn
 
 from gpipe.affinity import Cores
+from gpipe.checks import check_positive
 from gpipe.profile import BlockProfile, profile_blocks
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, gpipe
 from gpipe.timeline import Timeline, write_chrome_trace
@@ -195,6 +205,10 @@ class Outcome:
             (Linux; ``None`` elsewhere): a busy machine makes the measurement, not the model, noisy.
         step_predictions: per recorded step, the makespan predicted from the calibration pass that ran
             right after it alone (Note [paired error]).
+        passes: per recorded step, the profiling pass that ran right after it (Note [interleaved
+            calibration]).
+        pair_rounds: the rounds of pair measurements, each with the index of the recorded step it
+            followed (negative after a warm-up step).
     """
 
     setup: Setup
@@ -210,6 +224,32 @@ class Outcome:
     model: str = ""
     background_cores: float | None = None
     step_predictions: tuple[float, ...] = ()
+    passes: tuple[tuple[BlockProfile, ...], ...] = field(default=(), repr=False, compare=False)
+    pair_rounds: tuple[tuple[int, dict[tuple[str, int, str, int], float]], ...] = field(
+        default=(), repr=False, compare=False)
+
+    def block_errors(self, blocks: int = 5) -> tuple[float, ...]:
+        """Note [block errors]: per run of consecutive recorded steps, (predicted - measured) / measured
+        with the prediction from that run's own profiling passes and pair rounds.
+
+        Raises:
+            ValueError: ``blocks < 1``, fewer than two recorded steps a block, or an outcome without
+                its passes.
+        """
+        check_positive("blocks", blocks)
+        count = len(self.step_makespans)
+        if count < 2 * blocks:
+            raise ValueError(f"{blocks} blocks need at least {2 * blocks} recorded steps, got {count}")
+        if len(self.passes) != count:
+            raise ValueError(f"this outcome has {len(self.passes)} profiling passes for {count} recorded steps")
+        bounds = [count * b // blocks for b in range(blocks + 1)]
+        errors = []
+        for lo, hi in itertools.pairwise(bounds):
+            rounds = [r for k, r in self.pair_rounds if lo <= k < hi]
+            cost = _interleaved(self.cost, self.passes[lo:hi], rounds)
+            measured = statistics.median(self.step_makespans[lo:hi])
+            errors.append((simulate(self.schedule, cost, self.config).makespan - measured) / measured)
+        return tuple(errors)
 
     @property
     def paired_error(self) -> float | None:
@@ -386,7 +426,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         clock = time.perf_counter()
         measured_steps: list[Timeline] = []
         passes: list[list[BlockProfile]] = []  # Note [interleaved calibration]
-        rounds: list[dict[tuple[str, int, str, int], float]] = []  # of pairs, after the steps in pair_steps
+        rounds: list[tuple[int, dict[tuple[str, int, str, int], float]]] = []  # of pairs, after pair_steps
         pair_steps = _spread(setup.pair_rounds, setup.warmup_steps + setup.steps)
         meter = BackgroundLoad()
         with contextlib.ExitStack() as stack:
@@ -400,7 +440,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
                 passes.append(profile_blocks(parts, first, device=list(devices), warmup=1, repeats=1,
                                              recorded=True, affinity=affinity))
                 if pairs is not None and k in pair_steps:
-                    rounds.append(pairs.round())
+                    rounds.append((k - setup.warmup_steps, pairs.round()))
                 tick(f"step {k - setup.warmup_steps + 1}" if k >= setup.warmup_steps else f"warm-up step {k + 1}")
         seconds["measure"] = time.perf_counter() - clock
         background = meter.cores()
@@ -411,7 +451,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
                                    f"checkpoint={schedule.checkpoint}")
 
         clock = time.perf_counter()
-        cost = _interleaved(cost, passes, rounds)
+        cost = _interleaved(cost, passes, [r for _, r in rounds])
         step_predictions = tuple(  # Note [paired error]
             simulate(schedule, _interleaved(cost, [p], []), config).makespan for p in passes[setup.warmup_steps:])
         predicted = simulate(schedule, cost, config)
@@ -423,7 +463,8 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     comparison = compare(predicted, measured_steps[chosen])
     tick("compare")
     return Outcome(setup, schedule, cost, config, predicted, measured_steps[chosen], makespans, chosen,
-                   comparison, seconds, description, background, step_predictions)
+                   comparison, seconds, description, background, step_predictions,
+                   tuple(tuple(p) for p in passes[setup.warmup_steps:]), tuple(rounds))
 
 
 def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Batch, devices: Sequence[str], *,

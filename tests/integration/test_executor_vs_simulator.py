@@ -7,6 +7,8 @@ benchmark (``benchmarks/fidelity.py``) reports the real accuracy.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -113,3 +115,41 @@ def test_demo_model_peak_bytes_match(demo_outcome: Outcome) -> None:
     for row in demo_outcome.comparison.devices:
         assert row.measured_peak_bytes > 0
         assert abs(row.peak_bytes_error) <= PEAK_TOLERANCE, demo_outcome.comparison.table()
+
+
+@pytest.mark.slow
+def test_demo_outcome_keeps_one_pass_per_recorded_step(demo_outcome: Outcome) -> None:
+    assert len(demo_outcome.passes) == len(demo_outcome.step_makespans) == 3
+    assert all(len(p) == demo_outcome.schedule.n for p in demo_outcome.passes)
+    assert all(-1 <= k < 3 for k, _ in demo_outcome.pair_rounds)
+
+
+@pytest.mark.slow
+def test_block_errors_compare_each_block_with_its_own_calibration(demo_outcome: Outcome) -> None:
+    """Note [block errors]: a block's prediction comes from its own passes and pair rounds only."""
+    one = demo_outcome.passes[0]
+    alike = dataclasses.replace(demo_outcome, passes=(one,) * 6, pair_rounds=())
+    single = dataclasses.replace(alike, step_makespans=(1.0,) * 6)
+    base = single.block_errors(3)
+    assert len(base) == 3 and base[0] == pytest.approx(base[1]) == pytest.approx(base[2])
+
+    # a block whose steps took twice as long: only its own error moves, to (p - 2m) / 2m
+    slow = dataclasses.replace(single, step_makespans=(1.0, 1.0, 2.0, 2.0, 1.0, 1.0))
+    errors = slow.block_errors(3)
+    assert errors[0] == pytest.approx(base[0]) and errors[2] == pytest.approx(base[2])
+    assert errors[1] == pytest.approx((1 + base[1]) / 2 - 1)
+
+    # a round of pairs in the last block, every pair slowing the other to a crawl: only that block's prediction grows
+    if demo_outcome.cost.overheads.pairs:
+        keys = [tuple(p[:4]) for p in demo_outcome.cost.overheads.pairs]
+        crawl = dataclasses.replace(single, pair_rounds=((5, dict.fromkeys(keys, 3.0)),))
+        moved = crawl.block_errors(3)
+        assert moved[:2] == pytest.approx(base[:2])
+        assert moved[2] > base[2] + 0.1
+
+    with pytest.raises(ValueError, match="need at least 8 recorded steps"):
+        single.block_errors(4)
+    with pytest.raises(ValueError, match="profiling passes"):
+        dataclasses.replace(single, passes=()).block_errors(3)
+    with pytest.raises(ValueError, match="positive integer"):
+        single.block_errors(0)
