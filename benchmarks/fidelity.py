@@ -57,7 +57,7 @@ standard error of the mean of the block errors, ``stdev / sqrt(BLOCKS)``: what m
 again, calibration and steps together, would move its error by. A row whose error is within about
 two ``noise`` of zero does not show a fault of the simulator at that sample size.
 
-Run: ``.venv/bin/python benchmarks/fidelity.py`` (about an hour on two quiet cores) or ``--quick``
+Run: ``.venv/bin/python benchmarks/fidelity.py`` (about 45 minutes on two quiet cores) or ``--quick``
 (the conv model, chunks 1, 4, 16); writes ``benchmarks/results/fidelity.json``.
 """
 
@@ -117,8 +117,8 @@ def mlp_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
 MODELS = {"conv": conv_model, "mlp": mlp_model}
 #: measured steps per configuration, by model: enough samples of this noisy machine's regimes for a stable median
 #: (Note [median step] in sim.experiment; Note [trimmed means], Note [row noise]); with 15, one ``conv`` row moved
-#: from -31.8% to -7.6% between two runs, and with 31 the medians of a row's blocks of steps still spread by 3% on
-#: average; an ``mlp`` step takes a tenth of a ``conv`` step, so it gets more
+#: from -31.8% to -7.6% between two runs, and with 31 the standard error of a row's error over five blocks of its
+#: steps was still 3% on average; an ``mlp`` step takes a tenth of a ``conv`` step, so it gets more
 STEPS = {"conv": 41, "mlp": 61}
 #: rounds of pair measurements per configuration, spread over the steps (Note [interleaved calibration] in
 #: sim.experiment), at least two per block (Note [row noise]): ``mlp``'s pairs are the largest term of its
