@@ -63,6 +63,7 @@ Note [median step]: a shared machine is noisy, so ``steps`` training steps are r
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import json
@@ -203,8 +204,6 @@ class Outcome:
         model: a one-line description of the model.
         background_cores: CPU cores other processes used, on average, while the steps were measured
             (Linux; ``None`` elsewhere): a busy machine makes the measurement, not the model, noisy.
-        step_predictions: per recorded step, the makespan predicted from the calibration pass that ran
-            right after it alone (Note [paired error]).
         passes: per recorded step, the profiling pass that ran right after it (Note [interleaved
             calibration]).
         pair_rounds: the rounds of pair measurements, each with the index of the recorded step it
@@ -223,10 +222,16 @@ class Outcome:
     seconds: dict[str, float] = field(default_factory=dict)
     model: str = ""
     background_cores: float | None = None
-    step_predictions: tuple[float, ...] = ()
     passes: tuple[tuple[BlockProfile, ...], ...] = field(default=(), repr=False, compare=False)
     pair_rounds: tuple[tuple[int, dict[tuple[str, int, str, int], float]], ...] = field(
         default=(), repr=False, compare=False)
+
+    @functools.cached_property
+    def step_predictions(self) -> tuple[float, ...]:
+        """Per recorded step, the makespan predicted from the profiling pass that ran right after it alone
+        (Note [paired error]); the pairs stay the medians over all rounds."""
+        return tuple(simulate(self.schedule, _interleaved(self.cost, [p], []), self.config).makespan
+                     for p in self.passes)
 
     def block_errors(self, blocks: int = 5) -> tuple[float, ...]:
         """Note [block errors]: per run of consecutive recorded steps, (predicted - measured) / measured
@@ -452,8 +457,6 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
         clock = time.perf_counter()
         cost = _interleaved(cost, passes, [r for _, r in rounds])
-        step_predictions = tuple(  # Note [paired error]
-            simulate(schedule, _interleaved(cost, [p], []), config).makespan for p in passes[setup.warmup_steps:])
         predicted = simulate(schedule, cost, config)
         seconds["simulate"] = time.perf_counter() - clock
         tick("simulate")
@@ -463,7 +466,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     comparison = compare(predicted, measured_steps[chosen])
     tick("compare")
     return Outcome(setup, schedule, cost, config, predicted, measured_steps[chosen], makespans, chosen,
-                   comparison, seconds, description, background, step_predictions,
+                   comparison, seconds, description, background,
                    tuple(tuple(p) for p in passes[setup.warmup_steps:]), tuple(rounds))
 
 
