@@ -30,7 +30,10 @@ The process is set up deliberately, before anything runs, and says so in its res
   [interleaved calibration] in ``sim.experiment``).
 - a quiet machine: before each configuration the script waits (up to two minutes) until other
   processes use less than 0.15 cores, and a configuration during which they used more than 0.25
-  cores is run again (up to twice); each row records that load (``background``).
+  cores is run again; each row records that load (``background``).
+- a steady machine: a configuration during which the machine itself changed speed by more than the
+  max-error goal is run again (Note [steady rows]). At most ``TRIES`` attempts a row, all of them
+  kept in its ``tries``.
 
 Three errors per row, each ``(predicted - measured) / measured``:
 
@@ -40,8 +43,24 @@ Three errors per row, each ``(predicted - measured) / measured``:
   steps (Note [paired error] in ``sim.experiment``).
 - ``trimmed``: the trimmed mean of the per-step predictions against that of the measured steps.
 
+Note [steady rows]: the speed of this shared machine has regimes that last seconds, and sometimes
+minutes: within one row the median step of the last half of its steps moved by up to 47% against
+that of the first half. A row measured while the machine moved that much says nothing about an 8%
+goal. So each attempt at a row is judged by its ``drift`` (Note [drift] in ``sim.experiment``): the
+larger of how far its measured steps and how far its calibration passes moved between the first and
+the last half of the row, each against itself. The drift never looks at the prediction against the
+measurement, so the gate cannot pick an attempt for its error. An attempt is kept when its drift is
+within ``DRIFT_LIMIT`` (8%, the max-error goal) and other processes stayed under ``BUSY``; otherwise
+the row runs again, up to ``TRIES`` attempts, and the steadiest one is kept (``steady`` says whether
+it met the limit). Every attempt's error, paired error and drift stay in the row's ``tries``, and the
+summary gives the errors of the first attempts too (``first_attempt``), so what the gate changed is
+in the results. Why it is worth its time: over the 70 rows measured before the gate (two full runs of
+41/61 steps a row and ten rows run again), the 41 rows with a drift within 8% had 2.4% mean and 8.3%
+max error (one row beyond 8%), the 29 beyond it 4.9% and 12.5% (nine rows beyond 8%).
+
 Note [trimmed means]: this machine's speed has regimes that last seconds (``halves``:
-the median step of the second half of a row against that of the first, Note [halves]), so a row's
+the median step of the second half of a row against that of the first, Note [drift] in
+``sim.experiment``), so a row's
 steps, and its calibration passes, fall in two or three clusters. The median of such a sample jumps
 between clusters with one sample more or less, and the median step and the median calibration can
 land in different clusters although each step agrees with the pass after it. The means of the
@@ -71,7 +90,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -83,7 +102,7 @@ from torch import nn  # noqa: E402
 
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint  # noqa: E402
-from sim.experiment import Outcome, Setup, microbatch_sizes, run  # noqa: E402
+from sim.experiment import DRIFT_LIMIT, Outcome, Setup, halves, microbatch_sizes, run  # noqa: E402
 from sim.machine import BackgroundLoad, cpu_count, keep_freed_memory  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fidelity.json"
@@ -93,6 +112,7 @@ BATCH = 64
 TRIM = 0.2  # Note [trimmed means]
 BLOCKS = 5  # Note [row noise]
 QUIET, BUSY = 0.15, 0.25  # cores used by other processes: wait for less than QUIET, redo above BUSY
+TRIES = 3  # attempts at a row at most: a busy or unsteady machine runs it again (Note [steady rows])
 
 
 def conv_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
@@ -152,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     header = (f"{'model':>5} {'chunks':>6} {'checkpoint':>11} {'predicted ms':>13} {'measured ms':>12} "
               f"{'error':>8} {'paired':>8} {'trimmed':>8} {'start err ms':>13} {'order':>6} {'spread':>7} "
-              f"{'halves':>7} {'noise':>6} {'busy':>5}")
+              f"{'drift':>7} {'tries':>5} {'noise':>6} {'busy':>5}")
     print(header)
     for name in models:
         model, batch = MODELS[name](args.seed)
@@ -166,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['measured_ms']:>12.3f} {row['error']:>+8.1%} {row['paired_error']:>+8.1%} "
                       f"{row['trimmed_error']:>+8.1%} "
                       f"{row['start_error_mean_ms']:>13.3f} "
-                      f"{row['order_agreement']:>6.0%} {row['measured_spread']:>7.1%} {row['halves']:>+7.1%} "
+                      f"{row['order_agreement']:>6.0%} {row['measured_spread']:>7.1%} {row['drift']:>+7.1%} "
+                      f"{row['attempts']:>5} "
                       f"{_percent(row['noise']):>6} {row['background']:>5.2f}",
                       flush=True)
     overall = _summary(rows)
@@ -181,10 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in per_model.items():
         print(f"  {name}: mean {s['mean_abs_error']:.2%}, max {s['max_abs_error']:.2%}; trimmed means: mean "
               f"{s['mean_abs_trimmed_error']:.2%}, max {s['max_abs_trimmed_error']:.2%}")
+    first = _summary([r["tries"][0] for r in rows], ("error", "paired_error"))
+    steady = sum(1 for r in rows if r["steady"])
+    print(f"steady rows (Note [steady rows]): {steady} of {len(rows)} within a drift of {DRIFT_LIMIT:.0%}, "
+          f"{sum(r['attempts'] for r in rows) - len(rows)} attempts run again; the first attempts alone: "
+          f"mean |error| {first['mean_abs_error']:.2%}, max |error| {first['max_abs_error']:.2%}")
     spread = statistics.median(r["measured_spread"] for r in rows)
-    halves = statistics.mean(abs(r["halves"]) for r in rows)
+    mean_halves = statistics.mean(abs(r["halves"]) for r in rows)
     print(f"median spread of the measured steps themselves (max - min) / median: {spread:.1%}")
-    print(f"the measurement against itself (Note [halves]): mean |halves| {halves:.2%}, "
+    print(f"the measurement against itself (Note [drift] in sim.experiment): mean |halves| {mean_halves:.2%}, "
           f"max {max(abs(r['halves']) for r in rows):.2%}")
     noises = [r["noise"] for r in rows if r["noise"] is not None]
     noise = statistics.mean(noises) if noises else None
@@ -208,12 +234,16 @@ def main(argv: list[str] | None = None) -> int:
                  f"(goal <= {GOAL_MEAN:.0%} and <= {GOAL_MAX:.0%}). error = (predicted - measured) / measured; "
                  f"spread = (slowest - fastest measured step) / median step (median over rows {spread:.1%}); "
                  f"halves = (median of the last half of the steps - median of the first half) / median step; "
+                 f"drift = the larger of the halves of the steps and of the per-step predictions; a row is run "
+                 f"again, up to {TRIES} attempts, while its drift is beyond {DRIFT_LIMIT:.0%} or other processes "
+                 f"used more than {BUSY} cores, and the steadiest attempt is kept (Note [steady rows]); "
                  f"noise = standard error of the error over {BLOCKS} blocks of consecutive steps, each predicted "
                  f"from its own passes and pair rounds (Note [row noise]); "
                  f"background = cores other processes used while the steps ran."),
         "summary": {**overall, "goal_mean": GOAL_MEAN, "goal_max": GOAL_MAX,
                     "configurations": len(rows), "per_model": per_model, "median_measured_spread": spread,
-                    "mean_abs_halves": halves, "mean_noise": noise, "rows_beyond_two_noise": beyond},
+                    "mean_abs_halves": mean_halves, "mean_noise": noise, "rows_beyond_two_noise": beyond,
+                    "drift_limit": DRIFT_LIMIT, "steady_rows": steady, "first_attempt": first},
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -228,17 +258,15 @@ def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple
     setup = Setup(chunks=chunks, checkpoint=checkpoint, balance=balance, devices=("cpu", "cpu"),
                   steps=args.steps or STEPS[name], pair_rounds=PAIR_ROUNDS[name],
                   seed=args.seed, threads=1)
-    outcome: Outcome | None = None
-    background, attempts, began = 0.0, 0, time.perf_counter()
-    while attempts < 3:
-        attempts += 1
+    began = time.perf_counter()
+
+    def attempt() -> tuple[Outcome, float]:
         wait_until_quiet()
         meter = BackgroundLoad()
         outcome = run(model, batch, setup)
-        background = meter.cores() or 0.0
-        if background <= BUSY:
-            break
-    assert outcome is not None
+        return outcome, meter.cores() or 0.0
+
+    (outcome, background), tries = steadiest(attempt)
     c = outcome.comparison
     blocks = outcome.block_errors(BLOCKS) if len(outcome.step_makespans) >= 2 * BLOCKS else ()
     return {
@@ -248,22 +276,44 @@ def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple
         "start_error_mean_ms": c.start_error_mean * 1e3,
         "duration_error_mean_ms": c.duration_error_mean * 1e3, "order_agreement": c.order_agreement,
         "measured_spread": (max(outcome.step_makespans) - min(outcome.step_makespans)) / c.measured_makespan,
-        "halves": halves_of(outcome.step_makespans),
+        "halves": halves(outcome.step_makespans), "drift": outcome.drift, "steady": fit(outcome, background),
         "trimmed_error": (trimmed_mean(outcome.step_predictions) - trimmed_mean(outcome.step_makespans))
         / trimmed_mean(outcome.step_makespans),
         "step_ms": [m * 1e3 for m in outcome.step_makespans],
         "step_predicted_ms": [p * 1e3 for p in outcome.step_predictions],
         "block_errors": list(blocks), "noise": standard_error(blocks),
-        "background": background, "attempts": attempts, "seconds": time.perf_counter() - began,
+        "background": background, "attempts": len(tries), "seconds": time.perf_counter() - began,
+        "tries": [{"error": o.comparison.makespan_error, "paired_error": o.paired_error, "drift": o.drift,
+                   "background": b} for o, b in tries],
     }
 
 
-def _summary(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean and max |error| of the rows, by each of the three errors."""
+def steadiest(attempt: Callable[[], tuple[Outcome, float]], tries: int = TRIES
+              ) -> tuple[tuple[Outcome, float], list[tuple[Outcome, float]]]:
+    """Note [steady rows]: call ``attempt`` (an outcome and the cores other processes used) until one is
+    :func:`fit`, at most ``tries`` times; the attempt kept (quiet ones first, then the smallest drift)
+    and all of them, in order."""
+    done: list[tuple[Outcome, float]] = []
+    while len(done) < tries:
+        done.append(attempt())
+        if fit(*done[-1]):
+            break
+    return min(done, key=lambda t: (t[1] > BUSY, abs(t[0].drift or 0.0))), done
+
+
+def fit(outcome: Outcome, background: float) -> bool:
+    """Whether an attempt at a row is kept as it is (Note [steady rows]): a quiet machine, and one that
+    kept its speed, by ``drift`` (the steps and the calibration each against itself, never the error)."""
+    return background <= BUSY and outcome.drift is not None and abs(outcome.drift) <= DRIFT_LIMIT
+
+
+def _summary(rows: list[dict[str, Any]],
+             keys: Sequence[str] = ("error", "paired_error", "trimmed_error")) -> dict[str, float]:
+    """Mean and max |error| of the rows, by each of the errors named in ``keys``."""
     out = {}
-    for key, name in (("error", "error"), ("paired_error", "paired_error"), ("trimmed_error", "trimmed_error")):
+    for key in keys:
         values = [abs(r[key]) for r in rows]
-        out[f"mean_abs_{name}"], out[f"max_abs_{name}"] = statistics.mean(values), max(values)
+        out[f"mean_abs_{key}"], out[f"max_abs_{key}"] = statistics.mean(values), max(values)
     return out
 
 
@@ -272,18 +322,6 @@ def trimmed_mean(values: tuple[float, ...], cut: float = TRIM) -> float:
     ordered = sorted(values)
     drop = int(len(ordered) * cut)
     return statistics.mean(ordered[drop:len(ordered) - drop])
-
-
-def halves_of(makespans: tuple[float, ...]) -> float:
-    """Note [halves]: the measurement against itself. The median step of the second half of the steps
-    against that of the first, relative to the median of all: how far the measured makespan of one
-    configuration moves within its own run, a floor under any prediction's error at that sample size.
-    """
-    half = len(makespans) // 2
-    if half < 1:
-        return 0.0
-    first, second = statistics.median(makespans[:half]), statistics.median(makespans[-half:])
-    return (second - first) / statistics.median(makespans)
 
 
 def standard_error(values: Sequence[float]) -> float | None:

@@ -55,6 +55,15 @@ single steps, so that the machine's regimes, which last seconds, count as the fe
 the spread of the block errors is what sampling the same machine again would move the error by,
 calibration and measurement together.
 
+Note [drift]: how far the machine itself moved while an experiment ran. ``halves`` of a sample
+taken in time order is the median of its last half against that of its first half, relative to the
+median of all; ``Outcome.drift`` is the larger in size of the halves of the recorded steps and of the
+per-step predictions (one from each profiling pass, Note [paired error]). It uses no comparison of
+prediction and measurement, only each against itself, so it can say whether a run is fit to judge the
+simulator by, without looking at the answer: on this project's shared two-core machine every row of
+the fidelity benchmark beyond 8% error had a drift beyond 8% (benchmarks/fidelity.py, Note [steady
+rows]). ``gpipe-sim demo`` says so when the drift is large.
+
 Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
 ``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
 (the lower median for an even count): a real step, not an average of several.
@@ -104,9 +113,11 @@ from sim.machine import (
 from sim.pairs import PairMeter, measure_pairs, median_pairs
 
 __all__ = [
+    "DRIFT_LIMIT",
     "Outcome",
     "Setup",
     "demo_model",
+    "halves",
     "loss_of",
     "microbatch_sizes",
     "progress_labels",
@@ -116,6 +127,9 @@ __all__ = [
 ]
 
 Batch = Tensor | tuple[Tensor, ...]
+#: Note [drift]: a run whose machine moved more than this while it ran cannot tell an error of this size
+#: (the fidelity benchmark's max-error goal) from the machine's
+DRIFT_LIMIT = 0.08
 Progress = Callable[[str], None]  # called with a label after each unit of work (progress_labels)
 
 
@@ -264,6 +278,14 @@ class Outcome:
             return None
         return statistics.median((p - m) / m for p, m in zip(self.step_predictions, self.step_makespans, strict=True))
 
+    @property
+    def drift(self) -> float | None:
+        """Note [drift]: the larger in size of :func:`halves` of the recorded steps and of the per-step
+        predictions, signed; ``None`` with fewer than two recorded steps."""
+        if len(self.step_makespans) < 2:
+            return None
+        return max((halves(self.step_makespans), halves(self.step_predictions)), key=abs)
+
     def report(self) -> dict[str, Any]:
         """The report as plain data (what ``report.json`` holds)."""
         c = self.comparison
@@ -288,6 +310,7 @@ class Outcome:
             "step_makespans": list(self.step_makespans),
             "step_predictions": list(self.step_predictions),
             "paired_error": self.paired_error,
+            "drift": self.drift,
             "chosen_step": self.chosen_step,
             "comparison": c.to_dict(),
             "cost_model": _cost_dict(self.cost),
@@ -299,6 +322,16 @@ class Outcome:
 
 
 # -- models and devices ----------------------------------------------------------------------------
+
+
+def halves(values: Sequence[float]) -> float:
+    """Note [drift]: the median of the last half of ``values`` (in time order) less that of the first
+    half, over the median of all; 0.0 for fewer than two values or a median of 0."""
+    half = len(values) // 2
+    middle = statistics.median(values) if values else 0.0
+    if half < 1 or middle == 0:
+        return 0.0
+    return (statistics.median(values[-half:]) - statistics.median(values[:half])) / middle
 
 
 def demo_model(seed: int = 0) -> tuple[nn.Sequential, Tensor]:

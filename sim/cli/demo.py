@@ -34,6 +34,7 @@ from torch import nn  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
 from sim.cli import CommandError  # noqa: E402
 from sim.experiment import (  # noqa: E402
+    DRIFT_LIMIT,
     Batch,
     Outcome,
     Setup,
@@ -129,6 +130,10 @@ def print_outcome(outcome: Outcome, files: dict[str, str]) -> None:
     if outcome.paired_error is not None:
         print(f"paired error (each step against the calibration pass right after it, median): "
               f"{outcome.paired_error:+.1%}")
+    if outcome.drift is not None and abs(outcome.drift) > DRIFT_LIMIT:
+        print(f"note: the machine changed speed by {outcome.drift:+.0%} between the first and the last half of the "
+              "steps (Note [drift] in sim.experiment); an error of that size may be the machine's, not the "
+              "simulator's: run again on a quieter machine or with more --steps")
     measured_hooks = all(st.forward_recorded is not None for st in outcome.cost.stages)
     print(f"calibrated overheads: launch {o.launch * 1e6:.1f} us, task {o.task * 1e6:.1f} us, "
           f"gap {o.gap * 1e6:.1f} us, hand-off {o.handoff * 1e6:.1f} us, turnaround {o.turnaround * 1e6:.1f} us, "

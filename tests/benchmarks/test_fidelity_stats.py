@@ -1,4 +1,4 @@
-"""The fidelity benchmark's statistics on hand-made samples: trimmed means, halves and a row's own noise."""
+"""The fidelity benchmark's statistics on hand-made samples: trimmed means, a row's own noise, the steady-row gate."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import importlib.util
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -30,10 +32,42 @@ def test_trimmed_mean_drops_a_fifth_at_each_end(fidelity: ModuleType) -> None:
     assert fidelity.trimmed_mean((3.0, 1.0, 2.0), cut=0.0) == 2.0
 
 
-def test_halves_is_the_drift_within_a_row(fidelity: ModuleType) -> None:
-    assert fidelity.halves_of((10.0,) * 6) == 0.0
-    assert fidelity.halves_of((10.0, 10.0, 10.0, 12.0, 12.0, 12.0)) == pytest.approx(2.0 / 11.0)
-    assert fidelity.halves_of((10.0,)) == 0.0
+def _attempts(drifts: list[float | None], backgrounds: list[float] | None = None
+              ) -> tuple[Callable[[], tuple[Any, float]], list[int]]:
+    """An attempt function handing out stand-in outcomes of the given drifts, and a count of its calls."""
+    calls: list[int] = []
+    backgrounds = backgrounds or [0.0] * len(drifts)
+
+    def attempt() -> tuple[Any, float]:
+        k = len(calls)
+        calls.append(k)
+        # the error is the opposite of the drift's order: the gate must not look at it
+        return SimpleNamespace(drift=drifts[k], error=-k, name=f"try {k}"), backgrounds[k]
+    return attempt, calls
+
+
+def test_a_steady_first_attempt_is_kept_alone(fidelity: ModuleType) -> None:
+    attempt, calls = _attempts([0.05, 0.0, 0.0])
+    (kept, _), tries = fidelity.steadiest(attempt)
+    assert kept.name == "try 0" and len(tries) == 1 and calls == [0]
+
+
+def test_an_unsteady_row_runs_again_and_keeps_its_steadiest_attempt(fidelity: ModuleType) -> None:
+    attempt, calls = _attempts([0.2, -0.12, 0.3])
+    (kept, _), tries = fidelity.steadiest(attempt)
+    assert calls == [0, 1, 2] and [t[0].name for t in tries] == ["try 0", "try 1", "try 2"]
+    assert kept.name == "try 1"  # the smallest drift in size, whatever its error
+
+    attempt, calls = _attempts([0.2, 0.07, 0.0])
+    (kept, _), tries = fidelity.steadiest(attempt)
+    assert calls == [0, 1] and kept.name == "try 1"  # fit at the limit's near side: no third attempt
+
+
+def test_a_busy_machine_runs_again_and_a_quiet_attempt_wins(fidelity: ModuleType) -> None:
+    attempt, calls = _attempts([0.0, 0.1, 0.0], backgrounds=[0.9, 0.0, 0.9])
+    (kept, background), tries = fidelity.steadiest(attempt)
+    assert calls == [0, 1, 2] and kept.name == "try 1" and background == 0.0
+    assert not fidelity.fit(SimpleNamespace(drift=None), 0.0)  # too few steps to tell: not steady
 
 
 def test_standard_error_of_the_block_errors(fidelity: ModuleType) -> None:

@@ -8,6 +8,7 @@ benchmark (``benchmarks/fidelity.py``) reports the real accuracy.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import pytest
 import torch
@@ -153,3 +154,30 @@ def test_block_errors_compare_each_block_with_its_own_calibration(demo_outcome: 
         dataclasses.replace(single, passes=()).block_errors(3)
     with pytest.raises(ValueError, match="positive integer"):
         single.block_errors(0)
+
+
+@pytest.mark.slow
+def test_drift_is_the_steps_or_the_calibration_against_itself(demo_outcome: Outcome) -> None:
+    """Note [drift]: the larger in size of the steps' halves and the per-step predictions' halves."""
+    one = demo_outcome.passes[0]
+    def twice(seconds: float | None) -> float | None:
+        return None if seconds is None else 2 * seconds
+
+    slower = tuple(dataclasses.replace(p, forward_seconds=2 * p.forward_seconds,
+                                       backward_seconds=2 * p.backward_seconds,
+                                       forward_recorded_seconds=twice(p.forward_recorded_seconds),
+                                       backward_recorded_seconds=twice(p.backward_recorded_seconds)) for p in one)
+    steady = dataclasses.replace(demo_outcome, passes=(one,) * 4, pair_rounds=(), step_makespans=(1.0,) * 4)
+    assert steady.drift == 0.0
+
+    # the steps slow down by a half in the second half: the steps' drift
+    steps = dataclasses.replace(steady, step_makespans=(1.0, 1.0, 1.5, 1.5))
+    assert steps.drift == pytest.approx(0.5 / 1.25)
+
+    # the calibration speeds up, the steps stay: the calibration's drift, with its sign
+    faster = dataclasses.replace(steady, passes=(slower, slower, one, one))
+    predictions = faster.step_predictions
+    assert predictions[0] > predictions[2]
+    assert faster.drift == pytest.approx((predictions[2] - predictions[0]) / statistics.median(predictions))
+    assert faster.drift < -0.1
+    assert dataclasses.replace(steady, step_makespans=(1.0,)).drift is None

@@ -6,6 +6,7 @@ report is written from a synthetic outcome. The end-to-end runs are in ``tests/i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from sim.cli.demo import print_outcome
 from sim.compare import compare
 from sim.cost import CostModel, Overheads
 from sim.engine import SimConfig, simulate
-from sim.experiment import Outcome, Setup, microbatch_sizes, progress_labels, write_outputs
+from sim.experiment import Outcome, Setup, halves, microbatch_sizes, progress_labels, write_outputs
 
 MODELS = '''
 import torch
@@ -152,3 +153,18 @@ def test_report_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     text = capsys.readouterr().out
     assert "makespan (ms)" in text and "a test model" in text and "step 2 of 3" in text
     assert "hand-off 20.0 us" in text
+
+    # steps of 0.2, 0.1, 0.3 s: the last half (0.3) against the first (0.2), over the median (0.2)
+    assert report["drift"] == pytest.approx(0.5)
+    assert "changed speed by +50%" in text
+    print_outcome(dataclasses.replace(outcome, step_makespans=(0.2, 0.2, 0.2)), files)
+    assert "changed speed" not in capsys.readouterr().out
+
+
+def test_halves_is_a_sample_against_itself() -> None:
+    """Note [drift]: the median of the last half against that of the first, over the median of all."""
+    assert halves((10.0,) * 6) == 0.0
+    assert halves((10.0, 10.0, 10.0, 12.0, 12.0, 12.0)) == pytest.approx(2.0 / 11.0)
+    assert halves((12.0, 12.0, 10.0, 10.0)) == pytest.approx(-2.0 / 11.0)
+    assert halves((10.0, 99.0, 10.0)) == 0.0  # an odd middle step belongs to neither half
+    assert halves((10.0,)) == 0.0 and halves(()) == 0.0 and halves((0.0, 0.0)) == 0.0
