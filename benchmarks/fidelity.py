@@ -40,13 +40,13 @@ Three errors per row, each ``(predicted - measured) / measured``:
 - ``error``: the prediction from the median calibration against the step of median makespan, the
   comparison ``gpipe-sim demo`` shows (its per-task table is of that step).
 - ``paired``: each step against the prediction from the profiling pass right after it, the median over
-  steps (Note [paired error] in ``sim.experiment``).
+  steps (Note [paired error] in ``sim.outcome``).
 - ``trimmed``: the trimmed mean of the per-step predictions against that of the measured steps.
 
 Note [steady rows]: the speed of this shared machine has regimes that last seconds, and sometimes
 minutes: within one row the median step of the last half of its steps moved by up to 47% against
 that of the first half. A row measured while the machine moved that much says nothing about an 8%
-goal. So each attempt at a row is judged by its ``drift`` (Note [drift] in ``sim.experiment``): the
+goal. So each attempt at a row is judged by its ``drift`` (Note [drift] in ``sim.outcome``): the
 larger of how far its measured steps and how far its calibration passes moved between the first and
 the last half of the row, each against itself. The drift never looks at the prediction against the
 measurement, so the gate cannot pick an attempt for its error. An attempt is kept when its drift is
@@ -60,7 +60,7 @@ max error (one row beyond 8%), the 29 beyond it 4.9% and 12.5% (nine rows beyond
 
 Note [trimmed means]: this machine's speed has regimes that last seconds (``halves``:
 the median step of the second half of a row against that of the first, Note [drift] in
-``sim.experiment``), so a row's
+``sim.outcome``), so a row's
 steps, and its calibration passes, fall in two or three clusters. The median of such a sample jumps
 between clusters with one sample more or less, and the median step and the median calibration can
 land in different clusters although each step agrees with the pass after it. The means of the
@@ -71,7 +71,7 @@ process hit. Each row also keeps every step's measured and predicted makespan (`
 
 Note [row noise]: how much of a row's error is the machine's. The row's recorded steps are cut into
 ``BLOCKS`` runs of consecutive steps, each predicted from its own profiling passes and pair rounds
-(:meth:`sim.experiment.Outcome.block_errors`, Note [block errors] there), and ``noise`` is the
+(:meth:`sim.outcome.Outcome.block_errors`, Note [block errors] there), and ``noise`` is the
 standard error of the mean of the block errors, ``stdev / sqrt(BLOCKS)``: what measuring the row
 again, calibration and steps together, would move its error by. A row whose error is within about
 two ``noise`` of zero does not show a fault of the simulator at that sample size.
@@ -102,8 +102,9 @@ from torch import nn  # noqa: E402
 
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint  # noqa: E402
-from sim.experiment import DRIFT_LIMIT, Outcome, Setup, halves, microbatch_sizes, run  # noqa: E402
+from sim.experiment import Setup, microbatch_sizes, run  # noqa: E402
 from sim.machine import BackgroundLoad, cpu_count, keep_freed_memory  # noqa: E402
+from sim.outcome import DRIFT_LIMIT, Outcome, halves  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fidelity.json"
 CHUNKS = (1, 2, 4, 8, 16)
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     spread = statistics.median(r["measured_spread"] for r in rows)
     mean_halves = statistics.mean(abs(r["halves"]) for r in rows)
     print(f"median spread of the measured steps themselves (max - min) / median: {spread:.1%}")
-    print(f"the measurement against itself (Note [drift] in sim.experiment): mean |halves| {mean_halves:.2%}, "
+    print(f"the measurement against itself (Note [drift] in sim.outcome): mean |halves| {mean_halves:.2%}, "
           f"max {max(abs(r['halves']) for r in rows):.2%}")
     noises = [r["noise"] for r in rows if r["noise"] is not None]
     noise = statistics.mean(noises) if noises else None

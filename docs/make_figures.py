@@ -617,7 +617,8 @@ def readme_figure(path: Path = README_FIGURE, *, measure: bool = True) -> str:
     if measure:
         try:
             from gpipe import GPipe  # noqa: F401 (only: is the executor there?)
-            from sim.experiment import Setup, demo_model, run, write_outputs
+            from sim.experiment import Setup, demo_model, run
+            from sim.outcome import write_outputs
         except ImportError:
             log.warning("the executor or sim.experiment is missing: drawing a simulated timeline only")
         else:

@@ -33,17 +33,9 @@ from torch import nn  # noqa: E402
 
 from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
 from sim.cli import CommandError  # noqa: E402
-from sim.experiment import (  # noqa: E402
-    DRIFT_LIMIT,
-    Batch,
-    Outcome,
-    Setup,
-    demo_model,
-    progress_labels,
-    run,
-    write_outputs,
-)
+from sim.experiment import Batch, Setup, demo_model, progress_labels, run  # noqa: E402
 from sim.machine import keep_freed_memory  # noqa: E402
+from sim.outcome import DRIFT_LIMIT, Outcome, write_outputs  # noqa: E402
 
 __all__ = ["add_common_options", "add_parser", "execute", "run_command"]
 
@@ -132,7 +124,7 @@ def print_outcome(outcome: Outcome, files: dict[str, str]) -> None:
               f"{outcome.paired_error:+.1%}")
     if outcome.drift is not None and abs(outcome.drift) > DRIFT_LIMIT:
         print(f"note: the machine changed speed by {outcome.drift:+.0%} between the first and the last half of the "
-              "steps (Note [drift] in sim.experiment); an error of that size may be the machine's, not the "
+              "steps (Note [drift] in sim.outcome); an error of that size may be the machine's, not the "
               "simulator's: run again on a quieter machine or with more --steps")
     measured_hooks = all(st.forward_recorded is not None for st in outcome.cost.stages)
     print(f"calibrated overheads: launch {o.launch * 1e6:.1f} us, task {o.task * 1e6:.1f} us, "

@@ -70,7 +70,7 @@ def _hook() -> ModuleType:
 #: Modules the reference must have, once their file exists (issue 5: the executor's modules among them).
 REQUIRED_REFERENCE = ("gpipe.schedule", "gpipe.timeline", "gpipe.plot", "gpipe.pipe", "gpipe.skip", "gpipe.batchnorm",
                       "gpipe.balance", "gpipe.phase", "gpipe.profile", "sim.engine", "sim.cost", "sim.compare",
-                      "sim.calibrate", "sim.experiment", "sim.hardware")
+                      "sim.calibrate", "sim.primitives", "sim.experiment", "sim.outcome", "sim.hardware")
 
 
 def test_the_reference_lists_every_public_module() -> None:

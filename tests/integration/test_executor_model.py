@@ -16,16 +16,10 @@ from torch import nn
 
 from gpipe.schedule import Op, ScheduleError, Task, gpipe, one_f_one_b
 from gpipe.timeline import Timeline
-from sim.calibrate import (
-    _Scale,
-    calibrate,
-    calibrate_executor_overheads,
-    count_saved_tensors,
-    measure_saved_tensor_cost,
-    measure_thread_start,
-)
+from sim.calibrate import _Scale, calibrate, calibrate_executor_overheads
 from sim.cost import CostModel, Overheads, StageCost
 from sim.engine import SimConfig, simulate
+from sim.primitives import count_saved_tensors, measure_saved_tensor_cost, measure_thread_start
 
 TWO_PHASES = SimConfig(backward_after_forward=True)
 

@@ -18,7 +18,8 @@ from gpipe import GPipe
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, gpipe
 from gpipe.timeline import Timeline
 from sim.engine import simulate
-from sim.experiment import Outcome, Setup, demo_model, loss_of, run, stage_costs
+from sim.experiment import Setup, demo_model, loss_of, run, stage_costs
+from sim.outcome import Outcome
 
 EPSILON = 1e-6  # seconds: host clocks of two threads, read in order, may tie
 MAKESPAN_TOLERANCE = 0.5  # a noisy shared machine; the benchmark, not the test, reports the accuracy

@@ -8,15 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from sim.calibrate import (
-    calibrate,
-    calibrate_overheads,
-    measure_contention,
-    measure_handoff,
-    measure_task_overhead,
-    partitions_of,
-)
+from sim.calibrate import calibrate, calibrate_overheads, partitions_of
 from sim.cost import CostModel, Overheads, StageCost
+from sim.primitives import measure_contention, measure_handoff, measure_task_overhead
 
 F32 = 4  # bytes per float32
 BATCH = 4

@@ -18,7 +18,8 @@ from sim.cli.demo import print_outcome
 from sim.compare import compare
 from sim.cost import CostModel, Overheads
 from sim.engine import SimConfig, simulate
-from sim.experiment import Outcome, Setup, halves, microbatch_sizes, progress_labels, write_outputs
+from sim.experiment import Setup, microbatch_sizes, progress_labels
+from sim.outcome import Outcome, halves, write_outputs
 
 MODELS = '''
 import torch

@@ -1,0 +1,256 @@
+"""What one experiment produced, and what can be read from it: errors, the machine's own noise, the files.
+
+:func:`sim.experiment.run` calibrates, simulates and runs the executor; it returns an
+:class:`Outcome`, which keeps the prediction, the measured step it is compared with, every recorded
+step's makespan and every calibration sample taken among the steps (the profiling passes and the
+pair rounds, Note [interleaved calibration] in :mod:`sim.experiment`). From those samples alone an
+outcome derives how the prediction holds step by step (:attr:`Outcome.paired_error`), block by block
+(:meth:`Outcome.block_errors`), and how far the machine itself moved while it ran
+(:attr:`Outcome.drift`); :func:`write_outputs` writes the picture, the trace and the report.
+
+Note [paired error]: the machine's speed drifts between seconds, so besides the median step against the
+prediction from the median calibration, each recorded step is also compared with the prediction made
+from the one profiling pass that ran right after it (the same machine, a second later; the pairs stay
+the medians, since one round of them is too noisy to pair):
+``Outcome.paired_error`` is the median of those per-step errors. Both use only calibrated costs; the
+pairing only decides which calibration a step is held against.
+
+Note [block errors]: how much of an experiment's error is the machine's. The recorded steps are cut
+into runs of consecutive steps (blocks); each block gives a prediction of its own, from the profiling
+passes after its steps and the pair rounds taken among them (the pairs of all rounds where a block has
+none), against its own median step (:meth:`Outcome.block_errors`). Blocks of consecutive steps, not
+single steps, so that the machine's regimes, which last seconds, count as the few samples they are;
+the spread of the block errors is what sampling the same machine again would move the error by,
+calibration and measurement together.
+
+Note [drift]: how far the machine itself moved while an experiment ran. ``halves`` of a sample
+taken in time order is the median of its last half against that of its first half, relative to the
+median of all; ``Outcome.drift`` is the larger in size of the halves of the recorded steps and of the
+per-step predictions (one from each profiling pass, Note [paired error]). It uses no comparison of
+prediction and measurement, only each against itself, so it can say whether a run is fit to judge the
+simulator by, without looking at the answer: on this project's shared two-core machine, nine of the
+ten rows of the fidelity benchmark beyond 8% error had a drift beyond 8% (benchmarks/fidelity.py,
+Note [steady rows]). ``gpipe-sim demo`` says so when the drift is large.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gpipe.checks import check_positive
+from gpipe.profile import BlockProfile
+from gpipe.schedule import Schedule
+from gpipe.timeline import Timeline, write_chrome_trace
+from sim.compare import Comparison
+from sim.cost import CostModel, StageCost
+from sim.engine import SimConfig, simulate
+from sim.machine import cpu_count
+from sim.pairs import median_pairs
+
+if TYPE_CHECKING:
+    from sim.experiment import Setup
+
+__all__ = ["DRIFT_LIMIT", "Outcome", "halves", "interleaved_cost", "write_outputs"]
+
+#: Note [drift]: a run whose machine moved more than this while it ran cannot tell an error of this size
+#: (the fidelity benchmark's max-error goal) from the machine's
+DRIFT_LIMIT = 0.08
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything one experiment produced.
+
+    Attributes:
+        setup: what was asked for, with ``balance`` and ``devices`` filled in.
+        schedule: the schedule both halves ran (Note [one schedule] in :mod:`sim.experiment`).
+        cost: the calibrated cost model, overheads included.
+        config: the simulator's switches.
+        predicted: the simulator's timeline.
+        measured: the executor's timeline of the median step (Note [median step] in :mod:`sim.experiment`).
+        step_makespans: the makespan of every recorded step, seconds, in order.
+        chosen_step: the index of ``measured`` in ``step_makespans``.
+        comparison: ``compare(predicted, measured)``.
+        seconds: wall seconds each phase took (balance, calibrate, overheads, simulate, measure).
+        model: a one-line description of the model.
+        background_cores: CPU cores other processes used, on average, while the steps were measured
+            (Linux; ``None`` elsewhere): a busy machine makes the measurement, not the model, noisy.
+        passes: per recorded step, the profiling pass that ran right after it (Note [interleaved
+            calibration] in :mod:`sim.experiment`).
+        pair_rounds: the rounds of pair measurements, each with the index of the recorded step it
+            followed (negative after a warm-up step).
+    """
+
+    setup: Setup
+    schedule: Schedule
+    cost: CostModel
+    config: SimConfig
+    predicted: Timeline
+    measured: Timeline
+    step_makespans: tuple[float, ...]
+    chosen_step: int
+    comparison: Comparison
+    seconds: dict[str, float] = field(default_factory=dict)
+    model: str = ""
+    background_cores: float | None = None
+    passes: tuple[tuple[BlockProfile, ...], ...] = field(default=(), repr=False, compare=False)
+    pair_rounds: tuple[tuple[int, dict[tuple[str, int, str, int], float]], ...] = field(
+        default=(), repr=False, compare=False)
+
+    @functools.cached_property
+    def step_predictions(self) -> tuple[float, ...]:
+        """Per recorded step, the makespan predicted from the profiling pass that ran right after it alone
+        (Note [paired error]); the pairs stay the medians over all rounds."""
+        return tuple(simulate(self.schedule, interleaved_cost(self.cost, [p], []), self.config).makespan
+                     for p in self.passes)
+
+    def block_errors(self, blocks: int = 5) -> tuple[float, ...]:
+        """Note [block errors]: per run of consecutive recorded steps, (predicted - measured) / measured
+        with the prediction from that run's own profiling passes and pair rounds.
+
+        Raises:
+            ValueError: ``blocks < 1``, fewer than two recorded steps a block, or an outcome without
+                its passes.
+        """
+        check_positive("blocks", blocks)
+        count = len(self.step_makespans)
+        if count < 2 * blocks:
+            raise ValueError(f"{blocks} blocks need at least {2 * blocks} recorded steps, got {count}")
+        if len(self.passes) != count:
+            raise ValueError(f"this outcome has {len(self.passes)} profiling passes for {count} recorded steps")
+        bounds = [count * b // blocks for b in range(blocks + 1)]
+        errors = []
+        for lo, hi in itertools.pairwise(bounds):
+            rounds = [r for k, r in self.pair_rounds if lo <= k < hi]
+            cost = interleaved_cost(self.cost, self.passes[lo:hi], rounds)
+            measured = statistics.median(self.step_makespans[lo:hi])
+            errors.append((simulate(self.schedule, cost, self.config).makespan - measured) / measured)
+        return tuple(errors)
+
+    @property
+    def paired_error(self) -> float | None:
+        """Note [paired error]: the median over steps of (predicted - measured) / measured, each step
+        against the prediction from its own calibration pass; ``None`` without step predictions."""
+        if not self.step_predictions:
+            return None
+        return statistics.median((p - m) / m for p, m in zip(self.step_predictions, self.step_makespans, strict=True))
+
+    @property
+    def drift(self) -> float | None:
+        """Note [drift]: the larger in size of :func:`halves` of the recorded steps and of the per-step
+        predictions, signed; ``None`` with fewer than two recorded steps."""
+        if len(self.step_makespans) < 2:
+            return None
+        return max((halves(self.step_makespans), halves(self.step_predictions)), key=abs)
+
+    def report(self) -> dict[str, Any]:
+        """The report as plain data (what ``report.json`` holds)."""
+        c = self.comparison
+        return {
+            "predicted_makespan": c.predicted_makespan,
+            "measured_makespan": c.measured_makespan,
+            "makespan_error": c.makespan_error,
+            "order_agreement": c.order_agreement,
+            "model": self.model,
+            "balance": list(self.setup.balance or ()),
+            "devices": list(self.setup.devices or ()),
+            "chunks": self.setup.chunks,
+            "m": self.schedule.m,
+            "n": self.schedule.n,
+            "checkpoint": self.schedule.checkpoint,
+            "schedule": self.schedule.name,
+            "seed": self.setup.seed,
+            "threads_per_worker": self.setup.threads,
+            "pinned_workers": self.setup.pin,
+            "steps": self.setup.steps,
+            "warmup_steps": self.setup.warmup_steps,
+            "step_makespans": list(self.step_makespans),
+            "step_predictions": list(self.step_predictions),
+            "paired_error": self.paired_error,
+            "drift": self.drift,
+            "chosen_step": self.chosen_step,
+            "comparison": c.to_dict(),
+            "cost_model": _cost_dict(self.cost),
+            "phase_seconds": dict(self.seconds),
+            "background_cores": self.background_cores,
+            "environment": {"torch": torch.__version__, "python": platform.python_version(),
+                            "machine": platform.machine(), "cpus": cpu_count()},
+        }
+
+
+def halves(values: Sequence[float]) -> float:
+    """Note [drift]: the median of the last half of ``values`` (in time order) less that of the first
+    half, over the median of all; 0.0 for fewer than two values or a median of 0."""
+    half = len(values) // 2
+    middle = statistics.median(values) if values else 0.0
+    if half < 1 or middle == 0:
+        return 0.0
+    return (statistics.median(values[-half:]) - statistics.median(values[:half])) / middle
+
+
+def interleaved_cost(cost: CostModel, passes: Sequence[Sequence[BlockProfile]],
+                 rounds: Sequence[dict[tuple[str, int, str, int], float]]) -> CostModel:
+    """``cost`` with the medians of interleaved profiling ``passes`` and pair ``rounds`` (if any)."""
+    cost = replace(cost, stages=tuple(_median_seconds(stage, [p[j] for p in passes])
+                                      for j, stage in enumerate(cost.stages)))
+    if rounds:
+        cost = replace(cost, overheads=replace(cost.overheads, pairs=median_pairs(rounds)))
+    return cost
+
+
+def _median_seconds(stage: StageCost, profiles: Sequence[BlockProfile]) -> StageCost:
+    """``stage`` with its seconds replaced by the medians over ``profiles`` (Note [interleaved calibration] in
+    :mod:`sim.experiment`)."""
+    def median(values: Sequence[float | None], default: float | None = None) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else default
+
+    forward = statistics.median(p.forward_seconds for p in profiles)
+    return replace(stage, forward=forward, recompute=forward,
+                   forward_checkpointed=median([p.forward_nograd_seconds for p in profiles]),
+                   backward=statistics.median(p.backward_seconds for p in profiles),
+                   forward_recorded=median([p.forward_recorded_seconds for p in profiles], stage.forward_recorded),
+                   backward_recorded=median([p.backward_recorded_seconds for p in profiles], stage.backward_recorded))
+
+
+def _cost_dict(cost: CostModel) -> dict[str, Any]:
+    o = cost.overheads
+    return {
+        "stages": [{k: getattr(s, k) for k in s.__dataclass_fields__} for s in cost.stages],
+        "copy_seconds": cost.copy_seconds,
+        "overheads": {k: getattr(o, k) for k in o.__dataclass_fields__},
+        "microbatch_scale": list(cost.microbatch_scale),
+    }
+
+
+def write_outputs(outcome: Outcome, out: str | Path) -> dict[str, str]:
+    """Write ``timeline.png`` (predicted above measured), ``trace.json`` (both) and ``report.json`` into ``out``.
+
+    Returns:
+        The paths written, by kind (``plot``, ``trace``, ``report``); the report lists them too.
+    """
+    from gpipe.plot import plot_side_by_side
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    c = outcome.comparison
+    titles = [f"predicted (simulator): makespan {c.predicted_makespan * 1e3:.2f} ms",
+              f"measured (executor): makespan {c.measured_makespan * 1e3:.2f} ms, "
+              f"error {c.makespan_error:+.1%}"]
+    files = {"plot": str(folder / "timeline.png"), "trace": str(folder / "trace.json"),
+             "report": str(folder / "report.json")}
+    plot_side_by_side([outcome.predicted, outcome.measured], files["plot"], titles=titles)
+    write_chrome_trace(files["trace"], [outcome.predicted, outcome.measured], titles=["predicted", "measured"])
+    report = {**outcome.report(), "files": files}
+    Path(files["report"]).write_text(json.dumps(report, indent=1))
+    return files
