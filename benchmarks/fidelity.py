@@ -58,15 +58,14 @@ in the results. Why it is worth its time: over the 70 rows measured before the g
 41/61 steps a row and ten rows run again), the 41 rows with a drift within 8% had 2.4% mean and 8.3%
 max error (one row beyond 8%), the 29 beyond it 4.9% and 12.5% (nine rows beyond 8%).
 
-Note [trimmed means]: this machine's speed has regimes that last seconds (``halves``:
-the median step of the second half of a row against that of the first, Note [drift] in
-``sim.outcome``), so a row's
-steps, and its calibration passes, fall in two or three clusters. The median of such a sample jumps
-between clusters with one sample more or less, and the median step and the median calibration can
-land in different clusters although each step agrees with the pass after it. The means of the
+Note [trimmed means]: this machine's speed has regimes that last seconds (``halves``: the median
+step of the second half of a row against that of the first, Note [drift] in ``sim.outcome``), so a
+row's steps, and its calibration passes, fall in two or three clusters. The median of such a sample
+jumps between clusters with one sample more or less, and the median step and the median calibration
+can land in different clusters although each step agrees with the pass after it. The means of the
 per-step predictions and of the measured steps, both without their lowest and highest fifth
-(``TRIM``), weigh the clusters as often as the steps met them, and still drop a step another
-process hit. Each row also keeps every step's measured and predicted makespan (``step_ms``,
+(``TRIM``), weigh the clusters as often as the steps met them, and still drop a step another process
+hit. Each row also keeps every step's measured and predicted makespan (``step_ms``,
 ``step_predicted_ms``).
 
 Note [row noise]: how much of a row's error is the machine's. The row's recorded steps are cut into
@@ -76,8 +75,8 @@ standard error of the mean of the block errors, ``stdev / sqrt(BLOCKS)``: what m
 again, calibration and steps together, would move its error by. A row whose error is within about
 two ``noise`` of zero does not show a fault of the simulator at that sample size.
 
-Run: ``.venv/bin/python benchmarks/fidelity.py`` (about 45 minutes on two quiet cores) or ``--quick``
-(the conv model, chunks 1, 4, 16); writes ``benchmarks/results/fidelity.json``.
+Run: ``.venv/bin/python benchmarks/fidelity.py`` (about an hour on two quiet cores, rows run again
+included) or ``--quick`` (the conv model, chunks 1, 4, 16); writes ``benchmarks/results/fidelity.json``.
 """
 
 from __future__ import annotations
