@@ -82,7 +82,8 @@ from gpipe.affinity import Cores, check_affinity, pinned
 from gpipe.phase import checkpointing
 from gpipe.skip.skippable import SkipKey, use_tracker
 
-__all__ = ["BlockProfile", "BlockSizes", "Device", "SavedBytes", "TensorOrTensors", "profile_blocks", "profile_sizes"]
+__all__ = ["BlockProfile", "BlockSizes", "Device", "RecordedSeconds", "SavedBytes", "TensorOrTensors", "profile_blocks",
+           "profile_sizes", "time_recorded"]
 
 Device = torch.device | str | int
 TensorOrTensors = Tensor | tuple[Tensor, ...]
@@ -150,31 +151,93 @@ def profile_blocks(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
         TypeError: an input or output that is not a tensor or a tuple of tensors.
     """
     cores = check_affinity(affinity, len(blocks)) or [None] * len(blocks)
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+    _check_counts(warmup, repeats)
     with _session(blocks, sample, device) as steps:
-        clocks = [_clock(step.device) for step in steps]
-        runs: list[list[tuple[float, ...]]] = [[] for _ in steps]
-        for _ in range(warmup + repeats):  # passes over all blocks, so a burst of noise hits one pass
-            # Note [run order]: one kind of run over every block, then the next kind
-            times: list[tuple[float, ...]] = list(_train_pass(steps, clocks, cores))
-            times = [(*t, _nograd_run(step, clock, where))
-                     for t, step, clock, where in zip(times, steps, clocks, cores, strict=True)]
-            if recorded:
-                times = [(*t, *r) for t, r in zip(times, _train_pass(steps, clocks, cores, recorded=True), strict=True)]
-            for block_runs, t in zip(runs, times, strict=True):
-                block_runs.append(t)
+        runs = _timed_runs(steps, cores, warmup, repeats, plain=True, recorded=recorded)
     profiles = []
-    for step, block_runs in zip(steps, runs, strict=True):
-        medians = [statistics.median(column) for column in zip(*block_runs[warmup:], strict=True)]
+    for step, medians in zip(steps, runs, strict=True):
         forward, backward, nograd = medians[:3]
         forward_recorded, backward_recorded = medians[3:] if recorded else (None, None)
         profiles.append(BlockProfile(**vars(step.sizes), forward_seconds=forward, forward_nograd_seconds=nograd,
                                      backward_seconds=backward, forward_recorded_seconds=forward_recorded,
                                      backward_recorded_seconds=backward_recorded))
     return profiles
+
+
+@dataclass(frozen=True)
+class RecordedSeconds:
+    """Median seconds of the runs a recording executor's tasks are predicted from, for one block.
+
+    Attributes:
+        forward: grad-enabled forward under the recorder's hooks (Note [recorded runs]): an ``F`` that
+            is not checkpointed, and every ``R``.
+        backward: its backward, every saved tensor back through the unpack hook: a ``B``.
+        forward_nograd: forward under ``no_grad`` with checkpointing set: a checkpointed ``F``.
+    """
+
+    forward: float
+    backward: float
+    forward_nograd: float
+
+
+def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
+                  device: Device | Sequence[Device] | None = None, warmup: int = 1, repeats: int = 1,
+                  affinity: Sequence[Cores | None] | None = None) -> list[RecordedSeconds]:
+    """Only the seconds a recording executor's tasks take: :func:`profile_blocks` with ``recorded=True``
+    less its plain (hook-free) forward and backward, which such an executor never runs; about half the
+    cost, for sampling a machine between training steps (Note [interleaved calibration] in
+    ``sim.experiment``). The runs that remain run in the same order (Note [run order]): every no-grad
+    forward, then the recorded forwards and backwards. Bytes are not returned: they do not change from
+    pass to pass (:func:`profile_sizes`).
+
+    Args:
+        blocks: as for :func:`profile_blocks`.
+        sample: as for :func:`profile_blocks`.
+        device: as for :func:`profile_blocks`.
+        warmup: untimed passes first.
+        repeats: timed passes; each time is the median over them.
+        affinity: as for :func:`profile_blocks`.
+
+    Returns:
+        One :class:`RecordedSeconds` per block.
+
+    Raises:
+        ValueError: as :func:`profile_blocks`.
+        TypeError: as :func:`profile_blocks`.
+    """
+    cores = check_affinity(affinity, len(blocks)) or [None] * len(blocks)
+    _check_counts(warmup, repeats)
+    with _session(blocks, sample, device) as steps:
+        runs = _timed_runs(steps, cores, warmup, repeats, plain=False, recorded=True)
+    return [RecordedSeconds(forward=forward, backward=backward, forward_nograd=nograd)
+            for nograd, forward, backward in runs]
+
+
+def _check_counts(warmup: int, repeats: int) -> None:
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+
+
+def _timed_runs(steps: Sequence[_Step], cores: Sequence[Cores | None], warmup: int, repeats: int, *,
+                plain: bool, recorded: bool) -> list[list[float]]:
+    """Per block, the median seconds over ``repeats`` timed passes after ``warmup`` untimed ones: with
+    ``plain`` the forward and the backward, then the no-grad forward, then with ``recorded`` the
+    recorded forward and backward (Note [run order]: one kind of run over every block, then the next)."""
+    clocks = [_clock(step.device) for step in steps]
+    runs: list[list[tuple[float, ...]]] = [[] for _ in steps]
+    for _ in range(warmup + repeats):  # passes over all blocks, so a burst of noise hits one pass
+        times: list[tuple[float, ...]] = [()] * len(steps)
+        if plain:
+            times = list(_train_pass(steps, clocks, cores))
+        times = [(*t, _nograd_run(step, clock, where))
+                 for t, step, clock, where in zip(times, steps, clocks, cores, strict=True)]
+        if recorded:
+            times = [(*t, *r) for t, r in zip(times, _train_pass(steps, clocks, cores, recorded=True), strict=True)]
+        for block_runs, t in zip(runs, times, strict=True):
+            block_runs.append(t)
+    return [[statistics.median(column) for column in zip(*block_runs[warmup:], strict=True)] for block_runs in runs]
 
 
 def profile_sizes(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,

@@ -29,16 +29,26 @@ timelines (Note [interleaved calibration] says when the calibration runs).
 
 Note [interleaved calibration]: the speed of a shared (virtual) machine drifts by ten per cent and
 more over seconds, so a calibration made before the executor runs can describe a faster or slower
-machine than the one the steps see. After every training step, warm-up steps included, one timed
-profiling pass of every partition runs, after one untimed pass (:func:`gpipe.profile.profile_blocks`,
-the profiler ``balance_by_time`` uses; a first pass pays one-off costs, a backward's a quarter more);
-the stage seconds of the cost model are the medians over the timed passes. On shared cores
+machine than the one the steps see. After every training step, warm-up steps included, one
+profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: the profiler
+``balance_by_time`` uses, timing only the runs a recording executor's tasks are made of): one
+untimed pass (a first pass pays one-off costs, a backward's a quarter more), then
+``Setup.pass_repeats`` timed ones; the stage seconds of the cost model are the medians over the
+passes. Note [pass repeats] says how many. On shared cores
 (:func:`sim.machine.shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes spread evenly
 over the steps (one :class:`sim.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are
 the medians over the rounds: one round of a pair is a poor sample of Python's lock changing hands
 (Note [pair rounds] in :mod:`sim.pairs`), and measured once up front the pairs of 64 x (Linear(64,
 64), ReLU) put a prediction 40% off a run whose interleaved medians were 4% off. The prediction still
-uses nothing the executor measured: profiling and stepping merely sample the same machine.
+uses nothing the executor measured: profiling and stepping merely sample the same machine. A
+schedule of one micro-batch never runs two tasks at once, so it measures no pairs.
+
+Note [pass repeats]: a step of ``chunks`` micro-batches runs each stage's task ``chunks`` times, and
+its makespan averages over them, while one timed run of each task in a pass is one sample: with one
+timed run a pass, the predictions of rows of 8 and 16 micro-batches varied from step to step by 14-20%
+(their steps by 7-10%; benchmarks/fidelity.py). A task of a micro-batch ``chunks`` times smaller
+takes about that much less time, so ``pass_repeats`` defaults to ``chunks // 2`` (at least one) timed
+runs a pass: a pass then costs about the same, half a step or less, whatever the chunks.
 
 Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
 ``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
@@ -58,7 +68,7 @@ import torch
 from torch import Tensor, nn
 
 from gpipe.affinity import Cores
-from gpipe.profile import BlockProfile, profile_blocks
+from gpipe.profile import RecordedSeconds, time_recorded
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, gpipe
 from gpipe.timeline import Timeline
 from sim.calibrate import calibrate, calibrate_executor_overheads, on_device, partitions_of
@@ -110,7 +120,9 @@ class Setup:
             passes interleaved with the steps (Note [interleaved calibration]).
         pair_rounds: on shared cores, rounds of pair measurements spread evenly over the warm-up and
             recorded steps (at most one after each step); ``Overheads.pairs`` are their medians
-            (Note [interleaved calibration]).
+            (Note [interleaved calibration]). None with one micro-batch.
+        pass_repeats: timed runs in each profiling pass after a step; ``None``: ``chunks // 2``,
+            at least one (Note [pass repeats]).
         balance_timeout: seconds ``balance_by_time`` may spend.
         pin: on CPU devices (Linux), pin partition ``j``'s worker, and everything that calibrates it,
             to one core of its own (Note [pinned workers] in :mod:`gpipe.affinity`); ``False``:
@@ -128,6 +140,7 @@ class Setup:
     warmup: int = 2
     repeats: int = 3
     pair_rounds: int = 9
+    pass_repeats: int | None = None
     balance_timeout: float = 1.0
     pin: bool = True
 
@@ -143,12 +156,20 @@ class Setup:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint must be one of {', '.join(CHECKPOINT_MODES)}, got {self.checkpoint!r}")
+        if self.pass_repeats is not None and (isinstance(self.pass_repeats, bool)
+                                              or not isinstance(self.pass_repeats, int) or self.pass_repeats < 1):
+            raise ValueError(f"pass_repeats must be an integer >= 1 or None, got {self.pass_repeats!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise ValueError(f"threads must be a positive integer or None, got {self.threads!r}")
         if self.balance is not None and self.devices is not None and len(self.balance) != len(self.devices):
             raise ValueError(f"balance has {len(self.balance)} partitions but {len(self.devices)} devices are given")
         if not self.balance_timeout >= 0:
             raise ValueError(f"balance_timeout must be >= 0 seconds, got {self.balance_timeout!r}")
+
+    @property
+    def repeats_per_pass(self) -> int:
+        """Timed runs in each profiling pass after a step (Note [pass repeats])."""
+        return self.pass_repeats if self.pass_repeats is not None else max(1, self.chunks // 2)
 
     @property
     def partitions(self) -> int:
@@ -289,20 +310,21 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
         clock = time.perf_counter()
         measured_steps: list[Timeline] = []
-        passes: list[list[BlockProfile]] = []  # Note [interleaved calibration]
+        passes: list[list[RecordedSeconds]] = []  # Note [interleaved calibration]
         rounds: list[tuple[int, dict[tuple[str, int, str, int], float]]] = []  # of pairs, after pair_steps
         pair_steps = _spread(setup.pair_rounds, setup.warmup_steps + setup.steps)
         meter = BackgroundLoad()
         with contextlib.ExitStack() as stack:
-            pairs = stack.enter_context(PairMeter(parts, first, affinity=affinity)) if shares_cores(devices) else None
+            overlap = shares_cores(devices) and schedule.m > 1  # one micro-batch: one task at a time
+            pairs = stack.enter_context(PairMeter(parts, first, affinity=affinity)) if overlap else None
             for k in range(setup.warmup_steps + setup.steps):
                 if k == setup.warmup_steps:
                     meter = BackgroundLoad()
                 timeline = _train_step(pipe, model, batch)
                 if k >= setup.warmup_steps:
                     measured_steps.append(timeline)
-                passes.append(profile_blocks(parts, first, device=list(devices), warmup=1, repeats=1,
-                                             recorded=True, affinity=affinity))
+                passes.append(time_recorded(parts, first, device=list(devices), warmup=1,
+                                            repeats=setup.repeats_per_pass, affinity=affinity))
                 if pairs is not None and k in pair_steps:
                     rounds.append((k - setup.warmup_steps, pairs.round()))
                 tick(f"step {k - setup.warmup_steps + 1}" if k >= setup.warmup_steps else f"warm-up step {k + 1}")

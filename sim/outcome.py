@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpipe.checks import check_positive
-from gpipe.profile import BlockProfile
+from gpipe.profile import RecordedSeconds
 from gpipe.schedule import Schedule
 from gpipe.timeline import Timeline, write_chrome_trace
 from sim.compare import Comparison
@@ -103,7 +103,7 @@ class Outcome:
     seconds: dict[str, float] = field(default_factory=dict)
     model: str = ""
     background_cores: float | None = None
-    passes: tuple[tuple[BlockProfile, ...], ...] = field(default=(), repr=False, compare=False)
+    passes: tuple[tuple[RecordedSeconds, ...], ...] = field(default=(), repr=False, compare=False)
     pair_rounds: tuple[tuple[int, dict[tuple[str, int, str, int], float]], ...] = field(
         default=(), repr=False, compare=False)
 
@@ -198,7 +198,7 @@ def halves(values: Sequence[float]) -> float:
     return (statistics.median(values[-half:]) - statistics.median(values[:half])) / middle
 
 
-def interleaved_cost(cost: CostModel, passes: Sequence[Sequence[BlockProfile]],
+def interleaved_cost(cost: CostModel, passes: Sequence[Sequence[RecordedSeconds]],
                  rounds: Sequence[dict[tuple[str, int, str, int], float]]) -> CostModel:
     """``cost`` with the medians of interleaved profiling ``passes`` and pair ``rounds`` (if any)."""
     cost = replace(cost, stages=tuple(_median_seconds(stage, [p[j] for p in passes])
@@ -208,19 +208,13 @@ def interleaved_cost(cost: CostModel, passes: Sequence[Sequence[BlockProfile]],
     return cost
 
 
-def _median_seconds(stage: StageCost, profiles: Sequence[BlockProfile]) -> StageCost:
-    """``stage`` with its seconds replaced by the medians over ``profiles`` (Note [interleaved calibration] in
-    :mod:`sim.experiment`)."""
-    def median(values: Sequence[float | None], default: float | None = None) -> float | None:
-        known = [v for v in values if v is not None]
-        return statistics.median(known) if known else default
-
-    forward = statistics.median(p.forward_seconds for p in profiles)
-    return replace(stage, forward=forward, recompute=forward,
-                   forward_checkpointed=median([p.forward_nograd_seconds for p in profiles]),
-                   backward=statistics.median(p.backward_seconds for p in profiles),
-                   forward_recorded=median([p.forward_recorded_seconds for p in profiles], stage.forward_recorded),
-                   backward_recorded=median([p.backward_recorded_seconds for p in profiles], stage.backward_recorded))
+def _median_seconds(stage: StageCost, profiles: Sequence[RecordedSeconds]) -> StageCost:
+    """``stage`` with the seconds a recording executor's tasks take replaced by the medians over ``profiles``
+    (Note [interleaved calibration] in :mod:`sim.experiment`); its plain seconds, which such an executor
+    never runs, stay those of the first calibration."""
+    return replace(stage, forward_recorded=statistics.median(p.forward for p in profiles),
+                   backward_recorded=statistics.median(p.backward for p in profiles),
+                   forward_checkpointed=statistics.median(p.forward_nograd for p in profiles))
 
 
 def _cost_dict(cost: CostModel) -> dict[str, Any]:

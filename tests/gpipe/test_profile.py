@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.profile import BlockProfile, SavedBytes, profile_blocks, profile_sizes
+from gpipe.profile import BlockProfile, RecordedSeconds, SavedBytes, profile_blocks, profile_sizes, time_recorded
 
 F32 = 4  # bytes per float32
 
@@ -36,6 +36,43 @@ def test_recorded_runs_are_timed_only_when_asked_and_count_what_the_recorder_cou
     with torch.enable_grad(), counter.hooks():
         blocks[0](torch.randn(4, 8))
     assert counter.nbytes == recorded[0].saved_bytes == plain[0].saved_bytes
+
+
+class Counted(nn.Module):
+    """Counts its forwards, with and without grad."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.calls = {"grad": 0, "nograd": 0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls["grad" if torch.is_grad_enabled() else "nograd"] += 1
+        return self.linear(x)
+
+
+def test_time_recorded_runs_only_what_a_recording_executor_runs() -> None:
+    """No plain train pass: per pass one recorded forward and one no-grad forward of each block (and one
+    forward that sizes the blocks), against profile_blocks' two grad-enabled forwards and one no-grad."""
+    blocks = [Counted(), Counted()]
+    times = time_recorded(blocks, torch.randn(4, 8), warmup=1, repeats=2)
+    assert all(isinstance(t, RecordedSeconds) for t in times) and len(times) == 2
+    assert all(t.forward > 0 and t.backward > 0 and t.forward_nograd > 0 for t in times)
+    assert [b.calls for b in blocks] == [{"grad": 1 + 3, "nograd": 3}] * 2
+    for b in blocks:
+        b.calls = {"grad": 0, "nograd": 0}
+    profile_blocks(blocks, torch.randn(4, 8), warmup=1, repeats=2, recorded=True)
+    assert [b.calls for b in blocks] == [{"grad": 1 + 2 * 3, "nograd": 3}] * 2
+    assert all(p.grad is None for b in blocks for p in b.parameters())  # left as found
+
+
+def test_time_recorded_refuses_bad_counts() -> None:
+    with pytest.raises(ValueError, match="repeats"):
+        time_recorded([nn.Linear(2, 2)], torch.randn(1, 2), repeats=0)
+    with pytest.raises(ValueError, match="warmup"):
+        time_recorded([nn.Linear(2, 2)], torch.randn(1, 2), warmup=-1)
+    with pytest.raises(ValueError, match="nothing to profile"):
+        time_recorded([], torch.randn(1, 2))
 
 
 def test_a_counted_graph_that_never_runs_backward_is_freed() -> None:

@@ -161,13 +161,8 @@ def test_block_errors_compare_each_block_with_its_own_calibration(demo_outcome: 
 def test_drift_is_the_steps_or_the_calibration_against_itself(demo_outcome: Outcome) -> None:
     """Note [drift]: the larger in size of the steps' halves and the per-step predictions' halves."""
     one = demo_outcome.passes[0]
-    def twice(seconds: float | None) -> float | None:
-        return None if seconds is None else 2 * seconds
-
-    slower = tuple(dataclasses.replace(p, forward_seconds=2 * p.forward_seconds,
-                                       backward_seconds=2 * p.backward_seconds,
-                                       forward_recorded_seconds=twice(p.forward_recorded_seconds),
-                                       backward_recorded_seconds=twice(p.backward_recorded_seconds)) for p in one)
+    slower = tuple(dataclasses.replace(p, forward=2 * p.forward, backward=2 * p.backward,
+                                       forward_nograd=2 * p.forward_nograd) for p in one)
     steady = dataclasses.replace(demo_outcome, passes=(one,) * 4, pair_rounds=(), step_makespans=(1.0,) * 4)
     assert steady.drift == 0.0
 

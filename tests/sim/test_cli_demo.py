@@ -122,6 +122,14 @@ def test_setup_rejects_bad_values() -> None:
         Setup(checkpoint="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="2 partitions but 3 devices"):
         Setup(balance=(1, 2), devices=("cpu",) * 3)
+    with pytest.raises(ValueError, match="pass_repeats"):
+        Setup(pass_repeats=0)
+
+
+def test_a_pass_times_about_as_many_runs_as_a_step_has_micro_batches() -> None:
+    """Note [pass repeats]: chunks // 2 timed runs a pass, at least one, unless asked otherwise."""
+    assert [Setup(chunks=c).repeats_per_pass for c in (1, 2, 3, 8, 16)] == [1, 1, 1, 4, 8]
+    assert Setup(chunks=16, pass_repeats=2).repeats_per_pass == 2
 
 
 def _outcome() -> Outcome:

@@ -144,3 +144,17 @@ def test_rounds_are_spread_evenly_over_the_steps() -> None:
 def test_pair_rounds_must_be_positive() -> None:
     with pytest.raises(ValueError, match="pair_rounds"):
         Setup(pair_rounds=0)
+
+
+def test_one_microbatch_measures_no_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule of one micro-batch runs one task at a time: no pair rounds, however many are asked for."""
+    def no_round(self: PairMeter) -> dict[tuple[str, int, str, int], float]:
+        raise AssertionError("a pair round ran for one micro-batch")
+
+    monkeypatch.setattr(PairMeter, "round", no_round)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    outcome = run(model, torch.randn(8, 8), Setup(chunks=1, balance=(2, 2), devices=("cpu", "cpu"), steps=3,
+                                                  warmup_steps=1, pair_rounds=5, warmup=0, repeats=1))
+    assert outcome.pair_rounds == ()
+    assert len(outcome.passes) == len(outcome.step_predictions) == 3
