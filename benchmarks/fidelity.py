@@ -61,6 +61,18 @@ in the first two full runs with it: mean and max of the first attempts 3.14% / 8
 7.89%, of the rows kept 2.89% / 7.99% and 3.54% / 9.85%. On balance it buys no accuracy; it keeps the
 rows a swing of the machine decided out of the table, and the noise inside steady rows remains.
 
+Note [sample budget]: in the runs of 41 and 61 steps a row, a step's error against the profiling pass
+after it hardly carried over to the next step (the correlation of consecutive steps' ratios was about
+zero), so a row's noise is that of its number of samples, not of the machine's slow regimes, and it
+falls as the square root of the steps. The steps were the smaller part of a row's time: a ``conv`` row
+of one micro-batch took 300 s for 36 s of steps, the rest mostly profiling passes that timed runs the
+recording executor never runs (a plain forward and backward) and pair rounds a schedule of one
+micro-batch never needs. Without those (:func:`gpipe.profile.time_recorded`; Note [interleaved
+calibration] in sim.experiment) a pass costs less than half, and the time buys 1.5 times the ``conv``
+steps and twice the ``mlp`` steps, with as many timed runs per pass as half the micro-batches (Note
+[pass repeats] there): rows of 8 and 16 micro-batches, whose one-run passes varied twice as much as
+their steps, had the largest noise.
+
 Note [trimmed means]: this machine's speed has regimes that last seconds (``halves``: the median
 step of the second half of a row against that of the first, Note [drift] in ``sim.outcome``), so a
 row's steps, and its calibration passes, fall in two or three clusters. The median of such a sample
@@ -115,7 +127,7 @@ BATCH = 64
 TRIM = 0.2  # Note [trimmed means]
 BLOCKS = 5  # Note [row noise]
 QUIET, BUSY = 0.15, 0.25  # cores used by other processes: wait for less than QUIET, redo above BUSY
-TRIES = 3  # attempts at a row at most: a busy or unsteady machine runs it again (Note [steady rows])
+TRIES = 2  # attempts at a row at most: a busy or unsteady machine runs it again (Note [steady rows])
 
 
 def conv_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
@@ -138,11 +150,11 @@ def mlp_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
 
 
 MODELS = {"conv": conv_model, "mlp": mlp_model}
-#: measured steps per configuration, by model: enough samples of this noisy machine's regimes for a stable median
-#: (Note [median step] in sim.experiment; Note [trimmed means], Note [row noise]); with 15, one ``conv`` row moved
-#: from -31.8% to -7.6% between two runs, and with 31 the standard error of a row's error over five blocks of its
-#: steps was still 3% on average; an ``mlp`` step takes a tenth of a ``conv`` step, so it gets more
-STEPS = {"conv": 41, "mlp": 61}
+#: measured steps per configuration, by model: enough samples of this noisy machine for a stable median (Note
+#: [median step] in sim.experiment; Note [trimmed means], Note [row noise]); with 15, one ``conv`` row moved from
+#: -31.8% to -7.6% between two runs, and with 41 and 61 the standard error of a row's error over five blocks of
+#: its steps was still 3.3-3.5% on average. Note [sample budget] says why these and what they cost.
+STEPS = {"conv": 61, "mlp": 121}
 #: rounds of pair measurements per configuration, spread over the steps (Note [interleaved calibration] in
 #: sim.experiment), at least two per block (Note [row noise]): ``mlp``'s pairs are the largest term of its
 #: prediction (Note [pair rounds] in sim.pairs); ``conv``'s slow each other by about a tenth, but one round (a run or

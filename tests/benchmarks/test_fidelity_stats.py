@@ -54,18 +54,18 @@ def test_a_steady_first_attempt_is_kept_alone(fidelity: ModuleType) -> None:
 
 def test_an_unsteady_row_runs_again_and_keeps_its_steadiest_attempt(fidelity: ModuleType) -> None:
     attempt, calls = _attempts([0.2, -0.12, 0.3])
-    (kept, _), tries = fidelity.steadiest(attempt)
+    (kept, _), tries = fidelity.steadiest(attempt, tries=3)
     assert calls == [0, 1, 2] and [t[0].name for t in tries] == ["try 0", "try 1", "try 2"]
     assert kept.name == "try 1"  # the smallest drift in size, whatever its error
 
     attempt, calls = _attempts([0.2, 0.07, 0.0])
-    (kept, _), tries = fidelity.steadiest(attempt)
+    (kept, _), tries = fidelity.steadiest(attempt, tries=3)
     assert calls == [0, 1] and kept.name == "try 1"  # fit at the limit's near side: no third attempt
 
 
 def test_a_busy_machine_runs_again_and_a_quiet_attempt_wins(fidelity: ModuleType) -> None:
     attempt, calls = _attempts([0.0, 0.1, 0.0], backgrounds=[0.9, 0.0, 0.9])
-    (kept, background), tries = fidelity.steadiest(attempt)
+    (kept, background), tries = fidelity.steadiest(attempt, tries=3)
     assert calls == [0, 1, 2] and kept.name == "try 1" and background == 0.0
     assert not fidelity.fit(SimpleNamespace(drift=None), 0.0)  # too few steps to tell: not steady
 
