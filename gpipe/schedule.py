@@ -200,6 +200,41 @@ class Schedule:
             return tuple(dict.fromkeys(deps))
         return (Task(Op.B, i, j),)
 
+    def overlaps(self) -> bool:
+        """Whether two devices can ever run tasks at the same time.
+
+        True when some two tasks on different devices are ordered neither by Note [dependencies] nor
+        by their devices' lists. One micro-batch without checkpointing runs one task at a time; with
+        checkpointing it does not: every ``R(0, j)`` may run as soon as its ``F(0, j)`` has, beside
+        the forwards of later stages and the other recomputes (torchgpipe's early recompute). Each
+        task's ancestors are one integer bitset, so this is quadratic in the tasks at worst.
+        """
+        self.validate()
+        index = {t: k for k, t in enumerate(self.all_tasks())}
+        device = [d for d, ts in enumerate(self.tasks) for _ in ts]
+        below = [0] * len(index)  # below[k]: bit q set when task q must finish before task k starts
+        done: set[int] = set()
+        heads = [0] * self.num_devices
+        while len(done) < len(index):  # the device lists in an order that respects every edge (valid: no deadlock)
+            for d, ts in enumerate(self.tasks):
+                while heads[d] < len(ts):
+                    t = ts[heads[d]]
+                    before = [index[u] for u in self.dependencies(t)]
+                    if heads[d]:
+                        before.append(index[ts[heads[d] - 1]])
+                    if any(q not in done for q in before):
+                        break
+                    k = index[t]
+                    for q in before:
+                        below[k] |= below[q] | (1 << q)
+                    done.add(k)
+                    heads[d] += 1
+        for k in range(len(index)):
+            for q in range(k):
+                if device[q] != device[k] and not (below[k] >> q) & 1 and not (below[q] >> k) & 1:
+                    return True
+        return False
+
     def expected_tasks(self) -> set[Task]:
         """The set of tasks a valid schedule of this shape runs, each exactly once."""
         ops = [Op.F, Op.B] + ([Op.W] if self.splits_weight_gradient else [])

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpipe.schedule import (
     CHECKPOINT_MODES,
+    Checkpoint,
     Op,
     Schedule,
     ScheduleError,
@@ -228,3 +229,18 @@ def test_a_subclass_with_its_own_edges_is_validated_by_them() -> None:
     assert backwards_first.validate() is backwards_first
     with pytest.raises(ScheduleError, match="deadlocks"):
         Schedule(2, 2, "never", (0, 1), backwards_first.tasks).validate()
+@pytest.mark.parametrize(("m", "n", "checkpoint", "expected"), [
+    (1, 2, "never", False),        # F0@0, F0@1, B0@1, B0@0: a chain
+    (1, 2, "except_last", False),  # the one micro-batch is the last: no recompute
+    (1, 2, "always", True),        # R0@0 may run beside F0@1 and R0@1
+    (2, 2, "never", True),         # F1@0 beside F0@1
+    (4, 1, "always", False),       # one device
+    (3, 4, "except_last", True),
+])
+def test_overlaps(m: int, n: int, checkpoint: Checkpoint, expected: bool) -> None:
+    assert gpipe(m, n, checkpoint).overlaps() is expected
+
+
+def test_overlaps_follows_the_device_lists() -> None:
+    """Two stages on one device with nothing else: however the edges allow, one device runs one task at a time."""
+    assert gpipe(2, 2, "never", placement=[0, 0]).overlaps() is False

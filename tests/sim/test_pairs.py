@@ -146,15 +146,27 @@ def test_pair_rounds_must_be_positive() -> None:
         Setup(pair_rounds=0)
 
 
-def test_one_microbatch_measures_no_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A schedule of one micro-batch runs one task at a time: no pair rounds, however many are asked for."""
+def test_one_microbatch_without_checkpoints_measures_no_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One micro-batch, no checkpoints: one task at a time, so no pair rounds, however many are asked for."""
     def no_round(self: PairMeter) -> dict[tuple[str, int, str, int], float]:
-        raise AssertionError("a pair round ran for one micro-batch")
+        raise AssertionError("a pair round ran for a schedule that runs one task at a time")
 
     monkeypatch.setattr(PairMeter, "round", no_round)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
-    outcome = run(model, torch.randn(8, 8), Setup(chunks=1, balance=(2, 2), devices=("cpu", "cpu"), steps=3,
-                                                  warmup_steps=1, pair_rounds=5, warmup=0, repeats=1))
+    outcome = run(model, torch.randn(8, 8), Setup(chunks=1, checkpoint="never", balance=(2, 2),
+                                                  devices=("cpu", "cpu"), steps=3, warmup_steps=1, pair_rounds=5,
+                                                  warmup=0, repeats=1))
     assert outcome.pair_rounds == ()
     assert len(outcome.passes) == len(outcome.step_predictions) == 3
+
+
+def test_one_checkpointed_microbatch_measures_pairs() -> None:
+    """One checkpointed micro-batch recomputes every stage at once: the pairs are measured and used."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    outcome = run(model, torch.randn(8, 8), Setup(chunks=1, checkpoint="always", balance=(2, 2),
+                                                  devices=("cpu", "cpu"), steps=3, warmup_steps=1, pair_rounds=2,
+                                                  warmup=0, repeats=1))
+    assert len(outcome.pair_rounds) == 2
+    assert {(a, b) for a, _, b, _, _ in outcome.cost.overheads.pairs} >= {("F", "F"), ("F", "Fc"), ("B", "F")}
