@@ -4,7 +4,10 @@ One SimPy process per device walks that device's task list in order (Note [depen
 :mod:`gpipe.schedule` says what each task waits for) and holds its compute stream for the task's cost::
 
     task seconds = stage cost * cost.scale(i) + host seconds
-    stage cost   = F: forward_seconds(checkpointed), B: backward, R: recompute_seconds, W: weight
+    stage cost   = F: forward_seconds(checkpointed), B: backward, R: recompute_seconds, W: weight,
+                   times the stage's executor factor of that kind (StageCost.factor_forward for
+                   a grad-enabled forward, factor_nograd, factor_backward; Note [executor factors]
+                   in sim.factors)
     host seconds = overheads.task
                    + for a grad-enabled forward (F not checkpointed, R): overheads.recording
                      + stage.saved_tensors * overheads.per_saved_tensor (unless forward_recorded)
@@ -261,16 +264,19 @@ def _host_seconds(cost: CostModel, checkpointed: bool, op: int, stage: StageCost
 
 
 def _stage_seconds(stage: StageCost, checkpointed: bool, op: int) -> float:
-    """Seconds of one task at micro-batch scale 1: Note [host costs] for the measured recorded seconds."""
+    """Seconds of one task at micro-batch scale 1: Note [host costs] for the measured recorded seconds,
+    times the stage's executor factor of that kind of task (Note [executor factors] in :mod:`sim.factors`)."""
     if op == _F:
-        if not checkpointed and stage.forward_recorded is not None:
-            return stage.forward_recorded
-        return stage.forward_seconds(checkpointed)
+        if checkpointed:
+            return stage.forward_seconds(True) * stage.factor_nograd
+        seconds = stage.forward if stage.forward_recorded is None else stage.forward_recorded
+        return seconds * stage.factor_forward
     if op == _R:
-        return stage.recompute_seconds if stage.forward_recorded is None else stage.forward_recorded
+        seconds = stage.recompute_seconds if stage.forward_recorded is None else stage.forward_recorded
+        return seconds * stage.factor_forward
     if op == _B:
-        return stage.backward if stage.backward_recorded is None else stage.backward_recorded
-    return stage.weight
+        return (stage.backward if stage.backward_recorded is None else stage.backward_recorded) * stage.factor_backward
+    return stage.weight * stage.factor_backward
 
 
 _KIND = {_F: "F", _R: "F", _B: "B", _W: "B"}  # Note [pairwise contention]; a checkpointed F is "Fc"

@@ -41,7 +41,11 @@ the medians over the rounds: one round of a pair is a poor sample of Python's lo
 (Note [pair rounds] in :mod:`sim.pairs`), and measured once up front the pairs of 64 x (Linear(64,
 64), ReLU) put a prediction 40% off a run whose interleaved medians were 4% off. The prediction still
 uses nothing the executor measured: profiling and stepping merely sample the same machine. A
-schedule of one micro-batch never runs two tasks at once, so it measures no pairs.
+schedule whose tasks never run two at once (:meth:`gpipe.schedule.Schedule.overlaps`: one
+micro-batch without checkpointing) measures no pairs. One micro-batch with checkpointing does run two
+at once: each stage's recompute starts as soon as its forward has, beside the later stages' forwards
+and recomputes; taking it for one task at a time (and measuring no pairs) put the rows of
+64 x (Linear(64, 64), ReLU), one micro-batch, ``checkpoint="always"`` 40-50% under.
 
 Note [pass repeats]: a step of ``chunks`` micro-batches runs each stage's task ``chunks`` times, and
 its makespan averages over them, while one timed run of each task in a pass is one sample: with one
@@ -75,6 +79,7 @@ from sim.calibrate import calibrate, calibrate_executor_overheads, on_device, pa
 from sim.compare import compare
 from sim.cost import CostModel
 from sim.engine import SimConfig, simulate
+from sim.factors import measure_executor_factors
 from sim.machine import (
     BackgroundLoad,
     default_devices,
@@ -120,9 +125,13 @@ class Setup:
             passes interleaved with the steps (Note [interleaved calibration]).
         pair_rounds: on shared cores, rounds of pair measurements spread evenly over the warm-up and
             recorded steps (at most one after each step); ``Overheads.pairs`` are their medians
-            (Note [interleaved calibration]). None with one micro-batch.
+            (Note [interleaved calibration]). None for a schedule that never runs two tasks at once.
         pass_repeats: timed runs in each profiling pass after a step; ``None``: ``chunks // 2``,
             at least one (Note [pass repeats]).
+        executor_factors: also run each stage alone in the executor and scale its seconds by how
+            much longer its tasks take there than the profiler's runs (Note [executor factors] in
+            :mod:`sim.factors`). Off by default: it helps where host time dominates, and can hurt
+            where a stage's first backward stalls (see that note).
         balance_timeout: seconds ``balance_by_time`` may spend.
         pin: on CPU devices (Linux), pin partition ``j``'s worker, and everything that calibrates it,
             to one core of its own (Note [pinned workers] in :mod:`gpipe.affinity`); ``False``:
@@ -141,6 +150,7 @@ class Setup:
     repeats: int = 3
     pair_rounds: int = 9
     pass_repeats: int | None = None
+    executor_factors: bool = False
     balance_timeout: float = 1.0
     pin: bool = True
 
@@ -296,6 +306,11 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         clock = time.perf_counter()
         parts = [on_device(p, d) for p, d in zip(partitions_of(model, balance), devices, strict=True)]
         cost, config = with_executor_costs(cost, parts, first, devices, affinity=affinity, pairs=False)
+        if setup.executor_factors:  # Note [executor factors] in sim.factors
+            factors = measure_executor_factors(cost, parts, _stage_inputs(parts, batch, devices), setup.chunks,
+                                               setup.checkpoint, affinity=affinity)
+            cost = replace(cost, stages=tuple(replace(s, factor_forward=f, factor_nograd=c, factor_backward=b)
+                                              for s, (f, c, b) in zip(cost.stages, factors, strict=True)))
         seconds["overheads"] = time.perf_counter() - clock
         tick("overheads")
 
@@ -315,7 +330,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         pair_steps = _spread(setup.pair_rounds, setup.warmup_steps + setup.steps)
         meter = BackgroundLoad()
         with contextlib.ExitStack() as stack:
-            overlap = shares_cores(devices) and schedule.m > 1  # one micro-batch: one task at a time
+            overlap = shares_cores(devices) and schedule.overlaps()
             pairs = stack.enter_context(PairMeter(parts, first, affinity=affinity)) if overlap else None
             for k in range(setup.warmup_steps + setup.steps):
                 if k == setup.warmup_steps:
@@ -399,13 +414,24 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
 
 
 def _train_step(pipe: Any, model: nn.Module, batch: Batch) -> Timeline:
-    """One recorded training step of ``pipe`` on ``batch``; the gradients are dropped afterwards."""
-    gc.collect()
-    output = pipe(batch)
-    loss_of(output).backward()
+    """One recorded training step of ``pipe`` on ``batch``; the gradients are dropped afterwards.
+
+    Note [collect after the step]: Python's cyclic collector is off while the step runs (a collection
+    in the middle of it would stall one task by milliseconds) and runs once after it. Run before the
+    step, as it first was, its walk over every Python object evicted what the first tasks need from
+    the cores' caches: their forwards took 0.2 ms (13%) longer on 64 x (Linear(64, 64), ReLU).
+    After the step, the profiling pass's untimed run absorbs it.
+    """
+    gc.disable()
+    try:
+        output = pipe(batch)
+        loss_of(output).backward()
+    finally:
+        gc.enable()
     timeline = pipe.timeline
     for p in model.parameters():
         p.grad = None
+    gc.collect()
     if timeline is None:
         raise RuntimeError("the executor recorded no timeline for a training step")
     return timeline
@@ -421,6 +447,19 @@ def _tensors(batch: Batch) -> tuple[Tensor, ...]:
     if isinstance(batch, tuple) and batch and all(isinstance(t, Tensor) for t in batch):
         return batch
     raise TypeError(f"the mini-batch must be a tensor or a tuple of tensors, got {type(batch).__name__}")
+
+
+def _stage_inputs(parts: Sequence[nn.Module], batch: Batch, devices: Sequence[str]) -> list[Batch]:
+    """Each partition's input for the whole mini-batch: the earlier partitions' output (no grad)."""
+    inputs: list[Batch] = []
+    current = batch
+    with torch.no_grad():
+        for part, device in zip(parts, devices, strict=True):
+            current = _slice(current, 0, _tensors(current)[0].shape[0], torch.device(device))
+            inputs.append(current)
+            output = part(*current) if isinstance(current, tuple) else part(current)
+            current = output if isinstance(output, Tensor) else tuple(output)
+    return inputs
 
 
 def _slice(batch: Batch, start: int, stop: int, device: torch.device) -> Batch:

@@ -290,3 +290,23 @@ def test_simulate_never_mutates_its_inputs() -> None:
     first = simulate(schedule, cost, SimConfig(copy_streams=False))
     assert (schedule.tasks, cost.stages) == before
     assert simulate(schedule, cost, SimConfig(copy_streams=False)).spans == first.spans  # no state carried over
+
+
+@pytest.mark.parametrize("checkpoint", ["always", "never"])
+def test_executor_factors_scale_each_kind_of_task(checkpoint: str) -> None:
+    """F not checkpointed and R by factor_forward, checkpointed F by factor_nograd, B by factor_backward;
+    host seconds are added unscaled."""
+    stage = StageCost(forward=2.0, backward=3.0, forward_checkpointed=1.0, factor_forward=1.5,
+                      factor_nograd=2.0, factor_backward=0.5)
+    cost = CostModel(stages=(stage,), overheads=Overheads(task=0.25))
+    timeline = simulate(gpipe(1, 1, checkpoint), cost)  # type: ignore[arg-type]
+    durations = {str(s.task): s.duration for s in timeline.spans}
+    if checkpoint == "always":
+        assert durations == {"F0@0": 1.0 * 2.0 + 0.25, "R0@0": 2.0 * 1.5 + 0.25, "B0@0": 3.0 * 0.5 + 0.25}
+    else:
+        assert durations == {"F0@0": 2.0 * 1.5 + 0.25, "B0@0": 3.0 * 0.5 + 0.25}
+
+
+def test_executor_factors_must_be_finite_and_not_negative() -> None:
+    with pytest.raises(ValueError, match="factor_backward"):
+        StageCost(forward=1.0, backward=1.0, factor_backward=-1.0)
