@@ -62,7 +62,6 @@ Note [median step]: a shared machine is noisy, so ``steps`` training steps are r
 from __future__ import annotations
 
 import contextlib
-import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -82,6 +81,7 @@ from sim.engine import SimConfig, simulate
 from sim.factors import measure_executor_factors
 from sim.machine import (
     BackgroundLoad,
+    collected_after,
     default_devices,
     intra_op_threads,
     shares_cores,
@@ -414,24 +414,14 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
 
 
 def _train_step(pipe: Any, model: nn.Module, batch: Batch) -> Timeline:
-    """One recorded training step of ``pipe`` on ``batch``; the gradients are dropped afterwards.
-
-    Note [collect after the step]: Python's cyclic collector is off while the step runs (a collection
-    in the middle of it would stall one task by milliseconds) and runs once after it. Run before the
-    step, as it first was, its walk over every Python object evicted what the first tasks need from
-    the cores' caches: their forwards took 0.2 ms (13%) longer on 64 x (Linear(64, 64), ReLU).
-    After the step, the profiling pass's untimed run absorbs it.
-    """
-    gc.disable()
-    try:
+    """One recorded training step of ``pipe`` on ``batch``, the collector off until after it (Note [collect
+    after the step] in :mod:`sim.machine`); the gradients are dropped afterwards."""
+    with collected_after():
         output = pipe(batch)
         loss_of(output).backward()
-    finally:
-        gc.enable()
     timeline = pipe.timeline
     for p in model.parameters():
         p.grad = None
-    gc.collect()
     if timeline is None:
         raise RuntimeError("the executor recorded no timeline for a training step")
     return timeline

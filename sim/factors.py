@@ -38,6 +38,7 @@ from gpipe.profile import TensorOrTensors, _preserved, time_recorded
 from gpipe.schedule import Checkpoint, Op, gpipe
 from sim.cost import CostModel
 from sim.engine import _host_seconds
+from sim.machine import collected_after
 
 __all__ = ["FACTOR_KINDS", "measure_executor_factors"]
 
@@ -93,7 +94,8 @@ def measure_executor_factors(cost: CostModel, parts: Sequence[nn.Module], inputs
         try:
             with _preserved(part):
                 for k in range(warmup_steps + steps):
-                    _loss(pipe(tensors if isinstance(batch, tuple) else tensors[0])).backward()
+                    with collected_after():  # as the experiment's steps (Note [collect after the step])
+                        _loss(pipe(tensors if isinstance(batch, tuple) else tensors[0])).backward()
                     timeline = pipe.timeline
                     for p in part.parameters():
                         p.grad = None
