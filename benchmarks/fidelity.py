@@ -173,9 +173,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="measured steps per configuration (default: " +
                              ", ".join(f"{k} {v}" for k, v in STEPS.items()) + ")")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--factors", action="store_true",
-                        help="Setup(executor_factors=True): scale each stage by its measured executor factors "
-                             "(Note [executor factors] in sim.factors)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON path (default: {RESULTS})")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # deliberately: see the module docstring
@@ -275,7 +272,7 @@ def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple
     """One configuration on a quiet machine (see the module docstring): run the experiment, keep one row."""
     setup = Setup(chunks=chunks, checkpoint=checkpoint, balance=balance, devices=("cpu", "cpu"),
                   steps=args.steps or STEPS[name], pair_rounds=PAIR_ROUNDS[name],
-                  seed=args.seed, threads=1, executor_factors=args.factors)
+                  seed=args.seed, threads=1)
     began = time.perf_counter()
 
     def attempt() -> tuple[Outcome, float]:

@@ -52,11 +52,12 @@ class StageCost:
             replaces ``forward`` (or ``recompute``) plus ``saved_tensors`` per-tensor overheads.
             Set it only to predict a recording executor; ``None``: the per-tensor estimate.
         backward_recorded: as ``forward_recorded``, for ``B`` (the unpack hook of every saved tensor).
-        factor_forward: how much longer a grad-enabled forward (an ``F`` not checkpointed, an ``R``)
-            takes in the executor than the profiler times it, host terms apart
-            (:func:`sim.factors.measure_executor_factors`, Note [executor factors]); multiplies its seconds.
-        factor_nograd: the same for a checkpointed (no-grad) ``F``.
-        factor_backward: the same for ``B`` (and ``W``).
+        host_forward: host seconds the executor adds to each grad-enabled forward of this stage (an
+            ``F`` not checkpointed, an ``R``) beyond ``Overheads.task`` and ``recording``: what its
+            worker threads cost around the stage's own layers, measured on the stage
+            (:func:`sim.extras.measure_stage_extras`, Note [stage extras]).
+        host_nograd: the same for a checkpointed (no-grad) ``F``.
+        host_backward: the same for ``B`` (and ``W``).
     """
 
     forward: float
@@ -74,14 +75,14 @@ class StageCost:
     thread_start: float = 0.0
     forward_recorded: float | None = None
     backward_recorded: float | None = None
-    factor_forward: float = 1.0
-    factor_nograd: float = 1.0
-    factor_backward: float = 1.0
+    host_forward: float = 0.0
+    host_nograd: float = 0.0
+    host_backward: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",
                      "parameter_bytes", "gradient_bytes", "optimizer_bytes", "saved_tensors", "thread_start",
-                     "factor_forward", "factor_nograd", "factor_backward"):
+                     "host_forward", "host_nograd", "host_backward"):
             _check(name, getattr(self, name))
         if self.recompute is not None:
             _check("recompute", self.recompute)

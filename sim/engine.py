@@ -4,11 +4,11 @@ One SimPy process per device walks that device's task list in order (Note [depen
 :mod:`gpipe.schedule` says what each task waits for) and holds its compute stream for the task's cost::
 
     task seconds = stage cost * cost.scale(i) + host seconds
-    stage cost   = F: forward_seconds(checkpointed), B: backward, R: recompute_seconds, W: weight,
-                   times the stage's executor factor of that kind (StageCost.factor_forward for
-                   a grad-enabled forward, factor_nograd, factor_backward; Note [executor factors]
-                   in sim.factors)
+    stage cost   = F: forward_seconds(checkpointed), B: backward, R: recompute_seconds, W: weight
     host seconds = overheads.task
+                   + the stage's own host seconds of that kind of task: stage.host_forward
+                     (F not checkpointed, R), host_nograd (checkpointed F), host_backward (B, W)
+                     (Note [stage extras] in sim.extras)
                    + for a grad-enabled forward (F not checkpointed, R): overheads.recording
                      + stage.saved_tensors * overheads.per_saved_tensor (unless forward_recorded)
                    + for a backward: stage.saved_tensors * overheads.per_unpacked_tensor
@@ -255,28 +255,29 @@ def _host_seconds(cost: CostModel, checkpointed: bool, op: int, stage: StageCost
     o = cost.overheads
     seconds = o.task
     if op == _R or (op == _F and not checkpointed):  # a grad-enabled forward: recorded through saved-tensor hooks
-        seconds += o.recording
+        seconds += o.recording + stage.host_forward
         if stage.forward_recorded is None:  # else the hooks are in the measured seconds (_stage_seconds)
             seconds += stage.saved_tensors * o.per_saved_tensor
-    elif op == _B and stage.backward_recorded is None:  # every saved tensor comes back through the unpack hook
-        seconds += stage.saved_tensors * o.per_unpacked_tensor
+    elif op == _F:
+        seconds += stage.host_nograd
+    elif op in (_B, _W):
+        seconds += stage.host_backward
+        if op == _B and stage.backward_recorded is None:  # every saved tensor comes back through the unpack hook
+            seconds += stage.saved_tensors * o.per_unpacked_tensor
     return seconds
 
 
 def _stage_seconds(stage: StageCost, checkpointed: bool, op: int) -> float:
-    """Seconds of one task at micro-batch scale 1: Note [host costs] for the measured recorded seconds,
-    times the stage's executor factor of that kind of task (Note [executor factors] in :mod:`sim.factors`)."""
+    """Seconds of one task at micro-batch scale 1: Note [host costs] for the measured recorded seconds."""
     if op == _F:
-        if checkpointed:
-            return stage.forward_seconds(True) * stage.factor_nograd
-        seconds = stage.forward if stage.forward_recorded is None else stage.forward_recorded
-        return seconds * stage.factor_forward
+        if not checkpointed and stage.forward_recorded is not None:
+            return stage.forward_recorded
+        return stage.forward_seconds(checkpointed)
     if op == _R:
-        seconds = stage.recompute_seconds if stage.forward_recorded is None else stage.forward_recorded
-        return seconds * stage.factor_forward
+        return stage.recompute_seconds if stage.forward_recorded is None else stage.forward_recorded
     if op == _B:
-        return (stage.backward if stage.backward_recorded is None else stage.backward_recorded) * stage.factor_backward
-    return stage.weight * stage.factor_backward
+        return stage.backward if stage.backward_recorded is None else stage.backward_recorded
+    return stage.weight
 
 
 _KIND = {_F: "F", _R: "F", _B: "B", _W: "B"}  # Note [pairwise contention]; a checkpointed F is "Fc"

@@ -78,7 +78,7 @@ from sim.calibrate import calibrate, calibrate_executor_overheads, on_device, pa
 from sim.compare import compare
 from sim.cost import CostModel
 from sim.engine import SimConfig, simulate
-from sim.factors import measure_executor_factors
+from sim.extras import measure_stage_extras
 from sim.machine import (
     BackgroundLoad,
     collected_after,
@@ -89,7 +89,6 @@ from sim.machine import (
 )
 from sim.outcome import Outcome, interleaved_cost
 from sim.pairs import PairMeter, measure_pairs
-from sim.primitives import measure_thread_start
 
 __all__ = [
     "Setup",
@@ -128,10 +127,6 @@ class Setup:
             (Note [interleaved calibration]). None for a schedule that never runs two tasks at once.
         pass_repeats: timed runs in each profiling pass after a step; ``None``: ``chunks // 2``,
             at least one (Note [pass repeats]).
-        executor_factors: also run each stage alone in the executor and scale its seconds by how
-            much longer its tasks take there than the profiler's runs (Note [executor factors] in
-            :mod:`sim.factors`). Off by default: it helps where host time dominates, and can hurt
-            where a stage's first backward stalls (see that note).
         balance_timeout: seconds ``balance_by_time`` may spend.
         pin: on CPU devices (Linux), pin partition ``j``'s worker, and everything that calibrates it,
             to one core of its own (Note [pinned workers] in :mod:`gpipe.affinity`); ``False``:
@@ -150,7 +145,6 @@ class Setup:
     repeats: int = 3
     pair_rounds: int = 9
     pass_repeats: int | None = None
-    executor_factors: bool = False
     balance_timeout: float = 1.0
     pin: bool = True
 
@@ -306,11 +300,6 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         clock = time.perf_counter()
         parts = [on_device(p, d) for p, d in zip(partitions_of(model, balance), devices, strict=True)]
         cost, config = with_executor_costs(cost, parts, first, devices, affinity=affinity, pairs=False)
-        if setup.executor_factors:  # Note [executor factors] in sim.factors
-            factors = measure_executor_factors(cost, parts, _stage_inputs(parts, batch, devices), setup.chunks,
-                                               setup.checkpoint, affinity=affinity)
-            cost = replace(cost, stages=tuple(replace(s, factor_forward=f, factor_nograd=c, factor_backward=b)
-                                              for s, (f, c, b) in zip(cost.stages, factors, strict=True)))
         seconds["overheads"] = time.perf_counter() - clock
         tick("overheads")
 
@@ -380,8 +369,11 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
     of them after every step, Note [interleaved calibration]).
     """
     overheads = calibrate_executor_overheads(list(devices), steps=steps, affinity=affinity)
-    starts = measure_thread_start(parts, sample, affinity=affinity)
-    cost = replace(cost, stages=tuple(replace(s, thread_start=t) for s, t in zip(cost.stages, starts, strict=True)))
+    cost = replace(cost, overheads=overheads)
+    extras = measure_stage_extras(cost, parts, sample, affinity=affinity)  # Note [stage extras] in sim.extras
+    cost = replace(cost, stages=tuple(replace(s, thread_start=e.thread_start, host_forward=e.host_forward,
+                                              host_nograd=e.host_nograd, host_backward=e.host_backward)
+                                      for s, e in zip(cost.stages, extras, strict=True)))
     if pairs and shares_cores(devices):
         overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=affinity))
     return replace(cost, overheads=overheads, copy_seconds=None), SimConfig(link=None, backward_after_forward=True)
@@ -437,19 +429,6 @@ def _tensors(batch: Batch) -> tuple[Tensor, ...]:
     if isinstance(batch, tuple) and batch and all(isinstance(t, Tensor) for t in batch):
         return batch
     raise TypeError(f"the mini-batch must be a tensor or a tuple of tensors, got {type(batch).__name__}")
-
-
-def _stage_inputs(parts: Sequence[nn.Module], batch: Batch, devices: Sequence[str]) -> list[Batch]:
-    """Each partition's input for the whole mini-batch: the earlier partitions' output (no grad)."""
-    inputs: list[Batch] = []
-    current = batch
-    with torch.no_grad():
-        for part, device in zip(parts, devices, strict=True):
-            current = _slice(current, 0, _tensors(current)[0].shape[0], torch.device(device))
-            inputs.append(current)
-            output = part(*current) if isinstance(current, tuple) else part(current)
-            current = output if isinstance(output, Tensor) else tuple(output)
-    return inputs
 
 
 def _slice(batch: Batch, start: int, stop: int, device: torch.device) -> Batch:

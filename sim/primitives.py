@@ -3,8 +3,8 @@
 :mod:`sim.calibrate` turns a model and the executor into a :class:`~sim.cost.CostModel`; the
 functions here each time one thing the executor does, apart from any model:
 
-- :func:`measure_thread_start`: the extra time of a partition's first task on a fresh thread
-  (:attr:`sim.cost.StageCost.thread_start`);
+- each stage's own extras on the executor's threads are measured by running it alone in the
+  executor (:mod:`sim.extras`, Note [stage extras]);
 - :func:`count_saved_tensors` and :func:`measure_saved_tensor_cost`: how many tensors autograd saves
   per partition, and what the recorder's hooks cost per tensor (Note [recording] in
   :mod:`sim.calibrate`);
@@ -27,24 +27,20 @@ Note [contention]: a compute-bound matmul is timed on one thread, then on ``work
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
-from gpipe.affinity import Cores, check_affinity, pinned
 from gpipe.checks import check_positive
 from gpipe.phase import checkpointing
 from gpipe.profile import SavedBytes, TensorOrTensors, _preserved, _storage_key
 from gpipe.schedule import Op, Task
 from gpipe.timeline import COMPUTE, Span
-from sim.pairs import Graphs, task_runners
 
 __all__ = [
     "count_saved_tensors",
@@ -52,65 +48,7 @@ __all__ = [
     "measure_handoff",
     "measure_saved_tensor_cost",
     "measure_task_overhead",
-    "measure_thread_start",
 ]
-
-
-def measure_thread_start(parts: Sequence[nn.Module], sample: TensorOrTensors, *, threads: int = 3,
-                         affinity: Sequence[Cores | None] | None = None) -> list[float]:
-    """Extra seconds of each partition's first task on a fresh thread (:attr:`sim.cost.StageCost.thread_start`).
-
-    On each of ``threads`` fresh threads, one partition after the other runs a grad-enabled forward
-    twice and a backward twice; the extra time of the first of each pair over the second, averaged over
-    forward and backward, and the median over the threads.
-
-    Args:
-        parts: the partitions, in order, on their devices.
-        sample: the first partition's input (one micro-batch).
-        threads: fresh threads per partition.
-        affinity: one set of CPU cores per partition (or ``None``): the fresh threads are pinned
-            there, as the executor's pinned workers are.
-
-    Returns:
-        Seconds per partition, >= 0.
-
-    Raises:
-        ValueError: ``threads < 1`` or a bad ``affinity``.
-    """
-    check_positive("threads", threads)
-    cores = check_affinity(affinity, len(parts)) or [None] * len(parts)
-    extra: list[list[float]] = [[] for _ in parts]
-    with contextlib.ExitStack() as stack:
-        for part in parts:
-            stack.enter_context(_preserved(part))
-        stack.enter_context(torch.random.fork_rng(devices=[]))
-        runners = task_runners(parts, sample)
-        for k, runner in enumerate(runners):
-            graphs = runner["B"]
-            assert isinstance(graphs, Graphs)
-            for _ in range(threads):
-                graphs.build(2)
-                times: list[float] = []
-
-                cuda = {t.device for t in parts[k].parameters() if t.device.type == "cuda"}
-
-                def job(runner: dict[str, Callable[[], Any]] = runner, times: list[float] = times,
-                        cuda: set[torch.device] = cuda, where: Cores | None = cores[k]) -> None:
-                    with pinned(where):  # a pinned worker is pinned before its first task
-                        for kind in ("F", "F", "B", "B"):
-                            for device in cuda:
-                                torch.cuda.synchronize(device)
-                            tick = time.perf_counter()
-                            runner[kind]()
-                            for device in cuda:  # the kernels' time too, not only their launch
-                                torch.cuda.synchronize(device)
-                            times.append(time.perf_counter() - tick)
-
-                thread = threading.Thread(target=job, name="gpipe-sim-fresh", daemon=True)
-                thread.start()
-                thread.join()
-                extra[k].append(((times[0] - times[1]) + (times[2] - times[3])) / 2)
-    return [max(0.0, statistics.median(e)) for e in extra]
 
 
 def count_saved_tensors(parts: Sequence[nn.Module], sample: TensorOrTensors) -> list[int]:

@@ -19,7 +19,8 @@ from gpipe.timeline import Timeline
 from sim.calibrate import _Scale, calibrate, calibrate_executor_overheads
 from sim.cost import CostModel, Overheads, StageCost
 from sim.engine import SimConfig, simulate
-from sim.primitives import count_saved_tensors, measure_saved_tensor_cost, measure_thread_start
+from sim.extras import measure_stage_extras
+from sim.primitives import count_saved_tensors, measure_saved_tensor_cost
 
 TWO_PHASES = SimConfig(backward_after_forward=True)
 
@@ -150,11 +151,45 @@ def test_the_per_tensor_hook_costs_are_microseconds() -> None:
     assert 0 <= pack < 1e-3 and 0 <= unpack < 1e-3
 
 
-def test_thread_start_is_measured_per_partition() -> None:
+@pytest.mark.parametrize("inputs", ["tensor", "tuple"])
+def test_stage_extras_are_measured_per_partition(inputs: str) -> None:
+    """Note [stage extras]: each stage alone in the executor; every field finite, >= 0 and below a task's
+    worth of seconds for layers this small, and the model's parameters and gradients left as they were."""
     torch.manual_seed(0)
-    parts = [nn.Sequential(nn.Linear(8, 16), nn.ReLU()), nn.Sequential(nn.Linear(16, 4))]
-    starts = measure_thread_start(parts, torch.randn(4, 8), threads=2)
-    assert len(starts) == 2 and all(math.isfinite(t) and 0 <= t < 1.0 for t in starts)
+    if inputs == "tensor":
+        parts = [nn.Sequential(nn.Linear(8, 16), nn.ReLU()), nn.Sequential(nn.Linear(16, 4))]
+        sample: torch.Tensor | tuple[torch.Tensor, ...] = torch.randn(4, 8)
+    else:
+        parts = [nn.Sequential(_Pair(8, 16)), nn.Sequential(_Pair(16, 4))]
+        sample = (torch.randn(4, 8), torch.randn(4, 8))
+    before = [p.detach().clone() for part in parts for p in part.parameters()]
+    cost = CostModel(stages=(StageCost(1e-4, 1e-4), StageCost(1e-4, 1e-4)))
+    extras = measure_stage_extras(cost, parts, sample, steps=2, warmup_steps=1)
+    assert len(extras) == 2
+    for e in extras:
+        for value in (e.thread_start, e.host_forward, e.host_nograd, e.host_backward):
+            assert math.isfinite(value) and 0 <= value < 0.1
+    after = [p for part in parts for p in part.parameters()]
+    assert all(p.grad is None for p in after)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_stage_extras_need_one_cost_per_partition() -> None:
+    with pytest.raises(ValueError, match="2 partitions and 1 stage costs"):
+        measure_stage_extras(CostModel(stages=(StageCost(1e-4, 1e-4),)), [nn.Linear(2, 2), nn.Linear(2, 2)],
+                             torch.randn(2, 2))
+
+
+class _Pair(nn.Module):
+    """Takes a pair of tensors and returns a pair: a stage whose input and output are tuples."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(a, b)
+
+    def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = pair
+        return self.linear(x), self.linear(y)
 
 
 def test_executor_overheads_are_measured_from_the_executor() -> None:

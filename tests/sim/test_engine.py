@@ -293,20 +293,23 @@ def test_simulate_never_mutates_its_inputs() -> None:
 
 
 @pytest.mark.parametrize("checkpoint", ["always", "never"])
-def test_executor_factors_scale_each_kind_of_task(checkpoint: str) -> None:
-    """F not checkpointed and R by factor_forward, checkpointed F by factor_nograd, B by factor_backward;
-    host seconds are added unscaled."""
-    stage = StageCost(forward=2.0, backward=3.0, forward_checkpointed=1.0, factor_forward=1.5,
-                      factor_nograd=2.0, factor_backward=0.5)
-    cost = CostModel(stages=(stage,), overheads=Overheads(task=0.25))
-    timeline = simulate(gpipe(1, 1, checkpoint), cost)  # type: ignore[arg-type]
+def test_stage_host_seconds_are_added_to_each_kind_of_task(checkpoint: str) -> None:
+    """F not checkpointed and R get host_forward, checkpointed F host_nograd, B host_backward, on top of
+    Overheads.task; the first task of each phase thread_start too (two phases: GPipe's forward(), then backward)."""
+    stage = StageCost(forward=2.0, backward=3.0, forward_checkpointed=1.0, host_forward=0.5, host_nograd=0.25,
+                      host_backward=0.75, thread_start=4.0)
+    cost = CostModel(stages=(stage,), overheads=Overheads(task=0.125))
+    timeline = simulate(gpipe(2, 1, checkpoint), cost, SimConfig(backward_after_forward=True))  # type: ignore[arg-type]
     durations = {str(s.task): s.duration for s in timeline.spans}
     if checkpoint == "always":
-        assert durations == {"F0@0": 1.0 * 2.0 + 0.25, "R0@0": 2.0 * 1.5 + 0.25, "B0@0": 3.0 * 0.5 + 0.25}
+        assert durations == {"F0@0": 1.0 + 0.25 + 0.125 + 4.0, "F1@0": 1.0 + 0.25 + 0.125,
+                             "R1@0": 2.0 + 0.5 + 0.125 + 4.0, "B1@0": 3.0 + 0.75 + 0.125,
+                             "R0@0": 2.0 + 0.5 + 0.125, "B0@0": 3.0 + 0.75 + 0.125}
     else:
-        assert durations == {"F0@0": 2.0 * 1.5 + 0.25, "B0@0": 3.0 * 0.5 + 0.25}
+        assert durations == {"F0@0": 2.0 + 0.5 + 0.125 + 4.0, "F1@0": 2.0 + 0.5 + 0.125,
+                             "B1@0": 3.0 + 0.75 + 0.125 + 4.0, "B0@0": 3.0 + 0.75 + 0.125}
 
 
-def test_executor_factors_must_be_finite_and_not_negative() -> None:
-    with pytest.raises(ValueError, match="factor_backward"):
-        StageCost(forward=1.0, backward=1.0, factor_backward=-1.0)
+def test_stage_host_seconds_must_be_finite_and_not_negative() -> None:
+    with pytest.raises(ValueError, match="host_backward"):
+        StageCost(forward=1.0, backward=1.0, host_backward=-1.0)

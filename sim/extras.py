@@ -1,0 +1,158 @@
+"""What the executor's worker threads cost around each stage's layers, measured on the stage itself.
+
+Note [stage extras]: the profiler (:func:`gpipe.profile.time_recorded`) times a stage's forward and
+backward back to back on one warm thread. The executor runs the same work on worker threads that it
+starts for each phase and that wait on queues between tasks, and it wraps every call in its
+bookkeeping. What that adds is host time: Python running slower on a thread that has just started
+or just woken, the interpreter's caches going cold, the wrapping itself. It grows with the layers a
+stage calls, not with the samples it computes, so it is not a task overhead that one probe layer
+(:func:`sim.calibrate.calibrate_executor_overheads`) can measure for every stage, nor a factor on the
+stage's seconds.
+
+On 64 x (Linear(64, 64), ReLU) in two stages, run alone in the executor, each task took longer than
+the profiler's run of the same work by 0.45-0.57 ms for the first forward on a fresh thread, 0.2-0.4
+ms for the first backward, and 0.05-0.25 ms for every later one, whether its micro-batch had 64
+samples or one; the probe's ``task`` and ``recording`` said 0.03 ms and ``thread_start`` (measured on
+threads that only call the stage) 0.13-0.2 ms. Left out, they put every row of that model 5-18% under
+on a host where its tasks take about a millisecond, while a convolution's 40-200 ms tasks hardly
+notice them.
+
+So each stage is run alone in the executor: a one-device :class:`gpipe.GPipe` of the partition,
+four micro-batches of two samples each (few samples, so what is timed is host time, and no tensor is
+big enough for page faults, which cost 10 us each on a virtual machine and came in bursts of 12 MB
+at a time on the convolutions), ``checkpoint="except_last"`` so that every kind of task runs: three
+no-grad forwards and a grad-enabled one, then a backward, three recomputes and three backwards.
+After every step one profiling pass times the same micro-batch. A task's extra is its span less the
+profiled seconds of its kind and less the host seconds the engine already adds (Note [host costs]
+in :mod:`sim.engine`). The stage's ``host_forward``, ``host_nograd`` and ``host_backward`` are the
+medians over steps of the mean extra of the tasks of that kind that are not the first of their
+phase; its ``thread_start`` is the median of what the two first tasks (the first forward, the
+first task of the backward phase) take beyond the extra of their kind.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpipe.affinity import Cores, check_affinity
+from gpipe.checks import check_positive
+from gpipe.profile import TensorOrTensors, _preserved, time_recorded
+from gpipe.schedule import Op, gpipe
+from sim.cost import CostModel
+from sim.engine import _OPCODE, _host_seconds
+from sim.machine import collected_after
+
+__all__ = ["StageExtras", "measure_stage_extras"]
+
+#: Micro-batches of the stage-alone runs, and samples in each (fewer where the sample has fewer).
+CHUNKS, ROWS = 4, 2
+
+
+@dataclass(frozen=True)
+class StageExtras:
+    """Seconds the executor adds to one stage's tasks (Note [stage extras]), as :class:`sim.cost.StageCost` holds them."""
+
+    thread_start: float
+    host_forward: float
+    host_nograd: float
+    host_backward: float
+
+
+def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: TensorOrTensors, *,
+                         steps: int = 10, warmup_steps: int = 2,
+                         affinity: Sequence[Cores | None] | None = None) -> list[StageExtras]:
+    """Run each stage alone in the executor and time what its worker adds (Note [stage extras]).
+
+    Args:
+        cost: the cost model whose host terms (``overheads``) the engine adds to every task; they are
+            taken off the measured spans.
+        parts: the partitions, in order, on their devices.
+        sample: the first partition's input (a micro-batch); its first two samples are used.
+        steps: recorded training steps of each stage alone (after ``warmup_steps`` others), each
+            followed by one profiling pass.
+        warmup_steps: unrecorded steps first.
+        affinity: one set of CPU cores per partition (or ``None``): each stage's worker, and its
+            profiling, is pinned there as the pipeline's is.
+
+    Returns:
+        One :class:`StageExtras` per partition, every field >= 0.
+
+    Raises:
+        ValueError: partitions and stage costs of different lengths, ``steps < 1`` or a bad ``affinity``.
+    """
+    from gpipe import GPipe  # the executor; imported here so the simulator never needs it
+
+    if len(parts) != len(cost.stages):
+        raise ValueError(f"{len(parts)} partitions and {len(cost.stages)} stage costs")
+    check_positive("steps", steps)
+    cores = check_affinity(affinity, len(parts)) or [None] * len(parts)
+    schedule = gpipe(CHUNKS, 1, "except_last")
+    tasks = schedule.tasks[0]
+    firsts = {0, sum(1 for t in tasks if t.op is Op.F)}  # the backward phase starts fresh threads (two phases)
+    extras: list[StageExtras] = []
+    current: TensorOrTensors = sample
+    for j, (part, stage, where) in enumerate(zip(parts, cost.stages, cores, strict=True)):
+        single = isinstance(current, torch.Tensor)  # a stage gets a tuple as one argument (gpipe.worker)
+        device = next((t.device for t in part.parameters()), _tensors(current)[0].device)
+        micro = tuple(t[:ROWS].detach().to(device).requires_grad_(j > 0 and t.is_floating_point())
+                      for t in _tensors(current))
+        batch = tuple(torch.cat([t] * CHUNKS) for t in micro)
+        samples: dict[str, list[float]] = {"F": [], "Fc": [], "B": [], "first": []}
+        pipe = GPipe(nn.Sequential(*part.children()), balance=[len(part)], devices=[device], chunks=CHUNKS,
+                     checkpoint="except_last", record=True, cpu_affinity=[where])
+        try:
+            with _preserved(part):
+                for k in range(warmup_steps + steps):
+                    with collected_after():  # as the experiment's steps (Note [collect after the step])
+                        _loss(pipe(batch[0] if single else batch)).backward()
+                    timeline = pipe.timeline
+                    for p in part.parameters():
+                        p.grad = None
+                    (profile,) = time_recorded([part], micro[0] if single else micro, device=device, warmup=1,
+                                               repeats=2, affinity=[where])
+                    if k < warmup_steps or timeline is None:
+                        continue
+                    profiled = {"F": profile.forward, "Fc": profile.forward_nograd, "B": profile.backward}
+                    rest: dict[str, list[float]] = {"F": [], "Fc": [], "B": []}
+                    first: list[tuple[str, float]] = []
+                    for position, task in enumerate(tasks):
+                        ckpt = schedule.is_checkpointed(task.microbatch)
+                        kind = "B" if task.op is Op.B else ("Fc" if task.op is Op.F and ckpt else "F")
+                        span = timeline.span_of(task)
+                        extra = (span.end - span.start - profiled[kind]
+                                 - _host_seconds(cost, ckpt, _OPCODE[task.op], stage))
+                        if position in firsts:
+                            first.append((kind, extra))
+                        else:
+                            rest[kind].append(extra)
+                    means = {kind: statistics.fmean(v) for kind, v in rest.items() if v}
+                    for kind, v in means.items():
+                        samples[kind].append(v)
+                    samples["first"].append(statistics.fmean(e - means.get(kind, 0.0) for kind, e in first))
+        finally:
+            for hook in pipe._hooks:
+                hook.remove()
+        extras.append(StageExtras(*(max(0.0, statistics.median(samples[k])) if samples[k] else 0.0
+                                    for k in ("first", "F", "Fc", "B"))))
+        with torch.no_grad():  # the next stage's input
+            output = part(micro[0] if single else micro)
+        current = output if isinstance(output, torch.Tensor) else tuple(output)
+    return extras
+
+
+def _tensors(value: TensorOrTensors) -> tuple[torch.Tensor, ...]:
+    return (value,) if isinstance(value, torch.Tensor) else tuple(value)
+
+
+def _loss(output: TensorOrTensors) -> torch.Tensor:
+    """A scalar to run the backward from: the mean square of every output that requires grad."""
+    tensors = list(output) if isinstance(output, tuple) else [output]
+    terms = [t.float().pow(2).mean() for t in tensors if t.is_floating_point() and t.requires_grad]
+    if not terms:
+        raise TypeError("the stage's output has no floating-point tensor that requires grad")
+    return torch.stack([t.to(terms[0].device) for t in terms]).sum()
