@@ -299,7 +299,8 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
         clock = time.perf_counter()
         parts = [on_device(p, d) for p, d in zip(partitions_of(model, balance), devices, strict=True)]
-        cost, config = with_executor_costs(cost, parts, first, devices, affinity=affinity, pairs=False)
+        cost, config = with_executor_costs(cost, parts, first, devices, affinity=affinity, pairs=False,
+                                           checkpoint=setup.checkpoint)
         seconds["overheads"] = time.perf_counter() - clock
         tick("overheads")
 
@@ -356,13 +357,14 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
 
 def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Batch, devices: Sequence[str], *,
-                        steps: int = 12, affinity: Sequence[Cores | None] | None = None, pairs: bool = True
-                        ) -> tuple[CostModel, SimConfig]:
+                        steps: int = 12, affinity: Sequence[Cores | None] | None = None, pairs: bool = True,
+                        checkpoint: Checkpoint = "except_last") -> tuple[CostModel, SimConfig]:
     """``cost`` with what the executor adds, and the simulator's switches for it.
 
-    The executor's own overheads from probe pipelines, each partition's first task on a fresh thread,
-    and, for workers sharing the CPU's cores and Python's lock (:func:`sim.machine.shares_cores`), what each pair
-    of tasks costs. Partitions on one torch device hand tensors over and nothing is copied; GPipe's
+    The executor's own overheads from probe pipelines, what its threads add around each partition's
+    layers (:mod:`sim.extras`, run with ``checkpoint``, the pipeline's policy), and, for workers
+    sharing the CPU's cores and Python's lock (:func:`sim.machine.shares_cores`), what each pair of
+    tasks costs. Partitions on one torch device hand tensors over and nothing is copied; GPipe's
     ``forward()`` returns before ``loss.backward()`` starts the backward phase (sim.engine, Note [two
     phases]). ``affinity``: the executor's ``cpu_affinity``; every measurement pins its threads the
     same way. ``pairs=False`` leaves ``Overheads.pairs`` to the caller (:func:`run` measures a round
@@ -370,7 +372,8 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
     """
     overheads = calibrate_executor_overheads(list(devices), steps=steps, affinity=affinity)
     cost = replace(cost, overheads=overheads)
-    extras = measure_stage_extras(cost, parts, sample, affinity=affinity)  # Note [stage extras] in sim.extras
+    extras = measure_stage_extras(cost, parts, sample, checkpoint=checkpoint, affinity=affinity)  # sim.extras
+    overheads = replace(overheads, launch=extras[0].launch, turnaround=extras[-1].turnaround)
     cost = replace(cost, stages=tuple(replace(s, thread_start=e.thread_start, host_forward=e.host_forward,
                                               host_nograd=e.host_nograd, host_backward=e.host_backward)
                                       for s, e in zip(cost.stages, extras, strict=True)))

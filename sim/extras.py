@@ -20,14 +20,23 @@ notice them.
 So each stage is run alone in the executor: a one-device :class:`gpipe.GPipe` of the partition,
 four micro-batches of two samples each (few samples, so what is timed is host time, and no tensor is
 big enough for page faults, which cost 10 us each on a virtual machine and came in bursts of 12 MB
-at a time on the convolutions), ``checkpoint="except_last"`` so that every kind of task runs: three
-no-grad forwards and a grad-enabled one, then a backward, three recomputes and three backwards.
-After every step one profiling pass times the same micro-batch. A task's extra is its span less the
+at a time on the convolutions), and the pipeline's checkpoint policy, so that the first task of
+each phase is of the kind the pipeline's is (a fresh thread's first grad-enabled forward cost 0.5
+ms more than later ones, its first no-grad forward much less). After every step one profiling pass
+times the same micro-batch. A task's extra is its span less the
 profiled seconds of its kind and less the host seconds the engine already adds (Note [host costs]
 in :mod:`sim.engine`). The stage's ``host_forward``, ``host_nograd`` and ``host_backward`` are the
 medians over steps of the mean extra of the tasks of that kind that are not the first of their
 phase; its ``thread_start`` is the median of what the two first tasks (the first forward, the
 first task of the backward phase) take beyond the extra of their kind.
+
+The same runs also time the executor's ``launch`` (a step's start to its first task) and
+``turnaround`` (the last forward's end to the first task of the backward phase, the loss between).
+The probe pipelines of :func:`sim.calibrate.calibrate_executor_overheads` measure them too, but
+step after step on a warm main thread; in the experiment a profiling pass runs between two steps,
+as it does here, and the launch of 64 x (Linear(64, 64), ReLU) took 0.7-0.8 ms there against the
+probe's 0.25-0.35 ms (4% of its step). :func:`sim.experiment.with_executor_costs` takes the launch
+of the first stage's runs and the turnaround of the last stage's.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from torch import nn
 from gpipe.affinity import Cores, check_affinity
 from gpipe.checks import check_positive
 from gpipe.profile import TensorOrTensors, _preserved, time_recorded
-from gpipe.schedule import Op, gpipe
+from gpipe.schedule import Checkpoint, Op, gpipe
 from sim.cost import CostModel
 from sim.engine import _OPCODE, _host_seconds
 from sim.machine import collected_after
@@ -55,16 +64,18 @@ CHUNKS, ROWS = 4, 2
 
 @dataclass(frozen=True)
 class StageExtras:
-    """Seconds the executor adds to one stage's tasks (Note [stage extras]), as :class:`sim.cost.StageCost` holds them."""
+    """Seconds the executor adds to one stage's tasks (Note [stage extras]), named as in :class:`sim.cost.StageCost`."""
 
     thread_start: float
     host_forward: float
     host_nograd: float
     host_backward: float
+    launch: float = 0.0
+    turnaround: float = 0.0
 
 
 def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: TensorOrTensors, *,
-                         steps: int = 10, warmup_steps: int = 2,
+                         checkpoint: Checkpoint = "except_last", steps: int = 10, warmup_steps: int = 2,
                          affinity: Sequence[Cores | None] | None = None) -> list[StageExtras]:
     """Run each stage alone in the executor and time what its worker adds (Note [stage extras]).
 
@@ -73,6 +84,7 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
             taken off the measured spans.
         parts: the partitions, in order, on their devices.
         sample: the first partition's input (a micro-batch); its first two samples are used.
+        checkpoint: the pipeline's checkpoint policy; the stage-alone runs use it too.
         steps: recorded training steps of each stage alone (after ``warmup_steps`` others), each
             followed by one profiling pass.
         warmup_steps: unrecorded steps first.
@@ -80,7 +92,8 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
             profiling, is pinned there as the pipeline's is.
 
     Returns:
-        One :class:`StageExtras` per partition, every field >= 0.
+        One :class:`StageExtras` per partition, every field >= 0; a kind of task the policy never
+        runs (a no-grad forward without checkpointing) gets 0.
 
     Raises:
         ValueError: partitions and stage costs of different lengths, ``steps < 1`` or a bad ``affinity``.
@@ -91,7 +104,7 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
         raise ValueError(f"{len(parts)} partitions and {len(cost.stages)} stage costs")
     check_positive("steps", steps)
     cores = check_affinity(affinity, len(parts)) or [None] * len(parts)
-    schedule = gpipe(CHUNKS, 1, "except_last")
+    schedule = gpipe(CHUNKS, 1, checkpoint)
     tasks = schedule.tasks[0]
     firsts = {0, sum(1 for t in tasks if t.op is Op.F)}  # the backward phase starts fresh threads (two phases)
     extras: list[StageExtras] = []
@@ -102,9 +115,9 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
         micro = tuple(t[:ROWS].detach().to(device).requires_grad_(j > 0 and t.is_floating_point())
                       for t in _tensors(current))
         batch = tuple(torch.cat([t] * CHUNKS) for t in micro)
-        samples: dict[str, list[float]] = {"F": [], "Fc": [], "B": [], "first": []}
+        samples: dict[str, list[float]] = {"F": [], "Fc": [], "B": [], "first": [], "launch": [], "turnaround": []}
         pipe = GPipe(nn.Sequential(*part.children()), balance=[len(part)], devices=[device], chunks=CHUNKS,
-                     checkpoint="except_last", record=True, cpu_affinity=[where])
+                     checkpoint=checkpoint, record=True, cpu_affinity=[where])
         try:
             with _preserved(part):
                 for k in range(warmup_steps + steps):
@@ -119,11 +132,15 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
                         continue
                     profiled = {"F": profile.forward, "Fc": profile.forward_nograd, "B": profile.backward}
                     rest: dict[str, list[float]] = {"F": [], "Fc": [], "B": []}
+                    spans = [timeline.span_of(t) for t in tasks]
+                    samples["launch"].append(spans[0].start)
+                    backward = max(firsts)
+                    samples["turnaround"].append(spans[backward].start - spans[backward - 1].end)
                     first: list[tuple[str, float]] = []
                     for position, task in enumerate(tasks):
                         ckpt = schedule.is_checkpointed(task.microbatch)
                         kind = "B" if task.op is Op.B else ("Fc" if task.op is Op.F and ckpt else "F")
-                        span = timeline.span_of(task)
+                        span = spans[position]
                         extra = (span.end - span.start - profiled[kind]
                                  - _host_seconds(cost, ckpt, _OPCODE[task.op], stage))
                         if position in firsts:
@@ -138,7 +155,7 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
             for hook in pipe._hooks:
                 hook.remove()
         extras.append(StageExtras(*(max(0.0, statistics.median(samples[k])) if samples[k] else 0.0
-                                    for k in ("first", "F", "Fc", "B"))))
+                                    for k in ("first", "F", "Fc", "B", "launch", "turnaround"))))
         with torch.no_grad():  # the next stage's input
             output = part(micro[0] if single else micro)
         current = output if isinstance(output, torch.Tensor) else tuple(output)
