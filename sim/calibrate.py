@@ -26,8 +26,9 @@ consumes the :class:`~sim.cost.CostModel` it returns. Three parts:
 - :func:`calibrate_overheads` is the older, emulated measurement of the same costs, for when the
   executor is not at hand (Notes [task overhead], [hand-off], [contention] in :mod:`sim.primitives`).
 
-The primitives these are built from, each timed on its own (thread starts, saved tensors, hand-offs,
-core sharing), are in :mod:`sim.primitives`.
+The primitives these are built from, each timed on its own (saved tensors, hand-offs, core sharing),
+are in :mod:`sim.primitives`; what the executor's threads add around each real partition (fresh-thread
+starts included) is measured in :mod:`sim.extras`.
 
 Note [executor overheads]: two probe pipelines of layers that compute almost nothing (``x * w``)
 run a few recorded training steps in :class:`gpipe.GPipe`; what their spans show beyond the

@@ -7,7 +7,8 @@ integration tests::
         |  balance_by_time (unless a balance is given)
         v
     calibrate: the partitions on their devices (sim.calibrate.calibrate), the executor's own costs
-    (calibrate_executor_overheads), fresh-thread starts, pairs of tasks on shared cores
+    (calibrate_executor_overheads), each partition alone in the executor (sim.extras: its threads'
+    host time, fresh-thread starts, launch, turnaround), pairs of tasks on shared cores
         |
         v
     GPipe(model, balance, devices, chunks, checkpoint): warm-up steps, then ``steps`` recorded
