@@ -116,7 +116,8 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
                       for t in _tensors(current))
         batch = tuple(torch.cat([t] * CHUNKS) for t in micro)
         samples: dict[str, list[float]] = {"F": [], "Fc": [], "B": [], "first": [], "launch": [], "turnaround": []}
-        pipe = GPipe(nn.Sequential(*part.children()), balance=[len(part)], devices=[device], chunks=CHUNKS,
+        layers = list(part.children()) if isinstance(part, nn.Sequential) else [part]
+        pipe = GPipe(nn.Sequential(*layers), balance=[len(layers)], devices=[device], chunks=CHUNKS,
                      checkpoint=checkpoint, record=True, cpu_affinity=[where])
         try:
             with _preserved(part):
