@@ -133,6 +133,10 @@ def print_outcome(outcome: Outcome, files: dict[str, str]) -> None:
           + ("+ the recorder's hooks measured on each stage (recorded forward and backward)" if measured_hooks else
              f"+ {o.per_saved_tensor * 1e6:.2f} us per saved tensor (and {o.per_unpacked_tensor * 1e6:.2f} us to "
              "unpack it in the backward)"))
+    print("each stage's worker threads (sim.extras; grad-enabled forward / no-grad forward / backward, first task "
+          "of a phase): " + "; ".join(f"stage {j} {st.host_forward * 1e6:.0f} / {st.host_nograd * 1e6:.0f} / "
+                                      f"{st.host_backward * 1e6:.0f} us, +{st.thread_start * 1e6:.0f} us"
+                                      for j, st in enumerate(outcome.cost.stages)))
     if o.pairs:
         print("contention of pairs running together (task kind@stage beside kind@stage: slowdown): "
               + ", ".join(f"{a}@{j}|{b}@{k} {1 + c:.2f}x" for a, j, b, k, c in o.pairs))
