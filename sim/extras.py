@@ -70,8 +70,9 @@ class StageExtras:
     host_forward: float
     host_nograd: float
     host_backward: float
-    launch: float = 0.0
-    turnaround: float = 0.0
+    launch: float
+    turnaround: float
+
 
 
 def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: TensorOrTensors, *,
@@ -106,7 +107,8 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
     cores = check_affinity(affinity, len(parts)) or [None] * len(parts)
     schedule = gpipe(CHUNKS, 1, checkpoint)
     tasks = schedule.tasks[0]
-    firsts = {0, sum(1 for t in tasks if t.op is Op.F)}  # the backward phase starts fresh threads (two phases)
+    backward = sum(1 for t in tasks if t.op is Op.F)  # the first task of the backward phase, on a fresh thread
+    firsts = {0, backward}
     extras: list[StageExtras] = []
     current: TensorOrTensors = sample
     for j, (part, stage, where) in enumerate(zip(parts, cost.stages, cores, strict=True)):
@@ -135,7 +137,6 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
                     rest: dict[str, list[float]] = {"F": [], "Fc": [], "B": []}
                     spans = [timeline.span_of(t) for t in tasks]
                     samples["launch"].append(spans[0].start)
-                    backward = max(firsts)
                     samples["turnaround"].append(spans[backward].start - spans[backward - 1].end)
                     first: list[tuple[str, float]] = []
                     for position, task in enumerate(tasks):
