@@ -2,10 +2,13 @@
 
 Times come from a monotonic host clock on CPU devices and from CUDA events on CUDA streams, brought to one
 time base (each device's first event is recorded right after the host clock starts). Memory samples are the
-bytes saved for backward per device: on CPU counted by saved-tensor hooks exactly as the profiler counts them
-(:mod:`gpipe.profile`: parameters and buffers excluded, overlapping views counted once), on CUDA read from the
-allocator's statistics (minus what was allocated when the step began). The time between ``forward()`` and
-the output's ``backward()`` (the user's loss) is cut out on CPU devices: it is not the pipeline's.
+bytes saved for backward per device, on every device type, counted by saved-tensor hooks exactly as the profiler
+counts them (:mod:`gpipe.profile`: parameters and buffers excluded, overlapping views counted once), so that
+they mean what the simulator's samples mean. On CUDA devices ``meta["allocator_peak_bytes"]`` adds what the
+caching allocator held at its peak during the step beyond what it held when the step began (gradients,
+activations in flight, workspaces: everything; the step resets the device's peak statistics). The time between
+``forward()`` and the output's ``backward()`` (the user's loss) is cut out on CPU devices: it is not the
+pipeline's.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 from gpipe.profile import SavedBytes, _storage_key
 from gpipe.schedule import Task
-from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
+from gpipe.timeline import COPY, MemorySample, Span, Timeline
 
 if TYPE_CHECKING:
     from gpipe.worker import Run
@@ -46,6 +49,7 @@ class Recorder:
             for dev in {d for d in self.devices if d.type == "cuda"}:
                 torch.cuda.synchronize(dev)
                 self.allocated0[dev] = torch.cuda.memory_allocated(dev)
+                torch.cuda.reset_peak_memory_stats(dev)
         self.t0 = time.perf_counter()
         if self.cuda:
             for dev in {d for d in self.devices if d.type == "cuda"}:
@@ -76,21 +80,14 @@ class Recorder:
         end = self.now(d, copy=stream == COPY)
         with self.lock:
             self.spans.append((d, stream, task, start, end, label))
-            if stream == COMPUTE and self.devices[d].type == "cuda":
-                used = torch.cuda.memory_allocated(self.devices[d]) - self.allocated0[self.devices[d]]
-                self.memory.append((d, end, max(used, 0)))
 
     def hold(self, d: int, i: int, j: int, nbytes: int) -> None:
-        if self.devices[d].type == "cuda":
-            return
         with self.lock:
             held = self.held[d]
             held[(i, j)] = held.get((i, j), 0) + nbytes
             self.memory.append((d, self.now(d), sum(held.values())))
 
     def free(self, d: int, i: int, j: int) -> None:
-        if self.devices[d].type == "cuda":
-            return
         with self.lock:
             self.held[d].pop((i, j), None)
             self.memory.append((d, self.now(d), sum(self.held[d].values())))
@@ -114,9 +111,11 @@ class Recorder:
 
     def timeline(self) -> Timeline:
         run = self.run
+        peaks: dict[str, int] = {}
         if self.cuda:
             for dev in self.base:
                 torch.cuda.synchronize(dev)
+                peaks[str(dev)] = max(torch.cuda.max_memory_allocated(dev) - self.allocated0[dev], 0)
 
         def seconds(d: int, value: Any) -> float:
             if isinstance(value, float):
@@ -127,7 +126,7 @@ class Recorder:
                  for d, stream, task, start, end, label in self.spans]
         memory = [MemorySample(d, seconds(d, t), b) for d, t, b in self.memory]
         memory.sort(key=lambda s: (s.device, s.time))
-        meta = {
+        meta: dict[str, Any] = {
             "schedule": run.schedule.name, "m": run.schedule.m, "n": run.schedule.n,
             "checkpoint": run.schedule.checkpoint, "placement": list(run.schedule.placement),
             "devices": [str(dev) for dev in self.devices],
@@ -135,4 +134,6 @@ class Recorder:
                                   for p in run.partitions],
             "threads_per_worker": run.threads_per_worker,
         }
+        if peaks:
+            meta["allocator_peak_bytes"] = peaks
         return Timeline(tuple(spans), tuple(memory), len(self.devices), "measured", meta)

@@ -472,14 +472,21 @@ class _nothing:  # noqa: N801 - a cheap null context manager
 
 
 class _device_context:  # noqa: N801
-    """On a CUDA device, make it current on the worker's thread."""
+    """On a CUDA device, make it and its primary context current on the worker's thread.
+
+    The device guard alone sets no context when the thread's current device already is that one (a
+    fresh thread reports device 0 without having a context), and cuBLAS, finding none, warns and sets
+    the primary context itself. A stream query is a runtime call, which makes the context current.
+    """
 
     def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.guard = torch.cuda.device(device) if device.type == "cuda" else None
 
     def __enter__(self) -> None:
         if self.guard is not None:
             self.guard.__enter__()
+            torch.cuda.current_stream(self.device).query()
 
     def __exit__(self, *exc: Any) -> None:
         if self.guard is not None:

@@ -65,3 +65,22 @@ def test_cpu_and_cuda_mixed() -> None:
     torch.testing.assert_close(out.cpu(), reference(x))
     out.sum().backward()
     assert pipe.timeline is not None and pipe.timeline.copy_spans()
+
+
+@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
+def test_cuda_memory_samples_mean_what_they_mean_on_cpu(checkpoint: str) -> None:
+    """Bytes saved for backward are counted by the same hooks on CUDA as on CPU: the same samples, the same peaks;
+    the allocator's own peak comes beside them in the meta."""
+    peaks = {}
+    for devices in (["cpu", "cpu"], _devices(2)):
+        torch.manual_seed(0)
+        pipe = GPipe(mlp(), [2, 3], devices=devices, chunks=3, checkpoint=checkpoint, record=True)
+        pipe(torch.randn(9, 6, device=pipe.devices[0])).square().sum().backward()
+        timeline = pipe.timeline
+        assert timeline is not None
+        peaks[devices[0]] = [timeline.peak_memory(d) for d in range(2)]
+        if devices[0] != "cpu":
+            assert set(timeline.meta["allocator_peak_bytes"]) == {str(torch.device(d)) for d in devices}
+            assert all(b > 0 for b in timeline.meta["allocator_peak_bytes"].values())
+    cpu, cuda = peaks.values()
+    assert cuda == cpu and all(b > 0 for b in cpu)

@@ -32,7 +32,7 @@ def _check_report(report: dict, out: Path) -> None:
 @pytest.mark.slow
 def test_demo_json_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-m", "sim", "demo", "--json", "--steps", "2", "--out", str(out),
                              "--seed", "1"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
