@@ -73,6 +73,30 @@ no earlier than ``gap`` after its previous one ended. Its first task starts no e
 ``max(previous end + gap, arrival)``: ``handoff`` already covers the producer's sending and the
 consumer's waking.
 
+Note [asynchronous devices]: on a CUDA device the worker thread only queues kernels on a stream and runs
+ahead of them, so host time and kernel time overlap instead of adding up. For a device in
+``config.asynchronous`` each task has *host seconds* H (Note [host costs], with ``thread_start``) and
+*kernel seconds* K (the stage cost, scaled), and the device keeps two clocks::
+
+    issue = max(host's previous issue end + gap (launch for the first task), host arrival of each input,
+                the backward phase's opening on the host: Note [two phases])
+    start = max(stream free, stream arrival of each input, issue)
+    end   = max(start + K, issue + H)
+
+The span is ``[start, end]``: what CUDA events recorded on the stream around the task's kernels show (the
+stream reaches the first event no earlier than the host records it, and the last no earlier than the
+host's work ends). An input from another device reaches the consumer's host at the producer's ``issue +
+H`` plus ``handoff`` (the hand-off queue between the threads) and its stream at the producer's ``end``
+plus the copy (the stream waits for an event, not for the host). The backward phase opens on the host
+``turnaround`` after the latest forward's ``issue + H``; the device's stream may still be running the
+forward kernels then. With every host term zero an asynchronous device is a synchronous one, exactly.
+``gap`` is host time here, between one task's ``issue + H`` and the next one's issue. Not modelled:
+the host blocking on a full launch queue, and kernels of one task overlapping the next on the stream.
+
+``config.shared_streams`` gives each device the stream it issues to: devices with the same id (several
+partitions on one GPU, whose workers all use that GPU's current stream) run their tasks one at a time,
+in the order they reach the stream. Copies between them take no time (the executor hands tensors over).
+
 Note [contention]: devices that share CPU cores slow each other: while k devices compute, each
 progresses at rate 1 / (1 + contention * (k - 1)), exactly (processor sharing, :mod:`sim.sharing`).
 Copies do not count as computing. With contention 0 the plain path runs.
@@ -143,6 +167,10 @@ class SimConfig:
         enforce_backward_order: fork/join dependencies hold; ``False``: Note [fork/join].
         lockstep_forward: the host waits for each forward clock cycle; Note [lockstep].
         backward_after_forward: the backward phase starts after every forward; Note [two phases].
+        asynchronous: the devices whose worker queues work on a stream and runs ahead of it (CUDA
+            devices); Note [asynchronous devices].
+        shared_streams: one id per device, the compute stream it issues to: devices with the same id
+            (partitions on one GPU) run their tasks one at a time; ``None``: a stream each.
     """
 
     link: LinkSpec | None = None
@@ -150,10 +178,15 @@ class SimConfig:
     enforce_backward_order: bool = True
     lockstep_forward: bool = False
     backward_after_forward: bool = False
+    asynchronous: frozenset[int] = frozenset()
+    shared_streams: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.link is not None and not isinstance(self.link, LinkSpec):
             raise TypeError(f"SimConfig.link must be a LinkSpec or None, got {type(self.link).__name__}")
+        object.__setattr__(self, "asynchronous", frozenset(self.asynchronous))
+        if any(not isinstance(d, int) or d < 0 for d in self.asynchronous):
+            raise ValueError(f"SimConfig.asynchronous holds device indices, got {sorted(self.asynchronous)}")
 
 
 DEFAULT_CONFIG = SimConfig()
@@ -182,6 +215,12 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
         if cost.microbatch_scale and len(cost.microbatch_scale) != schedule.m:
             raise ValueError(f"the cost model scales {len(cost.microbatch_scale)} micro-batches but the schedule "
                              f"has {schedule.m}")
+        if config.asynchronous and max(config.asynchronous) >= schedule.num_devices:
+            raise ValueError(f"SimConfig.asynchronous names device {max(config.asynchronous)}, but the schedule "
+                             f"has {schedule.num_devices} devices")
+        if config.shared_streams is not None and len(config.shared_streams) != schedule.num_devices:
+            raise ValueError(f"SimConfig.shared_streams has {len(config.shared_streams)} entries for a schedule of "
+                             f"{schedule.num_devices} devices")
         return _Run(schedule, cost, config).timeline()
 
 
@@ -331,6 +370,20 @@ class _Run:
         self.free_copies = (cost.copy_seconds == 0.0 or (cost.copy_seconds is None and config.link is None)) \
             and not self.handoff
         self.streams = None if config.copy_streams else [simpy.Resource(self.env, 1) for _ in range(devices)]
+        # Note [asynchronous devices]: a compute stream shared by several devices, and each slot's host arrival
+        self.shared: list[simpy.Resource | None] = [None] * devices
+        if config.shared_streams is not None:
+            groups: dict[int, list[int]] = {}
+            for d, g in enumerate(config.shared_streams):
+                groups.setdefault(g, []).append(d)
+            for members in groups.values():
+                if len(members) > 1:
+                    resource = simpy.Resource(self.env, 1)
+                    for d in members:
+                        self.shared[d] = resource
+        self.host_arrival = [0.0] * (4 * m * n * fanout)
+        self.host_end = [0.0] * devices  # an asynchronous device's host time after its last task
+        self.phase_open = 0.0  # Note [two phases]: host time the backward phase opens (once the forwards are done)
         self.cores = SharedCores(self.env, cost.overheads.contention,
                                  (((a, j), (b, k), c) for a, j, b, k, c in cost.overheads.pairs)) \
             if cost.overheads.pairs or cost.overheads.contention > 0 else None
@@ -356,7 +409,8 @@ class _Run:
     def timeline(self) -> Timeline:
         config = self.config
         fast = self.cores is None and config.copy_streams and not config.lockstep_forward \
-            and not config.backward_after_forward  # Note [local clocks]
+            and not config.backward_after_forward and not config.asynchronous \
+            and not any(self.shared)  # Note [local clocks]
         for d in range(self.devices):
             self.env.process(self._device_fast(d) if fast else self._device(d))
         self.env.run()
@@ -379,6 +433,8 @@ class _Run:
             "link": config.link.name if config.link is not None else None, "copy_seconds": cost.copy_seconds,
             "copy_streams": config.copy_streams, "enforce_backward_order": config.enforce_backward_order,
             "lockstep_forward": config.lockstep_forward, "backward_after_forward": config.backward_after_forward,
+            "asynchronous": sorted(config.asynchronous),
+            "shared_streams": list(config.shared_streams) if config.shared_streams is not None else None,
             "overheads": {"task": cost.overheads.task, "handoff": cost.overheads.handoff,
                           "contention": cost.overheads.contention, "gap": cost.overheads.gap,
                           "turnaround": cost.overheads.turnaround, "launch": cost.overheads.launch,
@@ -407,10 +463,12 @@ class _Run:
         backward_left = 0 if fork_join else sum(1 for t in tasks if t.op is _OP_B)
         gap, free_at = self.cost.overheads.gap, self.cost.overheads.launch  # Note [gap]
         two_phases, prefix = self.config.backward_after_forward, self.prefix[d]
+        asynchronous, shared, host_arrival = d in self.config.asynchronous, self.shared[d], self.host_arrival
         for k, task in enumerate(tasks):
             o, i, j = task.op, task.microbatch, task.stage
             op = _F if o is _OP_F else _B if o is _OP_B else _R if o is _OP_R else _W
             waits, sends, seconds, host = table[checkpointed[i]][op][j]
+            issue = free_at  # Note [asynchronous devices]: when this device's host can issue the task
             for offset in waits:  # results from other devices
                 slot = offset + i * stride
                 at = arrival[slot]
@@ -421,34 +479,61 @@ class _Run:
                     assert at is not None
                 if at > env.now:
                     yield timeout(at - env.now)
+                if host_arrival[slot] > issue:
+                    issue = host_arrival[slot]
             if lockstep and op == _F and i + j and forward_left[i + j - 1]:
                 yield self._cycle_event(i + j - 1)
-            if two_phases and k >= prefix and not self.backward_phase.triggered:  # Note [two phases]
-                yield self.backward_phase
-            if free_at > env.now:
+            if two_phases and k >= prefix:  # Note [two phases]
+                if not self.backward_phase.triggered:
+                    yield self.backward_phase
+                if self.phase_open > issue:
+                    issue = self.phase_open
+            if scaled:
+                kernels = seconds * scales[i]
+                seconds = kernels + host
+            else:
+                kernels = seconds - host
+            if k == 0 or (two_phases and k == prefix):  # a fresh worker thread's first task
+                seconds += self.cost.stages[j].thread_start
+                host += self.cost.stages[j].thread_start
+            if asynchronous:  # the host issues for its host seconds; the stream runs the kernels, no earlier
+                issued_by = issue + host
+                if issue > env.now:
+                    yield timeout(issue - env.now)
+                if two_phases and op == _F:
+                    self._forward_done(issued_by)
+            elif free_at > env.now:
                 yield timeout(free_at - env.now)
+            held = None
+            if shared is not None:
+                held = shared.request()
+                yield held
             request = None
             if stream is not None:
                 request = stream.request()
                 yield request
             if track_memory and op == _R:
                 self._hold(d, i, j, self.cost.stages[j].saved_bytes, env.now)
-            if scaled:
-                seconds = seconds * scales[i] + host
-            if k == 0 or (two_phases and k == prefix):  # a fresh worker thread's first task
-                seconds += self.cost.stages[j].thread_start
             start = env.now
-            if cores is None:
+            if asynchronous:
+                end = start + kernels
+                yield timeout((issued_by if issued_by > end else end) - start)
+                self.host_end[d] = issued_by
+            elif cores is None:
                 yield timeout(seconds)
             else:
                 yield cores.run(seconds, (_KIND[op] if op != _F or not checkpointed[i] else "Fc", j))
             if stream is not None and request is not None:
                 stream.release(request)
+            if shared is not None and held is not None:
+                shared.release(held)
             append_span(Span(d, COMPUTE, task, start, env.now))
-            if gap:
+            if asynchronous:
+                free_at = issued_by + gap
+            elif gap:
                 free_at = env.now + gap
-            if two_phases and op == _F:
-                self._forward_done()
+            if two_phases and op == _F and not asynchronous:
+                self._forward_done(env.now)
             if track_memory:
                 self._memory_after(d, op, i, j, env.now)
             if lockstep and op == _F:
@@ -551,13 +636,19 @@ class _Run:
                     copy(d, t, task, op, i, j, sends)
         self.clock[d] = t
 
-    def _forward_done(self) -> None:
-        """Note [two phases]: after the step's last forward, the backward phase opens ``turnaround`` later."""
+    def _forward_done(self, host_end: float) -> None:
+        """Note [two phases]: after the step's last forward, the backward phase opens ``turnaround`` later.
+
+        ``host_end``: when the forward's host work ended (its end on a synchronous device; Note
+        [asynchronous devices]); the phase opens ``turnaround`` after the latest of them."""
         self.forwards_left -= 1
+        if host_end + self.cost.overheads.turnaround > self.phase_open:
+            self.phase_open = host_end + self.cost.overheads.turnaround
         if not self.forwards_left:
-            turnaround = self.cost.overheads.turnaround
-            if turnaround > 0:
-                self.env.timeout(turnaround).callbacks.append(self._open_backward_phase)
+            now, turnaround = self.env.now, self.cost.overheads.turnaround
+            delay = turnaround if self.phase_open == now + turnaround else self.phase_open - now
+            if delay > 0:
+                self.env.timeout(delay).callbacks.append(self._open_backward_phase)
             else:
                 self.backward_phase.succeed()
 
@@ -596,8 +687,9 @@ class _Run:
         stage = j if op == _F else j - 1 if op == _B and j > 0 else -1
         return link.transfer_seconds(cost.stages[stage].send_bytes * scale if stage >= 0 else 0)
 
-    def _deliver(self, slot: int, at: float) -> None:
+    def _deliver(self, slot: int, at: float, host_at: float) -> None:
         self.arrival[slot] = at
+        self.host_arrival[slot] = host_at
         event = self.waiting.pop(slot, None)
         if event is not None:
             event.succeed()
@@ -607,9 +699,14 @@ class _Run:
         """Send ``task``'s result on copy streams at time ``now``: FIFO per directed pair, so each copy starts
         when it is issued (now) or when the pair's previous copy ends; computed at issue time, no process needed."""
         arrival, waiting, issued, base = self.arrival, self.waiting, self.issued, i * self.stride
+        # Note [asynchronous devices]: the consumer's host takes it from the producer's host, its stream waits
+        # for the producer's stream (and the copy); a synchronous producer's host is its stream
+        host_at = self.host_end[src] + self.handoff if src in self.config.asynchronous else None
+        handoff = self.handoff if host_at is None else 0.0
         if self.free_copies:  # nothing to queue: usable at once (Note [local clocks])
             for _dst, offset in dsts:
                 arrival[offset + base] = now
+                self.host_arrival[offset + base] = now if host_at is None else host_at
                 if waiting:
                     event = waiting.pop(offset + base, None)
                     if event is not None:
@@ -624,7 +721,8 @@ class _Run:
             end = free[dst] = start + seconds
             if seconds > 0:
                 self.copies[src].append(Span(dst, COPY, task, start, end))
-            arrival[offset + base] = end + self.handoff
+            arrival[offset + base] = end + handoff
+            self.host_arrival[offset + base] = end + handoff if host_at is None else host_at
             issued[offset + base] = now
             if waiting:
                 event = waiting.pop(offset + base, None)
@@ -636,6 +734,7 @@ class _Run:
         """Send ``task``'s result on the compute streams of sender and receiver, taken in device order."""
         assert self.streams is not None
         seconds = self._copy_seconds(op, i, j)
+        host_at = self.host_end[src] + self.handoff if src in self.config.asynchronous else None
         for dst, offset in dsts:
             if seconds > 0:
                 first, second = (self.streams[k] for k in sorted((src, dst)))
@@ -646,7 +745,10 @@ class _Run:
                         start = self.env.now
                         yield self.env.timeout(seconds)
                 self.copies[src].append(Span(dst, COPY, task, start, self.env.now, ON_COMPUTE))
-            self._deliver(offset + i * self.stride, self.env.now + self.handoff)
+            if host_at is None:
+                self._deliver(offset + i * self.stride, self.env.now + self.handoff, self.env.now + self.handoff)
+            else:
+                self._deliver(offset + i * self.stride, self.env.now, host_at)
 
     # -- memory (Note [memory]) --------------------------------------------------------------------
 

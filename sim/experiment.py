@@ -94,6 +94,7 @@ from sim.pairs import PairMeter, measure_pairs
 __all__ = [
     "Setup",
     "demo_model",
+    "executor_config",
     "loss_of",
     "microbatch_sizes",
     "progress_labels",
@@ -380,7 +381,23 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
                                       for s, e in zip(cost.stages, extras, strict=True)))
     if pairs and shares_cores(devices):
         overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=affinity))
-    return replace(cost, overheads=overheads, copy_seconds=None), SimConfig(link=None, backward_after_forward=True)
+    return replace(cost, overheads=overheads, copy_seconds=None), executor_config(devices)
+
+
+def executor_config(devices: Sequence[str]) -> SimConfig:
+    """The simulator's switches for :class:`gpipe.GPipe` on ``devices`` (one per partition).
+
+    Two phases (Note [two phases] in :mod:`sim.engine`); CUDA devices asynchronous, and partitions on one
+    CUDA device issuing to its one stream (Note [asynchronous devices]); copies priced by the cost model.
+    """
+    parsed = [torch.device(d) for d in devices]
+    cuda = ["" if d.type != "cuda" else str(d) if d.index is not None else f"cuda:{torch.cuda.current_device()}"
+            for d in parsed]
+    asynchronous = frozenset(k for k, d in enumerate(parsed) if d.type == "cuda")
+    ids = {name: k for k, name in enumerate(dict.fromkeys(c for c in cuda if c))}
+    shared = tuple(ids[c] if c else len(ids) + k for k, c in enumerate(cuda)) \
+        if len(ids) < sum(1 for c in cuda if c) else None
+    return SimConfig(link=None, backward_after_forward=True, asynchronous=asynchronous, shared_streams=shared)
 
 
 def _spread(count: int, steps: int) -> set[int]:
