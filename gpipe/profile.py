@@ -28,6 +28,13 @@ so a burst of noise from a busy machine spoils one sample of each block rather t
 The clock is ``time.perf_counter`` on CPU and CUDA events on CUDA (after a device synchronise, so
 earlier work is not billed to the block).
 
+Note [issue seconds]: on CUDA the host only launches kernels, and returns before they end; every run is
+also timed on the host, from the call to its return (``..._issue_seconds``). That is the host's share of
+a task, which an executor's worker cannot overlap with its next task, while the kernels' seconds can
+overlap the host's next work (``sim.engine``, Note [asynchronous devices]). Where the host sets the pace
+(many small kernels) the two are about equal; where the kernels do, the issue seconds are far smaller. On
+CPU the host runs the work itself, and the issue seconds equal the seconds.
+
 Note [saved bytes]: every tensor autograd saves passes through the pack hook. Tensors sharing storage
 with the block's parameters or buffers are model state, not activations, and are left out; the rest are
 counted by the bytes of storage they cover, each byte once, however many ops save a view of it (ReLU's
@@ -87,7 +94,7 @@ __all__ = ["BlockProfile", "BlockSizes", "Device", "RecordedSeconds", "SavedByte
 
 Device = torch.device | str | int
 TensorOrTensors = Tensor | tuple[Tensor, ...]
-Clock = Callable[[Callable[[], Any]], tuple[float, Any]]  # runs a thunk: (seconds, its result)
+Clock = Callable[[Callable[[], Any]], tuple[float, float, Any]]  # runs a thunk: (seconds, issue seconds, result)
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,11 @@ class BlockProfile(BlockSizes):
     backward_seconds: float
     forward_recorded_seconds: float | None = None
     backward_recorded_seconds: float | None = None
+    forward_issue_seconds: float | None = None
+    forward_nograd_issue_seconds: float | None = None
+    backward_issue_seconds: float | None = None
+    forward_recorded_issue_seconds: float | None = None
+    backward_recorded_issue_seconds: float | None = None
 
     @property
     def recompute_seconds(self) -> float:
@@ -154,14 +166,14 @@ def profile_blocks(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
     _check_counts(warmup, repeats)
     with _session(blocks, sample, device) as steps:
         runs = _timed_runs(steps, cores, warmup, repeats, plain=True, recorded=recorded)
-    profiles = []
-    for step, medians in zip(steps, runs, strict=True):
-        forward, backward, nograd = medians[:3]
-        forward_recorded, backward_recorded = medians[3:] if recorded else (None, None)
-        profiles.append(BlockProfile(**vars(step.sizes), forward_seconds=forward, forward_nograd_seconds=nograd,
-                                     backward_seconds=backward, forward_recorded_seconds=forward_recorded,
-                                     backward_recorded_seconds=backward_recorded))
-    return profiles
+    return [BlockProfile(**vars(step.sizes), forward_seconds=t["forward"], forward_nograd_seconds=t["nograd"],
+                         backward_seconds=t["backward"], forward_recorded_seconds=t.get("forward_recorded"),
+                         backward_recorded_seconds=t.get("backward_recorded"),
+                         forward_issue_seconds=t["forward_issue"], forward_nograd_issue_seconds=t["nograd_issue"],
+                         backward_issue_seconds=t["backward_issue"],
+                         forward_recorded_issue_seconds=t.get("forward_recorded_issue"),
+                         backward_recorded_issue_seconds=t.get("backward_recorded_issue"))
+            for step, t in zip(steps, runs, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -209,8 +221,8 @@ def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
     _check_counts(warmup, repeats)
     with _session(blocks, sample, device) as steps:
         runs = _timed_runs(steps, cores, warmup, repeats, plain=False, recorded=True)
-    return [RecordedSeconds(forward=forward, backward=backward, forward_nograd=nograd)
-            for nograd, forward, backward in runs]
+    return [RecordedSeconds(forward=t["forward_recorded"], backward=t["backward_recorded"], forward_nograd=t["nograd"])
+            for t in runs]
 
 
 def _check_counts(warmup: int, repeats: int) -> None:
@@ -221,23 +233,27 @@ def _check_counts(warmup: int, repeats: int) -> None:
 
 
 def _timed_runs(steps: Sequence[_Step], cores: Sequence[Cores | None], warmup: int, repeats: int, *,
-                plain: bool, recorded: bool) -> list[list[float]]:
+                plain: bool, recorded: bool) -> list[dict[str, float]]:
     """Per block, the median seconds over ``repeats`` timed passes after ``warmup`` untimed ones: with
-    ``plain`` the forward and the backward, then the no-grad forward, then with ``recorded`` the
-    recorded forward and backward (Note [run order]: one kind of run over every block, then the next)."""
+    ``plain`` the ``forward`` and the ``backward``, then the no-grad forward (``nograd``), then with
+    ``recorded`` the ``forward_recorded`` and ``backward_recorded`` (Note [run order]: one kind of run
+    over every block, then the next); each with its ``..._issue`` seconds (Note [issue seconds])."""
     clocks = [_clock(step.device) for step in steps]
-    runs: list[list[tuple[float, ...]]] = [[] for _ in steps]
+    runs: list[list[dict[str, float]]] = [[] for _ in steps]
     for _ in range(warmup + repeats):  # passes over all blocks, so a burst of noise hits one pass
-        times: list[tuple[float, ...]] = [()] * len(steps)
+        times: list[dict[str, float]] = [{} for _ in steps]
         if plain:
-            times = list(_train_pass(steps, clocks, cores))
-        times = [(*t, _nograd_run(step, clock, where))
-                 for t, step, clock, where in zip(times, steps, clocks, cores, strict=True)]
+            for t, (f, b, fi, bi) in zip(times, _train_pass(steps, clocks, cores), strict=True):
+                t.update(forward=f, backward=b, forward_issue=fi, backward_issue=bi)
+        for t, step, clock, where in zip(times, steps, clocks, cores, strict=True):
+            t["nograd"], t["nograd_issue"] = _nograd_run(step, clock, where)
         if recorded:
-            times = [(*t, *r) for t, r in zip(times, _train_pass(steps, clocks, cores, recorded=True), strict=True)]
+            for t, (f, b, fi, bi) in zip(times, _train_pass(steps, clocks, cores, recorded=True), strict=True):
+                t.update(forward_recorded=f, backward_recorded=b, forward_recorded_issue=fi, backward_recorded_issue=bi)
         for block_runs, t in zip(runs, times, strict=True):
             block_runs.append(t)
-    return [[statistics.median(column) for column in zip(*block_runs[warmup:], strict=True)] for block_runs in runs]
+    return [{key: statistics.median(t[key] for t in block_runs[warmup:]) for key in block_runs[0]}
+            for block_runs in runs]
 
 
 def profile_sizes(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
@@ -451,58 +467,65 @@ def _union_length(spans: list[tuple[int, int]]) -> int:
 # --- times ----------------------------------------------------------------------------------------
 
 def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence[Cores | None],
-                recorded: bool = False) -> list[tuple[float, float]]:
-    """Seconds of each block's grad-enabled forward and of its backward, in a step's order (Note [run order]).
+                recorded: bool = False) -> list[tuple[float, float, float, float]]:
+    """Seconds of each block's grad-enabled forward and of its backward, in a step's order (Note [run order]),
+    then the issue seconds of each (Note [issue seconds]).
 
     Every forward first, in block order, keeping its graph; then every backward, in reverse order. With
     ``recorded``, under a recording executor's hooks (Note [recorded runs]).
     """
-    graphs: list[tuple[float, list[Tensor], list[Tensor]]] = []
+    graphs: list[tuple[float, float, list[Tensor], list[Tensor]]] = []
     for step, clock, where in zip(steps, clocks, cores, strict=True):
         leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in step.inputs)
         with pinned(where), torch.enable_grad(), (SavedBytes(step.block).hooks() if recorded else nullcontext()):
             fresh = _fresh(leaves)
-            forward, (_, outputs) = clock(lambda: _call(step.block, fresh, step.atomic))  # noqa: B023 (called at once)
+            forward, issue, (_, outputs) = clock(lambda: _call(step.block, fresh, step.atomic))  # noqa: B023
         tensors = [t for t in outputs if t.requires_grad]
-        graphs.append((forward, tensors, [torch.ones_like(t) for t in tensors]))
-    times: list[tuple[float, float]] = []
-    for step, clock, where, (forward, tensors, grads) in reversed(list(zip(steps, clocks, cores, graphs,
-                                                                           strict=True))):
-        with pinned(where):
-            backward = clock(lambda: torch.autograd.backward(tensors, grads))[0] if tensors else 0.0  # noqa: B023
+        graphs.append((forward, issue, tensors, [torch.ones_like(t) for t in tensors]))
+    times: list[tuple[float, float, float, float]] = []
+    for step, clock, where, (forward, issue, tensors, grads) in reversed(list(zip(steps, clocks, cores, graphs,
+                                                                                  strict=True))):
+        backward = backward_issue = 0.0
+        if tensors:
+            with pinned(where):
+                backward, backward_issue, _ = clock(lambda: torch.autograd.backward(tensors, grads))  # noqa: B023
         for p in step.block.parameters():
             p.grad = None
-        times.append((forward, backward))
+        times.append((forward, backward, issue, backward_issue))
     graphs.clear()  # the graphs die here
     return times[::-1]
 
 
-def _nograd_run(step: _Step, clock: Clock, cores: Cores | None = None) -> float:
-    """Seconds of one forward as a checkpointed micro-batch runs it."""
+def _nograd_run(step: _Step, clock: Clock, cores: Cores | None = None) -> tuple[float, float]:
+    """Seconds and issue seconds of one forward as a checkpointed micro-batch runs it."""
     with pinned(cores), torch.no_grad(), checkpointing():
         fresh = _fresh(step.inputs)
-        return clock(lambda: _call(step.block, fresh, step.atomic))[0]
+        seconds, issue, _ = clock(lambda: _call(step.block, fresh, step.atomic))
+        return seconds, issue
 
 
 def _clock(dev: torch.device) -> Clock:
-    """A function that runs a thunk and returns (seconds, its result)."""
+    """A function that runs a thunk and returns (seconds, issue seconds, its result): Note [issue seconds]."""
     if dev.type == "cuda":
-        def cuda_clock(fn: Callable[[], Any]) -> tuple[float, Any]:
+        def cuda_clock(fn: Callable[[], Any]) -> tuple[float, float, Any]:
             with torch.cuda.device(dev):
                 torch.cuda.synchronize(dev)
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
                 start.record()
+                tick = time.perf_counter()
                 result = fn()
+                issue = time.perf_counter() - tick
                 end.record()
                 end.synchronize()
-                return start.elapsed_time(end) / 1000.0, result
+                return start.elapsed_time(end) / 1000.0, issue, result
         return cuda_clock
 
-    def host_clock(fn: Callable[[], Any]) -> tuple[float, Any]:
+    def host_clock(fn: Callable[[], Any]) -> tuple[float, float, Any]:
         tick = time.perf_counter()
         result = fn()
-        return time.perf_counter() - tick, result
+        seconds = time.perf_counter() - tick
+        return seconds, seconds, result
     return host_clock
 
 

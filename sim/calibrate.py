@@ -19,6 +19,7 @@ consumes the :class:`~sim.cost.CostModel` it returns. Three parts:
       saved_tensors         saved-tensor hooks     how many tensors autograd saves (Note [recording])
       forward_recorded      recorded forward       F and R of a recording executor (``recorded=True``)
       backward_recorded     recorded backward      B of a recording executor (``recorded=True``)
+      issue_forward, ...    host clock (CUDA)      the host's share of F, R and B (Note [issue seconds])
 
 - :func:`calibrate_executor_overheads` runs the executor itself on probe pipelines and reads its
   timelines (Note [executor overheads]); :func:`sim.pairs.measure_pairs` runs the real partitions two at a
@@ -68,7 +69,7 @@ from torch import nn
 
 from gpipe.affinity import Cores, check_affinity
 from gpipe.checks import check_positive
-from gpipe.profile import Device, TensorOrTensors, profile_blocks
+from gpipe.profile import BlockProfile, Device, TensorOrTensors, profile_blocks
 from gpipe.schedule import Op, Task
 from sim.cost import CostModel, Overheads, StageCost
 from sim.primitives import (
@@ -151,6 +152,7 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
                               recorded=recorded, affinity=affinity)
     placed = parts if devices is None else [on_device(p, d) for p, d in zip(parts, devices, strict=True)]
     counts = count_saved_tensors(placed, sample_microbatch)
+    cuda = [torch.device(d).type == "cuda" for d in devices] if devices is not None else [_on_cuda(p) for p in placed]
     stages = tuple(StageCost(
         forward=p.forward_seconds,
         backward=p.backward_seconds,
@@ -164,8 +166,23 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
         saved_tensors=count,
         forward_recorded=p.forward_recorded_seconds,
         backward_recorded=p.backward_recorded_seconds,
-    ) for p, count in zip(profiles, counts, strict=True))
+        issue_forward=issue[0], issue_nograd=issue[1], issue_backward=issue[2],
+    ) for p, count, issue in zip(profiles, counts, (_issue(p, recorded) if on_cuda else (0.0, 0.0, 0.0)
+                                                  for p, on_cuda in zip(profiles, cuda, strict=True)), strict=True))
     return CostModel(stages)
+
+
+def _on_cuda(part: nn.Module) -> bool:
+    return any(t.device.type == "cuda" for t in [*part.parameters(), *part.buffers()])
+
+
+def _issue(profile: BlockProfile, recorded: bool) -> tuple[float, float, float]:
+    """Note [issue seconds] in :mod:`gpipe.profile`: the host's share of a grad-enabled forward, a no-grad
+    forward and a backward on a CUDA device, from the runs the stage's seconds come from (the recorded ones
+    when ``recorded``)."""
+    forward = profile.forward_recorded_issue_seconds if recorded else profile.forward_issue_seconds
+    backward = profile.backward_recorded_issue_seconds if recorded else profile.backward_issue_seconds
+    return forward or 0.0, profile.forward_nograd_issue_seconds or 0.0, backward or 0.0
 
 
 def on_device(part: nn.Module, device: Device) -> nn.Module:

@@ -58,6 +58,13 @@ class StageCost:
             (:func:`sim.extras.measure_stage_extras`, Note [stage extras]).
         host_nograd: the same for a checkpointed (no-grad) ``F``.
         host_backward: the same for ``B`` (and ``W``).
+        issue_forward: on an asynchronous device (CUDA; ``SimConfig.asynchronous``), the host seconds
+            a grad-enabled forward takes to launch its kernels, from the call to its return
+            (:mod:`gpipe.profile`, Note [issue seconds]): the host's share of the task, which its next
+            task waits for while the stream runs the kernels' seconds (``forward``). Ignored on a
+            synchronous device, where the host's work is the task.
+        issue_nograd: the same for a checkpointed (no-grad) ``F``.
+        issue_backward: the same for ``B`` (and ``W``).
     """
 
     forward: float
@@ -78,11 +85,15 @@ class StageCost:
     host_forward: float = 0.0
     host_nograd: float = 0.0
     host_backward: float = 0.0
+    issue_forward: float = 0.0
+    issue_nograd: float = 0.0
+    issue_backward: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",
                      "parameter_bytes", "gradient_bytes", "optimizer_bytes", "saved_tensors", "thread_start",
-                     "host_forward", "host_nograd", "host_backward"):
+                     "host_forward", "host_nograd", "host_backward", "issue_forward", "issue_nograd",
+                     "issue_backward"):
             _check(name, getattr(self, name))
         if self.recompute is not None:
             _check("recompute", self.recompute)

@@ -76,7 +76,10 @@ consumer's waking.
 Note [asynchronous devices]: on a CUDA device the worker thread only queues kernels on a stream and runs
 ahead of them, so host time and kernel time overlap instead of adding up. For a device in
 ``config.asynchronous`` each task has *host seconds* H (Note [host costs], with ``thread_start``) and
-*kernel seconds* K (the stage cost, scaled), and the device keeps two clocks::
+*kernel seconds* K (the stage cost, scaled), and the device keeps two clocks. H also holds the host's
+time to launch the task's kernels (``StageCost.issue_forward``, ``issue_nograd``, ``issue_backward``:
+the profiler's ``..._issue_seconds``, Note [issue seconds] in :mod:`gpipe.profile`), which does not
+scale with the micro-batch here either::
 
     issue = max(host's previous issue end + gap (launch for the first task), host arrival of each input,
                 the backward phase's opening on the host: Note [two phases])
@@ -306,6 +309,13 @@ def _host_seconds(cost: CostModel, checkpointed: bool, op: int, stage: StageCost
     return seconds
 
 
+def _issue_seconds(checkpointed: bool, op: int, stage: StageCost) -> float:
+    """Note [asynchronous devices]: host seconds an asynchronous device's worker takes to launch a task."""
+    if op == _R or (op == _F and not checkpointed):
+        return stage.issue_forward
+    return stage.issue_nograd if op == _F else stage.issue_backward
+
+
 def _stage_seconds(stage: StageCost, checkpointed: bool, op: int) -> float:
     """Seconds of one task at micro-batch scale 1: Note [host costs] for the measured recorded seconds."""
     if op == _F:
@@ -348,6 +358,7 @@ class _Run:
                          _stage_seconds(s, c == 1, op) + (0.0 if cost.microbatch_scale else host[c][op][j]),
                          host[c][op][j])
                         for j, s in enumerate(cost.stages)] for op in range(4)] for c in (0, 1)]
+        self.issue = [[[_issue_seconds(c == 1, op, s) for s in cost.stages] for op in range(4)] for c in (0, 1)]
         self.handoff = cost.overheads.handoff
         self.scaled = bool(cost.microbatch_scale)
         # copy seconds of the result of (op, j) at scale 1 (only F and B results travel)
@@ -497,7 +508,7 @@ class _Run:
                 seconds += self.cost.stages[j].thread_start
                 host += self.cost.stages[j].thread_start
             if asynchronous:  # the host issues for its host seconds; the stream runs the kernels, no earlier
-                issued_by = issue + host
+                issued_by = issue + host + self.issue[checkpointed[i]][op][j]
                 if issue > env.now:
                     yield timeout(issue - env.now)
                 if two_phases and op == _F:

@@ -12,7 +12,7 @@ import pytest
 
 from gpipe.schedule import Op, Task, gpipe, one_f_one_b
 from gpipe.timeline import Timeline
-from sim.cost import CostModel, Overheads
+from sim.cost import CostModel, Overheads, StageCost
 from sim.engine import SimConfig, simulate
 
 ALL = frozenset(range(4))
@@ -117,3 +117,14 @@ def test_executor_config_marks_cuda_devices_and_shared_gpus() -> None:
     shared = executor_config(["cuda:0", "cpu", "cuda:0", "cuda:1"])
     assert shared.asynchronous == {0, 2, 3}
     assert shared.shared_streams == (0, 3, 0, 1)
+
+
+def test_issue_seconds_pace_an_asynchronous_host_only() -> None:
+    """A task's launch (StageCost.issue_*) is host time on an asynchronous device: with 1 s of launching and
+    0.25 s of kernels each task lasts its launch; a synchronous device ignores it (its host's work is the task)."""
+    stage = StageCost(0.25, 0.25, forward_checkpointed=0.25, issue_forward=1.0, issue_nograd=0.5, issue_backward=1.0)
+    cost = CostModel((stage,))
+    tl = simulate(gpipe(2, 1, "except_last"), cost, SimConfig(asynchronous=frozenset({0})))
+    assert spans(tl, 0) == [("F0@0", 0.0, 0.5), ("F1@0", 0.5, 1.5), ("B1@0", 1.5, 2.5), ("R0@0", 2.5, 3.5),
+                            ("B0@0", 3.5, 4.5)]
+    assert simulate(gpipe(2, 1, "except_last"), cost).makespan == 5 * 0.25

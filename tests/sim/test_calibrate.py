@@ -130,3 +130,27 @@ def test_the_simulator_bills_a_checkpointed_forward_at_its_no_grad_time() -> Non
     assert timeline.span_of(Task(Op.F, 0, 0)).duration == 1.0  # checkpointed: no-grad forward
     assert timeline.span_of(Task(Op.F, 1, 0)).duration == 2.0  # the last micro-batch is not
     assert timeline.span_of(Task(Op.R, 0, 0)).duration == 2.0  # a recompute records the graph
+
+
+def test_issue_seconds_only_on_cuda() -> None:
+    """Note [issue seconds]: on CPU the host runs the work, so the profiler's issue seconds are its seconds and
+    the cost model leaves them out (a CPU device is synchronous); on CUDA they are the host's share."""
+    from gpipe.profile import profile_blocks
+
+    (p,) = profile_blocks([_model()], torch.randn(BATCH, 8), warmup=0, repeats=2, recorded=True)
+    assert p.forward_issue_seconds == p.forward_seconds and p.backward_issue_seconds == p.backward_seconds
+    assert p.forward_nograd_issue_seconds == p.forward_nograd_seconds
+    assert p.forward_recorded_issue_seconds == p.forward_recorded_seconds
+    cost = calibrate(_model(), [1, 2], torch.randn(BATCH, 8), warmup=0, repeats=2, recorded=True)
+    assert all(s.issue_forward == s.issue_nograd == s.issue_backward == 0.0 for s in cost.stages)
+    with pytest.raises(ValueError, match="issue_nograd"):
+        StageCost(1.0, 1.0, issue_nograd=math.inf)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_issue_seconds_on_cuda() -> None:
+    cost = calibrate(_model(), [1, 2], torch.randn(BATCH, 8), devices=["cuda:0", "cuda:0"], warmup=1, repeats=3,
+                     recorded=True)
+    for stage in cost.stages:
+        assert stage.issue_forward > 0 and stage.issue_nograd > 0 and stage.issue_backward > 0
