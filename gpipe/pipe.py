@@ -43,6 +43,7 @@ from gpipe import rng
 from gpipe.affinity import Cores, check_affinity
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.checks import check_balance, check_devices, check_unique
+from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.microbatch import as_tensors, scatter
 from gpipe.schedule import CHECKPOINT_MODES, Schedule, one_f_one_b
 from gpipe.schedule import gpipe as gpipe_schedule
@@ -73,6 +74,9 @@ class GPipe(nn.Module):
             (:attr:`timeline`); settable later.
         cpu_affinity: one set of CPU cores per partition (or ``None`` for one left unpinned): its
             worker thread runs only there (Linux; :mod:`gpipe.affinity`, Note [pinned workers]).
+        switch_interval: seconds Python's interpreter lock may stay with one thread while two or more
+            workers run (``sys.setswitchinterval``, restored after each phase; :mod:`gpipe.gil`, Note
+            [switch interval]); ``None`` leaves the interpreter's setting alone.
 
     Raises:
         TypeError: ``module`` is not an ``nn.Sequential``.
@@ -83,7 +87,8 @@ class GPipe(nn.Module):
     def __init__(self, module: nn.Sequential, balance: Sequence[int] | None = None, *,
                  devices: Sequence[Device] | None = None, chunks: int = 1, checkpoint: str = "except_last",
                  deferred_batch_norm: bool = False, record: bool = False, schedule: str = "gpipe",
-                 cpu_affinity: Sequence[Cores | None] | None = None) -> None:
+                 cpu_affinity: Sequence[Cores | None] | None = None,
+                 switch_interval: float | None = DEFAULT_SWITCH_INTERVAL) -> None:
         super().__init__()
         if not isinstance(module, nn.Sequential):
             raise TypeError(f"GPipe partitions an nn.Sequential, got {type(module).__name__}: wrap the layers in "
@@ -102,6 +107,7 @@ class GPipe(nn.Module):
         self.devices = check_devices(devices, len(self.balance))
         self.skip_layout = SkipLayout.of(list(module), self.balance)
         self.cpu_affinity = check_affinity(cpu_affinity, len(self.balance))
+        self.switch_interval = check_switch_interval(switch_interval)
         if deferred_batch_norm:
             module = DeferredBatchNorm.convert_deferred_batch_norm(module, chunks)
         named = list(module.named_children())

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from gpipe import rng
+from gpipe import gil, rng
 from gpipe.affinity import pinned
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.microbatch import as_tensors, gather
@@ -89,6 +89,7 @@ class Run:
         self.error: BaseException | None = None
         self.error_lock = threading.Lock()
         self.threads: list[threading.Thread] = []
+        self.interval: float | None = None  # the switch interval this run holds while its workers run
         self.running = 0  # workers of the current phase still running
         self.finished = threading.Event()  # set by the last of them
         self.leaves: dict[tuple[int, int], tuple[Tensor, ...]] = {}
@@ -142,6 +143,11 @@ class Run:
         """Start one worker thread per device on its task list; device ``first``'s thread last (Note [launch order])."""
         self.threads = [threading.Thread(target=self._work, args=(d, tasks), daemon=True, name=f"gpipe-worker-{d}")
                         for d, tasks in enumerate(task_lists)]
+        # Note [switch interval] in gpipe.gil: until join() has seen the workers end
+        interval = self.pipe.switch_interval if len(self.threads) > 1 else None
+        if interval is not None and self.interval is None:
+            gil.enter(interval)
+            self.interval = interval
         self.running = len(self.threads)
         self.finished = threading.Event()
         for d, thread in enumerate(self.threads):
@@ -161,6 +167,10 @@ class Run:
             for thread in self.threads:
                 thread.join()
             raise
+        finally:
+            if self.interval is not None and not any(t.is_alive() for t in self.threads):
+                gil.leave(self.interval)
+                self.interval = None
         self.threads = []
         if self.error is not None:
             raise self.error

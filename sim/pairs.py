@@ -39,6 +39,7 @@ from torch import nn
 
 from gpipe.affinity import Cores, check_affinity, pinned
 from gpipe.checks import check_positive
+from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval, switch_interval
 from gpipe.phase import checkpointing
 from gpipe.profile import SavedBytes, TensorOrTensors, _preserved, _storage_key
 
@@ -56,7 +57,8 @@ PairKey = tuple[str, int, str, int]
 def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window: float = 0.03,
                   max_window: float = 0.15, repeats: int = 2,
                   kinds: Sequence[tuple[str, str]] = PHASE_PAIRS,
-                  affinity: Sequence[Cores | None] | None = None) -> Pairs:
+                  affinity: Sequence[Cores | None] | None = None,
+                  switch_interval: float | None = DEFAULT_SWITCH_INTERVAL) -> Pairs:
     """How much the tasks of two stages slow each other when they run at the same time (Note [pairs]).
 
     Args:
@@ -69,6 +71,8 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
         kinds: the pairs of task kinds to measure, for every pair of stages.
         affinity: one set of CPU cores per stage (or ``None``): each stage's task runs on a thread
             pinned there, as :class:`gpipe.GPipe` with ``cpu_affinity`` runs it.
+        switch_interval: Python's switch interval while pairs run, as the executor's workers run
+            (:class:`gpipe.GPipe`'s ``switch_interval``, Note [switch interval] in :mod:`gpipe.gil`).
 
     Returns:
         ``(kind, stage, other kind, other stage, c)`` for :attr:`sim.cost.Overheads.pairs`, both ways.
@@ -77,7 +81,8 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
         ValueError: ``repeats < 1``, a non-positive window, or a bad ``affinity``.
     """
     check_positive("repeats", repeats)
-    with PairMeter(parts, sample, window=window, max_window=max_window, kinds=kinds, affinity=affinity) as meter:
+    with PairMeter(parts, sample, window=window, max_window=max_window, kinds=kinds, affinity=affinity,
+                   switch_interval=switch_interval) as meter:
         return median_pairs([meter.round() for _ in range(repeats)])
 
 
@@ -112,9 +117,11 @@ class PairMeter:
 
     def __init__(self, parts: Sequence[nn.Module], sample: TensorOrTensors, *, window: float = 0.03,
                  max_window: float = 0.15, kinds: Sequence[tuple[str, str]] = PHASE_PAIRS,
-                 affinity: Sequence[Cores | None] | None = None) -> None:
+                 affinity: Sequence[Cores | None] | None = None,
+                 switch_interval: float | None = DEFAULT_SWITCH_INTERVAL) -> None:
         if not window > 0 or not max_window >= window:
             raise ValueError(f"need 0 < window <= max_window, got {window!r} and {max_window!r}")
+        self.switch_interval = check_switch_interval(switch_interval)
         self.parts, self.sample = list(parts), sample
         self.window, self.max_window, self.kinds = window, max_window, tuple(kinds)
         self.cores = check_affinity(affinity, len(self.parts)) or [None] * len(self.parts)
@@ -168,7 +175,7 @@ class PairMeter:
         if helper is None:
             raise RuntimeError("a PairMeter measures inside its with-block")
         slow: dict[PairKey, float] = {}
-        with self._untouched():
+        with self._untouched(), switch_interval(self.switch_interval):
             alone: dict[tuple[str, int], float] = {}
             for kind, j in self.needed:
                 with pinned(self.cores[j]):
