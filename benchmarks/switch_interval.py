@@ -1,0 +1,112 @@
+"""What the executor's switch interval buys: GPipe steps with Python's default 5 ms against 1 ms, in one run.
+
+Two CPU devices, each worker pinned to a core of its own, one intra-op thread per worker
+(``OMP_NUM_THREADS=1`` before torch loads and ``torch.set_num_threads(1)``, on purpose: two workers on two
+cores). Two models: ``mlp``, 64 x (Linear(64, 64), ReLU), many small layers whose tasks are mostly Python
+(a saved-tensor hook per saved tensor while recording), and ``conv``, fidelity.py's ten 3x3 convolutions,
+mostly C++. Batch 64, recording on (as ``gpipe-sim demo`` runs it), chunks 2, 4, 8 and 16, checkpoint
+``always``, ``except_last`` and ``never``. For each configuration, two pipelines of the same model, one with
+``switch_interval=None`` (the interpreter's 5 ms) and one with ``switch_interval=0.001``, take steps in turn
+(Note [interleaving] in ``executor_speed.py``); a row's ratio is the median of the per-round ratios
+(1 ms step / 5 ms step), which a machine whose speed drifts distorts far less than a ratio of medians.
+
+Run: ``.venv/bin/python benchmarks/switch_interval.py`` (about three minutes); writes
+``benchmarks/results/switch_interval.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: see the module docstring
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from gpipe import GPipe  # noqa: E402
+from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
+from sim.machine import keep_freed_memory, worker_affinity  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "switch_interval.json"
+DEVICES = ("cpu", "cpu")
+def mlp() -> tuple[nn.Sequential, torch.Tensor]:
+    layers: list[nn.Module] = []
+    for _ in range(64):
+        layers += [nn.Linear(64, 64), nn.ReLU()]
+    return nn.Sequential(*layers), torch.randn(64, 64)
+
+
+def conv() -> tuple[nn.Sequential, torch.Tensor]:
+    layers: list[nn.Module] = [nn.Conv2d(3, 48, 3, padding=1), nn.ReLU()]
+    for k in range(9):
+        layers += [nn.Conv2d(48, 48, 3, stride=2 if k in (3, 6) else 1, padding=1), nn.ReLU()]
+    layers += [nn.Flatten(), nn.Linear(48 * 8 * 8, 10)]
+    return nn.Sequential(*layers), torch.randn(64, 3, 32, 32)
+
+
+MODELS: dict[str, tuple[tuple[int, int], Any]] = {"mlp": ((64, 64), mlp), "conv": ((6, 16), conv)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON path (default: {RESULTS})")
+    parser.add_argument("--rounds", type=int, default=15, help="timed steps of each pipeline per row (default: 15)")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--chunks", default="2,4,8,16")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # deliberately: see the module docstring
+    keep_freed_memory()
+    sys.setswitchinterval(0.005)  # the interpreter's default, for the pipelines that leave it alone
+    affinity = worker_affinity(DEVICES)
+    rows: list[dict[str, Any]] = []
+    began = time.perf_counter()
+    print(f"{'model':>5} {'chunks':>6} {'checkpoint':>11} {'5 ms step':>10} {'1 ms step':>10} {'ratio':>7}")
+    for name in [m for m in args.models.split(",") if m]:
+        balance, build = MODELS[name]
+        torch.manual_seed(0)
+        model, x = build()
+        for chunks in (int(c) for c in args.chunks.split(",") if c):
+            for checkpoint in CHECKPOINT_MODES:
+                pipes = [GPipe(model, list(balance), devices=list(DEVICES), chunks=chunks, checkpoint=checkpoint,
+                               record=True, cpu_affinity=affinity, switch_interval=s) for s in (None, 0.001)]
+                times: list[list[float]] = [[], []]
+                for k in range(2 + args.rounds):  # two warm-up rounds; the starting pipeline alternates
+                    for which in ((0, 1) if k % 2 == 0 else (1, 0)):
+                        tick = time.perf_counter()
+                        pipes[which](x).square().mean().backward()
+                        seconds = time.perf_counter() - tick
+                        model.zero_grad(set_to_none=True)
+                        if k >= 2:
+                            times[which].append(seconds)
+                ratio = statistics.median(b / a for a, b in zip(*times, strict=True))
+                row = {"model": name, "chunks": chunks, "checkpoint": checkpoint,
+                       "default_ms": statistics.median(times[0]) * 1e3, "short_ms": statistics.median(times[1]) * 1e3,
+                       "ratio": ratio, "default_samples_ms": [t * 1e3 for t in times[0]],
+                       "short_samples_ms": [t * 1e3 for t in times[1]]}
+                rows.append(row)
+                print(f"{name:>5} {chunks:>6} {checkpoint:>11} {row['default_ms']:>10.2f} {row['short_ms']:>10.2f} "
+                      f"{ratio:>7.3f}", flush=True)
+    doc = {"benchmark": "switch_interval", "command": "python benchmarks/switch_interval.py " + " ".join(sys.argv[1:]),
+           "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+                       "intra-op threads per worker": 1},
+           "note": ("ratio = median over rounds of (step with switch_interval=0.001) / (step with the interpreter's "
+                    "5 ms), both pipelines stepping in turn in one process; two CPU devices, workers pinned, "
+                    "recording on, batch 64; a step is forward, loss and backward."),
+           "rows": rows, "seconds": time.perf_counter() - began}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out} in {doc['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
