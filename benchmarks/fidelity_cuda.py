@@ -37,6 +37,9 @@ from torch import nn  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint  # noqa: E402
 from sim.experiment import Setup, run  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fidelity import mlp_model  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "fidelity_cuda.json"
 CHUNKS = (1, 4, 16)
 
@@ -47,14 +50,6 @@ def wide_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
     for _ in range(8):
         layers += [nn.Linear(4096, 4096), nn.ReLU()]
     return nn.Sequential(*layers), torch.randn(512, 4096)
-
-
-def mlp_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = []
-    for _ in range(64):
-        layers += [nn.Linear(64, 64), nn.ReLU()]
-    return nn.Sequential(*layers), torch.randn(64, 64)
 
 
 MODELS = {"wide": (wide_model, (8, 8)), "mlp": (mlp_model, (64, 64))}

@@ -2,7 +2,7 @@
 
 Two CPU devices, each worker pinned to a core of its own, one intra-op thread per worker
 (``OMP_NUM_THREADS=1`` before torch loads and ``torch.set_num_threads(1)``, on purpose: two workers on two
-cores). Two models: ``mlp``, 64 x (Linear(64, 64), ReLU), many small layers whose tasks are mostly Python
+cores). fidelity.py's two models: ``mlp``, 64 x (Linear(64, 64), ReLU), many small layers whose tasks are mostly Python
 (a saved-tensor hook per saved tensor while recording), and ``conv``, fidelity.py's ten 3x3 convolutions,
 mostly C++. Batch 64, recording on (as ``gpipe-sim demo`` runs it), chunks 2, 4, 8 and 16, checkpoint
 ``always``, ``except_last`` and ``never``. For each configuration, two pipelines of the same model, one with
@@ -30,30 +30,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: see the mod
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 from gpipe import GPipe  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
 from sim.machine import keep_freed_memory, worker_affinity  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fidelity import conv_model, mlp_model  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "switch_interval.json"
 DEVICES = ("cpu", "cpu")
-def mlp() -> tuple[nn.Sequential, torch.Tensor]:
-    layers: list[nn.Module] = []
-    for _ in range(64):
-        layers += [nn.Linear(64, 64), nn.ReLU()]
-    return nn.Sequential(*layers), torch.randn(64, 64)
-
-
-def conv() -> tuple[nn.Sequential, torch.Tensor]:
-    layers: list[nn.Module] = [nn.Conv2d(3, 48, 3, padding=1), nn.ReLU()]
-    for k in range(9):
-        layers += [nn.Conv2d(48, 48, 3, stride=2 if k in (3, 6) else 1, padding=1), nn.ReLU()]
-    layers += [nn.Flatten(), nn.Linear(48 * 8 * 8, 10)]
-    return nn.Sequential(*layers), torch.randn(64, 3, 32, 32)
-
-
-MODELS: dict[str, tuple[tuple[int, int], Any]] = {"mlp": ((64, 64), mlp), "conv": ((6, 16), conv)}
+#: fidelity.py's two models (batch 64): mlp cut in half, conv where balance_by_time cut it in fidelity.py's runs here
+MODELS: dict[str, tuple[tuple[int, int], Any]] = {"mlp": ((64, 64), mlp_model), "conv": ((6, 16), conv_model)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':>5} {'chunks':>6} {'checkpoint':>11} {'5 ms step':>10} {'1 ms step':>10} {'ratio':>7}")
     for name in [m for m in args.models.split(",") if m]:
         balance, build = MODELS[name]
-        torch.manual_seed(0)
-        model, x = build()
+        model, x = build(0)
         for chunks in (int(c) for c in args.chunks.split(",") if c):
             for checkpoint in CHECKPOINT_MODES:
                 pipes = [GPipe(model, list(balance), devices=list(DEVICES), chunks=chunks, checkpoint=checkpoint,
