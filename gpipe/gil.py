@@ -48,14 +48,15 @@ def check_switch_interval(seconds: float | None) -> float | None:
 @contextmanager
 def switch_interval(seconds: float | None) -> Iterator[None]:
     """Set Python's switch interval to ``seconds`` inside, restore it after (Note [switch interval])."""
-    if seconds is None:
+    value = check_switch_interval(seconds)
+    if value is None:
         yield
         return
-    enter(check_switch_interval(seconds) or 0.0)
+    enter(value)
     try:
         yield
     finally:
-        leave(seconds)
+        leave(value)
 
 
 def enter(seconds: float) -> None:

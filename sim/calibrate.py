@@ -153,6 +153,7 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
     placed = parts if devices is None else [on_device(p, d) for p, d in zip(parts, devices, strict=True)]
     counts = count_saved_tensors(placed, sample_microbatch)
     cuda = [torch.device(d).type == "cuda" for d in devices] if devices is not None else [_on_cuda(p) for p in placed]
+    issues = [_issue(p, recorded) if on_cuda else (0.0, 0.0, 0.0) for p, on_cuda in zip(profiles, cuda, strict=True)]
     stages = tuple(StageCost(
         forward=p.forward_seconds,
         backward=p.backward_seconds,
@@ -167,8 +168,7 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
         forward_recorded=p.forward_recorded_seconds,
         backward_recorded=p.backward_recorded_seconds,
         issue_forward=issue[0], issue_nograd=issue[1], issue_backward=issue[2],
-    ) for p, count, issue in zip(profiles, counts, (_issue(p, recorded) if on_cuda else (0.0, 0.0, 0.0)
-                                                  for p, on_cuda in zip(profiles, cuda, strict=True)), strict=True))
+    ) for p, count, issue in zip(profiles, counts, issues, strict=True))
     return CostModel(stages)
 
 

@@ -698,6 +698,14 @@ class _Run:
         stage = j if op == _F else j - 1 if op == _B and j > 0 else -1
         return link.transfer_seconds(cost.stages[stage].send_bytes * scale if stage >= 0 else 0)
 
+    def _hand_off(self, src: int) -> tuple[float, float | None]:
+        """Note [asynchronous devices]: what follows a copy from ``src``: the seconds its consumer's stream waits
+        after the copy (``handoff`` for a synchronous producer, whose host is its stream), and when the consumer's
+        host has it (``None``: when the stream has it; else the producer's host end plus ``handoff``)."""
+        if src in self.config.asynchronous:
+            return 0.0, self.host_end[src] + self.handoff
+        return self.handoff, None
+
     def _deliver(self, slot: int, at: float, host_at: float) -> None:
         self.arrival[slot] = at
         self.host_arrival[slot] = host_at
@@ -710,10 +718,7 @@ class _Run:
         """Send ``task``'s result on copy streams at time ``now``: FIFO per directed pair, so each copy starts
         when it is issued (now) or when the pair's previous copy ends; computed at issue time, no process needed."""
         arrival, waiting, issued, base = self.arrival, self.waiting, self.issued, i * self.stride
-        # Note [asynchronous devices]: the consumer's host takes it from the producer's host, its stream waits
-        # for the producer's stream (and the copy); a synchronous producer's host is its stream
-        host_at = self.host_end[src] + self.handoff if src in self.config.asynchronous else None
-        handoff = self.handoff if host_at is None else 0.0
+        handoff, host_at = self._hand_off(src)
         if self.free_copies:  # nothing to queue: usable at once (Note [local clocks])
             for _dst, offset in dsts:
                 arrival[offset + base] = now
@@ -745,7 +750,7 @@ class _Run:
         """Send ``task``'s result on the compute streams of sender and receiver, taken in device order."""
         assert self.streams is not None
         seconds = self._copy_seconds(op, i, j)
-        host_at = self.host_end[src] + self.handoff if src in self.config.asynchronous else None
+        handoff, host_at = self._hand_off(src)
         for dst, offset in dsts:
             if seconds > 0:
                 first, second = (self.streams[k] for k in sorted((src, dst)))
@@ -756,10 +761,8 @@ class _Run:
                         start = self.env.now
                         yield self.env.timeout(seconds)
                 self.copies[src].append(Span(dst, COPY, task, start, self.env.now, ON_COMPUTE))
-            if host_at is None:
-                self._deliver(offset + i * self.stride, self.env.now + self.handoff, self.env.now + self.handoff)
-            else:
-                self._deliver(offset + i * self.stride, self.env.now, host_at)
+            at = self.env.now + handoff
+            self._deliver(offset + i * self.stride, at, at if host_at is None else host_at)
 
     # -- memory (Note [memory]) --------------------------------------------------------------------
 
