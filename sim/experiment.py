@@ -38,7 +38,8 @@ untimed pass (a first pass pays one-off costs, a backward's a quarter more), the
 passes. Note [pass repeats] says how many. On shared cores
 (:func:`sim.machine.shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes spread evenly
 over the steps (one :class:`sim.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are
-the medians over the rounds: one round of a pair is a poor sample of Python's lock changing hands
+the medians over the rounds, each rebased against the pass just before it (Note [pair baselines] in
+:mod:`sim.pairs`): one round of a pair is a poor sample of Python's lock changing hands
 (Note [pair rounds] in :mod:`sim.pairs`), and measured once up front the pairs of 64 x (Linear(64,
 64), ReLU) put a prediction 40% off a run whose interleaved medians were 4% off. The prediction still
 uses nothing the executor measured: profiling and stepping merely sample the same machine. A
@@ -77,7 +78,7 @@ from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, gpipe
 from gpipe.timeline import Timeline
 from sim.calibrate import calibrate, calibrate_executor_overheads, on_device, partitions_of
 from sim.compare import compare
-from sim.cost import CostModel
+from sim.cost import CostModel, StageCost
 from sim.engine import SimConfig, simulate
 from sim.extras import measure_stage_extras
 from sim.machine import (
@@ -89,7 +90,7 @@ from sim.machine import (
     worker_affinity,
 )
 from sim.outcome import Outcome, interleaved_cost
-from sim.pairs import PairMeter, measure_pairs
+from sim.pairs import PairMeter, measure_pairs, rebased
 
 __all__ = [
     "Setup",
@@ -332,8 +333,8 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
                     measured_steps.append(timeline)
                 passes.append(time_recorded(parts, first, device=list(devices), warmup=1,
                                             repeats=setup.repeats_per_pass, affinity=affinity))
-                if pairs is not None and k in pair_steps:
-                    rounds.append((k - setup.warmup_steps, pairs.round()))
+                if pairs is not None and k in pair_steps:  # against the pass just taken: Note [pair baselines]
+                    rounds.append((k - setup.warmup_steps, rebased(pairs.round(), pairs.alone, passes[-1])))
                 tick(f"step {k - setup.warmup_steps + 1}" if k >= setup.warmup_steps else f"warm-up step {k + 1}")
         seconds["measure"] = time.perf_counter() - clock
         background = meter.cores()
@@ -380,8 +381,20 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
                                               host_nograd=e.host_nograd, host_backward=e.host_backward)
                                       for s, e in zip(cost.stages, extras, strict=True)))
     if pairs and shares_cores(devices):
-        overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=affinity))
+        overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=affinity,
+                                                            recorded=_recorded_seconds(cost.stages)))
     return replace(cost, overheads=overheads, copy_seconds=None), executor_config(devices)
+
+
+def _recorded_seconds(stages: Sequence[StageCost]) -> list[RecordedSeconds] | None:
+    """The stages' recorded seconds, the baselines pairs are rebased against (Note [pair baselines] in
+    :mod:`sim.pairs`); ``None`` unless every stage has all three."""
+    found = []
+    for s in stages:
+        if s.forward_recorded is None or s.backward_recorded is None or s.forward_checkpointed is None:
+            return None
+        found.append(RecordedSeconds(s.forward_recorded, s.backward_recorded, s.forward_checkpointed))
+    return found
 
 
 def executor_config(devices: Sequence[str]) -> SimConfig:

@@ -21,6 +21,20 @@ sleeping core wakes up, which on a virtual machine changes from one second to th
 64 x (Linear(64, 64), ReLU) the slowdown of two forwards, measured over 30 ms, ranged from 0.3 to 4.2
 within one minute. The median of many rounds, spread over the time the executor runs, is stable
 (sim.experiment takes one round after every step); a single up-front measurement is not.
+
+Note [pair baselines]: a pair's ``c`` is measured against each task's time alone *in the meter's loop*,
+where the same task runs back to back on warm caches, but the simulator slows the task's seconds in the
+cost model, which the profiler measures one run at a time (Note [run order] in :mod:`gpipe.profile`): on
+64 x (Linear(64, 64), ReLU) in two stages its checkpointed forwards took 14-21% longer there than in the
+loop, its grad-enabled forwards 4-6%. What sharing the cores costs is the time the lock's hand-overs add,
+``c * alone`` seconds of the loop's task, not a share of whatever the task costs elsewhere; applied to the
+profiler's seconds unchanged, ``c`` counted the colder caches a second time as contention.
+:func:`rebased` turns each ``c`` into the slowdown that adds those same seconds to the cost model's
+task, ``c * alone in the loop / seconds in the cost model``. sim.experiment rebases every round against
+the profiling pass taken just before it, so both baselines see the machine at the same moment. Forty-four
+recorded experiments of twelve ``mlp`` rows (21 steps each), simulated again with their pair medians
+rebased: the mean of the rows' errors went from 3.5% to 3.0%; five ``conv`` rows, whose loop and profiler
+agree, did not move.
 """
 
 from __future__ import annotations
@@ -41,9 +55,9 @@ from gpipe.affinity import Cores, check_affinity, pinned
 from gpipe.checks import check_positive
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval, switch_interval
 from gpipe.phase import checkpointing
-from gpipe.profile import SavedBytes, TensorOrTensors, _preserved, _storage_key
+from gpipe.profile import RecordedSeconds, SavedBytes, TensorOrTensors, _preserved, _storage_key
 
-__all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "measure_pairs", "median_pairs", "task_runners"]
+__all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "measure_pairs", "median_pairs", "rebased", "task_runners"]
 
 #: The pairs of task kinds that can run at the same time in GPipe's two phases (Note [two phases] in
 #: sim.engine): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
@@ -52,13 +66,15 @@ PHASE_PAIRS = (("F", "F"), ("F", "Fc"), ("Fc", "F"), ("Fc", "Fc"), ("F", "B"), (
 #: ``(kind, stage, other kind, other stage, c)``, as :attr:`sim.cost.Overheads.pairs` holds them.
 Pairs = tuple[tuple[str, int, str, int, float], ...]
 PairKey = tuple[str, int, str, int]
+TaskKey = tuple[str, int]  # (kind, stage)
 
 
 def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window: float = 0.03,
                   max_window: float = 0.15, repeats: int = 2,
                   kinds: Sequence[tuple[str, str]] = PHASE_PAIRS,
                   affinity: Sequence[Cores | None] | None = None,
-                  switch_interval: float | None = DEFAULT_SWITCH_INTERVAL) -> Pairs:
+                  switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
+                  recorded: Sequence[RecordedSeconds] | None = None) -> Pairs:
     """How much the tasks of two stages slow each other when they run at the same time (Note [pairs]).
 
     Args:
@@ -73,6 +89,9 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
             pinned there, as :class:`gpipe.GPipe` with ``cpu_affinity`` runs it.
         switch_interval: Python's switch interval while pairs run, as the executor's workers run
             (:class:`gpipe.GPipe`'s ``switch_interval``, Note [switch interval] in :mod:`gpipe.gil`).
+        recorded: the seconds of each stage's tasks in the cost model the pairs are for; each round is
+            rebased against them (:func:`rebased`, Note [pair baselines]). ``None``: ``c`` stays relative
+            to the meter's own runs alone.
 
     Returns:
         ``(kind, stage, other kind, other stage, c)`` for :attr:`sim.cost.Overheads.pairs`, both ways.
@@ -83,7 +102,11 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
     check_positive("repeats", repeats)
     with PairMeter(parts, sample, window=window, max_window=max_window, kinds=kinds, affinity=affinity,
                    switch_interval=switch_interval) as meter:
-        return median_pairs([meter.round() for _ in range(repeats)])
+        rounds = []
+        for _ in range(repeats):
+            found = meter.round()
+            rounds.append(found if recorded is None else rebased(found, meter.alone, recorded))
+        return median_pairs(rounds)
 
 
 def median_pairs(rounds: Sequence[Mapping[PairKey, float]]) -> Pairs:
@@ -100,6 +123,27 @@ def median_pairs(rounds: Sequence[Mapping[PairKey, float]]) -> Pairs:
     return tuple((*key, max(0.0, statistics.median(r[key] for r in rounds))) for key in keys)
 
 
+def rebased(slowdowns: Mapping[PairKey, float], alone: Mapping[TaskKey, float],
+            recorded: Sequence[RecordedSeconds]) -> dict[PairKey, float]:
+    """Each ``c`` of a round as the slowdown of the cost model's task that adds the same seconds (Note [pair
+    baselines]): ``c * alone[(kind, stage)] / seconds``, where ``seconds`` is ``recorded[stage]``'s
+    ``forward`` for an ``F``, ``forward_nograd`` for an ``Fc`` and ``backward`` for a ``B``.
+
+    A pair whose task has no time alone in ``alone`` or no positive seconds keeps its ``c``.
+    """
+    def seconds(kind: str, stage: int) -> float:
+        if not 0 <= stage < len(recorded):
+            return 0.0
+        r = recorded[stage]
+        return {"F": r.forward, "Fc": r.forward_nograd, "B": r.backward}.get(kind, 0.0)
+
+    out: dict[PairKey, float] = {}
+    for key, c in slowdowns.items():
+        base, own = alone.get(key[:2], 0.0), seconds(key[0], key[1])
+        out[key] = c * base / own if base > 0 and own > 0 else c
+    return out
+
+
 class PairMeter:
     """Measures, one round at a time, how the tasks of each pair of stages slow each other (Note [pairs]).
 
@@ -109,7 +153,11 @@ class PairMeter:
     training flags) and the random number generator untouched, so between rounds the partitions may
     be trained by anything else, as :mod:`sim.experiment` does (Note [pair rounds]).
 
-    Args: as :func:`measure_pairs`, less ``repeats``.
+    Args: as :func:`measure_pairs`, less ``repeats`` and ``recorded``.
+
+    Attributes:
+        alone: after a round, each task's seconds alone in that round's loop, by ``(kind, stage)``: the
+            baseline its ``c`` are relative to (Note [pair baselines]); empty before the first round.
 
     Raises:
         ValueError: a non-positive window, or a bad ``affinity``.
@@ -129,6 +177,7 @@ class PairMeter:
                              {(b, k) for _, b in self.kinds for k in range(len(self.parts))})
         self.runners: list[dict[str, Callable[[], Any]]] = []
         self.helper: _Helper | None = None
+        self.alone: dict[TaskKey, float] = {}
 
     def __enter__(self) -> PairMeter:
         try:
@@ -176,7 +225,7 @@ class PairMeter:
             raise RuntimeError("a PairMeter measures inside its with-block")
         slow: dict[PairKey, float] = {}
         with self._untouched(), switch_interval(self.switch_interval):
-            alone: dict[tuple[str, int], float] = {}
+            alone: dict[TaskKey, float] = {}
             for kind, j in self.needed:
                 with pinned(self.cores[j]):
                     alone[(kind, j)] = _loop_alone(self.runners[j][kind], self.window)
@@ -193,6 +242,7 @@ class PairMeter:
                         rate_b = (tb / xb + tb / yb) / 2 if tb > 0 else 1.0
                         slow[(a, j, b, k)] = 1.0 / max(rate_a, 1e-3) - 1.0
                         slow[(b, k, a, j)] = 1.0 / max(rate_b, 1e-3) - 1.0
+        self.alone = alone
         return slow
 
 

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 import sim.experiment as experiment
+from gpipe.profile import RecordedSeconds
 from sim.cost import Overheads
 from sim.experiment import Setup, run
-from sim.pairs import PHASE_PAIRS, PairMeter, measure_pairs, median_pairs
+from sim.pairs import PHASE_PAIRS, PairMeter, measure_pairs, median_pairs, rebased
 
 WINDOW, MAX_WINDOW = 0.002, 0.004  # tiny: the tests check what is measured, not how well
 
@@ -170,3 +171,57 @@ def test_one_checkpointed_microbatch_measures_pairs() -> None:
                                                   warmup=0, repeats=1))
     assert len(outcome.pair_rounds) == 2
     assert {(a, b) for a, _, b, _, _ in outcome.cost.overheads.pairs} >= {("F", "F"), ("F", "Fc"), ("B", "F")}
+
+
+def test_rebased_keeps_the_added_seconds_of_each_pair() -> None:
+    """Note [pair baselines]: c * (time alone in the loop) seconds added, whatever the cost model's seconds."""
+    recorded = [RecordedSeconds(forward=2.0, backward=4.0, forward_nograd=1.0),
+                RecordedSeconds(forward=1.0, backward=1.0, forward_nograd=0.5)]
+    alone = {("F", 0): 1.0, ("B", 0): 2.0, ("Fc", 1): 0.25, ("F", 1): 1.0}
+    found = rebased({("F", 0, "F", 1): 3.0, ("B", 0, "F", 1): 2.0, ("Fc", 1, "Fc", 0): 2.0,
+                     ("F", 1, "F", 0): 1.5, ("B", 1, "B", 0): 0.7}, alone, recorded)
+    assert found == {("F", 0, "F", 1): 1.5, ("B", 0, "F", 1): 1.0, ("Fc", 1, "Fc", 0): 1.0,
+                     ("F", 1, "F", 0): 1.5,  # the same seconds alone: unchanged
+                     ("B", 1, "B", 0): 0.7}  # no time alone measured: unchanged
+    for (kind, stage, *_), c in found.items():  # the seconds added are the loop's
+        own = {"F": recorded[stage].forward, "B": recorded[stage].backward, "Fc": recorded[stage].forward_nograd}
+        if (kind, stage) in alone:
+            assert own[kind] * c == pytest.approx(alone[(kind, stage)] * {
+                ("F", 0): 3.0, ("B", 0): 2.0, ("Fc", 1): 2.0, ("F", 1): 1.5}[(kind, stage)])
+
+
+def test_a_round_leaves_each_task_time_alone_as_its_baseline() -> None:
+    kinds = (("F", "B"),)
+    with PairMeter(two_parts(), torch.randn(4, 8), kinds=kinds, window=WINDOW, max_window=MAX_WINDOW) as meter:
+        assert meter.alone == {}
+        meter.round()
+        assert set(meter.alone) == {("F", 0), ("B", 1), ("F", 1), ("B", 0)}
+        assert all(seconds > 0 for seconds in meter.alone.values())
+
+
+def test_the_experiment_rebases_each_round_against_the_pass_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every round's c, times the meter's time alone over the seconds of the profiling pass just taken."""
+    def fake_round(self: PairMeter) -> dict[tuple[str, int, str, int], float]:
+        self.alone = {(kind, j): 0.004 for kind in ("F", "Fc", "B") for j in (0, 1)}
+        return {key: 1.0 for key in both_ways()}
+
+    monkeypatch.setattr(PairMeter, "round", fake_round)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    outcome = run(model, torch.randn(8, 8), Setup(chunks=2, balance=(2, 2), devices=("cpu", "cpu"), steps=3,
+                                                  warmup_steps=1, pair_rounds=2, warmup=0, repeats=1))
+    assert len(outcome.pair_rounds) == 2
+    for k, found in outcome.pair_rounds:
+        p = outcome.passes[k]
+        for (kind, j, _, _), c in found.items():
+            seconds = {"F": p[j].forward, "Fc": p[j].forward_nograd, "B": p[j].backward}[kind]
+            assert c == pytest.approx(0.004 / seconds)
+
+
+def test_measure_pairs_rebases_against_the_seconds_it_is_given() -> None:
+    """Tasks a thousand seconds long in the cost model: the seconds the lock adds are nothing beside them."""
+    slow = [RecordedSeconds(forward=1e3, backward=1e3, forward_nograd=1e3)] * 2
+    pairs = measure_pairs(two_parts(), torch.randn(4, 8), repeats=1, window=WINDOW, max_window=MAX_WINDOW,
+                          kinds=(("F", "B"),), recorded=slow)
+    assert {p[:4] for p in pairs} == both_ways((("F", "B"),))
+    assert all(0.0 <= c < 1e-3 for *_, c in pairs)
