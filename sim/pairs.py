@@ -22,19 +22,14 @@ sleeping core wakes up, which on a virtual machine changes from one second to th
 within one minute. The median of many rounds, spread over the time the executor runs, is stable
 (sim.experiment takes one round after every step); a single up-front measurement is not.
 
-Note [pair baselines]: a pair's ``c`` is measured against each task's time alone *in the meter's loop*,
-where the same task runs back to back on warm caches, but the simulator slows the task's seconds in the
-cost model, which the profiler measures one run at a time (Note [run order] in :mod:`gpipe.profile`): on
-64 x (Linear(64, 64), ReLU) in two stages its checkpointed forwards took 14-21% longer there than in the
-loop, its grad-enabled forwards 4-6%. What sharing the cores costs is the time the lock's hand-overs add,
-``c * alone`` seconds of the loop's task, not a share of whatever the task costs elsewhere; applied to the
-profiler's seconds unchanged, ``c`` counted the colder caches a second time as contention.
-:func:`rebased` turns each ``c`` into the slowdown that adds those same seconds to the cost model's
-task, ``c * alone in the loop / seconds in the cost model``. sim.experiment rebases every round against
-the profiling pass taken just before it, so both baselines see the machine at the same moment. Forty-four
-recorded experiments of twelve ``mlp`` rows (21 steps each), simulated again with their pair medians
-rebased: the mean of the rows' errors went from 3.5% to 3.0%; five ``conv`` rows, whose loop and profiler
-agree, did not move.
+Note [pair baselines]: ``c`` is measured against each task's time alone *in the meter's loop* (warm
+caches), but the simulator slows the cost model's seconds, which the profiler takes one run at a time: on
+64 x (Linear(64, 64), ReLU) its checkpointed forwards took 14-21% longer than in the loop. Sharing the
+cores adds the lock's hand-overs, ``c * alone`` seconds, not a share of whatever the task costs elsewhere;
+applied unchanged, ``c`` counted the colder caches twice. :func:`rebased` makes each ``c`` add those
+seconds to the cost model's task (``c * alone in the loop / its seconds``); sim.experiment rebases every
+round against the profiling pass just before it. Re-simulating 44 recorded ``mlp`` experiments (twelve
+rows) with rebased medians took the mean of the rows' errors from 3.5% to 3.0%; ``conv`` did not move.
 """
 
 from __future__ import annotations
