@@ -56,6 +56,18 @@ back to back instead (forward, its backward at once, the same block again), a bl
 layers ran 10-20% faster than it does in a step (what it just used is still in the caches and on
 the allocator's free lists).
 
+Note [streaks]: a worker of a pipeline of many micro-batches does run its stage back to back: the
+forward of every micro-batch in a row, then (checkpointed) a recompute and a backward per micro-batch,
+on one core that stays busy. A pass that alternates blocks (and moves the profiling thread between
+their cores) times each run colder than that. ``streak=k`` runs each kind of run ``k`` times in a row
+per block (the backwards in the reverse order of the forwards, as GPipe's are), inside the order
+above; untimed passes run once each. On fidelity.py's ``conv`` model in two stages, micro-batches of
+4 samples, 22 recorded steps of 16 micro-batches: timed one at a time, stage 1's checkpointed forward
+took 25% longer than its median span in the steps and the recorded forwards 9-15% longer, so the
+prediction, which adds the stages' slowdowns of each other, came out 5-10% over; in streaks of 8
+every run took 3-9% less than its span in the steps, the room those slowdowns and the executor's
+host extras fill.
+
 Note [no cycle through the hook]: a pack hook that hands back the tensor it was given makes a cycle when
 the op saves its own output (ReLU does): the output's ``grad_fn`` holds the saved value, which is the
 output itself, through C++ references Python's collector cannot see. A graph that is never run backward
@@ -194,7 +206,7 @@ class RecordedSeconds:
 
 def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
                   device: Device | Sequence[Device] | None = None, warmup: int = 1, repeats: int = 1,
-                  affinity: Sequence[Cores | None] | None = None) -> list[RecordedSeconds]:
+                  affinity: Sequence[Cores | None] | None = None, streak: int = 1) -> list[RecordedSeconds]:
     """Only the seconds a recording executor's tasks take: :func:`profile_blocks` with ``recorded=True``
     less its plain (hook-free) forward and backward, which such an executor never runs; about half the
     cost, for sampling a machine between training steps (Note [interleaved calibration] in
@@ -209,6 +221,8 @@ def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
         warmup: untimed passes first.
         repeats: timed passes; each time is the median over them.
         affinity: as for :func:`profile_blocks`.
+        streak: runs of each kind a block makes in a row within a pass (Note [streaks]); each time
+            is the median over every timed run.
 
     Returns:
         One :class:`RecordedSeconds` per block.
@@ -219,8 +233,10 @@ def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
     """
     cores = check_affinity(affinity, len(blocks)) or [None] * len(blocks)
     _check_counts(warmup, repeats)
+    if not isinstance(streak, int) or isinstance(streak, bool) or streak < 1:
+        raise ValueError(f"streak must be a positive integer, got {streak!r}")
     with _session(blocks, sample, device) as steps:
-        runs = _timed_runs(steps, cores, warmup, repeats, plain=False, recorded=True)
+        runs = _timed_runs(steps, cores, warmup, repeats, plain=False, recorded=True, streak=streak)
     return [RecordedSeconds(forward=t["forward_recorded"], backward=t["backward_recorded"], forward_nograd=t["nograd"])
             for t in runs]
 
@@ -233,26 +249,32 @@ def _check_counts(warmup: int, repeats: int) -> None:
 
 
 def _timed_runs(steps: Sequence[_Step], cores: Sequence[Cores | None], warmup: int, repeats: int, *,
-                plain: bool, recorded: bool) -> list[dict[str, float]]:
+                plain: bool, recorded: bool, streak: int = 1) -> list[dict[str, float]]:
     """Per block, the median seconds over ``repeats`` timed passes after ``warmup`` untimed ones: with
     ``plain`` the ``forward`` and the ``backward``, then the no-grad forward (``nograd``), then with
     ``recorded`` the ``forward_recorded`` and ``backward_recorded`` (Note [run order]: one kind of run
-    over every block, then the next); each with its ``..._issue`` seconds (Note [issue seconds])."""
+    over every block, then the next; ``streak`` runs of it in a row, Note [streaks]); each with its
+    ``..._issue`` seconds (Note [issue seconds])."""
     clocks = [_clock(step.device) for step in steps]
     runs: list[list[dict[str, float]]] = [[] for _ in steps]
-    for _ in range(warmup + repeats):  # passes over all blocks, so a burst of noise hits one pass
-        times: list[dict[str, float]] = [{} for _ in steps]
+    for k in range(warmup + repeats):  # passes over all blocks, so a burst of noise hits one pass
+        row = streak if k >= warmup else 1  # an untimed pass only warms up (Note [streaks])
+        times: list[list[dict[str, float]]] = [[{} for _ in range(row)] for _ in steps]
         if plain:
-            for t, (f, b, fi, bi) in zip(times, _train_pass(steps, clocks, cores), strict=True):
-                t.update(forward=f, backward=b, forward_issue=fi, backward_issue=bi)
+            for t, block in zip(times, _train_pass(steps, clocks, cores, streak=row), strict=True):
+                for s, (f, b, fi, bi) in zip(t, block, strict=True):
+                    s.update(forward=f, backward=b, forward_issue=fi, backward_issue=bi)
         for t, step, clock, where in zip(times, steps, clocks, cores, strict=True):
-            t["nograd"], t["nograd_issue"] = _nograd_run(step, clock, where)
+            for s, (n, ni) in zip(t, _nograd_runs(step, clock, where, row), strict=True):
+                s["nograd"], s["nograd_issue"] = n, ni
         if recorded:
-            for t, (f, b, fi, bi) in zip(times, _train_pass(steps, clocks, cores, recorded=True), strict=True):
-                t.update(forward_recorded=f, backward_recorded=b, forward_recorded_issue=fi, backward_recorded_issue=bi)
+            for t, block in zip(times, _train_pass(steps, clocks, cores, recorded=True, streak=row), strict=True):
+                for s, (f, b, fi, bi) in zip(t, block, strict=True):
+                    s.update(forward_recorded=f, backward_recorded=b, forward_recorded_issue=fi,
+                             backward_recorded_issue=bi)
         for block_runs, t in zip(runs, times, strict=True):
             block_runs.append(t)
-    return [{key: statistics.median(t[key] for t in block_runs[warmup:]) for key in block_runs[0]}
+    return [{key: statistics.median(s[key] for t in block_runs[warmup:] for s in t) for key in block_runs[0][0]}
             for block_runs in runs]
 
 
@@ -467,41 +489,51 @@ def _union_length(spans: list[tuple[int, int]]) -> int:
 # --- times ----------------------------------------------------------------------------------------
 
 def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence[Cores | None],
-                recorded: bool = False) -> list[tuple[float, float, float, float]]:
-    """Seconds of each block's grad-enabled forward and of its backward, in a step's order (Note [run order]),
-    then the issue seconds of each (Note [issue seconds]).
+                recorded: bool = False, streak: int = 1) -> list[list[tuple[float, float, float, float]]]:
+    """Per block, ``streak`` times (Note [streaks]): the seconds of a grad-enabled forward and of its backward,
+    in a step's order (Note [run order]), then the issue seconds of each (Note [issue seconds]).
 
-    Every forward first, in block order, keeping its graph; then every backward, in reverse order. With
+    Every forward first, in block order (each block's ``streak`` forwards in a row), keeping the graphs;
+    then every backward, blocks in reverse order, each block's in the reverse of its forwards'. With
     ``recorded``, under a recording executor's hooks (Note [recorded runs]).
     """
-    graphs: list[tuple[float, float, list[Tensor], list[Tensor]]] = []
+    graphs: list[list[tuple[float, float, list[Tensor], list[Tensor]]]] = []
     for step, clock, where in zip(steps, clocks, cores, strict=True):
-        leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in step.inputs)
-        with pinned(where), torch.enable_grad(), (SavedBytes(step.block).hooks() if recorded else nullcontext()):
-            fresh = _fresh(leaves)
-            forward, issue, (_, outputs) = clock(lambda: _call(step.block, fresh, step.atomic))  # noqa: B023
-        tensors = [t for t in outputs if t.requires_grad]
-        graphs.append((forward, issue, tensors, [torch.ones_like(t) for t in tensors]))
-    times: list[tuple[float, float, float, float]] = []
-    for step, clock, where, (forward, issue, tensors, grads) in reversed(list(zip(steps, clocks, cores, graphs,
-                                                                                  strict=True))):
-        backward = backward_issue = 0.0
-        if tensors:
-            with pinned(where):
-                backward, backward_issue, _ = clock(lambda: torch.autograd.backward(tensors, grads))  # noqa: B023
-        for p in step.block.parameters():
-            p.grad = None
-        times.append((forward, backward, issue, backward_issue))
-    graphs.clear()  # the graphs die here
+        built = []
+        with pinned(where):
+            for _ in range(streak):
+                leaves = tuple(t.detach().requires_grad_(t.requires_grad) for t in step.inputs)
+                with torch.enable_grad(), (SavedBytes(step.block).hooks() if recorded else nullcontext()):
+                    fresh = _fresh(leaves)
+                    forward, issue, (_, outputs) = clock(lambda: _call(step.block, fresh, step.atomic))  # noqa: B023
+                tensors = [t for t in outputs if t.requires_grad]
+                built.append((forward, issue, tensors, [torch.ones_like(t) for t in tensors]))
+        graphs.append(built)
+    times: list[list[tuple[float, float, float, float]]] = []
+    for step, clock, where, built in reversed(list(zip(steps, clocks, cores, graphs, strict=True))):
+        block: list[tuple[float, float, float, float]] = []
+        with pinned(where):
+            for forward, issue, tensors, grads in reversed(built):
+                backward = backward_issue = 0.0
+                if tensors:
+                    backward, backward_issue, _ = clock(lambda: torch.autograd.backward(tensors, grads))  # noqa: B023
+                for p in step.block.parameters():
+                    p.grad = None
+                block.append((forward, backward, issue, backward_issue))
+        built.clear()  # the graphs die here
+        times.append(block[::-1])
     return times[::-1]
 
 
-def _nograd_run(step: _Step, clock: Clock, cores: Cores | None = None) -> tuple[float, float]:
-    """Seconds and issue seconds of one forward as a checkpointed micro-batch runs it."""
+def _nograd_runs(step: _Step, clock: Clock, cores: Cores | None = None, streak: int = 1) -> list[tuple[float, float]]:
+    """Seconds and issue seconds of ``streak`` forwards in a row as a checkpointed micro-batch runs them."""
+    out = []
     with pinned(cores), torch.no_grad(), checkpointing():
-        fresh = _fresh(step.inputs)
-        seconds, issue, _ = clock(lambda: _call(step.block, fresh, step.atomic))
-        return seconds, issue
+        for _ in range(streak):
+            fresh = _fresh(step.inputs)
+            seconds, issue, _ = clock(lambda: _call(step.block, fresh, step.atomic))  # noqa: B023
+            out.append((seconds, issue))
+    return out
 
 
 def _clock(dev: torch.device) -> Clock:

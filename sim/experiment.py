@@ -33,9 +33,10 @@ more over seconds, so a calibration made before the executor runs can describe a
 machine than the one the steps see. After every training step, warm-up steps included, one
 profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: the profiler
 ``balance_by_time`` uses, timing only the runs a recording executor's tasks are made of): one
-untimed pass (a first pass pays one-off costs, a backward's a quarter more), then
-``Setup.pass_repeats`` timed ones; the stage seconds of the cost model are the medians over the
-passes. Note [pass repeats] says how many. On shared cores
+untimed pass (a first pass pays one-off costs, a backward's a quarter more), then one timed
+pass that runs each task ``Setup.pass_repeats`` times in a row, as a worker runs a stage's
+micro-batches (Note [streaks] in :mod:`gpipe.profile`); the stage seconds of the cost model are
+the medians over the passes' runs. Note [pass repeats] says how many. On shared cores
 (:func:`sim.machine.shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes spread evenly
 over the steps (one :class:`sim.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are
 the medians over the rounds, each rebased against the pass just before it (Note [pair baselines] in
@@ -54,7 +55,10 @@ its makespan averages over them, while one timed run of each task in a pass is o
 timed run a pass, the predictions of rows of 8 and 16 micro-batches varied from step to step by 14-20%
 (their steps by 7-10%; benchmarks/fidelity.py). A task of a micro-batch ``chunks`` times smaller
 takes about that much less time, so ``pass_repeats`` defaults to ``chunks // 2`` (at least one) timed
-runs a pass: a pass then costs about the same, half a step or less, whatever the chunks.
+runs a pass: a pass then costs about the same, half a step or less, whatever the chunks. The runs
+are a streak (each task that many times in a row) rather than that many passes: a worker of many
+micro-batches runs its stage back to back, and so warmer than a pass that alternates stages and
+cores (Note [streaks] in :mod:`gpipe.profile`).
 
 Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
 ``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
@@ -128,7 +132,8 @@ class Setup:
         pair_rounds: on shared cores, rounds of pair measurements spread evenly over the warm-up and
             recorded steps (at most one after each step); ``Overheads.pairs`` are their medians
             (Note [interleaved calibration]). None for a schedule that never runs two tasks at once.
-        pass_repeats: timed runs in each profiling pass after a step; ``None``: ``chunks // 2``,
+        pass_repeats: timed runs of each task, in a row, in the profiling pass after each step
+            (Note [pass repeats]); ``None``: ``chunks // 2``,
             at least one (Note [pass repeats]).
         balance_timeout: seconds ``balance_by_time`` may spend.
         pin: on CPU devices (Linux), pin partition ``j``'s worker, and everything that calibrates it,
@@ -331,8 +336,8 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
                 timeline = _train_step(pipe, model, batch)
                 if k >= setup.warmup_steps:
                     measured_steps.append(timeline)
-                passes.append(time_recorded(parts, first, device=list(devices), warmup=1,
-                                            repeats=setup.repeats_per_pass, affinity=affinity))
+                passes.append(time_recorded(parts, first, device=list(devices), warmup=1, repeats=1,
+                                            streak=setup.repeats_per_pass, affinity=affinity))
                 if pairs is not None and k in pair_steps:  # against the pass just taken: Note [pair baselines]
                     rounds.append((k - setup.warmup_steps, rebased(pairs.round(), pairs.alone, passes[-1])))
                 tick(f"step {k - setup.warmup_steps + 1}" if k >= setup.warmup_steps else f"warm-up step {k + 1}")

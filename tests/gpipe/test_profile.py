@@ -66,6 +66,35 @@ def test_time_recorded_runs_only_what_a_recording_executor_runs() -> None:
     assert all(p.grad is None for b in blocks for p in b.parameters())  # left as found
 
 
+def test_time_recorded_streaks_run_each_block_in_a_row() -> None:
+    """Note [streaks]: a timed pass runs each block's forwards ``streak`` times in a row, then the backwards
+    blocks in reverse, each block's in a row; untimed passes run once each."""
+    order: list[tuple[int, str]] = []
+
+    class Logged(nn.Module):
+        def __init__(self, k: int) -> None:
+            super().__init__()
+            self.k, self.linear = k, nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            order.append((self.k, "F" if torch.is_grad_enabled() else "Fc"))
+            y = self.linear(x)
+            if y.requires_grad:
+                y.register_hook(lambda g: order.append((self.k, "B")) or g)
+            return y
+
+    blocks = [Logged(0), Logged(1)]
+    times = time_recorded(blocks, torch.randn(4, 8), warmup=1, repeats=1, streak=3)
+    assert all(t.forward > 0 and t.backward > 0 and t.forward_nograd > 0 for t in times)
+    timed = order[-18:]
+    assert timed == ([(0, "Fc")] * 3 + [(1, "Fc")] * 3 + [(0, "F")] * 3 + [(1, "F")] * 3
+                     + [(1, "B")] * 3 + [(0, "B")] * 3)
+    assert order[-24:-18] == [(0, "Fc"), (1, "Fc"), (0, "F"), (1, "F"), (1, "B"), (0, "B")]  # the untimed pass
+    assert all(p.grad is None for b in blocks for p in b.parameters())
+    with pytest.raises(ValueError, match="streak"):
+        time_recorded(blocks, torch.randn(4, 8), streak=0)
+
+
 def test_time_recorded_refuses_bad_counts() -> None:
     with pytest.raises(ValueError, match="repeats"):
         time_recorded([nn.Linear(2, 2)], torch.randn(1, 2), repeats=0)
