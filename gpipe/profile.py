@@ -256,7 +256,7 @@ def _timed_runs(steps: Sequence[_Step], cores: Sequence[Cores | None], warmup: i
     over every block, then the next; ``streak`` runs of it in a row, Note [streaks]); each with its
     ``..._issue`` seconds (Note [issue seconds])."""
     clocks = [_clock(step.device) for step in steps]
-    runs: list[list[dict[str, float]]] = [[] for _ in steps]
+    runs: list[list[list[dict[str, float]]]] = [[] for _ in steps]  # per block, per pass, per run of the streak
     for k in range(warmup + repeats):  # passes over all blocks, so a burst of noise hits one pass
         row = streak if k >= warmup else 1  # an untimed pass only warms up (Note [streaks])
         times: list[list[dict[str, float]]] = [[{} for _ in range(row)] for _ in steps]
