@@ -98,6 +98,7 @@ import torch
 from torch import Tensor, nn
 
 from gpipe.affinity import Cores, check_affinity, pinned
+from gpipe.checks import check_positive
 from gpipe.phase import checkpointing
 from gpipe.skip.skippable import SkipKey, use_tracker
 
@@ -233,8 +234,7 @@ def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
     """
     cores = check_affinity(affinity, len(blocks)) or [None] * len(blocks)
     _check_counts(warmup, repeats)
-    if not isinstance(streak, int) or isinstance(streak, bool) or streak < 1:
-        raise ValueError(f"streak must be a positive integer, got {streak!r}")
+    check_positive("streak", streak)
     with _session(blocks, sample, device) as steps:
         runs = _timed_runs(steps, cores, warmup, repeats, plain=False, recorded=True, streak=streak)
     return [RecordedSeconds(forward=t["forward_recorded"], backward=t["backward_recorded"], forward_nograd=t["nograd"])
