@@ -128,9 +128,10 @@ class Overheads:
         task: host time added to every compute task (dispatch, bookkeeping, recording).
         handoff: latency of handing a result from one worker to another (queue put/get, wake-up):
             from the end of the producing task (or of its copy) to the earliest start of the consumer.
-        contention: slowdown of compute while ``k`` devices compute at once on shared cores; a task
-            running with ``k - 1`` others takes ``1 + contention * (k - 1)`` times as long. 0 for
-            devices that do not share hardware (GPUs).
+        contention: slowdown of compute while ``k`` devices compute at once on shared cores; the
+            stage seconds of a task running with ``k - 1`` others take ``1 + contention * (k - 1)``
+            times as long, its host seconds do not stretch (sim.engine, Note [host seconds share
+            nothing]). 0 for devices that do not share hardware (GPUs).
         gap: host time between two consecutive tasks of one worker, outside both (taking the next
             task's inputs, sending the previous one's results): a device's next task starts no
             earlier than ``gap`` after its previous task ended.
@@ -146,8 +147,8 @@ class Overheads:
             back through the recorder's unpack hook (every ``B`` of a recording executor).
         pairs: measured contention of *pairs* of tasks, replacing ``contention`` for the pairs
             listed: ``(kind, stage, other kind, other stage, c)`` says a task of ``kind`` on
-            ``stage`` runs at ``1 / (1 + c)`` of its speed while a task of ``other kind`` on
-            ``other stage`` runs beside it. Kinds: ``"F"`` a grad-enabled forward (an ``F`` that is
+            ``stage`` runs its stage seconds at ``1 / (1 + c)`` of their speed while a task of
+            ``other kind`` on ``other stage`` runs beside it. Kinds: ``"F"`` a grad-enabled forward (an ``F`` that is
             not checkpointed, and every ``R``), ``"Fc"`` a checkpointed (no-grad) forward, ``"B"``
             a backward (and ``W``). On CPU devices the pairs differ a lot: two forwards of small
             layers serialise on Python's global interpreter lock, two backwards hardly meet.

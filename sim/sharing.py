@@ -17,7 +17,10 @@ class SharedCores:
     where ``c(x, y)`` is the slowdown measured for the pair of the jobs' keys (``pairs``) or
     ``contention`` for a pair not listed. Without pairs every job runs at
     ``1 / (1 + contention * (k - 1))`` while ``k`` run (sim.engine, Notes [contention] and
-    [pairwise contention]).
+    [pairwise contention]). A job may hold ``host`` seconds that the others do not slow (sim.engine,
+    Note [host seconds share nothing]): its slowdowns are scaled by ``(work - host) / work``, so
+    beside a steady set ``Y`` it takes ``work + (work - host) * sum c``, its host seconds spread
+    evenly over it; it still slows the others for as long as it runs.
 
     Exact processor sharing in SimPy: each start or end brings every running job's remaining work up
     to date at the rates that held since the last change, recomputes the rates and schedules the next
@@ -34,7 +37,8 @@ class SharedCores:
         self.env = env
         self.contention = contention
         self.pairs = {(x, y): c for x, y, c in pairs}
-        self.jobs: dict[int, list[Any]] = {}  # id -> [remaining work (seconds at full speed), done event, key, rate]
+        # id -> [remaining work (seconds at full speed), done event, key, rate, share of the work others slow]
+        self.jobs: dict[int, list[Any]] = {}
         self.last = 0.0  # when the remaining work was last brought up to date
         self.version = 0  # invalidates the scheduled completion after every change
         self.ids = 0
@@ -43,7 +47,7 @@ class SharedCores:
         jobs = list(self.jobs.values())
         for job in jobs:
             slow = sum(self.pairs.get((job[2], other[2]), self.contention) for other in jobs if other is not job)
-            job[3] = 1.0 / (1.0 + slow)
+            job[3] = 1.0 / (1.0 + slow * job[4])
 
     def _advance(self) -> None:
         elapsed = self.env.now - self.last
@@ -52,16 +56,26 @@ class SharedCores:
                 job[0] -= elapsed * job[3]
         self.last = self.env.now
 
-    def run(self, work: float, key: Hashable = None) -> simpy.Event:
+    def run(self, work: float, key: Hashable = None, host: float = 0.0) -> simpy.Event:
         """Start a job of ``work`` seconds at full speed; ``key`` names it for ``pairs``.
+
+        Args:
+            work: seconds at full speed (>= 0).
+            key: the job's name in ``pairs``.
+            host: seconds of ``work`` that other jobs do not slow (``0 <= host <= work``).
 
         Returns:
             An event that fires when the job is done.
+
+        Raises:
+            ValueError: ``host`` outside ``[0, work]``.
         """
+        if not 0.0 <= host <= work:
+            raise ValueError(f"host seconds must lie in [0, work = {work}], got {host}")
         self._advance()
         done = self.env.event()
         self.ids += 1
-        self.jobs[self.ids] = [work, done, key, 1.0]
+        self.jobs[self.ids] = [work, done, key, 1.0, (work - host) / work if work > 0 else 1.0]
         self._reschedule()
         return done
 

@@ -258,6 +258,23 @@ def test_contention_is_exact_processor_sharing() -> None:
         assert got[key] == (pytest.approx(start), pytest.approx(end)), key
 
 
+def test_contention_stretches_stage_seconds_not_host_seconds() -> None:
+    # Note [host seconds share nothing]: every task has 0.5 host seconds on top of its stage seconds.
+    # F1@0 (1 + 0.5) and F0@1 (2 + 0.5) start together at 1.5: F1@0 takes 0.5 + 1 * (1 + 1) = 2.5
+    # (rate 1 / (1 + 1/1.5)); F0@1 runs at 1 / (1 + 2/2.5) meanwhile and its last 2.5 - 2.5/1.8 alone.
+    # B1@0 and B0@1 (1 + 0.5 each) take 2.5 s side by side.
+    cost = CostModel.from_lists([1, 2], [1, 1]).with_overheads(Overheads(contention=1.0, task=0.5))
+    tl = simulate(gpipe(2, 2, "never"), cost)
+    f01 = 4.0 + 2.5 - 2.5 / 1.8
+    expected = {"F0@0": (0, 1.5), "F1@0": (1.5, 4.0), "F0@1": (1.5, f01), "F1@1": (f01, f01 + 2.5),
+                "B1@1": (f01 + 2.5, f01 + 4), "B1@0": (f01 + 4, f01 + 6.5), "B0@1": (f01 + 4, f01 + 6.5),
+                "B0@0": (f01 + 6.5, f01 + 8)}
+    got = {str(s.task): (s.start, s.end) for s in tl.compute_spans()}
+    assert got.keys() == expected.keys()
+    for key, (start, end) in expected.items():
+        assert got[key] == (pytest.approx(start), pytest.approx(end)), key
+
+
 def test_contention_slows_but_never_speeds() -> None:
     schedule = gpipe(6, 4, "except_last")
     cost = CostModel.uniform(4, 1, 2, copy_seconds=0.1)

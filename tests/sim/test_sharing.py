@@ -62,3 +62,27 @@ def test_a_pair_not_listed_falls_back_to_contention() -> None:
     ends = finish_times(lambda env: SharedCores(env, 3.0, pairs),
                         [(0.0, 1.0, "a"), (0.0, 1.0, "b"), (0.0, 1.0, "c")])
     assert ends == pytest.approx([5.0, 5.0, 5.0 + 2.0 / 7.0])
+
+
+def test_host_seconds_are_not_slowed_but_slow_the_others() -> None:
+    # a: 2 s of work, 1 of them host: beside b its rate is 1 / (1 + 1 * 1/2), so it ends at 3
+    # (1 host second + 1 stage second * (1 + 1)); b runs at 1/2 all that time, then its last 8.5 alone
+    env = simpy.Environment()
+    cores = SharedCores(env, 1.0)
+    ends: dict[str, float] = {}
+
+    def job(name: str, work: float, host: float) -> Generator[simpy.Event, Any, None]:
+        yield cores.run(work, name, host)
+        ends[name] = env.now
+
+    env.process(job("a", 2.0, 1.0))
+    env.process(job("b", 10.0, 0.0))
+    env.run()
+    assert ends == pytest.approx({"a": 3.0, "b": 11.5})
+
+
+@pytest.mark.parametrize("host", [-0.1, 1.5])
+def test_host_seconds_outside_the_work_are_refused(host: float) -> None:
+    cores = SharedCores(simpy.Environment(), 1.0)
+    with pytest.raises(ValueError, match="host seconds"):
+        cores.run(1.0, "a", host)
