@@ -148,10 +148,11 @@ class Overheads:
         pairs: measured contention of *pairs* of tasks, replacing ``contention`` for the pairs
             listed: ``(kind, stage, other kind, other stage, c)`` says a task of ``kind`` on
             ``stage`` runs its stage seconds at ``1 / (1 + c)`` of their speed while a task of
-            ``other kind`` on ``other stage`` runs beside it. Kinds: ``"F"`` a grad-enabled forward (an ``F`` that is
-            not checkpointed, and every ``R``), ``"Fc"`` a checkpointed (no-grad) forward, ``"B"``
-            a backward (and ``W``). On CPU devices the pairs differ a lot: two forwards of small
-            layers serialise on Python's global interpreter lock, two backwards hardly meet.
+            ``other kind`` on ``other stage`` runs beside it. Kinds: ``"F"`` a grad-enabled
+            forward (an ``F`` that is not checkpointed, and every ``R``), ``"Fc"`` a checkpointed
+            (no-grad) forward, ``"B"`` a backward (and ``W``). On CPU devices the pairs differ a
+            lot: two forwards of small layers serialise on Python's global interpreter lock, two
+            backwards hardly meet.
     """
 
     task: float = 0.0
