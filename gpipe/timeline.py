@@ -11,6 +11,13 @@ Streams::
     "copy"     the receiving device's copy stream: a copy is recorded on the device it arrives at,
                and its ``task`` is the task whose result it carries (F(i, j) for an activation sent
                to stage j+1, B(i, j) for a gradient sent to stage j-1)
+
+Note [metrics in one pass]: a simulated timeline holds a span per task, millions for a big run, and
+a summary asks every device for its busy time, utilisation, bubble and peak memory. So a timeline
+groups its spans and samples by device once, the first time a metric needs them, and keeps that
+grouping, each device's busy seconds and its start and end (a timeline is immutable): a summary
+costs one pass over the spans, not one per device and metric. Each metric is still its per-device
+definition (busy: the union of that device's compute spans) evaluated on that device's group.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -148,11 +156,11 @@ class Timeline:
 
     def compute_spans(self, device: int | None = None) -> list[Span]:
         """Compute spans (of ``device``, or all), sorted by start."""
-        spans = [s for s in self.spans if s.stream == COMPUTE and (device is None or s.device == device)]
+        spans = [s for s in self._spans_of(device) if s.stream == COMPUTE]
         return sorted(spans, key=lambda s: (s.start, s.end))
 
     def copy_spans(self, device: int | None = None) -> list[Span]:
-        spans = [s for s in self.spans if s.stream != COMPUTE and (device is None or s.device == device)]
+        spans = [s for s in self._spans_of(device) if s.stream != COMPUTE]
         return sorted(spans, key=lambda s: (s.start, s.end))
 
     def task_order(self, device: int) -> list[Task]:
@@ -174,13 +182,28 @@ class Timeline:
             self.num_devices, self.source, dict(self.meta),
         )
 
+    def _spans_of(self, device: int | None) -> Sequence[Span]:
+        if device is None:
+            return self.spans
+        groups = self._by_device
+        return groups[device] if 0 <= device < len(groups) else ()
+
+    @cached_property
+    def _by_device(self) -> list[list[Span]]:
+        """Note [metrics in one pass]: every span, grouped by device once."""
+        groups: list[list[Span]] = [[] for _ in range(self.num_devices)]
+        for s in self.spans:
+            if s.device >= 0:
+                groups[s.device].append(s)
+        return groups
+
     # -- metrics -----------------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def start(self) -> float:
         return min((s.start for s in self.spans), default=0.0)
 
-    @property
+    @cached_property
     def end(self) -> float:
         return max((s.end for s in self.spans), default=0.0)
 
@@ -191,7 +214,7 @@ class Timeline:
 
     def busy(self, device: int) -> float:
         """Seconds ``device``'s compute stream is busy (overlapping spans counted once)."""
-        return _union_length((s.start, s.end) for s in self.compute_spans(device))
+        return self._busy[device] if 0 <= device < self.num_devices else 0.0
 
     def utilisation(self, device: int) -> float:
         """Busy fraction of the makespan on ``device``."""
@@ -210,11 +233,27 @@ class Timeline:
 
     def memory_series(self, device: int) -> list[tuple[float, int]]:
         """``(time, bytes)`` samples of ``device``, sorted by time."""
-        return sorted(((m.time, m.bytes) for m in self.memory if m.device == device), key=lambda p: p[0])
+        samples = self._memory_by_device[device] if 0 <= device < self.num_devices else ()
+        return sorted(((m.time, m.bytes) for m in samples), key=lambda p: p[0])
 
     def peak_memory(self, device: int) -> int:
         """The largest sampled bytes on ``device`` (0 without samples)."""
-        return max((m.bytes for m in self.memory if m.device == device), default=0)
+        samples = self._memory_by_device[device] if 0 <= device < self.num_devices else ()
+        return max((m.bytes for m in samples), default=0)
+
+    @cached_property
+    def _busy(self) -> list[float]:
+        """:meth:`busy` of every device (Note [metrics in one pass])."""
+        return [_union_length((s.start, s.end) for s in spans if s.stream == COMPUTE) for spans in self._by_device]
+
+    @cached_property
+    def _memory_by_device(self) -> list[list[MemorySample]]:
+        """The memory samples, grouped by device once (Note [metrics in one pass])."""
+        groups: list[list[MemorySample]] = [[] for _ in range(self.num_devices)]
+        for m in self.memory:
+            if m.device >= 0:
+                groups[m.device].append(m)
+        return groups
 
     def summary(self) -> dict[str, Any]:
         """Makespan, bubble fraction and per-device busy, utilisation and peak memory, as plain data."""
