@@ -46,7 +46,7 @@ COMPUTE = "compute"
 COPY = "copy"
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, init=False, slots=True)
 class Span:
     """One task or copy on one stream of one device, from ``start`` to ``end`` seconds.
 
@@ -63,13 +63,12 @@ class Span:
 
     def __init__(self, device: int, stream: str, task: Task, start: float, end: float, label: str = "") -> None:
         # Note [fast frozen records] in gpipe.schedule: a simulation builds one span per task
-        fields = self.__dict__
-        fields["device"] = device
-        fields["stream"] = stream
-        fields["task"] = task
-        fields["start"] = start
-        fields["end"] = end
-        fields["label"] = label
+        _span_device(self, device)
+        _span_stream(self, stream)
+        _span_task(self, task)
+        _span_start(self, start)
+        _span_end(self, end)
+        _span_label(self, label)
 
     @property
     def duration(self) -> float:
@@ -105,7 +104,7 @@ class Span:
         )
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, init=False, slots=True)
 class MemorySample:
     """``bytes`` held on ``device`` from ``time`` seconds until its next sample."""
 
@@ -114,10 +113,9 @@ class MemorySample:
     bytes: int
 
     def __init__(self, device: int, time: float, bytes: int) -> None:
-        fields = self.__dict__  # Note [fast frozen records] in gpipe.schedule
-        fields["device"] = device
-        fields["time"] = time
-        fields["bytes"] = bytes
+        _sample_device(self, device)  # Note [fast frozen records] in gpipe.schedule
+        _sample_time(self, time)
+        _sample_bytes(self, bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "time": self.time, "bytes": self.bytes}
@@ -126,6 +124,12 @@ class MemorySample:
     def from_dict(cls, d: dict[str, Any]) -> MemorySample:
         return cls(int(d["device"]), float(d["time"]), int(d["bytes"]))
 
+
+# Note [fast frozen records] in gpipe.schedule: the slots' own setters, which bypass the frozen __setattr__
+_span_device, _span_stream, _span_task, _span_start, _span_end, _span_label = (
+    getattr(Span, name).__set__ for name in ("device", "stream", "task", "start", "end", "label"))
+_sample_device, _sample_time, _sample_bytes = (
+    getattr(MemorySample, name).__set__ for name in ("device", "time", "bytes"))
 
 @dataclass(frozen=True)
 class Timeline:
