@@ -154,16 +154,14 @@ order does not depend on how SimPy interleaved the processes.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
 import simpy
 
-from gpipe.schedule import Op, Schedule, ScheduleError, Task
+from gpipe.schedule import Op, Schedule, ScheduleError, Task, collector_paused
 from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
 from sim.cost import CostModel, StageCost
 from sim.hardware import LinkSpec
@@ -228,7 +226,7 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
         ScheduleError: the schedule is invalid, or it stalls under ``config`` (e.g. lockstep).
         ValueError: the cost model does not fit the schedule.
     """
-    with _collector_paused():
+    with collector_paused():  # Note [gc] in gpipe.schedule
         schedule.validate()
         if cost.n != schedule.n:
             raise ValueError(f"the cost model has {cost.n} stages but the schedule has {schedule.n}")
@@ -242,23 +240,6 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
             raise ValueError(f"SimConfig.shared_streams has {len(config.shared_streams)} entries for a schedule of "
                              f"{schedule.num_devices} devices")
         return _Run(schedule, cost, config).timeline()
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Note [gc]: pause Python's cyclic garbage collector while the simulation allocates.
-
-    A big run allocates millions of small objects that all stay alive (spans, events); the collector
-    would rescan them again and again, which costs more than the simulation itself. Reference
-    counting still frees everything; the collector is restored (if it was on) when the block ends.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 _Tables = tuple[list[list[list[tuple[int, ...]]]], list[list[list[tuple[tuple[int, int], ...]]]], int]
