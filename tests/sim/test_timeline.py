@@ -44,6 +44,18 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert Timeline.from_json(simulated.to_json()) == simulated
 
 
+def test_json_is_json_dumps_indented() -> None:
+    """Note [quick JSON]: plain records formatted directly, odd ones through json.dumps, one text."""
+    odd = Timeline(
+        (Span(0, COMPUTE, T("F0@0"), 0, 1), Span(1, COPY, T("F0@0"), 0.5, float("inf"), 'sk"ip\u00e9\n'),
+         Span(2, "str\u00e9am", T("B1@2"), float("nan"), 1e300), Span(True, COMPUTE, T("F0@0"), -0.0, 5e-324)),
+        (MemorySample(0, 0, 5), MemorySample(1, 1.5, 2**70), MemorySample(0, float("-inf"), -3)),
+        source="x\u00e9", meta={"a": [1, {"b": None}], "c": "\u2603"})
+    simulated = simulate(gpipe(3, 2, "except_last"), CostModel.uniform(2, 0.1, 0.3, copy_seconds=0.07, saved_bytes=10))
+    for tl in (sample(), odd, simulated, Timeline(()), Timeline((), (MemorySample(0, 1.0, 2),))):
+        assert tl.to_json() == json.dumps(tl.to_dict(), indent=1)
+
+
 def test_metrics() -> None:
     tl = sample()
     assert tl.num_devices == 2 and tl.start == 1.0 and tl.end == 4.0 and tl.makespan == 3.0
@@ -143,6 +155,10 @@ def test_chrome_trace_structure(tmp_path: Path) -> None:
     assert pids == {0, 1, 2, 3}
     path = write_chrome_trace(tmp_path / "trace.json", tl)
     assert json.loads(path.read_text())["traceEvents"] == json.loads(json.dumps(events))
+    big = simulate(gpipe(40, 8), CostModel.uniform(8, 1, 2, copy_seconds=0.5, saved_bytes=3))  # > 4096 events
+    for timelines in (tl, [tl, tl.shifted(5.0)], big, Timeline(())):  # written in batches, to the same text
+        write_chrome_trace(path, timelines)
+        assert path.read_text() == json.dumps(chrome_trace(timelines))
 
 
 def test_plots_write_pngs(tmp_path: Path) -> None:
