@@ -23,7 +23,7 @@ definition (busy: the union of that device's compute spans) evaluated on that de
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
@@ -207,11 +207,11 @@ class Timeline:
 
     @cached_property
     def start(self) -> float:
-        return min((s.start for s in self.spans), default=0.0)
+        return min(map(attrgetter("start"), self.spans), default=0.0)
 
     @cached_property
     def end(self) -> float:
-        return max((s.end for s in self.spans), default=0.0)
+        return max(map(attrgetter("end"), self.spans), default=0.0)
 
     @property
     def makespan(self) -> float:
@@ -250,7 +250,7 @@ class Timeline:
     @cached_property
     def _busy(self) -> list[float]:
         """:meth:`busy` of every device (Note [metrics in one pass])."""
-        return [_union_length((s.start, s.end) for s in spans if s.stream == COMPUTE) for spans in self._by_device]
+        return [_union_length([s for s in spans if s.stream == COMPUTE]) for spans in self._by_device]
 
     @cached_property
     def _memory_by_device(self) -> list[list[MemorySample]]:
@@ -350,10 +350,18 @@ def _sample_json(m: MemorySample) -> str:
 def _nested_json(d: dict[str, Any]) -> str:
     return "  " + json.dumps(d, indent=1).replace("\n", "\n  ")  # JSON strings hold no raw newline
 
-def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
+def _union_length(spans: list[Span]) -> float:
+    """Seconds covered by ``spans`` (overlaps counted once); sorts ``spans`` by start, then end.
+
+    Two stable sorts by one float each order the spans as ``sorted((start, end))`` would, without
+    a tuple per span; the engine's spans come in order, so both sorts are one pass.
+    """
+    spans.sort(key=attrgetter("end"))
+    spans.sort(key=attrgetter("start"))
     total = 0.0
     cur_start = cur_end = None
-    for a, b in sorted(intervals):
+    for s in spans:
+        a, b = s.start, s.end
         if cur_end is None or a > cur_end:
             if cur_end is not None and cur_start is not None:
                 total += cur_end - cur_start
