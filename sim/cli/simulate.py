@@ -10,6 +10,15 @@ priced in one of three ways, first match wins::
 
 ``--hardware NAME`` names a catalog device; it is used for display only: the header, and each
 device's peak memory as a fraction of that device's capacity. It does not change any time.
+
+Files, in ``--out``, each written only up to a number of spans (one per task and per timed copy)::
+
+    timeline.png   the Gantt chart                          up to PLOT_SPAN_LIMIT  (4,000) spans
+    trace.json     Chrome/Perfetto trace                    up to TRACE_SPAN_LIMIT (250,000) spans
+    timeline.json  every span and memory sample             up to TRACE_SPAN_LIMIT
+
+A bigger run skips them with a one-line note that names them; ``--all-files`` writes them however
+large. The summary does not depend on them.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +41,9 @@ __all__ = ["add_parser", "run"]
 
 DEFAULT_LINK = "pcie4-x16"
 PLOT_SPAN_LIMIT = 4000  # a Gantt chart with more bars than this takes long to draw and shows little
+# trace.json and timeline.json hold every span: past this (about 60 MB of trace) they take longer to write
+# than the simulation takes to run, and longer to open in a trace viewer than anyone scrolls through them
+TRACE_SPAN_LIMIT = 250_000
 GRID_LIMIT = (16, 8)  # print the schedule grid up to this many micro-batches and stages
 
 
@@ -76,6 +89,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", default="out", metavar="DIR",
                    help="where timeline.png, trace.json and timeline.json go (default: ./out)")
+    p.add_argument("--all-files", action="store_true",
+                   help=f"write the files however many spans (default: timeline.png up to {PLOT_SPAN_LIMIT:,} "
+                        f"spans, trace.json and timeline.json up to {TRACE_SPAN_LIMIT:,})")
     p.set_defaults(func=run)
 
 
@@ -145,13 +161,18 @@ def _bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def write_files(timeline: Timeline, out: Path) -> dict[str, str]:
-    """Write ``trace.json``, ``timeline.json`` and (if not too large) ``timeline.png`` into ``out``."""
+def write_files(timeline: Timeline, out: Path, *, plot_limit: int | None = PLOT_SPAN_LIMIT,
+                trace_limit: int | None = TRACE_SPAN_LIMIT) -> dict[str, str]:
+    """Write ``trace.json`` and ``timeline.json`` (up to ``trace_limit`` spans) and ``timeline.png`` (up to
+    ``plot_limit``) into ``out``; a limit of ``None`` writes the file however large. Returns the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    files = {"trace": str(write_chrome_trace(out / "trace.json", timeline))}
-    timeline.to_json(out / "timeline.json")
-    files["timeline"] = str(out / "timeline.json")
-    if len(timeline.spans) <= PLOT_SPAN_LIMIT:
+    spans = len(timeline.spans)
+    files = {}
+    if trace_limit is None or spans <= trace_limit:
+        files["trace"] = str(write_chrome_trace(out / "trace.json", timeline))
+        timeline.to_json(out / "timeline.json")
+        files["timeline"] = str(out / "timeline.json")
+    if plot_limit is None or spans <= plot_limit:
         from gpipe.plot import plot_timeline
 
         plot_timeline(timeline, out / "timeline.png")
@@ -159,12 +180,24 @@ def write_files(timeline: Timeline, out: Path) -> dict[str, str]:
     return files
 
 
+def skipped_note(files: dict[str, str], spans: int, plot_limit: int, trace_limit: int) -> str | None:
+    """One line naming the files :func:`write_files` skipped, and the flag that writes them; ``None``: none."""
+    skipped = ([f"timeline.png (more than {plot_limit:,} spans)"] if "plot" not in files else []) \
+        + ([f"trace.json and timeline.json (more than {trace_limit:,})"] if "trace" not in files else [])
+    if not skipped:
+        return None
+    where = "; open trace.json in https://ui.perfetto.dev" if "trace" in files else ""
+    return f"(skipped {', '.join(skipped)}: this run has {spans:,} spans; --all-files writes them{where})"
+
+
 def run(args: argparse.Namespace) -> int:
     """Simulate, print the summary (or one JSON object) and write the files; return the exit status."""
     schedule, cost, config, device = build(args)
     timeline = simulate(schedule, cost, config)
-    files = write_files(timeline, Path(args.out))
-    summary = timeline.summary()
+    limits = (None, None) if args.all_files else (PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
+    files = write_files(timeline, Path(args.out), plot_limit=limits[0], trace_limit=limits[1])
+    note = None if args.all_files else skipped_note(files, len(timeline.spans), PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
+    summary = timeline.summary()  # Note [metrics in one pass] in gpipe.timeline
     model_state = timeline.meta["model_state_bytes"]
     for row in summary["devices"]:
         row["model_state_bytes"] = model_state[row["device"]]
@@ -176,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
                "copy_streams": config.copy_streams, "fork_join": config.enforce_backward_order,
                "lockstep": config.lockstep_forward, "hardware": device.name if device else None, "files": files}
         print(json.dumps(doc))
+        if note is not None:
+            print(note, file=sys.stderr)  # stdout holds the JSON object alone
         return 0
     print(f"{schedule.name} schedule: m={schedule.m} micro-batches, n={schedule.n} stages, "
           f"checkpoint={schedule.checkpoint}" + (f", on {device.name}" if device else ""))
@@ -198,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
         print("schedule (one step per task):")
         print(schedule.grid())
     print()
-    print("wrote " + ", ".join(files.values()))
-    if "plot" not in files:
-        print(f"(no timeline.png: more than {PLOT_SPAN_LIMIT} spans; open trace.json in https://ui.perfetto.dev)")
+    if files:
+        print("wrote " + ", ".join(files.values()))
+    if note is not None:
+        print(note)
     return 0
