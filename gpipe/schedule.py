@@ -560,8 +560,8 @@ def _walk(schedule: Schedule, ck: Sequence[bool]) -> int:
     while ready:
         d = ready.pop()
         ts = schedule.tasks[d]
-        k = heads[d]
-        while k < len(ts):
+        k, end = heads[d], len(ts)
+        while k < end:
             t = ts[k]
             o, i, j = t.op, t.microbatch, t.stage
             if i >= m or j >= n or placement[j] != d:
