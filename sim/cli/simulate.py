@@ -41,8 +41,8 @@ __all__ = ["add_parser", "run"]
 
 DEFAULT_LINK = "pcie4-x16"
 PLOT_SPAN_LIMIT = 4000  # a Gantt chart with more bars than this takes long to draw and shows little
-# trace.json and timeline.json hold every span: past this (about 60 MB of trace) they take longer to write
-# than the simulation takes to run, and longer to open in a trace viewer than anyone scrolls through them
+# trace.json and timeline.json hold every span: past this (about 40 MB of trace) writing them takes longer
+# than simulating, and a trace viewer opens them slowly to show more spans than anyone scrolls through
 TRACE_SPAN_LIMIT = 250_000
 GRID_LIMIT = (16, 8)  # print the schedule grid up to this many micro-batches and stages
 
@@ -167,7 +167,7 @@ def write_files(timeline: Timeline, out: Path, *, plot_limit: int | None = PLOT_
     ``plot_limit``) into ``out``; a limit of ``None`` writes the file however large. Returns the paths written."""
     out.mkdir(parents=True, exist_ok=True)
     spans = len(timeline.spans)
-    files = {}
+    files: dict[str, str] = {}
     if trace_limit is None or spans <= trace_limit:
         files["trace"] = str(write_chrome_trace(out / "trace.json", timeline))
         timeline.to_json(out / "timeline.json")
