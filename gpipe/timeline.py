@@ -133,6 +133,7 @@ _span_device, _span_stream, _span_task, _span_start, _span_end, _span_label = (
 _sample_device, _sample_time, _sample_bytes = (
     getattr(MemorySample, name).__set__ for name in ("device", "time", "bytes"))
 
+
 @dataclass(frozen=True)
 class Timeline:
     """Spans and memory samples of one run of one schedule.
@@ -302,7 +303,7 @@ class Timeline:
     def to_json(self, path: str | Path | None = None) -> str:
         """``json.dumps(self.to_dict(), indent=1)``, written to ``path`` too when one is given.
 
-        Note [quick JSON]: json's encoder is pure Python when it indents, four times slower than
+        Note [quick JSON]: json's encoder is pure Python when it indents, three times slower than
         formatting a record directly; a span or sample whose fields are plain ints, finite floats and
         strings is formatted here, to the same text, and any other record goes through ``json.dumps``.
         """
@@ -349,6 +350,7 @@ def _sample_json(m: MemorySample) -> str:
 
 def _nested_json(d: dict[str, Any]) -> str:
     return "  " + json.dumps(d, indent=1).replace("\n", "\n  ")  # JSON strings hold no raw newline
+
 
 def _union_length(spans: list[Span]) -> float:
     """Seconds covered by ``spans`` (overlaps counted once); sorts ``spans`` by start, then end.
