@@ -370,9 +370,12 @@ class _Run:
         self.held: dict[int, int] = {}  # i * n + j -> bytes micro-batch i keeps on stage j
         self.current = [0] * devices  # bytes saved for backward per device, now
         self.frees_at = _W if splits else _B
-        # arrival[slot]: when a copy's result is usable on its device (copy end + hand-off), see _remote_tables
-        self.arrival: list[float | None] = [None] * (4 * m * n * fanout)
-        self.issued = [0.0] * (4 * m * n * fanout)  # issued[slot]: when that copy was issued (Note [local clocks])
+        # arrival[slot]: when a copy's result is usable on its device (copy end + hand-off), see _remote_tables;
+        # slots run op by op, and only the ops up to the last whose results travel (F and B) need them
+        travelling = 1 + max((op for c in (0, 1) for op in range(4) if any(outputs[c][op])), default=-1)
+        slots = travelling * m * n * fanout
+        self.arrival: list[float | None] = [None] * slots
+        self.issued = [0.0] * slots  # issued[slot]: when that copy was issued (Note [local clocks])
         self.clock = [0.0] * devices  # Note [local clocks]: each device's time when it last blocked or finished
         self.waiting: dict[int, simpy.Event] = {}  # slot -> event of a consumer that already waits for it
         self.link_free = [[0.0] * devices for _ in range(devices)]  # [src][dst]: when its last copy ends
@@ -390,7 +393,7 @@ class _Run:
                     resource = simpy.Resource(self.env, 1)
                     for d in members:
                         self.shared[d] = resource
-        self.host_arrival = [0.0] * (4 * m * n * fanout)
+        self.host_arrival = [0.0] * slots
         self.host_end = [0.0] * devices  # an asynchronous device's host time after its last task
         self.phase_open = 0.0  # Note [two phases]: host time the backward phase opens (once the forwards are done)
         self.cores = SharedCores(self.env, cost.overheads.contention,
