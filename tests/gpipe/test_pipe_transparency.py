@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from gpipe import GPipe
+from gpipe import GPipe, rng
 from gpipe.microbatch import scatter
 from gpipe.schedule import CHECKPOINT_MODES
-from tests.gpipe.models import balances, convnet, mlp, skipnet, tuple_input, tuplenet
+from tests.gpipe.models import balances, convnet, dropnet, mlp, skipnet, tuple_input, tuplenet
 
 BATCH = 9  # divides none of 2, 4, 8: the last micro-batches are uneven
 CHUNKS = (1, 2, 4, 8)
@@ -60,6 +60,38 @@ def _check(model: nn.Sequential, balance: list[int], chunks: int, checkpoint: st
 def test_mlp(balance: list[int], chunks: int, checkpoint: str) -> None:
     torch.manual_seed(0)
     _check(mlp(), balance, chunks, checkpoint, torch.randn(BATCH, 6, requires_grad=True))
+
+
+@_every_configuration(layers=5)
+def test_random_layers_draw_what_the_unpipelined_model_draws_with_the_same_seeds(
+        balance: list[int], chunks: int, checkpoint: str) -> None:
+    """Dropout, F.dropout, rand_like, bernoulli, normal_ and a custom op: the reference runs each micro-batch
+    through each partition's layers with the draws of that task (Note [random state] in gpipe.rng)."""
+    torch.manual_seed(0)
+    model = dropnet()
+    reference = copy.deepcopy(model)
+    x = torch.randn(BATCH, 6, requires_grad=True)
+    ref_x = x.detach().clone().requires_grad_()
+    torch.manual_seed(7)
+    seed = rng.step_seed()
+    bounds = [sum(balance[:j]) for j in range(len(balance) + 1)]
+    pieces = []
+    for i, (piece,) in enumerate(scatter((ref_x,), chunks)):
+        for j in range(len(balance)):
+            with rng.TaskDraws(seed, i, j):
+                piece = reference[bounds[j]:bounds[j + 1]](piece)
+        pieces.append(piece)
+    expected = torch.cat(pieces)
+    pipe = GPipe(model, balance, devices=["cpu"] * len(balance), chunks=chunks, checkpoint=checkpoint)
+    torch.manual_seed(7)
+    out = pipe(x)
+    torch.testing.assert_close(out, expected)
+    _loss(out).backward()
+    _loss(expected).backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=lambda m, name=name: f"{name}: {m}")
+    torch.testing.assert_close(x.grad, ref_x.grad)
+    assert (out == 0).any()  # dropout dropped something: the draws were real
 
 
 @_every_configuration(layers=5)
