@@ -43,7 +43,7 @@ from torch.autograd.graph import get_gradient_edge
 from gpipe import rng
 from gpipe.affinity import Cores, check_affinity
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.checks import check_balance, check_devices, check_unique
+from gpipe.checks import check_balance, check_count, check_devices, check_unique
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.microbatch import as_tensors, scatter
 from gpipe.schedule import CHECKPOINT_MODES, Schedule, one_f_one_b
@@ -96,8 +96,7 @@ class GPipe(nn.Module):
                             "nn.Sequential(...) (one child per layer)")
         check_unique(module)
         self.balance = check_balance(balance, len(module))
-        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks <= 0:
-            raise ValueError(f"chunks must be a positive integer (micro-batches per mini-batch), got {chunks!r}")
+        chunks = check_count("chunks (micro-batches per mini-batch)", chunks)
         if checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
         if schedule not in SCHEDULES:

@@ -220,15 +220,16 @@ def demo_model(seed: int = 0) -> tuple[nn.Sequential, Tensor]:
 def microbatch_sizes(batch: int, chunks: int) -> list[int]:
     """The micro-batch sizes the executor cuts a mini-batch of ``batch`` samples into.
 
-    As ``torch.tensor_split`` (the executor's :func:`gpipe.microbatch.scatter`): ``chunks`` pieces,
-    the first ``batch % chunks`` of them one sample larger.
+    As the executor's :func:`gpipe.microbatch.scatter`: ``torch.tensor_split`` into ``chunks`` pieces, the
+    first ``batch % chunks`` of them one sample larger; a batch smaller than ``chunks`` runs as ``batch``
+    micro-batches of one sample.
 
     Raises:
-        ValueError: fewer samples than chunks (the executor refuses that too).
+        ValueError: an empty batch (the executor refuses that too).
     """
-    if chunks > batch:
-        raise ValueError(f"chunks={chunks} is more than the batch size {batch}: every micro-batch needs at least "
-                         "one sample")
+    if batch < 1:
+        raise ValueError("the batch is empty: there is nothing to split into micro-batches")
+    chunks = min(chunks, batch)
     return [batch // chunks + (1 if k < batch % chunks else 0) for k in range(chunks)]
 
 
@@ -315,7 +316,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         pipe = GPipe(model, balance=list(balance), devices=list(devices), chunks=setup.chunks,
                      checkpoint=setup.checkpoint, cpu_affinity=affinity)
         pipe.record = True
-        schedule = pipe.schedule  # Note [one schedule]
+        schedule = pipe.schedule_for(len(sizes))  # Note [one schedule]; fewer micro-batches than chunks if small
         if schedule != gpipe(len(sizes), len(balance), setup.checkpoint):
             raise RuntimeError(f"the executor plans {schedule.name} with m={schedule.m}, n={schedule.n}, "
                                f"checkpoint={schedule.checkpoint}; expected GPipe's schedule of {len(sizes)} "
