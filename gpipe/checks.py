@@ -15,7 +15,8 @@ Device = torch.device | str | int
 
 
 class TooFewDevices(IndexError, ValueError):
-    """Fewer devices than partitions: an ``IndexError`` as torchgpipe raises, and a ``ValueError`` as any bad argument."""
+    """Fewer devices than partitions: an ``IndexError``, as torchgpipe raises, and a ``ValueError``, as any bad
+    argument is."""
 
 
 def check_count(name: str, value: Any) -> int:

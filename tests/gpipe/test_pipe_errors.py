@@ -152,7 +152,8 @@ def test_empty_batch_says_so() -> None:
         GPipe(_two(), [1, 1], chunks=2)(torch.randn(0, 3))
 
 
-@pytest.mark.parametrize("bad", [torch.randn(4, 3).to_sparse(), torch.randn(4, 3, device="meta")], ids=["sparse", "meta"])
+@pytest.mark.parametrize("bad", [torch.randn(4, 3).to_sparse(), torch.randn(4, 3, device="meta")],
+                         ids=["sparse", "meta"])
 def test_sparse_and_meta_inputs_are_refused_before_the_workers(bad: torch.Tensor) -> None:
     with pytest.raises(ValueError, match="dense tensors|meta device"):
         GPipe(_two(), [1, 1], chunks=2)(bad)
