@@ -117,7 +117,7 @@ class GPipe(nn.Module):
             partitions.append(partition.to(device))
             k += size
         self.partitions = nn.ModuleList(partitions)
-        self._draws = rng.Draws(list(self.partitions))  # Note [random state] in gpipe.rng
+        self._draws = rng.Draws(partitions)  # Note [random state] in gpipe.rng
         self.record = record
         self.timeline: Timeline | None = None
         self._schedules: dict[tuple[int, str, str], Schedule] = {}

@@ -8,18 +8,20 @@ and on partitions that share a GPU. Here every random operator a task runs, whoe
 module, ``F.dropout``, ``torch.rand_like``, a tensor method, a custom ``autograd.Function``), is
 intercepted below autograd (a ``TorchDispatchMode`` on the worker's thread, which sees each ATen
 operator tagged ``nondeterministic_seeded``) and runs with its generator re-seeded, for that one call,
-from ``(step seed, micro-batch, stage, k)`` for the task's k-th draw, then restored under one lock.
+from ``(step seed, micro-batch, stage, layer, k)`` for the layer's k-th draw in the task, then restored
+under one lock.
 So a task draws the same numbers in its forward and its recompute, with or without checkpointing,
 whatever the other threads do; draws leave the generators as they were, and the step seed, drawn
 from the default generator when a step starts, makes a run reproducible from ``torch.manual_seed``.
 
-Note [learning which partitions draw]: the dispatch mode costs a Python call per operator (twice the
-time of a forward of many small layers), so it runs only where it is needed. A partition runs under it
-until a step has shown that it draws nothing with its current ``training`` flags; from then on it runs
-bare, and each of its tasks checks, under the same lock, that the default generators of the process
-and of its device are unchanged afterwards (a few microseconds). A draw that appears later (one that
-depends on the data) is caught there, before any backward uses it: the step raises and the partition
-is learnt again. A layer with ``gpipe_stochastic = True`` keeps its partition under the mode always.
+Note [learning which layers draw]: the dispatch mode costs a Python call per operator (twice the time
+of a forward of many small layers), so it runs only around the layers (a partition's children) that
+draw. A partition's first step with a set of ``training`` flags runs every layer under it and notes
+which drew; from then on the others run bare, and the task checks, under the same lock, that the
+default generators of the process and of its device are unchanged afterwards (a few microseconds). A
+draw that appears later (one that depends on the data) is caught there, before any backward uses it:
+the step raises and the layers are learnt again. A layer with ``gpipe_stochastic = True`` (or holding
+one) is always seeded.
 
 Python's ``random`` and NumPy's global generator are outside torch's dispatch: a step that
 checkpoints refuses them (:func:`check_outside`) rather than recomputing other numbers.
@@ -27,11 +29,11 @@ checkpoints refuses them (:func:`check_outside`) rather than recomputing other n
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -96,18 +98,19 @@ def _generators(args: Any, kwargs: dict[str, Any]) -> list[torch.Generator]:
 
 
 class TaskDraws(TorchDispatchMode):
-    """While active on a thread, each random operator draws from a seed of this task and its draw count.
+    """While active on a thread, each random operator draws from a seed of this task, layer and draw count.
 
     Args:
         seed: the step's seed (:func:`step_seed`).
         microbatch, stage: the task's micro-batch and stage.
+        layer: the index of the partition's layer (child) that runs under this mode.
 
     ``drew`` says afterwards whether any operator drew.
     """
 
-    def __init__(self, seed: int, microbatch: int, stage: int) -> None:
+    def __init__(self, seed: int, microbatch: int, stage: int, layer: int) -> None:
         super().__init__()
-        self.base = (seed, microbatch, stage)
+        self.base = (seed, microbatch, stage, layer)
         self.count = 0
         self.drew = False
 
@@ -131,7 +134,7 @@ class TaskDraws(TorchDispatchMode):
 
 
 class _Watch:
-    """Around a bare task: the default generators it could draw from must be as they were (Note [learning ...])."""
+    """Around a task with bare layers: the default generators they could draw from are left as they were."""
 
     def __init__(self, device: torch.device) -> None:
         self.generators = [torch.default_generator]
@@ -149,64 +152,74 @@ class _Watch:
         with _lock:
             after = [g.get_state() for g in self.generators]
         if not all(torch.equal(a, b) for a, b in zip(self.before, after, strict=True)):
-            raise UnseededDraw("random numbers were drawn outside the executor's seeding while this task ran: by "
-                               "this partition, whose earlier steps drew none (a draw that depends on the data?), "
-                               "by a partition beside it, or by another thread of this process. This step stops "
-                               "before any backward uses the draw (its gradients are incomplete: zero them). The "
-                               "next step learns the partitions again; to keep a layer seeded always, set "
+            raise UnseededDraw("random numbers were drawn outside the executor's seeding while this task ran: by a "
+                               "layer whose earlier steps drew none (a draw that depends on the data?), by a "
+                               "partition beside it, or by another thread of this process. This step stops before "
+                               "any backward uses the draw (its gradients are incomplete: zero them). The next step "
+                               "learns the layers again; to keep a layer seeded always, set "
                                "layer.gpipe_stochastic = True")
 
 
-class Draws:
-    """What each partition of a pipeline draws, learnt per set of ``training`` flags (Note [learning ...])."""
+#: For one partition in one step: the layers to run under :class:`TaskDraws`, or None to learn them all.
+Plan = frozenset[int] | None
 
-    def __init__(self, partitions: Sequence[nn.Module]) -> None:
+
+class Draws:
+    """Which layers of each partition draw, learnt per set of ``training`` flags (Note [learning ...])."""
+
+    def __init__(self, partitions: Sequence[nn.Sequential]) -> None:
         self.partitions = list(partitions)
-        self.marked = [any(is_stochastic(m) for m in p.modules()) for p in self.partitions]
-        self.bare: list[set[tuple[bool, ...]]] = [set() for _ in self.partitions]  # flags seen drawing nothing
+        self.marked = [frozenset(k for k, layer in enumerate(p) if any(is_stochastic(m) for m in layer.modules()))
+                       for p in self.partitions]
+        self.known: list[dict[tuple[bool, ...], frozenset[int]]] = [{} for _ in self.partitions]
 
     def _flags(self, j: int) -> tuple[bool, ...]:
         return tuple(m.training for m in self.partitions[j].modules())
 
-    def plan(self) -> list[tuple[bool, ...] | None]:
-        """For each partition, the flags to learn under the dispatch mode this step, or None to run it bare."""
-        plans: list[tuple[bool, ...] | None] = []
+    def plan(self) -> list[Plan]:
+        """For each partition, the layers to seed this step (None: every layer, learning which draw)."""
+        plans: list[Plan] = []
         for j in range(len(self.partitions)):
-            flags = self._flags(j)
-            plans.append(None if not self.marked[j] and flags in self.bare[j] else flags)
+            drawing = self.known[j].get(self._flags(j))
+            plans.append(None if drawing is None else drawing | self.marked[j])
         return plans
 
-    def learn(self, plans: Sequence[tuple[bool, ...] | None], drew: Sequence[bool]) -> None:
-        """After a step that ended well: the partitions run under the mode that drew nothing run bare next."""
-        for j, (flags, did) in enumerate(zip(plans, drew, strict=True)):
-            if flags is not None and not did and not self.marked[j]:
-                self.bare[j].add(flags)
+    def learn(self, plans: Sequence[Plan], drew: Sequence[set[int]]) -> None:
+        """After a phase that ended well: the layers each learning partition saw drawing."""
+        for j, plan in enumerate(plans):
+            if plan is None:
+                flags = self._flags(j)
+                self.known[j][flags] = self.known[j].get(flags, frozenset()) | frozenset(drew[j])
 
     def forget(self) -> None:
         """After an unseeded draw: learn every partition again."""
-        for flags in self.bare:
-            flags.clear()
+        for known in self.known:
+            known.clear()
 
-    @contextmanager
-    def task(self, seeded: bool, seed: int, microbatch: int, stage: int, device: torch.device,
-             drew: list[bool]) -> Iterator[None]:
-        """Run one task's partition: under :class:`TaskDraws` if ``seeded``, else bare and watched.
+    def forward(self, j: int, plan: Plan, layers: Sequence[Callable[[Any], Any]], arg: Any, seed: int,
+                microbatch: int, device: torch.device, drew: list[set[int]]) -> Any:
+        """Partition ``j``'s ``layers`` (its children, and the loss where it has one) in task ``(microbatch, j)``.
 
-        ``drew[stage]`` becomes True when a seeded task draws.
+        The planned layers run under :class:`TaskDraws` (each that draws is added to ``drew[j]``), the others
+        bare, watched.
         """
-        if seeded:
-            mode = TaskDraws(seed, microbatch, stage)
-            with mode:
-                yield
-            if mode.drew:
-                drew[stage] = True
-            return
+        seeded = range(len(layers)) if plan is None else plan
+        watch = _Watch(device) if len(seeded) < len(layers) else contextlib.nullcontext()
         try:
-            with _Watch(device):
-                yield
+            with watch:
+                for k, layer in enumerate(layers):
+                    if k not in seeded:
+                        arg = layer(arg)
+                        continue
+                    mode = TaskDraws(seed, microbatch, j, k)
+                    with mode:
+                        arg = layer(arg)
+                    if mode.drew:
+                        drew[j].add(k)
         except UnseededDraw:
             self.forget()
             raise
+        return arg
 
 
 def outside_state() -> tuple[Any, ...]:

@@ -37,13 +37,14 @@ previous layer would.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from gpipe import gil, rng
 from gpipe.affinity import pinned
@@ -85,8 +86,8 @@ class Run:
         # step's seed, drawn only when one of them may draw
         self.draws = pipe._draws
         self.draw_plan = self.draws.plan()
-        self.drew = [False] * schedule.n
-        self.step_seed = rng.step_seed() if any(p is not None for p in self.draw_plan) else 0
+        self.drew: list[set[int]] = [set() for _ in range(schedule.n)]  # the layers seen drawing
+        self.step_seed = rng.step_seed() if any(p is None or p for p in self.draw_plan) else 0
         self.checkpoints = train and any(schedule.is_checkpointed(i) for i in range(schedule.m))
         self.outside: tuple[Any, ...] | None = None  # Python's and NumPy's random states when a phase starts
         # Note [gradients the caller asked for]: where parameter gradients go in forward() + backward()
@@ -352,27 +353,31 @@ class Run:
         if torch.is_grad_enabled():  # Note [entering a partition]
             leaves = tuple(_Enter.apply(t) if t.requires_grad else t for t in leaves)
         arg: Any = leaves if (self.input_is_tuple if j == 0 else self.tuple_between[j - 1]) else leaves[0]
-        with use_tracker(tracker), self.draws.task(self.draw_plan[j] is not None, self.step_seed, i, j,
-                                                   self.devices[d], self.drew):
-            output = self.partitions[j](arg)
-            was_tuple, outputs = as_tensors(output, f"the output of partition {j}")
-            loss = self._loss(d, task, outputs, was_tuple) if j == self.n - 1 and self.loss is not None else None
+        layers: list[Callable[[Any], Any]] = list(cast(nn.Sequential, self.partitions[j]))
+        with_loss = j == self.n - 1 and self.loss is not None
+        if with_loss:  # GPipe.step: the loss is the task's last layer, seeded like the others (gpipe.rng)
+            layers.append(functools.partial(self._loss, d, task))
+        with use_tracker(tracker):
+            output = self.draws.forward(j, self.draw_plan[j], layers, arg, self.step_seed, i, self.devices[d],
+                                        self.drew)
+        if with_loss:
+            if not recompute:
+                self.losses[i] = output.detach()
+            if torch.is_grad_enabled():
+                self.out_grads[i] = (torch.ones_like(output),)
+            return (output,)
+        was_tuple, outputs = as_tensors(output, f"the output of partition {j}")
         if j == self.n - 1:
             self.output_is_tuple = was_tuple
-            if loss is not None:  # GPipe.step: the loss of this micro-batch is this stage's output
-                if not recompute:
-                    self.losses[i] = loss.detach()
-                if torch.is_grad_enabled():
-                    self.out_grads[i] = (torch.ones_like(loss),)
-                return (loss,)
         else:
             self.tuple_between[j] = was_tuple  # written before the hand-off, so the next stage sees it
         return outputs
 
-    def _loss(self, d: int, task: Task, outputs: tuple[Tensor, ...], was_tuple: bool) -> Tensor:
+    def _loss(self, d: int, task: Task, output: Any) -> Tensor:
         """The weighted loss of micro-batch ``task.microbatch`` (:meth:`GPipe.step`), computed inside the task."""
         assert self.loss is not None
         i = task.microbatch
+        was_tuple, outputs = as_tensors(output, f"the output of partition {task.stage}")
         loss_fn, targets, weights = self.loss
         target = self._arrive(d, (targets[i],), task)[0] if isinstance(targets[i], Tensor) else \
             self._arrive(d, targets[i], task)

@@ -78,8 +78,9 @@ def test_random_layers_draw_what_the_unpipelined_model_draws_with_the_same_seeds
     pieces = []
     for i, (piece,) in enumerate(scatter((ref_x,), chunks)):
         for j in range(len(balance)):
-            with rng.TaskDraws(seed, i, j):
-                piece = reference[bounds[j]:bounds[j + 1]](piece)
+            for k, layer in enumerate(reference[bounds[j]:bounds[j + 1]]):
+                with rng.TaskDraws(seed, i, j, k):
+                    piece = layer(piece)
         pieces.append(piece)
     expected = torch.cat(pieces)
     pipe = GPipe(model, balance, devices=["cpu"] * len(balance), chunks=chunks, checkpoint=checkpoint)

@@ -244,3 +244,14 @@ def test_draws_outside_torch_are_refused_when_checkpointing(layer: type[nn.Modul
     with pytest.raises(UnseededDraw, match="Python's random module or NumPy"):
         GPipe(model, [2, 1], chunks=2, checkpoint="always")(x).sum().backward()
     GPipe(model, [2, 1], chunks=2, checkpoint="never")(x).sum().backward()  # nothing to recompute: allowed
+
+
+def test_only_the_layers_that_drew_stay_under_the_dispatch_mode() -> None:
+    """Note [learning which layers draw]: the first step learns, per partition, which of its layers draw."""
+    torch.manual_seed(0)
+    pipe = GPipe(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.ReLU(), nn.Linear(4, 4)), [3, 1], chunks=2)
+    assert pipe._draws.plan() == [None, None]  # nothing known yet: every layer is learnt
+    pipe.step(torch.randn(4, 4), torch.randn(4, 4), nn.MSELoss())
+    assert pipe._draws.plan() == [frozenset({1}), frozenset()]
+    pipe.eval()
+    assert pipe._draws.plan() == [None, None]  # other training flags: learnt again
