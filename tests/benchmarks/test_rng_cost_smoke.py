@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_rng_cost_one_round(tmp_path: Path) -> None:
     out = tmp_path / "rng_cost.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rng_cost.py"), "--rounds", "1", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    command = [sys.executable, str(ROOT / "benchmarks" / "rng_cost.py"), "--rounds", "1", "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(out.read_text())
     assert {"command", "machine", "note", "rows"} <= set(doc)
