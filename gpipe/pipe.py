@@ -118,6 +118,7 @@ class GPipe(nn.Module):
             k += size
         self.partitions = nn.ModuleList(partitions)
         self._draws = rng.Draws(partitions)  # Note [random state] in gpipe.rng
+        self._writes_input: list[bool | None] = [None] * len(partitions)  # Note [entering a partition], gpipe.worker
         self.record = record
         self.timeline: Timeline | None = None
         self._schedules: dict[tuple[int, str, str], Schedule] = {}

@@ -25,14 +25,15 @@ original exception is raised in the caller with its traceback.
 
 Note [checkpointing]: a checkpointed forward runs under ``no_grad`` and keeps only its input; the
 ``R`` task recomputes it with grad right before the ``B`` task. Every random draw is identical
-in both (see :mod:`gpipe.rng`). A partition that modifies its input in place would recompute
-from a different input; that is detected and refused.
+in both (see :mod:`gpipe.rng`).
 
 Note [entering a partition]: a partition's input is a fresh leaf (its gradient is what goes back to the
-previous stage), and autograd refuses in-place operations on a leaf that requires grad, so a partition
-starting with, say, ``nn.ReLU(inplace=True)`` would fail where the un-pipelined model works. An identity
-node (``_Enter``) gives the partition a non-leaf alias of its input, sharing its storage, as the un-pipelined model's
-previous layer would.
+previous stage). A partition that writes its input in place (``nn.ReLU(inplace=True)`` first) gets a
+copy of it: the leaf keeps the values a recompute starts from, and the micro-batches of the first
+stage, views of one batch that share a version counter, do not invalidate each other's saved tensors.
+Whether it writes is learnt on a copy in its first training task; the others get an identity node
+(``_Enter``), a non-leaf alias of the leaf, since autograd refuses in-place writes to a leaf that
+requires grad. A partition that starts writing later, when checkpointed, is refused.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class Run:
         # Note [random state] in gpipe.rng: the partitions that run under the dispatch mode this step, and the
         # step's seed, drawn only when one of them may draw
         self.draws = pipe._draws
+        self.writes_input = pipe._writes_input  # per partition, learnt in its first training task (None before)
         self.draw_plan = self.draws.plan()
         self.drew: list[set[int]] = [set() for _ in range(schedule.n)]  # the layers seen drawing
         self.step_seed = rng.step_seed() if any(p is None or p for p in self.draw_plan) else 0
@@ -347,12 +349,19 @@ class Run:
         previous = Task(Op.F, i, j - 1)
         return self._arrive(d, self._receive(d, previous), previous)
 
-    def _call(self, d: int, task: Task, leaves: tuple[Tensor, ...], recompute: bool) -> tuple[Tensor, ...]:
+    def _call(self, d: int, task: Task, leaves: tuple[Tensor, ...], recompute: bool,
+              checkpointed: bool = False) -> tuple[Tensor, ...]:
         i, j = task.microbatch, task.stage
         tracker = _PortalTracker(self, d, i, j, recompute)
-        if torch.is_grad_enabled():  # Note [entering a partition]
-            leaves = tuple(_Enter.apply(t) if t.requires_grad else t for t in leaves)
-        arg: Any = leaves if (self.input_is_tuple if j == 0 else self.tuple_between[j - 1]) else leaves[0]
+        writes = self.writes_input[j] if self.train else False
+        if writes is not False:  # Note [entering a partition]: a copy, to be written (or learn whether it is)
+            fed = tuple(t.clone() for t in leaves)
+        elif torch.is_grad_enabled():
+            fed = tuple(_Enter.apply(t) if t.requires_grad else t for t in leaves)
+        else:
+            fed = leaves
+        versions = [t._version for t in fed]
+        arg: Any = fed if (self.input_is_tuple if j == 0 else self.tuple_between[j - 1]) else fed[0]
         layers: list[Callable[[Any], Any]] = list(cast(nn.Sequential, self.partitions[j]))
         with_loss = j == self.n - 1 and self.loss is not None
         if with_loss:  # GPipe.step: the loss is the task's last layer, seeded like the others (gpipe.rng)
@@ -360,6 +369,14 @@ class Run:
         with use_tracker(tracker):
             output = self.draws.forward(j, self.draw_plan[j], layers, arg, self.step_seed, i, self.devices[d],
                                         self.drew)
+        changed = [k for k, (t, v) in enumerate(zip(fed, versions, strict=True)) if t._version != v]
+        if writes is None and not recompute:
+            self.writes_input[j] = bool(changed)
+        elif changed and checkpointed and not writes:
+            raise RuntimeError(
+                f"partition {j} modified its input in place (input {changed[0]}) during a checkpointed forward, "
+                "which its earlier steps did not, so its recompute would start from different values; make the "
+                "in-place layer out-of-place (e.g. nn.ReLU(inplace=False)) or use checkpoint='never'")
         if with_loss:
             if not recompute:
                 self.losses[i] = output.detach()
@@ -396,18 +413,10 @@ class Run:
         if self.train:
             leaves = tuple(t.detach().requires_grad_(t.requires_grad or (j > 0 and t.is_floating_point()))
                            for t in inputs)
-            versions = [t._version for t in leaves]
             if ckpt:
                 with torch.no_grad(), checkpointing():
-                    outputs = self._call(d, task, leaves, recompute=False)
+                    outputs = self._call(d, task, leaves, recompute=False, checkpointed=True)
                 self.leaves[(i, j)] = leaves
-                changed = [k for k, (t, v) in enumerate(zip(leaves, versions, strict=True)) if t._version != v]
-                if changed:
-                    raise RuntimeError(
-                        f"partition {j} modified its input in place (input {changed[0]}) during a checkpointed "
-                        "forward, so its recompute would start from different values; make the first in-place "
-                        "layer of the partition out-of-place (e.g. nn.ReLU(inplace=False)) or use "
-                        "checkpoint='never'")
                 if recorder:
                     recorder.hold(d, i, j, sum(t.numel() * t.element_size() for t in leaves))
             else:

@@ -186,10 +186,22 @@ def test_non_tensor_output() -> None:
     assert _workers() == []
 
 
-@pytest.mark.parametrize("checkpoint", ["always", "except_last"])
-def test_in_place_first_layer_breaks_recompute(checkpoint: str) -> None:
-    pipe = GPipe(nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 3)), [1, 2], chunks=2,
-                 checkpoint=checkpoint)
+class WritesLater(nn.Module):
+    """Writes its input in place only once switched on: after the first step learnt that it does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.relu_() if self.on else x.relu()
+
+
+def test_a_partition_that_starts_writing_its_input_later_is_refused() -> None:
+    later = WritesLater()
+    pipe = GPipe(nn.Sequential(nn.Linear(3, 3), later, nn.Linear(3, 3)), [1, 2], chunks=2, checkpoint="always")
+    pipe(torch.randn(4, 3)).sum().backward()
+    later.on = True
     with pytest.raises(RuntimeError, match="modified its input in place.*inplace=False"):
         pipe(torch.randn(4, 3))
 
