@@ -52,7 +52,8 @@ from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval, switch_int
 from gpipe.phase import checkpointing
 from gpipe.profile import RecordedSeconds, SavedBytes, TensorOrTensors, _preserved, _storage_key
 
-__all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "measure_pairs", "median_pairs", "rebased", "task_runners"]
+__all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "changes_input", "measure_pairs", "median_pairs", "rebased",
+           "task_runners"]
 
 #: The pairs of task kinds that can run at the same time in GPipe's two phases (Note [two phases] in
 #: sim.engine): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
