@@ -60,6 +60,11 @@ are a streak (each task that many times in a row) rather than that many passes: 
 micro-batches runs its stage back to back, and so warmer than a pass that alternates stages and
 cores (Note [streaks] in :mod:`gpipe.profile`).
 
+Note [nothing else to train]: the executor trains (records, and runs a backward) when a parameter or an
+input requires grad. A model without trainable parameters (activations only) would run its forward
+alone, with no timeline to compare; the experiment then trains its input: the floating-point tensors
+of the mini-batch require grad, and the backward computes their gradients, on both halves alike.
+
 Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
 ``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
 (the lower median for an even count): a real step, not an average of several.
@@ -271,7 +276,8 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
     Raises:
         TypeError: ``model`` is not an ``nn.Sequential`` or ``batch`` is not a tensor or tuple of tensors.
-        ValueError: a balance that does not fit the model, or too few samples for the chunks.
+        ValueError: a balance that does not fit the model, too few samples for the chunks, or nothing to
+            train: no trainable parameter and no floating-point input (Note [nothing else to train]).
     """
     from gpipe import GPipe  # the executor; imported here so the simulator never needs it
     from gpipe.balance import balance_by_time
@@ -282,6 +288,12 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     size = tensors[0].shape[0] if tensors[0].dim() else 0
     if size < 1:
         raise ValueError("the mini-batch needs a batch dimension with at least one sample")
+    if not any(p.requires_grad for p in model.parameters()):  # Note [nothing else to train]
+        if not any(t.is_floating_point() for t in tensors):
+            raise ValueError("nothing to train: the model has no parameter that requires grad and the mini-batch "
+                             "no floating-point tensor to take a gradient of")
+        tensors = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in tensors)
+        batch = tensors[0] if isinstance(batch, Tensor) else tensors
     tick = _ticker(progress)
     seconds: dict[str, float] = {}
     torch.manual_seed(setup.seed)
@@ -452,7 +464,7 @@ def _train_step(pipe: Any, model: nn.Module, batch: Batch) -> Timeline:
         output = pipe(batch)
         loss_of(output).backward()
     timeline = pipe.timeline
-    for p in model.parameters():
+    for p in [*model.parameters(), *_tensors(batch)]:
         p.grad = None
     if timeline is None:
         raise RuntimeError("the executor recorded no timeline for a training step")

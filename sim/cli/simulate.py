@@ -15,16 +15,15 @@ device's peak memory as a fraction of that device's capacity. It does not change
 from __future__ import annotations
 
 import argparse
-import json
-import math
-from pathlib import Path
 from typing import Any
 
 from gpipe.schedule import CHECKPOINT_MODES, Schedule, gpipe, one_f_one_b
-from gpipe.timeline import Timeline, write_chrome_trace
+from gpipe.timeline import Timeline, chrome_trace
 from sim.cli import CommandError
+from sim.cli.options import MAX_SECONDS, add_force, integer, number, output_folder
 from sim.cost import CostModel, StageCost
 from sim.engine import SimConfig, simulate
+from sim.files import OutputFolder, json_text
 from sim.hardware import DeviceSpec, LinkSpec, get_device, get_link
 
 __all__ = ["add_parser", "run"]
@@ -32,6 +31,7 @@ __all__ = ["add_parser", "run"]
 DEFAULT_LINK = "pcie4-x16"
 PLOT_SPAN_LIMIT = 4000  # a Gantt chart with more bars than this takes long to draw and shows little
 GRID_LIMIT = (16, 8)  # print the schedule grid up to this many micro-batches and stages
+FILES = ("trace.json", "timeline.json", "timeline.png")  # what a run may write into --out
 
 
 def add_parser(subparsers: Any) -> None:
@@ -75,18 +75,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--lockstep", action="store_true", help="the forward runs in lockstep clock cycles")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", default="out", metavar="DIR",
-                   help="where timeline.png, trace.json and timeline.json go (default: ./out)")
+                   help="where timeline.png, trace.json and timeline.json go (default: ./out); a folder that "
+                        "already holds them is refused unless --force")
+    add_force(p)
     p.set_defaults(func=run)
-
-
-def _seconds(flag: str, value: float | None) -> None:
-    if value is not None and (math.isnan(value) or math.isinf(value) or value < 0):
-        raise CommandError(f"{flag} must be a finite number of seconds >= 0, got {value}")
-
-
-def _count(flag: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise CommandError(f"{flag} must be >= {minimum}, got {value}")
 
 
 def _link(args: argparse.Namespace) -> LinkSpec | None:
@@ -94,8 +86,7 @@ def _link(args: argparse.Namespace) -> LinkSpec | None:
     if args.copy_time is not None:
         return None
     if args.bandwidth is not None:
-        if math.isnan(args.bandwidth) or math.isinf(args.bandwidth) or args.bandwidth <= 0:
-            raise CommandError(f"--bandwidth must be a finite number of bytes/s > 0, got {args.bandwidth}")
+        number("--bandwidth", args.bandwidth, unit="bytes/s", positive=True, maximum=float("inf"))
         return LinkSpec("custom", args.latency or 0.0, args.bandwidth, "from --bandwidth/--latency")
     if args.latency is not None:
         raise CommandError("--latency needs --bandwidth (or use --link NAME)")
@@ -111,14 +102,19 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
         CommandError: a bad number (the message names the flag).
         KeyError: an unknown link or device (the message lists the known ones).
     """
-    _count("--stages", args.stages, 1)
-    _count("--chunks", args.chunks, 1)
+    integer("--stages", args.stages, 1)
+    integer("--chunks", args.chunks, 1)
     for flag in ("forward_time", "backward_time", "recompute_time", "copy_time", "latency"):
-        _seconds("--" + flag.replace("_", "-"), getattr(args, flag))
+        if getattr(args, flag) is not None:
+            number("--" + flag.replace("_", "-"), getattr(args, flag), unit="seconds")
     for flag in ("activation_bytes", "saved_bytes", "model_state_bytes"):
-        _count("--" + flag.replace("_", "-"), getattr(args, flag), 0)
+        integer("--" + flag.replace("_", "-"), getattr(args, flag), 0)
     device = get_device(args.hardware) if args.hardware is not None else None
     link = _link(args)
+    if link is not None and not link.transfer_seconds(args.activation_bytes) <= MAX_SECONDS:
+        by = "--bandwidth" if args.bandwidth is not None else f"--link {link.name}"
+        raise CommandError(f"a copy of --activation-bytes {args.activation_bytes} over {by} takes "
+                           f"{link.transfer_seconds(args.activation_bytes):.3g} s, more than {MAX_SECONDS:g}")
     make = gpipe if args.schedule == "gpipe" else one_f_one_b
     schedule = make(args.chunks, args.stages, args.checkpoint) if args.checkpoint else make(args.chunks, args.stages)
     stage = StageCost(args.forward_time, args.backward_time, args.recompute_time,
@@ -145,25 +141,24 @@ def _bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def write_files(timeline: Timeline, out: Path) -> dict[str, str]:
+def write_files(timeline: Timeline, out: OutputFolder) -> dict[str, str]:
     """Write ``trace.json``, ``timeline.json`` and (if not too large) ``timeline.png`` into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"trace": str(write_chrome_trace(out / "trace.json", timeline))}
-    timeline.to_json(out / "timeline.json")
-    files["timeline"] = str(out / "timeline.json")
+    files = {"trace": out.write_json("trace.json", chrome_trace(timeline))}
+    files["timeline"] = out.write_json("timeline.json", timeline.to_dict(), indent=1)
     if len(timeline.spans) <= PLOT_SPAN_LIMIT:
         from gpipe.plot import plot_timeline
 
-        plot_timeline(timeline, out / "timeline.png")
-        files["plot"] = str(out / "timeline.png")
+        files["plot"] = out.write_with("timeline.png", lambda path: plot_timeline(timeline, path))
+    out.finish()  # a stale timeline.png of an earlier, smaller run goes (Note [ours] in sim.files)
     return files
 
 
 def run(args: argparse.Namespace) -> int:
     """Simulate, print the summary (or one JSON object) and write the files; return the exit status."""
     schedule, cost, config, device = build(args)
+    out = output_folder(args, FILES)
     timeline = simulate(schedule, cost, config)
-    files = write_files(timeline, Path(args.out))
+    files = write_files(timeline, out)
     summary = timeline.summary()
     model_state = timeline.meta["model_state_bytes"]
     for row in summary["devices"]:
@@ -175,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
                "checkpoint": schedule.checkpoint, "copies": _copies(cost, config),
                "copy_streams": config.copy_streams, "fork_join": config.enforce_backward_order,
                "lockstep": config.lockstep_forward, "hardware": device.name if device else None, "files": files}
-        print(json.dumps(doc))
+        print(json_text(doc))
         return 0
     print(f"{schedule.name} schedule: m={schedule.m} micro-batches, n={schedule.n} stages, "
           f"checkpoint={schedule.checkpoint}" + (f", on {device.name}" if device else ""))

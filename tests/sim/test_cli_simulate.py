@@ -55,7 +55,7 @@ def test_memory_copies_and_hardware(capsys: pytest.CaptureFixture[str], tmp_path
 
 
 def test_switches_change_the_result(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    out = ["--out", str(tmp_path)]
+    out = ["--out", str(tmp_path), "--force"]  # each run replaces the last one's files
     base = run_json(capsys, *BASE, "--copy-time", "0.5", *out)["makespan"]
     assert run_json(capsys, *BASE, "--copy-time", "0.5", "--no-copy-streams", *out)["makespan"] > base
     assert run_json(capsys, *BASE, "--copy-time", "0.5", "--lockstep", *out)["makespan"] > base
