@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["check_balance", "check_devices", "check_positive", "check_unique"]
+__all__ = ["TooFewDevices", "check_balance", "check_count", "check_devices", "check_positive", "check_unique"]
 
 Device = torch.device | str | int
+
+
+class TooFewDevices(IndexError, ValueError):
+    """Fewer devices than partitions: an ``IndexError``, as torchgpipe raises, and a ``ValueError``, as any bad
+    argument is."""
+
+
+def check_count(name: str, value: Any) -> int:
+    """An integer-like ``value`` (``int``, a NumPy integer; not ``bool``) of at least 1, as an ``int``."""
+    try:
+        count = operator.index(value)
+    except TypeError:
+        count = None
+    if isinstance(value, bool) or count is None or count < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return count
 
 
 def check_unique(module: nn.Sequential) -> None:
@@ -32,8 +50,10 @@ def check_balance(balance: Sequence[int] | None, layers: int) -> list[int]:
         raise TypeError(f"balance must be a list of layer counts, got {type(balance).__name__}") from None
     if not values:
         raise ValueError("balance is empty: give at least one partition, e.g. balance=[len(module)]")
-    if any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in values):
-        raise ValueError(f"every partition needs a positive number of layers, got balance={values}")
+    try:
+        values = [check_count("a partition's layer count", b) for b in values]
+    except ValueError:
+        raise ValueError(f"every partition needs a positive number of layers, got balance={values}") from None
     if sum(values) != layers:
         raise ValueError(f"balance {values} sums to {sum(values)} but the module has {layers} layers; "
                          "make the counts add up to len(module)")
@@ -65,12 +85,11 @@ def check_devices(devices: Sequence[Device] | None, partitions: int) -> list[tor
             raise ValueError(f"device {dev!r} is not supported: GPipe runs on 'cpu' and 'cuda' devices")
         result.append(device)
     if len(result) < partitions:
-        raise ValueError(f"too few devices: {partitions} partitions need {partitions} devices, got {len(result)}; "
+        raise TooFewDevices(f"too few devices: {partitions} partitions need {partitions} devices, got {len(result)}; "
                          "list a device per partition (several partitions may share one, e.g. ['cpu'] * n)")
     return result[:partitions]
 
 
 def check_positive(name: str, value: int) -> None:
-    """Refuse anything but an ``int`` of at least 1 (a ``bool`` too), naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    """Refuse anything but an integer of at least 1 (a ``bool`` too), naming the argument."""
+    check_count(name, value)

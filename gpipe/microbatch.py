@@ -27,9 +27,21 @@ def as_tensors(value: Any, what: str) -> tuple[bool, tuple[Tensor, ...]]:
 def scatter(tensors: tuple[Tensor, ...], chunks: int) -> list[tuple[Tensor, ...]]:
     """Split every tensor along dim 0 into ``chunks`` micro-batches; sizes differ by at most one.
 
-    (``torch.tensor_split``, not ``torch.chunk``: ``torch.chunk`` may return fewer pieces than asked,
-    which would change the schedule's shape behind the user's back.)
+    A batch smaller than ``chunks`` runs as that many micro-batches of one sample each, as torchgpipe's
+    ``tensor.chunk`` does, so the last, short batch of an epoch trains; the schedule then has fewer
+    micro-batches. Otherwise ``torch.tensor_split`` keeps exactly ``chunks`` (``torch.chunk`` may return fewer
+    pieces than asked even then, which would change the schedule behind the user's back).
+
+    Raises:
+        ValueError: an empty batch, a 0-d tensor, unequal batch sizes, or a sparse or meta tensor.
     """
+    for t in tensors:
+        if t.is_sparse or t.layout != torch.strided:
+            raise ValueError(f"inputs must be dense tensors, got a {t.layout} one: convert it with .to_dense() "
+                             "before the pipeline, or keep it inside a layer")
+        if t.is_meta:
+            raise ValueError("inputs must hold data, got a tensor on the meta device: the executor runs real "
+                             "tensors (the simulator's FLOP counting, sim.flops, takes meta tensors)")
     sizes = {t.size(0) if t.dim() else None for t in tensors}
     if None in sizes:
         raise ValueError("inputs need a batch dimension (dim 0) to be split into micro-batches; got a 0-d tensor")
@@ -37,11 +49,11 @@ def scatter(tensors: tuple[Tensor, ...], chunks: int) -> list[tuple[Tensor, ...]
         raise ValueError(f"every input tensor needs the same batch size (dim 0), got {sorted(map(str, sizes))}")
     batch = sizes.pop()
     assert batch is not None
-    if chunks > batch:
-        raise ValueError(f"chunks={chunks} is more than the batch size {batch}: every micro-batch needs at least "
-                         f"one sample; use chunks <= {batch} or a larger batch")
-    pieces = [torch.tensor_split(t, chunks, dim=0) for t in tensors]
-    return [tuple(p[i] for p in pieces) for i in range(chunks)]
+    if batch == 0:
+        raise ValueError("the batch is empty (dim 0 has size 0): there is nothing to split into micro-batches; "
+                         "skip empty batches before the pipeline")
+    pieces = [torch.tensor_split(t, min(chunks, batch), dim=0) for t in tensors]
+    return [tuple(p[i] for p in pieces) for i in range(min(chunks, batch))]
 
 
 def gather(outputs: Sequence[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:

@@ -38,11 +38,12 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.graph import get_gradient_edge
 
 from gpipe import rng
 from gpipe.affinity import Cores, check_affinity
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.checks import check_balance, check_devices, check_unique
+from gpipe.checks import check_balance, check_count, check_devices, check_unique
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.microbatch import as_tensors, scatter
 from gpipe.schedule import CHECKPOINT_MODES, Schedule, one_f_one_b
@@ -95,8 +96,7 @@ class GPipe(nn.Module):
                             "nn.Sequential(...) (one child per layer)")
         check_unique(module)
         self.balance = check_balance(balance, len(module))
-        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks <= 0:
-            raise ValueError(f"chunks must be a positive integer (micro-batches per mini-batch), got {chunks!r}")
+        chunks = check_count("chunks (micro-batches per mini-batch)", chunks)
         if checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
         if schedule not in SCHEDULES:
@@ -117,7 +117,8 @@ class GPipe(nn.Module):
             partitions.append(partition.to(device))
             k += size
         self.partitions = nn.ModuleList(partitions)
-        self._hooks = [h for p in self.partitions for h in rng.install(p)]
+        self._draws = rng.Draws(partitions)  # Note [random state] in gpipe.rng
+        self._writes_input: list[bool | None] = [None] * len(partitions)  # Note [entering a partition], gpipe.worker
         self.record = record
         self.timeline: Timeline | None = None
         self._schedules: dict[tuple[int, str, str], Schedule] = {}
@@ -185,9 +186,10 @@ class GPipe(nn.Module):
             run.recorder.pause()
         if not train:
             return run.gathered()
-        leaves = [t for t in tensors if t.requires_grad] or [torch.empty(0, requires_grad=True)]
+        leaves = [t for t in tensors if t.requires_grad]
         run.input_requires_grad = [t.requires_grad for t in tensors]
-        phony = _Wait.apply(run, *leaves)
+        run.differentiable = leaves + [p for ps in run.params for p in ps]
+        phony = _Wait.apply(run, *(run.differentiable or [torch.empty(0, requires_grad=True)]))
         outputs = _Gather.apply(run, phony)
         return outputs if run.output_is_tuple else outputs[0]
 
@@ -228,6 +230,13 @@ class GPipe(nn.Module):
 
 
 class _Wait(torch.autograd.Function):
+    """The pipeline's node in the caller's graph: its inputs are the step's inputs and every parameter.
+
+    Its backward waits for the workers and returns the inputs' gradients and, where the caller asked for
+    parameter gradients through ``torch.autograd.grad``, theirs (Note [gradients the caller asked for] in
+    :mod:`gpipe.worker`).
+    """
+
     @staticmethod
     def forward(ctx: Any, run: Run, *inputs: Tensor) -> Tensor:  # type: ignore[override]
         ctx.run = run
@@ -238,8 +247,11 @@ class _Wait(torch.autograd.Function):
     def backward(ctx: Any, *grad: Tensor) -> Any:
         run: Run = ctx.run
         run.finish_backward()
+        if not run.differentiable:
+            return None, None
         grads = run.input_grads()
-        return (None, *grads[:ctx.count], *([None] * (ctx.count - len(grads))))
+        params = run.parameter_grads() if run.collect else [None] * (ctx.count - len(grads))
+        return (None, *grads, *params)
 
 
 class _Gather(torch.autograd.Function):
@@ -254,5 +266,27 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> Any:
-        ctx.run.start_backward(grads)
+        if torch.is_grad_enabled():
+            raise RuntimeError("GPipe does not support create_graph=True (a gradient of a gradient, as a gradient "
+                               "penalty takes): each partition's backward runs on its own worker, outside the "
+                               "caller's graph. Compute such a term on an un-pipelined copy of the model, or drop "
+                               "create_graph")
+        run: Run = ctx.run
+        run.asked(_asked(run.differentiable))
+        run.start_backward(grads)
         return None, torch.empty(0)
+
+
+def _asked(tensors: Sequence[Tensor]) -> list[bool] | None:
+    """Which of ``tensors`` the running backward differentiates; None under ``torch.autograd.grad``.
+
+    Autograd cannot tell, inside ``torch.autograd.grad``, whether it will reach a leaf; then every
+    parameter gradient is computed and the engine keeps those it was asked for.
+    """
+    asked = []
+    for t in tensors:
+        try:
+            asked.append(torch._C._will_engine_execute_node(get_gradient_edge(t).node))
+        except RuntimeError:  # a leaf under torch.autograd.grad
+            return None
+    return asked

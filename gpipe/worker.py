@@ -24,26 +24,28 @@ any task is recorded, every worker is woken with a stop message, all threads are
 original exception is raised in the caller with its traceback.
 
 Note [checkpointing]: a checkpointed forward runs under ``no_grad`` and keeps only its input; the
-``R`` task recomputes it with grad right before the ``B`` task. Stochastic layers draw identical
-numbers in both (see :mod:`gpipe.rng`). A partition that modifies its input in place would recompute
-from a different input; that is detected and refused.
+``R`` task recomputes it with grad right before the ``B`` task. Every random draw is identical
+in both (see :mod:`gpipe.rng`).
 
 Note [entering a partition]: a partition's input is a fresh leaf (its gradient is what goes back to the
-previous stage), and autograd refuses in-place operations on a leaf that requires grad, so a partition
-starting with, say, ``nn.ReLU(inplace=True)`` would fail where the un-pipelined model works. An identity
-node (``_Enter``) gives the partition a non-leaf alias of its input, sharing its storage, as the un-pipelined model's
-previous layer would.
+previous stage). A partition that writes its input in place (``nn.ReLU(inplace=True)`` first) gets a
+copy of it: the leaf keeps the values a recompute starts from, and the micro-batches of the first
+stage, views of one batch that share a version counter, do not invalidate each other's saved tensors.
+Whether it writes is learnt on a copy in its first training task; the others get an identity node
+(``_Enter``), a non-leaf alias of the leaf, since autograd refuses in-place writes to a leaf that
+requires grad. A partition that starts writing later, when checkpointed, is refused.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from gpipe import gil, rng
 from gpipe.affinity import pinned
@@ -81,9 +83,21 @@ class Run:
         self.affinity = pipe.cpu_affinity
         self.partitions = list(pipe.partitions)
         self.layout = pipe.skip_layout
-        # Note [random state] in gpipe.rng: the step's seed, drawn only when a layer needs one
-        self.step_seed = int(torch.randint(0, 2**62, (), generator=torch.default_generator).item()) \
-            if train and pipe._hooks else 0
+        # Note [random state] in gpipe.rng: the partitions that run under the dispatch mode this step, and the
+        # step's seed, drawn only when one of them may draw
+        self.draws = pipe._draws
+        self.writes_input = pipe._writes_input  # per partition, learnt in its first training task (None before)
+        self.draw_plan = self.draws.plan()
+        self.drew: list[set[int]] = [set() for _ in range(schedule.n)]  # the layers seen drawing
+        self.step_seed = rng.step_seed() if any(p is None or p for p in self.draw_plan) else 0
+        self.checkpoints = train and any(schedule.is_checkpointed(i) for i in range(schedule.m))
+        self.outside: tuple[Any, ...] | None = None  # Python's and NumPy's random states when a phase starts
+        # Note [gradients the caller asked for]: where parameter gradients go in forward() + backward()
+        self.params = [[p for p in partition.parameters() if p.requires_grad] for partition in self.partitions]
+        self.collect = False  # True: into param_grads for _Wait to return; False: into .grad
+        self.wanted: list[list[bool]] | None = None  # per partition, the parameters to differentiate (None: all)
+        self.param_grads: list[list[tuple[Tensor, bool] | None]] = [[None] * len(ps) for ps in self.params]
+        self.differentiable: list[Tensor] = []  # forward(): the input leaves, then every parameter (_Wait's inputs)
         self.inbox: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in schedule.tasks]
         self.mail: list[dict[Task, Any]] = [{} for _ in schedule.tasks]
         self.error: BaseException | None = None
@@ -150,6 +164,7 @@ class Run:
             self.interval = interval
         self.running = len(self.threads)
         self.finished = threading.Event()
+        self.outside = rng.outside_state() if self.checkpoints else None
         for d, thread in enumerate(self.threads):
             if d != first:
                 thread.start()
@@ -174,6 +189,9 @@ class Run:
         self.threads = []
         if self.error is not None:
             raise self.error
+        if self.outside is not None:
+            rng.check_outside(self.outside)
+        self.draws.learn(self.draw_plan, self.drew)
 
     def gathered_tensors(self) -> tuple[Tensor, ...]:
         return gather([self.outputs[i] for i in range(self.schedule.m)])
@@ -182,9 +200,26 @@ class Run:
         outputs = self.gathered_tensors()
         return outputs if self.output_is_tuple else outputs[0]
 
+    def asked(self, asked: Sequence[bool] | None) -> None:
+        """Where the backward's parameter gradients go: ``asked`` says, per input leaf and parameter of
+        :attr:`differentiable`, whether the caller's backward differentiates it; None under ``autograd.grad``."""
+        if asked is None:
+            self.collect = True
+            return
+        flags = list(asked[len(self.differentiable) - sum(len(ps) for ps in self.params):])
+        if all(flags):
+            return
+        self.wanted = []
+        for ps in self.params:
+            self.wanted.append(flags[:len(ps)])
+            flags = flags[len(ps):]
+
     def start_backward(self, grads: Sequence[Tensor | None]) -> None:
         if self.backward_started:
-            raise RuntimeError("this pipeline step was already run backward; retain_graph is not supported by GPipe")
+            raise RuntimeError("this pipeline's forward was already run backward: GPipe frees each micro-batch's "
+                               "graph as its backward runs, so retain_graph=True cannot run a second backward. Run "
+                               "the forward again, or take every gradient in one call "
+                               "(torch.autograd.grad(loss, [a, b]))")
         self.backward_started = True
         if self.recorder is not None:
             self.recorder.resume()
@@ -314,33 +349,60 @@ class Run:
         previous = Task(Op.F, i, j - 1)
         return self._arrive(d, self._receive(d, previous), previous)
 
-    def _call(self, d: int, task: Task, leaves: tuple[Tensor, ...], recompute: bool) -> tuple[Tensor, ...]:
+    def _call(self, d: int, task: Task, leaves: tuple[Tensor, ...], recompute: bool,
+              checkpointed: bool = False) -> tuple[Tensor, ...]:
         i, j = task.microbatch, task.stage
         tracker = _PortalTracker(self, d, i, j, recompute)
-        if torch.is_grad_enabled():  # Note [entering a partition]
-            leaves = tuple(_Enter.apply(t) if t.requires_grad else t for t in leaves)
-        arg: Any = leaves if (self.input_is_tuple if j == 0 else self.tuple_between[j - 1]) else leaves[0]
-        with use_tracker(tracker), rng.seeded(self.step_seed, i, j):
-            output = self.partitions[j](arg)
+        writes = self.writes_input[j] if self.train else False
+        if writes is not False:  # Note [entering a partition]: a copy, to be written (or learn whether it is)
+            fed = tuple(t.clone() for t in leaves)
+        elif torch.is_grad_enabled():
+            fed = tuple(_Enter.apply(t) if t.requires_grad else t for t in leaves)
+        else:
+            fed = leaves
+        versions = [t._version for t in fed]
+        arg: Any = fed if (self.input_is_tuple if j == 0 else self.tuple_between[j - 1]) else fed[0]
+        layers: list[Callable[[Any], Any]] = list(cast(nn.Sequential, self.partitions[j]))
+        with_loss = j == self.n - 1 and self.loss is not None
+        if with_loss:  # GPipe.step: the loss is the task's last layer, seeded like the others (gpipe.rng)
+            layers.append(functools.partial(self._loss, d, task))
+        with use_tracker(tracker):
+            output = self.draws.forward(j, self.draw_plan[j], layers, arg, self.step_seed, i, self.devices[d],
+                                        self.drew)
+        changed = [k for k, (t, v) in enumerate(zip(fed, versions, strict=True)) if t._version != v]
+        if writes is None and not recompute:
+            self.writes_input[j] = bool(changed)
+        elif changed and checkpointed and not writes:
+            raise RuntimeError(
+                f"partition {j} modified its input in place (input {changed[0]}) during a checkpointed forward, "
+                "which its earlier steps did not, so its recompute would start from different values; make the "
+                "in-place layer out-of-place (e.g. nn.ReLU(inplace=False)) or use checkpoint='never'")
+        if with_loss:
+            if not recompute:
+                self.losses[i] = output.detach()
+            if torch.is_grad_enabled():
+                self.out_grads[i] = (torch.ones_like(output),)
+            return (output,)
         was_tuple, outputs = as_tensors(output, f"the output of partition {j}")
         if j == self.n - 1:
             self.output_is_tuple = was_tuple
-            if self.loss is not None:  # GPipe.step: the loss of this micro-batch is this stage's output
-                loss_fn, targets, weights = self.loss
-                target = self._arrive(d, (targets[i],), task)[0] if isinstance(targets[i], Tensor) else \
-                    self._arrive(d, targets[i], task)
-                loss = loss_fn(outputs[0] if not was_tuple else outputs, target) * weights[i]
-                if not isinstance(loss, Tensor) or loss.dim() != 0:
-                    raise TypeError("loss_fn must return a scalar tensor (a reduced loss), got "
-                                    f"{type(loss).__name__ if not isinstance(loss, Tensor) else tuple(loss.shape)}")
-                if not recompute:
-                    self.losses[i] = loss.detach()
-                if torch.is_grad_enabled():
-                    self.out_grads[i] = (torch.ones_like(loss),)
-                return (loss,)
         else:
             self.tuple_between[j] = was_tuple  # written before the hand-off, so the next stage sees it
         return outputs
+
+    def _loss(self, d: int, task: Task, output: Any) -> Tensor:
+        """The weighted loss of micro-batch ``task.microbatch`` (:meth:`GPipe.step`), computed inside the task."""
+        assert self.loss is not None
+        i = task.microbatch
+        was_tuple, outputs = as_tensors(output, f"the output of partition {task.stage}")
+        loss_fn, targets, weights = self.loss
+        target = self._arrive(d, (targets[i],), task)[0] if isinstance(targets[i], Tensor) else \
+            self._arrive(d, targets[i], task)
+        loss = loss_fn(outputs[0] if not was_tuple else outputs, target) * weights[i]
+        if not isinstance(loss, Tensor) or loss.dim() != 0:
+            raise TypeError("loss_fn must return a scalar tensor (a reduced loss), got "
+                            f"{type(loss).__name__ if not isinstance(loss, Tensor) else tuple(loss.shape)}")
+        return loss
 
     def _forward(self, d: int, task: Task) -> None:
         i, j = task.microbatch, task.stage
@@ -351,18 +413,10 @@ class Run:
         if self.train:
             leaves = tuple(t.detach().requires_grad_(t.requires_grad or (j > 0 and t.is_floating_point()))
                            for t in inputs)
-            versions = [t._version for t in leaves]
             if ckpt:
                 with torch.no_grad(), checkpointing():
-                    outputs = self._call(d, task, leaves, recompute=False)
+                    outputs = self._call(d, task, leaves, recompute=False, checkpointed=True)
                 self.leaves[(i, j)] = leaves
-                changed = [k for k, (t, v) in enumerate(zip(leaves, versions, strict=True)) if t._version != v]
-                if changed:
-                    raise RuntimeError(
-                        f"partition {j} modified its input in place (input {changed[0]}) during a checkpointed "
-                        "forward, so its recompute would start from different values; make the first in-place "
-                        "layer of the partition out-of-place (e.g. nn.ReLU(inplace=False)) or use "
-                        "checkpoint='never'")
                 if recorder:
                     recorder.hold(d, i, j, sum(t.numel() * t.element_size() for t in leaves))
             else:
@@ -408,19 +462,56 @@ class Run:
         recorder = self.recorder
         start = recorder.now(d) if recorder else 0.0
         pairs = [(o, g) for o, g in zip(outputs, grads_l, strict=True) if g is not None and o.requires_grad]
-        if pairs:
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         leaves = self.leaves.pop((i, j))
-        for key, leaf in self.popped.pop((i, j), {}).items():
-            self.portal_grad[(i, key)] = leaf.grad
+        popped = self.popped.pop((i, j), {})
+        found = iter(self._differentiate(j, pairs, [t for t in leaves if t.requires_grad] + list(popped.values())))
+        result = tuple(next(found) if t.requires_grad else None for t in leaves)
+        for key in popped:
+            self.portal_grad[(i, key)] = next(found)
         if recorder:
             recorder.span(d, COMPUTE, task, start)
             recorder.free(d, i, j)
-        result = tuple(t.grad if t.requires_grad else None for t in leaves)
         if j == 0:
             self.in_grads[i] = result
         else:
             self._send(j - 1, task, result)
+
+
+    def _differentiate(self, j: int, pairs: list[tuple[Tensor, Tensor]], leaves: list[Tensor]) -> list[Tensor | None]:
+        """Backward through one task's graph: the gradients of ``leaves``; its parameters' as the caller asked.
+
+        Note [gradients the caller asked for]: ``loss.backward()`` and ``step()`` accumulate into ``.grad`` here,
+        as autograd would (every leaf the graph reaches); ``backward(inputs=...)`` only into the parameters it
+        names; ``torch.autograd.grad`` (``collect``) leaves ``.grad`` alone: each task's parameter gradients are
+        summed per partition, and the pipeline's autograd node hands them to the engine, which returns them.
+        """
+        params = self.params[j] if self.wanted is None else [
+            p for p, want in zip(self.params[j], self.wanted[j], strict=True) if want]
+        wanted = leaves + params
+        if not pairs or (self.wanted is not None and not wanted):
+            return [None] * len(leaves)
+        outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
+        if not self.collect:
+            torch.autograd.backward(outs, grads, inputs=None if self.wanted is None else wanted)
+            return [t.grad for t in leaves]
+        found: list[Tensor | None] = list(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
+        sums = self.param_grads[j]
+        for k, grad in enumerate(found[len(leaves):]):
+            held = sums[k]
+            if grad is None:
+                continue
+            if held is None:
+                sums[k] = (grad, False)  # not ours to add into: autograd may hand out a tensor it holds elsewhere
+            else:
+                total, owned = held
+                sums[k] = (total.add_(grad) if owned else total + grad, True)
+        return found[:len(leaves)]
+
+    def parameter_grads(self) -> list[Tensor | None]:
+        """The summed parameter gradients of a ``collect`` backward, in :attr:`params` order; released here."""
+        grads = [None if held is None else held[0] for sums in self.param_grads for held in sums]
+        self.param_grads = [[None] * len(ps) for ps in self.params]
+        return grads
 
 
 class _Enter(torch.autograd.Function):

@@ -6,6 +6,7 @@ step that began at an arbitrary host time lines up with the simulator's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -98,11 +99,12 @@ class Comparison:
     ops: tuple[OpComparison, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data; an error relative to a measured 0 (infinite) is ``None`` (JSON has no infinity)."""
         d = asdict(self)
         for dev, row in zip(d["devices"], self.devices, strict=True):
-            dev["peak_bytes_error"] = row.peak_bytes_error
+            dev["peak_bytes_error"] = _finite(row.peak_bytes_error)
         for op, kind in zip(d["ops"], self.ops, strict=True):
-            op["error"] = kind.error
+            op["error"] = _finite(kind.error)
         return d
 
     def table(self) -> str:
@@ -132,6 +134,10 @@ class Comparison:
                 f"{_mib(r.predicted_peak_bytes):>12}{_mib(r.measured_peak_bytes):>12}"
             )
         return "\n".join(lines)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _mib(n: int) -> str:

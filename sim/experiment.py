@@ -60,6 +60,11 @@ are a streak (each task that many times in a row) rather than that many passes: 
 micro-batches runs its stage back to back, and so warmer than a pass that alternates stages and
 cores (Note [streaks] in :mod:`gpipe.profile`).
 
+Note [nothing else to train]: the executor trains (records, and runs a backward) when a parameter or an
+input requires grad. A model without trainable parameters (activations only) would run its forward
+alone, with no timeline to compare; the experiment then trains its input: the floating-point tensors
+of the mini-batch require grad, and the backward computes their gradients, on both halves alike.
+
 Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
 ``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
 (the lower median for an even count): a real step, not an average of several.
@@ -220,15 +225,16 @@ def demo_model(seed: int = 0) -> tuple[nn.Sequential, Tensor]:
 def microbatch_sizes(batch: int, chunks: int) -> list[int]:
     """The micro-batch sizes the executor cuts a mini-batch of ``batch`` samples into.
 
-    As ``torch.tensor_split`` (the executor's :func:`gpipe.microbatch.scatter`): ``chunks`` pieces,
-    the first ``batch % chunks`` of them one sample larger.
+    As the executor's :func:`gpipe.microbatch.scatter`: ``torch.tensor_split`` into ``chunks`` pieces, the
+    first ``batch % chunks`` of them one sample larger; a batch smaller than ``chunks`` runs as ``batch``
+    micro-batches of one sample.
 
     Raises:
-        ValueError: fewer samples than chunks (the executor refuses that too).
+        ValueError: an empty batch (the executor refuses that too).
     """
-    if chunks > batch:
-        raise ValueError(f"chunks={chunks} is more than the batch size {batch}: every micro-batch needs at least "
-                         "one sample")
+    if batch < 1:
+        raise ValueError("the batch is empty: there is nothing to split into micro-batches")
+    chunks = min(chunks, batch)
     return [batch // chunks + (1 if k < batch % chunks else 0) for k in range(chunks)]
 
 
@@ -270,7 +276,8 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
     Raises:
         TypeError: ``model`` is not an ``nn.Sequential`` or ``batch`` is not a tensor or tuple of tensors.
-        ValueError: a balance that does not fit the model, or too few samples for the chunks.
+        ValueError: a balance that does not fit the model, too few samples for the chunks, or nothing to
+            train: no trainable parameter and no floating-point input (Note [nothing else to train]).
     """
     from gpipe import GPipe  # the executor; imported here so the simulator never needs it
     from gpipe.balance import balance_by_time
@@ -281,6 +288,12 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     size = tensors[0].shape[0] if tensors[0].dim() else 0
     if size < 1:
         raise ValueError("the mini-batch needs a batch dimension with at least one sample")
+    if not any(p.requires_grad for p in model.parameters()):  # Note [nothing else to train]
+        if not any(t.is_floating_point() for t in tensors):
+            raise ValueError("nothing to train: the model has no parameter that requires grad and the mini-batch "
+                             "no floating-point tensor to take a gradient of")
+        tensors = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in tensors)
+        batch = tensors[0] if isinstance(batch, Tensor) else tensors
     tick = _ticker(progress)
     seconds: dict[str, float] = {}
     torch.manual_seed(setup.seed)
@@ -315,7 +328,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         pipe = GPipe(model, balance=list(balance), devices=list(devices), chunks=setup.chunks,
                      checkpoint=setup.checkpoint, cpu_affinity=affinity)
         pipe.record = True
-        schedule = pipe.schedule  # Note [one schedule]
+        schedule = pipe.schedule_for(len(sizes))  # Note [one schedule]; fewer micro-batches than chunks if small
         if schedule != gpipe(len(sizes), len(balance), setup.checkpoint):
             raise RuntimeError(f"the executor plans {schedule.name} with m={schedule.m}, n={schedule.n}, "
                                f"checkpoint={schedule.checkpoint}; expected GPipe's schedule of {len(sizes)} "
@@ -451,7 +464,7 @@ def _train_step(pipe: Any, model: nn.Module, batch: Batch) -> Timeline:
         output = pipe(batch)
         loss_of(output).backward()
     timeline = pipe.timeline
-    for p in model.parameters():
+    for p in [*model.parameters(), *_tensors(batch)]:
         p.grad = None
     if timeline is None:
         raise RuntimeError("the executor recorded no timeline for a training step")

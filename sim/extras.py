@@ -94,7 +94,9 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
 
     Returns:
         One :class:`StageExtras` per partition, every field >= 0; a kind of task the policy never
-        runs (a no-grad forward without checkpointing) gets 0.
+        runs (a no-grad forward without checkpointing) gets 0, and so does every kind of a stage with
+        nothing to train alone (no parameters, and an input that cannot require grad). A stage without
+        parameters whose input is floating-point runs with its input requiring grad.
 
     Raises:
         ValueError: partitions and stage costs of different lengths, ``steps < 1`` or a bad ``affinity``.
@@ -114,48 +116,50 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
     for j, (part, stage, where) in enumerate(zip(parts, cost.stages, cores, strict=True)):
         single = isinstance(current, torch.Tensor)  # a stage gets a tuple as one argument (gpipe.worker)
         device = next((t.device for t in part.parameters()), _tensors(current)[0].device)
-        micro = tuple(t[:ROWS].detach().to(device).requires_grad_(j > 0 and t.is_floating_point())
-                      for t in _tensors(current))
+        # requiring grad as in the pipeline (after the first stage, or as the sample does); a stage without
+        # parameters to train trains its input, or the executor would not train it alone
+        trains = any(p.requires_grad for p in part.parameters())
+        micro = tuple(t[:ROWS].detach().to(device).requires_grad_(t.is_floating_point() and (
+            j > 0 or t.requires_grad or not trains)) for t in _tensors(current))
+        # nothing to train (no parameters, an integer input): the executor does not train the stage alone, and
+        # its extras stay 0
+        runs = warmup_steps + steps if trains or any(t.requires_grad for t in micro) else 0
         batch = tuple(torch.cat([t] * CHUNKS) for t in micro)
         samples: dict[str, list[float]] = {"F": [], "Fc": [], "B": [], "first": [], "launch": [], "turnaround": []}
         layers = list(part.children()) if isinstance(part, nn.Sequential) else [part]
         pipe = GPipe(nn.Sequential(*layers), balance=[len(layers)], devices=[device], chunks=CHUNKS,
                      checkpoint=checkpoint, record=True, cpu_affinity=[where])
-        try:
-            with _preserved(part):
-                for k in range(warmup_steps + steps):
-                    with collected_after():  # as the experiment's steps (Note [collect after the step])
-                        _loss(pipe(batch[0] if single else batch)).backward()
-                    timeline = pipe.timeline
-                    for p in part.parameters():
-                        p.grad = None
-                    (profile,) = time_recorded([part], micro[0] if single else micro, device=device, warmup=1,
-                                               repeats=2, affinity=[where])
-                    if k < warmup_steps or timeline is None:
-                        continue
-                    profiled = {"F": profile.forward, "Fc": profile.forward_nograd, "B": profile.backward}
-                    rest: dict[str, list[float]] = {"F": [], "Fc": [], "B": []}
-                    spans = [timeline.span_of(t) for t in tasks]
-                    samples["launch"].append(spans[0].start)
-                    samples["turnaround"].append(spans[backward].start - spans[backward - 1].end)
-                    first: list[tuple[str, float]] = []
-                    for position, task in enumerate(tasks):
-                        ckpt = schedule.is_checkpointed(task.microbatch)
-                        kind = "B" if task.op is Op.B else ("Fc" if task.op is Op.F and ckpt else "F")
-                        span = spans[position]
-                        extra = (span.end - span.start - profiled[kind]
-                                 - _host_seconds(cost, ckpt, _OPCODE[task.op], stage))
-                        if position in firsts:
-                            first.append((kind, extra))
-                        else:
-                            rest[kind].append(extra)
-                    means = {kind: statistics.fmean(v) for kind, v in rest.items() if v}
-                    for kind, v in means.items():
-                        samples[kind].append(v)
-                    samples["first"].append(statistics.fmean(e - means.get(kind, 0.0) for kind, e in first))
-        finally:
-            for hook in pipe._hooks:
-                hook.remove()
+        with _preserved(part):
+            for k in range(runs):
+                with collected_after():  # as the experiment's steps (Note [collect after the step])
+                    _loss(pipe(batch[0] if single else batch)).backward()
+                timeline = pipe.timeline
+                for p in part.parameters():
+                    p.grad = None
+                (profile,) = time_recorded([part], micro[0] if single else micro, device=device, warmup=1,
+                                           repeats=2, affinity=[where])
+                if k < warmup_steps or timeline is None:
+                    continue
+                profiled = {"F": profile.forward, "Fc": profile.forward_nograd, "B": profile.backward}
+                rest: dict[str, list[float]] = {"F": [], "Fc": [], "B": []}
+                spans = [timeline.span_of(t) for t in tasks]
+                samples["launch"].append(spans[0].start)
+                samples["turnaround"].append(spans[backward].start - spans[backward - 1].end)
+                first: list[tuple[str, float]] = []
+                for position, task in enumerate(tasks):
+                    ckpt = schedule.is_checkpointed(task.microbatch)
+                    kind = "B" if task.op is Op.B else ("Fc" if task.op is Op.F and ckpt else "F")
+                    span = spans[position]
+                    extra = (span.end - span.start - profiled[kind]
+                             - _host_seconds(cost, ckpt, _OPCODE[task.op], stage))
+                    if position in firsts:
+                        first.append((kind, extra))
+                    else:
+                        rest[kind].append(extra)
+                means = {kind: statistics.fmean(v) for kind, v in rest.items() if v}
+                for kind, v in means.items():
+                    samples[kind].append(v)
+                samples["first"].append(statistics.fmean(e - means.get(kind, 0.0) for kind, e in first))
         extras.append(StageExtras(*(max(0.0, statistics.median(samples[k])) if samples[k] else 0.0
                                     for k in ("first", "F", "Fc", "B", "launch", "turnaround"))))
         with torch.no_grad():  # the next stage's input

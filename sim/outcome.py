@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import platform
 import statistics
 from collections.abc import Sequence
@@ -50,21 +49,24 @@ import torch
 from gpipe.checks import check_positive
 from gpipe.profile import RecordedSeconds
 from gpipe.schedule import Schedule
-from gpipe.timeline import Timeline, write_chrome_trace
+from gpipe.timeline import Timeline, chrome_trace
 from sim.compare import Comparison
 from sim.cost import CostModel, StageCost
 from sim.engine import SimConfig, simulate
+from sim.files import OutputFolder
 from sim.machine import cpu_count
 from sim.pairs import median_pairs
 
 if TYPE_CHECKING:
     from sim.experiment import Setup
 
-__all__ = ["DRIFT_LIMIT", "Outcome", "halves", "interleaved_cost", "write_outputs"]
+__all__ = ["DRIFT_LIMIT", "OUTPUT_FILES", "Outcome", "halves", "interleaved_cost", "write_outputs"]
 
 #: Note [drift]: a run whose machine moved more than this while it ran cannot tell an error of this size
 #: (the fidelity benchmark's max-error goal) from the machine's
 DRIFT_LIMIT = 0.08
+#: The files :func:`write_outputs` writes.
+OUTPUT_FILES = ("timeline.png", "trace.json", "report.json")
 
 
 @dataclass(frozen=True)
@@ -227,24 +229,30 @@ def _cost_dict(cost: CostModel) -> dict[str, Any]:
     }
 
 
-def write_outputs(outcome: Outcome, out: str | Path) -> dict[str, str]:
+def write_outputs(outcome: Outcome, out: str | Path | OutputFolder) -> dict[str, str]:
     """Write ``timeline.png`` (predicted above measured), ``trace.json`` (both) and ``report.json`` into ``out``.
+
+    Args:
+        outcome: what to write.
+        out: a folder checked before the run (:class:`sim.files.OutputFolder`), or a path: a folder
+            written as if forced (files of these names replaced, stale ones of earlier runs removed).
 
     Returns:
         The paths written, by kind (``plot``, ``trace``, ``report``); the report lists them too.
     """
     from gpipe.plot import plot_side_by_side
 
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = out if isinstance(out, OutputFolder) else OutputFolder(out, OUTPUT_FILES, force=True)
     c = outcome.comparison
     titles = [f"predicted (simulator): makespan {c.predicted_makespan * 1e3:.2f} ms",
               f"measured (executor): makespan {c.measured_makespan * 1e3:.2f} ms, "
               f"error {c.makespan_error:+.1%}"]
-    files = {"plot": str(folder / "timeline.png"), "trace": str(folder / "trace.json"),
-             "report": str(folder / "report.json")}
-    plot_side_by_side([outcome.predicted, outcome.measured], files["plot"], titles=titles)
-    write_chrome_trace(files["trace"], [outcome.predicted, outcome.measured], titles=["predicted", "measured"])
-    report = {**outcome.report(), "files": files}
-    Path(files["report"]).write_text(json.dumps(report, indent=1))
+    files = {"plot": str(folder.path / "timeline.png"), "trace": str(folder.path / "trace.json"),
+             "report": str(folder.path / "report.json")}
+    folder.write_with("timeline.png", lambda path: plot_side_by_side([outcome.predicted, outcome.measured], path,
+                                                                     titles=titles))
+    folder.write_json("trace.json", chrome_trace([outcome.predicted, outcome.measured], titles=["predicted",
+                                                                                                  "measured"]))
+    folder.write_json("report.json", {**outcome.report(), "files": files}, indent=1)
+    folder.finish()
     return files

@@ -52,7 +52,8 @@ from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval, switch_int
 from gpipe.phase import checkpointing
 from gpipe.profile import RecordedSeconds, SavedBytes, TensorOrTensors, _preserved, _storage_key
 
-__all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "measure_pairs", "median_pairs", "rebased", "task_runners"]
+__all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "changes_input", "measure_pairs", "median_pairs", "rebased",
+           "task_runners"]
 
 #: The pairs of task kinds that can run at the same time in GPipe's two phases (Note [two phases] in
 #: sim.engine): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
@@ -242,15 +243,20 @@ class PairMeter:
 
 
 class Graphs:
-    """Backward runs for timing: graphs built ahead, so only the backward is timed."""
+    """Backward runs for timing: graphs built ahead, so only the backward is timed.
 
-    def __init__(self, part: nn.Module, leaves: tuple[torch.Tensor, ...], atomic: bool) -> None:
-        self.part, self.leaves, self.atomic = part, leaves, atomic
+    ``in_place``: the part changes its input in place (Note [in-place entry]).
+    """
+
+    def __init__(self, part: nn.Module, leaves: tuple[torch.Tensor, ...], atomic: bool, *,
+                 in_place: bool = False) -> None:
+        self.part, self.leaves, self.atomic, self.in_place = part, leaves, atomic, in_place
         self.ready: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
 
     def build(self, count: int) -> None:
         while len(self.ready) < count:
-            fresh = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in self.leaves)
+            fresh = _entry(self.leaves, copy=True) if self.in_place else \
+                tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in self.leaves)
             # saved through the recorder's hooks, as the executor saves them: the backward unpacks each
             with torch.enable_grad(), SavedBytes(self.part).hooks():
                 out = self.part(fresh[0] if self.atomic else fresh)
@@ -265,12 +271,34 @@ class Graphs:
             p.grad = None
 
 
+def _entry(leaves: tuple[torch.Tensor, ...], *, copy: bool) -> tuple[torch.Tensor, ...]:
+    """A run's input: fresh leaves requiring grad as given; with ``copy``, copies of them, which are not
+    leaves, so an in-place first layer may change them, as in the executor (Note [in-place entry])."""
+    fresh = tuple(t.detach().requires_grad_(t.requires_grad) for t in leaves)
+    return tuple(t.clone() for t in fresh) if copy else fresh
+
+
+def changes_input(part: nn.Module, leaves: tuple[torch.Tensor, ...], atomic: bool) -> bool:
+    """Whether ``part`` changes its input in place (an in-place first layer): one no-grad forward on a copy."""
+    probe = tuple(t.detach().clone() for t in leaves)
+    versions = [t._version for t in probe]
+    with torch.no_grad():
+        part(probe[0] if atomic else probe)
+    return any(t._version != v for t, v in zip(probe, versions, strict=True))
+
+
 def task_runners(parts: Sequence[nn.Module], sample: TensorOrTensors) -> list[dict[str, Callable[[], Any]]]:
     """Per stage, a thunk per task kind (``F``, ``Fc``, ``B``) that runs it as the executor does.
 
     ``F`` is a grad-enabled forward through the recorder's hooks, ``Fc`` a checkpointed forward
     (no grad), ``B`` a :class:`Graphs` (a backward of a graph built ahead). Stage ``k`` takes what
     stage ``k - 1`` returns for the sample, requiring grad as the executor's inputs do.
+
+    Note [in-place entry]: the executor hands each task a tensor of its own, and a partition whose first
+    layer works in place (``nn.ReLU(inplace=True)``) changes it (on a non-leaf alias when it requires grad,
+    Note [entering a partition] in :mod:`gpipe.worker`). The runners run a stage again and again on the
+    same input, so for such a stage (:func:`changes_input`) every run gets a copy, made inside the timed
+    run (what that adds is a copy of the input); other stages run on their input itself, as before.
     """
     runners: list[dict[str, Callable[[], Any]]] = []
     atomic = not isinstance(sample, tuple)
@@ -280,22 +308,24 @@ def task_runners(parts: Sequence[nn.Module], sample: TensorOrTensors) -> list[di
         leaves = tuple(t.detach().to(device).requires_grad_(t.requires_grad or (k > 0 and t.is_floating_point()))
                        for t in inputs)
         state = {_storage_key(t) for t in [*part.parameters(), *part.buffers()]}
+        in_place = changes_input(part, leaves, atomic)  # Note [in-place entry]
 
         def forward(part: nn.Module = part, leaves: tuple[torch.Tensor, ...] = leaves, atomic: bool = atomic,
-                    state: set[tuple[str, int]] = state) -> Any:
+                    state: set[tuple[str, int]] = state, in_place: bool = in_place) -> Any:
             counter = SavedBytes(state)
-            fresh = tuple(t.detach().requires_grad_(t.requires_grad) for t in leaves)
+            fresh = _entry(leaves, copy=in_place)
             with torch.enable_grad(), counter.hooks():
                 out = part(fresh[0] if atomic else fresh)
             _ = counter.nbytes
             return out
 
         def forward_checkpointed(part: nn.Module = part, leaves: tuple[torch.Tensor, ...] = leaves,
-                                 atomic: bool = atomic) -> Any:
+                                 atomic: bool = atomic, in_place: bool = in_place) -> Any:
             with torch.no_grad(), checkpointing():
-                return part(leaves[0] if atomic else leaves)
+                fresh = _entry(leaves, copy=True) if in_place else leaves
+                return part(fresh[0] if atomic else fresh)
 
-        graphs = Graphs(part, leaves, atomic)
+        graphs = Graphs(part, leaves, atomic, in_place=in_place)
         runners.append({"F": forward, "Fc": forward_checkpointed, "B": graphs})
         out = forward_checkpointed()
         atomic = isinstance(out, torch.Tensor)

@@ -244,7 +244,7 @@ def _points(gpus: Sequence[int], batch: int, layers: int, chunks: Sequence[int] 
             checkpoints: Sequence[str], schedules: Sequence[str], stages: Sequence[int] | None) -> list[_Point]:
     out: list[_Point] = []
     for g in gpus:
-        for n in (s for s in range(1, g + 1) if g % s == 0 and s <= layers and (stages is None or s in stages)):
+        for n in (s for s in range(1, min(g, layers) + 1) if g % s == 0 and (stages is None or s in stages)):
             r = g // n
             if r > batch:
                 continue
@@ -383,8 +383,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     _check(profile, batch, gpus, chunks, checkpoints, schedules, policy)
     if objective not in ("throughput", "cost"):
         raise ValueError(f"objective must be 'throughput' or 'cost', got {objective!r}")
-    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
-        raise ValueError(f"the price per GPU-hour must be >= 0, got {price_per_gpu_hour}")
+    if price_per_gpu_hour is not None and not 0 <= price_per_gpu_hour < math.inf:
+        raise ValueError(f"the price per GPU-hour must be a finite number >= 0, got {price_per_gpu_hour}")
     points = _points(gpus, batch, len(profile), chunks, checkpoints, schedules, stages)
     if not points:
         raise ValueError(f"nothing to sweep: no configuration of {list(gpus)} GPUs fits batch {batch} "

@@ -78,9 +78,12 @@ def count_saved_tensors(parts: Sequence[nn.Module], sample: TensorOrTensors) -> 
             count += 1
             return t.detach()  # gpipe.profile, Note [no cycle through the hook]
 
+        # copies, not leaves, so that an in-place first layer may change them (Note [entering a partition] in
+        # gpipe.worker); a copy saves nothing for backward, so the count stays the part's own
+        fresh = tuple(t.clone() for t in leaves)
         with _preserved(part), torch.enable_grad(), torch.random.fork_rng(devices=[]), \
                 torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
-            output = part(leaves[0] if atomic else leaves)
+            output = part(fresh[0] if atomic else fresh)
         counts.append(count)
         atomic = isinstance(output, torch.Tensor)
         inputs = (output,) if atomic else tuple(output)

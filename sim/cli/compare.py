@@ -14,11 +14,6 @@ calibrate, simulate, run the executor for ``--steps`` steps, compare, write the 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -26,6 +21,8 @@ from torch import Tensor, nn
 
 from sim.cli import CommandError
 from sim.cli.demo import add_common_options, check_common, execute
+from sim.cli.options import integer
+from sim.cli.user_code import Target, blame, call, load_target
 from sim.experiment import Batch, Setup
 from sim.machine import default_devices
 
@@ -59,6 +56,8 @@ def parse_balance(text: str) -> tuple[int, ...]:
         raise CommandError(f"--balance takes comma-separated positive integers, got {text!r}") from None
     if not values or any(v < 1 for v in values):
         raise CommandError(f"--balance takes comma-separated positive integers, got {text!r}")
+    for v in values:
+        integer("--balance", v, 1)
     return values
 
 
@@ -81,58 +80,31 @@ def parse_devices(text: str) -> tuple[str, ...]:
     return names
 
 
-def _import(module_name: str) -> ModuleType:
-    if module_name.endswith(".py") or "/" in module_name:
-        path = Path(module_name)
-        if not path.is_file():
-            raise CommandError(f"no Python file {module_name!r}")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None:
-            raise CommandError(f"cannot load {module_name!r} as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    cwd = str(Path.cwd())
-    sys.path.insert(0, cwd)  # a console script does not have the current directory on its path
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise CommandError(f"no module named {exc.name!r} (while importing {module_name!r})") from None
-    finally:
-        sys.path.remove(cwd)
-
-
-def load(target: str) -> tuple[nn.Sequential, Batch]:
-    """Import ``MODULE:FUNCTION``, call it, and check it returned ``(nn.Sequential, mini-batch)``.
+def load(target: str | Target) -> tuple[nn.Sequential, Batch]:
+    """Import ``MODULE:FUNCTION`` (unless given loaded), call it, and check it returned ``(nn.Sequential, mini-batch)``.
 
     Raises:
         CommandError: a malformed target, a module or function that is not there, or a wrong return value.
+        UserCodeError: the user's module or function raised (:mod:`sim.cli.user_code`).
     """
-    module_name, sep, func_name = target.rpartition(":")
-    if not sep or not module_name or not func_name:
-        raise CommandError(f"expected MODULE:FUNCTION, got {target!r}")
-    module = _import(module_name)
-    func = getattr(module, func_name, None)
-    if func is None:
-        raise CommandError(f"module {module_name!r} has no function {func_name!r}")
-    if not callable(func):
-        raise CommandError(f"{target} is a {type(func).__name__}, not a function")
-    result = func()
+    loaded = target if isinstance(target, Target) else load_target(target)
+    spec = loaded.spec
+    result = call(loaded)
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise CommandError(f"{target} must return (nn.Sequential, sample mini-batch), got {_kind(result)}")
+        raise CommandError(f"{spec} must return (nn.Sequential, sample mini-batch), got {_kind(result)}")
     model, batch = result
     if not isinstance(model, nn.Sequential):
-        raise CommandError(f"{target} must return an nn.Sequential first, got {_kind(model)}")
+        raise CommandError(f"{spec} must return an nn.Sequential first, got {_kind(model)}")
     if isinstance(batch, list):
         batch = tuple(batch)
     ok = isinstance(batch, Tensor) or (isinstance(batch, tuple) and batch and all(isinstance(t, Tensor)
                                                                                  for t in batch))
     if not ok:
-        raise CommandError(f"{target} must return a tensor (or a tuple of tensors) as the mini-batch, "
+        raise CommandError(f"{spec} must return a tensor (or a tuple of tensors) as the mini-batch, "
                            f"got {_kind(batch)}")
     first = batch if isinstance(batch, Tensor) else batch[0]
     if first.dim() == 0 or first.shape[0] < 1:
-        raise CommandError(f"{target}: the mini-batch needs a batch dimension (dimension 0) with samples")
+        raise CommandError(f"{spec}: the mini-batch needs a batch dimension (dimension 0) with samples")
     return model, batch
 
 
@@ -144,13 +116,14 @@ def _kind(value: object) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Load the user's model, run the experiment, report; return the exit status."""
-    check_common(args)
+    out = check_common(args)
     balance = parse_balance(args.balance) if args.balance is not None else None
     devices = parse_devices(args.devices) if args.devices is not None else None
     if balance is not None and devices is not None and len(balance) != len(devices):
         raise CommandError(f"--balance has {len(balance)} partitions but --devices names {len(devices)} devices")
     torch.manual_seed(args.seed)
-    model, batch = load(args.target)
+    target = load_target(args.target)
+    model, batch = load(target)
     if balance is not None and sum(balance) != len(model):
         raise CommandError(f"--balance {args.balance} sums to {sum(balance)}, but the model has {len(model)} layers")
     partitions = len(balance) if balance is not None else len(devices) if devices is not None else 2
@@ -160,4 +133,5 @@ def run(args: argparse.Namespace) -> int:
                   balance=balance, devices=devices or default_devices(partitions))
     layers = len(model)
     size = batch.shape[0] if isinstance(batch, Tensor) else batch[0].shape[0]
-    return execute(model, batch, setup, args, f"compare: {args.target}, {layers} layers, batch {size}")
+    with blame(target):  # an error in a layer of the user's is theirs (sim.cli.user_code)
+        return execute(model, batch, setup, args, f"compare: {args.target}, {layers} layers, batch {size}", out)

@@ -14,10 +14,8 @@ The pipeline itself is :func:`sim.experiment.run`; ``gpipe-sim compare`` runs it
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 # Note [one thread per worker]: the executor starts fresh worker threads, and in a fresh thread MKL
@@ -33,9 +31,11 @@ from torch import nn  # noqa: E402
 
 from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
 from sim.cli import CommandError  # noqa: E402
+from sim.cli.options import add_force, integer, output_folder, seed  # noqa: E402
 from sim.experiment import Batch, Setup, demo_model, progress_labels, run  # noqa: E402
+from sim.files import OutputFolder, json_text  # noqa: E402
 from sim.machine import keep_freed_memory  # noqa: E402
-from sim.outcome import DRIFT_LIMIT, Outcome, write_outputs  # noqa: E402
+from sim.outcome import DRIFT_LIMIT, OUTPUT_FILES, Outcome, write_outputs  # noqa: E402
 
 __all__ = ["add_common_options", "add_parser", "execute", "run_command"]
 
@@ -61,29 +61,33 @@ def add_common_options(p: argparse.ArgumentParser, *, out: str) -> None:
                    help="training steps measured; the step of median makespan is compared (default: 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the input and PyTorch (default: 0)")
     p.add_argument("--out", default=out, metavar="DIR",
-                   help=f"where timeline.png, trace.json and report.json go (default: ./{out})")
+                   help=f"where timeline.png, trace.json and report.json go (default: ./{out}); a folder that "
+                        "already holds them is refused unless --force")
+    add_force(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of the table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def check_common(args: argparse.Namespace) -> None:
-    """Reject bad values of the shared options (one-line errors)."""
-    if args.chunks < 1:
-        raise CommandError(f"--chunks must be >= 1, got {args.chunks}")
-    if args.steps < 1:
-        raise CommandError(f"--steps must be >= 1, got {args.steps}")
+def check_common(args: argparse.Namespace) -> OutputFolder:
+    """Reject bad values of the shared options (one-line errors); return the output folder, checked before any
+    work (:mod:`sim.files`)."""
+    integer("--chunks", args.chunks, 1)
+    integer("--steps", args.steps, 1)
+    seed("--seed", args.seed)
+    return output_folder(args, OUTPUT_FILES)
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the demo; return the exit status."""
-    check_common(args)
+    out = check_common(args)
     model, batch = demo_model(args.seed)
     setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, steps=args.steps, seed=args.seed)
-    return execute(model, batch, setup, args, "demo: 19-layer convolutional classifier, batch 64 of 3x32x32")
+    return execute(model, batch, setup, args, "demo: 19-layer convolutional classifier, batch 64 of 3x32x32", out)
 
 
-def execute(model: nn.Sequential, batch: Batch, setup: Setup, args: argparse.Namespace, description: str) -> int:
-    """Run the experiment with a progress bar, write the files, print the table (or the report)."""
+def execute(model: nn.Sequential, batch: Batch, setup: Setup, args: argparse.Namespace, description: str,
+            out: OutputFolder) -> int:
+    """Run the experiment with a progress bar, write the files into ``out``, print the table (or the report)."""
     from tqdm import tqdm
 
     size = (batch if isinstance(batch, torch.Tensor) else batch[0]).shape[0]
@@ -101,9 +105,9 @@ def execute(model: nn.Sequential, batch: Batch, setup: Setup, args: argparse.Nam
 
         bar.set_description_str(labels[0])
         outcome = run(model, batch, setup, progress=progress, description=description)
-    files = write_outputs(outcome, Path(args.out))
+    files = write_outputs(outcome, out)
     if args.json:
-        print(json.dumps({**outcome.report(), "files": files}))
+        print(json_text({**outcome.report(), "files": files}))
         return 0
     print_outcome(outcome, files)
     return 0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from sim.files import json_text
 from sim.hardware import DEVICES, LINKS
 
 __all__ = ["add_parser", "run"]
@@ -25,7 +25,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the catalog; return the exit status."""
     if args.json:
-        print(json.dumps({"devices": [d.to_dict() for d in DEVICES.values()],
+        print(json_text({"devices": [d.to_dict() for d in DEVICES.values()],
                           "links": [link.to_dict() for link in LINKS.values()]}))
         return 0
     print("devices (peak TFLOP/s, dense; memory; memory bandwidth; assumed efficiency)")

@@ -15,19 +15,19 @@ arguments and returns an ``nn.Sequential`` and a sample input (batch in dimensio
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import json
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from gpipe.schedule import CHECKPOINT_MODES
 from sim.cli import CommandError
+from sim.cli.options import MAX_INT, add_force, integer, number, output_folder
+from sim.cli.user_code import Target, blame, call, load_target
 from sim.costs_from_flops import training_policy
+from sim.files import json_text
 from sim.flops import ModelProfile, count_layers
 from sim.hardware import get_device
 from sim.models import get_model
@@ -36,7 +36,10 @@ from sim.plan import SCHEDULES, Plan, PlanRow, check_request, default_training, 
 __all__ = ["add_parser", "load_model", "run"]
 
 BUILTIN_FAMILIES = ("gpt", "resnet101", "resnet", "unet", "amoebanet")
+BUILTINS = "gpt:SIZE, resnet101, unet:B,C, amoebanet:L,D"
 GiB = 2**30
+FILES = ("plan.json", "throughput.png", "memory.png")  # what --out receives
+MAX_PRICE = 1e9  # USD per GPU-hour; far above any price, and every row's cost stays finite
 
 
 def add_parser(subparsers: Any) -> None:
@@ -66,7 +69,10 @@ def add_parser(subparsers: Any) -> None:
                    help="what 'best' means (cost needs --price; default: throughput)")
     p.add_argument("--top", type=int, default=20, metavar="K", help="rows to print (default: 20; 0: all)")
     p.add_argument("--json", action="store_true", help="print the whole plan as one JSON object")
-    p.add_argument("--out", default=None, metavar="DIR", help="write plan.json, throughput.png and memory.png here")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write plan.json, throughput.png and memory.png here; a folder that already holds them is "
+                        "refused unless --force")
+    add_force(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -78,6 +84,8 @@ def _ints(flag: str, text: str) -> list[int]:
         raise CommandError(f"{flag} takes comma-separated integers, got {text!r}") from None
     if not values:
         raise CommandError(f"{flag} needs at least one value")
+    for v in values:  # the lower bounds are sim.plan.check_request's
+        integer(flag, v, -MAX_INT - 1)
     return values
 
 
@@ -99,38 +107,28 @@ def load_model(spec: str) -> tuple[str, nn.Sequential, Any]:
         KeyError: an unknown built-in name.
         CommandError: a ``MODULE:FUNCTION`` that cannot be imported or returns something else.
     """
+    name, module, sample, _ = _load(spec)
+    return name, module, sample
+
+
+def _load(spec: str) -> tuple[str, nn.Sequential, Any, Target | None]:
+    """:func:`load_model`, and the user's target (``None`` for a built-in)."""
     family = spec.strip().lower().partition(":")[0]
     if family in BUILTIN_FAMILIES:
         entry = get_model(spec)
-        return entry.name, entry.module("meta"), entry.sample(2, "meta")
+        return entry.name, entry.module("meta"), entry.sample(2, "meta"), None
     module_name, sep, func_name = spec.rpartition(":")
     if not sep or not module_name or not func_name:
         get_model(spec)  # raises KeyError listing the built-ins
         raise CommandError(f"unknown model {spec!r}")
     try:
-        if module_name.endswith(".py") or "/" in module_name:
-            path = Path(module_name)
-            loader_spec = importlib.util.spec_from_file_location(path.stem, path)
-            if loader_spec is None or loader_spec.loader is None or not path.is_file():
-                raise CommandError(f"--model: no Python file {module_name!r}")
-            module = importlib.util.module_from_spec(loader_spec)
-            loader_spec.loader.exec_module(module)
-        else:
-            sys.path.insert(0, str(Path.cwd()))
-            try:
-                module = importlib.import_module(module_name)
-            finally:
-                sys.path.remove(str(Path.cwd()))
-    except ImportError as exc:
-        raise CommandError(f"--model: cannot import {module_name!r} ({exc}); known built-ins: gpt:SIZE, "
-                           "resnet101, unet:B,C, amoebanet:L,D") from None
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise CommandError(f"--model: {module_name!r} has no function {func_name!r}")
-    result = func()
+        target = load_target(spec, "--model: ")
+    except CommandError as exc:
+        raise CommandError(f"{exc}; known built-ins: {BUILTINS}") from None
+    result = call(target)
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Sequential)):
         raise CommandError(f"--model: {spec} must return (nn.Sequential, sample input), got {type(result).__name__}")
-    return spec, result[0], result[1]
+    return spec, result[0], result[1], target
 
 
 def _bytes(n: float) -> str:
@@ -174,8 +172,12 @@ def print_table(result: Plan, top: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Count the model, sweep, print the table (or JSON) and write the files; return the exit status."""
+    integer("--batch", args.batch, -MAX_INT - 1)  # check_request below says what a batch needs
+    integer("--top", args.top, -MAX_INT - 1)
     gpus = _ints("--gpus", args.gpus)
     chunks = _ints("--chunks", args.chunks) if args.chunks is not None else None
+    if args.price is not None:
+        number("--price", args.price, unit="USD per GPU-hour", maximum=MAX_PRICE)
     checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINT_MODES)
     schedules = _words("--schedule", args.schedule, tuple(SCHEDULES))
     device = get_device(args.hardware)
@@ -189,24 +191,25 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--objective cost needs --price")
     check_request(args.batch, gpus, chunks)  # before the (seconds-long) count
     link = resolve_link(args.link, device)
-    name, module, sample = load_model(args.model)
-    profile: ModelProfile = count_layers(module, sample, dtype=training.torch_dtype)
+    out = output_folder(args, FILES) if args.out is not None else None
+    name, module, sample, target = _load(args.model)
+    with blame(target) if target is not None else nullcontext():  # the user's layers run on meta here
+        profile: ModelProfile = count_layers(module, sample, dtype=training.torch_dtype)
     result = plan(profile, args.batch, device, gpus, link, training=training, chunks=chunks,
                   checkpoints=checkpoints, schedules=schedules, price_per_gpu_hour=args.price,
                   objective=args.objective, model_name=name,
                   progress=not args.no_progress and sys.stderr.isatty())
-    if args.out is not None:
+    if out is not None:
         from sim.plan_plot import plot_memory, plot_throughput
 
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(result.to_dict(), indent=1))
-        plot_throughput(result, out / "throughput.png")
-        plot_memory(result, path=out / "memory.png")
+        written = out.write_json("plan.json", result.to_dict(), indent=1)
+        out.write_with("throughput.png", lambda path: plot_throughput(result, path))
+        out.write_with("memory.png", lambda path: plot_memory(result, path=path))
+        out.finish()
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(json_text(result.to_dict()))
         return 0
     print_table(result, args.top)
-    if args.out is not None:
-        print(f"wrote {Path(args.out) / 'plan.json'}, throughput.png, memory.png")
+    if out is not None:
+        print(f"wrote {written}, throughput.png, memory.png")
     return 0

@@ -24,17 +24,16 @@ large. The summary does not depend on them.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
-from pathlib import Path
 from typing import Any
 
 from gpipe.schedule import CHECKPOINT_MODES, Schedule, gpipe, one_f_one_b
-from gpipe.timeline import Timeline, write_chrome_trace
+from gpipe.timeline import Timeline, chrome_trace
 from sim.cli import CommandError
+from sim.cli.options import MAX_SECONDS, add_force, integer, number, output_folder
 from sim.cost import CostModel, StageCost
 from sim.engine import SimConfig, simulate
+from sim.files import OutputFolder, json_text
 from sim.hardware import DeviceSpec, LinkSpec, get_device, get_link
 
 __all__ = ["add_parser", "run"]
@@ -45,6 +44,7 @@ PLOT_SPAN_LIMIT = 4000  # a Gantt chart with more bars than this takes long to d
 # than simulating, and a trace viewer opens them slowly to show more spans than anyone scrolls through
 TRACE_SPAN_LIMIT = 250_000
 GRID_LIMIT = (16, 8)  # print the schedule grid up to this many micro-batches and stages
+FILES = ("trace.json", "timeline.json", "timeline.png")  # what a run may write into --out
 
 
 def add_parser(subparsers: Any) -> None:
@@ -88,21 +88,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--lockstep", action="store_true", help="the forward runs in lockstep clock cycles")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--out", default="out", metavar="DIR",
-                   help="where timeline.png, trace.json and timeline.json go (default: ./out)")
+                   help="where timeline.png, trace.json and timeline.json go (default: ./out); a folder that "
+                        "already holds them is refused unless --force")
+    add_force(p)
     p.add_argument("--all-files", action="store_true",
                    help=f"write the files however many spans (default: timeline.png up to {PLOT_SPAN_LIMIT:,} "
                         f"spans, trace.json and timeline.json up to {TRACE_SPAN_LIMIT:,})")
     p.set_defaults(func=run)
-
-
-def _seconds(flag: str, value: float | None) -> None:
-    if value is not None and (math.isnan(value) or math.isinf(value) or value < 0):
-        raise CommandError(f"{flag} must be a finite number of seconds >= 0, got {value}")
-
-
-def _count(flag: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise CommandError(f"{flag} must be >= {minimum}, got {value}")
 
 
 def _link(args: argparse.Namespace) -> LinkSpec | None:
@@ -110,8 +102,7 @@ def _link(args: argparse.Namespace) -> LinkSpec | None:
     if args.copy_time is not None:
         return None
     if args.bandwidth is not None:
-        if math.isnan(args.bandwidth) or math.isinf(args.bandwidth) or args.bandwidth <= 0:
-            raise CommandError(f"--bandwidth must be a finite number of bytes/s > 0, got {args.bandwidth}")
+        number("--bandwidth", args.bandwidth, unit="bytes/s", positive=True, maximum=float("inf"))
         return LinkSpec("custom", args.latency or 0.0, args.bandwidth, "from --bandwidth/--latency")
     if args.latency is not None:
         raise CommandError("--latency needs --bandwidth (or use --link NAME)")
@@ -127,14 +118,19 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
         CommandError: a bad number (the message names the flag).
         KeyError: an unknown link or device (the message lists the known ones).
     """
-    _count("--stages", args.stages, 1)
-    _count("--chunks", args.chunks, 1)
+    integer("--stages", args.stages, 1)
+    integer("--chunks", args.chunks, 1)
     for flag in ("forward_time", "backward_time", "recompute_time", "copy_time", "latency"):
-        _seconds("--" + flag.replace("_", "-"), getattr(args, flag))
+        if getattr(args, flag) is not None:
+            number("--" + flag.replace("_", "-"), getattr(args, flag), unit="seconds")
     for flag in ("activation_bytes", "saved_bytes", "model_state_bytes"):
-        _count("--" + flag.replace("_", "-"), getattr(args, flag), 0)
+        integer("--" + flag.replace("_", "-"), getattr(args, flag), 0)
     device = get_device(args.hardware) if args.hardware is not None else None
     link = _link(args)
+    if link is not None and not link.transfer_seconds(args.activation_bytes) <= MAX_SECONDS:
+        by = "--bandwidth" if args.bandwidth is not None else f"--link {link.name}"
+        raise CommandError(f"a copy of --activation-bytes {args.activation_bytes} over {by} takes "
+                           f"{link.transfer_seconds(args.activation_bytes):.3g} s, more than {MAX_SECONDS:g}")
     make = gpipe if args.schedule == "gpipe" else one_f_one_b
     schedule = make(args.chunks, args.stages, args.checkpoint) if args.checkpoint else make(args.chunks, args.stages)
     stage = StageCost(args.forward_time, args.backward_time, args.recompute_time,
@@ -161,22 +157,20 @@ def _bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def write_files(timeline: Timeline, out: Path, *, plot_limit: int | None = PLOT_SPAN_LIMIT,
+def write_files(timeline: Timeline, out: OutputFolder, *, plot_limit: int | None = PLOT_SPAN_LIMIT,
                 trace_limit: int | None = TRACE_SPAN_LIMIT) -> dict[str, str]:
     """Write ``trace.json`` and ``timeline.json`` (up to ``trace_limit`` spans) and ``timeline.png`` (up to
     ``plot_limit``) into ``out``; a limit of ``None`` writes the file however large. Returns the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
     spans = len(timeline.spans)
     files: dict[str, str] = {}
     if trace_limit is None or spans <= trace_limit:
-        files["trace"] = str(write_chrome_trace(out / "trace.json", timeline))
-        timeline.to_json(out / "timeline.json")
-        files["timeline"] = str(out / "timeline.json")
+        files["trace"] = out.write_json("trace.json", chrome_trace(timeline))
+        files["timeline"] = out.write_json("timeline.json", timeline.to_dict(), indent=1)
     if plot_limit is None or spans <= plot_limit:
         from gpipe.plot import plot_timeline
 
-        plot_timeline(timeline, out / "timeline.png")
-        files["plot"] = str(out / "timeline.png")
+        files["plot"] = out.write_with("timeline.png", lambda path: plot_timeline(timeline, path))
+    out.finish()  # a stale timeline.png of an earlier, smaller run goes (Note [ours] in sim.files)
     return files
 
 
@@ -193,9 +187,10 @@ def skipped_note(files: dict[str, str], spans: int, plot_limit: int, trace_limit
 def run(args: argparse.Namespace) -> int:
     """Simulate, print the summary (or one JSON object) and write the files; return the exit status."""
     schedule, cost, config, device = build(args)
+    out = output_folder(args, FILES)
     timeline = simulate(schedule, cost, config)
     limits = (None, None) if args.all_files else (PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
-    files = write_files(timeline, Path(args.out), plot_limit=limits[0], trace_limit=limits[1])
+    files = write_files(timeline, out, plot_limit=limits[0], trace_limit=limits[1])
     note = None if args.all_files else skipped_note(files, len(timeline.spans), PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
     summary = timeline.summary()  # Note [metrics in one pass] in gpipe.timeline
     model_state = timeline.meta["model_state_bytes"]
@@ -208,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
                "checkpoint": schedule.checkpoint, "copies": _copies(cost, config),
                "copy_streams": config.copy_streams, "fork_join": config.enforce_backward_order,
                "lockstep": config.lockstep_forward, "hardware": device.name if device else None, "files": files}
-        print(json.dumps(doc))
+        print(json_text(doc))
         if note is not None:
             print(note, file=sys.stderr)  # stdout holds the JSON object alone
         return 0

@@ -73,3 +73,34 @@ def tuplenet() -> nn.Sequential:
 
 def tuple_input(batch: int) -> tuple[Tensor, Tensor]:
     return torch.randn(batch, 6), torch.randn(batch, 6)
+
+
+class Noise(nn.Module):
+    """Draws through every route a model may take: a functional, a tensor factory, a tensor method, a custom op."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = nn.functional.dropout(x, 0.3, self.training)
+        x = x + 0.1 * torch.rand_like(x)
+        x = x * torch.bernoulli(torch.full_like(x, 0.8))
+        x = x + 0.1 * torch.empty_like(x).normal_()
+        return RandomScale.apply(x)
+
+
+class RandomScale(torch.autograd.Function):
+    """A user's op drawing in its own forward: scales each row by a random factor, saved for backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[no-untyped-def, override]
+        scale = torch.rand(x.size(0), *([1] * (x.dim() - 1)), dtype=x.dtype, device=x.device) + 0.5
+        ctx.save_for_backward(scale)
+        return x * scale
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[no-untyped-def, override]
+        (scale,) = ctx.saved_tensors
+        return grad * scale
+
+
+def dropnet() -> nn.Sequential:
+    """Random draws in three of five layers: dropout modules, and every other route through :class:`Noise`."""
+    return nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), Noise(), nn.Linear(8, 8), nn.Dropout(0.2))

@@ -84,3 +84,23 @@ def test_cuda_memory_samples_mean_what_they_mean_on_cpu(checkpoint: str) -> None
             assert all(b > 0 for b in timeline.meta["allocator_peak_bytes"].values())
     cpu, cuda = peaks.values()
     assert cuda == cpu and all(b > 0 for b in cpu)
+
+
+def test_random_draws_equal_under_every_policy_on_cuda() -> None:
+    """Note [random state]: dropout, F.dropout, rand_like, bernoulli and a custom op on CUDA devices (partitions
+    sharing one GPU share its generator), equal under every policy, schedule and repeat."""
+    from tests.gpipe.models import dropnet
+
+    def grads(checkpoint: str, schedule: str) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = dropnet()
+        pipe = GPipe(model, [2, 1, 2], devices=_devices(3), chunks=4, checkpoint=checkpoint, schedule=schedule)
+        x = torch.randn(8, 6, device=pipe.devices[0])
+        torch.manual_seed(1)
+        pipe.step(x, torch.zeros(8, 8, device=pipe.devices[-1]), torch.nn.MSELoss())
+        return torch.cat([p.grad.flatten().cpu() for p in model.parameters()])
+
+    reference = grads("never", "gpipe")
+    for schedule in ("gpipe", "1f1b"):
+        for checkpoint in CHECKPOINT_MODES:
+            torch.testing.assert_close(grads(checkpoint, schedule), reference)

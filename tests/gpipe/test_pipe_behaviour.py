@@ -237,3 +237,28 @@ def test_one_f_one_b_needs_step() -> None:
         assert pipe(torch.randn(4, 6)).shape == (4, 3)
     with pytest.raises(ValueError, match="unknown schedule"):
         GPipe(mlp(), [2, 3], schedule="zero-bubble")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_batch_smaller_than_chunks_runs_fewer_microbatches_as_torchgpipe(schedule: str) -> None:
+    """The last, short batch of an epoch (drop_last=False) trains, as with torchgpipe's tensor.chunk; the
+    recorded timeline is of the micro-batches that ran."""
+    torch.manual_seed(0)
+    pipe = GPipe(mlp(), [2, 3], chunks=8, record=True, schedule=schedule)
+    pipe.step(torch.randn(3, 6), torch.randn(3, 3), nn.MSELoss())
+    assert pipe.timeline is not None
+    assert {span.task.microbatch for span in pipe.timeline.spans} == {0, 1, 2}
+    with torch.no_grad():
+        assert pipe(torch.randn(2, 6)).shape == (2, 3)
+
+
+def test_a_batch_smaller_than_chunks_matches_the_plain_model() -> None:
+    torch.manual_seed(0)
+    model = mlp()
+    reference = copy.deepcopy(model)
+    pipe = GPipe(model, [2, 3], chunks=8, checkpoint="always")
+    x, y = torch.randn(3, 6), torch.randn(3, 3)
+    torch.testing.assert_close(pipe.step(x, y, nn.MSELoss()), nn.MSELoss()(reference(x), y))
+    nn.MSELoss()(reference(x), y).backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)

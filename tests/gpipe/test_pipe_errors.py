@@ -147,10 +147,30 @@ def test_invalid_arguments(build, error: type[Exception], fix: str) -> None:  # 
         build()
 
 
-def test_more_chunks_than_samples() -> None:
-    pipe = GPipe(_two(), [1, 1], chunks=8)
-    with pytest.raises(ValueError, match="chunks=8 is more than the batch size 3"):
-        pipe(torch.randn(3, 3))
+def test_empty_batch_says_so() -> None:
+    with pytest.raises(ValueError, match="the batch is empty"):
+        GPipe(_two(), [1, 1], chunks=2)(torch.randn(0, 3))
+
+
+@pytest.mark.parametrize("bad", [torch.randn(4, 3).to_sparse(), torch.randn(4, 3, device="meta")],
+                         ids=["sparse", "meta"])
+def test_sparse_and_meta_inputs_are_refused_before_the_workers(bad: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="dense tensors|meta device"):
+        GPipe(_two(), [1, 1], chunks=2)(bad)
+
+
+def test_too_few_devices_is_an_index_error_as_in_torchgpipe_and_a_value_error() -> None:
+    for error in (IndexError, ValueError):
+        with pytest.raises(error, match="too few devices"):
+            GPipe(_two(), [1, 1], devices=["cpu"])
+
+
+def test_numpy_integers_for_balance_and_chunks() -> None:
+    import numpy as np
+
+    pipe = GPipe(_two(), np.array([1, 1]), chunks=np.int64(2))
+    assert pipe.balance == [1, 1] and pipe.chunks == 2 and type(pipe.chunks) is int
+    assert pipe(torch.randn(4, 3)).shape == (4, 3)
 
 
 @pytest.mark.parametrize("bad", [[1.0, 2.0], (torch.randn(2, 3), "text"), 3])
@@ -166,10 +186,22 @@ def test_non_tensor_output() -> None:
     assert _workers() == []
 
 
-@pytest.mark.parametrize("checkpoint", ["always", "except_last"])
-def test_in_place_first_layer_breaks_recompute(checkpoint: str) -> None:
-    pipe = GPipe(nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 3)), [1, 2], chunks=2,
-                 checkpoint=checkpoint)
+class WritesLater(nn.Module):
+    """Writes its input in place only once switched on: after the first step learnt that it does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.relu_() if self.on else x.relu()
+
+
+def test_a_partition_that_starts_writing_its_input_later_is_refused() -> None:
+    later = WritesLater()
+    pipe = GPipe(nn.Sequential(nn.Linear(3, 3), later, nn.Linear(3, 3)), [1, 2], chunks=2, checkpoint="always")
+    pipe(torch.randn(4, 3)).sum().backward()
+    later.on = True
     with pytest.raises(RuntimeError, match="modified its input in place.*inplace=False"):
         pipe(torch.randn(4, 3))
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from gpipe import GPipe
+from gpipe import GPipe, rng
 from gpipe.microbatch import scatter
 from gpipe.schedule import CHECKPOINT_MODES
-from tests.gpipe.models import balances, convnet, mlp, skipnet, tuple_input, tuplenet
+from tests.gpipe.models import balances, convnet, dropnet, mlp, skipnet, tuple_input, tuplenet
 
 BATCH = 9  # divides none of 2, 4, 8: the last micro-batches are uneven
 CHUNKS = (1, 2, 4, 8)
@@ -63,6 +63,39 @@ def test_mlp(balance: list[int], chunks: int, checkpoint: str) -> None:
 
 
 @_every_configuration(layers=5)
+def test_random_layers_draw_what_the_unpipelined_model_draws_with_the_same_seeds(
+        balance: list[int], chunks: int, checkpoint: str) -> None:
+    """Dropout, F.dropout, rand_like, bernoulli, normal_ and a custom op: the reference runs each micro-batch
+    through each partition's layers with the draws of that task (Note [random state] in gpipe.rng)."""
+    torch.manual_seed(0)
+    model = dropnet()
+    reference = copy.deepcopy(model)
+    x = torch.randn(BATCH, 6, requires_grad=True)
+    ref_x = x.detach().clone().requires_grad_()
+    torch.manual_seed(7)
+    seed = rng.step_seed()
+    bounds = [sum(balance[:j]) for j in range(len(balance) + 1)]
+    pieces = []
+    for i, (piece,) in enumerate(scatter((ref_x,), chunks)):
+        for j in range(len(balance)):
+            for k, layer in enumerate(reference[bounds[j]:bounds[j + 1]]):
+                with rng.TaskDraws(seed, i, j, k):
+                    piece = layer(piece)
+        pieces.append(piece)
+    expected = torch.cat(pieces)
+    pipe = GPipe(model, balance, devices=["cpu"] * len(balance), chunks=chunks, checkpoint=checkpoint)
+    torch.manual_seed(7)
+    out = pipe(x)
+    torch.testing.assert_close(out, expected)
+    _loss(out).backward()
+    _loss(expected).backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=lambda m, name=name: f"{name}: {m}")
+    torch.testing.assert_close(x.grad, ref_x.grad)
+    assert (out == 0).any()  # dropout dropped something: the draws were real
+
+
+@_every_configuration(layers=5)
 def test_convnet_with_deferred_batch_norm(balance: list[int], chunks: int, checkpoint: str) -> None:
     torch.manual_seed(0)
     _check(convnet(), balance, chunks, checkpoint, torch.randn(BATCH, 2, 5, 5), per_microbatch=True,
@@ -80,6 +113,16 @@ def test_tuple_inputs(balance: list[int], chunks: int, checkpoint: str) -> None:
     torch.manual_seed(0)
     a, b = tuple_input(BATCH)
     _check(tuplenet(), balance, chunks, checkpoint, (a.requires_grad_(), b))
+
+
+@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
+def test_partitions_starting_with_an_in_place_layer(checkpoint: str) -> None:
+    """Note [checkpointing] in gpipe.worker: such a partition's checkpointed forward runs on a copy of its input."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.ReLU(inplace=True), nn.Linear(6, 8), nn.ReLU(inplace=True), nn.Linear(8, 3))
+    for _ in range(2):  # the second step runs with what the first learnt
+        _check(model, [2, 2], 3, checkpoint, torch.randn(BATCH, 6))
+        model.zero_grad()
 
 
 def test_input_without_grad_and_frozen_first_partition() -> None:

@@ -73,3 +73,28 @@ def test_compare_runs_a_user_model(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     report = json.loads((out / "report.json").read_text())
     _check_report(report, out)
     assert report["balance"] == [2, 3] and report["m"] == 2 and report["checkpoint"] == "always"
+
+
+ACTIVATIONS_ONLY = '''
+import torch
+from torch import nn
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.ReLU(), nn.Tanh(), nn.Sigmoid(), nn.ReLU()), torch.randn(8, 16)
+'''
+
+
+@pytest.mark.slow
+def test_compare_runs_a_model_without_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing to train but the input (Note [nothing else to train] in sim.experiment): it calibrates and compares."""
+    (tmp_path / "activations.py").write_text(ACTIVATIONS_ONLY)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "cmp"
+    assert main(["compare", "activations:build", "--balance", "2,2", "--devices", "cpu,cpu", "--chunks", "2",
+                 "--steps", "1", "--out", str(out), "--no-progress"]) == 0
+    assert "makespan (ms)" in capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert report["comparison"]["only_predicted"] == [] and report["comparison"]["only_measured"] == []
+    assert {o["op"] for o in report["comparison"]["ops"]} == {"F", "R", "B"}

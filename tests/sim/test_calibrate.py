@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -154,3 +155,79 @@ def test_issue_seconds_on_cuda() -> None:
                      recorded=True)
     for stage in cost.stages:
         assert stage.issue_forward > 0 and stage.issue_nograd > 0 and stage.issue_backward > 0
+
+
+# -- models the executor runs that calibration must run too --------------------------------------------
+
+
+def _no_parameters() -> nn.Sequential:
+    return nn.Sequential(nn.ReLU(), nn.Tanh(), nn.Sigmoid(), nn.ReLU())
+
+
+def _in_place_first() -> nn.Sequential:
+    """Partition 1 of balance (1, 2) starts with an in-place ReLU (Note [entering a partition] in gpipe.worker)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 4))
+
+
+def test_a_partition_that_starts_in_place_calibrates() -> None:
+    model = _in_place_first()
+    cost = calibrate(model, [1, 2], torch.randn(BATCH, 8), warmup=0, repeats=1, recorded=True)
+    plain = calibrate(nn.Sequential(model[0], nn.ReLU(), model[2]), [1, 2], torch.randn(BATCH, 8), warmup=0,
+                      repeats=1, recorded=True)
+    assert [s.saved_tensors for s in cost.stages] == [s.saved_tensors for s in plain.stages]
+    assert all(s.forward_recorded is not None and s.forward_recorded > 0 for s in cost.stages)
+
+
+class _DoubleInPlace(nn.Module):
+    """An in-place first layer that is not idempotent: a run on an input it changed before shows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(2)
+
+
+def test_pair_runners_run_a_partition_that_starts_in_place() -> None:
+    from sim.pairs import task_runners
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), _DoubleInPlace(), nn.Linear(16, 4))
+    sample = torch.randn(BATCH, 8)
+    with torch.no_grad():
+        expected = model[2](2 * model[0](sample))
+    runners = task_runners(partitions_of(model, [1, 2]), sample)
+    for _ in range(3):
+        for stage in runners:
+            for kind in ("F", "Fc", "B"):
+                if kind == "B":
+                    stage[kind].build(1)  # type: ignore[attr-defined]
+                stage[kind]()
+    # each run started from the stage's input as it was, as each of the executor's tasks does
+    assert torch.allclose(runners[1]["F"](), expected) and torch.allclose(runners[1]["Fc"](), expected)
+
+
+def test_stage_extras_of_a_model_without_parameters() -> None:
+    """The executor trains such a model when its input requires grad; each stage alone trains the same way."""
+    from sim.extras import measure_stage_extras
+
+    model = _no_parameters()
+    parts = partitions_of(model, [2, 2])
+    sample = torch.randn(BATCH, 8)
+    cost = calibrate(model, [2, 2], sample.clone().requires_grad_(), warmup=0, repeats=1)
+    extras = measure_stage_extras(cost, parts, sample, steps=1, warmup_steps=0)
+    assert len(extras) == 2 and all(math.isfinite(v) and v >= 0 for e in extras for v in vars(e).values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "balance", "checkpoint"), [
+    (_no_parameters, (2, 2), "except_last"),
+    (_in_place_first, (1, 2), "never"),  # with checkpointing the executor refuses an in-place first layer
+])
+def test_the_experiment_runs_models_the_executor_runs(model: Any, balance: tuple[int, ...], checkpoint: str) -> None:
+    from sim.experiment import Setup, run
+
+    setup = Setup(chunks=2, checkpoint=checkpoint, balance=balance, devices=("cpu", "cpu"), steps=1,
+                  warmup_steps=0, warmup=0, repeats=1, pair_rounds=1)  # type: ignore[arg-type]
+    outcome = run(model(), torch.randn(BATCH, 8), setup)
+    comparison = outcome.comparison
+    assert comparison.matched > 0 and comparison.only_predicted == () and comparison.only_measured == ()
+    assert outcome.predicted.makespan > 0 and outcome.measured.makespan > 0

@@ -56,7 +56,7 @@ def test_a_large_run_skips_its_picture_and_trace(capsys: pytest.CaptureFixture[s
     assert "makespan 33 s" in text and "wrote" not in text
     assert text.strip().splitlines()[-1] == ("(skipped timeline.png (more than 10 spans), trace.json and timeline.json "
                                              "(more than 63): this run has 64 spans; --all-files writes them)")
-    assert not any((tmp_path / "big").iterdir())
+    assert [f.name for f in (tmp_path / "big").iterdir()] == [".gpipe-sim.json"]  # the manifest alone
     monkeypatch.setattr(cli_simulate, "TRACE_SPAN_LIMIT", 64)
     assert main([*BASE, "--json", "--out", str(tmp_path / "medium")]) == 0
     captured = capsys.readouterr()  # with --json, stdout holds the JSON object alone and the note goes to stderr
@@ -65,7 +65,11 @@ def test_a_large_run_skips_its_picture_and_trace(capsys: pytest.CaptureFixture[s
                             "them; open trace.json in https://ui.perfetto.dev)\n")
     assert main([*BASE, "--all-files", "--out", str(tmp_path / "all")]) == 0
     assert "skipped" not in capsys.readouterr().out
-    assert sorted(f.name for f in (tmp_path / "all").iterdir()) == ["timeline.json", "timeline.png", "trace.json"]
+    files = ["timeline.json", "timeline.png", "trace.json"]
+    assert sorted(f.name for f in (tmp_path / "all").iterdir()) == [".gpipe-sim.json", *files]
+    monkeypatch.setattr(cli_simulate, "TRACE_SPAN_LIMIT", 63)  # the earlier run's files do not stay beside it
+    assert main([*BASE, "--force", "--out", str(tmp_path / "all")]) == 0
+    assert [f.name for f in (tmp_path / "all").iterdir()] == [".gpipe-sim.json"]
 
 
 def test_memory_copies_and_hardware(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -79,7 +83,7 @@ def test_memory_copies_and_hardware(capsys: pytest.CaptureFixture[str], tmp_path
 
 
 def test_switches_change_the_result(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    out = ["--out", str(tmp_path)]
+    out = ["--out", str(tmp_path), "--force"]  # each run replaces the last one's files
     base = run_json(capsys, *BASE, "--copy-time", "0.5", *out)["makespan"]
     assert run_json(capsys, *BASE, "--copy-time", "0.5", "--no-copy-streams", *out)["makespan"] > base
     assert run_json(capsys, *BASE, "--copy-time", "0.5", "--lockstep", *out)["makespan"] > base

@@ -181,7 +181,9 @@ def test_cli_plans_a_users_model(tmp_path: Path, capsys: pytest.CaptureFixture[s
     doc = json.loads(capsys.readouterr().out)
     assert doc["device"] == "a100-80gb" and doc["link"] == "nvlink3" and doc["training"] == "bf16-adam"
     assert doc["best"]["fits"] and len(doc["rows"]) == 2 * 3 * 2 * 3  # (gpus, stages) x chunks x sched x ckpt
-    assert {p.name for p in out.iterdir()} == {"plan.json", "throughput.png", "memory.png"}
+    assert {p.name for p in out.iterdir()} == {"plan.json", "throughput.png", "memory.png", ".gpipe-sim.json"}
+    assert set(json.loads((out / ".gpipe-sim.json").read_text())["files"]) == {"plan.json", "throughput.png",
+                                                                               "memory.png"}  # sim.files
 
 
 def test_cli_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,57 @@
+"""Option values every command checks the same way: integers in range, finite numbers, the output folder.
+
+Each check raises :class:`~sim.cli.CommandError` (one line, exit status 2) naming the flag, before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterable
+
+from sim.cli import CommandError
+from sim.files import OutputFolder
+
+__all__ = ["MAX_INT", "MAX_SECONDS", "add_force", "integer", "number", "output_folder", "seed"]
+
+MAX_INT = 2**63 - 1  # integers reach torch and numpy as signed 64-bit C integers
+MAX_SECONDS = 1e15  # 30 million years: a sum over any schedule of such seconds stays finite
+SEEDS = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
+
+FORCE_HELP = ("replace the files of an earlier run in the output folder, and remove those of its files this run "
+              "does not write again; without it, a folder that holds a file this run writes, or one an earlier "
+              "gpipe-sim run wrote, is refused. Files gpipe-sim did not write are never removed")
+
+
+def integer(flag: str, value: int, minimum: int, maximum: int = MAX_INT) -> int:
+    """``value`` if ``minimum <= value <= maximum``, else a :class:`CommandError` naming ``flag``."""
+    if minimum <= value <= maximum:
+        return value
+    if value < minimum and maximum == MAX_INT:
+        raise CommandError(f"{flag} must be >= {minimum}, got {value}")
+    raise CommandError(f"{flag} {value} is out of range: it takes integers from {minimum} to {maximum}")
+
+
+def seed(flag: str, value: int) -> int:
+    """A seed torch can take."""
+    return integer(flag, value, *SEEDS)
+
+
+def number(flag: str, value: float, *, unit: str, positive: bool = False, maximum: float = MAX_SECONDS) -> float:
+    """``value`` if finite, ``>= 0`` (``> 0`` when ``positive``) and at most ``maximum``; else a
+    :class:`CommandError` naming ``flag`` (``unit`` says what the number counts, for the message)."""
+    if math.isnan(value) or math.isinf(value) or value < 0 or (positive and value == 0):
+        raise CommandError(f"{flag} must be a finite number of {unit} {'> 0' if positive else '>= 0'}, got {value}")
+    if value > maximum:
+        raise CommandError(f"{flag} {value:g} is out of range: at most {maximum:g} {unit}")
+    return value
+
+
+def add_force(parser: argparse.ArgumentParser) -> None:
+    """The ``--force`` flag of a command that writes files (Note [ours] in :mod:`sim.files`)."""
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP)
+
+
+def output_folder(args: argparse.Namespace, names: Iterable[str]) -> OutputFolder:
+    """The folder ``--out`` names, checked now, before any work (:class:`sim.files.OutputFolder`)."""
+    return OutputFolder(args.out, names, force=args.force)

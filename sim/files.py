@@ -1,0 +1,168 @@
+"""Output folders: checked before a run, written file by file, never overwritten unasked, never left stale.
+
+Every ``gpipe-sim`` command that writes files goes through one :class:`OutputFolder`, made before any
+work (so a bad ``--out`` costs no calibration) and written after it::
+
+    out = OutputFolder(args.out, ("trace.json", "timeline.png"), force=args.force)   # checks; writes nothing
+    ...                                                                           # the work
+    out.write_json("trace.json", doc)     # each file written whole, then moved into place
+    out.finish()                          # earlier runs' stale files removed; the manifest written
+
+Note [ours]: a folder records the files a run wrote in a manifest (``.gpipe-sim.json``, beside them).
+A file is ours when the manifest lists it; every other file is the user's. A run refuses to start
+when the folder holds a file it would write (whoever made it) or a file of ours from an earlier run,
+unless ``force``; with ``force`` it replaces the first and, once written, removes those of the second
+it did not write again, so the folder never shows a stale ``timeline.png`` beside a new trace. Files
+of the user's are never removed, whatever the flag.
+
+Note [JSON]: JSON has no NaN and no infinity (Python writes them as ``NaN`` and ``Infinity``, which
+other readers refuse). :func:`json_text` refuses them and names where one is; a value with no finite
+answer (an error relative to zero) is written as ``null`` by whoever computes it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MANIFEST", "FolderError", "OutputFolder", "check_folder", "json_text"]
+
+#: The file that lists what the last run wrote into a folder (Note [ours]).
+MANIFEST = ".gpipe-sim.json"
+#: Kernel file systems: writing there is never what a user means by an output folder.
+KERNEL_FOLDERS = (Path("/proc"), Path("/sys"))
+
+
+class FolderError(ValueError):
+    """An output folder that cannot be written, or that holds files a run would replace unasked."""
+
+
+def json_text(doc: Any, *, indent: int | None = None) -> str:
+    """``doc`` as JSON text (Note [JSON]).
+
+    Raises:
+        ValueError: ``doc`` holds a NaN or an infinity; the message says where (``rows[1].cost is nan``).
+    """
+    try:
+        return json.dumps(doc, indent=indent, allow_nan=False)
+    except ValueError:
+        where = _non_finite(doc, "")
+        if where is None:
+            raise
+        raise ValueError(f"{where[0] or 'the value'} is {where[1]}: JSON has no NaN or infinity") from None
+
+
+def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _non_finite(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    if isinstance(value, (list, tuple)):
+        for k, item in enumerate(value):
+            found = _non_finite(item, f"{path}[{k}]")
+            if found:
+                return found
+    return None
+
+
+def check_folder(path: str | Path, flag: str = "--out") -> Path:
+    """Check that ``path`` is a folder this process can write, or can be made one; nothing is created.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        FolderError: ``path`` is a file, lies under a file or under ``/proc`` or ``/sys``, or its nearest
+            existing folder is not writable; the message starts with ``flag`` and ``path``.
+    """
+    folder = Path(path)
+    where = f"{flag} {path}"
+    resolved = folder.resolve()
+    for kernel in KERNEL_FOLDERS:
+        if resolved == kernel or kernel in resolved.parents:
+            raise FolderError(f"{where}: under {kernel}, a kernel file system; name a folder of your own")
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise FolderError(f"{where}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise FolderError(f"{where}: {existing} is not writable")
+    return folder
+
+
+class OutputFolder:
+    """Where one run writes its files (Note [ours]).
+
+    Args:
+        path: the folder; made, with its parents, at the first write.
+        names: the files this run may write (plain names, no folders).
+        force: replace files this run writes and remove the stale ones of earlier runs.
+        flag: the option that named the folder, for messages.
+
+    Raises:
+        FolderError: see :func:`check_folder`; or, without ``force``, the folder holds a file this run
+            may write or a file of ours from an earlier run (the message names them and ``--force``).
+    """
+
+    def __init__(self, path: str | Path, names: Iterable[str], *, force: bool = False, flag: str = "--out") -> None:
+        self.path = check_folder(path, flag)
+        self.names = tuple(names)
+        self.written: list[str] = []
+        self._earlier = self._manifest()
+        present = [n for n in (*self.names, *self._earlier) if (self.path / n).exists()]
+        clash = list(dict.fromkeys(present))
+        if clash and not force:
+            them = "it" if len(clash) == 1 else "them"
+            raise FolderError(f"{flag} {path} already holds {', '.join(clash)}: pass --force to replace {them} "
+                              f"(gpipe-sim removes only files it wrote), or name another {flag}")
+
+    def write_text(self, name: str, text: str) -> str:
+        """Write ``text`` as ``name``; return the file's path."""
+        return self.write_with(name, lambda tmp: tmp.write_text(text))
+
+    def write_json(self, name: str, doc: Any, *, indent: int | None = None) -> str:
+        """Write ``doc`` as ``name`` through :func:`json_text` (no NaN, no infinity); return the file's path."""
+        return self.write_text(name, json_text(doc, indent=indent))
+
+    def write_with(self, name: str, write: Callable[[Path], object]) -> str:
+        """Call ``write`` with a temporary path beside ``name`` (same suffix), then move it into place.
+
+        A file is never seen half written, and one the user may not write to is replaced, not edited.
+        """
+        if name not in self.names:
+            raise ValueError(f"{name!r} is not among the files this run declared: {', '.join(self.names)}")
+        self.path.mkdir(parents=True, exist_ok=True)
+        final = self.path / name
+        tmp = self.path / f".{final.stem}.partial{final.suffix}"
+        try:
+            write(tmp)
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        if name not in self.written:
+            self.written.append(name)
+        return str(final)
+
+    def finish(self) -> None:
+        """Remove the files of ours an earlier run left that this one did not write, and write the manifest."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for name in self._earlier:
+            stale = self.path / name
+            if name not in self.written and (stale.is_file() or stale.is_symlink()):
+                stale.unlink()
+        (self.path / MANIFEST).write_text(json_text({"written_by": "gpipe-sim", "files": self.written}, indent=1))
+
+    def _manifest(self) -> list[str]:
+        """The files the manifest says an earlier run wrote: plain names only; none if it is unreadable."""
+        try:
+            doc = json.loads((self.path / MANIFEST).read_text())
+            files = doc["files"] if isinstance(doc, dict) else []
+        except (OSError, ValueError, KeyError):
+            return []
+        return [f for f in files if isinstance(f, str) and f and f == Path(f).name and f not in (".", "..", MANIFEST)]

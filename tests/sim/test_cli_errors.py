@@ -1,0 +1,323 @@
+"""The command line's edges: the output folder, overwriting, the user's own errors, pipes, ranges and JSON.
+
+Every command here runs without the executor: ``demo`` and ``compare`` get a synthetic outcome in place
+of :func:`sim.experiment.run`, and a check that must come before any work replaces that work with a
+function that fails the test if it is called.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpipe.schedule import gpipe
+from sim.cli import main
+from sim.compare import compare
+from sim.cost import CostModel, Overheads
+from sim.engine import SimConfig, simulate
+from sim.experiment import Setup
+from sim.outcome import Outcome
+
+SIMULATE = ["simulate", "--stages", "2", "--chunks", "2", "--checkpoint", "never"]
+PLAN = ["plan", "--model", "gpt:125m", "--batch", "8", "--gpus", "1", "--hardware", "h100-sxm"]
+
+
+def _strict_json(text: str) -> Any:
+    """Parse ``text`` as JSON proper: ``NaN``, ``Infinity`` and ``-Infinity`` are not JSON."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the JSON output")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _outcome(measured_peak: bool = True) -> Outcome:
+    schedule = gpipe(4, 2, "except_last")
+    cost = CostModel.uniform(2, 1e-3, 2e-3, saved_bytes=1000, checkpoint_bytes=100).with_overheads(
+        Overheads(task=1e-5, handoff=2e-5, contention=0.1))
+    predicted = simulate(schedule, cost)
+    measured = predicted.shifted(5.0)
+    if not measured_peak:  # a measurement without memory samples: the peak error is infinite
+        measured = simulate(schedule, CostModel.uniform(2, 1e-3, 2e-3).with_overheads(cost.overheads))
+    return Outcome(Setup(balance=(1, 2), devices=("cpu", "cpu"), steps=3), schedule, cost, SimConfig(), predicted,
+                   measured, (0.2, 0.1, 0.3), 1, compare(predicted, measured), {"simulate": 0.01}, "a test model")
+
+
+@pytest.fixture
+def no_experiment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``demo`` and ``compare`` fail the test if they get as far as calibrating."""
+    def calibrate(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the experiment started")
+
+    monkeypatch.setattr("sim.cli.demo.run", calibrate)
+    monkeypatch.setattr("sim.cli.demo.progress_labels", calibrate)
+
+
+@pytest.fixture
+def fake_experiment(monkeypatch: pytest.MonkeyPatch) -> list[Outcome]:
+    """``demo`` and ``compare`` get a synthetic outcome at once; the list holds what the next run returns."""
+    outcomes = [_outcome()]
+
+    def run(*args: object, **kwargs: object) -> Outcome:
+        return outcomes[0]
+
+    monkeypatch.setattr("sim.cli.demo.run", run)
+    return outcomes
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], command: str, *needles: str) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"gpipe-sim {command}: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert "Traceback" not in captured.err
+    return lines[0]
+
+
+# -- the output folder is checked before any work --------------------------------------------------
+
+
+def _bad_folders(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    (tmp_path / "a-file").write_text("not a folder")
+    return {"a file": (str(tmp_path / "a-file"), "is a file, not a folder"),
+            "under a file": (str(tmp_path / "a-file" / "out"), "is a file, not a folder"),
+            "under /sys": ("/sys/gpipe-sim-out", "under /sys"),
+            "under /proc": ("/proc/gpipe-sim-out", "under /proc")}
+
+
+@pytest.mark.parametrize("case", ["a file", "under a file", "under /sys", "under /proc"])
+@pytest.mark.parametrize("command", ["simulate", "demo", "compare", "plan"])
+def test_a_bad_out_is_one_line_before_any_work(case: str, command: str, tmp_path: Path, no_experiment: None,
+                                               capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    out, message = _bad_folders(tmp_path)[case]
+
+    def count(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was counted")
+
+    monkeypatch.setattr("sim.cli.plan.count_layers", count)
+    argv = {"simulate": SIMULATE, "demo": ["demo"], "compare": ["compare", "nosuchmodule:build"],
+            "plan": PLAN}[command]
+    assert main([*argv, "--out", out]) == 2
+    _one_line(capsys, command, "--out", message)
+
+
+def test_an_unwritable_out_is_refused(tmp_path: Path, no_experiment: None, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != locked and real(path, mode, **kw))
+    for target in (locked, locked / "new"):
+        assert main(["demo", "--out", str(target)]) == 2
+        _one_line(capsys, "demo", f"--out {target}", "is not writable")
+    assert list(locked.iterdir()) == []
+
+
+# -- no file is overwritten unless asked; no stale file is left ---------------------------------------
+
+
+def test_simulate_refuses_to_overwrite_an_earlier_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main([*SIMULATE, "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main([*SIMULATE, "--forward-time", "5", "--out", str(out)]) == 2
+    _one_line(capsys, "simulate", "--force", "timeline.png", "trace.json", "timeline.json")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+    assert main([*SIMULATE, "--forward-time", "5", "--out", str(out), "--force", "--json"]) == 0
+    assert _strict_json(capsys.readouterr().out)["makespan"] == (2 + 2 - 1) * (5 + 2)  # (m + n - 1)(t_f + t_b)
+    assert (out / "timeline.json").read_bytes() != before["timeline.json"]
+
+
+def test_force_removes_the_stale_files_of_ours_and_nothing_else(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main([*SIMULATE, "--out", str(out)]) == 0  # a folder with only the user's files is fine
+    assert (out / "timeline.png").exists()
+    monkeypatch.setattr("sim.cli.simulate.PLOT_SPAN_LIMIT", 0)  # a "large" run: no picture
+    assert main([*SIMULATE, "--out", str(out), "--force"]) == 0
+    names = {p.name for p in out.iterdir() if not p.name.startswith(".")}
+    assert names == {"trace.json", "timeline.json", "notes.txt"}  # the earlier picture is gone, the notes stay
+    assert (out / "notes.txt").read_text() == "mine"
+    capsys.readouterr()
+
+
+def test_a_file_of_the_users_with_one_of_our_names_is_not_overwritten(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "trace.json").write_text("my own trace")
+    assert main([*SIMULATE, "--out", str(out)]) == 2
+    _one_line(capsys, "simulate", "trace.json", "--force")
+    assert (out / "trace.json").read_text() == "my own trace" and not (out / "timeline.json").exists()
+
+
+def test_demo_and_compare_refuse_to_overwrite(tmp_path: Path, fake_experiment: list[Outcome],
+                                             capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "tiny.py").write_text("import torch\nfrom torch import nn\n\ndef build():\n"
+                                      "    return nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(8, 4)\n")
+    monkeypatch.chdir(tmp_path)
+    for argv in (["demo"], ["compare", "tiny:build"]):
+        out = tmp_path / argv[0]
+        assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+        assert {p.name for p in out.iterdir() if not p.name.startswith(".")} == {"timeline.png", "trace.json",
+                                                                                 "report.json"}
+        capsys.readouterr()
+        assert main([*argv, "--out", str(out), "--no-progress"]) == 2
+        _one_line(capsys, argv[0], "--force", "report.json")
+        assert main([*argv, "--out", str(out), "--no-progress", "--force"]) == 0
+
+
+def test_plan_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "tiny.py"
+    model.write_text("import torch\nfrom torch import nn\n\ndef build():\n"
+                     "    return nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(2, 4)\n")
+    argv = ["plan", "--model", f"{model}:build", "--batch", "4", "--gpus", "1", "--hardware", "h100-sxm",
+            "--chunks", "1", "--checkpoint", "never", "--schedule", "gpipe", "--out", str(tmp_path / "plan")]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(argv) == 2
+    _one_line(capsys, "plan", "plan.json", "--force")
+    assert main([*argv, "--force"]) == 0
+
+
+# -- the user's own errors ----------------------------------------------------------------------------
+
+USER_CODE = '''
+import torch
+from torch import nn
+
+
+class Picky(nn.Module):
+    def forward(self, x):
+        raise ValueError("Picky refuses every input")
+
+
+def broken():
+    layers = {}
+    return layers["encoder"], torch.randn(8, 4)
+
+
+def picky():
+    return nn.Sequential(nn.Linear(4, 4), Picky()), torch.randn(8, 4)
+'''
+
+
+@pytest.fixture
+def user_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "usercode.py").write_text(USER_CODE)
+    (tmp_path / "fails_on_import.py").write_text("import torch\n\nSIZE = 4\nWIDTH = SIZE * HEIGHT\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _users_traceback(capsys: pytest.CaptureFixture[str], command: str, target: str, *needles: str) -> str:
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]
+    assert first.startswith(f"gpipe-sim {command}: error in your code ({target})"), err
+    assert "Traceback (most recent call last):" in err
+    for needle in needles:
+        assert needle in err, err
+    assert f"sim{os.sep}cli" not in err  # the traceback starts in the user's code, not ours
+    return err
+
+
+@pytest.mark.parametrize(("target", "needles"), [
+    ("usercode:broken", ('usercode.py", line 13, in broken', "KeyError: 'encoder'")),
+    ("fails_on_import:build", ('fails_on_import.py", line 4', "NameError: name 'HEIGHT' is not defined")),
+    ("usercode:picky", ('usercode.py", line 8, in forward', "ValueError: Picky refuses every input")),
+])
+def test_compare_shows_the_users_traceback(user_code: Path, target: str, needles: tuple[str, ...],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["compare", target, "--balance", "1,1", "--devices", "cpu,cpu", "--steps", "1", "--no-progress",
+            "--out", str(user_code / "out")]
+    assert main(argv) == 1
+    _users_traceback(capsys, "compare", target, *needles)
+
+
+def test_plan_shows_the_users_traceback(user_code: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "usercode:broken", "--batch", "8", "--gpus", "1", "--hardware", "h100-sxm"]) == 1
+    _users_traceback(capsys, "plan", "usercode:broken", "KeyError: 'encoder'")
+
+
+# -- pipes, ranges and numbers ------------------------------------------------------------------------
+
+
+def test_a_closed_pipe_ends_quietly(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpipe-sim hardware | head -1``: the reader has gone; no traceback, the status of a closed pipe."""
+    read, write = os.pipe()
+    os.close(read)
+    stream = open(write, "w")  # noqa: SIM115 (closed below, after main has redirected it)
+    monkeypatch.setattr(sys, "stdout", stream)
+    try:
+        assert main(["hardware"]) == 141
+    finally:
+        stream.close()
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["demo", "--seed", str(2**64)], "--seed"),
+    (["compare", "m:f", "--seed", str(-2**63 - 1)], "--seed"),
+    (["demo", "--steps", str(2**63)], "--steps"),
+    ([*SIMULATE, "--chunks", str(2**63)], "--chunks"),
+    ([*SIMULATE, "--activation-bytes", str(2**64)], "--activation-bytes"),
+    ([*PLAN, "--gpus", f"1,{2**64}"], "--gpus"),
+    ([*PLAN, "--batch", str(2**63)], "--batch"),
+])
+def test_an_out_of_range_integer_names_its_flag(argv: list[str], flag: str, tmp_path: Path, no_experiment: None,
+                                                capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    def work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the work started")
+
+    monkeypatch.setattr("sim.cli.simulate.gpipe", work)
+    monkeypatch.setattr("sim.cli.plan.count_layers", work)
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    _one_line(capsys, argv[0], flag, "out of range")
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    ([*SIMULATE, "--forward-time", "1e308"], "--forward-time"),
+    ([*SIMULATE, "--latency", "1e308", "--bandwidth", "1"], "--latency"),
+    ([*SIMULATE, "--activation-bytes", str(2**62), "--bandwidth", "1e-300"], "--bandwidth"),
+    ([*PLAN, "--price", "nan"], "--price"),
+    ([*PLAN, "--price", "inf"], "--price"),
+    ([*PLAN, "--price", "1e308"], "--price"),
+])
+def test_non_finite_inputs_are_refused(argv: list[str], flag: str, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*argv, "--json", "--out", str(tmp_path / "out")]) == 2
+    _one_line(capsys, argv[0], flag)
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_json_output_holds_infinity_or_nan(tmp_path: Path, fake_experiment: list[Outcome],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A measured peak of 0 bytes against a predicted one: the relative error has no finite value."""
+    fake_experiment[0] = _outcome(measured_peak=False)
+    assert fake_experiment[0].comparison.devices[0].peak_bytes_error == float("inf")
+    assert main(["demo", "--json", "--no-progress", "--out", str(tmp_path / "demo")]) == 0
+    printed = _strict_json(capsys.readouterr().out)
+    written = _strict_json((tmp_path / "demo" / "report.json").read_text())
+    assert printed["comparison"]["devices"][0]["peak_bytes_error"] is None
+    assert written["comparison"]["devices"][0]["peak_bytes_error"] is None
+
+
+def test_the_json_writer_refuses_what_json_cannot_hold() -> None:
+    from sim.files import json_text
+
+    assert json_text({"a": [1.5, None]}) == '{"a": [1.5, null]}'
+    with pytest.raises(ValueError, match=r"rows\[1\]\.cost is nan"):
+        json_text({"rows": [{"cost": 1.0}, {"cost": float("nan")}]})
+    with pytest.raises(ValueError, match="makespan is inf"):
+        json_text({"makespan": float("inf")})
