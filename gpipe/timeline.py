@@ -11,13 +11,23 @@ Streams::
     "copy"     the receiving device's copy stream: a copy is recorded on the device it arrives at,
                and its ``task`` is the task whose result it carries (F(i, j) for an activation sent
                to stage j+1, B(i, j) for a gradient sent to stage j-1)
+
+Note [metrics in one pass]: a simulated timeline holds a span per task, millions for a big run, and
+a summary asks every device for its busy time, utilisation, bubble and peak memory. So a timeline
+groups its spans and samples by device once, the first time a metric needs them, and keeps that
+grouping, each device's busy seconds and its start and end (a timeline is immutable): a summary
+costs one pass over the spans, not one per device and metric. Each metric is still its per-device
+definition (busy: the union of that device's compute spans) evaluated on that device's group.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import islice
+from json.encoder import encode_basestring_ascii as _json_str  # what json.dumps uses by default
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -38,7 +48,7 @@ COMPUTE = "compute"
 COPY = "copy"
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, init=False, slots=True)
 class Span:
     """One task or copy on one stream of one device, from ``start`` to ``end`` seconds.
 
@@ -55,13 +65,12 @@ class Span:
 
     def __init__(self, device: int, stream: str, task: Task, start: float, end: float, label: str = "") -> None:
         # Note [fast frozen records] in gpipe.schedule: a simulation builds one span per task
-        fields = self.__dict__
-        fields["device"] = device
-        fields["stream"] = stream
-        fields["task"] = task
-        fields["start"] = start
-        fields["end"] = end
-        fields["label"] = label
+        _span_device(self, device)
+        _span_stream(self, stream)
+        _span_task(self, task)
+        _span_start(self, start)
+        _span_end(self, end)
+        _span_label(self, label)
 
     @property
     def duration(self) -> float:
@@ -97,7 +106,7 @@ class Span:
         )
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, init=False, slots=True)
 class MemorySample:
     """``bytes`` held on ``device`` from ``time`` seconds until its next sample."""
 
@@ -106,10 +115,9 @@ class MemorySample:
     bytes: int
 
     def __init__(self, device: int, time: float, bytes: int) -> None:
-        fields = self.__dict__  # Note [fast frozen records] in gpipe.schedule
-        fields["device"] = device
-        fields["time"] = time
-        fields["bytes"] = bytes
+        _sample_device(self, device)  # Note [fast frozen records] in gpipe.schedule
+        _sample_time(self, time)
+        _sample_bytes(self, bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "time": self.time, "bytes": self.bytes}
@@ -117,6 +125,13 @@ class MemorySample:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MemorySample:
         return cls(int(d["device"]), float(d["time"]), int(d["bytes"]))
+
+
+# Note [fast frozen records] in gpipe.schedule: the slots' own setters, which bypass the frozen __setattr__
+_span_device, _span_stream, _span_task, _span_start, _span_end, _span_label = (
+    getattr(Span, name).__set__ for name in ("device", "stream", "task", "start", "end", "label"))
+_sample_device, _sample_time, _sample_bytes = (
+    getattr(MemorySample, name).__set__ for name in ("device", "time", "bytes"))
 
 
 @dataclass(frozen=True)
@@ -148,11 +163,11 @@ class Timeline:
 
     def compute_spans(self, device: int | None = None) -> list[Span]:
         """Compute spans (of ``device``, or all), sorted by start."""
-        spans = [s for s in self.spans if s.stream == COMPUTE and (device is None or s.device == device)]
+        spans = [s for s in self._spans_of(device) if s.stream == COMPUTE]
         return sorted(spans, key=lambda s: (s.start, s.end))
 
     def copy_spans(self, device: int | None = None) -> list[Span]:
-        spans = [s for s in self.spans if s.stream != COMPUTE and (device is None or s.device == device)]
+        spans = [s for s in self._spans_of(device) if s.stream != COMPUTE]
         return sorted(spans, key=lambda s: (s.start, s.end))
 
     def task_order(self, device: int) -> list[Task]:
@@ -174,15 +189,30 @@ class Timeline:
             self.num_devices, self.source, dict(self.meta),
         )
 
+    def _spans_of(self, device: int | None) -> Sequence[Span]:
+        if device is None:
+            return self.spans
+        groups = self._by_device
+        return groups[device] if 0 <= device < len(groups) else ()
+
+    @cached_property
+    def _by_device(self) -> list[list[Span]]:
+        """Note [metrics in one pass]: every span, grouped by device once."""
+        groups: list[list[Span]] = [[] for _ in range(self.num_devices)]
+        for s in self.spans:
+            if s.device >= 0:
+                groups[s.device].append(s)
+        return groups
+
     # -- metrics -----------------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def start(self) -> float:
-        return min((s.start for s in self.spans), default=0.0)
+        return min(map(attrgetter("start"), self.spans), default=0.0)
 
-    @property
+    @cached_property
     def end(self) -> float:
-        return max((s.end for s in self.spans), default=0.0)
+        return max(map(attrgetter("end"), self.spans), default=0.0)
 
     @property
     def makespan(self) -> float:
@@ -191,7 +221,7 @@ class Timeline:
 
     def busy(self, device: int) -> float:
         """Seconds ``device``'s compute stream is busy (overlapping spans counted once)."""
-        return _union_length((s.start, s.end) for s in self.compute_spans(device))
+        return self._busy[device] if 0 <= device < self.num_devices else 0.0
 
     def utilisation(self, device: int) -> float:
         """Busy fraction of the makespan on ``device``."""
@@ -210,11 +240,27 @@ class Timeline:
 
     def memory_series(self, device: int) -> list[tuple[float, int]]:
         """``(time, bytes)`` samples of ``device``, sorted by time."""
-        return sorted(((m.time, m.bytes) for m in self.memory if m.device == device), key=lambda p: p[0])
+        samples = self._memory_by_device[device] if 0 <= device < self.num_devices else ()
+        return sorted(((m.time, m.bytes) for m in samples), key=lambda p: p[0])
 
     def peak_memory(self, device: int) -> int:
         """The largest sampled bytes on ``device`` (0 without samples)."""
-        return max((m.bytes for m in self.memory if m.device == device), default=0)
+        samples = self._memory_by_device[device] if 0 <= device < self.num_devices else ()
+        return max((m.bytes for m in samples), default=0)
+
+    @cached_property
+    def _busy(self) -> list[float]:
+        """:meth:`busy` of every device (Note [metrics in one pass])."""
+        return [_union_length([s for s in spans if s.stream == COMPUTE]) for spans in self._by_device]
+
+    @cached_property
+    def _memory_by_device(self) -> list[list[MemorySample]]:
+        """The memory samples, grouped by device once (Note [metrics in one pass])."""
+        groups: list[list[MemorySample]] = [[] for _ in range(self.num_devices)]
+        for m in self.memory:
+            if m.device >= 0:
+                groups[m.device].append(m)
+        return groups
 
     def summary(self) -> dict[str, Any]:
         """Makespan, bubble fraction and per-device busy, utilisation and peak memory, as plain data."""
@@ -255,10 +301,24 @@ class Timeline:
         )
 
     def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=1)
+        """``json.dumps(self.to_dict(), indent=1)``, written to ``path`` too when one is given.
+
+        Note [quick JSON]: json's encoder is pure Python when it indents, three times slower than
+        formatting a record directly; a span or sample whose fields are plain ints, finite floats and
+        strings is formatted here, to the same text, and any other record goes through ``json.dumps``.
+        """
+        text = "".join(self._json_pieces())
         if path is not None:
             Path(path).write_text(text)
         return text
+
+    def _json_pieces(self) -> Iterator[str]:
+        head = json.dumps({"source": self.source, "num_devices": self.num_devices, "meta": self.meta}, indent=1)
+        yield head[:-2]  # without its closing "\n}"
+        for name, records in (("spans", [_span_json(s) for s in self.spans]),
+                              ("memory", [_sample_json(m) for m in self.memory])):
+            yield f',\n "{name}": [\n' + ",\n".join(records) + "\n ]" if records else f',\n "{name}": []'
+        yield "\n}"
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> Timeline:
@@ -269,10 +329,41 @@ class Timeline:
         return cls.from_dict(json.loads(text))
 
 
-def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
+def _span_json(s: Span) -> str:
+    """Note [quick JSON]: ``s.to_dict()`` as ``json.dumps(..., indent=1)`` writes it two levels down."""
+    start, end = s.start, s.end
+    if type(start) is float is type(end) and start - start == 0.0 == end - end and type(s.device) is int \
+            and type(s.task) is Task and type(s.stream) is str and type(s.label) is str:
+        label = f',\n   "label": {_json_str(s.label)}' if s.label else ""
+        return (f'  {{\n   "device": {s.device},\n   "stream": {_json_str(s.stream)},\n   "task": "{s.task}",\n'
+                f'   "start": {start!r},\n   "end": {end!r}{label}\n  }}')
+    return _nested_json(s.to_dict())
+
+
+def _sample_json(m: MemorySample) -> str:
+    """Note [quick JSON]: ``m.to_dict()`` as ``json.dumps(..., indent=1)`` writes it two levels down."""
+    time = m.time
+    if type(time) is float and time - time == 0.0 and type(m.device) is int and type(m.bytes) is int:
+        return f'  {{\n   "device": {m.device},\n   "time": {time!r},\n   "bytes": {m.bytes}\n  }}'
+    return _nested_json(m.to_dict())
+
+
+def _nested_json(d: dict[str, Any]) -> str:
+    return "  " + json.dumps(d, indent=1).replace("\n", "\n  ")  # JSON strings hold no raw newline
+
+
+def _union_length(spans: list[Span]) -> float:
+    """Seconds covered by ``spans`` (overlaps counted once); sorts ``spans`` by start, then end.
+
+    Two stable sorts by one float each order the spans as ``sorted((start, end))`` would, without
+    a tuple per span; the engine's spans come in order, so both sorts are one pass.
+    """
+    spans.sort(key=attrgetter("end"))
+    spans.sort(key=attrgetter("start"))
     total = 0.0
     cur_start = cur_end = None
-    for a, b in sorted(intervals):
+    for s in spans:
+        a, b = s.start, s.end
         if cur_end is None or a > cur_end:
             if cur_end is not None and cur_start is not None:
                 total += cur_end - cur_start
@@ -296,34 +387,36 @@ def chrome_trace(timelines: Timeline | Sequence[Timeline], titles: Sequence[str]
     side), one thread per stream, one complete (``"X"``) event per span, memory as a counter track.
     Times are microseconds, as the format requires.
     """
+    return {"traceEvents": list(_trace_events(timelines, titles)), "displayTimeUnit": "ms"}
+
+
+def _trace_events(timelines: Timeline | Sequence[Timeline], titles: Sequence[str] | None) -> Iterator[dict[str, Any]]:
+    """The events of :func:`chrome_trace`, one at a time: by timeline, then device, then start."""
     tls = [timelines] if isinstance(timelines, Timeline) else list(timelines)
     names = list(titles) if titles is not None else [t.source or f"timeline {k}" for k, t in enumerate(tls)]
-    events: list[dict[str, Any]] = []
     pid_base = 0
     for k, tl in enumerate(tls):
         prefix = f"{names[k]}: " if len(tls) > 1 else ""
         origin = tl.start
-        for d in range(tl.num_devices):
+        for d, spans in enumerate(tl._by_device):
             pid = pid_base + d
-            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                           "args": {"name": f"{prefix}device {d}"}})
-            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
-            streams = sorted({s.stream for s in tl.spans if s.device == d} | {COMPUTE}, key=_tid)
-            for stream in streams:
-                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": _tid(stream),
-                               "args": {"name": stream}})
-        for s in sorted(tl.spans, key=lambda s: (s.device, s.start)):
-            events.append({
-                "ph": "X", "name": s.name, "cat": s.task.op.value if s.stream == COMPUTE else s.stream,
-                "pid": pid_base + s.device, "tid": _tid(s.stream),
-                "ts": (s.start - origin) * 1e6, "dur": max(s.duration, 0.0) * 1e6,
-                "args": {"task": str(s.task), "microbatch": s.task.microbatch, "stage": s.task.stage},
-            })
-        for m in sorted(tl.memory, key=lambda m: (m.device, m.time)):
-            events.append({"ph": "C", "name": "memory", "pid": pid_base + m.device, "tid": 0,
-                           "ts": max(m.time - origin, 0.0) * 1e6, "args": {"bytes": m.bytes}})
+            yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"{prefix}device {d}"}}
+            yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+            for stream in sorted({s.stream for s in spans} | {COMPUTE}, key=_tid):
+                yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": _tid(stream), "args": {"name": stream}}
+        for d, spans in enumerate(tl._by_device):
+            for s in sorted(spans, key=attrgetter("start")):
+                yield {
+                    "ph": "X", "name": s.name, "cat": s.task.op.value if s.stream == COMPUTE else s.stream,
+                    "pid": pid_base + d, "tid": _tid(s.stream),
+                    "ts": (s.start - origin) * 1e6, "dur": max(s.duration, 0.0) * 1e6,
+                    "args": {"task": str(s.task), "microbatch": s.task.microbatch, "stage": s.task.stage},
+                }
+        for d, samples in enumerate(tl._memory_by_device):
+            for m in sorted(samples, key=attrgetter("time")):
+                yield {"ph": "C", "name": "memory", "pid": pid_base + d, "tid": 0,
+                       "ts": max(m.time - origin, 0.0) * 1e6, "args": {"bytes": m.bytes}}
         pid_base += max(tl.num_devices, 1)
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
 def _tid(stream: str) -> int:
@@ -332,8 +425,18 @@ def _tid(stream: str) -> int:
 
 def write_chrome_trace(path: str | Path, timelines: Timeline | Sequence[Timeline],
                        titles: Sequence[str] | None = None) -> Path:
-    """Write :func:`chrome_trace` to ``path`` and return the path."""
+    """Write :func:`chrome_trace` to ``path`` and return the path.
+
+    The same text as ``json.dumps(chrome_trace(...))``, encoded a few thousand events at a time, so
+    a big timeline's events never all exist at once.
+    """
     p = Path(path)
-    p.write_text(json.dumps(chrome_trace(timelines, titles)))
+    with p.open("w") as f:
+        f.write('{"traceEvents": [')
+        events, sep = _trace_events(timelines, titles), ""
+        while batch := list(islice(events, 4096)):
+            f.write(sep + json.dumps(batch)[1:-1])
+            sep = ", "
+        f.write('], "displayTimeUnit": "ms"}')
     return p
 

@@ -154,16 +154,14 @@ order does not depend on how SimPy interleaved the processes.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
 import simpy
 
-from gpipe.schedule import Op, Schedule, ScheduleError, Task
+from gpipe.schedule import Op, Schedule, ScheduleError, Task, collector_paused
 from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
 from sim.cost import CostModel, StageCost
 from sim.hardware import LinkSpec
@@ -228,7 +226,7 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
         ScheduleError: the schedule is invalid, or it stalls under ``config`` (e.g. lockstep).
         ValueError: the cost model does not fit the schedule.
     """
-    with _collector_paused():
+    with collector_paused():  # Note [gc] in gpipe.schedule
         schedule.validate()
         if cost.n != schedule.n:
             raise ValueError(f"the cost model has {cost.n} stages but the schedule has {schedule.n}")
@@ -242,23 +240,6 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
             raise ValueError(f"SimConfig.shared_streams has {len(config.shared_streams)} entries for a schedule of "
                              f"{schedule.num_devices} devices")
         return _Run(schedule, cost, config).timeline()
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Note [gc]: pause Python's cyclic garbage collector while the simulation allocates.
-
-    A big run allocates millions of small objects that all stay alive (spans, events); the collector
-    would rescan them again and again, which costs more than the simulation itself. Reference
-    counting still frees everything; the collector is restored (if it was on) when the block ends.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 _Tables = tuple[list[list[list[tuple[int, ...]]]], list[list[list[tuple[tuple[int, int], ...]]]], int]
@@ -389,9 +370,12 @@ class _Run:
         self.held: dict[int, int] = {}  # i * n + j -> bytes micro-batch i keeps on stage j
         self.current = [0] * devices  # bytes saved for backward per device, now
         self.frees_at = _W if splits else _B
-        # arrival[slot]: when a copy's result is usable on its device (copy end + hand-off), see _remote_tables
-        self.arrival: list[float | None] = [None] * (4 * m * n * fanout)
-        self.issued = [0.0] * (4 * m * n * fanout)  # issued[slot]: when that copy was issued (Note [local clocks])
+        # arrival[slot]: when a copy's result is usable on its device (copy end + hand-off), see _remote_tables;
+        # slots run op by op, and only the ops up to the last whose results travel (F and B) need them
+        travelling = 1 + max((op for c in (0, 1) for op in range(4) if any(outputs[c][op])), default=-1)
+        slots = travelling * m * n * fanout
+        self.arrival: list[float | None] = [None] * slots
+        self.issued = [0.0] * slots  # issued[slot]: when that copy was issued (Note [local clocks])
         self.clock = [0.0] * devices  # Note [local clocks]: each device's time when it last blocked or finished
         self.waiting: dict[int, simpy.Event] = {}  # slot -> event of a consumer that already waits for it
         self.link_free = [[0.0] * devices for _ in range(devices)]  # [src][dst]: when its last copy ends
@@ -409,7 +393,7 @@ class _Run:
                     resource = simpy.Resource(self.env, 1)
                     for d in members:
                         self.shared[d] = resource
-        self.host_arrival = [0.0] * (4 * m * n * fanout)
+        self.host_arrival = [0.0] * slots
         self.host_end = [0.0] * devices  # an asynchronous device's host time after its last task
         self.phase_open = 0.0  # Note [two phases]: host time the backward phase opens (once the forwards are done)
         self.cores = SharedCores(self.env, cost.overheads.contention,

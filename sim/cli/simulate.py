@@ -10,11 +10,21 @@ priced in one of three ways, first match wins::
 
 ``--hardware NAME`` names a catalog device; it is used for display only: the header, and each
 device's peak memory as a fraction of that device's capacity. It does not change any time.
+
+Files, in ``--out``, each written only up to a number of spans (one per task and per timed copy)::
+
+    timeline.png   the Gantt chart                          up to PLOT_SPAN_LIMIT  (4,000) spans
+    trace.json     Chrome/Perfetto trace                    up to TRACE_SPAN_LIMIT (250,000) spans
+    timeline.json  every span and memory sample             up to TRACE_SPAN_LIMIT
+
+A bigger run skips them with a one-line note that names them; ``--all-files`` writes them however
+large. The summary does not depend on them.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from gpipe.schedule import CHECKPOINT_MODES, Schedule, gpipe, one_f_one_b
@@ -30,6 +40,9 @@ __all__ = ["add_parser", "run"]
 
 DEFAULT_LINK = "pcie4-x16"
 PLOT_SPAN_LIMIT = 4000  # a Gantt chart with more bars than this takes long to draw and shows little
+# trace.json and timeline.json hold every span: past this (about 40 MB of trace) writing them takes longer
+# than simulating, and a trace viewer opens them slowly to show more spans than anyone scrolls through
+TRACE_SPAN_LIMIT = 250_000
 GRID_LIMIT = (16, 8)  # print the schedule grid up to this many micro-batches and stages
 FILES = ("trace.json", "timeline.json", "timeline.png")  # what a run may write into --out
 
@@ -78,6 +91,9 @@ def add_parser(subparsers: Any) -> None:
                    help="where timeline.png, trace.json and timeline.json go (default: ./out); a folder that "
                         "already holds them is refused unless --force")
     add_force(p)
+    p.add_argument("--all-files", action="store_true",
+                   help=f"write the files however many spans (default: timeline.png up to {PLOT_SPAN_LIMIT:,} "
+                        f"spans, trace.json and timeline.json up to {TRACE_SPAN_LIMIT:,})")
     p.set_defaults(func=run)
 
 
@@ -141,11 +157,16 @@ def _bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def write_files(timeline: Timeline, out: OutputFolder) -> dict[str, str]:
-    """Write ``trace.json``, ``timeline.json`` and (if not too large) ``timeline.png`` into ``out``."""
-    files = {"trace": out.write_json("trace.json", chrome_trace(timeline))}
-    files["timeline"] = out.write_json("timeline.json", timeline.to_dict(), indent=1)
-    if len(timeline.spans) <= PLOT_SPAN_LIMIT:
+def write_files(timeline: Timeline, out: OutputFolder, *, plot_limit: int | None = PLOT_SPAN_LIMIT,
+                trace_limit: int | None = TRACE_SPAN_LIMIT) -> dict[str, str]:
+    """Write ``trace.json`` and ``timeline.json`` (up to ``trace_limit`` spans) and ``timeline.png`` (up to
+    ``plot_limit``) into ``out``; a limit of ``None`` writes the file however large. Returns the paths written."""
+    spans = len(timeline.spans)
+    files: dict[str, str] = {}
+    if trace_limit is None or spans <= trace_limit:
+        files["trace"] = out.write_json("trace.json", chrome_trace(timeline))
+        files["timeline"] = out.write_json("timeline.json", timeline.to_dict(), indent=1)
+    if plot_limit is None or spans <= plot_limit:
         from gpipe.plot import plot_timeline
 
         files["plot"] = out.write_with("timeline.png", lambda path: plot_timeline(timeline, path))
@@ -153,13 +174,25 @@ def write_files(timeline: Timeline, out: OutputFolder) -> dict[str, str]:
     return files
 
 
+def skipped_note(files: dict[str, str], spans: int, plot_limit: int, trace_limit: int) -> str | None:
+    """One line naming the files :func:`write_files` skipped, and the flag that writes them; ``None``: none."""
+    skipped = ([f"timeline.png (more than {plot_limit:,} spans)"] if "plot" not in files else []) \
+        + ([f"trace.json and timeline.json (more than {trace_limit:,})"] if "trace" not in files else [])
+    if not skipped:
+        return None
+    where = "; open trace.json in https://ui.perfetto.dev" if "trace" in files else ""
+    return f"(skipped {', '.join(skipped)}: this run has {spans:,} spans; --all-files writes them{where})"
+
+
 def run(args: argparse.Namespace) -> int:
     """Simulate, print the summary (or one JSON object) and write the files; return the exit status."""
     schedule, cost, config, device = build(args)
     out = output_folder(args, FILES)
     timeline = simulate(schedule, cost, config)
-    files = write_files(timeline, out)
-    summary = timeline.summary()
+    limits = (None, None) if args.all_files else (PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
+    files = write_files(timeline, out, plot_limit=limits[0], trace_limit=limits[1])
+    note = None if args.all_files else skipped_note(files, len(timeline.spans), PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
+    summary = timeline.summary()  # Note [metrics in one pass] in gpipe.timeline
     model_state = timeline.meta["model_state_bytes"]
     for row in summary["devices"]:
         row["model_state_bytes"] = model_state[row["device"]]
@@ -171,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
                "copy_streams": config.copy_streams, "fork_join": config.enforce_backward_order,
                "lockstep": config.lockstep_forward, "hardware": device.name if device else None, "files": files}
         print(json_text(doc))
+        if note is not None:
+            print(note, file=sys.stderr)  # stdout holds the JSON object alone
         return 0
     print(f"{schedule.name} schedule: m={schedule.m} micro-batches, n={schedule.n} stages, "
           f"checkpoint={schedule.checkpoint}" + (f", on {device.name}" if device else ""))
@@ -193,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
         print("schedule (one step per task):")
         print(schedule.grid())
     print()
-    print("wrote " + ", ".join(files.values()))
-    if "plot" not in files:
-        print(f"(no timeline.png: more than {PLOT_SPAN_LIMIT} spans; open trace.json in https://ui.perfetto.dev)")
+    if files:
+        print("wrote " + ", ".join(files.values()))
+    if note is not None:
+        print(note)
     return 0

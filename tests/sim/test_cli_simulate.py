@@ -44,6 +44,34 @@ def test_default_out_dir_and_files(capsys: pytest.CaptureFixture[str], tmp_path:
     assert json.loads((out / "timeline.json").read_text())["source"] == "simulated"
 
 
+def test_a_large_run_skips_its_picture_and_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limits scaled down (64 spans here): the files are skipped with one line saying how to force them."""
+    import sim.cli.simulate as cli_simulate
+
+    monkeypatch.setattr(cli_simulate, "PLOT_SPAN_LIMIT", 10)
+    monkeypatch.setattr(cli_simulate, "TRACE_SPAN_LIMIT", 63)
+    assert main([*BASE, "--out", str(tmp_path / "big")]) == 0
+    text = capsys.readouterr().out
+    assert "makespan 33 s" in text and "wrote" not in text
+    assert text.strip().splitlines()[-1] == ("(skipped timeline.png (more than 10 spans), trace.json and timeline.json "
+                                             "(more than 63): this run has 64 spans; --all-files writes them)")
+    assert [f.name for f in (tmp_path / "big").iterdir()] == [".gpipe-sim.json"]  # the manifest alone
+    monkeypatch.setattr(cli_simulate, "TRACE_SPAN_LIMIT", 64)
+    assert main([*BASE, "--json", "--out", str(tmp_path / "medium")]) == 0
+    captured = capsys.readouterr()  # with --json, stdout holds the JSON object alone and the note goes to stderr
+    assert captured.out.count("\n") == 1 and json.loads(captured.out)["files"].keys() == {"timeline", "trace"}
+    assert captured.err == ("(skipped timeline.png (more than 10 spans): this run has 64 spans; --all-files writes "
+                            "them; open trace.json in https://ui.perfetto.dev)\n")
+    assert main([*BASE, "--all-files", "--out", str(tmp_path / "all")]) == 0
+    assert "skipped" not in capsys.readouterr().out
+    files = ["timeline.json", "timeline.png", "trace.json"]
+    assert sorted(f.name for f in (tmp_path / "all").iterdir()) == [".gpipe-sim.json", *files]
+    monkeypatch.setattr(cli_simulate, "TRACE_SPAN_LIMIT", 63)  # the earlier run's files do not stay beside it
+    assert main([*BASE, "--force", "--out", str(tmp_path / "all")]) == 0
+    assert [f.name for f in (tmp_path / "all").iterdir()] == [".gpipe-sim.json"]
+
+
 def test_memory_copies_and_hardware(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     doc = run_json(capsys, "simulate", "--stages", "2", "--chunks", "4", "--checkpoint", "always",
                    "--saved-bytes", "1000", "--activation-bytes", "10", "--model-state-bytes", "5",

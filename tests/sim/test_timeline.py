@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from gpipe.plot import plot_side_by_side, plot_timeline
-from gpipe.schedule import Task, gpipe
+from gpipe.schedule import Task, gpipe, one_f_one_b
 from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline, chrome_trace, write_chrome_trace
 from sim.cost import CostModel
-from sim.engine import simulate
+from sim.engine import SimConfig, simulate
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -44,6 +44,18 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert Timeline.from_json(simulated.to_json()) == simulated
 
 
+def test_json_is_json_dumps_indented() -> None:
+    """Note [quick JSON]: plain records formatted directly, odd ones through json.dumps, one text."""
+    odd = Timeline(
+        (Span(0, COMPUTE, T("F0@0"), 0, 1), Span(1, COPY, T("F0@0"), 0.5, float("inf"), 'sk"ip\u00e9\n'),
+         Span(2, "str\u00e9am", T("B1@2"), float("nan"), 1e300), Span(True, COMPUTE, T("F0@0"), -0.0, 5e-324)),
+        (MemorySample(0, 0, 5), MemorySample(1, 1.5, 2**70), MemorySample(0, float("-inf"), -3)),
+        source="x\u00e9", meta={"a": [1, {"b": None}], "c": "\u2603"})
+    simulated = simulate(gpipe(3, 2, "except_last"), CostModel.uniform(2, 0.1, 0.3, copy_seconds=0.07, saved_bytes=10))
+    for tl in (sample(), odd, simulated, Timeline(()), Timeline((), (MemorySample(0, 1.0, 2),))):
+        assert tl.to_json() == json.dumps(tl.to_dict(), indent=1)
+
+
 def test_metrics() -> None:
     tl = sample()
     assert tl.num_devices == 2 and tl.start == 1.0 and tl.end == 4.0 and tl.makespan == 3.0
@@ -69,6 +81,62 @@ def test_busy_is_the_union_of_overlapping_spans() -> None:
     assert Timeline(()).makespan == 0.0 and Timeline(()).bubble_fraction() == 0.0
 
 
+def straightforward_summary(tl: Timeline) -> dict:
+    """Note [metrics in one pass]'s definitions, each computed from scratch over every span and sample."""
+    start = min((s.start for s in tl.spans), default=0.0)
+    makespan = max((s.end for s in tl.spans), default=0.0) - start
+    rows = []
+    for d in range(tl.num_devices):
+        mine = sorted((s.start, s.end) for s in tl.spans if s.device == d and s.stream == COMPUTE)
+        busy, block = 0.0, None  # the union of the device's compute spans
+        for a, b in mine:
+            if block is None or a > block[1]:
+                busy += block[1] - block[0] if block is not None else 0.0
+                block = [a, b]
+            else:
+                block[1] = max(block[1], b)
+        busy += block[1] - block[0] if block is not None else 0.0
+        utilisation = busy / makespan if makespan > 0 else 0.0
+        peak = max((m.bytes for m in tl.memory if m.device == d), default=0)
+        rows.append({"device": d, "busy": busy, "utilisation": utilisation, "bubble_fraction": 1.0 - utilisation,
+                     "peak_memory_bytes": peak})
+    bubble = sum(r["bubble_fraction"] for r in rows) / len(rows) if rows else 0.0
+    return {"makespan": makespan, "bubble_fraction": bubble, "devices": rows}
+
+
+def test_metrics_are_the_per_device_definitions() -> None:
+    """Note [metrics in one pass]: grouping once changes no number, not even in the last bit."""
+    m, n = 6, 4
+    free = simulate(gpipe(m, n, "never"), CostModel.uniform(n, 1.0, 2.0, copy_seconds=0.0))
+    summary = free.summary()
+    assert summary == straightforward_summary(free)
+    assert summary["makespan"] == (m + n - 1) * 3.0  # GPipe's closed form
+    assert summary["bubble_fraction"] == pytest.approx((n - 1) / (m + n - 1), rel=1e-12)
+    assert all(row["busy"] == m * 3.0 for row in summary["devices"])
+    timelines = [
+        sample(),
+        Timeline((Span(0, COMPUTE, T("F0@0"), 0.0, 2.0), Span(0, COMPUTE, T("F1@0"), 1.0, 3.0),
+                  Span(0, COMPUTE, T("F2@0"), 5.0, 6.0)), num_devices=3),  # overlaps, and an idle device
+        Timeline(()),
+        simulate(gpipe(5, 3, "except_last"), CostModel.uniform(3, 0.1, 0.3, copy_seconds=0.07, saved_bytes=10,
+                                                                checkpoint_bytes=3)),
+        simulate(one_f_one_b(7, 4), CostModel.uniform(4, 0.3, 0.7, copy_seconds=None, send_bytes=2**20,
+                                                     saved_bytes=5), SimConfig(copy_streams=False)),
+        simulate(gpipe(4, 4, placement=(0, 1, 1, 0)), CostModel.uniform(4, 1.1, 2.3, copy_seconds=0.2)),
+    ]
+    for tl in timelines:
+        expected = straightforward_summary(tl)
+        assert tl.summary() == expected
+        for d, row in enumerate(expected["devices"]):
+            assert (tl.busy(d), tl.utilisation(d), tl.bubble_fraction(d), tl.peak_memory(d)) == \
+                (row["busy"], row["utilisation"], row["bubble_fraction"], row["peak_memory_bytes"])
+            assert tl.compute_spans(d) == sorted((s for s in tl.spans if s.device == d and s.stream == COMPUTE),
+                                                 key=lambda s: (s.start, s.end))
+            assert tl.memory_series(d) == sorted(((m.time, m.bytes) for m in tl.memory if m.device == d),
+                                                 key=lambda p: p[0])
+        assert tl.busy(tl.num_devices) == 0.0 and tl.peak_memory(-1) == 0 and tl.compute_spans(99) == []
+
+
 def test_chrome_trace_structure(tmp_path: Path) -> None:
     tl = sample()
     doc = chrome_trace(tl)
@@ -87,6 +155,10 @@ def test_chrome_trace_structure(tmp_path: Path) -> None:
     assert pids == {0, 1, 2, 3}
     path = write_chrome_trace(tmp_path / "trace.json", tl)
     assert json.loads(path.read_text())["traceEvents"] == json.loads(json.dumps(events))
+    big = simulate(gpipe(40, 8), CostModel.uniform(8, 1, 2, copy_seconds=0.5, saved_bytes=3))  # > 4096 events
+    for timelines in (tl, [tl, tl.shifted(5.0)], big, Timeline(())):  # written in batches, to the same text
+        write_chrome_trace(path, timelines)
+        assert path.read_text() == json.dumps(chrome_trace(timelines))
 
 
 def test_plots_write_pngs(tmp_path: Path) -> None:
