@@ -18,9 +18,6 @@ from gpipe.schedule import (
     Schedule,
     ScheduleError,
     Task,
-    _run_unit_steps,
-    _runs_to_completion,
-    _walk,
     clock_cycles,
     collector_paused,
     gpipe,
@@ -28,6 +25,8 @@ from gpipe.schedule import (
     parse_tasks,
     step_grid,
 )
+from gpipe.schedule.grid import run_unit_steps
+from gpipe.schedule.validator import _runs_to_completion, _walk
 
 
 def test_clock_cycles_match_torchgpipe() -> None:
@@ -173,7 +172,7 @@ def test_linear_deadlock_check_agrees_with_the_unit_step_grid(
     gen = gpipe if kind == "gpipe" else one_f_one_b
     s = gen(m, n, policy)  # type: ignore[arg-type]
     shuffled = Schedule(m, n, s.checkpoint, s.placement, tuple(data.draw(st.permutations(ts)) for ts in s.tasks))
-    _, stuck = _run_unit_steps(shuffled)
+    _, stuck = run_unit_steps(shuffled)
     assert (_walk(shuffled, [shuffled.is_checkpointed(i) for i in range(m)]) >= 0) == (stuck is None)
     assert _runs_to_completion(shuffled) == (stuck is None)  # the same on task objects (a subclass's edges)
     if stuck is None:
@@ -186,7 +185,7 @@ def test_linear_deadlock_check_agrees_with_the_unit_step_grid(
 def test_validation_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
     """A schedule is immutable, so it is checked once; an equal new one is checked again."""
     calls = []
-    monkeypatch.setattr("gpipe.schedule._walk", lambda *args: calls.append(1) or _walk(*args))
+    monkeypatch.setattr("gpipe.schedule.validator._walk", lambda *args: calls.append(1) or _walk(*args))
     s = gpipe(64, 8, "except_last")
     assert s.validate() is s and s.validate() is s and len(calls) == 1
     fresh = Schedule(s.m, s.n, s.checkpoint, s.placement, s.tasks, s.name)
