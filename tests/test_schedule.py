@@ -1,5 +1,5 @@
 """Schedules: the clock-cycle literals, generated schedules pass the validator, deadlocks are shown;
-the linear validator agrees with the step grid."""
+the linear validator agrees with the step grid; one registry names every generator."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gpipe.schedule import (
     CHECKPOINT_MODES,
+    SCHEDULES,
     Checkpoint,
     Op,
     Schedule,
@@ -23,7 +24,10 @@ from gpipe.schedule import (
     gpipe,
     one_f_one_b,
     parse_tasks,
+    register,
+    schedule_kind,
     step_grid,
+    unregister,
 )
 from gpipe.schedule.grid import run_unit_steps
 from gpipe.schedule.validator import _runs_to_completion, _walk
@@ -271,3 +275,63 @@ def test_collector_paused_restores_the_collector_and_ages_what_it_built() -> Non
     finally:
         gc.enable()
     assert len(big) == len(more) and gpipe(3, 2).tasks == gpipe(3, 2).tasks and gc.isenabled()
+
+
+def test_the_registry_names_every_generator_once() -> None:
+    """Note [one registry]: the built-in generators, in order, each with its description, constraints and policy."""
+    assert list(SCHEDULES) == ["gpipe", "1f1b"]
+    assert [SCHEDULES[k].generator for k in SCHEDULES] == [gpipe, one_f_one_b]
+    assert [k.default_checkpoint for k in SCHEDULES.values()] == ["except_last", "never"]
+    for kind in SCHEDULES.values():
+        assert kind.description and kind.constraints and "\n" not in kind.description + kind.constraints
+        assert kind(3, 2) == kind.generator(3, 2) and kind(3, 2).name == kind.name
+        assert kind(3, 2, "always", [0, 0]) == kind.generator(3, 2, "always", [0, 0])
+    with pytest.raises(TypeError):
+        SCHEDULES["mine"] = SCHEDULES["gpipe"]  # type: ignore[index]
+
+
+def test_an_unknown_name_lists_the_registered_ones() -> None:
+    with pytest.raises(ValueError, match=r"^unknown schedule 'zero-bubble'; registered: gpipe, 1f1b$"):
+        schedule_kind("zero-bubble")
+    with pytest.raises(ValueError, match="unknown schedule 'zero-bubble'"):
+        unregister("zero-bubble")
+
+
+def test_register_and_unregister() -> None:
+    def reversed_gpipe(m: int, n: int, checkpoint: Checkpoint = "always") -> Schedule:
+        return dataclasses.replace(gpipe(m, n, checkpoint), name="reversed")
+
+    assert register("reversed", "GPipe again")(reversed_gpipe) is reversed_gpipe
+    try:
+        assert list(SCHEDULES)[-1] == "reversed" and schedule_kind("reversed")(2, 2).checkpoint == "always"
+        with pytest.raises(ValueError, match="already registered"):
+            register("reversed", "twice")(reversed_gpipe)
+    finally:
+        assert unregister("reversed").generator is reversed_gpipe
+    assert list(SCHEDULES) == ["gpipe", "1f1b"]
+
+
+@pytest.mark.parametrize(("name", "description", "message"), [
+    ("My Schedule", "one line", "lower-case word"),
+    ("a,b", "one line", "lower-case word"),
+    ("gpipe", "one line", "already registered"),
+    ("mine", "two\nlines", "one line"),
+    ("mine", " ", "one line"),
+])
+def test_register_refuses(name: str, description: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        register(name, description)
+    assert "mine" not in SCHEDULES
+
+
+def test_register_refuses_a_generator_without_a_default_policy() -> None:
+    def no_default(m: int, n: int, checkpoint: Checkpoint) -> Schedule:
+        return gpipe(m, n, checkpoint)
+
+    def no_policy(m: int, n: int) -> Schedule:
+        return gpipe(m, n)
+
+    for generator, message in ((no_default, "has no default checkpoint"), (no_policy, "lacks checkpoint")):
+        with pytest.raises(ValueError, match=message):
+            register("mine", "one line")(generator)
+    assert "mine" not in SCHEDULES

@@ -1,4 +1,4 @@
-"""Pipeline schedules as immutable data: tasks, per-device task lists, their generators, one validator.
+"""Pipeline schedules as immutable data: tasks, per-device task lists, one registry of generators, one validator.
 
 This package is pure Python (no torch) and is the language that both the executor (:mod:`gpipe`) and the
 simulator (:mod:`sim`) speak. A :class:`Schedule` says *what* runs *where* and *in which order*; it never
@@ -23,24 +23,36 @@ One concept per module, each importing only those above it::
     schedule.py         Schedule: per-device task lists, shape and stage placement
     collector.py        collector_paused, for building millions of records
     placement.py        stage placement and per-stage orders merged per device, for generators
+    registry.py         SCHEDULES: every generator by name, with what it does and needs; register()
     fill_drain.py       gpipe(): GPipe's fill-drain, and clock_cycles()
     pipedream_flush.py  one_f_one_b(): 1F1B
+
+A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`)::
+
+    @register("my-schedule", "what it does, in one line", constraints="what it needs, in one line")
+    def my_schedule(m, n, checkpoint="never", placement=None) -> Schedule: ...
+
+and ``GPipe(..., schedule="my-schedule")``, :func:`sim.plan.plan` and ``gpipe-sim simulate --schedule
+my-schedule`` run it.
 """
 
 from gpipe.schedule.collector import collector_paused
 from gpipe.schedule.fill_drain import clock_cycles, gpipe
 from gpipe.schedule.grid import step_grid
 from gpipe.schedule.pipedream_flush import one_f_one_b
+from gpipe.schedule.registry import SCHEDULES, ScheduleKind, register, schedule_kind, unregister
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
 from gpipe.schedule.validator import ScheduleError
 
 __all__ = [
     "CHECKPOINT_MODES",
+    "SCHEDULES",
     "Checkpoint",
     "Op",
     "Schedule",
     "ScheduleError",
+    "ScheduleKind",
     "Task",
     "checkpointed",
     "clock_cycles",
@@ -48,5 +60,8 @@ __all__ = [
     "gpipe",
     "one_f_one_b",
     "parse_tasks",
+    "register",
+    "schedule_kind",
     "step_grid",
+    "unregister",
 ]

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 
 from gpipe.schedule.collector import collector_paused
 from gpipe.schedule.placement import stage_placement
+from gpipe.schedule.registry import register
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed, unchecked_task
 
@@ -32,6 +33,8 @@ def clock_cycles(m: int, n: int) -> Iterator[list[tuple[int, int]]]:
         yield [(k - j, j) for j in range(max(1 + k - m, 0), min(1 + k, n))]
 
 
+@register("gpipe", "GPipe's fill-drain: every forward, then every backward in reverse order",
+          constraints="any m >= 1 and n >= 1, any placement; forwards first, so forward() + backward() runs it")
 def gpipe(m: int, n: int, checkpoint: Checkpoint = "except_last", placement: Sequence[int] | None = None) -> Schedule:
     """GPipe's fill-drain schedule.
 

@@ -7,12 +7,16 @@ from collections.abc import Sequence
 
 from gpipe.schedule.collector import collector_paused
 from gpipe.schedule.placement import merge_stages, stage_placement
+from gpipe.schedule.registry import register
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed, unchecked_task
 
 __all__ = ["one_f_one_b"]
 
 
+@register("1f1b", "PipeDream-Flush: after a warm-up, one forward then one backward, in turn",
+          constraints="any m >= 1 and n >= 1, any placement; forwards and backwards interleave, so the executor "
+                      "trains it with step() only")
 def one_f_one_b(
     m: int, n: int, checkpoint: Checkpoint = "never", placement: Sequence[int] | None = None
 ) -> Schedule:
