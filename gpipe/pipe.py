@@ -24,8 +24,10 @@ thread), and the order that torchgpipe's fork/join enforces holds by constructio
 
 Note [step]: ``pipe.step(input, target, loss_fn)`` runs a whole training step in one call: every task of
 the schedule, the loss computed by the last partition on each micro-batch as soon as its forward ends.
-That lets a schedule start backwards before all forwards end, as 1F1B (``schedule="1f1b"``) does; the
-``forward()`` + ``backward()`` path needs the forwards first, so it always runs GPipe's schedule.
+That lets a schedule start backwards before all forwards end, as 1F1B (``schedule="1f1b"``) does. The
+``forward()`` + ``backward()`` path runs the pipeline's schedule when every device runs its forwards first
+(:attr:`Schedule.forwards_first <gpipe.schedule.Schedule.forwards_first>`: GPipe's, any such registered
+schedule); one that interleaves them trains only through ``step()``, and infers with GPipe's forwards.
 
 The worker threads themselves, the hand-offs between them and checkpointing are in :mod:`gpipe.worker`.
 """
@@ -174,10 +176,14 @@ class GPipe(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         train = torch.is_grad_enabled() and (bool(params) or any(t.requires_grad for t in tensors))
         mode = self.checkpoint if (train and self.training) else "never"
-        if train and self.schedule_name != "gpipe":
-            raise RuntimeError(f"the {self.schedule_name!r} schedule interleaves forward and backward, so the loss "
-                               "must be known before the forward ends: train with pipe.step(input, target, loss_fn)")
-        run = Run(self, self.schedule_for(m, mode, "gpipe"), batches, was_tuple, train, self.record and train)
+        schedule = self.schedule_for(m, mode)
+        if not schedule.forwards_first:  # Note [step]
+            if train:
+                raise RuntimeError(f"the {self.schedule_name!r} schedule interleaves forward and backward, so the "
+                                   "loss must be known before the forward ends: train with pipe.step(input, target, "
+                                   "loss_fn)")
+            schedule = self.schedule_for(m, mode, "gpipe")  # inference: only forwards, in GPipe's order
+        run = Run(self, schedule, batches, was_tuple, train, self.record and train)
         run.execute(forward=True)
         if run.recorder is not None:
             run.recorder.pause()

@@ -335,3 +335,11 @@ def test_register_refuses_a_generator_without_a_default_policy() -> None:
         with pytest.raises(ValueError, match=message):
             register("mine", "one line")(generator)
     assert "mine" not in SCHEDULES
+
+
+def test_forwards_first() -> None:
+    """Whether every device runs all its forwards before anything else: GPipe's does, 1F1B's does not."""
+    assert all(gpipe(m, n, policy).forwards_first for m in (1, 4) for n in (1, 3) for policy in CHECKPOINT_MODES)
+    assert gpipe(4, 3, placement=[0, 1, 0]).forwards_first  # stage 2's forwards on device 0 still come first
+    assert not one_f_one_b(4, 3).forwards_first
+    assert one_f_one_b(4, 1).forwards_first is False and one_f_one_b(1, 3).forwards_first is True
