@@ -40,8 +40,8 @@ G = TypeVar("G", bound=Callable[..., Schedule])
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")  # a word a command line takes, in a comma-separated list too
 _registry: dict[str, ScheduleKind] = {}
 
-#: Every registered schedule by name, in registration order (a read-only view of the registry).
 SCHEDULES: Mapping[str, ScheduleKind] = MappingProxyType(_registry)
+"""Every registered schedule by name, in registration order (a read-only view of the registry)."""
 
 
 @dataclass(frozen=True)
