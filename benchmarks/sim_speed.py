@@ -10,7 +10,7 @@ Three figures per point: ``validate`` (seconds of ``Schedule.validate`` alone), 
 second of the whole public call: validation, the simulation, and building the Timeline of spans and
 memory samples) and ``engine/s`` (tasks per second of the simulation proper, timed through the engine's
 internal ``_Run`` on the already validated schedule). A schedule remembers that it passed validation
-(Note [linear validation] in :mod:`gpipe.schedule`), so every timed call gets a fresh, equal copy of the
+(Note [linear validation] in :mod:`gpipe.schedule.validator`), so every timed call gets a fresh, equal copy of the
 schedule: ``simulate/s`` is what a first call costs. Each time is the best of a few repeats (the machine
 is shared). The goal: ``simulate/s`` >= 250,000 at n=64, m=4096 with free copies.
 

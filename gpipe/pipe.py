@@ -24,8 +24,10 @@ thread), and the order that torchgpipe's fork/join enforces holds by constructio
 
 Note [step]: ``pipe.step(input, target, loss_fn)`` runs a whole training step in one call: every task of
 the schedule, the loss computed by the last partition on each micro-batch as soon as its forward ends.
-That lets a schedule start backwards before all forwards end, as 1F1B (``schedule="1f1b"``) does; the
-``forward()`` + ``backward()`` path needs the forwards first, so it always runs GPipe's schedule.
+That lets a schedule start backwards before all forwards end, as 1F1B (``schedule="1f1b"``) does. The
+``forward()`` + ``backward()`` path runs the pipeline's schedule when every device runs its forwards first
+(:attr:`Schedule.forwards_first <gpipe.schedule.Schedule.forwards_first>`: GPipe's, any such registered
+schedule); one that interleaves them trains only through ``step()``, and infers with GPipe's forwards.
 
 The worker threads themselves, the hand-offs between them and checkpointing are in :mod:`gpipe.worker`.
 """
@@ -46,8 +48,7 @@ from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.checks import check_balance, check_count, check_devices, check_unique
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.microbatch import as_tensors, scatter
-from gpipe.schedule import CHECKPOINT_MODES, Schedule, one_f_one_b
-from gpipe.schedule import gpipe as gpipe_schedule
+from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, schedule_kind
 from gpipe.skip.layout import SkipLayout
 from gpipe.timeline import Timeline
 from gpipe.worker import Run
@@ -55,9 +56,6 @@ from gpipe.worker import Run
 __all__ = ["GPipe"]
 
 Device = torch.device | str | int
-
-#: The schedules a pipeline runs; ``forward()`` + ``backward()`` needs one whose forwards come first (``gpipe``).
-SCHEDULES: dict[str, Callable[..., Schedule]] = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b}
 
 
 class GPipe(nn.Module):
@@ -73,6 +71,8 @@ class GPipe(nn.Module):
         deferred_batch_norm: replace batch norm by :class:`gpipe.DeferredBatchNorm`.
         record: record a measured :class:`~gpipe.timeline.Timeline` of every training step
             (:attr:`timeline`); settable later.
+        schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`): ``"gpipe"``
+            (default), ``"1f1b"`` (trained with :meth:`step`), or one a user registered.
         cpu_affinity: one set of CPU cores per partition (or ``None`` for one left unpinned): its
             worker thread runs only there (Linux; :mod:`gpipe.affinity`, Note [pinned workers]).
         switch_interval: seconds Python's interpreter lock may stay with one thread while two or more
@@ -81,7 +81,7 @@ class GPipe(nn.Module):
 
     Raises:
         TypeError: ``module`` is not an ``nn.Sequential``.
-        ValueError: a bad balance, chunks, checkpoint mode or device list; duplicate layers; invalid
+        ValueError: a bad balance, chunks, checkpoint mode, schedule name or device list; duplicate layers; invalid
             skip connections (see :func:`gpipe.skip.verify_skippables`).
     """
 
@@ -99,8 +99,7 @@ class GPipe(nn.Module):
         chunks = check_count("chunks (micro-batches per mini-batch)", chunks)
         if checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
-        if schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
+        schedule_kind(schedule)  # a registered name (gpipe.schedule.SCHEDULES), else a ValueError listing them
         self.chunks = chunks
         self.checkpoint = checkpoint
         self.schedule_name = schedule
@@ -161,7 +160,7 @@ class GPipe(nn.Module):
         kind = self.schedule_name if name is None else name
         key = (m, mode, kind)
         if key not in self._schedules:
-            self._schedules[key] = SCHEDULES[kind](m, len(self.partitions), mode).validate()  # type: ignore[operator]
+            self._schedules[key] = schedule_kind(kind)(m, len(self.partitions), cast(Checkpoint, mode)).validate()
         return self._schedules[key]
 
     @property
@@ -177,10 +176,14 @@ class GPipe(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         train = torch.is_grad_enabled() and (bool(params) or any(t.requires_grad for t in tensors))
         mode = self.checkpoint if (train and self.training) else "never"
-        if train and self.schedule_name != "gpipe":
-            raise RuntimeError(f"the {self.schedule_name!r} schedule interleaves forward and backward, so the loss "
-                               "must be known before the forward ends: train with pipe.step(input, target, loss_fn)")
-        run = Run(self, self.schedule_for(m, mode, "gpipe"), batches, was_tuple, train, self.record and train)
+        schedule = self.schedule_for(m, mode)
+        if not schedule.forwards_first:  # Note [step]
+            if train:
+                raise RuntimeError(f"the {self.schedule_name!r} schedule interleaves forward and backward, so the "
+                                   "loss must be known before the forward ends: train with pipe.step(input, target, "
+                                   "loss_fn)")
+            schedule = self.schedule_for(m, mode, "gpipe")  # inference: only forwards, in GPipe's order
+        run = Run(self, schedule, batches, was_tuple, train, self.record and train)
         run.execute(forward=True)
         if run.recorder is not None:
             run.recorder.pause()

@@ -64,7 +64,7 @@ class Span:
     label: str = ""
 
     def __init__(self, device: int, stream: str, task: Task, start: float, end: float, label: str = "") -> None:
-        # Note [fast frozen records] in gpipe.schedule: a simulation builds one span per task
+        # Note [fast frozen records] in gpipe.schedule.task: a simulation builds one span per task
         _span_device(self, device)
         _span_stream(self, stream)
         _span_task(self, task)
@@ -115,7 +115,7 @@ class MemorySample:
     bytes: int
 
     def __init__(self, device: int, time: float, bytes: int) -> None:
-        _sample_device(self, device)  # Note [fast frozen records] in gpipe.schedule
+        _sample_device(self, device)  # Note [fast frozen records] in gpipe.schedule.task
         _sample_time(self, time)
         _sample_bytes(self, bytes)
 
@@ -127,7 +127,7 @@ class MemorySample:
         return cls(int(d["device"]), float(d["time"]), int(d["bytes"]))
 
 
-# Note [fast frozen records] in gpipe.schedule: the slots' own setters, which bypass the frozen __setattr__
+# Note [fast frozen records] in gpipe.schedule.task: the slots' own setters, which bypass the frozen __setattr__
 _span_device, _span_stream, _span_task, _span_start, _span_end, _span_label = (
     getattr(Span, name).__set__ for name in ("device", "stream", "task", "start", "end", "label"))
 _sample_device, _sample_time, _sample_bytes = (

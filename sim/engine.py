@@ -1,7 +1,7 @@
 """The simulator: run a schedule on a cost model as a SimPy discrete-event simulation and return its Timeline.
 
 One SimPy process per device walks that device's task list in order (Note [dependencies] in
-:mod:`gpipe.schedule` says what each task waits for) and holds its compute stream for the task's cost::
+:mod:`gpipe.schedule.task` says what each task waits for) and holds its compute stream for the task's cost::
 
     task seconds = stage cost * cost.scale(i) + host seconds
     stage cost   = F: forward_seconds(checkpointed), B: backward, R: recompute_seconds, W: weight
@@ -226,7 +226,7 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
         ScheduleError: the schedule is invalid, or it stalls under ``config`` (e.g. lockstep).
         ValueError: the cost model does not fit the schedule.
     """
-    with collector_paused():  # Note [gc] in gpipe.schedule
+    with collector_paused():  # Note [gc] in gpipe.schedule.collector
         schedule.validate()
         if cost.n != schedule.n:
             raise ValueError(f"the cost model has {cost.n} stages but the schedule has {schedule.n}")

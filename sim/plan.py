@@ -2,8 +2,9 @@
 
 For every GPU count ``g`` the planner tries each pipeline depth ``n`` that divides it (``g / n``
 data-parallel replicas of the pipeline), each number of micro-batches (chunks), each checkpoint
-policy and each schedule (GPipe, 1F1B). Each configuration is balanced by cost, simulated
-(:func:`sim.engine.simulate`) and checked against device memory::
+policy and each registered schedule (:data:`gpipe.schedule.SCHEDULES`: GPipe, 1F1B). Each
+configuration is balanced by cost, simulated (:func:`sim.engine.simulate`) and checked against
+device memory::
 
     step seconds  = simulated makespan + optimizer step + gradient all-reduce across replicas
     throughput    = global batch / step seconds                              (samples/s)
@@ -32,17 +33,15 @@ from typing import Any, cast
 
 import numpy as np
 
-from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, gpipe, one_f_one_b
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, Schedule, schedule_kind
 from sim.costs_from_flops import KERNEL_SECONDS, FlopCosts, Training, training_policy
 from sim.engine import SimConfig, simulate
 from sim.flops import ModelProfile
 from sim.hardware import LINKS, DeviceSpec, LinkSpec, get_device, get_link
 
-__all__ = ["SCHEDULES", "Plan", "PlanRow", "block_partition", "check_request", "default_training", "plan",
+__all__ = ["Plan", "PlanRow", "block_partition", "check_request", "default_training", "plan",
            "resolve_link"]
 
-#: Schedule generators the planner sweeps, by name.
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
 MAX_CHUNKS = 128  # default sweep: powers of two up to this (a simulation grows with chunks x stages)
 
 
@@ -57,7 +56,7 @@ class PlanRow:
         chunks: micro-batches per replica per step.
         microbatch: samples in the largest micro-batch.
         checkpoint: ``never``, ``except_last`` or ``always``.
-        schedule: ``gpipe`` or ``1f1b``.
+        schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`).
         balance: layers per stage.
         step_seconds: one training step (see the module docstring).
         throughput: samples per second.
@@ -282,8 +281,7 @@ def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Seque
         if ck not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {ck!r}; use {', '.join(CHECKPOINT_MODES)}")
     for s in schedules:
-        if s not in SCHEDULES:
-            raise ValueError(f"unknown schedule {s!r}; use {', '.join(SCHEDULES)}")
+        schedule_kind(s)  # a ValueError that lists the registered names
     size = {2: "16-bit", 4: "32-bit"}
     counted = profile.dtype.itemsize
     if counted != training.torch_dtype.itemsize:
@@ -298,7 +296,7 @@ def _allreduce_seconds(nbytes: float, replicas: int, link: LinkSpec) -> float:
 
 
 def _make_schedule(p: _Point) -> Schedule:
-    return SCHEDULES[p.schedule](p.chunks, p.stages, cast(Checkpoint, p.checkpoint))
+    return schedule_kind(p.schedule)(p.chunks, p.stages, cast(Checkpoint, p.checkpoint))
 
 
 def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimConfig,
@@ -344,7 +342,7 @@ def _mark_best(rows: list[PlanRow], objective: str) -> list[PlanRow]:
 def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequence[int],
          link: LinkSpec | str = "pcie", *, training: Training | str | None = None,
          chunks: Sequence[int] | None = None, checkpoints: Sequence[str] = CHECKPOINT_MODES,
-         schedules: Sequence[str] = tuple(SCHEDULES), stages: Sequence[int] | None = None,
+         schedules: Sequence[str] | None = None, stages: Sequence[int] | None = None,
          price_per_gpu_hour: float | None = None, objective: str = "throughput",
          kernel_seconds: float = KERNEL_SECONDS, model_name: str = "", progress: bool = False) -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
@@ -360,7 +358,7 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
             :func:`default_training`.
         chunks: micro-batch counts to try; default powers of two up to the batch per replica (at most 128).
         checkpoints: checkpoint policies to try.
-        schedules: schedule names to try (``gpipe``, ``1f1b``).
+        schedules: schedule names to try; default every registered one (:data:`gpipe.schedule.SCHEDULES`).
         stages: pipeline depths to allow; default every divisor of each GPU count.
         price_per_gpu_hour: dollars, to price each row per million samples.
         objective: ``throughput`` (default) or ``cost`` (cheapest per sample; needs a price).
@@ -380,6 +378,7 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     policy = default_training(dev) if training is None else training_policy(training) \
         if isinstance(training, str) else training
     lk = resolve_link(link, dev)
+    schedules = tuple(SCHEDULES) if schedules is None else schedules
     _check(profile, batch, gpus, chunks, checkpoints, schedules, policy)
     if objective not in ("throughput", "cost"):
         raise ValueError(f"objective must be 'throughput' or 'cost', got {objective!r}")

@@ -1,11 +1,14 @@
 """Schedules: the clock-cycle literals, generated schedules pass the validator, deadlocks are shown;
-the linear validator agrees with the step grid."""
+the linear validator agrees with the step grid; one registry names every generator."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -13,21 +16,24 @@ from hypothesis import strategies as st
 
 from gpipe.schedule import (
     CHECKPOINT_MODES,
+    SCHEDULES,
     Checkpoint,
     Op,
     Schedule,
     ScheduleError,
     Task,
-    _run_unit_steps,
-    _runs_to_completion,
-    _walk,
     clock_cycles,
     collector_paused,
     gpipe,
     one_f_one_b,
     parse_tasks,
+    register,
+    schedule_kind,
     step_grid,
+    unregister,
 )
+from gpipe.schedule.grid import run_unit_steps
+from gpipe.schedule.validator import _runs_to_completion, _walk
 
 
 def test_clock_cycles_match_torchgpipe() -> None:
@@ -173,7 +179,7 @@ def test_linear_deadlock_check_agrees_with_the_unit_step_grid(
     gen = gpipe if kind == "gpipe" else one_f_one_b
     s = gen(m, n, policy)  # type: ignore[arg-type]
     shuffled = Schedule(m, n, s.checkpoint, s.placement, tuple(data.draw(st.permutations(ts)) for ts in s.tasks))
-    _, stuck = _run_unit_steps(shuffled)
+    _, stuck = run_unit_steps(shuffled)
     assert (_walk(shuffled, [shuffled.is_checkpointed(i) for i in range(m)]) >= 0) == (stuck is None)
     assert _runs_to_completion(shuffled) == (stuck is None)  # the same on task objects (a subclass's edges)
     if stuck is None:
@@ -186,7 +192,7 @@ def test_linear_deadlock_check_agrees_with_the_unit_step_grid(
 def test_validation_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
     """A schedule is immutable, so it is checked once; an equal new one is checked again."""
     calls = []
-    monkeypatch.setattr("gpipe.schedule._walk", lambda *args: calls.append(1) or _walk(*args))
+    monkeypatch.setattr("gpipe.schedule.validator._walk", lambda *args: calls.append(1) or _walk(*args))
     s = gpipe(64, 8, "except_last")
     assert s.validate() is s and s.validate() is s and len(calls) == 1
     fresh = Schedule(s.m, s.n, s.checkpoint, s.placement, s.tasks, s.name)
@@ -272,3 +278,80 @@ def test_collector_paused_restores_the_collector_and_ages_what_it_built() -> Non
     finally:
         gc.enable()
     assert len(big) == len(more) and gpipe(3, 2).tasks == gpipe(3, 2).tasks and gc.isenabled()
+
+
+def test_the_registry_names_every_generator_once() -> None:
+    """Note [one registry]: the built-in generators, in order, each with its description, constraints and policy."""
+    assert list(SCHEDULES) == ["gpipe", "1f1b"]
+    assert [SCHEDULES[k].generator for k in SCHEDULES] == [gpipe, one_f_one_b]
+    assert [k.default_checkpoint for k in SCHEDULES.values()] == ["except_last", "never"]
+    for kind in SCHEDULES.values():
+        assert kind.description and kind.constraints and "\n" not in kind.description + kind.constraints
+        assert kind(3, 2) == kind.generator(3, 2) and kind(3, 2).name == kind.name
+        assert kind(3, 2, "always", [0, 0]) == kind.generator(3, 2, "always", [0, 0])
+    with pytest.raises(TypeError):
+        SCHEDULES["mine"] = SCHEDULES["gpipe"]  # type: ignore[index]
+
+
+def test_an_unknown_name_lists_the_registered_ones() -> None:
+    with pytest.raises(ValueError, match=r"^unknown schedule 'zero-bubble'; registered: gpipe, 1f1b$"):
+        schedule_kind("zero-bubble")
+    with pytest.raises(ValueError, match="unknown schedule 'zero-bubble'"):
+        unregister("zero-bubble")
+
+
+def test_register_and_unregister() -> None:
+    def reversed_gpipe(m: int, n: int, checkpoint: Checkpoint = "always") -> Schedule:
+        return dataclasses.replace(gpipe(m, n, checkpoint), name="reversed")
+
+    assert register("reversed", "GPipe again")(reversed_gpipe) is reversed_gpipe
+    try:
+        assert list(SCHEDULES)[-1] == "reversed" and schedule_kind("reversed")(2, 2).checkpoint == "always"
+        with pytest.raises(ValueError, match="already registered"):
+            register("reversed", "twice")(reversed_gpipe)
+    finally:
+        assert unregister("reversed").generator is reversed_gpipe
+    assert list(SCHEDULES) == ["gpipe", "1f1b"]
+
+
+@pytest.mark.parametrize(("name", "description", "message"), [
+    ("My Schedule", "one line", "lower-case word"),
+    ("a,b", "one line", "lower-case word"),
+    ("gpipe", "one line", "already registered"),
+    ("mine", "two\nlines", "one line"),
+    ("mine", " ", "one line"),
+])
+def test_register_refuses(name: str, description: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        register(name, description)
+    assert "mine" not in SCHEDULES
+
+
+def test_register_refuses_a_generator_without_a_default_policy() -> None:
+    def no_default(m: int, n: int, checkpoint: Checkpoint) -> Schedule:
+        return gpipe(m, n, checkpoint)
+
+    def no_policy(m: int, n: int) -> Schedule:
+        return gpipe(m, n)
+
+    for generator, message in ((no_default, "has no default checkpoint"), (no_policy, "lacks checkpoint")):
+        with pytest.raises(ValueError, match=message):
+            register("mine", "one line")(generator)
+    assert "mine" not in SCHEDULES
+
+
+def test_forwards_first() -> None:
+    """Whether every device runs all its forwards before anything else: GPipe's does, 1F1B's does not."""
+    assert all(gpipe(m, n, policy).forwards_first for m in (1, 4) for n in (1, 3) for policy in CHECKPOINT_MODES)
+    assert gpipe(4, 3, placement=[0, 1, 0]).forwards_first  # stage 2's forwards on device 0 still come first
+    assert not one_f_one_b(4, 3).forwards_first
+    assert one_f_one_b(4, 1).forwards_first is False and one_f_one_b(1, 3).forwards_first is True
+
+
+def test_the_package_imports_no_torch() -> None:
+    """gpipe.schedule is pure Python: imported without its parent package's __init__ (which imports the
+    executor), it leaves torch unloaded."""
+    code = ("import sys, types; parent = types.ModuleType('gpipe'); parent.__path__ = ['gpipe']; "
+            "sys.modules['gpipe'] = parent; import gpipe.schedule; "
+            "assert 'torch' not in sys.modules and len(gpipe.schedule.SCHEDULES) == 2")
+    subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True)

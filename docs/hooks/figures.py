@@ -105,12 +105,27 @@ def _defines(source: Path, name: str) -> bool:
 
 
 def reference_page(module: str, root: Path = ROOT) -> str:
-    """The markdown of ``module``'s reference page: mkdocstrings directives, nothing written by hand."""
+    """The markdown of ``module``'s reference page: mkdocstrings directives, nothing written by hand.
+
+    A package's page ends with the docstring of each of its public modules, without their members (the package
+    exports those): a module's notes stay on the site, and ``:mod:`pkg.sub.module``` links to its section.
+    """
     page = f"# `{module}`\n\n::: {module}\n"
     for name in shadowed_exports(module, root):
         page += (f"\n::: {module}.{name}.{name}\n    options:\n      show_root_heading: true\n"
                  f"      show_root_full_path: false\n")
+    for name in submodules(module, root):
+        page += (f"\n::: {module}.{name}\n    options:\n      members: false\n      show_root_heading: true\n"
+                 f"      show_root_full_path: true\n")
     return page
+
+
+def submodules(module: str, root: Path = ROOT) -> list[str]:
+    """The public modules (``name.py``, not starting with ``_``) of the package ``module``; none for a module."""
+    folder = root.joinpath(*module.split("."))
+    if not (folder / "__init__.py").is_file():
+        return []
+    return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
 
 
 def _reference_index(modules: list[str]) -> str:

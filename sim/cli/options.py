@@ -1,4 +1,5 @@
-"""Option values every command checks the same way: integers in range, finite numbers, the output folder.
+"""Option values every command checks the same way: integers in range, finite numbers, the output folder; the
+registered schedules, for ``--schedule``.
 
 Each check raises :class:`~sim.cli.CommandError` (one line, exit status 2) naming the flag, before any work.
 """
@@ -9,10 +10,11 @@ import argparse
 import math
 from collections.abc import Iterable
 
+from gpipe.schedule import SCHEDULES
 from sim.cli import CommandError
 from sim.files import OutputFolder
 
-__all__ = ["MAX_INT", "MAX_SECONDS", "add_force", "integer", "number", "output_folder", "seed"]
+__all__ = ["MAX_INT", "MAX_SECONDS", "add_force", "integer", "number", "output_folder", "schedules_help", "seed"]
 
 MAX_INT = 2**63 - 1  # integers reach torch and numpy as signed 64-bit C integers
 MAX_SECONDS = 1e15  # 30 million years: a sum over any schedule of such seconds stays finite
@@ -50,6 +52,13 @@ def number(flag: str, value: float, *, unit: str, positive: bool = False, maximu
 def add_force(parser: argparse.ArgumentParser) -> None:
     """The ``--force`` flag of a command that writes files (Note [ours] in :mod:`sim.files`)."""
     parser.add_argument("--force", action="store_true", help=FORCE_HELP)
+
+
+def schedules_help() -> str:
+    """The registered schedules (:data:`gpipe.schedule.SCHEDULES`), ``name (description)`` each, for the help
+    of a ``--schedule`` option."""
+    text = "; ".join(f"{k.name} ({k.description})" for k in SCHEDULES.values())
+    return text.replace("%", "%%")  # argparse formats help with %
 
 
 def output_folder(args: argparse.Namespace, names: Iterable[str]) -> OutputFolder:

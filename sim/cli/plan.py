@@ -22,16 +22,16 @@ from typing import Any
 
 from torch import nn
 
-from gpipe.schedule import CHECKPOINT_MODES
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
 from sim.cli import CommandError
-from sim.cli.options import MAX_INT, add_force, integer, number, output_folder
+from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedules_help
 from sim.cli.user_code import Target, blame, call, load_target
 from sim.costs_from_flops import training_policy
 from sim.files import json_text
 from sim.flops import ModelProfile, count_layers
 from sim.hardware import get_device
 from sim.models import get_model
-from sim.plan import SCHEDULES, Plan, PlanRow, check_request, default_training, plan, resolve_link
+from sim.plan import Plan, PlanRow, check_request, default_training, plan, resolve_link
 
 __all__ = ["add_parser", "load_model", "run"]
 
@@ -59,7 +59,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--checkpoint", default=",".join(CHECKPOINT_MODES), metavar="LIST",
                    help=f"checkpoint policies to try (default: {','.join(CHECKPOINT_MODES)})")
     p.add_argument("--schedule", default=",".join(SCHEDULES), metavar="LIST",
-                   help=f"schedules to try (default: {','.join(SCHEDULES)})")
+                   help=f"schedules to try, of {schedules_help()} (default: {','.join(SCHEDULES)})")
     p.add_argument("--training", default=None, metavar="POLICY",
                    help="precision and optimizer, e.g. bf16-adam, fp32-sgd (default: the device's 16-bit "
                         "dtype with Adam, else fp32-adam)")

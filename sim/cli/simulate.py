@@ -27,10 +27,10 @@ import argparse
 import sys
 from typing import Any
 
-from gpipe.schedule import CHECKPOINT_MODES, Schedule, gpipe, one_f_one_b
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Schedule, schedule_kind
 from gpipe.timeline import Timeline, chrome_trace
 from sim.cli import CommandError
-from sim.cli.options import MAX_SECONDS, add_force, integer, number, output_folder
+from sim.cli.options import MAX_SECONDS, add_force, integer, number, output_folder, schedules_help
 from sim.cost import CostModel, StageCost
 from sim.engine import SimConfig, simulate
 from sim.files import OutputFolder, json_text
@@ -56,11 +56,13 @@ def add_parser(subparsers: Any) -> None:
         epilog="Copies: --copy-time wins; else --activation-bytes/--link/--bandwidth price them by a link; "
                "else they are free.",
     )
-    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="schedule (default: gpipe)")
+    p.add_argument("--schedule", choices=tuple(SCHEDULES), default="gpipe", metavar="NAME",
+                   help=f"the schedule: {schedules_help()} (default: gpipe)")
     p.add_argument("--stages", type=int, default=4, metavar="N", help="pipeline stages, one per device (default: 4)")
     p.add_argument("--chunks", type=int, default=8, metavar="M", help="micro-batches (default: 8)")
     p.add_argument("--checkpoint", choices=CHECKPOINT_MODES, default=None,
-                   help="checkpoint policy (default: the schedule's own, gpipe: except_last, 1f1b: never)")
+                   help="checkpoint policy (default: the schedule's own, "
+                        + ", ".join(f"{k.name}: {k.default_checkpoint}" for k in SCHEDULES.values()) + ")")
     p.add_argument("--forward-time", type=float, default=1.0, metavar="S",
                    help="seconds of one forward per stage and micro-batch (default: 1)")
     p.add_argument("--backward-time", type=float, default=2.0, metavar="S",
@@ -131,8 +133,7 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
         by = "--bandwidth" if args.bandwidth is not None else f"--link {link.name}"
         raise CommandError(f"a copy of --activation-bytes {args.activation_bytes} over {by} takes "
                            f"{link.transfer_seconds(args.activation_bytes):.3g} s, more than {MAX_SECONDS:g}")
-    make = gpipe if args.schedule == "gpipe" else one_f_one_b
-    schedule = make(args.chunks, args.stages, args.checkpoint) if args.checkpoint else make(args.chunks, args.stages)
+    schedule = schedule_kind(args.schedule)(args.chunks, args.stages, args.checkpoint)  # None: the schedule's own
     stage = StageCost(args.forward_time, args.backward_time, args.recompute_time,
                       send_bytes=args.activation_bytes, saved_bytes=args.saved_bytes,
                       checkpoint_bytes=args.activation_bytes, parameter_bytes=args.model_state_bytes)

@@ -82,6 +82,10 @@ def test_the_reference_lists_every_public_module() -> None:
     assert not [m for m in modules if m.split(".")[-1].startswith("_")]
     page = hook.reference_page("gpipe.schedule")
     assert page.startswith("# `gpipe.schedule`") and "::: gpipe.schedule" in page
+    # a package's modules keep their docstrings (the notes) on its page, without their members
+    assert {"task", "validator", "registry"} <= set(hook.submodules("gpipe.schedule"))
+    assert "::: gpipe.schedule.task\n    options:\n      members: false\n" in page
+    assert hook.submodules("gpipe.timeline") == []
 
 
 def test_a_function_shadowed_by_its_submodule_gets_rendered(tmp_path: Path) -> None:

@@ -280,7 +280,7 @@ def test_an_out_of_range_integer_names_its_flag(argv: list[str], flag: str, tmp_
     def work(*args: object, **kwargs: object) -> None:
         raise AssertionError("the work started")
 
-    monkeypatch.setattr("sim.cli.simulate.gpipe", work)
+    monkeypatch.setattr("sim.cli.simulate.schedule_kind", work)
     monkeypatch.setattr("sim.cli.plan.count_layers", work)
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     _one_line(capsys, argv[0], flag, "out of range")

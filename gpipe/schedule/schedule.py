@@ -1,0 +1,151 @@
+"""The schedule: per-device ordered task lists, the shape they were generated for, and where each stage runs.
+
+A :class:`Schedule` says *what* runs *where* and *in which order*; it never says *when*. The simulator
+predicts when, the executor measures when, and both answer with a :class:`gpipe.timeline.Timeline`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from gpipe.schedule.grid import format_grid, run_unit_steps
+from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed, dependencies
+from gpipe.schedule.validator import check
+
+__all__ = ["Schedule"]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-device ordered task lists, plus the shape they were generated for.
+
+    Attributes:
+        m: micro-batches.
+        n: stages.
+        checkpoint: the checkpoint policy; decides which micro-batches have an ``R`` task.
+        placement: ``placement[j]`` is the device index of stage ``j`` (several stages may share one).
+        tasks: ``tasks[d]`` is the ordered tuple of tasks device ``d`` runs.
+        name: the generator's name, for display.
+    """
+
+    m: int
+    n: int
+    checkpoint: Checkpoint
+    placement: tuple[int, ...]
+    tasks: tuple[tuple[Task, ...], ...]
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "placement", tuple(self.placement))
+        object.__setattr__(self, "tasks", tuple(tuple(t) for t in self.tasks))
+
+    # -- structure ---------------------------------------------------------------------------------
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.tasks)
+
+    def device_of(self, stage: int) -> int:
+        """The device index that runs ``stage``."""
+        return self.placement[stage]
+
+    def stages_on(self, device: int) -> tuple[int, ...]:
+        """The stages placed on ``device``, in stage order."""
+        return tuple(j for j, d in enumerate(self.placement) if d == device)
+
+    def is_checkpointed(self, microbatch: int) -> bool:
+        return checkpointed(self.checkpoint, microbatch, self.m)
+
+    @property
+    def splits_weight_gradient(self) -> bool:
+        """True when the schedule has ``W`` tasks (backward split into input and weight gradient)."""
+        return any(t.op is Op.W for ts in self.tasks for t in ts)
+
+    @property
+    def forwards_first(self) -> bool:
+        """True when every device runs all its forwards before any other task (GPipe's fill-drain; not
+        1F1B): then the forward and the backward can run as two phases, ``forward()`` then ``backward()``."""
+        for ts in self.tasks:
+            k = next((x for x, t in enumerate(ts) if t.op is not Op.F), len(ts))  # the leading forwards
+            if any(t.op is Op.F for t in ts[k:]):
+                return False
+        return True
+
+    def all_tasks(self) -> Iterator[Task]:
+        for ts in self.tasks:
+            yield from ts
+
+    def dependencies(self, task: Task) -> tuple[Task, ...]:
+        """The tasks whose results ``task`` needs (Note [dependencies] in :mod:`gpipe.schedule.task`)."""
+        return dependencies(task, self.n, self.is_checkpointed(task.microbatch))
+
+    def overlaps(self) -> bool:
+        """Whether two devices can ever run tasks at the same time.
+
+        True when some two tasks on different devices are ordered neither by Note [dependencies] nor
+        by their devices' lists. One micro-batch without checkpointing runs one task at a time; with
+        checkpointing it does not: every ``R(0, j)`` may run as soon as its ``F(0, j)`` has, beside
+        the forwards of later stages and the other recomputes (torchgpipe's early recompute). Each
+        task's ancestors are one integer bitset, so this is quadratic in the tasks at worst.
+        """
+        self.validate()
+        index = {t: k for k, t in enumerate(self.all_tasks())}
+        device = [d for d, ts in enumerate(self.tasks) for _ in ts]
+        below = [0] * len(index)  # below[k]: bit q set when task q must finish before task k starts
+        done: set[int] = set()
+        heads = [0] * self.num_devices
+        while len(done) < len(index):  # the device lists in an order that respects every edge (valid: no deadlock)
+            for d, ts in enumerate(self.tasks):
+                while heads[d] < len(ts):
+                    t = ts[heads[d]]
+                    before = [index[u] for u in self.dependencies(t)]
+                    if heads[d]:
+                        before.append(index[ts[heads[d] - 1]])
+                    if any(q not in done for q in before):
+                        break
+                    k = index[t]
+                    for q in before:
+                        below[k] |= below[q] | (1 << q)
+                    done.add(k)
+                    heads[d] += 1
+        for k in range(len(index)):
+            for q in range(k):
+                if device[q] != device[k] and not (below[k] >> q) & 1 and not (below[q] >> k) & 1:
+                    return True
+        return False
+
+    def expected_tasks(self) -> set[Task]:
+        """The set of tasks a valid schedule of this shape runs, each exactly once."""
+        ops = [Op.F, Op.B] + ([Op.W] if self.splits_weight_gradient else [])
+        expected = {Task(op, i, j) for op in ops for i in range(self.m) for j in range(self.n)}
+        expected |= {Task(Op.R, i, j) for i in range(self.m) if self.is_checkpointed(i) for j in range(self.n)}
+        return expected
+
+    # -- checking and printing ---------------------------------------------------------------------
+
+    def validate(self) -> Schedule:
+        """Check the schedule; return it unchanged, or raise :class:`~gpipe.schedule.ScheduleError`.
+
+        Checks: positive shape; placement covers every stage with a real device; every task exactly
+        once and on its stage's device; no deadlock (every device can run its list in order, each task
+        after its dependencies). A deadlock's error shows the grid up to the stuck step and the cycle
+        of waiting tasks (:mod:`gpipe.schedule.validator`).
+        """
+        if self.__dict__.get("_valid"):  # Note [linear validation]: immutable, so checked once
+            return self
+        check(self, standard_edges=type(self).dependencies is Schedule.dependencies)
+        object.__setattr__(self, "_valid", True)
+        return self
+
+    def grid(self) -> str:
+        """The step x device grid: each task takes one step, each device runs as soon as it can.
+
+        Idle steps print as ``.``; the picture shows the bubble. A deadlocking schedule prints up to
+        the step where it stops, with the stuck tasks marked ``>`` (:mod:`gpipe.schedule.grid`).
+        """
+        return format_grid(self, *run_unit_steps(self))
+
+    def __str__(self) -> str:
+        head = f"{self.name} schedule: m={self.m}, n={self.n}, checkpoint={self.checkpoint}"
+        return head + "\n" + self.grid()
