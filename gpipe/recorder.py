@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpipe.profile import SavedBytes, _storage_key
+from gpipe.saved import SavedBytes, storage_key
 from gpipe.schedule import Task
 from gpipe.timeline import COPY, MemorySample, Span, Timeline
 
@@ -40,7 +40,7 @@ class Recorder:
         self.lock = threading.Lock()
         self.held: dict[int, dict[tuple[int, int], int]] = {d: {} for d in range(len(self.devices))}
         self.memory: list[tuple[int, Any, int]] = []
-        self.model_state = [{_storage_key(t) for t in [*p.parameters(), *p.buffers()]} for p in run.partitions]
+        self.model_state = [{storage_key(t) for t in [*p.parameters(), *p.buffers()]} for p in run.partitions]
         self.paused_at = 0.0
         self.paused = 0.0
         if self.cuda:
