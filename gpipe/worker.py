@@ -1,8 +1,9 @@
 """The worker threads of one training step: each device's task list in order, the hand-offs between them.
 
-:class:`Run` is one mini-batch through a :class:`gpipe.GPipe`: one thread per device runs that device's
-tasks of the schedule (Note [the schedule drives both passes] in :mod:`gpipe.pipe`), receiving its inputs
-from the previous stage's worker and sending its results on.
+:class:`Run` is one mini-batch through a pipeline (:class:`gpipe.pipeline.Pipeline`, which a :class:`gpipe.GPipe`
+builds): one thread per device runs that device's tasks of the schedule (Note [the schedule drives both passes]
+in :mod:`gpipe.pipe`), receiving its inputs from the previous stage's worker and sending its results on. A
+recorded run's measured timeline is :attr:`Run.timeline` once it has ended; the ``GPipe`` keeps it.
 
 Note [threads]: every worker sets its intra-op thread count to the caller's (``torch.get_num_threads()``
 when the step starts). A fresh thread's OpenMP and MKL pools do not inherit ``torch.set_num_threads``:
@@ -42,7 +43,7 @@ import functools
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -52,13 +53,11 @@ from gpipe.affinity import pinned
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.microbatch import as_tensors, gather
 from gpipe.phase import checkpointing, recomputing
+from gpipe.pipeline import Pipeline
 from gpipe.recorder import Recorder
 from gpipe.schedule import Op, Schedule, Task
 from gpipe.skip.skippable import SkipKey, use_tracker
-from gpipe.timeline import COMPUTE, COPY
-
-if TYPE_CHECKING:
-    from gpipe.pipe import GPipe
+from gpipe.timeline import COMPUTE, COPY, Timeline
 
 __all__ = ["Run"]
 
@@ -70,23 +69,23 @@ _STOP = object()  # wakes a worker when another one failed
 class Run:
     """One mini-batch through the pipeline: the forward phase now, the backward phase when autograd asks."""
 
-    def __init__(self, pipe: GPipe, schedule: Schedule, batches: list[tuple[Tensor, ...]], input_is_tuple: bool,
+    def __init__(self, pipeline: Pipeline, schedule: Schedule, batches: list[tuple[Tensor, ...]], input_is_tuple: bool,
                  train: bool, record: bool) -> None:
-        self.pipe = pipe
+        self.pipeline = pipeline
         self.schedule = schedule
         self.batches = batches
         self.input_is_tuple = input_is_tuple
         self.train = train
         self.record = record
         self.n = schedule.n
-        self.devices = pipe.devices
-        self.affinity = pipe.cpu_affinity
-        self.partitions = list(pipe.partitions)
-        self.layout = pipe.skip_layout
+        self.devices = pipeline.devices
+        self.affinity = pipeline.cpu_affinity
+        self.partitions = list(pipeline.partitions)
+        self.layout = pipeline.skip_layout
         # Note [random state] in gpipe.rng: the partitions that run under the dispatch mode this step, and the
         # step's seed, drawn only when one of them may draw
-        self.draws = pipe._draws
-        self.writes_input = pipe._writes_input  # per partition, learnt in its first training task (None before)
+        self.draws = pipeline.draws
+        self.writes_input = pipeline.writes_input  # per partition, learnt in its first training task (None before)
         self.draw_plan = self.draws.plan()
         self.drew: list[set[int]] = [set() for _ in range(schedule.n)]  # the layers seen drawing
         self.step_seed = rng.step_seed() if any(p is None or p for p in self.draw_plan) else 0
@@ -123,7 +122,8 @@ class Run:
         self.backward_started = False
         self.backward_done = False
         self.threads_per_worker = torch.get_num_threads()
-        self.recorder = Recorder(self) if record else None
+        self.recorder = Recorder(pipeline, schedule, self.threads_per_worker) if record else None
+        self.timeline: Timeline | None = None  # the recorder's, once the run has ended well
         self.loss: tuple[Callable[..., Tensor], list[Any], list[float]] | None = None  # set by GPipe.step
         self.losses: dict[int, Tensor] = {}
 
@@ -158,7 +158,7 @@ class Run:
         self.threads = [threading.Thread(target=self._work, args=(d, tasks), daemon=True, name=f"gpipe-worker-{d}")
                         for d, tasks in enumerate(task_lists)]
         # Note [switch interval] in gpipe.gil: until join() has seen the workers end
-        interval = self.pipe.switch_interval if len(self.threads) > 1 else None
+        interval = self.pipeline.switch_interval if len(self.threads) > 1 else None
         if interval is not None and self.interval is None:
             gil.enter(interval)
             self.interval = interval
@@ -236,14 +236,14 @@ class Run:
         self.finish()
 
     def finish(self) -> None:
-        """Wait for the workers, commit deferred batch norm, keep the timeline, drop the step's tensors."""
+        """Wait for the workers, commit deferred batch norm, make the timeline, drop the step's tensors."""
         try:
             self.join()
         finally:
             for partition in self.partitions:
                 DeferredBatchNorm.commit_all(partition)
         if self.recorder is not None:
-            self.pipe.timeline = self.recorder.timeline()
+            self.timeline = self.recorder.timeline()
         self.release()
 
     def input_grads(self) -> list[Tensor | None]:
@@ -322,7 +322,7 @@ class Run:
         if all(t is None or t.device == device for t in tensors):
             return tuple(tensors)
         start = self.recorder.now(d, copy=True) if self.recorder else 0.0
-        stream = self.pipe.copy_stream(device) if device.type == "cuda" else None
+        stream = self.pipeline.copy_stream(device) if device.type == "cuda" else None
         if stream is not None:
             compute = torch.cuda.current_stream(device)
             for t in tensors:
