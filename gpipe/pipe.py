@@ -27,7 +27,9 @@ the schedule, the loss computed by the last partition on each micro-batch as soo
 That lets a schedule start backwards before all forwards end, as 1F1B (``schedule="1f1b"``) does; the
 ``forward()`` + ``backward()`` path needs the forwards first, so it always runs GPipe's schedule.
 
-The worker threads themselves, the hand-offs between them and checkpointing are in :mod:`gpipe.worker`.
+Every step runs the :class:`gpipe.pipeline.Pipeline` this ``GPipe`` built (Note [what a run is given] there). The
+worker threads themselves and checkpointing are in :mod:`gpipe.worker`, the hand-offs between them in
+:mod:`gpipe.handoff`.
 """
 
 from __future__ import annotations
@@ -208,8 +210,8 @@ class GPipe(nn.Module):
             return run.gathered()
         leaves = [t for t in tensors if t.requires_grad]
         run.input_requires_grad = [t.requires_grad for t in tensors]
-        run.differentiable = leaves + [p for ps in run.params for p in ps]
-        phony = _Wait.apply(self, run, *(run.differentiable or [torch.empty(0, requires_grad=True)]))
+        run.gradients.differentiable = leaves + [p for ps in run.gradients.params for p in ps]
+        phony = _Wait.apply(self, run, *(run.gradients.differentiable or [torch.empty(0, requires_grad=True)]))
         outputs = _Gather.apply(run, phony)
         return outputs if run.output_is_tuple else outputs[0]
 
@@ -255,7 +257,7 @@ class _Wait(torch.autograd.Function):
 
     Its backward waits for the workers and returns the inputs' gradients and, where the caller asked for
     parameter gradients through ``torch.autograd.grad``, theirs (Note [gradients the caller asked for] in
-    :mod:`gpipe.worker`).
+    :mod:`gpipe.gradients`).
     """
 
     @staticmethod
@@ -270,10 +272,10 @@ class _Wait(torch.autograd.Function):
         run: Run = ctx.run
         run.finish_backward()
         ctx.pipe._keep_timeline(run)
-        if not run.differentiable:
+        if not run.gradients.differentiable:
             return None, None, None
         grads = run.input_grads()
-        params = run.parameter_grads() if run.collect else [None] * (ctx.count - len(grads))
+        params = run.gradients.parameter_grads() if run.gradients.collect else [None] * (ctx.count - len(grads))
         return (None, None, *grads, *params)
 
 
@@ -295,7 +297,7 @@ class _Gather(torch.autograd.Function):
                                "caller's graph. Compute such a term on an un-pipelined copy of the model, or drop "
                                "create_graph")
         run: Run = ctx.run
-        run.asked(_asked(run.differentiable))
+        run.gradients.asked(_asked(run.gradients.differentiable))
         run.start_backward(grads)
         return None, torch.empty(0)
 

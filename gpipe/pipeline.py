@@ -44,7 +44,7 @@ class Pipeline:
         switch_interval: seconds Python's interpreter lock may stay with one thread while two or more workers
             run; ``None`` leaves the interpreter's setting alone (Note [switch interval] in :mod:`gpipe.gil`).
         copy_streams: per CUDA device of :attr:`devices`, the stream that copies onto it run on (Note
-            [hand-offs] in :mod:`gpipe.worker`).
+            [hand-offs] in :mod:`gpipe.handoff`).
         draws: which layers of each partition draw random numbers (Note [learnt state]).
         writes_input: per partition, whether it writes its input in place; ``None`` until a training
             task has learnt it (Note [learnt state]).
