@@ -47,7 +47,7 @@ import torch  # noqa: E402
 
 from gpipe.affinity import Cores, pinned  # noqa: E402
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, switch_interval  # noqa: E402
-from gpipe.profile import SavedBytes  # noqa: E402
+from gpipe.saved import SavedBytes  # noqa: E402
 from sim.machine import keep_freed_memory, worker_affinity  # noqa: E402
 from sim.pairs import Graphs, PairMeter, median_pairs  # noqa: E402
 

@@ -59,9 +59,9 @@ def pipeline(dropout: bool, checkpoint: str, way: str) -> GPipe:
     half = len(layers) // 2
     pipe = GPipe(layers, [half, len(layers) - half], devices=["cpu", "cpu"], chunks=4, checkpoint=checkpoint)
     if way == "none":
-        pipe._draws.task = _no_handling  # type: ignore[method-assign]
+        pipe.pipeline.draws.task = _no_handling  # type: ignore[method-assign]
     elif way == "seeded":
-        pipe._draws.marked = [frozenset(range(len(p))) for p in pipe._draws.partitions]
+        pipe.pipeline.draws.marked = [frozenset(range(len(p))) for p in pipe.pipeline.draws.partitions]
     return pipe
 
 

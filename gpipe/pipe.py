@@ -29,7 +29,9 @@ That lets a schedule start backwards before all forwards end, as 1F1B (``schedul
 (:attr:`Schedule.forwards_first <gpipe.schedule.Schedule.forwards_first>`: GPipe's, any such registered
 schedule); one that interleaves them trains only through ``step()``, and infers with GPipe's forwards.
 
-The worker threads themselves, the hand-offs between them and checkpointing are in :mod:`gpipe.worker`.
+Every step runs the :class:`gpipe.pipeline.Pipeline` this ``GPipe`` built (Note [what a run is given] there). The
+worker threads themselves and checkpointing are in :mod:`gpipe.worker`, the hand-offs between them in
+:mod:`gpipe.handoff`.
 """
 
 from __future__ import annotations
@@ -42,12 +44,12 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
-from gpipe import rng
 from gpipe.affinity import Cores, check_affinity
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.checks import check_balance, check_count, check_devices, check_unique
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.microbatch import as_tensors, scatter
+from gpipe.pipeline import Pipeline
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, schedule_kind
 from gpipe.skip.layout import SkipLayout
 from gpipe.timeline import Timeline
@@ -103,25 +105,45 @@ class GPipe(nn.Module):
         self.chunks = chunks
         self.checkpoint = checkpoint
         self.schedule_name = schedule
-        self.devices = check_devices(devices, len(self.balance))
-        self.skip_layout = SkipLayout.of(list(module), self.balance)
-        self.cpu_affinity = check_affinity(cpu_affinity, len(self.balance))
-        self.switch_interval = check_switch_interval(switch_interval)
+        placed = check_devices(devices, len(self.balance))
+        skip_layout = SkipLayout.of(list(module), self.balance)
+        affinity = check_affinity(cpu_affinity, len(self.balance))
+        interval = check_switch_interval(switch_interval)
         if deferred_batch_norm:
             module = DeferredBatchNorm.convert_deferred_batch_norm(module, chunks)
         named = list(module.named_children())
         partitions, k = [], 0
-        for size, device in zip(self.balance, self.devices, strict=True):
+        for size, device in zip(self.balance, placed, strict=True):
             partition = nn.Sequential(OrderedDict(named[k:k + size]))
             partitions.append(partition.to(device))
             k += size
         self.partitions = nn.ModuleList(partitions)
-        self._draws = rng.Draws(partitions)  # Note [random state] in gpipe.rng
-        self._writes_input: list[bool | None] = [None] * len(partitions)  # Note [entering a partition], gpipe.worker
+        # what every step runs: Note [what a run is given] in gpipe.pipeline
+        self.pipeline = Pipeline.of(partitions, placed, skip_layout, cpu_affinity=affinity, switch_interval=interval)
         self.record = record
         self.timeline: Timeline | None = None
         self._schedules: dict[tuple[int, str, str], Schedule] = {}
-        self._copy_streams: dict[torch.device, Any] = {}
+
+    @property
+    def devices(self) -> list[torch.device]:
+        """The device of each partition."""
+        return list(self.pipeline.devices)
+
+    @property
+    def skip_layout(self) -> SkipLayout:
+        """The partition of each skip connection's stash and pop."""
+        return self.pipeline.skip_layout
+
+    @property
+    def cpu_affinity(self) -> list[frozenset[int] | None] | None:
+        """The cores of each partition's worker (``None`` for one left unpinned); ``None``: no pinning."""
+        affinity = self.pipeline.cpu_affinity
+        return None if affinity is None else list(affinity)
+
+    @property
+    def switch_interval(self) -> float | None:
+        """Seconds the interpreter lock may stay with one thread while workers run; ``None``: left alone."""
+        return self.pipeline.switch_interval
 
     # -- nn.Sequential's face -------------------------------------------------------------------------
 
@@ -183,7 +205,7 @@ class GPipe(nn.Module):
                                    "loss must be known before the forward ends: train with pipe.step(input, target, "
                                    "loss_fn)")
             schedule = self.schedule_for(m, mode, "gpipe")  # inference: only forwards, in GPipe's order
-        run = Run(self, schedule, batches, was_tuple, train, self.record and train)
+        run = Run(self.pipeline, schedule, batches, was_tuple, train, self.record and train)
         run.execute(forward=True)
         if run.recorder is not None:
             run.recorder.pause()
@@ -191,8 +213,8 @@ class GPipe(nn.Module):
             return run.gathered()
         leaves = [t for t in tensors if t.requires_grad]
         run.input_requires_grad = [t.requires_grad for t in tensors]
-        run.differentiable = leaves + [p for ps in run.params for p in ps]
-        phony = _Wait.apply(run, *(run.differentiable or [torch.empty(0, requires_grad=True)]))
+        run.gradients.differentiable = leaves + [p for ps in run.gradients.params for p in ps]
+        phony = _Wait.apply(self, run, *(run.gradients.differentiable or [torch.empty(0, requires_grad=True)]))
         outputs = _Gather.apply(run, phony)
         return outputs if run.output_is_tuple else outputs[0]
 
@@ -218,18 +240,19 @@ class GPipe(nn.Module):
         if not torch.is_grad_enabled():
             raise RuntimeError("pipe.step trains: call it with grad enabled (not under torch.no_grad())")
         mode = self.checkpoint if self.training else "never"
-        run = Run(self, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record)
+        run = Run(self.pipeline, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record)
         total = tensors[0].size(0)
         summed = getattr(loss_fn, "reduction", "mean") == "sum"
         run.loss = (loss_fn, [t if len(t) > 1 else t[0] for t in target_batches],
                     [1.0 if summed else b[0].size(0) / total for b in batches])
         run.execute_all()
+        self._keep_timeline(run)
         return torch.stack([run.losses[i] for i in range(len(batches))]).sum()
 
-    def copy_stream(self, device: torch.device) -> Any:
-        if device not in self._copy_streams:
-            self._copy_streams[device] = torch.cuda.Stream(device) if device.type == "cuda" else None
-        return self._copy_streams[device]
+    def _keep_timeline(self, run: Run) -> None:
+        """After a run ended well: its measured timeline, if it recorded one, becomes :attr:`timeline`."""
+        if run.timeline is not None:
+            self.timeline = run.timeline
 
 
 class _Wait(torch.autograd.Function):
@@ -237,11 +260,12 @@ class _Wait(torch.autograd.Function):
 
     Its backward waits for the workers and returns the inputs' gradients and, where the caller asked for
     parameter gradients through ``torch.autograd.grad``, theirs (Note [gradients the caller asked for] in
-    :mod:`gpipe.worker`).
+    :mod:`gpipe.gradients`).
     """
 
     @staticmethod
-    def forward(ctx: Any, run: Run, *inputs: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, pipe: GPipe, run: Run, *inputs: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.pipe = pipe
         ctx.run = run
         ctx.count = len(inputs)
         return torch.empty(0)
@@ -250,11 +274,12 @@ class _Wait(torch.autograd.Function):
     def backward(ctx: Any, *grad: Tensor) -> Any:
         run: Run = ctx.run
         run.finish_backward()
-        if not run.differentiable:
-            return None, None
+        ctx.pipe._keep_timeline(run)
+        if not run.gradients.differentiable:
+            return None, None, None
         grads = run.input_grads()
-        params = run.parameter_grads() if run.collect else [None] * (ctx.count - len(grads))
-        return (None, *grads, *params)
+        params = run.gradients.parameter_grads() if run.gradients.collect else [None] * (ctx.count - len(grads))
+        return (None, None, *grads, *params)
 
 
 class _Gather(torch.autograd.Function):
@@ -275,7 +300,7 @@ class _Gather(torch.autograd.Function):
                                "caller's graph. Compute such a term on an un-pipelined copy of the model, or drop "
                                "create_graph")
         run: Run = ctx.run
-        run.asked(_asked(run.differentiable))
+        run.gradients.asked(_asked(run.gradients.differentiable))
         run.start_backward(grads)
         return None, torch.empty(0)
 

@@ -35,14 +35,12 @@ overlap the host's next work (``sim.engine``, Note [asynchronous devices]). Wher
 (many small kernels) the two are about equal; where the kernels do, the issue seconds are far smaller. On
 CPU the host runs the work itself, and the issue seconds equal the seconds.
 
-Note [saved bytes]: every tensor autograd saves passes through the pack hook. Tensors sharing storage
-with the block's parameters or buffers are model state, not activations, and are left out; the rest are
-counted by the bytes of storage they cover, each byte once, however many ops save a view of it (ReLU's
-output and the next Linear's input are one tensor). Each block is counted on its own, as if it ran on
-its own device: summing single layers may count a boundary tensor twice, once in each layer that keeps it.
+Note [saved bytes per block]: each block's saved bytes are counted by :class:`gpipe.saved.SavedBytes`
+(Note [saved bytes] there), each block on its own, as if it ran on its own device: summing single layers
+may count a boundary tensor twice, once in each layer that keeps it.
 
 Note [recorded runs]: a recording :class:`gpipe.GPipe` counts the bytes each grad-enabled forward
-saves with a Python pack hook (:class:`SavedBytes`, the very hook that measures ``saved_bytes``), and
+saves with a Python pack hook (:class:`gpipe.saved.SavedBytes`, the very hook that measures ``saved_bytes``), and
 its backward takes every saved tensor back through an unpack hook. For a block of many small layers
 that is a large share of its time, and how large depends on what the layers save (a Linear's input
 and weight, a ReLU's output): it is measured on the block itself, not estimated per tensor. The hooks
@@ -67,13 +65,6 @@ took 25% longer than its median span in the steps and the recorded forwards 9-15
 prediction, which adds the stages' slowdowns of each other, came out 5-10% over; in streaks of 8
 every run took 3-9% less than its span in the steps, the room those slowdowns and the executor's
 host extras fill.
-
-Note [no cycle through the hook]: a pack hook that hands back the tensor it was given makes a cycle when
-the op saves its own output (ReLU does): the output's ``grad_fn`` holds the saved value, which is the
-output itself, through C++ references Python's collector cannot see. A graph that is never run backward
-(a forward timed alone, a step abandoned after an error) then lives for ever: measuring pairs of
-small-layer tasks leaked 60 MB per call. :class:`SavedBytes` hands back a detached alias instead (the
-same storage and version counter, no ``grad_fn``), so a dropped graph is freed at once.
 
 Note [no side effects]: blocks are profiled in place, in training mode, and left as found: gradients,
 buffers (BatchNorm's running statistics), plain numeric attributes (counters such as
@@ -100,9 +91,10 @@ from torch import Tensor, nn
 from gpipe.affinity import Cores, check_affinity, pinned
 from gpipe.checks import check_positive
 from gpipe.phase import checkpointing
+from gpipe.saved import SavedBytes
 from gpipe.skip.skippable import SkipKey, use_tracker
 
-__all__ = ["BlockProfile", "BlockSizes", "Device", "RecordedSeconds", "SavedBytes", "TensorOrTensors", "profile_blocks",
+__all__ = ["BlockProfile", "BlockSizes", "Device", "RecordedSeconds", "TensorOrTensors", "preserved", "profile_blocks",
            "profile_sizes", "time_recorded"]
 
 Device = torch.device | str | int
@@ -314,7 +306,7 @@ class _Step:
 @contextmanager
 def _session(blocks: Sequence[nn.Module], sample: TensorOrTensors,
              device: Device | Sequence[Device] | None) -> Iterator[list[_Step]]:
-    """Place, size and chain every block; on exit leave every block as found (:func:`_preserved`)."""
+    """Place, size and chain every block; on exit leave every block as found (:func:`preserved`)."""
     blocks = list(blocks)
     if not blocks:
         raise ValueError("nothing to profile: no blocks")
@@ -332,7 +324,7 @@ def _session(blocks: Sequence[nn.Module], sample: TensorOrTensors,
                 block = copy.deepcopy(block).to(wanted)
             dev = wanted or _device_of(block) or (inputs[0].device if inputs else torch.device("cpu"))
             inputs = tuple(t.detach().to(dev).requires_grad_(t.requires_grad) for t in inputs)
-            stack.enter_context(_preserved(block))
+            stack.enter_context(preserved(block))
             sizes, (out_atomic, outputs) = _measure_sizes(block, inputs, atomic)
             steps.append(_Step(block, dev, inputs, atomic, sizes))
             atomic = out_atomic
@@ -412,41 +404,6 @@ def _nbytes(tensors: Sequence[Tensor]) -> int:
 
 # --- sizes ----------------------------------------------------------------------------------------
 
-class SavedBytes:
-    """Counts the bytes a grad-enabled forward saves for backward (Note [saved bytes]).
-
-    ``with counter.hooks():`` installs the pack hook (and an unpack hook that returns the tensor);
-    :attr:`nbytes` is what the forwards run inside kept, each byte of storage once. The profiler and
-    the executor's recorder (:mod:`gpipe.recorder`) count with this one class.
-
-    Args:
-        block: the module whose parameters and buffers are model state, not saved activations; or
-            the set of their storage keys.
-    """
-
-    def __init__(self, block: nn.Module | set[tuple[str, int]]) -> None:
-        self.model_state = block if isinstance(block, set) else {_storage_key(t) for t in _state(block)}
-        self.spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
-
-    def pack(self, t: Tensor) -> Tensor:
-        key = _storage_key(t)
-        if key not in self.model_state and t.numel() > 0:
-            self.spans.setdefault(key, []).append(_byte_span(t))
-        return t.detach()  # Note [no cycle through the hook]
-
-    def hooks(self) -> Any:
-        """The context manager of both hooks."""
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, _unpack)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(_union_length(s) for s in self.spans.values())
-
-
-def _unpack(t: Tensor) -> Tensor:
-    return t
-
-
 def _measure_sizes(block: nn.Module, inputs: tuple[Tensor, ...], atomic: bool
                    ) -> tuple[BlockSizes, tuple[bool, tuple[Tensor, ...]]]:
     counter = SavedBytes(block)
@@ -463,27 +420,6 @@ def _measure_sizes(block: nn.Module, inputs: tuple[Tensor, ...], atomic: bool
         gradient_bytes=_nbytes([p for p in params if p.requires_grad]),
     )
     return sizes, output
-
-
-def _storage_key(t: Tensor) -> tuple[str, int]:
-    return str(t.device), t.untyped_storage().data_ptr()
-
-
-def _byte_span(t: Tensor) -> tuple[int, int]:
-    """The bytes ``[start, end)`` of its storage that a tensor covers (strides included)."""
-    extent = 1 + sum((int(size) - 1) * int(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
-    start = int(t.storage_offset()) * t.element_size()
-    return start, start + extent * t.element_size()
-
-
-def _union_length(spans: list[tuple[int, int]]) -> int:
-    total, reach = 0, -1
-    for start, end in sorted(spans):
-        start = max(start, reach)
-        if end > start:
-            total += end - start
-            reach = end
-    return total
 
 
 # --- times ----------------------------------------------------------------------------------------
@@ -564,8 +500,15 @@ def _clock(dev: torch.device) -> Clock:
 # --- leaving the block as found -------------------------------------------------------------------
 
 @contextmanager
-def _preserved(block: nn.Module) -> Iterator[None]:
-    """Run in training mode; afterwards restore grads, buffers, numeric attributes and training flags."""
+def preserved(block: nn.Module) -> Iterator[None]:
+    """Run ``block`` in training mode and leave it as found (Note [no side effects]).
+
+    On entry the gradients, buffers, plain numeric attributes and training flags of ``block`` and its
+    submodules are saved, its parameters' gradients cleared and ``block.train()`` called; on exit, even
+    after an error, all of them are restored in place. The random state is not this context's: callers
+    that draw fork it themselves. Used by the profiler and by the simulator's calibration (``sim.extras``,
+    ``sim.pairs``, ``sim.primitives``), which run the same partitions again and again.
+    """
     grads = [(p, p.grad) for p in block.parameters()]
     modules = list(block.modules())
     scalars = [(m, {k: v for k, v in vars(m).items() if isinstance(v, (bool, int, float))}) for m in modules]

@@ -15,32 +15,38 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from gpipe.profile import SavedBytes, _storage_key
-from gpipe.schedule import Task
+from gpipe.pipeline import Pipeline
+from gpipe.saved import SavedBytes, storage_key
+from gpipe.schedule import Schedule, Task
 from gpipe.timeline import COPY, MemorySample, Span, Timeline
-
-if TYPE_CHECKING:
-    from gpipe.worker import Run
 
 __all__ = ["Recorder"]
 
 
 class Recorder:
-    """Spans and memory samples of one step (Note [the schedule drives both passes]: one per device)."""
+    """Spans and memory samples of one step (Note [the schedule drives both passes]: one per device).
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
-        self.devices = run.devices
+    Args:
+        pipeline: what the step runs: its devices, partitions and copy streams.
+        schedule: the step's schedule, described in the timeline's ``meta``.
+        threads_per_worker: each worker's intra-op threads, for the ``meta`` too.
+    """
+
+    def __init__(self, pipeline: Pipeline, schedule: Schedule, threads_per_worker: int) -> None:
+        self.pipeline = pipeline
+        self.schedule = schedule
+        self.threads_per_worker = threads_per_worker
+        self.devices = pipeline.devices
         self.cuda = any(dev.type == "cuda" for dev in self.devices)
         self.spans: list[tuple[int, str, Task, Any, Any, str]] = []
         self.lock = threading.Lock()
         self.held: dict[int, dict[tuple[int, int], int]] = {d: {} for d in range(len(self.devices))}
         self.memory: list[tuple[int, Any, int]] = []
-        self.model_state = [{_storage_key(t) for t in [*p.parameters(), *p.buffers()]} for p in run.partitions]
+        self.model_state = [{storage_key(t) for t in [*p.parameters(), *p.buffers()]} for p in pipeline.partitions]
         self.paused_at = 0.0
         self.paused = 0.0
         if self.cuda:
@@ -71,7 +77,7 @@ class Recorder:
         device = self.devices[d]
         if device.type == "cuda":
             event = torch.cuda.Event(enable_timing=True)
-            stream = self.run.pipe.copy_stream(device) if copy else torch.cuda.current_stream(device)
+            stream = self.pipeline.copy_stream(device) if copy else torch.cuda.current_stream(device)
             event.record(stream)
             return event
         return time.perf_counter() - self.t0 - self.paused
@@ -110,7 +116,7 @@ class Recorder:
         return _Saved()
 
     def timeline(self) -> Timeline:
-        run = self.run
+        schedule = self.schedule
         peaks: dict[str, int] = {}
         if self.cuda:
             for dev in self.base:
@@ -127,12 +133,12 @@ class Recorder:
         memory = [MemorySample(d, seconds(d, t), b) for d, t, b in self.memory]
         memory.sort(key=lambda s: (s.device, s.time))
         meta: dict[str, Any] = {
-            "schedule": run.schedule.name, "m": run.schedule.m, "n": run.schedule.n,
-            "checkpoint": run.schedule.checkpoint, "placement": list(run.schedule.placement),
+            "schedule": schedule.name, "m": schedule.m, "n": schedule.n,
+            "checkpoint": schedule.checkpoint, "placement": list(schedule.placement),
             "devices": [str(dev) for dev in self.devices],
             "model_state_bytes": [sum(t.numel() * t.element_size() for t in [*p.parameters(), *p.buffers()])
-                                  for p in run.partitions],
-            "threads_per_worker": run.threads_per_worker,
+                                  for p in self.pipeline.partitions],
+            "threads_per_worker": self.threads_per_worker,
         }
         if peaks:
             meta["allocator_peak_bytes"] = peaks

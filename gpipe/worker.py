@@ -1,8 +1,9 @@
-"""The worker threads of one training step: each device's task list in order, the hand-offs between them.
+"""The worker threads of one step: each device's task list in order, on a thread of its own.
 
-:class:`Run` is one mini-batch through a :class:`gpipe.GPipe`: one thread per device runs that device's
-tasks of the schedule (Note [the schedule drives both passes] in :mod:`gpipe.pipe`), receiving its inputs
-from the previous stage's worker and sending its results on.
+:class:`Run` is one mini-batch through a pipeline (:class:`gpipe.pipeline.Pipeline`, which a :class:`gpipe.GPipe`
+builds): one thread per device runs that device's tasks of the schedule (Note [the schedule drives both passes]
+in :mod:`gpipe.pipe`), receiving its inputs from the previous stage's worker and sending its results on. A
+recorded run's measured timeline is :attr:`Run.timeline` once it has ended; the ``GPipe`` keeps it.
 
 Note [threads]: every worker sets its intra-op thread count to the caller's (``torch.get_num_threads()``
 when the step starts). A fresh thread's OpenMP and MKL pools do not inherit ``torch.set_num_threads``:
@@ -17,11 +18,8 @@ task would trade the lock with the thread starts that follow (a small-layer forw
 The main thread then waits for one event, set by the last worker to end, rather than joining each
 worker in turn (each join woke it, to take the lock, while the next worker computed).
 
-Note [hand-offs]: a worker sends its result (activations downstream, gradients upstream) to the
-inbox (a ``queue.SimpleQueue``) of the worker of the next stage. The receiver moves tensors to its
-device (on its copy stream for CUDA; on CPU devices the hand-off itself is the copy). An exception in
-any task is recorded, every worker is woken with a stop message, all threads are joined, and the
-original exception is raised in the caller with its traceback.
+Note [hand-offs] in :mod:`gpipe.handoff`: results go to the next stage's inbox, and are copied on arrival; the
+skip connections that cross partitions take their own way (:mod:`gpipe.skip.portal`).
 
 Note [checkpointing]: a checkpointed forward runs under ``no_grad`` and keeps only its input; the
 ``R`` task recomputes it with grad right before the ``B`` task. Every random draw is identical
@@ -39,10 +37,9 @@ requires grad. A partition that starts writing later, when checkpointed, is refu
 from __future__ import annotations
 
 import functools
-import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -50,56 +47,49 @@ from torch import Tensor, nn
 from gpipe import gil, rng
 from gpipe.affinity import pinned
 from gpipe.batchnorm import DeferredBatchNorm
+from gpipe.gradients import Gradients
+from gpipe.handoff import Inboxes, Stopped, device_context, moved
 from gpipe.microbatch import as_tensors, gather
 from gpipe.phase import checkpointing, recomputing
+from gpipe.pipeline import Pipeline
 from gpipe.recorder import Recorder
 from gpipe.schedule import Op, Schedule, Task
-from gpipe.skip.skippable import SkipKey, use_tracker
-from gpipe.timeline import COMPUTE, COPY
-
-if TYPE_CHECKING:
-    from gpipe.pipe import GPipe
+from gpipe.skip.portal import Portals
+from gpipe.skip.skippable import use_tracker
+from gpipe.timeline import COMPUTE, COPY, Timeline
 
 __all__ = ["Run"]
 
 Grads = tuple[Tensor | None, ...]
 
-_STOP = object()  # wakes a worker when another one failed
-
 
 class Run:
     """One mini-batch through the pipeline: the forward phase now, the backward phase when autograd asks."""
 
-    def __init__(self, pipe: GPipe, schedule: Schedule, batches: list[tuple[Tensor, ...]], input_is_tuple: bool,
+    def __init__(self, pipeline: Pipeline, schedule: Schedule, batches: list[tuple[Tensor, ...]], input_is_tuple: bool,
                  train: bool, record: bool) -> None:
-        self.pipe = pipe
+        self.pipeline = pipeline
         self.schedule = schedule
         self.batches = batches
         self.input_is_tuple = input_is_tuple
         self.train = train
         self.record = record
         self.n = schedule.n
-        self.devices = pipe.devices
-        self.affinity = pipe.cpu_affinity
-        self.partitions = list(pipe.partitions)
-        self.layout = pipe.skip_layout
+        self.devices = pipeline.devices
+        self.affinity = pipeline.cpu_affinity
+        self.partitions = list(pipeline.partitions)
+        self.layout = pipeline.skip_layout
         # Note [random state] in gpipe.rng: the partitions that run under the dispatch mode this step, and the
         # step's seed, drawn only when one of them may draw
-        self.draws = pipe._draws
-        self.writes_input = pipe._writes_input  # per partition, learnt in its first training task (None before)
+        self.draws = pipeline.draws
+        self.writes_input = pipeline.writes_input  # per partition, learnt in its first training task (None before)
         self.draw_plan = self.draws.plan()
         self.drew: list[set[int]] = [set() for _ in range(schedule.n)]  # the layers seen drawing
         self.step_seed = rng.step_seed() if any(p is None or p for p in self.draw_plan) else 0
         self.checkpoints = train and any(schedule.is_checkpointed(i) for i in range(schedule.m))
         self.outside: tuple[Any, ...] | None = None  # Python's and NumPy's random states when a phase starts
-        # Note [gradients the caller asked for]: where parameter gradients go in forward() + backward()
-        self.params = [[p for p in partition.parameters() if p.requires_grad] for partition in self.partitions]
-        self.collect = False  # True: into param_grads for _Wait to return; False: into .grad
-        self.wanted: list[list[bool]] | None = None  # per partition, the parameters to differentiate (None: all)
-        self.param_grads: list[list[tuple[Tensor, bool] | None]] = [[None] * len(ps) for ps in self.params]
-        self.differentiable: list[Tensor] = []  # forward(): the input leaves, then every parameter (_Wait's inputs)
-        self.inbox: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in schedule.tasks]
-        self.mail: list[dict[Task, Any]] = [{} for _ in schedule.tasks]
+        self.gradients = Gradients(self.partitions)  # Note [gradients the caller asked for] in gpipe.gradients
+        self.inboxes = Inboxes(len(schedule.tasks))
         self.error: BaseException | None = None
         self.error_lock = threading.Lock()
         self.threads: list[threading.Thread] = []
@@ -114,16 +104,12 @@ class Run:
         self.out_grads: dict[int, Grads] = {}
         self.in_grads: dict[int, Grads] = {}
         self.input_requires_grad: list[bool] = []
-        # skips crossing partitions: the stashed tensor (with its graph) in the stashing partition, its value
-        # for the pop, the popped leaf in the popping partition, and its gradient on the way back
-        self.stash_graph: dict[tuple[int, int], dict[SkipKey, Tensor]] = {}
-        self.portal: dict[tuple[int, SkipKey], Tensor] = {}
-        self.popped: dict[tuple[int, int], dict[SkipKey, Tensor]] = {}
-        self.portal_grad: dict[tuple[int, SkipKey], Tensor | None] = {}
+        self.skips = Portals(self.layout, train)  # the skips that cross partitions
         self.backward_started = False
         self.backward_done = False
         self.threads_per_worker = torch.get_num_threads()
-        self.recorder = Recorder(self) if record else None
+        self.recorder = Recorder(pipeline, schedule, self.threads_per_worker) if record else None
+        self.timeline: Timeline | None = None  # the recorder's, once the run has ended well
         self.loss: tuple[Callable[..., Tensor], list[Any], list[float]] | None = None  # set by GPipe.step
         self.losses: dict[int, Tensor] = {}
 
@@ -158,7 +144,7 @@ class Run:
         self.threads = [threading.Thread(target=self._work, args=(d, tasks), daemon=True, name=f"gpipe-worker-{d}")
                         for d, tasks in enumerate(task_lists)]
         # Note [switch interval] in gpipe.gil: until join() has seen the workers end
-        interval = self.pipe.switch_interval if len(self.threads) > 1 else None
+        interval = self.pipeline.switch_interval if len(self.threads) > 1 else None
         if interval is not None and self.interval is None:
             gil.enter(interval)
             self.interval = interval
@@ -200,20 +186,6 @@ class Run:
         outputs = self.gathered_tensors()
         return outputs if self.output_is_tuple else outputs[0]
 
-    def asked(self, asked: Sequence[bool] | None) -> None:
-        """Where the backward's parameter gradients go: ``asked`` says, per input leaf and parameter of
-        :attr:`differentiable`, whether the caller's backward differentiates it; None under ``autograd.grad``."""
-        if asked is None:
-            self.collect = True
-            return
-        flags = list(asked[len(self.differentiable) - sum(len(ps) for ps in self.params):])
-        if all(flags):
-            return
-        self.wanted = []
-        for ps in self.params:
-            self.wanted.append(flags[:len(ps)])
-            flags = flags[len(ps):]
-
     def start_backward(self, grads: Sequence[Tensor | None]) -> None:
         if self.backward_started:
             raise RuntimeError("this pipeline's forward was already run backward: GPipe frees each micro-batch's "
@@ -236,14 +208,14 @@ class Run:
         self.finish()
 
     def finish(self) -> None:
-        """Wait for the workers, commit deferred batch norm, keep the timeline, drop the step's tensors."""
+        """Wait for the workers, commit deferred batch norm, make the timeline, drop the step's tensors."""
         try:
             self.join()
         finally:
             for partition in self.partitions:
                 DeferredBatchNorm.commit_all(partition)
         if self.recorder is not None:
-            self.pipe.timeline = self.recorder.timeline()
+            self.timeline = self.recorder.timeline()
         self.release()
 
     def input_grads(self) -> list[Tensor | None]:
@@ -263,10 +235,7 @@ class Run:
     def release(self) -> None:
         self.leaves.clear()
         self.graphs.clear()
-        self.stash_graph.clear()
-        self.portal.clear()
-        self.popped.clear()
-        self.portal_grad.clear()
+        self.skips.release()
 
     # -- workers ----------------------------------------------------------------------------------------
 
@@ -275,7 +244,7 @@ class Run:
         try:
             # Note [threads]: a fresh thread's OpenMP/MKL pools do not inherit the caller's thread count
             torch.set_num_threads(self.threads_per_worker)
-            with _device_context(device), pinned(self.affinity[d] if self.affinity else None):
+            with device_context(device), pinned(self.affinity[d] if self.affinity else None):
                 for task in tasks:
                     if self.error is not None:
                         return
@@ -287,7 +256,7 @@ class Run:
                         self._backward(d, task)
                     else:
                         raise NotImplementedError(f"GPipe does not run {task.op.name} tasks ({task})")
-        except _Failed:
+        except Stopped:
             pass
         except BaseException as error:
             self._fail(error)
@@ -301,20 +270,13 @@ class Run:
         with self.error_lock:
             if self.error is None:
                 self.error = error
-        for box in self.inbox:
-            box.put((None, _STOP))
+        self.inboxes.stop()
 
     def _send(self, stage: int, task: Task, payload: Any) -> None:
-        self.inbox[self.schedule.device_of(stage)].put((task, payload))
+        self.inboxes.send(self.schedule.device_of(stage), task, payload)
 
     def _receive(self, d: int, task: Task) -> Any:
-        mail = self.mail[d]
-        while task not in mail:
-            key, payload = self.inbox[d].get()
-            if payload is _STOP:
-                raise _Failed
-            mail[key] = payload
-        return mail.pop(task)
+        return self.inboxes.receive(d, task)
 
     def _arrive(self, d: int, tensors: Sequence[Tensor | None], producer: Task, label: str = "") -> tuple[Any, ...]:
         """Bring ``tensors`` to device ``d`` (a copy only where they are elsewhere)."""
@@ -322,25 +284,10 @@ class Run:
         if all(t is None or t.device == device for t in tensors):
             return tuple(tensors)
         start = self.recorder.now(d, copy=True) if self.recorder else 0.0
-        stream = self.pipe.copy_stream(device) if device.type == "cuda" else None
-        if stream is not None:
-            compute = torch.cuda.current_stream(device)
-            for t in tensors:
-                if t is not None and t.device.type == "cuda":
-                    stream.wait_stream(torch.cuda.current_stream(t.device))
-            with torch.cuda.stream(stream):
-                moved = tuple(None if t is None else t.to(device, non_blocking=True) for t in tensors)
-            compute.wait_stream(stream)
-            for t, out in zip(tensors, moved, strict=True):
-                if t is not None and t.device.type == "cuda":
-                    t.record_stream(stream)
-                if out is not None:
-                    out.record_stream(compute)
-        else:
-            moved = tuple(None if t is None else t.to(device) for t in tensors)
+        arrived = moved(tensors, device, self.pipeline.copy_stream(device) if device.type == "cuda" else None)
         if self.recorder is not None:
             self.recorder.span(d, COPY, producer, start, label=label)
-        return moved
+        return arrived
 
     def _inputs(self, d: int, task: Task) -> tuple[Tensor, ...]:
         i, j = task.microbatch, task.stage
@@ -352,7 +299,7 @@ class Run:
     def _call(self, d: int, task: Task, leaves: tuple[Tensor, ...], recompute: bool,
               checkpointed: bool = False) -> tuple[Tensor, ...]:
         i, j = task.microbatch, task.stage
-        tracker = _PortalTracker(self, d, i, j, recompute)
+        tracker = self.skips.tracker(d, i, j, recompute, self._arrive)
         writes = self.writes_input[j] if self.train else False
         if writes is not False:  # Note [entering a partition]: a copy, to be written (or learn whether it is)
             fed = tuple(t.clone() for t in leaves)
@@ -453,8 +400,8 @@ class Run:
             grads = self._arrive(d, self._receive(d, producer), producer)
         outputs = list(self.graphs.pop((i, j)))
         grads_l = list(grads)
-        for key, stashed in self.stash_graph.pop((i, j), {}).items():
-            grad = self.portal_grad.pop((i, key), None)
+        for key, stashed in self.skips.stash_graph.pop((i, j), {}).items():
+            grad = self.skips.portal_grad.pop((i, key), None)
             if grad is not None:
                 consumer = Task(Op.B, i, self.layout.popped_in[key])
                 grads_l.append(self._arrive(d, (grad,), consumer, label="skip")[0])
@@ -463,11 +410,12 @@ class Run:
         start = recorder.now(d) if recorder else 0.0
         pairs = [(o, g) for o, g in zip(outputs, grads_l, strict=True) if g is not None and o.requires_grad]
         leaves = self.leaves.pop((i, j))
-        popped = self.popped.pop((i, j), {})
-        found = iter(self._differentiate(j, pairs, [t for t in leaves if t.requires_grad] + list(popped.values())))
+        popped = self.skips.popped.pop((i, j), {})
+        found = iter(self.gradients.differentiate(j, pairs,
+                                                  [t for t in leaves if t.requires_grad] + list(popped.values())))
         result = tuple(next(found) if t.requires_grad else None for t in leaves)
         for key in popped:
-            self.portal_grad[(i, key)] = next(found)
+            self.skips.portal_grad[(i, key)] = next(found)
         if recorder:
             recorder.span(d, COMPUTE, task, start)
             recorder.free(d, i, j)
@@ -475,43 +423,6 @@ class Run:
             self.in_grads[i] = result
         else:
             self._send(j - 1, task, result)
-
-
-    def _differentiate(self, j: int, pairs: list[tuple[Tensor, Tensor]], leaves: list[Tensor]) -> list[Tensor | None]:
-        """Backward through one task's graph: the gradients of ``leaves``; its parameters' as the caller asked.
-
-        Note [gradients the caller asked for]: ``loss.backward()`` and ``step()`` accumulate into ``.grad`` here,
-        as autograd would (every leaf the graph reaches); ``backward(inputs=...)`` only into the parameters it
-        names; ``torch.autograd.grad`` (``collect``) leaves ``.grad`` alone: each task's parameter gradients are
-        summed per partition, and the pipeline's autograd node hands them to the engine, which returns them.
-        """
-        params = self.params[j] if self.wanted is None else [
-            p for p, want in zip(self.params[j], self.wanted[j], strict=True) if want]
-        wanted = leaves + params
-        if not pairs or (self.wanted is not None and not wanted):
-            return [None] * len(leaves)
-        outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
-        if not self.collect:
-            torch.autograd.backward(outs, grads, inputs=None if self.wanted is None else wanted)
-            return [t.grad for t in leaves]
-        found: list[Tensor | None] = list(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
-        sums = self.param_grads[j]
-        for k, grad in enumerate(found[len(leaves):]):
-            held = sums[k]
-            if grad is None:
-                continue
-            if held is None:
-                sums[k] = (grad, False)  # not ours to add into: autograd may hand out a tensor it holds elsewhere
-            else:
-                total, owned = held
-                sums[k] = (total.add_(grad) if owned else total + grad, True)
-        return found[:len(leaves)]
-
-    def parameter_grads(self) -> list[Tensor | None]:
-        """The summed parameter gradients of a ``collect`` backward, in :attr:`params` order; released here."""
-        grads = [None if held is None else held[0] for sums in self.param_grads for held in sums]
-        self.param_grads = [[None] * len(ps) for ps in self.params]
-        return grads
 
 
 class _Enter(torch.autograd.Function):
@@ -526,69 +437,9 @@ class _Enter(torch.autograd.Function):
         return grad
 
 
-class _Failed(Exception):
-    """Raised inside a worker that was told to stop because another one failed."""
-
-
-class _PortalTracker:
-    """Routes the stashes and pops of one task: in the partition, or through a portal to another one."""
-
-    def __init__(self, run: Run, d: int, i: int, j: int, recompute: bool) -> None:
-        self.run, self.d, self.i, self.j, self.recompute = run, d, i, j, recompute
-        self.local: dict[SkipKey, Tensor] = {}
-
-    def save(self, key: SkipKey, tensor: Tensor) -> None:
-        run = self.run
-        if key not in run.layout.popped_in:
-            raise RuntimeError(f"stash of {key[1]!r} that no layer of this pipeline pops")
-        if run.layout.popped_in[key] == self.j:
-            self.local[key] = tensor
-            return
-        if run.train and torch.is_grad_enabled():
-            run.stash_graph.setdefault((self.i, self.j), {})[key] = tensor
-        if not self.recompute:
-            run.portal[(self.i, key)] = tensor.detach() if run.train else tensor
-
-    def load(self, key: SkipKey) -> Tensor:
-        if key in self.local:
-            return self.local.pop(key)
-        run = self.run
-        if self.recompute:
-            return run.popped[(self.i, self.j)][key]
-        value = run.portal.pop((self.i, key))
-        producer = Task(Op.F, self.i, run.layout.stashed_in[key])
-        value = run._arrive(self.d, (value,), producer, label="skip")[0]
-        if run.train:
-            value = value.detach().requires_grad_(value.is_floating_point())
-            run.popped.setdefault((self.i, self.j), {})[key] = value
-        return value
-
-
 class _nothing:  # noqa: N801 - a cheap null context manager
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, *exc: Any) -> None:
         return None
-
-
-class _device_context:  # noqa: N801
-    """On a CUDA device, make it and its primary context current on the worker's thread.
-
-    The device guard alone sets no context when the thread's current device already is that one (a
-    fresh thread reports device 0 without having a context), and cuBLAS, finding none, warns and sets
-    the primary context itself. A stream query is a runtime call, which makes the context current.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.guard = torch.cuda.device(device) if device.type == "cuda" else None
-
-    def __enter__(self) -> None:
-        if self.guard is not None:
-            self.guard.__enter__()
-            torch.cuda.current_stream(self.device).query()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.guard is not None:
-            self.guard.__exit__(*exc)

@@ -75,7 +75,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -83,7 +83,7 @@ from torch import Tensor, nn
 
 from gpipe.affinity import Cores
 from gpipe.profile import RecordedSeconds, time_recorded
-from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, gpipe
+from gpipe.schedule import Checkpoint, gpipe
 from gpipe.timeline import Timeline
 from sim.calibrate import calibrate, calibrate_executor_overheads, on_device, partitions_of
 from sim.compare import compare
@@ -100,6 +100,7 @@ from sim.machine import (
 )
 from sim.outcome import Outcome, interleaved_cost
 from sim.pairs import PairMeter, measure_pairs, rebased
+from sim.setup import Setup
 
 __all__ = [
     "Setup",
@@ -114,85 +115,6 @@ __all__ = [
 
 Batch = Tensor | tuple[Tensor, ...]
 Progress = Callable[[str], None]  # called with a label after each unit of work (progress_labels)
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What to run and how to measure it.
-
-    Attributes:
-        chunks: micro-batches per mini-batch (GPipe's ``chunks``).
-        checkpoint: ``always``, ``except_last`` or ``never``.
-        balance: layers per partition; ``None``: ``balance_by_time`` over ``len(devices)`` partitions.
-        devices: one torch device per partition; ``None``: :func:`sim.machine.default_devices` of two partitions
-            (or of ``len(balance)`` when a balance is given).
-        steps: recorded training steps; the measured timeline is the median one (Note [median step]).
-        warmup_steps: unrecorded training steps first (allocator, thread pools, first-call costs).
-        seed: seeds PyTorch before anything random (the caller seeds the model and input it builds).
-        threads: intra-op threads per worker during the whole experiment (Note [threads] in :mod:`sim.machine`).
-        warmup: untimed passes before the first calibration.
-        repeats: timed passes of the first calibration, which the bytes, the balance check and the
-            overhead measurements use; the stage seconds of the prediction are the medians over the
-            passes interleaved with the steps (Note [interleaved calibration]).
-        pair_rounds: on shared cores, rounds of pair measurements spread evenly over the warm-up and
-            recorded steps (at most one after each step); ``Overheads.pairs`` are their medians
-            (Note [interleaved calibration]). None for a schedule that never runs two tasks at once.
-        pass_repeats: timed runs of each task, in a row, in the profiling pass after each step
-            (Note [pass repeats]); ``None``: ``chunks // 2``,
-            at least one (Note [pass repeats]).
-        balance_timeout: seconds ``balance_by_time`` may spend.
-        pin: on CPU devices (Linux), pin partition ``j``'s worker, and everything that calibrates it,
-            to one core of its own (Note [pinned workers] in :mod:`gpipe.affinity`); ``False``:
-            the operating system places the threads.
-    """
-
-    chunks: int = 4
-    checkpoint: Checkpoint = "except_last"
-    balance: tuple[int, ...] | None = None
-    devices: tuple[str, ...] | None = None
-    steps: int = 5
-    warmup_steps: int = 2
-    seed: int = 0
-    threads: int | None = 1
-    warmup: int = 2
-    repeats: int = 3
-    pair_rounds: int = 9
-    pass_repeats: int | None = None
-    balance_timeout: float = 1.0
-    pin: bool = True
-
-    def __post_init__(self) -> None:
-        if self.balance is not None:
-            object.__setattr__(self, "balance", tuple(self.balance))
-        if self.devices is not None:
-            object.__setattr__(self, "devices", tuple(str(d) for d in self.devices))
-        for name, low in (("chunks", 1), ("steps", 1), ("warmup_steps", 0), ("warmup", 0), ("repeats", 1),
-                          ("pair_rounds", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if self.checkpoint not in CHECKPOINT_MODES:
-            raise ValueError(f"checkpoint must be one of {', '.join(CHECKPOINT_MODES)}, got {self.checkpoint!r}")
-        if self.pass_repeats is not None and (isinstance(self.pass_repeats, bool)
-                                              or not isinstance(self.pass_repeats, int) or self.pass_repeats < 1):
-            raise ValueError(f"pass_repeats must be an integer >= 1 or None, got {self.pass_repeats!r}")
-        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
-            raise ValueError(f"threads must be a positive integer or None, got {self.threads!r}")
-        if self.balance is not None and self.devices is not None and len(self.balance) != len(self.devices):
-            raise ValueError(f"balance has {len(self.balance)} partitions but {len(self.devices)} devices are given")
-        if not self.balance_timeout >= 0:
-            raise ValueError(f"balance_timeout must be >= 0 seconds, got {self.balance_timeout!r}")
-
-    @property
-    def repeats_per_pass(self) -> int:
-        """Timed runs in each profiling pass after a step (Note [pass repeats])."""
-        return self.pass_repeats if self.pass_repeats is not None else max(1, self.chunks // 2)
-
-    @property
-    def partitions(self) -> int:
-        if self.balance is not None:
-            return len(self.balance)
-        return len(self.devices) if self.devices is not None else 2
 
 
 # -- models and devices ----------------------------------------------------------------------------

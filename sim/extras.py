@@ -50,7 +50,7 @@ from torch import nn
 
 from gpipe.affinity import Cores, check_affinity
 from gpipe.checks import check_positive
-from gpipe.profile import TensorOrTensors, _preserved, time_recorded
+from gpipe.profile import TensorOrTensors, preserved, time_recorded
 from gpipe.schedule import Checkpoint, Op, gpipe
 from sim.cost import CostModel
 from sim.engine import _OPCODE, _host_seconds
@@ -129,7 +129,7 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
         layers = list(part.children()) if isinstance(part, nn.Sequential) else [part]
         pipe = GPipe(nn.Sequential(*layers), balance=[len(layers)], devices=[device], chunks=CHUNKS,
                      checkpoint=checkpoint, record=True, cpu_affinity=[where])
-        with _preserved(part):
+        with preserved(part):
             for k in range(runs):
                 with collected_after():  # as the experiment's steps (Note [collect after the step])
                     _loss(pipe(batch[0] if single else batch)).backward()

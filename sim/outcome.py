@@ -42,7 +42,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -56,9 +56,7 @@ from sim.engine import SimConfig, simulate
 from sim.files import OutputFolder
 from sim.machine import cpu_count
 from sim.pairs import median_pairs
-
-if TYPE_CHECKING:
-    from sim.experiment import Setup
+from sim.setup import Setup
 
 __all__ = ["DRIFT_LIMIT", "OUTPUT_FILES", "Outcome", "halves", "interleaved_cost", "write_outputs"]
 

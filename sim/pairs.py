@@ -50,7 +50,8 @@ from gpipe.affinity import Cores, check_affinity, pinned
 from gpipe.checks import check_positive
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval, switch_interval
 from gpipe.phase import checkpointing
-from gpipe.profile import RecordedSeconds, SavedBytes, TensorOrTensors, _preserved, _storage_key
+from gpipe.profile import RecordedSeconds, TensorOrTensors, preserved
+from gpipe.saved import SavedBytes, storage_key
 
 __all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "changes_input", "measure_pairs", "median_pairs", "rebased",
            "task_runners"]
@@ -203,7 +204,7 @@ class PairMeter:
     def _untouched(self) -> Any:
         with contextlib.ExitStack() as stack:
             for part in self.parts:
-                stack.enter_context(_preserved(part))
+                stack.enter_context(preserved(part))
             stack.enter_context(torch.random.fork_rng(devices=[]))
             yield
 
@@ -307,7 +308,7 @@ def task_runners(parts: Sequence[nn.Module], sample: TensorOrTensors) -> list[di
         device = next((t.device for t in part.parameters()), inputs[0].device)
         leaves = tuple(t.detach().to(device).requires_grad_(t.requires_grad or (k > 0 and t.is_floating_point()))
                        for t in inputs)
-        state = {_storage_key(t) for t in [*part.parameters(), *part.buffers()]}
+        state = {storage_key(t) for t in [*part.parameters(), *part.buffers()]}
         in_place = changes_input(part, leaves, atomic)  # Note [in-place entry]
 
         def forward(part: nn.Module = part, leaves: tuple[torch.Tensor, ...] = leaves, atomic: bool = atomic,

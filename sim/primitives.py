@@ -38,7 +38,8 @@ from torch import nn
 
 from gpipe.checks import check_positive
 from gpipe.phase import checkpointing
-from gpipe.profile import SavedBytes, TensorOrTensors, _preserved, _storage_key
+from gpipe.profile import TensorOrTensors, preserved
+from gpipe.saved import SavedBytes, storage_key
 from gpipe.schedule import Op, Task
 from gpipe.timeline import COMPUTE, Span
 
@@ -76,12 +77,12 @@ def count_saved_tensors(parts: Sequence[nn.Module], sample: TensorOrTensors) -> 
         def pack(t: torch.Tensor) -> torch.Tensor:
             nonlocal count
             count += 1
-            return t.detach()  # gpipe.profile, Note [no cycle through the hook]
+            return t.detach()  # gpipe.saved, Note [no cycle through the hook]
 
         # copies, not leaves, so that an in-place first layer may change them (Note [entering a partition] in
         # gpipe.worker); a copy saves nothing for backward, so the count stays the part's own
         fresh = tuple(t.clone() for t in leaves)
-        with _preserved(part), torch.enable_grad(), torch.random.fork_rng(devices=[]), \
+        with preserved(part), torch.enable_grad(), torch.random.fork_rng(devices=[]), \
                 torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
             output = part(fresh[0] if atomic else fresh)
         counts.append(count)
@@ -115,7 +116,7 @@ def measure_saved_tensor_cost(repeats: int = 101, *, ops: int = 32) -> tuple[flo
     check_positive("repeats", repeats)
     check_positive("ops", ops)
     weight = torch.ones((), requires_grad=True)
-    model_state = {_storage_key(weight)}
+    model_state = {storage_key(weight)}
 
     def chain(hooked: bool) -> tuple[float, float]:
         x = torch.randn(4, 4, requires_grad=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 
 import pytest
@@ -10,7 +11,10 @@ import torch
 from torch import Tensor, nn
 
 from gpipe import DeferredBatchNorm, GPipe, is_checkpointing, is_recomputing
+from gpipe.microbatch import scatter
+from gpipe.pipeline import Pipeline
 from gpipe.schedule import CHECKPOINT_MODES, Op
+from gpipe.worker import Run
 from tests.gpipe.models import mlp
 
 
@@ -170,6 +174,29 @@ def test_sequential_face() -> None:
     with pytest.raises(TypeError, match="places its partitions"):
         pipe.cuda()
     assert pipe.to(torch.float64) is pipe and layers[0].weight.dtype == torch.float64
+
+
+def test_a_run_is_given_the_pipeline_description_not_the_gpipe() -> None:
+    """Note [what a run is given] in gpipe.pipeline: GPipe builds one frozen Pipeline; a Run needs nothing else."""
+    torch.manual_seed(0)
+    model = mlp()
+    pipe = GPipe(model, [2, 3], devices=["cpu", "cpu"], chunks=2, cpu_affinity=[None, None], switch_interval=None)
+    description = pipe.pipeline
+    assert isinstance(description, Pipeline)
+    assert all(a is b for a, b in zip(description.partitions, pipe.partitions, strict=True))
+    assert description.devices == (torch.device("cpu"),) * 2 and description.copy_streams == {}
+    assert pipe.cpu_affinity == [None, None] and pipe.switch_interval is None and pipe.skip_layout.popped_in == {}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        description.devices = (torch.device("cpu"),)  # type: ignore[misc]
+    x = torch.randn(4, 6)
+    run = Run(description, pipe.schedule_for(2, "except_last"), scatter((x,), 2), False, train=True, record=True)
+    run.loss = (lambda out, target: (out - target).sum(), [torch.zeros(2, 3)] * 2, [1.0, 1.0])
+    run.execute_all()
+    assert pipe.timeline is None and run.timeline is not None  # the run's own: it knows no GPipe to keep it in
+    assert run.timeline.meta["m"] == 2 and description.writes_input == [False, False]
+    pipe.record = True
+    pipe.step(x, torch.zeros(4, 3), nn.MSELoss())
+    assert pipe.timeline is not None and pipe.timeline is not run.timeline
 
 
 def test_workers_overlap_backward_on_cpu() -> None:

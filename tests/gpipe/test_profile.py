@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.profile import BlockProfile, RecordedSeconds, SavedBytes, profile_blocks, profile_sizes, time_recorded
+from gpipe.profile import BlockProfile, RecordedSeconds, profile_blocks, profile_sizes, time_recorded
+from gpipe.saved import SavedBytes
 
 F32 = 4  # bytes per float32
 

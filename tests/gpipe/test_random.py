@@ -250,8 +250,8 @@ def test_only_the_layers_that_drew_stay_under_the_dispatch_mode() -> None:
     """Note [learning which layers draw]: the first step learns, per partition, which of its layers draw."""
     torch.manual_seed(0)
     pipe = GPipe(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.ReLU(), nn.Linear(4, 4)), [3, 1], chunks=2)
-    assert pipe._draws.plan() == [None, None]  # nothing known yet: every layer is learnt
+    assert pipe.pipeline.draws.plan() == [None, None]  # nothing known yet: every layer is learnt
     pipe.step(torch.randn(4, 4), torch.randn(4, 4), nn.MSELoss())
-    assert pipe._draws.plan() == [frozenset({1}), frozenset()]
+    assert pipe.pipeline.draws.plan() == [frozenset({1}), frozenset()]
     pipe.eval()
-    assert pipe._draws.plan() == [None, None]  # other training flags: learnt again
+    assert pipe.pipeline.draws.plan() == [None, None]  # other training flags: learnt again

@@ -1,0 +1,72 @@
+"""Where a backward's parameter gradients go: into ``.grad``, into the parameters the caller named, or to autograd.
+
+Note [gradients the caller asked for]: ``loss.backward()`` and ``step()`` accumulate into ``.grad``, as
+autograd would (every leaf the graph reaches); ``backward(inputs=...)`` only into the parameters it
+names; ``torch.autograd.grad`` (``collect``) leaves ``.grad`` alone: each task's parameter gradients are
+summed per partition, and the pipeline's autograd node hands them to the engine, which returns them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Gradients"]
+
+
+class Gradients:
+    """One run's parameter gradients, per partition (Note [gradients the caller asked for])."""
+
+    def __init__(self, partitions: Sequence[nn.Module]) -> None:
+        self.params = [[p for p in partition.parameters() if p.requires_grad] for partition in partitions]
+        self.collect = False  # True: into param_grads for _Wait to return; False: into .grad
+        self.wanted: list[list[bool]] | None = None  # per partition, the parameters to differentiate (None: all)
+        self.param_grads: list[list[tuple[Tensor, bool] | None]] = [[None] * len(ps) for ps in self.params]
+        self.differentiable: list[Tensor] = []  # forward(): the input leaves, then every parameter (_Wait's inputs)
+
+    def asked(self, asked: Sequence[bool] | None) -> None:
+        """Where the backward's parameter gradients go: ``asked`` says, per input leaf and parameter of
+        :attr:`differentiable`, whether the caller's backward differentiates it; None under ``autograd.grad``."""
+        if asked is None:
+            self.collect = True
+            return
+        flags = list(asked[len(self.differentiable) - sum(len(ps) for ps in self.params):])
+        if all(flags):
+            return
+        self.wanted = []
+        for ps in self.params:
+            self.wanted.append(flags[:len(ps)])
+            flags = flags[len(ps):]
+
+    def differentiate(self, j: int, pairs: list[tuple[Tensor, Tensor]], leaves: list[Tensor]) -> list[Tensor | None]:
+        """Backward through the graph of a task of partition ``j``: the gradients of ``leaves``; its parameters'
+        as the caller asked (Note [gradients the caller asked for])."""
+        params = self.params[j] if self.wanted is None else [
+            p for p, want in zip(self.params[j], self.wanted[j], strict=True) if want]
+        wanted = leaves + params
+        if not pairs or (self.wanted is not None and not wanted):
+            return [None] * len(leaves)
+        outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
+        if not self.collect:
+            torch.autograd.backward(outs, grads, inputs=None if self.wanted is None else wanted)
+            return [t.grad for t in leaves]
+        found: list[Tensor | None] = list(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
+        sums = self.param_grads[j]
+        for k, grad in enumerate(found[len(leaves):]):
+            held = sums[k]
+            if grad is None:
+                continue
+            if held is None:
+                sums[k] = (grad, False)  # not ours to add into: autograd may hand out a tensor it holds elsewhere
+            else:
+                total, owned = held
+                sums[k] = (total.add_(grad) if owned else total + grad, True)
+        return found[:len(leaves)]
+
+    def parameter_grads(self) -> list[Tensor | None]:
+        """The summed parameter gradients of a ``collect`` backward, in :attr:`params` order; released here."""
+        grads = [None if held is None else held[0] for sums in self.param_grads for held in sums]
+        self.param_grads = [[None] * len(ps) for ps in self.params]
+        return grads

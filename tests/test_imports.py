@@ -1,0 +1,213 @@
+"""Imports point one way: no circle among the modules of gpipe and sim, no arrow from gpipe to sim, and sim
+uses only gpipe's public names.
+
+The graph is read from the source with ``ast``, nothing is imported: every ``import`` and ``from ... import``
+counts, at module level and inside functions alike (a function-level import that closes a circle is a circle
+still, only a later one), except those under ``if TYPE_CHECKING:``, which never run. An import of a package
+that contains the importing module adds no edge: that package's ``__init__`` is already running.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("gpipe", "sim")
+
+
+def modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """Dotted name to file of every module of ``packages`` under ``root`` (a package by its ``__init__.py``)."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement in ``node``, wherever it is, except in the body of ``if TYPE_CHECKING:``."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+    elif isinstance(node, ast.If) and _is_type_checking(node.test):
+        for child in node.orelse:
+            yield from imports(child)
+    else:
+        for child in ast.iter_child_nodes(node):
+            yield from imports(child)
+
+
+def imported(module: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[tuple[str, str | None]]:
+    """What ``node`` in ``module`` imports: ``(dotted module, name)`` pairs; ``name`` is None for a whole
+    module, else a name that ``from ... import`` takes from it (which may itself be a submodule)."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, None) for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        package = package[:len(package) - (node.level - 1)]
+        base = ".".join(package + ([base] if base else []))
+    return [(base, alias.name) for alias in node.names]
+
+
+def graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Each module's imports of other modules of ``packages`` (Note in the module docstring)."""
+    found = modules(root, packages)
+
+    def known(name: str) -> str | None:
+        while name and name not in found:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {m: set() for m in found}
+    for module, path in found.items():
+        for node in imports(ast.parse(path.read_text(encoding="utf-8"))):
+            for base, name in imported(module, path, node):
+                target = known(f"{base}.{name}" if name is not None and f"{base}.{name}" in found else base)
+                if target is not None and target != module and not module.startswith(target + "."):
+                    edges[module].add(target)
+    return edges
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as ``[a, b, ..., a]``, or None when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(edges[module]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (found := visit(target)) is not None:
+                return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(edges):
+        if module not in state and (found := visit(module)) is not None:
+            return found
+    return None
+
+
+def private_names(root: Path, user: str = "sim", owner: str = "gpipe") -> list[str]:
+    """Each private name of ``owner`` that a module of ``user`` imports or reaches by attribute, as
+    ``"file:line: name"``: ``from gpipe.x import _y``, ``import gpipe._x``, ``gpipe.x._y``."""
+
+    def private(dotted: str) -> bool:
+        return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+    problems = []
+    for module, path in modules(root, (user,)).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        where = f"{path.relative_to(root)}"
+        bound: dict[str, str] = {}  # a local name for a module of owner -> that module's dotted name
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for base, name in imported(module, path, node):
+                if base.split(".")[0] != owner:
+                    continue
+                dotted = base if name is None else f"{base}.{name}"
+                if private(dotted):
+                    problems.append(f"{where}:{node.lineno}: {dotted}")
+                if isinstance(node, ast.Import):
+                    alias = next(a for a in node.names if a.name == base)
+                    bound[alias.asname or base.split(".")[0]] = base if alias.asname else owner
+                else:
+                    alias = next(a for a in node.names if a.name == name)
+                    bound[alias.asname or str(name)] = dotted
+        attributes = [node for node in ast.walk(tree) if isinstance(node, ast.Attribute)]
+        inner = {id(node.value) for node in attributes}  # a.b of a.b.c: read as part of the whole chain
+        for node in attributes:
+            if id(node) not in inner:
+                chain, value = [node.attr], node.value
+                while isinstance(value, ast.Attribute):
+                    chain.append(value.attr)
+                    value = value.value
+                if isinstance(value, ast.Name) and value.id in bound:
+                    dotted = ".".join([bound[value.id], *reversed(chain)])
+                    if private(dotted):
+                        problems.append(f"{where}:{node.lineno}: {dotted}")
+    return sorted(set(problems))
+
+
+# -- the project --------------------------------------------------------------------------------------
+
+
+def test_no_import_circle() -> None:
+    found = cycle(graph(ROOT))
+    assert found is None, "import circle: " + " -> ".join(found or [])
+
+
+def test_gpipe_never_imports_sim() -> None:
+    arrows = sorted(f"{m} -> {t}" for m, targets in graph(ROOT).items() if m.split(".")[0] == "gpipe"
+                    for t in targets if t.split(".")[0] == "sim")
+    assert not arrows, "gpipe imports sim: " + ", ".join(arrows)
+
+
+def test_sim_uses_only_public_gpipe_names() -> None:
+    found = private_names(ROOT)
+    assert not found, "sim imports private names of gpipe:\n" + "\n".join(found)
+
+
+# -- the reader itself, on small trees ----------------------------------------------------------------
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return _tree(tmp_path, {
+        "gpipe/__init__.py": "from gpipe.a import A\n",
+        "gpipe/a.py": "from gpipe import b\nA = 1\n",
+        "gpipe/b.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpipe.a import A\n"
+                       "def f():\n    from . import c\n"),
+        "gpipe/c.py": "import torch\n",
+        "gpipe/sub/__init__.py": "from .d import D\n",
+        "gpipe/sub/d.py": "from ..c import _hidden\nfrom gpipe.sub import other\nD = 1\n",
+        "sim/__init__.py": "",
+        "sim/x.py": ("import gpipe.c\nfrom gpipe import a as alias\nfrom gpipe.c import _hidden\n"
+                     "def g():\n    return gpipe.c._secret, alias.__name__, alias._y.z\n"),
+    })
+
+
+def test_the_graph_counts_function_level_and_relative_imports_but_not_type_checking_ones(tree: Path) -> None:
+    assert graph(tree) == {
+        "gpipe": {"gpipe.a"},
+        "gpipe.a": {"gpipe.b"},
+        "gpipe.b": {"gpipe.c"},  # the TYPE_CHECKING import of gpipe.a is left out; the function's counts
+        "gpipe.c": set(),
+        "gpipe.sub": {"gpipe.sub.d"},
+        "gpipe.sub.d": {"gpipe.c"},  # its own package is no edge
+        "sim": set(),
+        "sim.x": {"gpipe.c", "gpipe.a"},
+    }
+    assert cycle(graph(tree)) is None
+
+
+def test_a_circle_is_named_from_its_first_module(tree: Path) -> None:
+    (tree / "gpipe/c.py").write_text("def h():\n    import gpipe.a\n")
+    assert cycle(graph(tree)) == ["gpipe.a", "gpipe.b", "gpipe.c", "gpipe.a"]
+
+
+def test_private_names_imported_or_reached_by_attribute_are_found(tree: Path) -> None:
+    assert private_names(tree) == ["sim/x.py:3: gpipe.c._hidden", "sim/x.py:5: gpipe.a._y.z",
+                                   "sim/x.py:5: gpipe.c._secret"]
