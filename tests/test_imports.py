@@ -2,9 +2,10 @@
 uses only gpipe's public names.
 
 The graph is read from the source with ``ast``, nothing is imported: every ``import`` and ``from ... import``
-counts, at module level and inside functions alike (a function-level import that closes a circle is a circle
-still, only a later one), except those under ``if TYPE_CHECKING:``, which never run. An import of a package
-that contains the importing module adds no edge: that package's ``__init__`` is already running.
+counts, at module level, inside functions and under ``if TYPE_CHECKING:`` alike: a function-level import that
+closes a circle is a circle still, only a later one, and a type-only one still makes each module know the
+other. An import of a package that contains the importing module adds no edge: that package's ``__init__`` is
+already running.
 """
 
 from __future__ import annotations
@@ -29,18 +30,10 @@ def modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]
     return found
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement in ``node``, wherever it is, except in the body of ``if TYPE_CHECKING:``."""
+    """Every import statement in ``node``, wherever it is."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         yield node
-    elif isinstance(node, ast.If) and _is_type_checking(node.test):
-        for child in node.orelse:
-            yield from imports(child)
     else:
         for child in ast.iter_child_nodes(node):
             yield from imports(child)
@@ -178,7 +171,7 @@ def tree(tmp_path: Path) -> Path:
     return _tree(tmp_path, {
         "gpipe/__init__.py": "from gpipe.a import A\n",
         "gpipe/a.py": "from gpipe import b\nA = 1\n",
-        "gpipe/b.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpipe.a import A\n"
+        "gpipe/b.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpipe.sub import D\n"
                        "def f():\n    from . import c\n"),
         "gpipe/c.py": "import torch\n",
         "gpipe/sub/__init__.py": "from .d import D\n",
@@ -189,11 +182,11 @@ def tree(tmp_path: Path) -> Path:
     })
 
 
-def test_the_graph_counts_function_level_and_relative_imports_but_not_type_checking_ones(tree: Path) -> None:
+def test_the_graph_counts_function_level_relative_and_type_checking_imports(tree: Path) -> None:
     assert graph(tree) == {
         "gpipe": {"gpipe.a"},
         "gpipe.a": {"gpipe.b"},
-        "gpipe.b": {"gpipe.c"},  # the TYPE_CHECKING import of gpipe.a is left out; the function's counts
+        "gpipe.b": {"gpipe.c", "gpipe.sub"},  # the function's import and the TYPE_CHECKING one
         "gpipe.c": set(),
         "gpipe.sub": {"gpipe.sub.d"},
         "gpipe.sub.d": {"gpipe.c"},  # its own package is no edge
