@@ -31,7 +31,7 @@ from torch import nn  # noqa: E402
 
 from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
 from sim.cli import CommandError  # noqa: E402
-from sim.cli.options import add_force, integer, output_folder, seed  # noqa: E402
+from sim.cli.options import add_out, integer, output_folder, seed  # noqa: E402
 from sim.experiment import Batch, Setup, demo_model, progress_labels, run  # noqa: E402
 from sim.files import OutputFolder, json_text  # noqa: E402
 from sim.machine import keep_freed_memory  # noqa: E402
@@ -60,10 +60,7 @@ def add_common_options(p: argparse.ArgumentParser, *, out: str) -> None:
     p.add_argument("--steps", type=int, default=5, metavar="K",
                    help="training steps measured; the step of median makespan is compared (default: 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the input and PyTorch (default: 0)")
-    p.add_argument("--out", default=out, metavar="DIR",
-                   help=f"where timeline.png, trace.json and report.json go (default: ./{out}); a folder that "
-                        "already holds them is refused unless --force")
-    add_force(p)
+    add_out(p, out, "timeline.png, trace.json and report.json")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of the table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 

@@ -55,7 +55,8 @@ def test_both_commands_are_registered_with_their_options() -> None:
     parser = build_parser()
     args = parser.parse_args(["demo"])
     assert (args.chunks, args.checkpoint, args.steps, args.out, args.json, args.seed) == (4, "except_last", 5,
-                                                                                         "demo", False, 0)
+                                                                                         None, False, 0)
+    assert args.out_default == "demo"  # left out, --out is a fresh folder named after it (sim.files)
     args = parser.parse_args(["compare", "m:f", "--balance", "1,2", "--devices", "cpu,cpu", "--chunks", "8",
                               "--checkpoint", "always", "--steps", "2", "--out", "x", "--json"])
     assert (args.target, args.balance, args.devices, args.chunks, args.checkpoint, args.steps, args.out, args.json) \
