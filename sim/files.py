@@ -15,6 +15,12 @@ unless ``force``; with ``force`` it replaces the first and, once written, remove
 it did not write again, so the folder never shows a stale ``timeline.png`` beside a new trace. Files
 of the user's are never removed, whatever the flag.
 
+Note [fresh folder]: a command run twice with its default folder must not fail the second time, nor
+replace the first run's files: a folder left at its default (``./demo``, ``./out``) is *fresh*, the
+default name if it is free (absent, or an empty folder), else the first free ``NAME-2``, ``NAME-3``, ...
+(:func:`fresh_folder`). It is chosen before the work and made at the first write; if another run made it
+meanwhile and wrote into it, the next free name is taken then. A folder the user names is never renamed.
+
 Note [JSON]: JSON has no NaN and no infinity (Python writes them as ``NaN`` and ``Infinity``, which
 other readers refuse). :func:`json_text` refuses them and names where one is; a value with no finite
 answer (an error relative to zero) is written as ``null`` by whoever computes it.
@@ -29,7 +35,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MANIFEST", "FolderError", "OutputFolder", "check_folder", "json_text"]
+__all__ = ["MANIFEST", "FolderError", "OutputFolder", "check_folder", "fresh_folder", "json_text"]
 
 #: The file that lists what the last run wrote into a folder (Note [ours]).
 MANIFEST = ".gpipe-sim.json"
@@ -96,6 +102,24 @@ def check_folder(path: str | Path, flag: str = "--out") -> Path:
     return folder
 
 
+def fresh_folder(path: str | Path) -> Path:
+    """``path`` if it is free (absent, or an empty folder), else the first free ``path-2``, ``path-3``, ...
+    (Note [fresh folder]); nothing is created."""
+    folder = Path(path)
+    candidate, k = folder, 1
+    while not _free(candidate):
+        k += 1
+        candidate = folder.with_name(f"{folder.name}-{k}")
+    return candidate
+
+
+def _free(folder: Path) -> bool:
+    """Absent, or an empty folder (not a link to one)."""
+    if not folder.exists() and not folder.is_symlink():
+        return True
+    return folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
+
+
 class OutputFolder:
     """Where one run writes its files (Note [ours]).
 
@@ -104,16 +128,21 @@ class OutputFolder:
         names: the files this run may write (plain names, no folders).
         force: replace files this run writes and remove the stale ones of earlier runs.
         flag: the option that named the folder, for messages.
+        fresh: ``path`` is a default name, not the user's: write into :func:`fresh_folder` of it instead
+            (Note [fresh folder]); ``force`` is then ignored, as nothing is there to replace.
 
     Raises:
         FolderError: see :func:`check_folder`; or, without ``force``, the folder holds a file this run
             may write or a file of ours from an earlier run (the message names them and ``--force``).
     """
 
-    def __init__(self, path: str | Path, names: Iterable[str], *, force: bool = False, flag: str = "--out") -> None:
-        self.path = check_folder(path, flag)
+    def __init__(self, path: str | Path, names: Iterable[str], *, force: bool = False, flag: str = "--out",
+                 fresh: bool = False) -> None:
+        self.path = check_folder(fresh_folder(path) if fresh else path, flag)
         self.names = tuple(names)
         self.written: list[str] = []
+        self._fresh = Path(path) if fresh else None  # the default name, to choose again from (Note [fresh folder])
+        self._made = False
         self._earlier = self._manifest()
         present = [n for n in (*self.names, *self._earlier) if (self.path / n).exists()]
         clash = list(dict.fromkeys(present))
@@ -137,7 +166,7 @@ class OutputFolder:
         """
         if name not in self.names:
             raise ValueError(f"{name!r} is not among the files this run declared: {', '.join(self.names)}")
-        self.path.mkdir(parents=True, exist_ok=True)
+        self._make()
         final = self.path / name
         tmp = self.path / f".{final.stem}.partial{final.suffix}"
         try:
@@ -151,12 +180,27 @@ class OutputFolder:
 
     def finish(self) -> None:
         """Remove the files of ours an earlier run left that this one did not write, and write the manifest."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        self._make()
         for name in self._earlier:
             stale = self.path / name
             if name not in self.written and (stale.is_file() or stale.is_symlink()):
                 stale.unlink()
         (self.path / MANIFEST).write_text(json_text({"written_by": "gpipe-sim", "files": self.written}, indent=1))
+
+    def _make(self) -> None:
+        """Make the folder, at the first write; a fresh one taken meanwhile by another run is chosen again."""
+        if self._made:
+            return
+        while self._fresh is not None:
+            try:
+                self.path.mkdir(parents=True)
+                break
+            except FileExistsError:
+                if _free(self.path):
+                    break
+                self.path = fresh_folder(self._fresh)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._made = True
 
     def _manifest(self) -> list[str]:
         """The files the manifest says an earlier run wrote: plain names only; none if it is unreadable."""

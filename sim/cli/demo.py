@@ -6,6 +6,7 @@ simulate the GPipe schedule, run the same schedule in the executor for a few tra
 compare the step of median makespan with the prediction::
 
     gpipe-sim demo                       # the table; timeline.png, trace.json, report.json in ./demo
+    gpipe-sim demo --verbose             # and what calibration found: overheads, worker threads, contention
     gpipe-sim demo --chunks 8 --checkpoint always --json
 
 The pipeline itself is :func:`sim.experiment.run`; ``gpipe-sim compare`` runs it on a user's model.
@@ -31,7 +32,7 @@ from torch import nn  # noqa: E402
 
 from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
 from sim.cli import CommandError  # noqa: E402
-from sim.cli.options import add_force, integer, output_folder, seed  # noqa: E402
+from sim.cli.options import add_out, integer, output_folder, seed  # noqa: E402
 from sim.experiment import Batch, Setup, demo_model, progress_labels, run  # noqa: E402
 from sim.files import OutputFolder, json_text  # noqa: E402
 from sim.machine import keep_freed_memory  # noqa: E402
@@ -60,11 +61,11 @@ def add_common_options(p: argparse.ArgumentParser, *, out: str) -> None:
     p.add_argument("--steps", type=int, default=5, metavar="K",
                    help="training steps measured; the step of median makespan is compared (default: 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the input and PyTorch (default: 0)")
-    p.add_argument("--out", default=out, metavar="DIR",
-                   help=f"where timeline.png, trace.json and report.json go (default: ./{out}); a folder that "
-                        "already holds them is refused unless --force")
-    add_force(p)
+    add_out(p, out, "timeline.png, trace.json and report.json")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of the table")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print the calibrated internals: the executor's overheads, each stage's worker-thread "
+                        "times, the contention of pairs of tasks running together")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -109,13 +110,14 @@ def execute(model: nn.Sequential, batch: Batch, setup: Setup, args: argparse.Nam
     if args.json:
         print(json_text({**outcome.report(), "files": files}))
         return 0
-    print_outcome(outcome, files)
+    print_outcome(outcome, files, verbose=args.verbose)
     return 0
 
 
-def print_outcome(outcome: Outcome, files: dict[str, str]) -> None:
-    """The human-readable report: what ran, the comparison table, the calibrated overheads, the files."""
-    s, o = outcome.setup, outcome.cost.overheads
+def print_outcome(outcome: Outcome, files: dict[str, str], *, verbose: bool = False) -> None:
+    """The human-readable report: what ran, one line on calibration, the comparison table, the files; with
+    ``verbose``, the calibrated internals too (overheads, worker threads, contention)."""
+    s = outcome.setup
     if outcome.model:
         print(outcome.model)
     print(f"{outcome.schedule.name} schedule: m={outcome.schedule.m} micro-batches, n={outcome.schedule.n} stages, "
@@ -123,13 +125,29 @@ def print_outcome(outcome: Outcome, files: dict[str, str]) -> None:
           + (f", {s.threads} intra-op thread(s) per worker" if s.threads else ""))
     print(f"measured: step {outcome.chosen_step + 1} of {len(outcome.step_makespans)} (median makespan; all: "
           + ", ".join(f"{t * 1e3:.1f}" for t in outcome.step_makespans) + " ms)")
-    if outcome.paired_error is not None:
-        print(f"paired error (each step against the calibration pass right after it, median): "
-              f"{outcome.paired_error:+.1%}")
+    paired = "" if outcome.paired_error is None else (
+        f"; paired error {outcome.paired_error:+.1%} (each step against the calibration pass right after it)")
+    print("calibration: the simulator's costs timed on this machine (each stage's tasks, the executor's overheads"
+          + ("" if verbose else "; --verbose prints them") + ")" + paired)
     if outcome.drift is not None and abs(outcome.drift) > DRIFT_LIMIT:
         print(f"note: the machine changed speed by {outcome.drift:+.0%} between the first and the last half of the "
               "steps (Note [drift] in sim.outcome); an error of that size may be the machine's, not the "
               "simulator's: run again on a quieter machine or with more --steps")
+    if outcome.background_cores is not None and outcome.background_cores > 0.2:
+        print(f"note: other processes kept {outcome.background_cores:.1f} cores busy while the steps were "
+              "measured; the measurement is noisier than usual")
+    if verbose:
+        print_internals(outcome)
+    print()
+    print(outcome.comparison.table())
+    print()
+    print("wrote " + ", ".join(files.values()))
+
+
+def print_internals(outcome: Outcome) -> None:
+    """What calibration found (``--verbose``): the executor's overheads, each stage's worker-thread times, the
+    contention of pairs of tasks running together."""
+    o = outcome.cost.overheads
     measured_hooks = all(st.forward_recorded is not None for st in outcome.cost.stages)
     print(f"calibrated overheads: launch {o.launch * 1e6:.1f} us, task {o.task * 1e6:.1f} us, "
           f"gap {o.gap * 1e6:.1f} us, hand-off {o.handoff * 1e6:.1f} us, turnaround {o.turnaround * 1e6:.1f} us, "
@@ -146,10 +164,3 @@ def print_outcome(outcome: Outcome, files: dict[str, str]) -> None:
               + ", ".join(f"{a}@{j}|{b}@{k} {1 + c:.2f}x" for a, j, b, k, c in o.pairs))
     elif o.contention:
         print(f"contention {o.contention:.3f}")
-    if outcome.background_cores is not None and outcome.background_cores > 0.2:
-        print(f"note: other processes kept {outcome.background_cores:.1f} cores busy while the steps were "
-              "measured; the measurement is noisier than usual")
-    print()
-    print(outcome.comparison.table())
-    print()
-    print("wrote " + ", ".join(files.values()))

@@ -14,7 +14,8 @@ from gpipe.schedule import SCHEDULES
 from sim.cli import CommandError
 from sim.files import OutputFolder
 
-__all__ = ["MAX_INT", "MAX_SECONDS", "add_force", "integer", "number", "output_folder", "schedules_help", "seed"]
+__all__ = ["MAX_INT", "MAX_SECONDS", "add_force", "add_out", "integer", "number", "output_folder", "schedules_help",
+           "seed"]
 
 MAX_INT = 2**63 - 1  # integers reach torch and numpy as signed 64-bit C integers
 MAX_SECONDS = 1e15  # 30 million years: a sum over any schedule of such seconds stays finite
@@ -54,6 +55,18 @@ def add_force(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help=FORCE_HELP)
 
 
+def add_out(parser: argparse.ArgumentParser, default: str, files: str) -> None:
+    """``--out`` with a default folder, and ``--force``: left out, ``--out`` is a fresh folder named after
+    ``default`` (Note [fresh folder] in :mod:`sim.files`); ``files`` names what goes there, for the help."""
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help=f"where {files} go (default: ./{default} if it is free, else the first free "
+                             f"./{default}-2, ./{default}-3, ..., so a second run never touches the first's; with "
+                             f"--force, ./{default} itself); a folder named here that already holds an earlier "
+                             "run's files is refused unless --force")
+    parser.set_defaults(out_default=default)
+    add_force(parser)
+
+
 def schedules_help() -> str:
     """The registered schedules (:data:`gpipe.schedule.SCHEDULES`), ``name (description)`` each, for the help
     of a ``--schedule`` option."""
@@ -62,5 +75,11 @@ def schedules_help() -> str:
 
 
 def output_folder(args: argparse.Namespace, names: Iterable[str]) -> OutputFolder:
-    """The folder ``--out`` names, checked now, before any work (:class:`sim.files.OutputFolder`)."""
+    """The folder ``--out`` names, checked now, before any work (:class:`sim.files.OutputFolder`).
+
+    With ``--out`` left out, the command's default folder (:func:`add_out`), fresh unless ``--force``, which
+    replaces an earlier run's files there as it would in a folder the user names.
+    """
+    if args.out is None:
+        return OutputFolder(args.out_default, names, force=args.force, fresh=not args.force)
     return OutputFolder(args.out, names, force=args.force)

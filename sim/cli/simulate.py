@@ -30,7 +30,7 @@ from typing import Any
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Schedule, schedule_kind
 from gpipe.timeline import Timeline, chrome_trace
 from sim.cli import CommandError
-from sim.cli.options import MAX_SECONDS, add_force, integer, number, output_folder, schedules_help
+from sim.cli.options import MAX_SECONDS, add_out, integer, number, output_folder, schedules_help
 from sim.cost import CostModel, StageCost
 from sim.engine import SimConfig, simulate
 from sim.files import OutputFolder, json_text
@@ -89,10 +89,7 @@ def add_parser(subparsers: Any) -> None:
                    help="backward order not enforced: gradient copies wait for the next backward")
     p.add_argument("--lockstep", action="store_true", help="the forward runs in lockstep clock cycles")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--out", default="out", metavar="DIR",
-                   help="where timeline.png, trace.json and timeline.json go (default: ./out); a folder that "
-                        "already holds them is refused unless --force")
-    add_force(p)
+    add_out(p, "out", "timeline.png, trace.json and timeline.json")
     p.add_argument("--all-files", action="store_true",
                    help=f"write the files however many spans (default: timeline.png up to {PLOT_SPAN_LIMIT:,} "
                         f"spans, trace.json and timeline.json up to {TRACE_SPAN_LIMIT:,})")

@@ -66,10 +66,10 @@ def test_compare_runs_a_user_model(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "cmp"
     assert main(["compare", "tinymodel:build", "--balance", "2,3", "--devices", "cpu,cpu", "--chunks", "2",
-                 "--checkpoint", "always", "--steps", "2", "--out", str(out), "--no-progress"]) == 0
+                 "--checkpoint", "always", "--steps", "2", "--out", str(out), "--no-progress", "--verbose"]) == 0
     text = capsys.readouterr().out
     assert "makespan (ms)" in text and "task order agreement" in text and "balance [2, 3]" in text
-    assert "paired error" in text and "launch" in text
+    assert "paired error" in text and "calibrated overheads: launch" in text and "worker threads" in text
     report = json.loads((out / "report.json").read_text())
     _check_report(report, out)
     assert report["balance"] == [2, 3] and report["m"] == 2 and report["checkpoint"] == "always"
@@ -94,7 +94,9 @@ def test_compare_runs_a_model_without_parameters(tmp_path: Path, monkeypatch: py
     out = tmp_path / "cmp"
     assert main(["compare", "activations:build", "--balance", "2,2", "--devices", "cpu,cpu", "--chunks", "2",
                  "--steps", "1", "--out", str(out), "--no-progress"]) == 0
-    assert "makespan (ms)" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()  # the default output (issue 21): short, no internals
+    assert len(lines) <= 25 and "makespan (ms)" in "\n".join(lines) and "calibrated overheads" not in "\n".join(lines)
+    assert lines[-1] == f"wrote {out}/timeline.png, {out}/trace.json, {out}/report.json"
     report = json.loads((out / "report.json").read_text())
     assert report["comparison"]["only_predicted"] == [] and report["comparison"]["only_measured"] == []
     assert {o["op"] for o in report["comparison"]["ops"]} == {"F", "R", "B"}

@@ -55,7 +55,8 @@ def test_both_commands_are_registered_with_their_options() -> None:
     parser = build_parser()
     args = parser.parse_args(["demo"])
     assert (args.chunks, args.checkpoint, args.steps, args.out, args.json, args.seed) == (4, "except_last", 5,
-                                                                                         "demo", False, 0)
+                                                                                         None, False, 0)
+    assert args.out_default == "demo"  # left out, --out is a fresh folder named after it (sim.files)
     args = parser.parse_args(["compare", "m:f", "--balance", "1,2", "--devices", "cpu,cpu", "--chunks", "8",
                               "--checkpoint", "always", "--steps", "2", "--out", "x", "--json"])
     assert (args.target, args.balance, args.devices, args.chunks, args.checkpoint, args.steps, args.out, args.json) \
@@ -159,7 +160,7 @@ def test_report_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         "measured_peak_bytes"]
     assert {o["op"] for o in report["comparison"]["ops"]} == {"F", "R", "B"}
     assert report["cost_model"]["overheads"]["handoff"] == 2e-5
-    print_outcome(outcome, files)
+    print_outcome(outcome, files, verbose=True)
     text = capsys.readouterr().out
     assert "makespan (ms)" in text and "a test model" in text and "step 2 of 3" in text
     assert "hand-off 20.0 us" in text
@@ -178,3 +179,35 @@ def test_halves_is_a_sample_against_itself() -> None:
     assert halves((12.0, 12.0, 10.0, 10.0)) == pytest.approx(-2.0 / 11.0)
     assert halves((10.0, 99.0, 10.0)) == 0.0  # an odd middle step belongs to neither half
     assert halves((10.0,)) == 0.0 and halves(()) == 0.0 and halves((0.0, 0.0)) == 0.0
+
+
+#: What ``--verbose`` adds: the calibrated internals.
+INTERNALS = ("calibrated overheads: launch", "hand-off 20.0 us", "each stage's worker threads",
+             "contention of pairs running together", "B@0|F@1 1.30x")
+
+
+def test_the_default_output_is_short_and_verbose_adds_the_internals(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21: by default the configuration, one line on calibration, the table and the files, in at most 25
+    lines, even with both notes (drift, a busy machine); ``--verbose`` prints the internals as well."""
+    outcome = _outcome()
+    overheads = dataclasses.replace(outcome.cost.overheads, pairs=(("B", 0, "F", 1, 0.3), ("F", 1, "B", 0, 0.2)))
+    outcome = dataclasses.replace(outcome, cost=outcome.cost.with_overheads(overheads), background_cores=1.5)
+    monkeypatch.setattr("sim.cli.demo.run", lambda *args, **kwargs: outcome)
+    monkeypatch.chdir(tmp_path)
+
+    assert main(["demo", "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) <= 25, "\n".join(lines)
+    text = "\n".join(lines)
+    assert outcome.comparison.table() in text
+    assert lines[-1] == "wrote demo/timeline.png, demo/trace.json, demo/report.json"
+    assert [line for line in lines if line.startswith("calibration: ")] == [lines[3]]
+    assert "changed speed by +50%" in text and "1.5 cores busy" in text
+    assert not [needle for needle in INTERNALS if needle in text]
+
+    assert main(["demo", "--no-progress", "--verbose"]) == 0
+    verbose = capsys.readouterr().out
+    assert [needle for needle in INTERNALS if needle not in verbose] == []
+    assert outcome.comparison.table() in verbose and "wrote demo-2/timeline.png" in verbose
+    assert set(lines[:3] + lines[4:-1]) <= set(verbose.splitlines())  # the rest as by default

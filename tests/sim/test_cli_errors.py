@@ -177,6 +177,41 @@ def test_demo_and_compare_refuse_to_overwrite(tmp_path: Path, fake_experiment: l
         assert main([*argv, "--out", str(out), "--no-progress", "--force"]) == 0
 
 
+def test_the_default_folder_is_fresh_each_run(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [fresh folder]: no ``--out``: ``out``, then ``out-2``, the first run's files untouched."""
+    monkeypatch.chdir(tmp_path)
+    assert main(SIMULATE) == 0
+    assert "wrote out/trace.json" in capsys.readouterr().out
+    first = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    assert main([*SIMULATE, "--forward-time", "5"]) == 0
+    assert "wrote out-2/trace.json" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == first
+    assert set(first) == {p.name for p in (tmp_path / "out-2").iterdir()}
+    assert (tmp_path / "out-2" / "timeline.json").read_bytes() != first["timeline.json"]
+    assert main([*SIMULATE, "--out", "out"]) == 2  # a folder the user names is still refused
+    _one_line(capsys, "simulate", "--out out", "--force")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == first
+    assert main([*SIMULATE, "--force"]) == 0  # --force alone replaces in the default folder itself
+    assert "wrote out/trace.json" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out-2"]
+
+
+def test_a_fresh_folder_skips_taken_names_and_takes_an_empty_one(tmp_path: Path) -> None:
+    from sim.files import OutputFolder, fresh_folder
+
+    assert fresh_folder(tmp_path / "demo") == tmp_path / "demo"
+    (tmp_path / "demo").mkdir()
+    assert fresh_folder(tmp_path / "demo") == tmp_path / "demo"  # an empty folder is free
+    (tmp_path / "demo" / "notes.txt").write_text("mine")
+    (tmp_path / "demo-2").write_text("a file, not a folder")
+    assert fresh_folder(tmp_path / "demo") == tmp_path / "demo-3"
+    out = OutputFolder(tmp_path / "demo", ("a.txt",), fresh=True)
+    (tmp_path / "demo-3").mkdir()
+    (tmp_path / "demo-3" / "b.txt").write_text("another run's, written meanwhile")
+    assert out.write_text("a.txt", "ours") == str(tmp_path / "demo-4" / "a.txt")
+
+
 def test_plan_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "tiny.py"
     model.write_text("import torch\nfrom torch import nn\n\ndef build():\n"
