@@ -40,7 +40,7 @@ Note [what the errors say]: with the published balances the model predicts pipel
   pipeline-4 within about 2%: its throughput physics (micro-batch size, recompute, bubble, copies) holds,
   and its share of time per layer does not quite: the early, high-resolution layers cost more on a
   P40, relative to the late ones, than FLOPs and bytes through one roofline say. Two corrections with
-  a physical cause are in the counts (:mod:`sim.flops`, Note [one operator, several kernels]: batch
+  a physical cause are in the counts (:mod:`sim.operators`, Note [one operator, several kernels]: batch
   norm's second pass over its input, convolution backward as its separate kernels); they moved
   pipeline-2 from -6.3% to -4.5% and pipeline-4 from -8.1% to -6.3%. What is left depends on the shape
   of each cuDNN kernel (its algorithm, Winograd or implicit GEMM, which the benchmark let cuDNN's

@@ -177,7 +177,7 @@ def _on_cuda(part: nn.Module) -> bool:
 
 
 def _issue(profile: BlockProfile, recorded: bool) -> tuple[float, float, float]:
-    """Note [issue seconds] in :mod:`gpipe.profile`: the host's share of a grad-enabled forward, a no-grad
+    """Note [issue seconds] in :mod:`gpipe.profile_timing`: the host's share of a grad-enabled forward, a no-grad
     forward and a backward on a CUDA device, from the runs the stage's seconds come from (the recorded ones
     when ``recorded``)."""
     forward = profile.forward_recorded_issue_seconds if recorded else profile.forward_issue_seconds

@@ -60,7 +60,7 @@ class StageCost:
         host_backward: the same for ``B`` (and ``W``).
         issue_forward: on an asynchronous device (CUDA; ``SimConfig.asynchronous``), the host seconds
             a grad-enabled forward takes to launch its kernels, from the call to its return
-            (:mod:`gpipe.profile`, Note [issue seconds]): the host's share of the task, which its next
+            (:mod:`gpipe.profile_timing`, Note [issue seconds]): the host's share of the task, which its next
             task waits for while the stream runs the kernels' seconds (``forward``). Ignored on a
             synchronous device, where the host's work is the task.
         issue_nograd: the same for a checkpointed (no-grad) ``F``.

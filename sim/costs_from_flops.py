@@ -18,7 +18,7 @@ for pipelines: it sets how much of a stage's time is memory-bound work, which si
 high-resolution layers of a CNN, and so how the time splits between stages. On torchgpipe's ResNet-101
 benchmark (``benchmarks/published.py``, which prints both) the datasheet-bandwidth variant predicts
 the 2- and 4-GPU speed-ups 9-11% low, this form 4-7% low; the bytes it divides already count the
-second pass of batch norm (:mod:`sim.flops`, Note [one operator, several kernels]).
+second pass of batch norm (:mod:`sim.operators`, Note [one operator, several kernels]).
 
 Note [small micro-batches]: the fixed cost per kernel is what makes the efficiency fall for small
 micro-batches. For a compute-bound operator of ``f`` FLOPs the fraction of peak reached is::

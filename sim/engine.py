@@ -78,7 +78,7 @@ ahead of them, so host time and kernel time overlap instead of adding up. For a 
 ``config.asynchronous`` each task has *host seconds* H (Note [host costs], with ``thread_start``) and
 *kernel seconds* K (the stage cost, scaled), and the device keeps two clocks. H also holds the host's
 time to launch the task's kernels (``StageCost.issue_forward``, ``issue_nograd``, ``issue_backward``:
-the profiler's ``..._issue_seconds``, Note [issue seconds] in :mod:`gpipe.profile`), which does not
+the profiler's ``..._issue_seconds``, Note [issue seconds] in :mod:`gpipe.profile_timing`), which does not
 scale with the micro-batch here either::
 
     issue = max(host's previous issue end + gap (launch for the first task), host arrival of each input,

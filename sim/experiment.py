@@ -35,7 +35,7 @@ profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: the
 ``balance_by_time`` uses, timing only the runs a recording executor's tasks are made of): one
 untimed pass (a first pass pays one-off costs, a backward's a quarter more), then one timed
 pass that runs each task ``Setup.pass_repeats`` times in a row, as a worker runs a stage's
-micro-batches (Note [streaks] in :mod:`gpipe.profile`); the stage seconds of the cost model are
+micro-batches (Note [streaks] in :mod:`gpipe.profile_timing`); the stage seconds of the cost model are
 the medians over the passes' runs. Note [pass repeats] says how many. On shared cores
 (:func:`sim.machine.shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes spread evenly
 over the steps (one :class:`sim.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are
@@ -58,7 +58,7 @@ takes about that much less time, so ``pass_repeats`` defaults to ``chunks // 2``
 runs a pass: a pass then costs about the same, half a step or less, whatever the chunks. The runs
 are a streak (each task that many times in a row) rather than that many passes: a worker of many
 micro-batches runs its stage back to back, and so warmer than a pass that alternates stages and
-cores (Note [streaks] in :mod:`gpipe.profile`).
+cores (Note [streaks] in :mod:`gpipe.profile_timing`).
 
 Note [nothing else to train]: the executor trains (records, and runs a backward) when a parameter or an
 input requires grad. A model without trainable parameters (activations only) would run its forward

@@ -1,0 +1,137 @@
+"""The counted model that :func:`sim.flops.count_layers` returns: per-layer FLOP and byte tables, affine in the batch.
+
+Every count is stored as ``fixed + per_sample * batch`` (Note [affine in the batch] in :mod:`sim.flops`), so
+one count serves every micro-batch size of a sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["LayerCount", "LayerProfile", "ModelProfile", "OpTable"]
+
+
+@dataclass(frozen=True, eq=False)
+class OpTable:
+    """The operators of one pass of one layer, each as ``fixed + per_sample * batch`` FLOPs and bytes.
+
+    Attributes:
+        flops: shape ``(ops, 2)``: fixed and per-sample FLOPs of each operator.
+        bytes: shape ``(ops, 2)``: fixed and per-sample bytes each operator reads and writes.
+    """
+
+    flops: np.ndarray
+    bytes: np.ndarray
+
+    @property
+    def kernels(self) -> int:
+        return int(self.flops.shape[0])
+
+    def flops_at(self, batch: float) -> np.ndarray:
+        """FLOPs of each operator at ``batch`` samples."""
+        return np.maximum(self.flops[:, 0] + self.flops[:, 1] * batch, 0.0)
+
+    def bytes_at(self, batch: float) -> np.ndarray:
+        """Bytes each operator moves at ``batch`` samples."""
+        return np.maximum(self.bytes[:, 0] + self.bytes[:, 1] * batch, 0.0)
+
+
+@dataclass(frozen=True)
+class LayerCount:
+    """Totals of one layer at one batch size (FLOPs, bytes, operator counts)."""
+
+    name: str
+    forward_flops: int
+    backward_flops: int
+    forward_bytes: int
+    backward_bytes: int
+    forward_kernels: int
+    backward_kernels: int
+    output_bytes: int
+    saved_bytes: int
+    parameters: int
+    parameter_bytes: int
+
+
+
+@dataclass(frozen=True, eq=False)
+class LayerProfile:
+    """What one layer costs, for any batch size (Note [affine in the batch] in :mod:`sim.flops`).
+
+    Attributes:
+        name: the layer's name in the sequential (``"3"`` or ``"layer1_0_conv1"``).
+        kind: the layer's class name.
+        forward: operators of the forward pass.
+        backward: operators of the backward pass (input and weight gradients, gradient accumulation).
+        output_bytes: ``(fixed, per_sample)`` bytes of the layer's output.
+        input_bytes: ``(fixed, per_sample)`` bytes of the layer's input.
+        saved_bytes: ``(fixed, per_sample)`` bytes first saved for backward by this layer.
+        input_saved_bytes: ``(fixed, per_sample)`` bytes of this layer's input that it saves and an
+            earlier layer saved already; a stage that starts here keeps them too.
+        parameters: parameter count (shared parameters at their first layer only).
+        parameter_bytes: bytes of those parameters.
+        parameter_tensors: how many parameter tensors those are (an optimizer runs a kernel per tensor).
+    """
+
+    name: str
+    kind: str
+    forward: OpTable
+    backward: OpTable
+    output_bytes: tuple[float, float]
+    input_bytes: tuple[float, float]
+    saved_bytes: tuple[float, float]
+    input_saved_bytes: tuple[float, float]
+    parameters: int
+    parameter_bytes: int
+    parameter_tensors: int
+
+    def at(self, batch: int) -> LayerCount:
+        """The layer's totals at ``batch`` samples."""
+
+        def ev(q: tuple[float, float]) -> int:
+            return max(int(round(q[0] + q[1] * batch)), 0)
+
+        return LayerCount(
+            self.name,
+            int(self.forward.flops_at(batch).sum()),
+            int(self.backward.flops_at(batch).sum()),
+            int(self.forward.bytes_at(batch).sum()),
+            int(self.backward.bytes_at(batch).sum()),
+            self.forward.kernels,
+            self.backward.kernels,
+            ev(self.output_bytes),
+            ev(self.saved_bytes),
+            self.parameters,
+            self.parameter_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """The per-layer profiles of a whole sequential, in layer order.
+
+    Attributes:
+        layers: one :class:`LayerProfile` per layer.
+        dtype: the floating dtype of the parameters (``torch.float16`` for mixed precision).
+    """
+
+    layers: tuple[LayerProfile, ...]
+    dtype: torch.dtype
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def parameters(self) -> int:
+        return sum(layer.parameters for layer in self.layers)
+
+    @property
+    def parameter_bytes(self) -> int:
+        return sum(layer.parameter_bytes for layer in self.layers)
+
+    def at(self, batch: int) -> list[LayerCount]:
+        """Every layer's totals at ``batch`` samples."""
+        return [layer.at(batch) for layer in self.layers]
