@@ -418,11 +418,15 @@ class _Run:
         if config.backward_after_forward and not self.forwards_left:
             self.backward_phase.succeed()
 
-    def timeline(self) -> Timeline:
+    def local_clocks(self) -> bool:
+        """Whether the run takes the plain path, :meth:`_device_fast` (Note [local clocks]); the same times as
+        :meth:`_device`, which tests/sim/test_engine_properties.py checks over random schedules and costs."""
         config = self.config
-        fast = self.cores is None and config.copy_streams and not config.lockstep_forward \
-            and not config.backward_after_forward and not config.asynchronous \
-            and not any(self.shared)  # Note [local clocks]
+        return self.cores is None and config.copy_streams and not config.lockstep_forward \
+            and not config.backward_after_forward and not config.asynchronous and not any(self.shared)
+
+    def timeline(self) -> Timeline:
+        fast = self.local_clocks()
         for d in range(self.devices):
             self.env.process(self._device_fast(d) if fast else self._device(d))
         self.env.run()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, gpipe, one_f_one_b
-from gpipe.timeline import COMPUTE, Span, Timeline
+from gpipe.timeline import COMPUTE, MemorySample, Span, Timeline
 from sim.cost import CostModel, Overheads, StageCost
 from sim.engine import ON_COMPUTE, SimConfig, simulate
 from sim.hardware import LinkSpec
@@ -166,3 +166,31 @@ def test_simulation_is_deterministic_and_contention_zero_is_free(case: Case) -> 
                                                    handoff=case.cost.overheads.handoff))
         assert simulate(case.schedule, plain, case.config).spans == first.spans
     assert all(s.stream == COMPUTE or s.end >= s.start for s in first.spans)
+
+
+@PROPERTIES
+@given(cases())
+def test_local_clocks_give_the_general_device_process_s_timeline_bit_for_bit(case: Case) -> None:
+    """Note [local clocks] in sim.engine: the plain path's device loop follows the general one's rules."""
+    from sim import engine
+
+    cost = replace(case.cost, overheads=replace(case.cost.overheads, contention=0.0))
+    config = replace(case.config, copy_streams=True, lockstep_forward=False)
+    assert engine._Run(case.schedule, cost, config).local_clocks()  # the plain path is the one under test
+    plain = simulate(case.schedule, cost, config)
+    original = engine._Run.local_clocks
+    try:
+        engine._Run.local_clocks = lambda self: False  # type: ignore[method-assign]
+        general = simulate(case.schedule, cost, config)
+    finally:
+        engine._Run.local_clocks = original  # type: ignore[method-assign]
+    assert sorted(plain.spans, key=_key) == sorted(general.spans, key=_key)
+    assert sorted(plain.memory, key=_sample) == sorted(general.memory, key=_sample)
+
+
+def _key(span: Span) -> tuple[int, str, str, str, float, float]:
+    return (span.device, span.stream, str(span.task), span.label, span.start, span.end)
+
+
+def _sample(sample: MemorySample) -> tuple[int, float, int]:
+    return (sample.device, sample.time, sample.bytes)
