@@ -23,14 +23,14 @@ definition (busy: the union of that device's compute spans) evaluated on that de
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
 from json.encoder import encode_basestring_ascii as _json_str  # what json.dumps uses by default
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpipe.schedule import Task
 
@@ -198,11 +198,7 @@ class Timeline:
     @cached_property
     def _by_device(self) -> list[list[Span]]:
         """Note [metrics in one pass]: every span, grouped by device once."""
-        groups: list[list[Span]] = [[] for _ in range(self.num_devices)]
-        for s in self.spans:
-            if s.device >= 0:
-                groups[s.device].append(s)
-        return groups
+        return _group_by_device(self.spans, self.num_devices)
 
     # -- metrics -----------------------------------------------------------------------------------
 
@@ -256,11 +252,7 @@ class Timeline:
     @cached_property
     def _memory_by_device(self) -> list[list[MemorySample]]:
         """The memory samples, grouped by device once (Note [metrics in one pass])."""
-        groups: list[list[MemorySample]] = [[] for _ in range(self.num_devices)]
-        for m in self.memory:
-            if m.device >= 0:
-                groups[m.device].append(m)
-        return groups
+        return _group_by_device(self.memory, self.num_devices)
 
     def summary(self) -> dict[str, Any]:
         """Makespan, bubble fraction and per-device busy, utilisation and peak memory, as plain data."""
@@ -350,6 +342,18 @@ def _sample_json(m: MemorySample) -> str:
 
 def _nested_json(d: dict[str, Any]) -> str:
     return "  " + json.dumps(d, indent=1).replace("\n", "\n  ")  # JSON strings hold no raw newline
+
+
+R = TypeVar("R", Span, MemorySample)
+
+
+def _group_by_device(records: Iterable[R], devices: int) -> list[list[R]]:
+    """``records`` (spans or memory samples) in one list per device, in their order; negative devices left out."""
+    groups: list[list[R]] = [[] for _ in range(devices)]
+    for r in records:
+        if r.device >= 0:
+            groups[r.device].append(r)
+    return groups
 
 
 def _union_length(spans: list[Span]) -> float:
