@@ -59,14 +59,22 @@ def build():
 '''
 
 
+def _compare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, source: str, *args: str) -> Path:
+    """``gpipe-sim compare module:build`` on two CPU devices, chunks 2, of a model written to ``tmp_path``;
+    returns its output folder."""
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "cmp"
+    assert main(["compare", f"{module}:build", "--devices", "cpu,cpu", "--chunks", "2", *args, "--out", str(out),
+                 "--no-progress"]) == 0
+    return out
+
+
 @pytest.mark.slow
 def test_compare_runs_a_user_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "tinymodel.py").write_text(MODEL)
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "cmp"
-    assert main(["compare", "tinymodel:build", "--balance", "2,3", "--devices", "cpu,cpu", "--chunks", "2",
-                 "--checkpoint", "always", "--steps", "2", "--out", str(out), "--no-progress", "--verbose"]) == 0
+    out = _compare(tmp_path, monkeypatch, "tinymodel", MODEL, "--balance", "2,3", "--checkpoint", "always",
+                   "--steps", "2", "--verbose")
     text = capsys.readouterr().out
     assert "makespan (ms)" in text and "task order agreement" in text and "balance [2, 3]" in text
     assert "paired error" in text and "calibrated overheads: launch" in text and "worker threads" in text
@@ -89,11 +97,7 @@ def build():
 def test_compare_runs_a_model_without_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing to train but the input (Note [nothing else to train] in sim.experiment): it calibrates and compares."""
-    (tmp_path / "activations.py").write_text(ACTIVATIONS_ONLY)
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "cmp"
-    assert main(["compare", "activations:build", "--balance", "2,2", "--devices", "cpu,cpu", "--chunks", "2",
-                 "--steps", "1", "--out", str(out), "--no-progress"]) == 0
+    out = _compare(tmp_path, monkeypatch, "activations", ACTIVATIONS_ONLY, "--balance", "2,2", "--steps", "1")
     lines = capsys.readouterr().out.splitlines()  # the default output (issue 21): short, no internals
     assert len(lines) <= 25 and "makespan (ms)" in "\n".join(lines) and "calibrated overheads" not in "\n".join(lines)
     assert lines[-1] == f"wrote {out}/timeline.png, {out}/trace.json, {out}/report.json"
