@@ -24,16 +24,16 @@ On a machine whose second core is busy with other work that row can be far slowe
 team waits at every barrier for its descheduled member): that is what the row is there to show.
 
 Note [pipelining]: each of the two processes builds the same model from the same seed and keeps its own
-partition (``sim.calibrate.partitions_of``, the cut GPipe uses), wrapped by hand in a ``PipelineStage`` (the
+partition (``sim.calibration.calibrate.partitions_of``, the cut GPipe uses), wrapped by hand in a ``PipelineStage`` (the
 manual front end; tracing with ``pipeline()`` yields the same two stages for an ``nn.Sequential``), and runs
 ``ScheduleGPipe`` then ``Schedule1F1B`` with ``m`` micro-batches and the same MSE loss (per micro-batch, averaged:
 equal to the whole batch's for equal chunks). The step is timed on rank 0 between two barriers, so it ends when
 the slower rank ends.
 
 Note [prediction]: the simulator's figure comes from calibrating this machine: each partition profiled at the
-micro-batch size (``sim.calibrate.calibrate``), the executor's own costs measured (task overhead, hand-off,
-two workers sharing the cores: ``sim.experiment.with_executor_costs``, which runs
-``calibrate_executor_overheads``, ``sim.extras.measure_stage_extras`` and ``measure_pairs``) and merged into
+micro-batch size (``sim.calibration.calibrate.calibrate``), the executor's own costs measured (task overhead, hand-off,
+two workers sharing the cores: ``sim.calibration.experiment.with_executor_costs``, which runs
+``calibrate_executor_overheads``, ``sim.calibration.extras.measure_stage_extras`` and ``measure_pairs``) and merged into
 the cost model, then
 ``simulate(gpipe(m, n, checkpoint), cost)``. A shared machine drifts (the cores' contention measured a few
 seconds apart has ranged from 0.5 to 1.9 here), so it is calibrated three times, before, halfway through and after
@@ -79,10 +79,10 @@ from torch.nn import functional as F  # noqa: E402
 
 from gpipe.schedule import Checkpoint  # noqa: E402
 from gpipe.schedule import gpipe as gpipe_schedule  # noqa: E402
-from sim.calibrate import calibrate, on_device, partitions_of  # noqa: E402
-from sim.cost import Overheads  # noqa: E402
-from sim.engine import simulate  # noqa: E402
-from sim.experiment import with_executor_costs  # noqa: E402
+from sim.calibration.calibrate import calibrate, on_device, partitions_of  # noqa: E402
+from sim.calibration.experiment import with_executor_costs  # noqa: E402
+from sim.core.cost import Overheads  # noqa: E402
+from sim.core.engine import simulate  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "executor_speed.json"
 MODES: tuple[Checkpoint, ...] = ("never", "except_last", "always")
@@ -297,7 +297,7 @@ def predict(workload: Workload, quick: bool) -> dict[str, Any]:
     devices = ["cpu", "cpu"]
     cost = calibrate(model, workload.balance, sample, devices=devices, warmup=2 if quick else 3,
                      repeats=3 if quick else 15)
-    # the executor's own costs, measured as sim.experiment measures them
+    # the executor's own costs, measured as sim.calibration.experiment measures them
     parts = [on_device(p, d) for p, d in zip(partitions_of(model, workload.balance), devices, strict=True)]
     cost, config = with_executor_costs(cost, parts, sample, devices, steps=4 if quick else 12)
     overheads = cost.overheads
@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         simulator["bound_fraction_of_plain"] = bound
         simulator["bound_ms"] = plain * bound
         simulator["modes"] = {}
-        from sim.compare import compare
+        from sim.calibration.compare import compare
 
         for k, c in enumerate(prediction["calibrations"]):
             when = ("before timing", "halfway", "after timing")[k] if len(prediction["calibrations"]) == 3 else k

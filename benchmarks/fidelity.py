@@ -1,6 +1,6 @@
 """How well the simulator predicts the executor: predicted against measured makespan over a grid of configurations.
 
-Each configuration runs :func:`sim.experiment.run` (the pipeline behind ``gpipe-sim demo``): calibrate
+Each configuration runs :func:`sim.calibration.experiment.run` (the pipeline behind ``gpipe-sim demo``): calibrate
 the partitions and the executor's overheads on this machine, simulate the GPipe schedule, run the same
 schedule in the executor (two CPU devices, one worker each) for a few training steps, and compare the
 step of median makespan with the prediction. The grid::
@@ -22,12 +22,12 @@ The process is set up deliberately, before anything runs, and says so in its res
   noise. The environment variable is needed because the executor starts fresh worker threads, in
   which MKL does not see ``torch.set_num_threads`` (see ``sim/cli/demo.py``, Note [one thread per
   worker]).
-- :func:`sim.machine.keep_freed_memory`: glibc keeps freed memory instead of page-faulting it back
-  in (``sim.machine``, Note [allocator]).
+- :func:`sim.calibration.machine.keep_freed_memory`: glibc keeps freed memory instead of page-faulting it back
+  in (``sim.calibration.machine``, Note [allocator]).
 - each worker pinned to a core of its own, and each stage calibrated on its worker's core
   (``Setup(pin=True)``; ``gpipe.affinity``, Note [pinned workers]).
 - the pairs of tasks on the two cores measured in rounds between the steps (``PAIR_ROUNDS``; Note
-  [interleaved calibration] in ``sim.experiment``).
+  [interleaved calibration] in ``sim.calibration.experiment``).
 - a quiet machine: before each configuration the script waits (up to two minutes) until other
   processes use less than 0.15 cores, and a configuration during which they used more than 0.25
   cores is run again; each row records that load (``background``).
@@ -40,13 +40,13 @@ Three errors per row, each ``(predicted - measured) / measured``:
 - ``error``: the prediction from the median calibration against the step of median makespan, the
   comparison ``gpipe-sim demo`` shows (its per-task table is of that step).
 - ``paired``: each step against the prediction from the profiling pass right after it, the median over
-  steps (Note [paired error] in ``sim.outcome``).
+  steps (Note [paired error] in ``sim.calibration.outcome``).
 - ``trimmed``: the trimmed mean of the per-step predictions against that of the measured steps.
 
 Note [steady rows]: the speed of this shared machine has regimes that last seconds, and sometimes
 minutes: within one row the median step of the last half of its steps moved by up to 47% against
 that of the first half. A row measured while the machine moved that much says nothing about an 8%
-goal. So each attempt at a row is judged by its ``drift`` (Note [drift] in ``sim.outcome``): the
+goal. So each attempt at a row is judged by its ``drift`` (Note [drift] in ``sim.calibration.outcome``): the
 larger of how far its measured steps and how far its calibration passes moved between the first and
 the last half of the row, each against itself. The drift never looks at the prediction against the
 measurement, so the gate cannot pick an attempt for its error. An attempt is kept when its drift is
@@ -68,13 +68,13 @@ falls as the square root of the steps. The steps were the smaller part of a row'
 of one micro-batch took 300 s for 36 s of steps, the rest mostly profiling passes that timed runs the
 recording executor never runs (a plain forward and backward) and pair rounds a schedule of one
 micro-batch never needs. Without those (:func:`gpipe.profile.time_recorded`; Note [interleaved
-calibration] in sim.experiment) a pass costs less than half, and the time buys 1.5 times the ``conv``
+calibration] in sim.calibration.experiment) a pass costs less than half, and the time buys 1.5 times the ``conv``
 steps and twice the ``mlp`` steps, with as many timed runs per pass as half the micro-batches (Note
 [pass repeats] there): rows of 8 and 16 micro-batches, whose one-run passes varied twice as much as
 their steps, had the largest noise.
 
 Note [trimmed means]: this machine's speed has regimes that last seconds (``halves``: the median
-step of the second half of a row against that of the first, Note [drift] in ``sim.outcome``), so a
+step of the second half of a row against that of the first, Note [drift] in ``sim.calibration.outcome``), so a
 row's steps, and its calibration passes, fall in two or three clusters. The median of such a sample
 jumps between clusters with one sample more or less, and the median step and the median calibration
 can land in different clusters although each step agrees with the pass after it. The means of the
@@ -85,7 +85,7 @@ hit. Each row also keeps every step's measured and predicted makespan (``step_ms
 
 Note [row noise]: how much of a row's error is the machine's. The row's recorded steps are cut into
 ``BLOCKS`` runs of consecutive steps, each predicted from its own profiling passes and pair rounds
-(:meth:`sim.outcome.Outcome.block_errors`, Note [block errors] there), and ``noise`` is the
+(:meth:`sim.calibration.outcome.Outcome.block_errors`, Note [block errors] there), and ``noise`` is the
 standard error of the mean of the block errors, ``stdev / sqrt(BLOCKS)``: what measuring the row
 again, calibration and steps together, would move its error by. A row whose error is within about
 two ``noise`` of zero does not show a fault of the simulator at that sample size.
@@ -116,9 +116,9 @@ from torch import nn  # noqa: E402
 
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint  # noqa: E402
-from sim.experiment import Setup, microbatch_sizes, run  # noqa: E402
-from sim.machine import BackgroundLoad, cpu_count, keep_freed_memory  # noqa: E402
-from sim.outcome import DRIFT_LIMIT, Outcome, halves  # noqa: E402
+from sim.calibration.experiment import Setup, microbatch_sizes, run  # noqa: E402
+from sim.calibration.machine import BackgroundLoad, cpu_count, keep_freed_memory  # noqa: E402
+from sim.calibration.outcome import DRIFT_LIMIT, Outcome, halves  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fidelity.json"
 CHUNKS = (1, 2, 4, 8, 16)
@@ -151,13 +151,15 @@ def mlp_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
 
 MODELS = {"conv": conv_model, "mlp": mlp_model}
 #: measured steps per configuration, by model: enough samples of this noisy machine for a stable median (Note
-#: [median step] in sim.experiment; Note [trimmed means], Note [row noise]); with 15, one ``conv`` row moved from
+#: [median step] in sim.calibration.experiment; Note [trimmed means], Note [row noise]); with 15, one ``conv`` row
+#: moved from
 #: -31.8% to -7.6% between two runs, and with 41 and 61 the standard error of a row's error over five blocks of
 #: its steps was still 3.3-3.5% on average. Note [sample budget] says why these and what they cost.
 STEPS = {"conv": 61, "mlp": 121}
 #: rounds of pair measurements per configuration, spread over the steps (Note [interleaved calibration] in
-#: sim.experiment), at least two per block (Note [row noise]): ``mlp``'s pairs are the largest term of its
-#: prediction (Note [pair rounds] in sim.pairs); ``conv``'s slow each other by about a tenth, but one round (a run or
+#: sim.calibration.experiment), at least two per block (Note [row noise]): ``mlp``'s pairs are the largest term of its
+#: prediction (Note [pair rounds] in sim.calibration.pairs); ``conv``'s slow each other by about a tenth, but one
+#: round (a run or
 #: two of each task) gives a slowdown with a standard deviation of 0.2, so five rounds could put a row of many
 #: micro-batches, where the stages overlap most, 10% off
 PAIR_ROUNDS = {"conv": 10, "mlp": 25}
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     spread = statistics.median(r["measured_spread"] for r in rows)
     mean_halves = statistics.mean(abs(r["halves"]) for r in rows)
     print(f"median spread of the measured steps themselves (max - min) / median: {spread:.1%}")
-    print(f"the measurement against itself (Note [drift] in sim.outcome): mean |halves| {mean_halves:.2%}, "
+    print(f"the measurement against itself (Note [drift] in sim.calibration.outcome): mean |halves| {mean_halves:.2%}, "
           f"max {max(abs(r['halves']) for r in rows):.2%}")
     noises = [r["noise"] for r in rows if r["noise"] is not None]
     noise = statistics.mean(noises) if noises else None

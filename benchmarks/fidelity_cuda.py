@@ -1,8 +1,8 @@
 """How well the simulator predicts the executor on a GPU: predicted against measured makespan, CUDA devices.
 
-The same experiment as ``benchmarks/fidelity.py`` (:func:`sim.experiment.run`), on CUDA devices: two
+The same experiment as ``benchmarks/fidelity.py`` (:func:`sim.calibration.experiment.run`), on CUDA devices: two
 partitions on the GPUs there are (both on ``cuda:0`` when it is alone, then they issue to one stream:
-``SimConfig.shared_streams``), every CUDA device asynchronous (``sim.engine``, Note [asynchronous devices]).
+``SimConfig.shared_streams``), every CUDA device asynchronous (``sim.core.engine``, Note [asynchronous devices]).
 The grid::
 
     model       wide: 8 x (Linear(4096), ReLU), batch 512, where the kernels outlast the host's work
@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint  # noqa: E402
-from sim.experiment import Setup, run  # noqa: E402
+from sim.calibration.experiment import Setup, run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity import mlp_model  # noqa: E402

@@ -1,12 +1,13 @@
 """Do pair slowdowns depend on how they are measured? Three probes of the same pairs of tasks.
 
-The simulator's pairwise sharing (Note [pairwise contention] in ``sim.engine``) gives each pair of task kinds one
+The simulator's pairwise sharing (Note [pairwise contention] in ``sim.core.engine``) gives each pair of task kinds one
 slowdown ``c``: a task runs at ``1 / (1 + c)`` of its speed while the other one runs. On two CPU cores the pairs of
 fidelity.py's ``mlp`` (64 x (Linear(64, 64), ReLU), balance 66/62, micro-batches of 8) are mostly Python's global
 interpreter lock changing hands. This script measures the same pairs three ways, on the same partitions, each
 against its own runs alone:
 
-- ``looped``: :class:`sim.pairs.PairMeter`, what the calibration uses: both tasks back to back on two threads for a
+- ``looped``: :class:`sim.calibration.pairs.PairMeter`, what the calibration uses: both tasks back to back on two
+threads for a
   window, each one's rate its time alone over its time together, averaged over both ways round.
 - ``one-shot``: each task once, both started together, as a pipeline starts them; each one's rate is
   ``(alone - time it ran alone) / time they overlapped``, exactly what processor sharing would need; the median
@@ -19,7 +20,8 @@ If the probes agree, what the simulator gets wrong about overlapping tasks is no
 what one constant per pair can say (docs/benchmarks.md, Fidelity).
 
 Threads: ``OMP_NUM_THREADS=1`` before torch loads and ``torch.set_num_threads(1)``, on purpose: two threads on
-two cores, each pinned to one (:func:`sim.machine.worker_affinity`), at the executor's switch interval (1 ms).
+two cores, each pinned to one (:func:`sim.calibration.machine.worker_affinity`), at the executor's switch interval
+(1 ms).
 
 Run: ``.venv/bin/python benchmarks/pair_probes.py`` (under a minute); writes ``benchmarks/results/pair_probes.json``.
 """
@@ -48,8 +50,8 @@ import torch  # noqa: E402
 from gpipe.affinity import Cores, pinned  # noqa: E402
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, switch_interval  # noqa: E402
 from gpipe.saved import SavedBytes  # noqa: E402
-from sim.machine import keep_freed_memory, worker_affinity  # noqa: E402
-from sim.pairs import Graphs, PairMeter, median_pairs  # noqa: E402
+from sim.calibration.machine import keep_freed_memory, worker_affinity  # noqa: E402
+from sim.calibration.pairs import Graphs, PairMeter, median_pairs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity import BATCH, mlp_model  # noqa: E402

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.flops import count_layers  # noqa: E402
-from sim.hardware import get_device  # noqa: E402
-from sim.models import get_model  # noqa: E402
-from sim.plan import default_training, plan  # noqa: E402
+from sim.planning.flops import count_layers  # noqa: E402
+from sim.planning.hardware import get_device  # noqa: E402
+from sim.planning.models import get_model  # noqa: E402
+from sim.planning.plan import default_training, plan  # noqa: E402
 
 GOAL_SECONDS = 10.0
 

@@ -2,8 +2,8 @@
 
 Speed. torchgpipe (Kim et al., 2020; ``benchmarks/resnet101-speed``) trains ResNet-101 on fake
 3x224x224 images for epochs of 50,000 samples on 8 Tesla P40s (PyTorch 1.3, CUDA 10.1) and reports
-throughput. Here every experiment is predicted from FLOP and byte counts (:mod:`sim.flops`) divided by
-the catalog's P40 (:mod:`sim.hardware`), simulated (:mod:`sim.engine`) with the same batch, chunks,
+throughput. Here every experiment is predicted from FLOP and byte counts (:mod:`sim.planning.flops`) divided by
+the catalog's P40 (:mod:`sim.planning.hardware`), simulated (:mod:`sim.core.engine`) with the same batch, chunks,
 balance and checkpointing (``except_last``, torchgpipe's default, which the benchmark keeps), over
 PCIe 3.0 x16, with plain SGD. Calibration: ONE device parameter, the P40's efficiency, is solved so
 that the single-GPU baseline matches its 95.862 samples/s; the pipeline speed-ups are then
@@ -14,7 +14,7 @@ batches and a smaller last one, each split by ``torch.chunk`` semantics (chunks 
 Two diagnostics are printed beside the prediction, neither fitted: the prediction at the balance the
 model itself finds best (the published balances were tuned on P40s, see Note [what the errors say]),
 and the errors under other values of the model's a-priori assumptions (datasheet bandwidth instead of
-Note [one efficiency] of :mod:`sim.costs_from_flops`; a fixed kernel cost of 0 or 10 microseconds
+Note [one efficiency] of :mod:`sim.planning.costs_from_flops`; a fixed kernel cost of 0 or 10 microseconds
 instead of 5), so the reader sees how much each assumption moves the answer.
 
 Note [what the errors say]: with the published balances the model predicts pipeline-2 and pipeline-4
@@ -40,12 +40,12 @@ Note [what the errors say]: with the published balances the model predicts pipel
   pipeline-4 within about 2%: its throughput physics (micro-batch size, recompute, bubble, copies) holds,
   and its share of time per layer does not quite: the early, high-resolution layers cost more on a
   P40, relative to the late ones, than FLOPs and bytes through one roofline say. Two corrections with
-  a physical cause are in the counts (:mod:`sim.operators`, Note [one operator, several kernels]: batch
+  a physical cause are in the counts (:mod:`sim.planning.operators`, Note [one operator, several kernels]: batch
   norm's second pass over its input, convolution backward as its separate kernels); they moved
   pipeline-2 from -6.3% to -4.5% and pipeline-4 from -8.1% to -6.3%. What is left depends on the shape
   of each cuDNN kernel (its algorithm, Winograd or implicit GEMM, which the benchmark let cuDNN's
   heuristics pick; the efficiency of narrow 64-channel GEMMs; L2 hits on the small late-layer tensors
-  at small micro-batches), which a FLOP count cannot see; :mod:`sim.calibrate` measures it.
+  at small micro-batches), which a FLOP count cannot see; :mod:`sim.calibration.calibrate` measures it.
 - pipeline-8 falls short of what the model can explain: the published 4.294x is 72% of the 6x that eight
   perfectly balanced checkpointed stages could reach (8 x (F + B) / (F + R + B) = 8 x 3/4), the model
   predicts 77% at the published balance and 89% at its own. Nothing in the model grows with the number
@@ -80,13 +80,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpipe.schedule import gpipe  # noqa: E402
-from sim.costs_from_flops import FlopCosts, training_policy  # noqa: E402
-from sim.engine import SimConfig, simulate  # noqa: E402
-from sim.flops import ModelProfile, count_layers  # noqa: E402
-from sim.hardware import DeviceSpec, get_device, get_link  # noqa: E402
-from sim.models.gpt import CONFIGS, gpt, gpt_sample  # noqa: E402
-from sim.models.resnet import resnet101, resnet_sample  # noqa: E402
-from sim.plan import block_partition  # noqa: E402
+from sim.core.engine import SimConfig, simulate  # noqa: E402
+from sim.planning.costs_from_flops import FlopCosts, training_policy  # noqa: E402
+from sim.planning.flops import ModelProfile, count_layers  # noqa: E402
+from sim.planning.hardware import DeviceSpec, get_device, get_link  # noqa: E402
+from sim.planning.models.gpt import CONFIGS, gpt, gpt_sample  # noqa: E402
+from sim.planning.models.resnet import resnet101, resnet_sample  # noqa: E402
+from sim.planning.plan import block_partition  # noqa: E402
 
 DATASET = 50_000  # samples per epoch in torchgpipe's benchmark
 BASELINE = 95.862  # samples/s, one P40, batch 118, no pipeline

@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import simpy  # noqa: E402
 
 from gpipe.schedule import Schedule, checkpointed, gpipe  # noqa: E402
-from sim.cost import CostModel  # noqa: E402
-from sim.engine import SimConfig, _Run, simulate  # noqa: E402
-from sim.hardware import get_link  # noqa: E402
+from sim.core.cost import CostModel  # noqa: E402
+from sim.core.engine import SimConfig, _Run, simulate  # noqa: E402
+from sim.planning.hardware import get_link  # noqa: E402
 
 MiB = 2**20
 STAGES = (4, 16, 64)

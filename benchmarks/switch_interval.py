@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from gpipe import GPipe  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
-from sim.machine import keep_freed_memory, worker_affinity  # noqa: E402
+from sim.calibration.machine import keep_freed_memory, worker_affinity  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity import conv_model, mlp_model  # noqa: E402

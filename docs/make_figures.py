@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
 from gpipe.plot import plot_side_by_side, plot_timeline  # noqa: E402
 from gpipe.schedule import Checkpoint, Schedule, gpipe, one_f_one_b  # noqa: E402
 from gpipe.timeline import Timeline  # noqa: E402
-from sim.cost import CostModel  # noqa: E402
+from sim.core.cost import CostModel  # noqa: E402
 
 __all__ = ["FIGURES", "README_FIGURE", "build", "figure", "fragments", "main", "readme_figure"]
 
@@ -63,9 +63,9 @@ def figure(name: str) -> Callable[[Callable[[Path], None]], Callable[[Path], Non
 
 
 def simulate(schedule: Schedule, cost: CostModel, **config: Any) -> Timeline:
-    """:func:`sim.engine.simulate` with ``SimConfig(**config)``."""
-    from sim.engine import SimConfig
-    from sim.engine import simulate as run
+    """:func:`sim.core.engine.simulate` with ``SimConfig(**config)``."""
+    from sim.core.engine import SimConfig
+    from sim.core.engine import simulate as run
 
     return run(schedule, cost, config=SimConfig(**config))
 
@@ -228,7 +228,7 @@ LINK_NAMES = ("nvlink2", "pcie5-x16", "pcie4-x16", "pcie3-x16", "ethernet-100g")
 def _copy_latency(path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    from sim.hardware import get_link
+    from sim.planning.hardware import get_link
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     copies = [k * 0.25e-3 for k in range(0, 13)]
@@ -276,7 +276,7 @@ def _fork_join(path: Path) -> None:
 
 @figure("skip_portals.png")
 def _skip_portals(path: Path) -> None:
-    from sim.ablation import UNET
+    from sim.planning.ablation import UNET
 
     sched = gpipe(UNET.chunks, UNET.devices, UNET.checkpoint)
     tls = [simulate(sched, UNET.cost(portals=p), link=UNET.link) for p in (False, True)]
@@ -307,7 +307,7 @@ def _onefoneb(path: Path) -> None:
 
 @figure("overheads.png")
 def _overheads(path: Path) -> None:
-    from sim.cost import Overheads
+    from sim.core.cost import Overheads
 
     ideal = teach_cost(n=2)
     real = ideal.with_overheads(Overheads(task=0.2e-3, handoff=0.3e-3, contention=0.5))
@@ -367,10 +367,10 @@ PLAN_EXAMPLE = {"model": "gpt:13b", "device": "a100-80gb", "batch": 512, "gpus":
 @functools.cache
 def _plan_example() -> Any:
     """The planner's answer for :data:`PLAN_EXAMPLE` (counted and swept once per process: a few seconds)."""
-    from sim.flops import count_layers
-    from sim.hardware import get_device
-    from sim.models import get_model
-    from sim.plan import default_training, plan
+    from sim.planning.flops import count_layers
+    from sim.planning.hardware import get_device
+    from sim.planning.models import get_model
+    from sim.planning.plan import default_training, plan
 
     ex = PLAN_EXAMPLE
     device = get_device(str(ex["device"]))
@@ -383,7 +383,7 @@ def _plan_example() -> Any:
 
 @figure("plan_memory.png")
 def _plan_memory(path: Path) -> None:
-    from sim.plan_plot import plot_memory
+    from sim.planning.plan_plot import plot_memory
 
     result = _plan_example()
     _save(plot_memory(result, result.best), path)
@@ -406,7 +406,7 @@ def _plan_fragments() -> dict[str, str]:
 def _ablation(path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    from sim.ablation import run
+    from sim.planning.ablation import run
 
     rows = run()
     labels = [r.step for r in rows]
@@ -580,7 +580,7 @@ def _cell(value: Any) -> str:
 
 
 def _ablation_fragments() -> dict[str, str]:
-    from sim.ablation import UNET, run
+    from sim.planning.ablation import UNET, run
 
     rows = run()
     table = _table(
@@ -604,7 +604,7 @@ def readme_figure(path: Path = README_FIGURE, *, measure: bool = True) -> str:
     """Draw the README's picture into ``path``; return what it shows (``"measured"`` or ``"simulated"``).
 
     With ``measure`` and the executor present, it runs what ``gpipe-sim demo`` runs
-    (:func:`sim.experiment.run` on :func:`sim.experiment.demo_model`) and keeps the demo's own picture,
+    (:func:`sim.calibration.experiment.run` on :func:`sim.calibration.experiment.demo_model`) and keeps the demo's own picture,
     predicted above measured. Otherwise it draws the simulator's timeline of the same schedule alone, from a
     teaching cost model.
     """
@@ -618,10 +618,10 @@ def readme_figure(path: Path = README_FIGURE, *, measure: bool = True) -> str:
     if measure:
         try:
             from gpipe import GPipe  # noqa: F401 (only: is the executor there?)
-            from sim.experiment import Setup, demo_model, run
-            from sim.outcome import write_outputs
+            from sim.calibration.experiment import Setup, demo_model, run
+            from sim.calibration.outcome import write_outputs
         except ImportError:
-            log.warning("the executor or sim.experiment is missing: drawing a simulated timeline only")
+            log.warning("the executor or sim.calibration.experiment is missing: drawing a simulated timeline only")
         else:
             model, batch = demo_model(0)
             outcome = run(model, batch, Setup(), description="demo")

@@ -13,7 +13,7 @@ at 5 ms. So while its workers run, :class:`gpipe.GPipe` sets the interval to ``s
 when they are done: the caller's code between the phases (the loss) runs with its own interval.
 
 The interval is the process's, not the thread's: overlapping users (two pipelines at once, the pair
-measurements of :mod:`sim.pairs`) share one setting, kept until the last of them leaves (the
+measurements of :mod:`sim.calibration.pairs`) share one setting, kept until the last of them leaves (the
 shortest interval asked for wins meanwhile).
 """
 

@@ -1,7 +1,7 @@
 """Measure blocks of layers: forward, backward and no-grad forward seconds, and the bytes each keeps and sends.
 
 One profiler serves both :func:`gpipe.balance.balance_by_time` (blocks are single layers) and
-``sim.calibrate`` (blocks are whole partitions). A sample flows through the blocks in order, block ``k``
+``sim.calibration.calibrate`` (blocks are whole partitions). A sample flows through the blocks in order, block ``k``
 receiving block ``k - 1``'s output, and each block is measured alone on a detached copy of its input::
 
     sample -> [block 0] -> y0 -> [block 1] -> y1 -> ...

@@ -8,7 +8,7 @@ earlier work is not billed to the block).
 Note [issue seconds]: on CUDA the host only launches kernels, and returns before they end; every run is
 also timed on the host, from the call to its return (``..._issue_seconds``). That is the host's share of
 a task, which an executor's worker cannot overlap with its next task, while the kernels' seconds can
-overlap the host's next work (``sim.engine``, Note [asynchronous devices]). Where the host sets the pace
+overlap the host's next work (``sim.core.engine``, Note [asynchronous devices]). Where the host sets the pace
 (many small kernels) the two are about equal; where the kernels do, the issue seconds are far smaller. On
 CPU the host runs the work itself, and the issue seconds equal the seconds.
 
@@ -85,7 +85,7 @@ def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
     """Only the seconds a recording executor's tasks take: :func:`gpipe.profile.profile_blocks` with ``recorded=True``
     less its plain (hook-free) forward and backward, which such an executor never runs; about half the
     cost, for sampling a machine between training steps (Note [interleaved calibration] in
-    ``sim.experiment``). The runs that remain run in the same order (Note [run order]): every no-grad
+    ``sim.calibration.experiment``). The runs that remain run in the same order (Note [run order]): every no-grad
     forward, then the recorded forwards and backwards. Bytes are not returned: they do not change from
     pass to pass (:func:`gpipe.profile_session.profile_sizes`).
 

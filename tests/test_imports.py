@@ -155,6 +155,24 @@ def test_sim_uses_only_public_gpipe_names() -> None:
     assert not found, "sim imports private names of gpipe:\n" + "\n".join(found)
 
 
+#: The simulator's layers (the docstring of :mod:`sim`): what each may import of sim; ``sim.files`` serves all.
+LAYERS = {
+    "sim.core": {"sim.core"},
+    "sim.planning": {"sim.core", "sim.planning"},
+    "sim.calibration": {"sim.core", "sim.calibration", "sim.files"},
+    "sim.cli": {"sim.core", "sim.planning", "sim.calibration", "sim.cli", "sim.files"},
+}
+
+
+def test_the_simulator_imports_only_the_layers_below_it() -> None:
+    def layer(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    arrows = sorted(f"{m} -> {t}" for m, targets in graph(ROOT).items() if layer(m) in LAYERS
+                    for t in targets if t.startswith("sim") and t != "sim" and layer(t) not in LAYERS[layer(m)])
+    assert not arrows, "a layer of sim imports one above it: " + ", ".join(arrows)
+
+
 # -- the reader itself, on small trees ----------------------------------------------------------------
 
 

@@ -68,8 +68,8 @@ end. Count the dots on one device: `2 (n - 1)` steps out of `2 (m + n - 1)`.""",
 The simulator needs a **cost model**: how long each task takes. `CostModel.uniform` gives every stage the same
 forward and backward time (seconds per micro-batch). Copies between devices are free here.""",
     """from gpipe.plot import plot_timeline
-from sim.cost import CostModel
-from sim.engine import simulate
+from sim.core.cost import CostModel
+from sim.core.engine import simulate
 
 m, n = 8, 4
 t_f, t_b = 1e-3, 2e-3
@@ -177,8 +177,8 @@ Per micro-batch and stage: forward 1 ms, backward 2 ms, 64 MiB kept for backward
 micro-batch is checkpointed, only its 8 MiB input (`checkpoint_bytes`). The recompute costs a forward.""",
     """from gpipe.plot import plot_timeline
 from gpipe.schedule import gpipe
-from sim.cost import CostModel
-from sim.engine import simulate
+from sim.core.cost import CostModel
+from sim.core.engine import simulate
 
 cost = CostModel.uniform(4, 1e-3, 2e-3, saved_bytes=64 * MiB, checkpoint_bytes=8 * MiB)
 runs = {policy: simulate(gpipe(8, 4, policy), cost) for policy in ("never", "except_last", "always")}
@@ -274,7 +274,7 @@ Between stages, activations travel forward and gradients come back. In this note
     """md:## The price of a copy
 
 A link copies `n` bytes in `latency + n / bandwidth` seconds. The hardware catalog has a few real ones.""",
-    """from sim.hardware import LINKS, get_link
+    """from sim.planning.hardware import LINKS, get_link
 
 for name, link in LINKS.items():
     print(f"{name:16} {link.latency * 1e6:5.0f} us  {link.bandwidth / 1e9:7.2f} GB/s   "
@@ -285,8 +285,8 @@ Four stages, 8 micro-batches, forward 1 ms, backward 2 ms, and every copy 0.5 ms
 `SimConfig(copy_streams=False)` puts each copy on the compute streams of both devices it joins.""",
     """from gpipe.plot import plot_side_by_side
 from gpipe.schedule import gpipe
-from sim.cost import CostModel
-from sim.engine import SimConfig, simulate
+from sim.core.cost import CostModel
+from sim.core.engine import SimConfig, simulate
 
 cost = CostModel.uniform(4, 1e-3, 2e-3, copy_seconds=0.5e-3)
 with_streams = simulate(gpipe(8, 4, "never"), cost)
@@ -340,7 +340,7 @@ shortest step?""",
 more often, and once a copy is longer than the compute it overlaps, the link dominates:
 
 ```python
-from sim.hardware import LinkSpec
+from sim.core.link import LinkSpec
 
 slow = LinkSpec("slow", latency=0.5e-3, bandwidth=10e9)
 for m in (1, 2, 4, 8, 16, 32, 64):
@@ -368,7 +368,7 @@ predict the same step with the simulator, and put the two timelines side by side
    each training step,
 2. **calibrate** a cost model: measure the model's partitions and the executor's own overheads on this machine,
 3. **simulate** the very schedule the executor ran, with those costs,
-4. **compare** prediction and measurement task by task (`sim.compare.compare`) and draw them on one time axis,
+4. **compare** prediction and measurement task by task (`sim.calibration.compare.compare`) and draw them on one time axis,
 5. change one thing, predict first, then measure.
 
 Your numbers will differ from anyone else's: they are your machine's. On a busy machine they also differ from run
@@ -439,10 +439,10 @@ returns, so it draws the same way.""",
 plot_timeline(measured, title=f"measured: makespan {measured.makespan * 1e3:.1f} ms");""",
     """md:## Calibrating a cost model
 
-The simulator needs to know how long each task takes. `sim.calibrate.calibrate` profiles each partition with a
+The simulator needs to know how long each task takes. `sim.calibration.calibrate.calibrate` profiles each partition with a
 micro-batch of the size the pipeline runs (forward, backward, recompute, and the bytes each keeps), with the same
 profiler that `gpipe.balance.balance_by_time` uses.""",
-    """from sim.calibrate import calibrate, calibrate_overheads
+    """from sim.calibration.calibrate import calibrate, calibrate_overheads
 
 microbatch = batch[: len(batch) // chunks]
 cost = calibrate(model, balance, microbatch)
@@ -466,8 +466,8 @@ calibrated = cost.with_overheads(overheads)""",
 The simulator gets the very schedule the executor ran. Both partitions live on the same CPU, so a hand-off moves no
 bytes: no link (`SimConfig(link=None)`). We simulate twice: the *ideal* pipeline (kernels only) and the
 *calibrated* one (kernels and overheads).""",
-    """from sim.compare import compare
-from sim.engine import SimConfig, simulate
+    """from sim.calibration.compare import compare
+from sim.core.engine import SimConfig, simulate
 
 config = SimConfig(link=None)
 ideal = simulate(pipe.schedule, cost, config)
@@ -606,7 +606,7 @@ ABLATION = [
 
 torchgpipe's paper adds its components one at a time to a U-Net on 4 GPUs with chunks 8: fork/join (the
 *dependency*), copy *streams* and *portals* for the skip connections, and reports throughput and GPU utilisation
-after each. `sim.ablation` reproduces the experiment in the simulator, with U-Net-*like* costs (assumptions, not
+after each. `sim.planning.ablation` reproduces the experiment in the simulator, with U-Net-*like* costs (assumptions, not
 measurements: read the module's note). In this notebook you will
 
 1. run the ablation and set it beside the published figures,
@@ -615,7 +615,7 @@ measurements: read the module's note). In this notebook you will
     setup(pyplot=False),
     """from IPython.display import Markdown, display
 
-from sim.ablation import STEPS, UNET, run, simulate_step
+from sim.planning.ablation import STEPS, UNET, run, simulate_step
 
 display(Markdown(UNET.describe()))
 print(f"{'step':14} {'simulated':>10} {'published':>10} {'util sim':>9} {'util paper':>11}")
@@ -641,7 +641,7 @@ plot_side_by_side(timelines, titles=titles, labels=False);""",
 `UNET` is a frozen dataclass; `dataclasses.replace` gives a changed copy, and `run(setup)` simulates it.""",
     """from dataclasses import replace
 
-from sim.hardware import get_link
+from sim.planning.hardware import get_link
 
 
 def show(setup, title):
@@ -713,10 +713,10 @@ them by a device of the hardware catalog, and simulates every configuration. In 
 model on meta tensors and records, per layer, the FLOPs and bytes of forward and backward, the activation sizes and
 the parameters. The training policy says in which precision (mixed bf16 with Adam here: 16 bytes of model state per
 parameter).""",
-    """from sim.flops import count_layers
-from sim.hardware import get_device
-from sim.models import get_model
-from sim.plan import default_training, plan
+    """from sim.planning.flops import count_layers
+from sim.planning.hardware import get_device
+from sim.planning.models import get_model
+from sim.planning.plan import default_training, plan
 
 gpu = get_device("h100-sxm")
 training = default_training(gpu)
@@ -743,7 +743,7 @@ def table(result, top=8):
 
 print(f"{len(result.rows)} configurations on {result.device} over {result.link}; the fastest that fit:")
 table(result)""",
-    """from sim.plan_plot import plot_throughput
+    """from sim.planning.plan_plot import plot_throughput
 
 plot_throughput(result);""",
     """md:For a 1.3-billion-parameter model on H100s the answer is no pipeline at all: the model fits on one GPU, so
@@ -762,7 +762,7 @@ table(result13)
 best = result13.best
 print(f"best: {best.gpus} GPUs as {best.stages} stages x {best.replicas} replicas, {best.chunks} chunks, "
       f"{best.schedule}, checkpoint {best.checkpoint}: {best.throughput:.2f} samples/s")""",
-    """from sim.plan_plot import plot_memory
+    """from sim.planning.plan_plot import plot_memory
 
 plot_memory(result13, best);""",
     """md:## Exercises

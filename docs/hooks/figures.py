@@ -60,14 +60,24 @@ PACKAGES = ("gpipe", "sim")
 
 def reference_modules(root: Path = ROOT) -> list[str]:
     """The dotted names of the public modules of :data:`PACKAGES`: each ``pkg/name.py`` and each subpackage
-    ``pkg/name/`` whose name does not start with ``_`` (a subpackage's own modules are documented through it)."""
-    names = []
-    for package in PACKAGES:
-        folder = root / package
-        children = [p.stem for p in folder.glob("*.py")]
+    ``pkg/name/`` whose name does not start with ``_``. A subpackage with an ``__all__`` is one page (its
+    modules are documented through it); one without, a layer such as ``sim.core``, gives each of its modules
+    a page instead."""
+    def under(folder: Path, dotted: str) -> list[str]:
+        children = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
         children += [p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").is_file()]
-        names += [f"{package}.{c}" for c in sorted(set(children)) if not c.startswith("_")]
-    return names
+        names = []
+        for child in sorted(set(children)):
+            if child.startswith("_"):
+                continue
+            init = folder / child / "__init__.py"
+            if init.is_file() and "__all__" not in init.read_text(encoding="utf-8"):
+                names += under(folder / child, f"{dotted}.{child}")
+            else:
+                names.append(f"{dotted}.{child}")
+        return names
+
+    return [name for package in PACKAGES for name in under(root / package, package)]
 
 
 def module_summary(module: str, root: Path = ROOT) -> str:

@@ -32,7 +32,7 @@ A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`
     @register("my-schedule", "what it does, in one line", constraints="what it needs, in one line")
     def my_schedule(m, n, checkpoint="never", placement=None) -> Schedule: ...
 
-and ``GPipe(..., schedule="my-schedule")``, :func:`sim.plan.plan` and ``gpipe-sim simulate --schedule
+and ``GPipe(..., schedule="my-schedule")``, :func:`sim.planning.plan.plan` and ``gpipe-sim simulate --schedule
 my-schedule`` run it.
 """
 

@@ -19,7 +19,7 @@ def collector_paused() -> Iterator[None]:
     spans, events); the collector would rescan them again and again, which costs more than building
     them (three times as long for ``gpipe(16384, 64)``). Reference counting still frees everything;
     the collector is restored (if it was on) when the block ends. The schedule generators and
-    :func:`sim.engine.simulate` run inside it.
+    :func:`sim.core.engine.simulate` run inside it.
 
     When the block leaves more than ``_YOUNG_LIMIT`` new objects, they go straight to the oldest
     generation (``gc.freeze()`` then ``gc.unfreeze()``, both documented to move objects between whole

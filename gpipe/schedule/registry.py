@@ -11,7 +11,7 @@ what it does and one that says what it needs::
         ...
         return Schedule(m, n, checkpoint, placement, tasks, name="my-schedule")
 
-Then ``GPipe(..., schedule="my-schedule")``, ``sim.plan.plan(..., schedules=["my-schedule"])`` and
+Then ``GPipe(..., schedule="my-schedule")``, ``sim.planning.plan.plan(..., schedules=["my-schedule"])`` and
 ``gpipe-sim simulate --schedule my-schedule`` run it. :func:`unregister` takes a name back out (a test
 registers a schedule for its own run only).
 

@@ -7,7 +7,7 @@ importable from the current directory, or a path to a ``.py`` file::
     gpipe-sim compare mypackage.models:build --chunks 8 --balance 3,5 --devices cpu,cpu
     gpipe-sim compare examples/tiny.py:build --json
 
-The same pipeline as ``gpipe-sim demo`` (:func:`sim.experiment.run`): balance (unless ``--balance``),
+The same pipeline as ``gpipe-sim demo`` (:func:`sim.calibration.experiment.run`): balance (unless ``--balance``),
 calibrate, simulate, run the executor for ``--steps`` steps, compare, write the files.
 """
 
@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from sim.calibration.experiment import Batch, Setup
+from sim.calibration.machine import default_devices
 from sim.cli import CommandError
 from sim.cli.demo import add_common_options, check_common, execute
 from sim.cli.options import integer
 from sim.cli.user_code import Target, blame, call, load_target
-from sim.experiment import Batch, Setup
-from sim.machine import default_devices
 
 __all__ = ["add_parser", "load", "run"]
 

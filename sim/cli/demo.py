@@ -9,7 +9,7 @@ compare the step of median makespan with the prediction::
     gpipe-sim demo --verbose             # and what calibration found: overheads, worker threads, contention
     gpipe-sim demo --chunks 8 --checkpoint always --json
 
-The pipeline itself is :func:`sim.experiment.run`; ``gpipe-sim compare`` runs it on a user's model.
+The pipeline itself is :func:`sim.calibration.experiment.run`; ``gpipe-sim compare`` runs it on a user's model.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
+from sim.calibration.experiment import Batch, Setup, demo_model, progress_labels, run  # noqa: E402
+from sim.calibration.machine import keep_freed_memory  # noqa: E402
+from sim.calibration.outcome import DRIFT_LIMIT, OUTPUT_FILES, Outcome, write_outputs  # noqa: E402
 from sim.cli import CommandError  # noqa: E402
 from sim.cli.options import add_out, integer, output_folder, seed  # noqa: E402
-from sim.experiment import Batch, Setup, demo_model, progress_labels, run  # noqa: E402
 from sim.files import OutputFolder, json_text  # noqa: E402
-from sim.machine import keep_freed_memory  # noqa: E402
-from sim.outcome import DRIFT_LIMIT, OUTPUT_FILES, Outcome, write_outputs  # noqa: E402
 
 __all__ = ["add_common_options", "add_parser", "execute", "run_command"]
 
@@ -95,7 +95,7 @@ def execute(model: nn.Sequential, batch: Batch, setup: Setup, args: argparse.Nam
     if setup.chunks > size:
         raise CommandError(f"--chunks {setup.chunks} is more than the {size} samples of the mini-batch: every "
                            "micro-batch needs at least one")
-    keep_freed_memory()  # sim.machine, Note [allocator]
+    keep_freed_memory()  # sim.calibration.machine, Note [allocator]
     labels = progress_labels(setup)
     with tqdm(total=len(labels), desc="starting", unit="step", file=sys.stderr, leave=False,
               disable=args.no_progress, bar_format="{desc:<18}{bar}| {n_fmt}/{total_fmt} [{elapsed}]") as bar:
@@ -131,7 +131,7 @@ def print_outcome(outcome: Outcome, files: dict[str, str], *, verbose: bool = Fa
           + ("" if verbose else "; --verbose prints them") + ")" + paired)
     if outcome.drift is not None and abs(outcome.drift) > DRIFT_LIMIT:
         print(f"note: the machine changed speed by {outcome.drift:+.0%} between the first and the last half of the "
-              "steps (Note [drift] in sim.outcome); an error of that size may be the machine's, not the "
+              "steps (Note [drift] in sim.calibration.outcome); an error of that size may be the machine's, not the "
               "simulator's: run again on a quieter machine or with more --steps")
     if outcome.background_cores is not None and outcome.background_cores > 0.2:
         print(f"note: other processes kept {outcome.background_cores:.1f} cores busy while the steps were "
@@ -155,10 +155,11 @@ def print_internals(outcome: Outcome) -> None:
           + ("+ the recorder's hooks measured on each stage (recorded forward and backward)" if measured_hooks else
              f"+ {o.per_saved_tensor * 1e6:.2f} us per saved tensor (and {o.per_unpacked_tensor * 1e6:.2f} us to "
              "unpack it in the backward)"))
-    print("each stage's worker threads (sim.extras; grad-enabled forward / no-grad forward / backward, first task "
-          "of a phase): " + "; ".join(f"stage {j} {st.host_forward * 1e6:.0f} / {st.host_nograd * 1e6:.0f} / "
-                                      f"{st.host_backward * 1e6:.0f} us, +{st.thread_start * 1e6:.0f} us"
-                                      for j, st in enumerate(outcome.cost.stages)))
+    threads = "; ".join(f"stage {j} {st.host_forward * 1e6:.0f} / {st.host_nograd * 1e6:.0f} / "
+                        f"{st.host_backward * 1e6:.0f} us, +{st.thread_start * 1e6:.0f} us"
+                        for j, st in enumerate(outcome.cost.stages))
+    print("each stage's worker threads (sim.calibration.extras; grad-enabled forward / no-grad forward / backward, "
+          f"first task of a phase): {threads}")
     if o.pairs:
         print("contention of pairs running together (task kind@stage beside kind@stage: slowdown): "
               + ", ".join(f"{a}@{j}|{b}@{k} {1 + c:.2f}x" for a, j, b, k, c in o.pairs))

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from sim.files import json_text
-from sim.hardware import DEVICES, LINKS
+from sim.planning.hardware import DEVICES, LINKS
 
 __all__ = ["add_parser", "run"]
 
@@ -17,7 +17,7 @@ def add_parser(subparsers: Any) -> None:
     """Register ``hardware`` on the ``gpipe-sim`` subcommand parser."""
     p = subparsers.add_parser("hardware", help="list the hardware catalog (devices and links)",
                               description="List the catalog of devices and links the simulator prices with; "
-                                          "every figure's public source is beside it in sim/hardware.py.")
+                                          "every figure's public source is beside it in sim/planning/hardware.py.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     p.set_defaults(func=run)
 

@@ -26,12 +26,12 @@ from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
 from sim.cli import CommandError
 from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedules_help
 from sim.cli.user_code import Target, blame, call, load_target
-from sim.costs_from_flops import training_policy
 from sim.files import json_text
-from sim.flops import ModelProfile, count_layers
-from sim.hardware import get_device
-from sim.models import get_model
-from sim.plan import Plan, PlanRow, check_request, default_training, plan, resolve_link
+from sim.planning.costs_from_flops import training_policy
+from sim.planning.flops import ModelProfile, count_layers
+from sim.planning.hardware import get_device
+from sim.planning.models import get_model
+from sim.planning.plan import Plan, PlanRow, check_request, default_training, plan, resolve_link
 
 __all__ = ["add_parser", "load_model", "run"]
 
@@ -84,7 +84,7 @@ def _ints(flag: str, text: str) -> list[int]:
         raise CommandError(f"{flag} takes comma-separated integers, got {text!r}") from None
     if not values:
         raise CommandError(f"{flag} needs at least one value")
-    for v in values:  # the lower bounds are sim.plan.check_request's
+    for v in values:  # the lower bounds are sim.planning.plan.check_request's
         integer(flag, v, -MAX_INT - 1)
     return values
 
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
                   objective=args.objective, model_name=name,
                   progress=not args.no_progress and sys.stderr.isatty())
     if out is not None:
-        from sim.plan_plot import plot_memory, plot_throughput
+        from sim.planning.plan_plot import plot_memory, plot_throughput
 
         written = out.write_json("plan.json", result.to_dict(), indent=1)
         out.write_with("throughput.png", lambda path: plot_throughput(result, path))

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from sim.ablation import PUBLISHED, STEPS, UNET, UNetSetup, run, simulate_step
+from sim.planning.ablation import PUBLISHED, STEPS, UNET, UNetSetup, run, simulate_step
 
 
 def test_each_step_improves_throughput_and_utilisation() -> None:

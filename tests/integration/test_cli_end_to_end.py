@@ -96,7 +96,8 @@ def build():
 @pytest.mark.slow
 def test_compare_runs_a_model_without_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    """Nothing to train but the input (Note [nothing else to train] in sim.experiment): it calibrates and compares."""
+    """Nothing to train but the input (Note [nothing else to train] in sim.calibration.experiment): it calibrates
+    and compares."""
     out = _compare(tmp_path, monkeypatch, "activations", ACTIVATIONS_ONLY, "--balance", "2,2", "--steps", "1")
     lines = capsys.readouterr().out.splitlines()  # the default output (issue 21): short, no internals
     assert len(lines) <= 25 and "makespan (ms)" in "\n".join(lines) and "calibrated overheads" not in "\n".join(lines)

@@ -1,6 +1,6 @@
 """What the simulator knows about the executor, and how calibration learns it.
 
-Exact timelines for the executor's costs in :mod:`sim.engine` (the two phases, the gap between a
+Exact timelines for the executor's costs in :mod:`sim.core.engine` (the two phases, the gap between a
 worker's tasks, the host costs of recording, measured pairwise contention), then the calibration
 functions that measure them on this machine, the executor included.
 """
@@ -16,11 +16,11 @@ from torch import nn
 
 from gpipe.schedule import Op, ScheduleError, Task, gpipe, one_f_one_b
 from gpipe.timeline import Timeline
-from sim.calibrate import _Scale, calibrate, calibrate_executor_overheads
-from sim.cost import CostModel, Overheads, StageCost
-from sim.engine import SimConfig, simulate
-from sim.extras import measure_stage_extras
-from sim.primitives import count_saved_tensors, measure_saved_tensor_cost
+from sim.calibration.calibrate import _Scale, calibrate, calibrate_executor_overheads
+from sim.calibration.extras import measure_stage_extras
+from sim.calibration.primitives import count_saved_tensors, measure_saved_tensor_cost
+from sim.core.cost import CostModel, Overheads, StageCost
+from sim.core.engine import SimConfig, simulate
 
 TWO_PHASES = SimConfig(backward_after_forward=True)
 

@@ -17,9 +17,9 @@ from torch import nn
 from gpipe import GPipe
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, gpipe
 from gpipe.timeline import Timeline
-from sim.engine import simulate
-from sim.experiment import Setup, demo_model, loss_of, run, stage_costs
-from sim.outcome import Outcome
+from sim.calibration.experiment import Setup, demo_model, loss_of, run, stage_costs
+from sim.calibration.outcome import Outcome
+from sim.core.engine import simulate
 
 EPSILON = 1e-6  # seconds: host clocks of two threads, read in order, may tie
 MAKESPAN_TOLERANCE = 0.5  # a noisy shared machine; the benchmark, not the test, reports the accuracy

@@ -33,11 +33,11 @@ from gpipe.schedule import (
     unregister,
 )
 from sim.cli import main
-from sim.cost import CostModel
-from sim.engine import SimConfig, simulate
-from sim.flops import count_layers
-from sim.hardware import DeviceSpec
-from sim.plan import plan
+from sim.core.cost import CostModel
+from sim.core.engine import SimConfig, simulate
+from sim.planning.flops import count_layers
+from sim.planning.hardware import DeviceSpec
+from sim.planning.plan import plan
 from tests.gpipe.models import dropnet, mlp, skipnet
 
 NAME = "forward-order"

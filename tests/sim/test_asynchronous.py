@@ -1,4 +1,4 @@
-"""Asynchronous devices and shared streams in the simulator (sim.engine, Note [asynchronous devices]).
+"""Asynchronous devices and shared streams in the simulator (sim.core.engine, Note [asynchronous devices]).
 
 Closed forms: with kernels longer than the host's work the host hides behind them; with the host slower,
 the stream waits for it; with no host costs at all, an asynchronous device is a synchronous one.
@@ -12,8 +12,8 @@ import pytest
 
 from gpipe.schedule import Op, Task, gpipe, one_f_one_b
 from gpipe.timeline import Timeline
-from sim.cost import CostModel, Overheads, StageCost
-from sim.engine import SimConfig, simulate
+from sim.core.cost import CostModel, Overheads, StageCost
+from sim.core.engine import SimConfig, simulate
 
 ALL = frozenset(range(4))
 
@@ -109,7 +109,7 @@ def test_bad_configs_are_refused() -> None:
 
 
 def test_executor_config_marks_cuda_devices_and_shared_gpus() -> None:
-    from sim.experiment import executor_config
+    from sim.calibration.experiment import executor_config
 
     assert executor_config(["cpu", "cpu"]) == SimConfig(backward_after_forward=True)
     one = executor_config(["cuda:0", "cuda:1"])

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from sim.calibrate import calibrate, calibrate_overheads, partitions_of
-from sim.cost import CostModel, Overheads, StageCost
-from sim.primitives import measure_contention, measure_handoff, measure_task_overhead
+from sim.calibration.calibrate import calibrate, calibrate_overheads, partitions_of
+from sim.calibration.primitives import measure_contention, measure_handoff, measure_task_overhead
+from sim.core.cost import CostModel, Overheads, StageCost
 
 F32 = 4  # bytes per float32
 BATCH = 4
@@ -70,7 +70,7 @@ def test_calibration_leaves_the_model_alone() -> None:
 
 def test_the_simulator_accepts_the_calibrated_model() -> None:
     from gpipe.schedule import gpipe
-    from sim.engine import simulate
+    from sim.core.engine import simulate
 
     cost = calibrate(_model(), [2, 1], torch.randn(BATCH, 8), warmup=0, repeats=2)
     timeline = simulate(gpipe(4, 2, "except_last"), cost.with_overheads(Overheads(task=1e-6)))
@@ -124,7 +124,7 @@ def test_overheads_are_finite_and_non_negative() -> None:
 
 def test_the_simulator_bills_a_checkpointed_forward_at_its_no_grad_time() -> None:
     from gpipe.schedule import Op, Task, gpipe
-    from sim.engine import simulate
+    from sim.core.engine import simulate
 
     cost = CostModel((StageCost(2.0, 3.0, forward_checkpointed=1.0),))
     timeline = simulate(gpipe(2, 1, "except_last"), cost)
@@ -187,7 +187,7 @@ class _DoubleInPlace(nn.Module):
 
 
 def test_pair_runners_run_a_partition_that_starts_in_place() -> None:
-    from sim.pairs import task_runners
+    from sim.calibration.pairs import task_runners
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), _DoubleInPlace(), nn.Linear(16, 4))
@@ -207,7 +207,7 @@ def test_pair_runners_run_a_partition_that_starts_in_place() -> None:
 
 def test_stage_extras_of_a_model_without_parameters() -> None:
     """The executor trains such a model when its input requires grad; each stage alone trains the same way."""
-    from sim.extras import measure_stage_extras
+    from sim.calibration.extras import measure_stage_extras
 
     model = _no_parameters()
     parts = partitions_of(model, [2, 2])
@@ -223,7 +223,7 @@ def test_stage_extras_of_a_model_without_parameters() -> None:
     (_in_place_first, (1, 2), "never"),  # with checkpointing the executor refuses an in-place first layer
 ])
 def test_the_experiment_runs_models_the_executor_runs(model: Any, balance: tuple[int, ...], checkpoint: str) -> None:
-    from sim.experiment import Setup, run
+    from sim.calibration.experiment import Setup, run
 
     setup = Setup(chunks=2, checkpoint=checkpoint, balance=balance, devices=("cpu", "cpu"), steps=1,
                   warmup_steps=0, warmup=0, repeats=1, pair_rounds=1)  # type: ignore[arg-type]

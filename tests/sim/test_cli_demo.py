@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from gpipe.schedule import gpipe
+from sim.calibration.compare import compare
+from sim.calibration.experiment import Setup, microbatch_sizes, progress_labels
+from sim.calibration.outcome import Outcome, halves, write_outputs
 from sim.cli import build_parser, main
 from sim.cli.demo import print_outcome
-from sim.compare import compare
-from sim.cost import CostModel, Overheads
-from sim.engine import SimConfig, simulate
-from sim.experiment import Setup, microbatch_sizes, progress_labels
-from sim.outcome import Outcome, halves, write_outputs
+from sim.core.cost import CostModel, Overheads
+from sim.core.engine import SimConfig, simulate
 
 MODELS = '''
 import torch

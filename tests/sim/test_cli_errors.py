@@ -1,7 +1,7 @@
 """The command line's edges: the output folder, overwriting, the user's own errors, pipes, ranges and JSON.
 
 Every command here runs without the executor: ``demo`` and ``compare`` get a synthetic outcome in place
-of :func:`sim.experiment.run`, and a check that must come before any work replaces that work with a
+of :func:`sim.calibration.experiment.run`, and a check that must come before any work replaces that work with a
 function that fails the test if it is called.
 """
 
@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from gpipe.schedule import gpipe
+from sim.calibration.compare import compare
+from sim.calibration.experiment import Setup
+from sim.calibration.outcome import Outcome
 from sim.cli import main
-from sim.compare import compare
-from sim.cost import CostModel, Overheads
-from sim.engine import SimConfig, simulate
-from sim.experiment import Setup
-from sim.outcome import Outcome
+from sim.core.cost import CostModel, Overheads
+from sim.core.engine import SimConfig, simulate
 
 SIMULATE = ["simulate", "--stages", "2", "--chunks", "2", "--checkpoint", "never"]
 PLAN = ["plan", "--model", "gpt:125m", "--batch", "8", "--gpus", "1", "--hardware", "h100-sxm"]

@@ -6,7 +6,7 @@ import pytest
 
 from gpipe.schedule import Task, parse_tasks
 from gpipe.timeline import COMPUTE, MemorySample, Span, Timeline
-from sim.compare import compare, order_agreement
+from sim.calibration.compare import compare, order_agreement
 
 
 def _timeline(order: dict[int, str], scale: float = 1.0, offset: float = 0.0, peak: int = 0) -> Timeline:

@@ -8,9 +8,9 @@ import pytest
 
 from gpipe.schedule import Op, Schedule, ScheduleError, Task, gpipe, one_f_one_b, parse_tasks
 from gpipe.timeline import COPY, Timeline
-from sim.cost import CostModel, Overheads, StageCost
-from sim.engine import ON_COMPUTE, SimConfig, simulate
-from sim.hardware import LinkSpec
+from sim.core.cost import CostModel, Overheads, StageCost
+from sim.core.engine import ON_COMPUTE, SimConfig, simulate
+from sim.core.link import LinkSpec
 
 GRID = [(m, n) for m in (1, 2, 3, 5, 8, 13) for n in (1, 2, 3, 4, 7)]
 COSTS = [(1, 2), (2, 3), (1, 1), (3, 1)]

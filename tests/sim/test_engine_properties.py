@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, gpipe, one_f_one_b
 from gpipe.timeline import COMPUTE, MemorySample, Span, Timeline
-from sim.cost import CostModel, Overheads, StageCost
-from sim.engine import ON_COMPUTE, SimConfig, simulate
-from sim.hardware import LinkSpec
+from sim.core.cost import CostModel, Overheads, StageCost
+from sim.core.engine import ON_COMPUTE, SimConfig, simulate
+from sim.core.link import LinkSpec
 
 EPS = 1e-9
 PROPERTIES = settings(max_examples=50, deadline=None, derandomize=True)
@@ -171,8 +171,8 @@ def test_simulation_is_deterministic_and_contention_zero_is_free(case: Case) -> 
 @PROPERTIES
 @given(cases())
 def test_local_clocks_give_the_general_device_process_s_timeline_bit_for_bit(case: Case) -> None:
-    """Note [local clocks] in sim.engine: the plain path's device loop follows the general one's rules."""
-    from sim import engine
+    """Note [local clocks] in sim.core.engine: the plain path's device loop follows the general one's rules."""
+    from sim.core import engine
 
     cost = replace(case.cost, overheads=replace(case.cost.overheads, contention=0.0))
     config = replace(case.config, copy_streams=True, lockstep_forward=False)

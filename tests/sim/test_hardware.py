@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from sim.hardware import DEVICES, LINKS, DeviceSpec, LinkSpec, get_device, get_link
+from sim.core.link import LinkSpec
+from sim.planning.hardware import DEVICES, LINKS, DeviceSpec, get_device, get_link
 
 GB = 1e9
 GiB = 2**30

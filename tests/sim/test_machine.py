@@ -1,13 +1,13 @@
-"""sim.machine: the devices, cores, threads and background load an experiment measures on."""
+"""sim.calibration.machine: the devices, cores, threads and background load an experiment measures on."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import sim.machine as machine
+import sim.calibration.machine as machine
 from gpipe.affinity import supported
-from sim.machine import (
+from sim.calibration.machine import (
     BackgroundLoad,
     cpu_count,
     default_devices,

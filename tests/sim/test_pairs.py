@@ -1,5 +1,5 @@
-"""sim.pairs: pair measurements on the real partitions, rounds and their medians, and how the experiment
-takes a round between its steps (Note [interleaved calibration] in sim.experiment)."""
+"""sim.calibration.pairs: pair measurements on the real partitions, rounds and their medians, and how the experiment
+takes a round between its steps (Note [interleaved calibration] in sim.calibration.experiment)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-import sim.experiment as experiment
+import sim.calibration.experiment as experiment
 from gpipe.profile import RecordedSeconds
-from sim.cost import Overheads
-from sim.experiment import Setup, run
-from sim.pairs import PHASE_PAIRS, PairMeter, measure_pairs, median_pairs, rebased
+from sim.calibration.experiment import Setup, run
+from sim.calibration.pairs import PHASE_PAIRS, PairMeter, measure_pairs, median_pairs, rebased
+from sim.core.cost import Overheads
 
 WINDOW, MAX_WINDOW = 0.002, 0.004  # tiny: the tests check what is measured, not how well
 

@@ -1,4 +1,4 @@
-"""sim.sharing.SharedCores: exact processor sharing, uniform or by measured pairs, against closed forms."""
+"""sim.core.sharing.SharedCores: exact processor sharing, uniform or by measured pairs, against closed forms."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import simpy
 
-from sim.sharing import SharedCores
+from sim.core.sharing import SharedCores
 
 
 def finish_times(cores_of: Any, jobs: list[tuple[float, float, Hashable]]) -> list[float]:

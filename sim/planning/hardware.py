@@ -1,9 +1,9 @@
 """Hardware specs: devices and links, and a small catalog of real GPUs with public sources.
 
 A :class:`DeviceSpec` says how fast a device computes (peak FLOP/s per dtype, times an ``efficiency``
-factor: the fraction of peak a real workload reaches) and how much memory it has; a :class:`LinkSpec`
+factor: the fraction of peak a real workload reaches) and how much memory it has; a :class:`~sim.core.link.LinkSpec`
 says how long a copy between two devices takes (``latency + bytes / bandwidth``). Cost models built
-from FLOP counts (:mod:`sim.flops`) divide by a device; the simulator prices copies by a link.
+from FLOP counts (:mod:`sim.planning.flops`) divide by a device; the simulator prices copies by a link.
 
 Units: FLOP/s, bytes, bytes/s and seconds throughout. Bandwidths are decimal (1 GB/s = 1e9 bytes/s),
 as datasheets state them; link bandwidths are *per direction*. Memory capacities are the datasheet
@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["DEVICES", "LINKS", "DeviceSpec", "LinkSpec", "get_device", "get_link"]
+from sim.core.link import LinkSpec
+
+__all__ = ["DEVICES", "LINKS", "DeviceSpec", "get_device", "get_link"]
 
 GiB = 2**30  # bytes
 GB = 10**9  # bytes (bandwidths)
@@ -119,45 +121,6 @@ class DeviceSpec:
             "memory_bandwidth": self.memory_bandwidth, "memory_bytes": self.memory_bytes,
             "efficiency": self.efficiency, "price_per_hour": self.price_per_hour,
         }
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    """A connection between two devices: a copy of ``n`` bytes takes ``latency + n / bandwidth`` seconds.
-
-    Attributes:
-        name: catalog key, e.g. ``"pcie4-x16"``.
-        latency: seconds before the first byte arrives (see Note [latencies]).
-        bandwidth: bytes/s, per direction.
-        description: what it is, for display.
-    """
-
-    name: str
-    latency: float
-    bandwidth: float
-    description: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("a link needs a name")
-        lat = self.latency
-        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or math.isnan(lat) or math.isinf(lat) or lat < 0:
-            raise ValueError(f"link {self.name!r} latency must be a finite number of seconds >= 0, got {lat!r}")
-        _positive(f"link {self.name!r} bandwidth (bytes/s)", self.bandwidth)
-
-    def transfer_seconds(self, nbytes: float) -> float:
-        """Seconds to copy ``nbytes`` over this link: ``latency + nbytes / bandwidth``.
-
-        Raises:
-            ValueError: ``nbytes`` is negative or not a number.
-        """
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or math.isnan(nbytes) or nbytes < 0:
-            raise ValueError(f"copy size must be a number of bytes >= 0, got {nbytes!r}")
-        return self.latency + nbytes / self.bandwidth
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "latency": self.latency,
-                "bandwidth": self.bandwidth}
 
 
 # -- the catalog -------------------------------------------------------------------------------------

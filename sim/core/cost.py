@@ -1,8 +1,8 @@
 """Cost models: how long each task takes and how many bytes each copy moves and each stage keeps.
 
 One type, several sources: explicit numbers (teaching, the CLI), measurements of real partitions
-(:mod:`sim.calibrate`), and FLOPs and bytes counted on the ``meta`` device divided by a hardware spec
-(:mod:`sim.flops`). The simulator consumes a :class:`CostModel` and never changes it.
+(:mod:`sim.calibration.calibrate`), and FLOPs and bytes counted on the ``meta`` device divided by a hardware spec
+(:mod:`sim.planning.flops`). The simulator consumes a :class:`CostModel` and never changes it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class StageCost:
             ``forward`` is then the grad-enabled ``F`` of a micro-batch that is not checkpointed.
         saved_tensors: how many tensors a grad-enabled forward of the stage hands to autograd's
             saved-tensor hooks (parameters included); an executor that records pays
-            ``Overheads.per_saved_tensor`` for each (see :mod:`sim.engine`, Note [host costs]).
+            ``Overheads.per_saved_tensor`` for each (see :mod:`sim.core.engine`, Note [host costs]).
         thread_start: extra seconds of the stage's first task on a fresh worker thread (the math
             libraries set up their per-thread state on first use); paid by each device's first task,
             and again by the first task of the backward phase when the executor starts new threads
@@ -55,7 +55,7 @@ class StageCost:
         host_forward: host seconds the executor adds to each grad-enabled forward of this stage (an
             ``F`` not checkpointed, an ``R``) beyond ``Overheads.task`` and ``recording``: what its
             worker threads cost around the stage's own layers, measured on the stage
-            (:func:`sim.extras.measure_stage_extras`, Note [stage extras]).
+            (:func:`sim.calibration.extras.measure_stage_extras`, Note [stage extras]).
         host_nograd: the same for a checkpointed (no-grad) ``F``.
         host_backward: the same for ``B`` (and ``W``).
         issue_forward: on an asynchronous device (CUDA; ``SimConfig.asynchronous``), the host seconds
@@ -130,7 +130,7 @@ class Overheads:
             from the end of the producing task (or of its copy) to the earliest start of the consumer.
         contention: slowdown of compute while ``k`` devices compute at once on shared cores; the
             stage seconds of a task running with ``k - 1`` others take ``1 + contention * (k - 1)``
-            times as long, its host seconds do not stretch (sim.engine, Note [host seconds share
+            times as long, its host seconds do not stretch (sim.core.engine, Note [host seconds share
             nothing]). 0 for devices that do not share hardware (GPUs).
         gap: host time between two consecutive tasks of one worker, outside both (taking the next
             task's inputs, sending the previous one's results): a device's next task starts no

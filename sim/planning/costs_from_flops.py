@@ -1,4 +1,4 @@
-"""Per-stage costs from FLOP and byte counts: a :class:`~sim.flops.ModelProfile` divided by a device spec.
+"""Per-stage costs from FLOP and byte counts: a :class:`~sim.planning.flops.ModelProfile` divided by a device spec.
 
 Each operator the counter saw takes (a roofline with a fixed cost per kernel)::
 
@@ -18,7 +18,7 @@ for pipelines: it sets how much of a stage's time is memory-bound work, which si
 high-resolution layers of a CNN, and so how the time splits between stages. On torchgpipe's ResNet-101
 benchmark (``benchmarks/published.py``, which prints both) the datasheet-bandwidth variant predicts
 the 2- and 4-GPU speed-ups 9-11% low, this form 4-7% low; the bytes it divides already count the
-second pass of batch norm (:mod:`sim.operators`, Note [one operator, several kernels]).
+second pass of batch norm (:mod:`sim.planning.operators`, Note [one operator, several kernels]).
 
 Note [small micro-batches]: the fixed cost per kernel is what makes the efficiency fall for small
 micro-batches. For a compute-bound operator of ``f`` FLOPs the fraction of peak reached is::
@@ -46,9 +46,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sim.cost import CostModel, Overheads, StageCost
-from sim.flops import ModelProfile
-from sim.hardware import DeviceSpec
+from sim.core.cost import CostModel, Overheads, StageCost
+from sim.planning.flops import ModelProfile
+from sim.planning.hardware import DeviceSpec
 
 __all__ = ["KERNEL_SECONDS", "TRAINING", "FlopCosts", "Training", "effective_efficiency", "training_policy"]
 
@@ -145,7 +145,7 @@ class FlopCosts:
     def __init__(self, profile: ModelProfile, device: DeviceSpec, training: Training | str = "fp32-adam",
                  kernel_seconds: float = KERNEL_SECONDS, memory_efficiency: float | None = None) -> None:
         """Args:
-            profile: the counts (:func:`sim.flops.count_layers`).
+            profile: the counts (:func:`sim.planning.flops.count_layers`).
             device: the hardware; its ``efficiency`` scales the compute-bound rate.
             training: a :class:`Training` or its name.
             kernel_seconds: fixed cost per kernel (Note [small micro-batches]).
@@ -210,7 +210,7 @@ class FlopCosts:
         return out
 
     def stages(self, balance: Sequence[int], microbatch: int) -> tuple[StageCost, ...]:
-        """One :class:`~sim.cost.StageCost` per stage of ``balance`` (layers per stage, in order).
+        """One :class:`~sim.core.cost.StageCost` per stage of ``balance`` (layers per stage, in order).
 
         Raises:
             ValueError: the balance does not cover the model's layers exactly, or has an empty stage.
@@ -242,7 +242,7 @@ class FlopCosts:
 
     def cost_model(self, balance: Sequence[int], microbatch: int,
                    microbatch_scale: Sequence[float] = (), overheads: Overheads | None = None) -> CostModel:
-        """A :class:`~sim.cost.CostModel` for ``balance`` at ``microbatch`` samples per micro-batch.
+        """A :class:`~sim.core.cost.CostModel` for ``balance`` at ``microbatch`` samples per micro-batch.
 
         Copies are priced by the link the simulator is given (``copy_seconds=None``).
         """

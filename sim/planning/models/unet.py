@@ -13,7 +13,7 @@ A convolution unit is four layers, conv 3x3 (no bias), channel dropout (p=0.1), 
 leaky ReLU; an encoder level is ``B`` units, a stash and a 2x2 max pool; a decoder level is a 2x
 upsample, a pop that concatenates the stashed tensor, and ``B`` units. So the sequential has
 ``44·B + 21`` layers (torchgpipe's pipeline balances count the same: 505 for B=11, 1077 for B=24).
-The long skips travel as a tuple (see :mod:`sim.models.layers`): a stash appends the activation,
+The long skips travel as a tuple (see :mod:`sim.planning.models.layers`): a stash appends the activation,
 a pop takes the last one back. Input: ``(N, 3, 192, 192)`` images, as torchgpipe's U-Net benchmarks.
 """
 
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.models.layers import Fork, OnFirst
+from sim.planning.models.layers import Fork, OnFirst
 
 __all__ = ["PopCat", "check_unet", "unet", "unet_sample"]
 

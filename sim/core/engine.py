@@ -8,7 +8,7 @@ One SimPy process per device walks that device's task list in order (Note [depen
     host seconds = overheads.task
                    + the stage's own host seconds of that kind of task: stage.host_forward
                      (F not checkpointed, R), host_nograd (checkpointed F), host_backward (B, W)
-                     (Note [stage extras] in sim.extras)
+                     (Note [stage extras] in sim.calibration.extras)
                    + for a grad-enabled forward (F not checkpointed, R): overheads.recording
                      + stage.saved_tensors * overheads.per_saved_tensor (unless forward_recorded)
                    + for a backward: stage.saved_tensors * overheads.per_unpacked_tensor
@@ -101,7 +101,7 @@ partitions on one GPU, whose workers all use that GPU's current stream) run thei
 in the order they reach the stream. Copies between them take no time (the executor hands tensors over).
 
 Note [contention]: devices that share CPU cores slow each other: while k devices compute, each
-progresses at rate 1 / (1 + contention * (k - 1)), exactly (processor sharing, :mod:`sim.sharing`),
+progresses at rate 1 / (1 + contention * (k - 1)), exactly (processor sharing, :mod:`sim.core.sharing`),
 through its stage seconds (Note [host seconds share nothing]). Copies do not count as computing.
 With contention 0 the plain path runs.
 
@@ -118,9 +118,9 @@ Note [host seconds share nothing]: contention stretches a task's stage seconds, 
 (Note [host costs], with ``thread_start``): ``SharedCores.run(seconds, key, host)``, so beside a
 steady set ``Y`` a task takes ``host + stage seconds * (1 + sum c)``; it still slows the others for
 its whole span. ``contention`` and the pairs are measured on loops of the stage's work alone
-(:mod:`sim.primitives`, :mod:`sim.pairs`, rebased to the profiled seconds: Note [pair baselines]
+(:mod:`sim.calibration.primitives`, :mod:`sim.calibration.pairs`, rebased to the profiled seconds: Note [pair baselines]
 there) and say how many seconds sharing adds to *that* work; the executor's bookkeeping, its
-stage-alone extras (:mod:`sim.extras`) and a fresh thread's start were never in those loops, and
+stage-alone extras (:mod:`sim.calibration.extras`) and a fresh thread's start were never in those loops, and
 stretching them by the same ``c`` added seconds nobody measured. It is also what the interpreter
 does on two cores: a worker in pure Python keeps the global interpreter lock for its few hundred
 microseconds and runs at its own speed, while the other stage, if it needs the lock, waits. On
@@ -163,9 +163,9 @@ import simpy
 
 from gpipe.schedule import Op, Schedule, ScheduleError, Task, collector_paused
 from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
-from sim.cost import CostModel, StageCost
-from sim.hardware import LinkSpec
-from sim.sharing import SharedCores
+from sim.core.cost import CostModel, StageCost
+from sim.core.link import LinkSpec
+from sim.core.sharing import SharedCores
 
 __all__ = ["DEFAULT_CONFIG", "ON_COMPUTE", "SimConfig", "simulate"]
 

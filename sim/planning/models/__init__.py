@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from sim.models.amoebanet import amoebanet, amoebanet_sample, check_amoebanet
-from sim.models.gpt import CONFIGS, gpt, gpt_config, gpt_sample
-from sim.models.resnet import resnet101, resnet_sample
-from sim.models.unet import check_unet, unet, unet_sample
+from sim.planning.models.amoebanet import amoebanet, amoebanet_sample, check_amoebanet
+from sim.planning.models.gpt import CONFIGS, gpt, gpt_config, gpt_sample
+from sim.planning.models.resnet import resnet101, resnet_sample
+from sim.planning.models.unet import check_unet, unet, unet_sample
 
 __all__ = ["KNOWN", "ModelSpec", "get_model"]
 

@@ -3,7 +3,7 @@
 For every GPU count ``g`` the planner tries each pipeline depth ``n`` that divides it (``g / n``
 data-parallel replicas of the pipeline), each number of micro-batches (chunks), each checkpoint
 policy and each registered schedule (:data:`gpipe.schedule.SCHEDULES`: GPipe, 1F1B). Each
-configuration is balanced by cost, simulated (:func:`sim.engine.simulate`) and checked against
+configuration is balanced by cost, simulated (:func:`sim.core.engine.simulate`) and checked against
 device memory::
 
     step seconds  = simulated makespan + optimizer step + gradient all-reduce across replicas
@@ -34,10 +34,11 @@ from typing import Any, cast
 import numpy as np
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, Schedule, schedule_kind
-from sim.costs_from_flops import KERNEL_SECONDS, FlopCosts, Training, training_policy
-from sim.engine import SimConfig, simulate
-from sim.flops import ModelProfile
-from sim.hardware import LINKS, DeviceSpec, LinkSpec, get_device, get_link
+from sim.core.engine import SimConfig, simulate
+from sim.core.link import LinkSpec
+from sim.planning.costs_from_flops import KERNEL_SECONDS, FlopCosts, Training, training_policy
+from sim.planning.flops import ModelProfile
+from sim.planning.hardware import LINKS, DeviceSpec, get_device, get_link
 
 __all__ = ["Plan", "PlanRow", "block_partition", "check_request", "default_training", "plan",
            "resolve_link"]
@@ -348,13 +349,13 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
 
     Args:
-        profile: the counted model (:func:`sim.flops.count_layers`, in the policy's dtype).
+        profile: the counted model (:func:`sim.planning.flops.count_layers`, in the policy's dtype).
         batch: global batch, samples per step.
-        device: a :class:`~sim.hardware.DeviceSpec` or catalog name.
+        device: a :class:`~sim.planning.hardware.DeviceSpec` or catalog name.
         gpus: GPU counts to try.
-        link: a :class:`~sim.hardware.LinkSpec`, a catalog name, or ``nvlink``/``pcie`` (the
+        link: a :class:`~sim.core.link.LinkSpec`, a catalog name, or ``nvlink``/``pcie`` (the
             generation that comes with the device).
-        training: precision and optimizer (:data:`sim.costs_from_flops.TRAINING`); default
+        training: precision and optimizer (:data:`sim.planning.costs_from_flops.TRAINING`); default
             :func:`default_training`.
         chunks: micro-batch counts to try; default powers of two up to the batch per replica (at most 128).
         checkpoints: checkpoint policies to try.
@@ -362,7 +363,7 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
         stages: pipeline depths to allow; default every divisor of each GPU count.
         price_per_gpu_hour: dollars, to price each row per million samples.
         objective: ``throughput`` (default) or ``cost`` (cheapest per sample; needs a price).
-        kernel_seconds: fixed cost per kernel (:mod:`sim.costs_from_flops`).
+        kernel_seconds: fixed cost per kernel (:mod:`sim.planning.costs_from_flops`).
         model_name: for the result's display.
         progress: show a ``tqdm`` progress bar on stderr.
 

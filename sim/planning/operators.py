@@ -1,4 +1,4 @@
-"""What one ATen operator costs when the counter (:mod:`sim.flops`) sees it run on the meta device: FLOPs and bytes.
+"""What one ATen operator costs, in FLOPs and bytes, when the counter (:mod:`~sim.planning.flops`) runs it on meta.
 
 The counter runs each layer under :class:`_Recorder`, a
 :class:`~torch.utils._python_dispatch.TorchDispatchMode` that records every ATen operator it sees. Per operator::
@@ -54,7 +54,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-__all__: list[str] = []  # the counter's walk (sim.flops) is the only user of these
+__all__: list[str] = []  # the counter's walk (sim.planning.flops) is the only user of these
 
 _FREE_PREFIXES = ("empty", "new_empty", "detach", "alias", "lift_fresh", "_unsafe_view", "set_")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.plan import Plan, PlanRow
+from sim.planning.plan import Plan, PlanRow
 
 __all__ = ["plot_memory", "plot_throughput"]
 
@@ -26,7 +26,7 @@ def plot_throughput(result: Plan, path: str | Path | None = None) -> Any:
     """Throughput of the fastest configuration that fits, against GPU count, one line per schedule.
 
     Args:
-        result: a plan from :func:`sim.plan.plan`.
+        result: a plan from :func:`sim.planning.plan.plan`.
         path: where to save a PNG; nothing is saved when ``None``.
 
     Returns:
@@ -62,7 +62,7 @@ def plot_memory(result: Plan, row: PlanRow | None = None, path: str | Path | Non
     Follows the rows with the GPUs, stages, schedule and checkpoint policy of ``row``.
 
     Args:
-        result: a plan from :func:`sim.plan.plan`.
+        result: a plan from :func:`sim.planning.plan.plan`.
         row: the configuration to follow; default the fastest pipelined one (more than one stage) that
             fits, else the best, else the first.
         path: where to save a PNG; nothing is saved when ``None``.

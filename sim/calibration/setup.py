@@ -1,8 +1,8 @@
-"""What one experiment runs and how it measures it: the settings :func:`sim.experiment.run` takes.
+"""What one experiment runs and how it measures it: the settings :func:`sim.calibration.experiment.run` takes.
 
-Its own module so that both the experiment and the :class:`sim.outcome.Outcome` it returns, which keeps the
+Its own module so that both the experiment and the :class:`sim.calibration.outcome.Outcome` it returns, which keeps the
 setup, can name it without importing each other. The notes named here without a module (Note [median step],
-Note [interleaved calibration], Note [pass repeats]) are in :mod:`sim.experiment`.
+Note [interleaved calibration], Note [pass repeats]) are in :mod:`sim.calibration.experiment`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ class Setup:
         chunks: micro-batches per mini-batch (GPipe's ``chunks``).
         checkpoint: ``always``, ``except_last`` or ``never``.
         balance: layers per partition; ``None``: ``balance_by_time`` over ``len(devices)`` partitions.
-        devices: one torch device per partition; ``None``: :func:`sim.machine.default_devices` of two partitions
+        devices: one torch device per partition; ``None``: :func:`sim.calibration.machine.default_devices` of two
+            partitions
             (or of ``len(balance)`` when a balance is given).
         steps: recorded training steps; the measured timeline is the median one (Note [median step]).
         warmup_steps: unrecorded training steps first (allocator, thread pools, first-call costs).
         seed: seeds PyTorch before anything random (the caller seeds the model and input it builds).
-        threads: intra-op threads per worker during the whole experiment (Note [threads] in :mod:`sim.machine`).
+        threads: intra-op threads per worker during the whole experiment (Note [threads] in
+            :mod:`sim.calibration.machine`).
         warmup: untimed passes before the first calibration.
         repeats: timed passes of the first calibration, which the bytes, the balance check and the
             overhead measurements use; the stage seconds of the prediction are the medians over the

@@ -11,7 +11,7 @@ eleven, and the classifier as three::
                                                                   -----
                                                                   370
 
-``fork`` starts the skip connection (see :mod:`sim.models.layers`); ``residual`` adds the carried
+``fork`` starts the skip connection (see :mod:`sim.planning.models.layers`); ``residual`` adds the carried
 input, through a strided 1x1 convolution and batch norm where the shape changes (the downsample).
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from sim.models.layers import Fork, OnFirst
+from sim.planning.models.layers import Fork, OnFirst
 
 __all__ = ["Residual", "resnet", "resnet101", "resnet_sample"]
 

@@ -1,6 +1,6 @@
 """The machine an experiment measures on: devices, cores, threads, the allocator, other processes.
 
-What :mod:`sim.experiment` (and the CLI and the fidelity benchmark) set up or watch around a
+What :mod:`sim.calibration.experiment` (and the CLI and the fidelity benchmark) set up or watch around a
 measurement, none of it specific to pipelines: which devices and cores the partitions get, how many
 intra-op threads PyTorch uses, how glibc hands memory back, and how busy the rest of the machine is.
 

@@ -10,7 +10,7 @@ GPipe (Huang et al., 2019) scales the network by ``L`` normal cells and ``D`` fi
     classifier      global average pool, linear
 
 A cell takes the two previous cell outputs ``(prev, prev_prev)`` as a tuple and returns
-``(out, prev)`` (see :mod:`sim.models.layers`). Inside, both inputs are brought to the cell's
+``(out, prev)`` (see :mod:`sim.planning.models.layers`). Inside, both inputs are brought to the cell's
 channels (relu-conv 1x1-bn, or a factorised reduction after a reduction cell), then five nodes each
 add two operations of earlier states, and the output concatenates some states. The genotype is
 AmoebaNet-D's as in TensorFlow's reference implementation (``tensorflow/tpu``, ``amoeba_net``), which

@@ -4,8 +4,8 @@ Each layer runs forward and then its real backward (``torch.autograd.grad``) on 
 :class:`~torch.utils._python_dispatch.TorchDispatchMode` that records every ATen operator it sees, and
 under :func:`torch.autograd.graph.saved_tensors_hooks` that record what autograd keeps for backward.
 Nothing is allocated, so a 175B-parameter model counts in a few seconds. What each operator costs is
-:mod:`sim.operators`' (with Notes [one operator, several kernels], [dropout on meta] and [attention on
-meta]); the tables this module returns are :mod:`sim.counts`'.
+:mod:`sim.planning.operators`' (with Notes [one operator, several kernels], [dropout on meta] and [attention on
+meta]); the tables this module returns are :mod:`sim.planning.counts`'.
 
 Per layer: parameters (count, bytes; a shared parameter counts once, at its first layer), output
 bytes (what a stage boundary after this layer sends), and the bytes saved for backward, parameters
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from sim.counts import LayerCount, LayerProfile, ModelProfile, OpTable
-from sim.operators import _GpuDropout, _Recorder, _storage_key, _tensor_bytes, _tensors
+from sim.planning.counts import LayerCount, LayerProfile, ModelProfile, OpTable
+from sim.planning.operators import _GpuDropout, _Recorder, _storage_key, _tensor_bytes, _tensors
 
 __all__ = ["LayerCount", "LayerProfile", "ModelProfile", "OpTable", "count_layers"]
 

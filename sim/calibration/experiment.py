@@ -6,8 +6,8 @@ integration tests::
     model, mini-batch
         |  balance_by_time (unless a balance is given)
         v
-    calibrate: the partitions on their devices (sim.calibrate.calibrate), the executor's own costs
-    (calibrate_executor_overheads), each partition alone in the executor (sim.extras: its threads'
+    calibrate: the partitions on their devices (sim.calibration.calibrate.calibrate), the executor's own costs
+    (calibrate_executor_overheads), each partition alone in the executor (sim.calibration.extras: its threads'
     host time, fresh-thread starts, launch, turnaround), pairs of tasks on shared cores
         |
         v
@@ -21,7 +21,7 @@ integration tests::
         |                                                                v
         +---------------------------- compare ----------------------- predicted Timeline
                                         |
-                    timeline.png, trace.json, report.json  (sim.outcome.write_outputs)
+                    timeline.png, trace.json, report.json  (sim.calibration.outcome.write_outputs)
 
 Note [one schedule]: the simulator is given the schedule the executor reports (``pipe.schedule``), so
 the two timelines are of the same schedule by construction (each measured step's ``meta`` is checked
@@ -37,11 +37,12 @@ untimed pass (a first pass pays one-off costs, a backward's a quarter more), the
 pass that runs each task ``Setup.pass_repeats`` times in a row, as a worker runs a stage's
 micro-batches (Note [streaks] in :mod:`gpipe.profile_timing`); the stage seconds of the cost model are
 the medians over the passes' runs. Note [pass repeats] says how many. On shared cores
-(:func:`sim.machine.shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes spread evenly
-over the steps (one :class:`sim.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are
+(:func:`sim.calibration.machine.shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes
+spread evenly
+over the steps (one :class:`sim.calibration.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are
 the medians over the rounds, each rebased against the pass just before it (Note [pair baselines] in
-:mod:`sim.pairs`): one round of a pair is a poor sample of Python's lock changing hands
-(Note [pair rounds] in :mod:`sim.pairs`), and measured once up front the pairs of 64 x (Linear(64,
+:mod:`sim.calibration.pairs`): one round of a pair is a poor sample of Python's lock changing hands
+(Note [pair rounds] in :mod:`sim.calibration.pairs`), and measured once up front the pairs of 64 x (Linear(64,
 64), ReLU) put a prediction 40% off a run whose interleaved medians were 4% off. The prediction still
 uses nothing the executor measured: profiling and stepping merely sample the same machine. A
 schedule whose tasks never run two at once (:meth:`gpipe.schedule.Schedule.overlaps`: one
@@ -85,12 +86,10 @@ from gpipe.affinity import Cores
 from gpipe.profile import RecordedSeconds, time_recorded
 from gpipe.schedule import Checkpoint, gpipe
 from gpipe.timeline import Timeline
-from sim.calibrate import calibrate, calibrate_executor_overheads, on_device, partitions_of
-from sim.compare import compare
-from sim.cost import CostModel, StageCost
-from sim.engine import SimConfig, simulate
-from sim.extras import measure_stage_extras
-from sim.machine import (
+from sim.calibration.calibrate import calibrate, calibrate_executor_overheads, on_device, partitions_of
+from sim.calibration.compare import compare
+from sim.calibration.extras import measure_stage_extras
+from sim.calibration.machine import (
     BackgroundLoad,
     collected_after,
     default_devices,
@@ -98,9 +97,11 @@ from sim.machine import (
     shares_cores,
     worker_affinity,
 )
-from sim.outcome import Outcome, interleaved_cost
-from sim.pairs import PairMeter, measure_pairs, rebased
-from sim.setup import Setup
+from sim.calibration.outcome import Outcome, interleaved_cost
+from sim.calibration.pairs import PairMeter, measure_pairs, rebased
+from sim.calibration.setup import Setup
+from sim.core.cost import CostModel, StageCost
+from sim.core.engine import SimConfig, simulate
 
 __all__ = [
     "Setup",
@@ -305,17 +306,17 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
     """``cost`` with what the executor adds, and the simulator's switches for it.
 
     The executor's own overheads from probe pipelines, what its threads add around each partition's
-    layers (:mod:`sim.extras`, run with ``checkpoint``, the pipeline's policy), and, for workers
-    sharing the CPU's cores and Python's lock (:func:`sim.machine.shares_cores`), what each pair of
+    layers (:mod:`sim.calibration.extras`, run with ``checkpoint``, the pipeline's policy), and, for workers
+    sharing the CPU's cores and Python's lock (:func:`sim.calibration.machine.shares_cores`), what each pair of
     tasks costs. Partitions on one torch device hand tensors over and nothing is copied; GPipe's
-    ``forward()`` returns before ``loss.backward()`` starts the backward phase (sim.engine, Note [two
+    ``forward()`` returns before ``loss.backward()`` starts the backward phase (sim.core.engine, Note [two
     phases]). ``affinity``: the executor's ``cpu_affinity``; every measurement pins its threads the
     same way. ``pairs=False`` leaves ``Overheads.pairs`` to the caller (:func:`run` measures a round
     of them after every step, Note [interleaved calibration]).
     """
     overheads = calibrate_executor_overheads(list(devices), steps=steps, affinity=affinity)
     cost = replace(cost, overheads=overheads)
-    extras = measure_stage_extras(cost, parts, sample, checkpoint=checkpoint, affinity=affinity)  # sim.extras
+    extras = measure_stage_extras(cost, parts, sample, checkpoint=checkpoint, affinity=affinity)
     overheads = replace(overheads, launch=extras[0].launch, turnaround=extras[-1].turnaround)
     cost = replace(cost, stages=tuple(replace(s, thread_start=e.thread_start, host_forward=e.host_forward,
                                               host_nograd=e.host_nograd, host_backward=e.host_backward)
@@ -328,7 +329,7 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
 
 def _recorded_seconds(stages: Sequence[StageCost]) -> list[RecordedSeconds] | None:
     """The stages' recorded seconds, the baselines pairs are rebased against (Note [pair baselines] in
-    :mod:`sim.pairs`); ``None`` unless every stage has all three."""
+    :mod:`sim.calibration.pairs`); ``None`` unless every stage has all three."""
     found = []
     for s in stages:
         if s.forward_recorded is None or s.backward_recorded is None or s.forward_checkpointed is None:
@@ -340,7 +341,7 @@ def _recorded_seconds(stages: Sequence[StageCost]) -> list[RecordedSeconds] | No
 def executor_config(devices: Sequence[str]) -> SimConfig:
     """The simulator's switches for :class:`gpipe.GPipe` on ``devices`` (one per partition).
 
-    Two phases (Note [two phases] in :mod:`sim.engine`); CUDA devices asynchronous, and partitions on one
+    Two phases (Note [two phases] in :mod:`sim.core.engine`); CUDA devices asynchronous, and partitions on one
     CUDA device issuing to its one stream (Note [asynchronous devices]); copies priced by the cost model.
     """
     parsed = [torch.device(d) for d in devices]
@@ -381,7 +382,7 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
 
 def _train_step(pipe: Any, model: nn.Module, batch: Batch) -> Timeline:
     """One recorded training step of ``pipe`` on ``batch``, the collector off until after it (Note [collect
-    after the step] in :mod:`sim.machine`); the gradients are dropped afterwards."""
+    after the step] in :mod:`sim.calibration.machine`); the gradients are dropped afterwards."""
     with collected_after():
         output = pipe(batch)
         loss_of(output).backward()

@@ -2,8 +2,8 @@
 
 :class:`PairMeter` measures, round after round, every pair of task kinds that GPipe's two phases can
 run at once; :func:`measure_pairs` is one meter, a few rounds, and the median of each pair. The result
-is :attr:`sim.cost.Overheads.pairs`, which the engine's pairwise sharing uses (sim.engine, Note
-[pairwise contention]). :mod:`sim.experiment` keeps one meter open while the executor runs and takes a
+is :attr:`sim.core.cost.Overheads.pairs`, which the engine's pairwise sharing uses (sim.core.engine, Note
+[pairwise contention]). :mod:`sim.calibration.experiment` keeps one meter open while the executor runs and takes a
 round after every training step (Note [interleaved calibration] there).
 
 Note [pairs]: how much two workers slow each other depends on *what* they run. Convolutions on two
@@ -20,14 +20,14 @@ Note [pair rounds]: one round is a poor sample. Who gets Python's lock next depe
 sleeping core wakes up, which on a virtual machine changes from one second to the next: on
 64 x (Linear(64, 64), ReLU) the slowdown of two forwards, measured over 30 ms, ranged from 0.3 to 4.2
 within one minute. The median of many rounds, spread over the time the executor runs, is stable
-(sim.experiment takes one round after every step); a single up-front measurement is not.
+(sim.calibration.experiment takes one round after every step); a single up-front measurement is not.
 
 Note [pair baselines]: ``c`` is measured against each task's time alone *in the meter's loop* (warm
 caches), but the simulator slows the cost model's seconds, which the profiler takes one run at a time: on
 64 x (Linear(64, 64), ReLU) its checkpointed forwards took 14-21% longer than in the loop. Sharing the
 cores adds the lock's hand-overs, ``c * alone`` seconds, not a share of whatever the task costs elsewhere;
 applied unchanged, ``c`` counted the colder caches twice. :func:`rebased` makes each ``c`` add those
-seconds to the cost model's task (``c * alone in the loop / its seconds``); sim.experiment rebases every
+seconds to the cost model's task (``c * alone in the loop / its seconds``); sim.calibration.experiment rebases every
 round against the profiling pass just before it. Re-simulating 44 recorded ``mlp`` experiments (twelve
 rows) with rebased medians took the mean of the rows' errors from 3.5% to 3.0%; ``conv`` did not move.
 """
@@ -57,10 +57,10 @@ __all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "changes_input", "meas
            "task_runners"]
 
 #: The pairs of task kinds that can run at the same time in GPipe's two phases (Note [two phases] in
-#: sim.engine): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
+#: sim.core.engine): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
 PHASE_PAIRS = (("F", "F"), ("F", "Fc"), ("Fc", "F"), ("Fc", "Fc"), ("F", "B"), ("B", "F"), ("B", "B"))
 
-#: ``(kind, stage, other kind, other stage, c)``, as :attr:`sim.cost.Overheads.pairs` holds them.
+#: ``(kind, stage, other kind, other stage, c)``, as :attr:`sim.core.cost.Overheads.pairs` holds them.
 Pairs = tuple[tuple[str, int, str, int, float], ...]
 PairKey = tuple[str, int, str, int]
 TaskKey = tuple[str, int]  # (kind, stage)
@@ -91,7 +91,7 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
             to the meter's own runs alone.
 
     Returns:
-        ``(kind, stage, other kind, other stage, c)`` for :attr:`sim.cost.Overheads.pairs`, both ways.
+        ``(kind, stage, other kind, other stage, c)`` for :attr:`sim.core.cost.Overheads.pairs`, both ways.
 
     Raises:
         ValueError: ``repeats < 1``, a non-positive window, or a bad ``affinity``.
@@ -148,7 +148,7 @@ class PairMeter:
     the second thread and warms both threads up on every task; each :meth:`round` then measures every
     pair once. Each round (and the set-up) leaves the partitions as it found them (gradients, buffers,
     training flags) and the random number generator untouched, so between rounds the partitions may
-    be trained by anything else, as :mod:`sim.experiment` does (Note [pair rounds]).
+    be trained by anything else, as :mod:`sim.calibration.experiment` does (Note [pair rounds]).
 
     Args: as :func:`measure_pairs`, less ``repeats`` and ``recorded``.
 

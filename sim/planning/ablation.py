@@ -9,7 +9,7 @@ published throughput and GPU utilisation are::
     + streams       copies on copy streams                          55.2          71%
     + portals       skip tensors sent straight to their consumer    58.5          75%
 
-Here each step is one :class:`sim.engine.SimConfig` and one cost model of a U-Net-like pipeline
+Here each step is one :class:`sim.core.engine.SimConfig` and one cost model of a U-Net-like pipeline
 (:data:`UNET`). Without portals a skip tensor is threaded through every partition between the one that
 stashes it and the one that pops it, so it is modelled as what it costs on the wire: its bytes added to
 the activation sent across every boundary it crosses. With portals it is one copy on a copy stream,
@@ -31,8 +31,9 @@ from dataclasses import dataclass, field, replace
 
 from gpipe.schedule import Checkpoint, gpipe
 from gpipe.timeline import Timeline
-from sim.cost import CostModel, StageCost
-from sim.hardware import LinkSpec, get_link
+from sim.core.cost import CostModel, StageCost
+from sim.core.link import LinkSpec
+from sim.planning.hardware import get_link
 
 __all__ = ["PUBLISHED", "STEPS", "UNET", "AblationRow", "AblationStep", "UNetSetup", "run", "simulate_step"]
 
@@ -175,7 +176,7 @@ class AblationRow:
 
 def simulate_step(step: AblationStep, setup: UNetSetup = UNET) -> Timeline:
     """Simulate one configuration of the ablation and return its timeline."""
-    from sim.engine import SimConfig, simulate
+    from sim.core.engine import SimConfig, simulate
 
     config = SimConfig(link=setup.link, copy_streams=step.copy_streams,
                        enforce_backward_order=step.enforce_backward_order)

@@ -1,11 +1,11 @@
 """Calibration: measure a real model's partitions and the executor's own primitives into a cost model.
 
-Measuring apart from computing: this module runs things and reads clocks; :mod:`sim.engine` only
-consumes the :class:`~sim.cost.CostModel` it returns. Three parts:
+Measuring apart from computing: this module runs things and reads clocks; :mod:`sim.core.engine` only
+consumes the :class:`~sim.core.cost.CostModel` it returns. Three parts:
 
 - :func:`calibrate` profiles each partition of a balanced ``nn.Sequential`` on its device with
   :func:`gpipe.profile.profile_blocks` (the profiler ``balance_by_time`` uses too) and fills one
-  :class:`~sim.cost.StageCost` per partition::
+  :class:`~sim.core.cost.StageCost` per partition::
 
       forward               grad-enabled forward   F of a micro-batch that is not checkpointed
       forward_checkpointed  no-grad forward        F of a checkpointed micro-batch
@@ -22,14 +22,14 @@ consumes the :class:`~sim.cost.CostModel` it returns. Three parts:
       issue_forward, ...    host clock (CUDA)      the host's share of F, R and B (Note [issue seconds])
 
 - :func:`calibrate_executor_overheads` runs the executor itself on probe pipelines and reads its
-  timelines (Note [executor overheads]); :func:`sim.pairs.measure_pairs` runs the real partitions two at a
-  time (Note [pairs] there). Together they give :class:`~sim.cost.Overheads`.
+  timelines (Note [executor overheads]); :func:`sim.calibration.pairs.measure_pairs` runs the real partitions two at a
+  time (Note [pairs] there). Together they give :class:`~sim.core.cost.Overheads`.
 - :func:`calibrate_overheads` is the older, emulated measurement of the same costs, for when the
-  executor is not at hand (Notes [task overhead], [hand-off], [contention] in :mod:`sim.primitives`).
+  executor is not at hand (Notes [task overhead], [hand-off], [contention] in :mod:`sim.calibration.primitives`).
 
 The primitives these are built from, each timed on its own (saved tensors, hand-offs, core sharing),
-are in :mod:`sim.primitives`; what the executor's threads add around each real partition (fresh-thread
-starts included) is measured in :mod:`sim.extras`.
+are in :mod:`sim.calibration.primitives`; what the executor's threads add around each real partition (fresh-thread
+starts included) is measured in :mod:`sim.calibration.extras`.
 
 Note [executor overheads]: two probe pipelines of layers that compute almost nothing (``x * w``)
 run a few recorded training steps in :class:`gpipe.GPipe`; what their spans show beyond the
@@ -53,8 +53,8 @@ hook call costs depends on what is saved: on 64 x (Linear(64, 64), ReLU) it was 
 of multiplications says. So ``calibrate(..., recorded=True)`` profiles each stage's forward and
 backward with the recorder's own hooks (``forward_recorded``, ``backward_recorded``), which the
 simulator then uses as they are. The per-tensor estimate remains for stages calibrated without:
-:func:`sim.primitives.count_saved_tensors` counts the tensors per stage (deterministic) and
-:func:`sim.primitives.measure_saved_tensor_cost` times both hooks per tensor on a chain of multiplications.
+:func:`sim.calibration.primitives.count_saved_tensors` counts the tensors per stage (deterministic) and
+:func:`sim.calibration.primitives.measure_saved_tensor_cost` times both hooks per tensor on a chain of multiplications.
 """
 
 from __future__ import annotations
@@ -71,14 +71,14 @@ from gpipe.affinity import Cores, check_affinity
 from gpipe.checks import check_positive
 from gpipe.profile import BlockProfile, Device, TensorOrTensors, profile_blocks
 from gpipe.schedule import Op, Task
-from sim.cost import CostModel, Overheads, StageCost
-from sim.primitives import (
+from sim.calibration.primitives import (
     count_saved_tensors,
     measure_contention,
     measure_handoff,
     measure_saved_tensor_cost,
     measure_task_overhead,
 )
+from sim.core.cost import CostModel, Overheads, StageCost
 
 __all__ = [
     "calibrate",
@@ -138,7 +138,7 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
             ``cpu_affinity``: each partition is profiled on its cores.
 
     Returns:
-        One :class:`~sim.cost.StageCost` per partition; copies priced by the simulator's link
+        One :class:`~sim.core.cost.StageCost` per partition; copies priced by the simulator's link
         (``copy_seconds=None``) and no overheads (see :func:`calibrate_overheads`).
 
     Raises:
@@ -213,7 +213,7 @@ def calibrate_overheads(*, workers: int = 2, repeats: int = 200, contention: boo
         threads_per_worker: intra-op threads each worker uses.
 
     Returns:
-        :class:`~sim.cost.Overheads` with ``task`` and ``handoff`` in seconds and ``contention``.
+        :class:`~sim.core.cost.Overheads` with ``task`` and ``handoff`` in seconds and ``contention``.
 
     Raises:
         ValueError: ``repeats < 1``, ``workers < 2`` with ``contention``, or ``threads_per_worker < 1``.
@@ -234,14 +234,15 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
         devices: one torch device per partition of the pipeline to be modelled.
         steps: recorded training steps of each probe pipeline (after ``warmup_steps`` others).
         warmup_steps: unrecorded steps first.
-        contention: measure core sharing among the workers on the CPU (:func:`sim.primitives.measure_contention`);
+        contention: measure core sharing among the workers on the CPU
+            (:func:`sim.calibration.primitives.measure_contention`);
             ``None``: when at least two partitions are on the CPU.
-        saved_tensor_repeats: samples of :func:`sim.primitives.measure_saved_tensor_cost`.
+        saved_tensor_repeats: samples of :func:`sim.calibration.primitives.measure_saved_tensor_cost`.
         affinity: one set of CPU cores per device (or ``None``), as the executor's ``cpu_affinity``:
             the probe pipelines' workers are pinned the same way.
 
     Returns:
-        :class:`~sim.cost.Overheads` with every field measured on this machine.
+        :class:`~sim.core.cost.Overheads` with every field measured on this machine.
 
     Raises:
         ValueError: no devices, a non-positive ``steps``, or a bad ``affinity``.

@@ -1,6 +1,6 @@
-"""The counted model that :func:`sim.flops.count_layers` returns: per-layer FLOP and byte tables, affine in the batch.
+"""What :func:`~sim.planning.flops.count_layers` returns: per-layer FLOP and byte tables, affine in the batch.
 
-Every count is stored as ``fixed + per_sample * batch`` (Note [affine in the batch] in :mod:`sim.flops`), so
+Every count is stored as ``fixed + per_sample * batch`` (Note [affine in the batch] in :mod:`sim.planning.flops`), so
 one count serves every micro-batch size of a sweep.
 """
 
@@ -59,7 +59,7 @@ class LayerCount:
 
 @dataclass(frozen=True, eq=False)
 class LayerProfile:
-    """What one layer costs, for any batch size (Note [affine in the batch] in :mod:`sim.flops`).
+    """What one layer costs, for any batch size (Note [affine in the batch] in :mod:`sim.planning.flops`).
 
     Attributes:
         name: the layer's name in the sequential (``"3"`` or ``"layer1_0_conv1"``).

@@ -6,7 +6,7 @@ starts for each phase and that wait on queues between tasks, and it wraps every 
 bookkeeping. What that adds is host time: Python running slower on a thread that has just started
 or just woken, the interpreter's caches going cold, the wrapping itself. It grows with the layers a
 stage calls, not with the samples it computes, so it is not a task overhead that one probe layer
-(:func:`sim.calibrate.calibrate_executor_overheads`) can measure for every stage, nor a factor on the
+(:func:`sim.calibration.calibrate.calibrate_executor_overheads`) can measure for every stage, nor a factor on the
 stage's seconds.
 
 On 64 x (Linear(64, 64), ReLU) in two stages, run alone in the executor, each task took longer than
@@ -25,17 +25,17 @@ each phase is of the kind the pipeline's is (a fresh thread's first grad-enabled
 ms more than later ones, its first no-grad forward much less). After every step one profiling pass
 times the same micro-batch. A task's extra is its span less the
 profiled seconds of its kind and less the host seconds the engine already adds (Note [host costs]
-in :mod:`sim.engine`). The stage's ``host_forward``, ``host_nograd`` and ``host_backward`` are the
+in :mod:`sim.core.engine`). The stage's ``host_forward``, ``host_nograd`` and ``host_backward`` are the
 medians over steps of the mean extra of the tasks of that kind that are not the first of their
 phase; its ``thread_start`` is the median of what the two first tasks (the first forward, the
 first task of the backward phase) take beyond the extra of their kind.
 
 The same runs also time the executor's ``launch`` (a step's start to its first task) and
 ``turnaround`` (the last forward's end to the first task of the backward phase, the loss between).
-The probe pipelines of :func:`sim.calibrate.calibrate_executor_overheads` measure them too, but
+The probe pipelines of :func:`sim.calibration.calibrate.calibrate_executor_overheads` measure them too, but
 step after step on a warm main thread; in the experiment a profiling pass runs between two steps,
 as it does here, and the launch of 64 x (Linear(64, 64), ReLU) took 0.7-0.8 ms there against the
-probe's 0.25-0.35 ms (4% of its step). :func:`sim.experiment.with_executor_costs` takes the launch
+probe's 0.25-0.35 ms (4% of its step). :func:`sim.calibration.experiment.with_executor_costs` takes the launch
 of the first stage's runs and the turnaround of the last stage's.
 """
 
@@ -52,9 +52,9 @@ from gpipe.affinity import Cores, check_affinity
 from gpipe.checks import check_positive
 from gpipe.profile import TensorOrTensors, preserved, time_recorded
 from gpipe.schedule import Checkpoint, Op, gpipe
-from sim.cost import CostModel
-from sim.engine import _OPCODE, _host_seconds
-from sim.machine import collected_after
+from sim.calibration.machine import collected_after
+from sim.core.cost import CostModel
+from sim.core.engine import _OPCODE, _host_seconds
 
 __all__ = ["StageExtras", "measure_stage_extras"]
 
@@ -64,7 +64,8 @@ CHUNKS, ROWS = 4, 2
 
 @dataclass(frozen=True)
 class StageExtras:
-    """Seconds the executor adds to one stage's tasks (Note [stage extras]), named as in :class:`sim.cost.StageCost`."""
+    """Seconds the executor adds to one stage's tasks (Note [stage extras]), named as in
+    :class:`sim.core.cost.StageCost`."""
 
     thread_start: float
     host_forward: float

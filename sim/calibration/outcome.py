@@ -1,9 +1,9 @@
 """What one experiment produced, and what can be read from it: errors, the machine's own noise, the files.
 
-:func:`sim.experiment.run` calibrates, simulates and runs the executor; it returns an
+:func:`sim.calibration.experiment.run` calibrates, simulates and runs the executor; it returns an
 :class:`Outcome`, which keeps the prediction, the measured step it is compared with, every recorded
 step's makespan and every calibration sample taken among the steps (the profiling passes and the
-pair rounds, Note [interleaved calibration] in :mod:`sim.experiment`). From those samples alone an
+pair rounds, Note [interleaved calibration] in :mod:`sim.calibration.experiment`). From those samples alone an
 outcome derives how the prediction holds step by step (:attr:`Outcome.paired_error`), block by block
 (:meth:`Outcome.block_errors`), and how far the machine itself moved while it ran
 (:attr:`Outcome.drift`); :func:`write_outputs` writes the picture, the trace and the report.
@@ -50,13 +50,13 @@ from gpipe.checks import check_positive
 from gpipe.profile import RecordedSeconds
 from gpipe.schedule import Schedule
 from gpipe.timeline import Timeline, chrome_trace
-from sim.compare import Comparison
-from sim.cost import CostModel, StageCost
-from sim.engine import SimConfig, simulate
+from sim.calibration.compare import Comparison
+from sim.calibration.machine import cpu_count
+from sim.calibration.pairs import median_pairs
+from sim.calibration.setup import Setup
+from sim.core.cost import CostModel, StageCost
+from sim.core.engine import SimConfig, simulate
 from sim.files import OutputFolder
-from sim.machine import cpu_count
-from sim.pairs import median_pairs
-from sim.setup import Setup
 
 __all__ = ["DRIFT_LIMIT", "OUTPUT_FILES", "Outcome", "halves", "interleaved_cost", "write_outputs"]
 
@@ -73,11 +73,11 @@ class Outcome:
 
     Attributes:
         setup: what was asked for, with ``balance`` and ``devices`` filled in.
-        schedule: the schedule both halves ran (Note [one schedule] in :mod:`sim.experiment`).
+        schedule: the schedule both halves ran (Note [one schedule] in :mod:`sim.calibration.experiment`).
         cost: the calibrated cost model, overheads included.
         config: the simulator's switches.
         predicted: the simulator's timeline.
-        measured: the executor's timeline of the median step (Note [median step] in :mod:`sim.experiment`).
+        measured: the executor's timeline of the median step (Note [median step] in :mod:`sim.calibration.experiment`).
         step_makespans: the makespan of every recorded step, seconds, in order.
         chosen_step: the index of ``measured`` in ``step_makespans``.
         comparison: ``compare(predicted, measured)``.
@@ -86,7 +86,7 @@ class Outcome:
         background_cores: CPU cores other processes used, on average, while the steps were measured
             (Linux; ``None`` elsewhere): a busy machine makes the measurement, not the model, noisy.
         passes: per recorded step, the profiling pass that ran right after it (Note [interleaved
-            calibration] in :mod:`sim.experiment`).
+            calibration] in :mod:`sim.calibration.experiment`).
         pair_rounds: the rounds of pair measurements, each with the index of the recorded step it
             followed (negative after a warm-up step).
     """
@@ -210,7 +210,7 @@ def interleaved_cost(cost: CostModel, passes: Sequence[Sequence[RecordedSeconds]
 
 def _median_seconds(stage: StageCost, profiles: Sequence[RecordedSeconds]) -> StageCost:
     """``stage`` with the seconds a recording executor's tasks take replaced by the medians over ``profiles``
-    (Note [interleaved calibration] in :mod:`sim.experiment`); its plain seconds, which such an executor
+    (Note [interleaved calibration] in :mod:`sim.calibration.experiment`); its plain seconds, which such an executor
     never runs, stay those of the first calibration."""
     return replace(stage, forward_recorded=statistics.median(p.forward for p in profiles),
                    backward_recorded=statistics.median(p.backward for p in profiles),

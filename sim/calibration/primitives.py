@@ -1,15 +1,15 @@
 """The executor's primitives, measured one at a time on this machine: what calibration is built from.
 
-:mod:`sim.calibrate` turns a model and the executor into a :class:`~sim.cost.CostModel`; the
+:mod:`sim.calibration.calibrate` turns a model and the executor into a :class:`~sim.core.cost.CostModel`; the
 functions here each time one thing the executor does, apart from any model:
 
 - each stage's own extras on the executor's threads are measured by running it alone in the
-  executor (:mod:`sim.extras`, Note [stage extras]);
+  executor (:mod:`sim.calibration.extras`, Note [stage extras]);
 - :func:`count_saved_tensors` and :func:`measure_saved_tensor_cost`: how many tensors autograd saves
   per partition, and what the recorder's hooks cost per tensor (Note [recording] in
-  :mod:`sim.calibrate`);
+  :mod:`sim.calibration.calibrate`);
 - :func:`measure_task_overhead`, :func:`measure_handoff` and :func:`measure_contention`: the emulated
-  per-task cost, hand-off and core sharing that :func:`sim.calibrate.calibrate_overheads` puts
+  per-task cost, hand-off and core sharing that :func:`sim.calibration.calibrate.calibrate_overheads` puts
   together when the executor is not at hand.
 
 Note [task overhead]: (emulated) take the task's input from a queue, detach it into a leaf, enter
@@ -234,7 +234,7 @@ def measure_contention(workers: int = 2, *, size: int = 192, inner: int = 20, re
         threads_per_worker: intra-op threads during the measurement (restored afterwards).
 
     Returns:
-        ``contention`` for :class:`~sim.cost.Overheads`: 0 when the threads do not slow each other,
+        ``contention`` for :class:`~sim.core.cost.Overheads`: 0 when the threads do not slow each other,
         1 when they share one core's worth of compute.
 
     Raises:
