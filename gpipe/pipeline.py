@@ -11,7 +11,7 @@ without checkpoints), so the checkpoint policy reaches a run inside its :class:`
 
 Note [learnt state]: ``draws`` and ``writes_input`` are the only fields whose contents change: runs learn,
 per partition, which layers draw random numbers (Note [learning which layers draw] in :mod:`gpipe.rng`) and
-whether the partition writes its input in place (Note [entering a partition] in :mod:`gpipe.worker`). What
+whether the partition writes its input in place (Note [entering a partition] in :mod:`gpipe.interpreter`). What
 they learnt belongs to this pipeline: the description never swaps them for other objects.
 
 Note [placed stages]: a worker is one schedule device and runs every stage the schedule places there, each on
