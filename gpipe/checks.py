@@ -60,11 +60,16 @@ def check_balance(balance: Sequence[int] | None, layers: int) -> list[int]:
     return values
 
 
-def check_devices(devices: Sequence[Device] | None, partitions: int) -> list[torch.device]:
+def check_devices(devices: Sequence[Device] | None, partitions: int,
+                  placement: Sequence[int] | None = None) -> list[torch.device]:
+    """The device of each partition: ``devices`` has one per partition, or one per schedule device where the
+    schedule's ``placement`` (stage to schedule device) uses fewer; ``None``: CUDA devices when there are enough."""
+    slots = list(range(partitions)) if placement is None else list(placement)
+    needed = max(slots) + 1
     if devices is None:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count >= partitions:
-            return [torch.device("cuda", k) for k in range(partitions)]
+        if count >= needed:
+            return [torch.device("cuda", k) for k in slots]
         return [torch.device("cpu")] * partitions
     if isinstance(devices, (str, int, torch.device)):
         raise TypeError(f"devices must be a list with one device per partition, got {devices!r}")
@@ -84,10 +89,14 @@ def check_devices(devices: Sequence[Device] | None, partitions: int) -> list[tor
         elif device.type != "cpu":
             raise ValueError(f"device {dev!r} is not supported: GPipe runs on 'cpu' and 'cuda' devices")
         result.append(device)
-    if len(result) < partitions:
-        raise TooFewDevices(f"too few devices: {partitions} partitions need {partitions} devices, got {len(result)}; "
-                         "list a device per partition (several partitions may share one, e.g. ['cpu'] * n)")
-    return result[:partitions]
+    if len(result) >= partitions:
+        return result[:partitions]
+    if needed < partitions and len(result) >= needed:  # one per schedule device
+        return [result[d] for d in slots]
+    raise TooFewDevices(f"too few devices: {partitions} partitions need {partitions} devices"
+                        + (f" (or {needed}, one per device of the schedule)" if needed < partitions else "")
+                        + f", got {len(result)}; list a device per partition (several partitions may share one, "
+                        "e.g. ['cpu'] * n)")
 
 
 def check_positive(name: str, value: int) -> None:

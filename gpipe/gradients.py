@@ -4,6 +4,11 @@ Note [gradients the caller asked for]: ``loss.backward()`` and ``step()`` accumu
 autograd would (every leaf the graph reaches); ``backward(inputs=...)`` only into the parameters it
 names; ``torch.autograd.grad`` (``collect``) leaves ``.grad`` alone: each task's parameter gradients are
 summed per partition, and the pipeline's autograd node hands them to the engine, which returns them.
+
+Note [split backward]: where a schedule has ``W(i, j)``, ``B(i, j)`` takes only the gradients of the stage's
+inputs (:meth:`Gradients.input_grads`, keeping the graph) and ``W(i, j)`` the parameters' from the same graph
+and output gradients (:meth:`Gradients.weight_grads`), then frees it. ``W`` differentiates the parameters
+alone, so a tensor that requires grad inside a layer without being a parameter gets no ``.grad`` there.
 """
 
 from __future__ import annotations
@@ -40,12 +45,14 @@ class Gradients:
             self.wanted.append(flags[:len(ps)])
             flags = flags[len(ps):]
 
+    def _wanted(self, j: int) -> list[Tensor]:
+        return list(self.params[j]) if self.wanted is None else [
+            p for p, want in zip(self.params[j], self.wanted[j], strict=True) if want]
+
     def differentiate(self, j: int, pairs: list[tuple[Tensor, Tensor]], leaves: list[Tensor]) -> list[Tensor | None]:
         """Backward through the graph of a task of partition ``j``: the gradients of ``leaves``; its parameters'
         as the caller asked (Note [gradients the caller asked for])."""
-        params = self.params[j] if self.wanted is None else [
-            p for p, want in zip(self.params[j], self.wanted[j], strict=True) if want]
-        wanted = leaves + params
+        wanted = leaves + self._wanted(j)
         if not pairs or (self.wanted is not None and not wanted):
             return [None] * len(leaves)
         outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
@@ -53,8 +60,33 @@ class Gradients:
             torch.autograd.backward(outs, grads, inputs=None if self.wanted is None else wanted)
             return [t.grad for t in leaves]
         found: list[Tensor | None] = list(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
+        self._add(j, found[len(leaves):])
+        return found[:len(leaves)]
+
+    def input_grads(self, pairs: list[tuple[Tensor, Tensor]], leaves: list[Tensor]) -> list[Tensor | None]:
+        """``B`` of a split backward: the gradients of ``leaves`` alone, the graph kept for ``W`` (Note [split
+        backward])."""
+        if not pairs or not leaves:
+            return [None] * len(leaves)
+        outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
+        return list(torch.autograd.grad(outs, leaves, grads, retain_graph=True, allow_unused=True))
+
+    def weight_grads(self, j: int, pairs: list[tuple[Tensor, Tensor]]) -> None:
+        """``W`` of a split backward of partition ``j``: its parameters' gradients as the caller asked (Note
+        [gradients the caller asked for]); frees the graph."""
+        params = self._wanted(j)
+        if not pairs or not params:
+            return
+        outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
+        if not self.collect:
+            torch.autograd.backward(outs, grads, inputs=params)
+        else:
+            self._add(j, list(torch.autograd.grad(outs, params, grads, allow_unused=True)))
+
+    def _add(self, j: int, found: list[Tensor | None]) -> None:
+        """Sum a ``collect`` backward's gradients of partition ``j``'s (wanted) parameters."""
         sums = self.param_grads[j]
-        for k, grad in enumerate(found[len(leaves):]):
+        for k, grad in enumerate(found):
             held = sums[k]
             if grad is None:
                 continue
@@ -63,7 +95,6 @@ class Gradients:
             else:
                 total, owned = held
                 sums[k] = (total.add_(grad) if owned else total + grad, True)
-        return found[:len(leaves)]
 
     def parameter_grads(self) -> list[Tensor | None]:
         """The summed parameter gradients of a ``collect`` backward, in :attr:`params` order; released here."""

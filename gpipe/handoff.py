@@ -1,10 +1,11 @@
-"""The hand-offs between a run's worker threads: an inbox per device, a stop when one fails, copies onto a device.
+"""The in-process transport: an inbox per worker thread, a stop when one fails, copies onto the receiving device.
 
-Note [hand-offs]: a worker sends its result (activations downstream, gradients upstream) to the
-inbox (a ``queue.SimpleQueue``) of the worker of the next stage. The receiver moves tensors to its
-device (on its copy stream for CUDA; on CPU devices the hand-off itself is the copy). An exception in
-any task is recorded, every worker is woken with a stop message, all threads are joined, and the
-original exception is raised in the caller with its traceback (:class:`gpipe.worker.Run`).
+Note [hand-offs]: a worker sends its result (activations downstream, gradients upstream, skip tensors) to the
+inbox (a ``queue.SimpleQueue``) of the worker of the receiving stage (:class:`gpipe.transport.Transport`). The
+receiver moves tensors to its stage's device (on the device's copy stream for CUDA, recorded as a copy span;
+on CPU devices the hand-off itself is the copy). An exception in any task is recorded, every worker is woken
+with a stop message, all threads are joined, and the original exception is raised in the caller with its
+traceback (:class:`gpipe.worker.Run`).
 """
 
 from __future__ import annotations
@@ -16,45 +17,73 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpipe.schedule import Task
+from gpipe.pipeline import Pipeline
+from gpipe.recorder import Recorder
+from gpipe.schedule import Schedule
+from gpipe.timeline import COPY
+from gpipe.transport import DRIVER, Key, Message, Stopped, Transport
 
-__all__ = ["Inboxes", "Stopped", "device_context", "moved"]
+__all__ = ["InProcess", "device_context", "moved"]
 
 _STOP = object()  # wakes a worker when another one failed
 
 
-class Stopped(Exception):
-    """Raised inside a worker that was told to stop because another one failed."""
+class InProcess(Transport):
+    """Threads of one process: one inbox per schedule device and one for the driver (Note [hand-offs]).
 
+    Args:
+        pipeline: the partitions' devices and copy streams.
+        schedule: where each stage runs (its placement).
+        recorder: records a copy span per copy onto a device, or ``None``.
+    """
 
-class Inboxes:
-    """One inbox per device, and the messages a worker took out of its inbox before it needed them."""
+    def __init__(self, pipeline: Pipeline, schedule: Schedule, recorder: Recorder | None) -> None:
+        self.placement = schedule.placement
+        self.devices = pipeline.devices
+        self.pipeline = pipeline
+        self.recorder = recorder
+        workers = schedule.num_devices
+        self.inbox: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(workers + 1)]  # last: driver
+        self.mail: list[dict[Key, Message]] = [{} for _ in range(workers + 1)]
 
-    def __init__(self, devices: int) -> None:
-        self.inbox: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(devices)]
-        self.mail: list[dict[Task, Any]] = [{} for _ in range(devices)]
+    def send(self, stage: int, key: Key, message: Message) -> None:
+        self.inbox[self.placement[stage] if stage != DRIVER else -1].put((key, message))
 
-    def send(self, d: int, task: Task, payload: Any) -> None:
-        """Hand ``payload``, the result of ``task``, to the worker of device ``d``."""
-        self.inbox[d].put((task, payload))
-
-    def receive(self, d: int, task: Task) -> Any:
-        """The result of ``task`` sent to device ``d``: waits for it, keeping what arrives first.
-
-        Raises:
-            Stopped: :meth:`stop` was called (another worker failed).
-        """
+    def receive(self, stage: int, key: Key) -> Message:
+        if stage == DRIVER:
+            return self._drained(key)
+        d = self.placement[stage]
         mail = self.mail[d]
-        while task not in mail:
-            key, payload = self.inbox[d].get()
+        inbox = self.inbox[d]
+        while key not in mail:  # keep what arrives first
+            got, payload = inbox.get()
             if payload is _STOP:
                 raise Stopped
-            mail[key] = payload
-        return mail.pop(task)
+            mail[got] = payload
+        message = mail.pop(key)
+        device = self.devices[stage]
+        if all(t is None or t.device == device for t in message.tensors):
+            return message
+        recorder = self.recorder
+        start = recorder.now(d, copy=True) if recorder else 0.0
+        arrived = moved(message.tensors, device, self.pipeline.copy_stream(device) if device.type == "cuda" else None)
+        if recorder is not None:
+            recorder.span(d, COPY, key[0], start, label="skip" if isinstance(key[1], tuple) else "")
+        return Message(arrived, message.is_tuple)
+
+    def _drained(self, key: Key) -> Message:
+        """The driver's message ``key``: the workers have ended, so it is in the inbox or was never sent."""
+        mail, inbox = self.mail[-1], self.inbox[-1]
+        while key not in mail and not inbox.empty():
+            got, payload = inbox.get_nowait()
+            mail[got] = payload
+        try:
+            return mail.pop(key)
+        except KeyError:
+            raise RuntimeError(f"no worker sent {key[0]} {key[1]!r} to the driver") from None
 
     def stop(self) -> None:
-        """Wake every worker waiting on its inbox with a stop message."""
-        for box in self.inbox:
+        for box in self.inbox[:-1]:
             box.put((None, _STOP))
 
 

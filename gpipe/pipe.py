@@ -7,9 +7,10 @@ Switching from torchgpipe is a change of import::
     output = model(input)
     loss_fn(output, target).backward()
 
-Note [the schedule drives both passes]: one worker thread per partition runs that partition's task
-list from :func:`gpipe.schedule.gpipe` in the schedule's order. ``forward()`` runs the forward tasks
-(each device's ``F`` prefix) and returns the gathered output, wired into autograd through two nodes::
+Note [the schedule drives both passes]: one worker thread per schedule device runs that device's task
+list (its stages' tasks, e.g. from :func:`gpipe.schedule.gpipe`) in the schedule's order. ``forward()``
+runs the forward tasks (each device's ``F`` prefix) and returns the gathered output, wired into autograd
+through two nodes::
 
     inputs --> _Wait --phony--> _Gather --> output --> (the user's loss)
 
@@ -30,8 +31,8 @@ That lets a schedule start backwards before all forwards end, as 1F1B (``schedul
 schedule); one that interleaves them trains only through ``step()``, and infers with GPipe's forwards.
 
 Every step runs the :class:`gpipe.pipeline.Pipeline` this ``GPipe`` built (Note [what a run is given] there). The
-worker threads themselves and checkpointing are in :mod:`gpipe.worker`, the hand-offs between them in
-:mod:`gpipe.handoff`.
+worker threads are in :mod:`gpipe.worker`, the interpreter of a device's tasks and checkpointing in
+:mod:`gpipe.interpreter`, what crosses between them in :mod:`gpipe.transport` and :mod:`gpipe.handoff`.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ class GPipe(nn.Module):
     Args:
         module: the model; its children are the layers that ``balance`` counts.
         balance: layers per partition, e.g. ``[2, 3]``; see :mod:`gpipe.balance` to choose it.
-        devices: one device per partition (several partitions may share one); default: a CUDA device
-            each when there are enough, else ``"cpu"`` for every partition.
+        devices: one device per partition (several partitions may share one), or one per schedule device when
+            the schedule places the stages on fewer (Note [placed stages] in :mod:`gpipe.pipeline`); default: a
+            CUDA device per schedule device when there are enough, else ``"cpu"`` for every partition.
         chunks: micro-batches per mini-batch.
         checkpoint: ``"always"``, ``"except_last"`` (default) or ``"never"``.
         deferred_batch_norm: replace batch norm by :class:`gpipe.DeferredBatchNorm`.
@@ -75,8 +77,8 @@ class GPipe(nn.Module):
             (:attr:`timeline`); settable later.
         schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`): ``"gpipe"``
             (default), ``"1f1b"`` (trained with :meth:`step`), or one a user registered.
-        cpu_affinity: one set of CPU cores per partition (or ``None`` for one left unpinned): its
-            worker thread runs only there (Linux; :mod:`gpipe.affinity`, Note [pinned workers]).
+        cpu_affinity: one set of CPU cores per partition or per schedule device (or ``None`` for one left
+            unpinned): its worker thread runs only there (Linux; :mod:`gpipe.affinity`, Note [pinned workers]).
         switch_interval: seconds Python's interpreter lock may stay with one thread while two or more
             workers run (``sys.setswitchinterval``, restored after each phase; :mod:`gpipe.gil`, Note
             [switch interval]); ``None`` leaves the interpreter's setting alone.
@@ -105,8 +107,13 @@ class GPipe(nn.Module):
         self.chunks = chunks
         self.checkpoint = checkpoint
         self.schedule_name = schedule
-        placed = check_devices(devices, len(self.balance))
+        # Note [placed stages] in gpipe.pipeline: a schedule may place several stages on one of fewer devices
+        placement = schedule_kind(schedule)(chunks, len(self.balance), cast(Checkpoint, checkpoint)).placement
+        placed = check_devices(devices, len(self.balance), placement)
         skip_layout = SkipLayout.of(list(module), self.balance)
+        if cpu_affinity is not None and not isinstance(cpu_affinity, (str, bytes, int)) \
+                and len(cpu_affinity) == max(placement) + 1 < len(self.balance):
+            cpu_affinity = [list(cpu_affinity)[d] for d in placement]  # one per schedule device, as devices may be
         affinity = check_affinity(cpu_affinity, len(self.balance))
         interval = check_switch_interval(switch_interval)
         if deferred_batch_norm:
@@ -123,6 +130,7 @@ class GPipe(nn.Module):
         self.record = record
         self.timeline: Timeline | None = None
         self._schedules: dict[tuple[int, str, str], Schedule] = {}
+        self.schedule_for(chunks)  # a placement whose workers' devices disagree fails here, not in a step
 
     @property
     def devices(self) -> list[torch.device]:
@@ -182,7 +190,9 @@ class GPipe(nn.Module):
         kind = self.schedule_name if name is None else name
         key = (m, mode, kind)
         if key not in self._schedules:
-            self._schedules[key] = schedule_kind(kind)(m, len(self.partitions), cast(Checkpoint, mode)).validate()
+            schedule = schedule_kind(kind)(m, len(self.partitions), cast(Checkpoint, mode)).validate()
+            self.pipeline.workers(schedule)  # Note [placed stages] in gpipe.pipeline
+            self._schedules[key] = schedule
         return self._schedules[key]
 
     @property
@@ -206,7 +216,7 @@ class GPipe(nn.Module):
                                    "loss_fn)")
             schedule = self.schedule_for(m, mode, "gpipe")  # inference: only forwards, in GPipe's order
         run = Run(self.pipeline, schedule, batches, was_tuple, train, self.record and train)
-        run.execute(forward=True)
+        run.execute_forward()
         if run.recorder is not None:
             run.recorder.pause()
         if not train:
@@ -240,11 +250,10 @@ class GPipe(nn.Module):
         if not torch.is_grad_enabled():
             raise RuntimeError("pipe.step trains: call it with grad enabled (not under torch.no_grad())")
         mode = self.checkpoint if self.training else "never"
-        run = Run(self.pipeline, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record)
         total = tensors[0].size(0)
         summed = getattr(loss_fn, "reduction", "mean") == "sum"
-        run.loss = (loss_fn, [t if len(t) > 1 else t[0] for t in target_batches],
-                    [1.0 if summed else b[0].size(0) / total for b in batches])
+        loss = (loss_fn, target_batches, [1.0 if summed else b[0].size(0) / total for b in batches])
+        run = Run(self.pipeline, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record, loss)
         run.execute_all()
         self._keep_timeline(run)
         return torch.stack([run.losses[i] for i in range(len(batches))]).sum()

@@ -11,8 +11,12 @@ without checkpoints), so the checkpoint policy reaches a run inside its :class:`
 
 Note [learnt state]: ``draws`` and ``writes_input`` are the only fields whose contents change: runs learn,
 per partition, which layers draw random numbers (Note [learning which layers draw] in :mod:`gpipe.rng`) and
-whether the partition writes its input in place (Note [entering a partition] in :mod:`gpipe.worker`). What
+whether the partition writes its input in place (Note [entering a partition] in :mod:`gpipe.interpreter`). What
 they learnt belongs to this pipeline: the description never swaps them for other objects.
+
+Note [placed stages]: a worker is one schedule device and runs every stage the schedule places there, each on
+its partition's device; the stages of one worker must share a torch device and CPU cores (one thread, one
+device context, one pinning), which :meth:`Pipeline.workers` checks.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from torch import nn
 
 from gpipe.rng import Draws
+from gpipe.schedule import Schedule
 from gpipe.skip.layout import SkipLayout
 
 __all__ = ["Pipeline"]
@@ -69,6 +74,34 @@ class Pipeline:
         return cls(tuple(partitions), tuple(devices), skip_layout,
                    None if cpu_affinity is None else tuple(cpu_affinity), switch_interval, MappingProxyType(streams),
                    Draws(partitions), [None] * len(partitions))
+
+    def workers(self, schedule: Schedule) -> tuple[list[torch.device], list[frozenset[int] | None] | None]:
+        """The torch device and CPU cores of each of ``schedule``'s devices (Note [placed stages]).
+
+        Raises:
+            ValueError: the schedule's stages differ from the partitions, or two stages placed on one schedule
+                device have different torch devices or cores.
+        """
+        if schedule.n != len(self.partitions):
+            raise ValueError(f"schedule {schedule.name!r} has {schedule.n} stages for {len(self.partitions)} "
+                             "partitions")
+        devices: list[torch.device | None] = [None] * schedule.num_devices
+        cores: list[frozenset[int] | None] = [None] * schedule.num_devices
+        affinity = self.cpu_affinity or (None,) * len(self.partitions)
+        for j, d in enumerate(schedule.placement):
+            if devices[d] is None:
+                devices[d], cores[d] = self.devices[j], affinity[j]
+                continue
+            k = schedule.placement.index(d)
+            for what, mine, theirs in (("devices", self.devices[j], devices[d]), ("CPU cores", affinity[j], cores[d])):
+                if mine != theirs:
+                    raise ValueError(f"schedule {schedule.name!r} places stages {k} and {j} on one worker (device "
+                                     f"{d}), but their partitions have different {what}: {theirs} and {mine}; give "
+                                     "the stages of one schedule device the same device and cores")
+        placed = [dev for dev in devices if dev is not None]
+        if len(placed) != len(devices):
+            raise ValueError(f"schedule {schedule.name!r} has a device without stages: placement {schedule.placement}")
+        return placed, None if self.cpu_affinity is None else cores
 
     def copy_stream(self, device: torch.device) -> Any:
         """The stream copies onto ``device`` run on; ``None`` for a device that is not one of this pipeline's

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,13 +35,15 @@ class Recorder:
         pipeline: what the step runs: its devices, partitions and copy streams.
         schedule: the step's schedule, described in the timeline's ``meta``.
         threads_per_worker: each worker's intra-op threads, for the ``meta`` too.
+        devices: the torch device of each schedule device (:meth:`gpipe.pipeline.Pipeline.workers`).
     """
 
-    def __init__(self, pipeline: Pipeline, schedule: Schedule, threads_per_worker: int) -> None:
+    def __init__(self, pipeline: Pipeline, schedule: Schedule, threads_per_worker: int,
+                 devices: Sequence[torch.device]) -> None:
         self.pipeline = pipeline
         self.schedule = schedule
         self.threads_per_worker = threads_per_worker
-        self.devices = pipeline.devices
+        self.devices = tuple(devices)
         self.cuda = any(dev.type == "cuda" for dev in self.devices)
         self.spans: list[tuple[int, str, Task, Any, Any, str]] = []
         self.lock = threading.Lock()

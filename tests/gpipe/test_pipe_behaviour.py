@@ -189,8 +189,8 @@ def test_a_run_is_given_the_pipeline_description_not_the_gpipe() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         description.devices = (torch.device("cpu"),)  # type: ignore[misc]
     x = torch.randn(4, 6)
-    run = Run(description, pipe.schedule_for(2, "except_last"), scatter((x,), 2), False, train=True, record=True)
-    run.loss = (lambda out, target: (out - target).sum(), [torch.zeros(2, 3)] * 2, [1.0, 1.0])
+    run = Run(description, pipe.schedule_for(2, "except_last"), scatter((x,), 2), False, train=True, record=True,
+              loss=(lambda out, target: (out - target).sum(), [(torch.zeros(2, 3),)] * 2, [1.0, 1.0]))
     run.execute_all()
     assert pipe.timeline is None and run.timeline is not None  # the run's own: it knows no GPipe to keep it in
     assert run.timeline.meta["m"] == 2 and description.writes_input == [False, False]

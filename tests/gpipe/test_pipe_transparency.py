@@ -117,7 +117,8 @@ def test_tuple_inputs(balance: list[int], chunks: int, checkpoint: str) -> None:
 
 @pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
 def test_partitions_starting_with_an_in_place_layer(checkpoint: str) -> None:
-    """Note [checkpointing] in gpipe.worker: such a partition's checkpointed forward runs on a copy of its input."""
+    """Note [checkpointing] in gpipe.interpreter: such a partition's checkpointed forward runs on a copy of its
+    input."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.ReLU(inplace=True), nn.Linear(6, 8), nn.ReLU(inplace=True), nn.Linear(8, 3))
     for _ in range(2):  # the second step runs with what the first learnt
