@@ -81,7 +81,7 @@ from gpipe.schedule import Checkpoint  # noqa: E402
 from gpipe.schedule import gpipe as gpipe_schedule  # noqa: E402
 from sim.calibration.calibrate import calibrate, on_device, partitions_of  # noqa: E402
 from sim.calibration.experiment import with_executor_costs  # noqa: E402
-from sim.core.cost import Overheads  # noqa: E402
+from sim.calibration.host import Overheads, executor_costs, with_overheads  # noqa: E402
 from sim.core.engine import simulate  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "executor_speed.json"
@@ -300,12 +300,12 @@ def predict(workload: Workload, quick: bool) -> dict[str, Any]:
     # the executor's own costs, measured as sim.calibration.experiment measures them
     parts = [on_device(p, d) for p, d in zip(partitions_of(model, workload.balance), devices, strict=True)]
     cost, config = with_executor_costs(cost, parts, sample, devices, steps=4 if quick else 12)
-    overheads = cost.overheads
+    overheads = executor_costs(cost).overheads
     scale = tuple(p.shape[0] / sample.shape[0] for p in pieces)
     if all(s == 1.0 for s in scale):
         scale = ()
     full = replace(cost, microbatch_scale=scale)
-    ideal = replace(full, overheads=Overheads())
+    ideal = with_overheads(full, Overheads())
     n = len(workload.balance)
     out: dict[str, Any] = {
         "overheads": {"task_seconds": overheads.task, "handoff_seconds": overheads.handoff,

@@ -2,7 +2,7 @@
 
 The same experiment as ``benchmarks/fidelity.py`` (:func:`sim.calibration.experiment.run`), on CUDA devices: two
 partitions on the GPUs there are (both on ``cuda:0`` when it is alone, then they issue to one stream:
-``SimConfig.shared_streams``), every CUDA device asynchronous (``sim.core.engine``, Note [asynchronous devices]).
+``SimConfig.shared_streams``), every CUDA device asynchronous (``sim.core.device``, Note [asynchronous devices]).
 The grid::
 
     model       wide: 8 x (Linear(4096), ReLU), batch 512, where the kernels outlast the host's work

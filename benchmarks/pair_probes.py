@@ -1,6 +1,6 @@
 """Do pair slowdowns depend on how they are measured? Three probes of the same pairs of tasks.
 
-The simulator's pairwise sharing (Note [pairwise contention] in ``sim.core.engine``) gives each pair of task kinds one
+The simulator's pairwise sharing (``sim.core.sharing``) gives each pair of task kinds one
 slowdown ``c``: a task runs at ``1 / (1 + c)`` of its speed while the other one runs. On two CPU cores the pairs of
 fidelity.py's ``mlp`` (64 x (Linear(64, 64), ReLU), balance 66/62, micro-batches of 8) are mostly Python's global
 interpreter lock changing hands. This script measures the same pairs three ways, on the same partitions, each

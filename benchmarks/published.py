@@ -80,7 +80,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpipe.schedule import gpipe  # noqa: E402
-from sim.core.engine import SimConfig, simulate  # noqa: E402
+from sim.core.config import SimConfig  # noqa: E402
+from sim.core.engine import simulate  # noqa: E402
 from sim.planning.costs_from_flops import FlopCosts, training_policy  # noqa: E402
 from sim.planning.flops import ModelProfile, count_layers  # noqa: E402
 from sim.planning.hardware import DeviceSpec, get_device, get_link  # noqa: E402

@@ -9,7 +9,7 @@ Each point is ``gpipe(m, n, "never")`` (2·m·n tasks) simulated twice:
 Three figures per point: ``validate`` (seconds of ``Schedule.validate`` alone), ``simulate/s`` (tasks per
 second of the whole public call: validation, the simulation, and building the Timeline of spans and
 memory samples) and ``engine/s`` (tasks per second of the simulation proper, timed through the engine's
-internal ``_Run`` on the already validated schedule). A schedule remembers that it passed validation
+:func:`sim.core.engine.run_validated` on the already validated schedule). A schedule remembers that it passed validation
 (Note [linear validation] in :mod:`gpipe.schedule.validator`), so every timed call gets a fresh, equal copy of the
 schedule: ``simulate/s`` is what a first call costs. Each time is the best of a few repeats (the machine
 is shared). The goal: ``simulate/s`` >= 250,000 at n=64, m=4096 with free copies.
@@ -46,8 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import simpy  # noqa: E402
 
 from gpipe.schedule import Schedule, checkpointed, gpipe  # noqa: E402
+from sim.core.config import SimConfig  # noqa: E402
 from sim.core.cost import CostModel  # noqa: E402
-from sim.core.engine import SimConfig, _Run, simulate  # noqa: E402
+from sim.core.engine import run_validated, simulate  # noqa: E402
 from sim.planning.hardware import get_link  # noqa: E402
 
 MiB = 2**20
@@ -100,7 +101,7 @@ def measure(schedule: Schedule, repeats: int) -> dict[str, Any]:
     schedule.validate()  # the engine alone runs on a validated schedule
     for name, (cost, config) in variants(schedule.n).items():
         total = best_seconds(lambda c=cost, k=config: simulate(fresh(schedule), c, k), repeats)  # type: ignore[misc]
-        engine = best_seconds(lambda c=cost, k=config: _Run(schedule, c, k).timeline(), repeats)  # type: ignore[misc]
+        engine = best_seconds(lambda c=cost, k=config: run_validated(schedule, c, k), repeats)  # type: ignore[misc]
         row[name] = {"simulate_seconds": total, "simulate_tasks_per_second": tasks / total,
                      "engine_seconds": engine, "engine_tasks_per_second": tasks / engine}
     return row

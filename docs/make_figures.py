@@ -64,7 +64,7 @@ def figure(name: str) -> Callable[[Callable[[Path], None]], Callable[[Path], Non
 
 def simulate(schedule: Schedule, cost: CostModel, **config: Any) -> Timeline:
     """:func:`sim.core.engine.simulate` with ``SimConfig(**config)``."""
-    from sim.core.engine import SimConfig
+    from sim.core.config import SimConfig
     from sim.core.engine import simulate as run
 
     return run(schedule, cost, config=SimConfig(**config))
@@ -307,10 +307,10 @@ def _onefoneb(path: Path) -> None:
 
 @figure("overheads.png")
 def _overheads(path: Path) -> None:
-    from sim.core.cost import Overheads
+    from sim.calibration.host import Overheads, with_overheads
 
     ideal = teach_cost(n=2)
-    real = ideal.with_overheads(Overheads(task=0.2e-3, handoff=0.3e-3, contention=0.5))
+    real = with_overheads(ideal, Overheads(task=0.2e-3, handoff=0.3e-3, contention=0.5))
     tls = [simulate(gpipe(4, 2, "never"), c) for c in (ideal, real)]
     titles = [f"ideal: makespan {_ms(tls[0].makespan)}",
               f"task overhead 0.2 ms, hand-off 0.3 ms, contention 0.5: makespan {_ms(tls[1].makespan)}"]

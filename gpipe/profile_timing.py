@@ -8,7 +8,7 @@ earlier work is not billed to the block).
 Note [issue seconds]: on CUDA the host only launches kernels, and returns before they end; every run is
 also timed on the host, from the call to its return (``..._issue_seconds``). That is the host's share of
 a task, which an executor's worker cannot overlap with its next task, while the kernels' seconds can
-overlap the host's next work (``sim.core.engine``, Note [asynchronous devices]). Where the host sets the pace
+overlap the host's next work (``sim.core.device``, Note [asynchronous devices]). Where the host sets the pace
 (many small kernels) the two are about equal; where the kernels do, the issue seconds are far smaller. On
 CPU the host runs the work itself, and the issue seconds equal the seconds.
 

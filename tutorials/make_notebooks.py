@@ -156,7 +156,8 @@ pipeline approach as `m` grows? Why can't a real pipeline get there by taking `m
     "md:" + _answer("""`(1 + (n - 1)/m)(T_f + T_b) → T_f + T_b = 12 ms`. In practice tiny micro-batches use an
 accelerator poorly (a kernel has a fixed launch cost and needs enough work to fill the device), every task pays a
 fixed host overhead, and each copy pays a latency: the cost per micro-batch does not shrink as `1/m` forever. The
-simulator can show this: give the cost model `Overheads(task=...)` and sweep `m` again."""),
+simulator can show this: give the cost model a per-task host cost (the executor's `Overheads(task=...)`, with
+`sim.calibration.host.with_overheads`) and sweep `m` again."""),
     """# Exercise 4: your code here
 """,
 ]
@@ -286,7 +287,8 @@ Four stages, 8 micro-batches, forward 1 ms, backward 2 ms, and every copy 0.5 ms
     """from gpipe.plot import plot_side_by_side
 from gpipe.schedule import gpipe
 from sim.core.cost import CostModel
-from sim.core.engine import SimConfig, simulate
+from sim.core.config import SimConfig
+from sim.core.engine import simulate
 
 cost = CostModel.uniform(4, 1e-3, 2e-3, copy_seconds=0.5e-3)
 with_streams = simulate(gpipe(8, 4, "never"), cost)
@@ -443,6 +445,7 @@ The simulator needs to know how long each task takes. `sim.calibration.calibrate
 micro-batch of the size the pipeline runs (forward, backward, recompute, and the bytes each keeps), with the same
 profiler that `gpipe.balance.balance_by_time` uses.""",
     """from sim.calibration.calibrate import calibrate, calibrate_overheads
+from sim.calibration.host import with_overheads
 
 microbatch = batch[: len(batch) // chunks]
 cost = calibrate(model, balance, microbatch)
@@ -460,14 +463,15 @@ site's page *The simulator's model of a device* says where each goes in the simu
     """overheads = calibrate_overheads(workers=2, threads_per_worker=1)
 print(f"task {overheads.task * 1e6:.1f} us, hand-off {overheads.handoff * 1e6:.1f} us, "
       f"contention {overheads.contention:.2f}")
-calibrated = cost.with_overheads(overheads)""",
+calibrated = with_overheads(cost, overheads)""",
     """md:## Predict, then compare
 
 The simulator gets the very schedule the executor ran. Both partitions live on the same CPU, so a hand-off moves no
 bytes: no link (`SimConfig(link=None)`). We simulate twice: the *ideal* pipeline (kernels only) and the
 *calibrated* one (kernels and overheads).""",
     """from sim.calibration.compare import compare
-from sim.core.engine import SimConfig, simulate
+from sim.core.config import SimConfig
+from sim.core.engine import simulate
 
 config = SimConfig(link=None)
 ideal = simulate(pipe.schedule, cost, config)
@@ -520,7 +524,7 @@ was late.
 Cut the same mini-batch into 8 micro-batches instead of 4. Each task now processes half as many samples, so
 calibrate again with the smaller micro-batch, predict the new makespan, and only then measure.""",
     """chunks8 = 8
-cost8 = calibrate(model, balance, batch[: len(batch) // chunks8]).with_overheads(overheads)
+cost8 = with_overheads(calibrate(model, balance, batch[: len(batch) // chunks8]), overheads)
 pipe8 = GPipe(model, balance=balance, devices=["cpu", "cpu"], chunks=chunks8, checkpoint="except_last", record=True)
 predicted8 = simulate(pipe8.schedule, cost8, config)
 print(f"predicted: chunks=4 {predicted.makespan * 1e3:6.1f} ms, chunks=8 {predicted8.makespan * 1e3:6.1f} ms")
@@ -560,7 +564,7 @@ prediction? Set each to zero in turn and simulate again.""",
 from dataclasses import replace
 
 for name in ("task", "handoff", "contention"):
-    without = cost.with_overheads(replace(overheads, **{name: 0.0}))
+    without = with_overheads(cost, replace(overheads, **{name: 0.0}))
     print(name, simulate(pipe.schedule, without, config).makespan * 1e3)
 ```
 
@@ -580,7 +584,7 @@ less in the backward phase. The step is longer than with `[8, 8]`:
 
 ```python
 uneven = [10, 6]
-cost_uneven = calibrate(model, uneven, microbatch).with_overheads(overheads)
+cost_uneven = with_overheads(calibrate(model, uneven, microbatch), overheads)
 pipe_uneven = GPipe(model, balance=uneven, devices=["cpu", "cpu"], chunks=4, record=True)
 print(simulate(pipe_uneven.schedule, cost_uneven, config).makespan * 1e3,
       measure(pipe_uneven, batch)[0].makespan * 1e3)
@@ -685,8 +689,8 @@ show(replace(UNET, skip_bytes=tuple(2 * b for b in UNET.skip_bytes)), "skips twi
 baseline and to the full configuration, and what does the simulator leave out that would temper the gain?""",
     "md:" + _answer("""Both improve (the bubble shrinks from `3/11` to `3/19`), the full configuration most, to about
 65 samples/s. The simulator scales every task by `8/16` exactly, but real kernels get less efficient as
-micro-batches shrink and every task and copy pays fixed overheads, so the real gain is smaller; `Overheads(task=...)`
-in the cost model is the place to try that:
+micro-batches shrink and every task and copy pays fixed overheads, so the real gain is smaller; a per-task host
+cost in the cost model (`sim.calibration.host.with_overheads(cost, Overheads(task=...))`) is the place to try that:
 
 ```python
 show(UNET.rechunked(16), "chunks 16")

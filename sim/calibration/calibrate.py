@@ -5,7 +5,8 @@ consumes the :class:`~sim.core.cost.CostModel` it returns. Three parts:
 
 - :func:`calibrate` profiles each partition of a balanced ``nn.Sequential`` on its device with
   :func:`gpipe.profile.profile_blocks` (the profiler ``balance_by_time`` uses too) and fills one
-  :class:`~sim.core.cost.StageCost` per partition::
+  :class:`~sim.core.cost.StageCost` per partition, and what a recording executor adds to it
+  (:class:`~sim.calibration.host.ExecutorStage`)::
 
       forward               grad-enabled forward   F of a micro-batch that is not checkpointed
       forward_checkpointed  no-grad forward        F of a checkpointed micro-batch
@@ -23,7 +24,7 @@ consumes the :class:`~sim.core.cost.CostModel` it returns. Three parts:
 
 - :func:`calibrate_executor_overheads` runs the executor itself on probe pipelines and reads its
   timelines (Note [executor overheads]); :func:`sim.calibration.pairs.measure_pairs` runs the real partitions two at a
-  time (Note [pairs] there). Together they give :class:`~sim.core.cost.Overheads`.
+  time (Note [pairs] there). Together they give :class:`~sim.calibration.host.Overheads`.
 - :func:`calibrate_overheads` is the older, emulated measurement of the same costs, for when the
   executor is not at hand (Notes [task overhead], [hand-off], [contention] in :mod:`sim.calibration.primitives`).
 
@@ -71,6 +72,7 @@ from gpipe.affinity import Cores, check_affinity
 from gpipe.checks import check_positive
 from gpipe.profile import BlockProfile, Device, TensorOrTensors, profile_blocks
 from gpipe.schedule import Op, Task
+from sim.calibration.host import ExecutorCosts, ExecutorStage, Overheads
 from sim.calibration.primitives import (
     count_saved_tensors,
     measure_contention,
@@ -78,7 +80,7 @@ from sim.calibration.primitives import (
     measure_saved_tensor_cost,
     measure_task_overhead,
 )
-from sim.core.cost import CostModel, Overheads, StageCost
+from sim.core.cost import CostModel, StageCost
 
 __all__ = [
     "calibrate",
@@ -139,7 +141,9 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
 
     Returns:
         One :class:`~sim.core.cost.StageCost` per partition; copies priced by the simulator's link
-        (``copy_seconds=None``) and no overheads (see :func:`calibrate_overheads`).
+        (``copy_seconds=None``); the runner an :class:`~sim.calibration.host.ExecutorCosts` with one
+        :class:`~sim.calibration.host.ExecutorStage` per partition (saved tensors, recorded and issue
+        seconds) and no overheads (see :func:`calibrate_overheads`).
 
     Raises:
         TypeError: ``module`` is not an ``nn.Sequential``.
@@ -164,12 +168,14 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
         checkpoint_bytes=p.input_bytes,
         parameter_bytes=p.parameter_bytes,
         gradient_bytes=p.gradient_bytes,
+    ) for p in profiles)
+    executor = tuple(ExecutorStage(
         saved_tensors=count,
         forward_recorded=p.forward_recorded_seconds,
         backward_recorded=p.backward_recorded_seconds,
         issue_forward=issue[0], issue_nograd=issue[1], issue_backward=issue[2],
     ) for p, count, issue in zip(profiles, counts, issues, strict=True))
-    return CostModel(stages)
+    return CostModel(stages, runner=ExecutorCosts(stages=executor))
 
 
 def _on_cuda(part: nn.Module) -> bool:
@@ -213,7 +219,7 @@ def calibrate_overheads(*, workers: int = 2, repeats: int = 200, contention: boo
         threads_per_worker: intra-op threads each worker uses.
 
     Returns:
-        :class:`~sim.core.cost.Overheads` with ``task`` and ``handoff`` in seconds and ``contention``.
+        :class:`~sim.calibration.host.Overheads` with ``task`` and ``handoff`` in seconds and ``contention``.
 
     Raises:
         ValueError: ``repeats < 1``, ``workers < 2`` with ``contention``, or ``threads_per_worker < 1``.
@@ -242,7 +248,7 @@ def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, 
             the probe pipelines' workers are pinned the same way.
 
     Returns:
-        :class:`~sim.core.cost.Overheads` with every field measured on this machine.
+        :class:`~sim.calibration.host.Overheads` with every field measured on this machine.
 
     Raises:
         ValueError: no devices, a non-positive ``steps``, or a bad ``affinity``.

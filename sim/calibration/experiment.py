@@ -89,6 +89,7 @@ from gpipe.timeline import Timeline
 from sim.calibration.calibrate import calibrate, calibrate_executor_overheads, on_device, partitions_of
 from sim.calibration.compare import compare
 from sim.calibration.extras import measure_stage_extras
+from sim.calibration.host import executor_costs
 from sim.calibration.machine import (
     BackgroundLoad,
     collected_after,
@@ -100,8 +101,9 @@ from sim.calibration.machine import (
 from sim.calibration.outcome import Outcome, interleaved_cost
 from sim.calibration.pairs import PairMeter, measure_pairs, rebased
 from sim.calibration.setup import Setup
-from sim.core.cost import CostModel, StageCost
-from sim.core.engine import SimConfig, simulate
+from sim.core.config import SimConfig
+from sim.core.cost import CostModel
+from sim.core.engine import simulate
 
 __all__ = [
     "Setup",
@@ -309,40 +311,42 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
     layers (:mod:`sim.calibration.extras`, run with ``checkpoint``, the pipeline's policy), and, for workers
     sharing the CPU's cores and Python's lock (:func:`sim.calibration.machine.shares_cores`), what each pair of
     tasks costs. Partitions on one torch device hand tensors over and nothing is copied; GPipe's
-    ``forward()`` returns before ``loss.backward()`` starts the backward phase (sim.core.engine, Note [two
-    phases]). ``affinity``: the executor's ``cpu_affinity``; every measurement pins its threads the
+    ``forward()`` returns before ``loss.backward()`` starts the backward phase (Note [two phases] in
+    :mod:`sim.core.device`). ``affinity``: the executor's ``cpu_affinity``; every measurement pins its threads the
     same way. ``pairs=False`` leaves ``Overheads.pairs`` to the caller (:func:`run` measures a round
     of them after every step, Note [interleaved calibration]).
     """
     overheads = calibrate_executor_overheads(list(devices), steps=steps, affinity=affinity)
-    cost = replace(cost, overheads=overheads)
-    extras = measure_stage_extras(cost, parts, sample, checkpoint=checkpoint, affinity=affinity)
+    executor = replace(executor_costs(cost), overheads=overheads)
+    extras = measure_stage_extras(replace(cost, runner=executor), parts, sample, checkpoint=checkpoint,
+                                  affinity=affinity)
     overheads = replace(overheads, launch=extras[0].launch, turnaround=extras[-1].turnaround)
-    cost = replace(cost, stages=tuple(replace(s, thread_start=e.thread_start, host_forward=e.host_forward,
-                                              host_nograd=e.host_nograd, host_backward=e.host_backward)
-                                      for s, e in zip(cost.stages, extras, strict=True)))
+    executor = replace(executor, stages=tuple(replace(s, thread_start=e.thread_start, host_forward=e.host_forward,
+                                                      host_nograd=e.host_nograd, host_backward=e.host_backward)
+                                              for s, e in zip(executor.stages, extras, strict=True)))
+    cost = replace(cost, runner=executor)
     if pairs and shares_cores(devices):
         overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=affinity,
-                                                            recorded=_recorded_seconds(cost.stages)))
-    return replace(cost, overheads=overheads, copy_seconds=None), executor_config(devices)
+                                                            recorded=_recorded_seconds(cost)))
+    return replace(cost, runner=replace(executor, overheads=overheads), copy_seconds=None), executor_config(devices)
 
 
-def _recorded_seconds(stages: Sequence[StageCost]) -> list[RecordedSeconds] | None:
+def _recorded_seconds(cost: CostModel) -> list[RecordedSeconds] | None:
     """The stages' recorded seconds, the baselines pairs are rebased against (Note [pair baselines] in
     :mod:`sim.calibration.pairs`); ``None`` unless every stage has all three."""
     found = []
-    for s in stages:
-        if s.forward_recorded is None or s.backward_recorded is None or s.forward_checkpointed is None:
+    for s, e in zip(cost.stages, executor_costs(cost).stages, strict=True):
+        if e.forward_recorded is None or e.backward_recorded is None or s.forward_checkpointed is None:
             return None
-        found.append(RecordedSeconds(s.forward_recorded, s.backward_recorded, s.forward_checkpointed))
+        found.append(RecordedSeconds(e.forward_recorded, e.backward_recorded, s.forward_checkpointed))
     return found
 
 
 def executor_config(devices: Sequence[str]) -> SimConfig:
     """The simulator's switches for :class:`gpipe.GPipe` on ``devices`` (one per partition).
 
-    Two phases (Note [two phases] in :mod:`sim.core.engine`); CUDA devices asynchronous, and partitions on one
-    CUDA device issuing to its one stream (Note [asynchronous devices]); copies priced by the cost model.
+    Two phases (Note [two phases] in :mod:`sim.core.device`); CUDA devices asynchronous, and partitions on one
+    CUDA device issuing to its one stream (Note [asynchronous devices] there); copies priced by the cost model.
     """
     parsed = [torch.device(d) for d in devices]
     cuda = ["" if d.type != "cuda" else str(d) if d.index is not None else f"cuda:{torch.cuda.current_device()}"
@@ -365,7 +369,7 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
     """Calibrate each partition on its device at the first micro-batch's size (no overheads).
 
     The executor the experiment runs records its timeline, so each stage's forward and backward are
-    also measured with the recorder's hooks (``StageCost.forward_recorded``, ``backward_recorded``).
+    also measured with the recorder's hooks (``ExecutorStage.forward_recorded``, ``backward_recorded``).
 
     An uneven split (``torch.tensor_split`` makes the first ``batch % chunks`` micro-batches one
     sample larger) becomes the cost model's ``microbatch_scale``: sample counts relative to the first.

@@ -23,12 +23,12 @@ big enough for page faults, which cost 10 us each on a virtual machine and came 
 at a time on the convolutions), and the pipeline's checkpoint policy, so that the first task of
 each phase is of the kind the pipeline's is (a fresh thread's first grad-enabled forward cost 0.5
 ms more than later ones, its first no-grad forward much less). After every step one profiling pass
-times the same micro-batch. A task's extra is its span less the
-profiled seconds of its kind and less the host seconds the engine already adds (Note [host costs]
-in :mod:`sim.core.engine`). The stage's ``host_forward``, ``host_nograd`` and ``host_backward`` are the
-medians over steps of the mean extra of the tasks of that kind that are not the first of their
-phase; its ``thread_start`` is the median of what the two first tasks (the first forward, the
-first task of the backward phase) take beyond the extra of their kind.
+times the same micro-batch. A task's extra is its span less the profiled seconds of its kind and
+less the host seconds the cost model's runner already adds
+(:meth:`sim.calibration.host.ExecutorCosts.host_seconds`). The stage's ``host_forward``,
+``host_nograd`` and ``host_backward`` are the medians over steps of the mean extra of the tasks of
+that kind that are not the first of their phase; its ``thread_start`` is the median of what the two
+first tasks (the first forward, the first task of the backward phase) take beyond the extra of their kind.
 
 The same runs also time the executor's ``launch`` (a step's start to its first task) and
 ``turnaround`` (the last forward's end to the first task of the backward phase, the loss between).
@@ -54,7 +54,6 @@ from gpipe.profile import TensorOrTensors, preserved, time_recorded
 from gpipe.schedule import Checkpoint, Op, gpipe
 from sim.calibration.machine import collected_after
 from sim.core.cost import CostModel
-from sim.core.engine import _OPCODE, _host_seconds
 
 __all__ = ["StageExtras", "measure_stage_extras"]
 
@@ -65,7 +64,7 @@ CHUNKS, ROWS = 4, 2
 @dataclass(frozen=True)
 class StageExtras:
     """Seconds the executor adds to one stage's tasks (Note [stage extras]), named as in
-    :class:`sim.core.cost.StageCost`."""
+    :class:`sim.calibration.host.ExecutorStage` and :class:`sim.calibration.host.Overheads`."""
 
     thread_start: float
     host_forward: float
@@ -82,7 +81,7 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
     """Run each stage alone in the executor and time what its worker adds (Note [stage extras]).
 
     Args:
-        cost: the cost model whose host terms (``overheads``) the engine adds to every task; they are
+        cost: the cost model whose runner's host seconds the simulator adds to every task; they are
             taken off the measured spans.
         parts: the partitions, in order, on their devices.
         sample: the first partition's input (a micro-batch); its first two samples are used.
@@ -114,7 +113,7 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
     firsts = {0, backward}
     extras: list[StageExtras] = []
     current: TensorOrTensors = sample
-    for j, (part, stage, where) in enumerate(zip(parts, cost.stages, cores, strict=True)):
+    for j, (part, where) in enumerate(zip(parts, cores, strict=True)):
         single = isinstance(current, torch.Tensor)  # a stage gets a tuple as one argument (gpipe.worker)
         device = next((t.device for t in part.parameters()), _tensors(current)[0].device)
         # requiring grad as in the pipeline (after the first stage, or as the sample does); a stage without
@@ -151,8 +150,7 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
                     ckpt = schedule.is_checkpointed(task.microbatch)
                     kind = "B" if task.op is Op.B else ("Fc" if task.op is Op.F and ckpt else "F")
                     span = spans[position]
-                    extra = (span.end - span.start - profiled[kind]
-                             - _host_seconds(cost, ckpt, _OPCODE[task.op], stage))
+                    extra = span.end - span.start - profiled[kind] - cost.runner.host_seconds(task.op, j, ckpt)
                     if position in firsts:
                         first.append((kind, extra))
                     else:

@@ -51,11 +51,13 @@ from gpipe.profile import RecordedSeconds
 from gpipe.schedule import Schedule
 from gpipe.timeline import Timeline, chrome_trace
 from sim.calibration.compare import Comparison
+from sim.calibration.host import ExecutorCosts, ExecutorStage, executor_costs
 from sim.calibration.machine import cpu_count
 from sim.calibration.pairs import median_pairs
 from sim.calibration.setup import Setup
+from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
-from sim.core.engine import SimConfig, simulate
+from sim.core.engine import simulate
 from sim.files import OutputFolder
 
 __all__ = ["DRIFT_LIMIT", "OUTPUT_FILES", "Outcome", "halves", "interleaved_cost", "write_outputs"]
@@ -201,26 +203,33 @@ def halves(values: Sequence[float]) -> float:
 def interleaved_cost(cost: CostModel, passes: Sequence[Sequence[RecordedSeconds]],
                  rounds: Sequence[dict[tuple[str, int, str, int], float]]) -> CostModel:
     """``cost`` with the medians of interleaved profiling ``passes`` and pair ``rounds`` (if any)."""
-    cost = replace(cost, stages=tuple(_median_seconds(stage, [p[j] for p in passes])
-                                      for j, stage in enumerate(cost.stages)))
-    if rounds:
-        cost = replace(cost, overheads=replace(cost.overheads, pairs=median_pairs(rounds)))
-    return cost
+    executor = executor_costs(cost)
+    stages, extras = [], []
+    for j, (stage, extra) in enumerate(zip(cost.stages, executor.stages, strict=True)):
+        stage, extra = _median_seconds(stage, extra, [p[j] for p in passes])
+        stages.append(stage)
+        extras.append(extra)
+    overheads = replace(executor.overheads, pairs=median_pairs(rounds)) if rounds else executor.overheads
+    return replace(cost, stages=tuple(stages), runner=ExecutorCosts(overheads, tuple(extras)))
 
 
-def _median_seconds(stage: StageCost, profiles: Sequence[RecordedSeconds]) -> StageCost:
-    """``stage`` with the seconds a recording executor's tasks take replaced by the medians over ``profiles``
-    (Note [interleaved calibration] in :mod:`sim.calibration.experiment`); its plain seconds, which such an executor
-    never runs, stay those of the first calibration."""
-    return replace(stage, forward_recorded=statistics.median(p.forward for p in profiles),
-                   backward_recorded=statistics.median(p.backward for p in profiles),
-                   forward_checkpointed=statistics.median(p.forward_nograd for p in profiles))
+def _median_seconds(stage: StageCost, extra: ExecutorStage,
+                    profiles: Sequence[RecordedSeconds]) -> tuple[StageCost, ExecutorStage]:
+    """``stage`` and ``extra`` with the seconds a recording executor's tasks take replaced by the medians over
+    ``profiles`` (Note [interleaved calibration] in :mod:`sim.calibration.experiment`); its plain seconds, which
+    such an executor never runs, stay those of the first calibration."""
+    return (replace(stage, forward_checkpointed=statistics.median(p.forward_nograd for p in profiles)),
+            replace(extra, forward_recorded=statistics.median(p.forward for p in profiles),
+                    backward_recorded=statistics.median(p.backward for p in profiles)))
 
 
 def _cost_dict(cost: CostModel) -> dict[str, Any]:
-    o = cost.overheads
+    executor = executor_costs(cost)
+    o = executor.overheads
     return {
-        "stages": [{k: getattr(s, k) for k in s.__dataclass_fields__} for s in cost.stages],
+        "stages": [{**{k: getattr(s, k) for k in s.__dataclass_fields__},
+                    **{k: getattr(e, k) for k in e.__dataclass_fields__}}
+                   for s, e in zip(cost.stages, executor.stages, strict=True)],
         "copy_seconds": cost.copy_seconds,
         "overheads": {k: getattr(o, k) for k in o.__dataclass_fields__},
         "microbatch_scale": list(cost.microbatch_scale),

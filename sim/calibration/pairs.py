@@ -2,9 +2,9 @@
 
 :class:`PairMeter` measures, round after round, every pair of task kinds that GPipe's two phases can
 run at once; :func:`measure_pairs` is one meter, a few rounds, and the median of each pair. The result
-is :attr:`sim.core.cost.Overheads.pairs`, which the engine's pairwise sharing uses (sim.core.engine, Note
-[pairwise contention]). :mod:`sim.calibration.experiment` keeps one meter open while the executor runs and takes a
-round after every training step (Note [interleaved calibration] there).
+is :attr:`sim.calibration.host.Overheads.pairs`, which the simulator's pairwise sharing uses
+(:class:`sim.core.sharing.SharedCores`). :mod:`sim.calibration.experiment` keeps one meter open while the
+executor runs and takes a round after every training step (Note [interleaved calibration] there).
 
 Note [pairs]: how much two workers slow each other depends on *what* they run. Convolutions on two
 cores hardly meet; forwards of small layers take turns on Python's global interpreter lock, and a
@@ -57,10 +57,10 @@ __all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "changes_input", "meas
            "task_runners"]
 
 #: The pairs of task kinds that can run at the same time in GPipe's two phases (Note [two phases] in
-#: sim.core.engine): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
+#: sim.core.run): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
 PHASE_PAIRS = (("F", "F"), ("F", "Fc"), ("Fc", "F"), ("Fc", "Fc"), ("F", "B"), ("B", "F"), ("B", "B"))
 
-#: ``(kind, stage, other kind, other stage, c)``, as :attr:`sim.core.cost.Overheads.pairs` holds them.
+#: ``(kind, stage, other kind, other stage, c)``, as :attr:`sim.calibration.host.Overheads.pairs` holds them.
 Pairs = tuple[tuple[str, int, str, int, float], ...]
 PairKey = tuple[str, int, str, int]
 TaskKey = tuple[str, int]  # (kind, stage)
@@ -91,7 +91,7 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
             to the meter's own runs alone.
 
     Returns:
-        ``(kind, stage, other kind, other stage, c)`` for :attr:`sim.core.cost.Overheads.pairs`, both ways.
+        ``(kind, stage, other kind, other stage, c)`` for :attr:`sim.calibration.host.Overheads.pairs`, both ways.
 
     Raises:
         ValueError: ``repeats < 1``, a non-positive window, or a bad ``affinity``.

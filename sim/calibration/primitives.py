@@ -234,7 +234,7 @@ def measure_contention(workers: int = 2, *, size: int = 192, inner: int = 20, re
         threads_per_worker: intra-op threads during the measurement (restored afterwards).
 
     Returns:
-        ``contention`` for :class:`~sim.core.cost.Overheads`: 0 when the threads do not slow each other,
+        ``contention`` for :class:`~sim.calibration.host.Overheads`: 0 when the threads do not slow each other,
         1 when they share one core's worth of compute.
 
     Raises:

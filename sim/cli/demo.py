@@ -32,6 +32,7 @@ from torch import nn  # noqa: E402
 
 from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
 from sim.calibration.experiment import Batch, Setup, demo_model, progress_labels, run  # noqa: E402
+from sim.calibration.host import executor_costs  # noqa: E402
 from sim.calibration.machine import keep_freed_memory  # noqa: E402
 from sim.calibration.outcome import DRIFT_LIMIT, OUTPUT_FILES, Outcome, write_outputs  # noqa: E402
 from sim.cli import CommandError  # noqa: E402
@@ -147,8 +148,9 @@ def print_outcome(outcome: Outcome, files: dict[str, str], *, verbose: bool = Fa
 def print_internals(outcome: Outcome) -> None:
     """What calibration found (``--verbose``): the executor's overheads, each stage's worker-thread times, the
     contention of pairs of tasks running together."""
-    o = outcome.cost.overheads
-    measured_hooks = all(st.forward_recorded is not None for st in outcome.cost.stages)
+    executor = executor_costs(outcome.cost)
+    o = executor.overheads
+    measured_hooks = all(st.forward_recorded is not None for st in executor.stages)
     print(f"calibrated overheads: launch {o.launch * 1e6:.1f} us, task {o.task * 1e6:.1f} us, "
           f"gap {o.gap * 1e6:.1f} us, hand-off {o.handoff * 1e6:.1f} us, turnaround {o.turnaround * 1e6:.1f} us, "
           f"recording {o.recording * 1e6:.1f} us per task "
@@ -157,7 +159,7 @@ def print_internals(outcome: Outcome) -> None:
              "unpack it in the backward)"))
     threads = "; ".join(f"stage {j} {st.host_forward * 1e6:.0f} / {st.host_nograd * 1e6:.0f} / "
                         f"{st.host_backward * 1e6:.0f} us, +{st.thread_start * 1e6:.0f} us"
-                        for j, st in enumerate(outcome.cost.stages))
+                        for j, st in enumerate(executor.stages))
     print("each stage's worker threads (sim.calibration.extras; grad-enabled forward / no-grad forward / backward, "
           f"first task of a phase): {threads}")
     if o.pairs:

@@ -31,8 +31,9 @@ from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Schedule, schedule_kind
 from gpipe.timeline import Timeline, chrome_trace
 from sim.cli import CommandError
 from sim.cli.options import MAX_SECONDS, add_out, integer, number, output_folder, schedules_help
+from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
-from sim.core.engine import SimConfig, simulate
+from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 from sim.files import OutputFolder, json_text
 from sim.planning.hardware import DeviceSpec, get_device, get_link

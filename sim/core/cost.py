@@ -1,20 +1,27 @@
-"""Cost models: how long each task takes and how many bytes each copy moves and each stage keeps.
+"""Cost models: how long each task computes, how many bytes each copy moves and each stage keeps, what the runner adds.
 
 One type, several sources: explicit numbers (teaching, the CLI), measurements of real partitions
 (:mod:`sim.calibration.calibrate`), and FLOPs and bytes counted on the ``meta`` device divided by a hardware spec
-(:mod:`sim.planning.flops`). The simulator consumes a :class:`CostModel` and never changes it.
+(:mod:`sim.planning.flops`). What the program that runs the schedule adds beyond the stage seconds (host time
+per task, hand-offs, cores shared by its workers) reaches the simulator through :class:`RunnerCosts`, an
+interface that a cost source implements (:mod:`sim.calibration.host` for this project's executor). The
+simulator consumes a :class:`CostModel` and never changes it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
-__all__ = ["TASK_KINDS", "CostModel", "Overheads", "StageCost"]
+from gpipe.schedule import Op
+
+__all__ = ["IDEAL_RUNNER", "TASK_KINDS", "CostModel", "IdealRunner", "Pair", "RunnerCosts", "StageCost", "check_cost"]
 
 
-def _check(name: str, value: float, *, allow_zero: bool = True) -> None:
+def check_cost(name: str, value: float, *, allow_zero: bool = True) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite number ``>= 0`` (``> 0`` without ``allow_zero``)."""
     if not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
@@ -23,7 +30,7 @@ def _check(name: str, value: float, *, allow_zero: bool = True) -> None:
 
 @dataclass(frozen=True)
 class StageCost:
-    """Costs of one stage, per micro-batch.
+    """Costs of one stage, per micro-batch: compute seconds and bytes.
 
     Attributes:
         forward: seconds of ``F`` on the stage's device.
@@ -39,32 +46,6 @@ class StageCost:
         forward_checkpointed: seconds of ``F`` for a checkpointed micro-batch, whose forward runs
             under ``no_grad`` and records no graph (cheaper); ``None`` means the same as ``forward``.
             ``forward`` is then the grad-enabled ``F`` of a micro-batch that is not checkpointed.
-        saved_tensors: how many tensors a grad-enabled forward of the stage hands to autograd's
-            saved-tensor hooks (parameters included); an executor that records pays
-            ``Overheads.per_saved_tensor`` for each (see :mod:`sim.core.engine`, Note [host costs]).
-        thread_start: extra seconds of the stage's first task on a fresh worker thread (the math
-            libraries set up their per-thread state on first use); paid by each device's first task,
-            and again by the first task of the backward phase when the executor starts new threads
-            for it (``SimConfig(backward_after_forward=True)``).
-        forward_recorded: seconds of a grad-enabled forward (an ``F`` not checkpointed, an ``R``)
-            while a recording executor's saved-tensor hooks count its bytes, measured on the stage
-            itself (:func:`gpipe.profile.profile_blocks` with ``recorded=True``); when set, it
-            replaces ``forward`` (or ``recompute``) plus ``saved_tensors`` per-tensor overheads.
-            Set it only to predict a recording executor; ``None``: the per-tensor estimate.
-        backward_recorded: as ``forward_recorded``, for ``B`` (the unpack hook of every saved tensor).
-        host_forward: host seconds the executor adds to each grad-enabled forward of this stage (an
-            ``F`` not checkpointed, an ``R``) beyond ``Overheads.task`` and ``recording``: what its
-            worker threads cost around the stage's own layers, measured on the stage
-            (:func:`sim.calibration.extras.measure_stage_extras`, Note [stage extras]).
-        host_nograd: the same for a checkpointed (no-grad) ``F``.
-        host_backward: the same for ``B`` (and ``W``).
-        issue_forward: on an asynchronous device (CUDA; ``SimConfig.asynchronous``), the host seconds
-            a grad-enabled forward takes to launch its kernels, from the call to its return
-            (:mod:`gpipe.profile_timing`, Note [issue seconds]): the host's share of the task, which its next
-            task waits for while the stream runs the kernels' seconds (``forward``). Ignored on a
-            synchronous device, where the host's work is the task.
-        issue_nograd: the same for a checkpointed (no-grad) ``F``.
-        issue_backward: the same for ``B`` (and ``W``).
     """
 
     forward: float
@@ -78,28 +59,14 @@ class StageCost:
     gradient_bytes: int = 0
     optimizer_bytes: int = 0
     forward_checkpointed: float | None = None
-    saved_tensors: int = 0
-    thread_start: float = 0.0
-    forward_recorded: float | None = None
-    backward_recorded: float | None = None
-    host_forward: float = 0.0
-    host_nograd: float = 0.0
-    host_backward: float = 0.0
-    issue_forward: float = 0.0
-    issue_nograd: float = 0.0
-    issue_backward: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",
-                     "parameter_bytes", "gradient_bytes", "optimizer_bytes", "saved_tensors", "thread_start",
-                     "host_forward", "host_nograd", "host_backward", "issue_forward", "issue_nograd",
-                     "issue_backward"):
-            _check(name, getattr(self, name))
-        if self.recompute is not None:
-            _check("recompute", self.recompute)
-        for name in ("forward_checkpointed", "forward_recorded", "backward_recorded"):
+                     "parameter_bytes", "gradient_bytes", "optimizer_bytes"):
+            check_cost(name, getattr(self, name))
+        for name in ("recompute", "forward_checkpointed"):
             if getattr(self, name) is not None:
-                _check(name, getattr(self, name))
+                check_cost(name, getattr(self, name))
 
     def forward_seconds(self, checkpointed: bool) -> float:
         """Seconds of ``F`` for a micro-batch that is checkpointed (no-grad forward) or not."""
@@ -116,84 +83,102 @@ class StageCost:
         return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
 
 
-#: Kinds of task for :attr:`Overheads.pairs`: grad-enabled forward, checkpointed forward, backward.
+#: Kinds of task for :attr:`RunnerCosts.pairs`: grad-enabled forward (an ``F`` not checkpointed, every ``R``),
+#: checkpointed (no-grad) forward, backward (and ``W``).
 TASK_KINDS = ("F", "Fc", "B")
+
+#: ``(kind, stage, other kind, other stage, c)``: a task of ``kind`` on ``stage`` runs its stage seconds at
+#: ``1 / (1 + c)`` of their speed while a task of ``other kind`` on ``other stage`` runs beside it.
+Pair = tuple[str, int, str, int, float]
+
+
+class RunnerCosts(Protocol):
+    """What the program that runs the schedule adds to the stage seconds (all seconds, all >= 0).
+
+    None of it scales with the micro-batch, and sharing cores stretches none of it (the docs page
+    *The simulator's model of a device* says where each term goes). :data:`IDEAL_RUNNER` adds nothing.
+
+    Attributes:
+        handoff: latency of handing a result to a task on another device, after its copy.
+        gap: a device's host time between two of its tasks: the next starts no earlier than ``gap``
+            after the previous one's host work ended.
+        launch: no task starts before it (the runner starting its workers).
+        turnaround: with two phases, from the step's last forward to the backward phase's opening.
+        contention: while ``k`` devices compute on shared cores each runs its stage seconds at
+            ``1 / (1 + contention * (k - 1))`` of their speed; 0 for devices that share nothing.
+        pairs: measured slowdowns per pair of tasks (:data:`Pair`), replacing ``contention`` for those.
+    """
+
+    @property
+    def handoff(self) -> float: ...
+    @property
+    def gap(self) -> float: ...
+    @property
+    def launch(self) -> float: ...
+    @property
+    def turnaround(self) -> float: ...
+    @property
+    def contention(self) -> float: ...
+    @property
+    def pairs(self) -> tuple[Pair, ...]: ...
+
+    def host_seconds(self, op: Op, stage: int, checkpointed: bool) -> float:
+        """Host seconds the runner adds to task ``op`` of ``stage`` (of a checkpointed micro-batch or not)."""
+        ...
+
+    def first_seconds(self, stage: int) -> float:
+        """Host seconds more for a device's first task (of each phase, with two), here of ``stage``."""
+        ...
+
+    def issue_seconds(self, op: Op, stage: int, checkpointed: bool) -> float:
+        """On an asynchronous device, the host's seconds to launch the task's kernels (ignored elsewhere)."""
+        ...
+
+    def stage_seconds(self, op: Op, stage: int, checkpointed: bool) -> float | None:
+        """The task's stage seconds as this runner runs them, where it measured them apart (they replace
+        the :class:`StageCost`'s, and scale with the micro-batch as those do); ``None``: the StageCost's."""
+        ...
 
 
 @dataclass(frozen=True)
-class Overheads:
-    """What the executor costs beyond the kernels, learned from calibration (all seconds, default 0).
+class IdealRunner:
+    """A runner that adds nothing: an ideal pipeline, and the default of every :class:`CostModel`."""
 
-    Attributes:
-        task: host time added to every compute task (dispatch, bookkeeping, recording).
-        handoff: latency of handing a result from one worker to another (queue put/get, wake-up):
-            from the end of the producing task (or of its copy) to the earliest start of the consumer.
-        contention: slowdown of compute while ``k`` devices compute at once on shared cores; the
-            stage seconds of a task running with ``k - 1`` others take ``1 + contention * (k - 1)``
-            times as long, its host seconds do not stretch (sim.core.engine, Note [host seconds share
-            nothing]). 0 for devices that do not share hardware (GPUs).
-        gap: host time between two consecutive tasks of one worker, outside both (taking the next
-            task's inputs, sending the previous one's results): a device's next task starts no
-            earlier than ``gap`` after its previous task ended.
-        launch: seconds from the start of a step to the earliest start of its first task (the
-            executor cuts the mini-batch and starts its workers): no task starts before it.
-        turnaround: with ``SimConfig(backward_after_forward=True)``, seconds from the end of the
-            step's last forward to the earliest start of its backward phase (the host joins the
-            forward workers and starts the backward ones; the user's loss is not counted).
-        recording: host seconds a recording executor adds to each grad-enabled forward (an ``F``
-            that is not checkpointed, every ``R``): entering and leaving its saved-tensor hooks.
-        per_saved_tensor: host seconds of the recorder's hook per tensor autograd saves.
-        per_unpacked_tensor: host seconds per saved tensor the backward of a recorded graph takes
-            back through the recorder's unpack hook (every ``B`` of a recording executor).
-        pairs: measured contention of *pairs* of tasks, replacing ``contention`` for the pairs
-            listed: ``(kind, stage, other kind, other stage, c)`` says a task of ``kind`` on
-            ``stage`` runs its stage seconds at ``1 / (1 + c)`` of their speed while a task of
-            ``other kind`` on ``other stage`` runs beside it. Kinds: ``"F"`` a grad-enabled
-            forward (an ``F`` that is not checkpointed, and every ``R``), ``"Fc"`` a checkpointed
-            (no-grad) forward, ``"B"`` a backward (and ``W``). On CPU devices the pairs differ a
-            lot: two forwards of small layers serialise on Python's global interpreter lock, two
-            backwards hardly meet.
-    """
+    handoff = gap = launch = turnaround = contention = 0.0
+    pairs: ClassVar[tuple[Pair, ...]] = ()
 
-    task: float = 0.0
-    handoff: float = 0.0
-    contention: float = 0.0
-    gap: float = 0.0
-    turnaround: float = 0.0
-    launch: float = 0.0
-    recording: float = 0.0
-    per_saved_tensor: float = 0.0
-    per_unpacked_tensor: float = 0.0
-    pairs: tuple[tuple[str, int, str, int, float], ...] = ()
+    def host_seconds(self, op: Op, stage: int, checkpointed: bool) -> float:
+        return 0.0
 
-    def __post_init__(self) -> None:
-        for name in ("task", "handoff", "contention", "gap", "turnaround", "launch", "recording", "per_saved_tensor",
-                     "per_unpacked_tensor"):
-            _check(f"overheads.{name}", getattr(self, name))
-        object.__setattr__(self, "pairs", tuple((str(a), int(j), str(b), int(k), float(c))
-                                                for a, j, b, k, c in self.pairs))
-        for a, j, b, k, c in self.pairs:
-            if a not in TASK_KINDS or b not in TASK_KINDS:
-                raise ValueError(f"overheads.pairs: task kinds are {', '.join(TASK_KINDS)}, got {a!r} and {b!r}")
-            _check(f"overheads.pairs[{a}@{j}, {b}@{k}]", c)
+    def first_seconds(self, stage: int) -> float:
+        return 0.0
+
+    def issue_seconds(self, op: Op, stage: int, checkpointed: bool) -> float:
+        return 0.0
+
+    def stage_seconds(self, op: Op, stage: int, checkpointed: bool) -> float | None:
+        return None
+
+
+IDEAL_RUNNER = IdealRunner()
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """Per-stage costs plus how copies are priced.
+    """Per-stage costs, how copies are priced, and what the runner adds.
 
     Attributes:
         stages: one :class:`StageCost` per stage.
         copy_seconds: a fixed time for every copy between devices; ``None`` prices copies by the link
             the simulator is given (latency + bytes / bandwidth).
-        overheads: the executor's own costs (zero for an ideal pipeline).
+        runner: what the program that runs the schedule adds (:class:`RunnerCosts`; nothing by default).
         microbatch_scale: optional per-micro-batch factor on compute times and bytes (an uneven last
             chunk is smaller); ``()`` means every micro-batch costs the same.
     """
 
     stages: tuple[StageCost, ...]
     copy_seconds: float | None = None
-    overheads: Overheads = field(default_factory=Overheads)
+    runner: RunnerCosts = IDEAL_RUNNER
     microbatch_scale: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
@@ -202,9 +187,9 @@ class CostModel:
         if not self.stages:
             raise ValueError("a cost model needs at least one stage")
         if self.copy_seconds is not None:
-            _check("copy_seconds", self.copy_seconds)
+            check_cost("copy_seconds", self.copy_seconds)
         for k, s in enumerate(self.microbatch_scale):
-            _check(f"microbatch_scale[{k}]", s)
+            check_cost(f"microbatch_scale[{k}]", s)
 
     @property
     def n(self) -> int:
@@ -236,6 +221,3 @@ class CostModel:
             extra = {k: v[j] for k, v in per_stage.items()}  # type: ignore[index]
             stages.append(StageCost(float(forward[j]), float(backward[j]), **extra))  # type: ignore[arg-type]
         return cls(tuple(stages), **rest)  # type: ignore[arg-type]
-
-    def with_overheads(self, overheads: Overheads) -> CostModel:
-        return replace(self, overheads=overheads)

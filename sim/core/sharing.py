@@ -16,11 +16,10 @@ class SharedCores:
     A job ``x`` running beside the set ``Y`` progresses at ``1 / (1 + sum over y in Y of c(x, y))``,
     where ``c(x, y)`` is the slowdown measured for the pair of the jobs' keys (``pairs``) or
     ``contention`` for a pair not listed. Without pairs every job runs at
-    ``1 / (1 + contention * (k - 1))`` while ``k`` run (sim.core.engine, Notes [contention] and
-    [pairwise contention]). A job may hold ``host`` seconds that the others do not slow (sim.core.engine,
-    Note [host seconds share nothing]): its slowdowns are scaled by ``(work - host) / work``, so
-    beside a steady set ``Y`` it takes ``work + (work - host) * sum c``, its host seconds spread
-    evenly over it; it still slows the others for as long as it runs.
+    ``1 / (1 + contention * (k - 1))`` while ``k`` run. A job may hold ``host`` seconds that the others do
+    not slow (Note [host seconds share nothing] in :mod:`sim.core.device`): its slowdowns are scaled by
+    ``(work - host) / work``, so beside a steady set ``Y`` it takes ``work + (work - host) * sum c``, its
+    host seconds spread evenly over it; it still slows the others for as long as it runs.
 
     Exact processor sharing in SimPy: each start or end brings every running job's remaining work up
     to date at the rates that held since the last change, recomputes the rates and schedules the next

@@ -176,7 +176,8 @@ class AblationRow:
 
 def simulate_step(step: AblationStep, setup: UNetSetup = UNET) -> Timeline:
     """Simulate one configuration of the ablation and return its timeline."""
-    from sim.core.engine import SimConfig, simulate
+    from sim.core.config import SimConfig
+    from sim.core.engine import simulate
 
     config = SimConfig(link=setup.link, copy_streams=step.copy_streams,
                        enforce_backward_order=step.enforce_backward_order)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sim.core.cost import CostModel, Overheads, StageCost
+from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
 from sim.planning.flops import ModelProfile
 from sim.planning.hardware import DeviceSpec
 
@@ -241,13 +241,14 @@ class FlopCosts:
         return tuple(out)
 
     def cost_model(self, balance: Sequence[int], microbatch: int,
-                   microbatch_scale: Sequence[float] = (), overheads: Overheads | None = None) -> CostModel:
+                   microbatch_scale: Sequence[float] = (), runner: RunnerCosts = IDEAL_RUNNER) -> CostModel:
         """A :class:`~sim.core.cost.CostModel` for ``balance`` at ``microbatch`` samples per micro-batch.
 
-        Copies are priced by the link the simulator is given (``copy_seconds=None``).
+        Copies are priced by the link the simulator is given (``copy_seconds=None``); ``runner``: what the
+        program that runs the pipeline adds (:class:`~sim.core.cost.RunnerCosts`; nothing by default).
         """
         return CostModel(self.stages(balance, microbatch), copy_seconds=None,
-                         overheads=overheads or Overheads(), microbatch_scale=tuple(microbatch_scale))
+                         runner=runner, microbatch_scale=tuple(microbatch_scale))
 
 
 def _bytes(q: tuple[float, float], batch: int) -> int:

@@ -34,7 +34,8 @@ from typing import Any, cast
 import numpy as np
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, Schedule, schedule_kind
-from sim.core.engine import SimConfig, simulate
+from sim.core.config import SimConfig
+from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 from sim.planning.costs_from_flops import KERNEL_SECONDS, FlopCosts, Training, training_policy
 from sim.planning.flops import ModelProfile

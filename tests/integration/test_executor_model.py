@@ -18,9 +18,11 @@ from gpipe.schedule import Op, ScheduleError, Task, gpipe, one_f_one_b
 from gpipe.timeline import Timeline
 from sim.calibration.calibrate import _Scale, calibrate, calibrate_executor_overheads
 from sim.calibration.extras import measure_stage_extras
+from sim.calibration.host import ExecutorCosts, ExecutorStage, Overheads, executor_costs, with_overheads
 from sim.calibration.primitives import count_saved_tensors, measure_saved_tensor_cost
-from sim.core.cost import CostModel, Overheads, StageCost
-from sim.core.engine import SimConfig, simulate
+from sim.core.config import SimConfig
+from sim.core.cost import CostModel, StageCost
+from sim.core.engine import simulate
 
 TWO_PHASES = SimConfig(backward_after_forward=True)
 
@@ -33,7 +35,7 @@ def spans(tl: Timeline, device: int) -> list[tuple[str, float, float]]:
 
 
 def test_the_backward_phase_waits_for_every_forward_and_the_turnaround() -> None:
-    cost = CostModel.uniform(2, 1, 2).with_overheads(Overheads(turnaround=0.5))
+    cost = with_overheads(CostModel.uniform(2, 1, 2), Overheads(turnaround=0.5))
     tl = simulate(gpipe(2, 2, "always"), cost, TWO_PHASES)
     # the forwards as ever; the recomputes wait for the last forward (3) plus the turnaround
     assert spans(tl, 0) == [("F0@0", 0, 1), ("F1@0", 1, 2), ("R1@0", 3.5, 4.5), ("B1@0", 6.5, 8.5),
@@ -50,7 +52,7 @@ def test_two_phases_need_the_forwards_first() -> None:
 
 
 def test_a_worker_pays_the_gap_between_two_tasks() -> None:
-    cost = CostModel.uniform(1, 1, 2).with_overheads(Overheads(gap=0.25))
+    cost = with_overheads(CostModel.uniform(1, 1, 2), Overheads(gap=0.25))
     tl = simulate(gpipe(2, 1, "never"), cost)
     assert spans(tl, 0) == [("F0@0", 0, 1), ("F1@0", 1.25, 2.25), ("B1@0", 2.5, 4.5), ("B0@0", 4.75, 6.75)]
 
@@ -58,16 +60,16 @@ def test_a_worker_pays_the_gap_between_two_tasks() -> None:
 def test_a_hand_off_and_the_gap_do_not_add_up() -> None:
     # F0@1 waits for F0@0's hand-off (1 + 0.5); F1@1 waits for the gap after F0@1 (2.5 + 0.1) and
     # for F1@0's hand-off (2 + 0.5): the later of the two, not their sum
-    cost = CostModel.uniform(2, 1, 1).with_overheads(Overheads(handoff=0.5, gap=0.1))
+    cost = with_overheads(CostModel.uniform(2, 1, 1), Overheads(handoff=0.5, gap=0.1))
     tl = simulate(gpipe(2, 2, "never"), cost)
     assert spans(tl, 1)[:2] == [("F0@1", 1.5, 2.5), ("F1@1", 2.6, 3.6)]
 
 
 def test_recording_costs_grad_enabled_forwards_only_and_does_not_scale() -> None:
-    stage = StageCost(forward=1.0, backward=2.0, forward_checkpointed=0.5, saved_tensors=10)
+    stage = StageCost(forward=1.0, backward=2.0, forward_checkpointed=0.5)
     host = Overheads(task=0.125, recording=0.25, per_saved_tensor=0.0125,  # recorded forward: + 0.5
                      per_unpacked_tensor=0.025)  # backward: + 0.25
-    cost = CostModel((stage,), overheads=host)
+    cost = CostModel((stage,), runner=ExecutorCosts(host, (ExecutorStage(saved_tensors=10),)))
     tl = simulate(gpipe(2, 1, "except_last"), cost)
     durations = {str(s.task): s.duration for s in tl.compute_spans()}
     assert durations == pytest.approx({"F0@0": 0.625, "F1@0": 1.5, "B1@0": 2.375, "R0@0": 1.5, "B0@0": 2.375})
@@ -76,17 +78,17 @@ def test_recording_costs_grad_enabled_forwards_only_and_does_not_scale() -> None
 
 
 def test_measured_recorded_seconds_replace_the_per_tensor_estimate() -> None:
-    stage = StageCost(forward=1.0, backward=2.0, forward_checkpointed=0.5, saved_tensors=10,
-                      forward_recorded=1.75, backward_recorded=2.5)
+    stage = StageCost(forward=1.0, backward=2.0, forward_checkpointed=0.5)
+    recorded = ExecutorStage(saved_tensors=10, forward_recorded=1.75, backward_recorded=2.5)
     host = Overheads(task=0.125, recording=0.25, per_saved_tensor=0.0125, per_unpacked_tensor=0.025)
-    tl = simulate(gpipe(2, 1, "except_last"), CostModel((stage,), overheads=host))
+    tl = simulate(gpipe(2, 1, "except_last"), CostModel((stage,), runner=ExecutorCosts(host, (recorded,))))
     durations = {str(s.task): s.duration for s in tl.compute_spans()}
     # recorded F and R: 1.75 + task + recording; B: 2.5 + task; the checkpointed F is not recorded
     assert durations == pytest.approx({"F0@0": 0.625, "F1@0": 2.125, "B1@0": 2.625, "R0@0": 2.125, "B0@0": 2.625})
 
 
 def test_no_task_starts_before_the_workers_are_launched() -> None:
-    cost = CostModel.uniform(2, 1, 2).with_overheads(Overheads(launch=0.5))
+    cost = with_overheads(CostModel.uniform(2, 1, 2), Overheads(launch=0.5))
     for config in (SimConfig(), TWO_PHASES):
         tl = simulate(gpipe(2, 2, "never"), cost, config)
         assert spans(tl, 0)[0] == ("F0@0", 0.5, 1.5)
@@ -96,7 +98,8 @@ def test_no_task_starts_before_the_workers_are_launched() -> None:
 
 
 def test_a_fresh_worker_thread_pays_its_start_once_per_phase() -> None:
-    cost = CostModel((StageCost(forward=1.0, backward=2.0, thread_start=0.5),))
+    cost = CostModel((StageCost(forward=1.0, backward=2.0),),
+                     runner=ExecutorCosts(stages=(ExecutorStage(thread_start=0.5),)))
     two = simulate(gpipe(2, 1, "never"), cost, TWO_PHASES)
     assert spans(two, 0) == [("F0@0", 0, 1.5), ("F1@0", 1.5, 2.5), ("B1@0", 2.5, 5), ("B0@0", 5, 7)]
     one = simulate(gpipe(2, 1, "never"), cost)  # one thread for the whole step: paid once
@@ -106,7 +109,7 @@ def test_a_fresh_worker_thread_pays_its_start_once_per_phase() -> None:
 def test_pairs_slow_only_the_pairs_they_name() -> None:
     # forwards share (each at half speed while both run), backwards do not meet
     pairs = (("F", 0, "F", 1, 1.0), ("F", 1, "F", 0, 1.0))
-    cost = CostModel.uniform(2, 1, 1).with_overheads(Overheads(pairs=pairs))
+    cost = with_overheads(CostModel.uniform(2, 1, 1), Overheads(pairs=pairs))
     tl = simulate(gpipe(2, 2, "never"), cost)
     assert spans(tl, 0)[:2] == [("F0@0", 0, 1), ("F1@0", 1, 3)]
     assert spans(tl, 1)[:2] == [("F0@1", 1, 3), ("F1@1", 3, 4)]
@@ -118,8 +121,8 @@ def test_pairs_all_equal_are_the_scalar_contention() -> None:
     c = 0.375
     pairs = tuple((a, j, b, k, c) for a in kinds for b in kinds for j in range(3) for k in range(3) if j != k)
     cost = CostModel.from_lists([1.0, 2.0, 1.5], [2.0, 1.0, 3.0])
-    scalar = simulate(gpipe(5, 3, "except_last"), cost.with_overheads(Overheads(contention=c)))
-    paired = simulate(gpipe(5, 3, "except_last"), cost.with_overheads(Overheads(pairs=pairs)))
+    scalar = simulate(gpipe(5, 3, "except_last"), with_overheads(cost, Overheads(contention=c)))
+    paired = simulate(gpipe(5, 3, "except_last"), with_overheads(cost, Overheads(pairs=pairs)))
     got = {(s.task, s.stream): (s.start, s.end) for s in paired.spans}
     for s in scalar.spans:
         assert got[(s.task, s.stream)] == pytest.approx((s.start, s.end), abs=1e-9)
@@ -142,8 +145,9 @@ def test_saved_tensors_are_counted_per_stage() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     cost = calibrate(model, [2, 1], torch.randn(3, 4), warmup=0, repeats=1)
-    assert [s.saved_tensors for s in cost.stages] == count_saved_tensors([model[:2], model[2:]], torch.randn(3, 4))
-    assert all(s.saved_tensors > 0 for s in cost.stages)
+    assert [s.saved_tensors for s in executor_costs(cost).stages] == count_saved_tensors([model[:2], model[2:]],
+                                                                                         torch.randn(3, 4))
+    assert all(s.saved_tensors > 0 for s in executor_costs(cost).stages)
 
 
 def test_the_per_tensor_hook_costs_are_microseconds() -> None:

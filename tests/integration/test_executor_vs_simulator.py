@@ -142,8 +142,8 @@ def test_block_errors_compare_each_block_with_its_own_calibration(demo_outcome: 
     assert errors[1] == pytest.approx((1 + base[1]) / 2 - 1)
 
     # a round of pairs in the last block, every pair slowing the other to a crawl: only that block's prediction grows
-    if demo_outcome.cost.overheads.pairs:
-        keys = [tuple(p[:4]) for p in demo_outcome.cost.overheads.pairs]
+    if demo_outcome.cost.runner.pairs:
+        keys = [tuple(p[:4]) for p in demo_outcome.cost.runner.pairs]
         crawl = dataclasses.replace(single, pair_rounds=((5, dict.fromkeys(keys, 3.0)),))
         moved = crawl.block_errors(3)
         assert moved[:2] == pytest.approx(base[:2])

@@ -33,8 +33,9 @@ from gpipe.schedule import (
     unregister,
 )
 from sim.cli import main
+from sim.core.config import SimConfig
 from sim.core.cost import CostModel
-from sim.core.engine import SimConfig, simulate
+from sim.core.engine import simulate
 from sim.planning.flops import count_layers
 from sim.planning.hardware import DeviceSpec
 from sim.planning.plan import plan

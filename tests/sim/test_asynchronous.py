@@ -1,4 +1,4 @@
-"""Asynchronous devices and shared streams in the simulator (sim.core.engine, Note [asynchronous devices]).
+"""Asynchronous devices and shared streams in the simulator (sim.core.device, Note [asynchronous devices]).
 
 Closed forms: with kernels longer than the host's work the host hides behind them; with the host slower,
 the stream waits for it; with no host costs at all, an asynchronous device is a synchronous one.
@@ -12,8 +12,10 @@ import pytest
 
 from gpipe.schedule import Op, Task, gpipe, one_f_one_b
 from gpipe.timeline import Timeline
-from sim.core.cost import CostModel, Overheads, StageCost
-from sim.core.engine import SimConfig, simulate
+from sim.calibration.host import ExecutorCosts, ExecutorStage, Overheads, with_overheads
+from sim.core.config import SimConfig
+from sim.core.cost import CostModel, StageCost
+from sim.core.engine import simulate
 
 ALL = frozenset(range(4))
 
@@ -27,7 +29,7 @@ def test_long_kernels_hide_the_host(m: int) -> None:
     """Host 0.25 s per task and 0.125 s between tasks, kernels of 1 s and 2 s: the stream never waits
     after the launch, so the step (first start to last end) is the kernels, while a synchronous device
     adds every host term."""
-    cost = CostModel.uniform(1, 1, 2).with_overheads(Overheads(task=0.25, gap=0.125, launch=0.5))
+    cost = with_overheads(CostModel.uniform(1, 1, 2), Overheads(task=0.25, gap=0.125, launch=0.5))
     schedule = gpipe(m, 1, "never")
     asynchronous = simulate(schedule, cost, SimConfig(asynchronous=ALL & {0}))
     synchronous = simulate(schedule, cost)
@@ -40,7 +42,7 @@ def test_long_kernels_hide_the_host(m: int) -> None:
 def test_a_slow_host_paces_the_stream() -> None:
     """Kernels of 0.25 s, host 1 s per task, 0.5 s between tasks: each span lasts from its issue to the
     end of its host work, and the step is the launch plus every task's and gap's host time."""
-    cost = CostModel.uniform(1, 0.25, 0.25).with_overheads(Overheads(task=1.0, gap=0.5, launch=0.5))
+    cost = with_overheads(CostModel.uniform(1, 0.25, 0.25), Overheads(task=1.0, gap=0.5, launch=0.5))
     tl = simulate(gpipe(2, 1, "never"), cost, SimConfig(asynchronous=frozenset({0})))
     assert spans(tl, 0) == [("F0@0", 0.5, 1.5), ("F1@0", 2.0, 3.0), ("B1@0", 3.5, 4.5), ("B0@0", 5.0, 6.0)]
 
@@ -60,7 +62,7 @@ def test_without_host_costs_asynchronous_is_synchronous(make: object, m: int, n:
 def test_the_backward_phase_opens_on_the_host() -> None:
     """Two phases: the host's backward starts ``turnaround`` after its last forward was issued, but the
     stream still runs the forwards' kernels then, so the first backward starts when they end."""
-    cost = CostModel.uniform(1, 2, 2).with_overheads(Overheads(task=0.25, turnaround=1.0))
+    cost = with_overheads(CostModel.uniform(1, 2, 2), Overheads(task=0.25, turnaround=1.0))
     config = SimConfig(backward_after_forward=True, asynchronous=frozenset({0}))
     tl = simulate(gpipe(2, 1, "never"), cost, config)
     # the host issued F1 by 0.5 and opens the backward phase at 1.5; the stream ends F1 at 4
@@ -73,7 +75,7 @@ def test_the_backward_phase_opens_on_the_host() -> None:
 def test_hand_offs_reach_the_next_host_after_the_producers_host() -> None:
     """Stage 1's host takes F0's output at the producer's host end plus the hand-off; its stream waits for
     the producer's kernels and the copy."""
-    cost = CostModel.uniform(2, 2, 2, copy_seconds=0.5).with_overheads(Overheads(task=0.25, handoff=3.0))
+    cost = with_overheads(CostModel.uniform(2, 2, 2, copy_seconds=0.5), Overheads(task=0.25, handoff=3.0))
     tl = simulate(gpipe(1, 2, "never"), cost, SimConfig(asynchronous=frozenset({0, 1})))
     # host of stage 0 ends F0 at 0.25, so stage 1's host issues at 3.25; the copy arrived at 2.5
     assert tl.span_of(Task(Op.F, 0, 1)).start == 3.25
@@ -122,8 +124,9 @@ def test_executor_config_marks_cuda_devices_and_shared_gpus() -> None:
 def test_issue_seconds_pace_an_asynchronous_host_only() -> None:
     """A task's launch (StageCost.issue_*) is host time on an asynchronous device: with 1 s of launching and
     0.25 s of kernels each task lasts its launch; a synchronous device ignores it (its host's work is the task)."""
-    stage = StageCost(0.25, 0.25, forward_checkpointed=0.25, issue_forward=1.0, issue_nograd=0.5, issue_backward=1.0)
-    cost = CostModel((stage,))
+    stage = StageCost(0.25, 0.25, forward_checkpointed=0.25)
+    issue = ExecutorStage(issue_forward=1.0, issue_nograd=0.5, issue_backward=1.0)
+    cost = CostModel((stage,), runner=ExecutorCosts(stages=(issue,)))
     tl = simulate(gpipe(2, 1, "except_last"), cost, SimConfig(asynchronous=frozenset({0})))
     assert spans(tl, 0) == [("F0@0", 0.0, 0.5), ("F1@0", 0.5, 1.5), ("B1@0", 1.5, 2.5), ("R0@0", 2.5, 3.5),
                             ("B0@0", 3.5, 4.5)]

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from sim.calibration.calibrate import calibrate, calibrate_overheads, partitions_of
+from sim.calibration.host import ExecutorStage, Overheads, executor_costs, with_overheads
 from sim.calibration.primitives import measure_contention, measure_handoff, measure_task_overhead
-from sim.core.cost import CostModel, Overheads, StageCost
+from sim.core.cost import CostModel, StageCost
 
 F32 = 4  # bytes per float32
 BATCH = 4
@@ -51,13 +52,13 @@ def test_times_are_positive_and_both_forwards_are_there() -> None:
 
 def test_recorded_calibration_is_for_a_recording_executor_only() -> None:
     plain = calibrate(_model(), [1, 2], torch.randn(BATCH, 8), warmup=0, repeats=2)
-    assert all(s.forward_recorded is None and s.backward_recorded is None for s in plain.stages)
+    assert all(s.forward_recorded is None and s.backward_recorded is None for s in executor_costs(plain).stages)
     recorded = calibrate(_model(), [1, 2], torch.randn(BATCH, 8), warmup=0, repeats=2, recorded=True)
-    for stage in recorded.stages:
+    for stage in executor_costs(recorded).stages:
         assert stage.forward_recorded is not None and stage.forward_recorded > 0
         assert stage.backward_recorded is not None and stage.backward_recorded > 0
     with pytest.raises(ValueError, match="backward_recorded"):
-        StageCost(1.0, 1.0, backward_recorded=-1.0)
+        ExecutorStage(backward_recorded=-1.0)
 
 
 def test_calibration_leaves_the_model_alone() -> None:
@@ -73,7 +74,7 @@ def test_the_simulator_accepts_the_calibrated_model() -> None:
     from sim.core.engine import simulate
 
     cost = calibrate(_model(), [2, 1], torch.randn(BATCH, 8), warmup=0, repeats=2)
-    timeline = simulate(gpipe(4, 2, "except_last"), cost.with_overheads(Overheads(task=1e-6)))
+    timeline = simulate(gpipe(4, 2, "except_last"), with_overheads(cost, Overheads(task=1e-6)))
     assert timeline.makespan > 0
 
 
@@ -143,9 +144,9 @@ def test_issue_seconds_only_on_cuda() -> None:
     assert p.forward_nograd_issue_seconds == p.forward_nograd_seconds
     assert p.forward_recorded_issue_seconds == p.forward_recorded_seconds
     cost = calibrate(_model(), [1, 2], torch.randn(BATCH, 8), warmup=0, repeats=2, recorded=True)
-    assert all(s.issue_forward == s.issue_nograd == s.issue_backward == 0.0 for s in cost.stages)
+    assert all(s.issue_forward == s.issue_nograd == s.issue_backward == 0.0 for s in executor_costs(cost).stages)
     with pytest.raises(ValueError, match="issue_nograd"):
-        StageCost(1.0, 1.0, issue_nograd=math.inf)
+        ExecutorStage(issue_nograd=math.inf)
 
 
 @pytest.mark.cuda
@@ -153,7 +154,7 @@ def test_issue_seconds_only_on_cuda() -> None:
 def test_issue_seconds_on_cuda() -> None:
     cost = calibrate(_model(), [1, 2], torch.randn(BATCH, 8), devices=["cuda:0", "cuda:0"], warmup=1, repeats=3,
                      recorded=True)
-    for stage in cost.stages:
+    for stage in executor_costs(cost).stages:
         assert stage.issue_forward > 0 and stage.issue_nograd > 0 and stage.issue_backward > 0
 
 
@@ -175,8 +176,9 @@ def test_a_partition_that_starts_in_place_calibrates() -> None:
     cost = calibrate(model, [1, 2], torch.randn(BATCH, 8), warmup=0, repeats=1, recorded=True)
     plain = calibrate(nn.Sequential(model[0], nn.ReLU(), model[2]), [1, 2], torch.randn(BATCH, 8), warmup=0,
                       repeats=1, recorded=True)
-    assert [s.saved_tensors for s in cost.stages] == [s.saved_tensors for s in plain.stages]
-    assert all(s.forward_recorded is not None and s.forward_recorded > 0 for s in cost.stages)
+    assert [s.saved_tensors for s in executor_costs(cost).stages] == [s.saved_tensors
+                                                                      for s in executor_costs(plain).stages]
+    assert all(s.forward_recorded is not None and s.forward_recorded > 0 for s in executor_costs(cost).stages)
 
 
 class _DoubleInPlace(nn.Module):

@@ -15,11 +15,13 @@ import pytest
 from gpipe.schedule import gpipe
 from sim.calibration.compare import compare
 from sim.calibration.experiment import Setup, microbatch_sizes, progress_labels
+from sim.calibration.host import Overheads, executor_costs, with_overheads
 from sim.calibration.outcome import Outcome, halves, write_outputs
 from sim.cli import build_parser, main
 from sim.cli.demo import print_outcome
-from sim.core.cost import CostModel, Overheads
-from sim.core.engine import SimConfig, simulate
+from sim.core.config import SimConfig
+from sim.core.cost import CostModel
+from sim.core.engine import simulate
 
 MODELS = '''
 import torch
@@ -136,7 +138,7 @@ def test_a_pass_times_about_as_many_runs_as_a_step_has_micro_batches() -> None:
 
 def _outcome() -> Outcome:
     schedule = gpipe(4, 2, "except_last")
-    cost = CostModel.uniform(2, 1e-3, 2e-3, saved_bytes=1000, checkpoint_bytes=100).with_overheads(
+    cost = with_overheads(CostModel.uniform(2, 1e-3, 2e-3, saved_bytes=1000, checkpoint_bytes=100),
         Overheads(task=1e-5, handoff=2e-5, contention=0.1))
     predicted = simulate(schedule, cost)
     measured = predicted.shifted(5.0)
@@ -191,8 +193,9 @@ def test_the_default_output_is_short_and_verbose_adds_the_internals(
     """Issue 21: by default the configuration, one line on calibration, the table and the files, in at most 25
     lines, even with both notes (drift, a busy machine); ``--verbose`` prints the internals as well."""
     outcome = _outcome()
-    overheads = dataclasses.replace(outcome.cost.overheads, pairs=(("B", 0, "F", 1, 0.3), ("F", 1, "B", 0, 0.2)))
-    outcome = dataclasses.replace(outcome, cost=outcome.cost.with_overheads(overheads), background_cores=1.5)
+    overheads = dataclasses.replace(executor_costs(outcome.cost).overheads,
+                                    pairs=(("B", 0, "F", 1, 0.3), ("F", 1, "B", 0, 0.2)))
+    outcome = dataclasses.replace(outcome, cost=with_overheads(outcome.cost, overheads), background_cores=1.5)
     monkeypatch.setattr("sim.cli.demo.run", lambda *args, **kwargs: outcome)
     monkeypatch.chdir(tmp_path)
 

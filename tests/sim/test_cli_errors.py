@@ -18,10 +18,12 @@ import pytest
 from gpipe.schedule import gpipe
 from sim.calibration.compare import compare
 from sim.calibration.experiment import Setup
+from sim.calibration.host import Overheads, executor_costs, with_overheads
 from sim.calibration.outcome import Outcome
 from sim.cli import main
-from sim.core.cost import CostModel, Overheads
-from sim.core.engine import SimConfig, simulate
+from sim.core.config import SimConfig
+from sim.core.cost import CostModel
+from sim.core.engine import simulate
 
 SIMULATE = ["simulate", "--stages", "2", "--chunks", "2", "--checkpoint", "never"]
 PLAN = ["plan", "--model", "gpt:125m", "--batch", "8", "--gpus", "1", "--hardware", "h100-sxm"]
@@ -37,12 +39,12 @@ def _strict_json(text: str) -> Any:
 
 def _outcome(measured_peak: bool = True) -> Outcome:
     schedule = gpipe(4, 2, "except_last")
-    cost = CostModel.uniform(2, 1e-3, 2e-3, saved_bytes=1000, checkpoint_bytes=100).with_overheads(
+    cost = with_overheads(CostModel.uniform(2, 1e-3, 2e-3, saved_bytes=1000, checkpoint_bytes=100),
         Overheads(task=1e-5, handoff=2e-5, contention=0.1))
     predicted = simulate(schedule, cost)
     measured = predicted.shifted(5.0)
     if not measured_peak:  # a measurement without memory samples: the peak error is infinite
-        measured = simulate(schedule, CostModel.uniform(2, 1e-3, 2e-3).with_overheads(cost.overheads))
+        measured = simulate(schedule, with_overheads(CostModel.uniform(2, 1e-3, 2e-3), executor_costs(cost).overheads))
     return Outcome(Setup(balance=(1, 2), devices=("cpu", "cpu"), steps=3), schedule, cost, SimConfig(), predicted,
                    measured, (0.2, 0.1, 0.3), 1, compare(predicted, measured), {"simulate": 0.01}, "a test model")
 

@@ -8,8 +8,11 @@ import pytest
 
 from gpipe.schedule import Op, Schedule, ScheduleError, Task, gpipe, one_f_one_b, parse_tasks
 from gpipe.timeline import COPY, Timeline
-from sim.core.cost import CostModel, Overheads, StageCost
-from sim.core.engine import ON_COMPUTE, SimConfig, simulate
+from sim.calibration.host import ExecutorCosts, ExecutorStage, Overheads, with_overheads
+from sim.core.config import SimConfig
+from sim.core.copies import ON_COMPUTE
+from sim.core.cost import CostModel, StageCost
+from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 
 GRID = [(m, n) for m in (1, 2, 3, 5, 8, 13) for n in (1, 2, 3, 4, 7)]
@@ -60,7 +63,7 @@ def test_recompute_runs_before_the_gradient_arrives() -> None:
 
 
 def test_overheads_and_microbatch_scale() -> None:
-    cost = CostModel.uniform(1, 2, 4).with_overheads(Overheads(task=0.5))
+    cost = with_overheads(CostModel.uniform(1, 2, 4), Overheads(task=0.5))
     cost = replace(cost, microbatch_scale=(1.0, 0.5))
     tl = simulate(gpipe(2, 1, "never"), cost)
     assert spans(tl, 0) == [("F0@0", 0, 2.5), ("F1@0", 2.5, 4), ("B1@0", 4, 6.5), ("B0@0", 6.5, 11)]
@@ -176,7 +179,7 @@ def test_activations_and_gradients_do_not_share_a_direction() -> None:
 
 
 def test_handoff_delays_the_consumer_not_the_link() -> None:
-    cost = CostModel.uniform(2, 1, 1, copy_seconds=0.5).with_overheads(Overheads(handoff=0.25))
+    cost = with_overheads(CostModel.uniform(2, 1, 1, copy_seconds=0.5), Overheads(handoff=0.25))
     tl = simulate(gpipe(2, 2, "never"), cost)
     assert tl.span_of(Task(Op.F, 0, 1)).start == 1.75
     assert [(s.start, s.end) for s in tl.copy_spans(1)] == [(1, 1.5), (2, 2.5)]
@@ -241,12 +244,12 @@ def test_lockstep_that_stalls_is_reported() -> None:
 def test_contention_zero_changes_nothing() -> None:
     schedule, cost = one_f_one_b(6, 3, "always"), CostModel.uniform(3, 1, 2, copy_seconds=0.3)
     plain = simulate(schedule, cost)
-    zero = simulate(schedule, cost.with_overheads(Overheads(contention=0.0)))
+    zero = simulate(schedule, with_overheads(cost, Overheads(contention=0.0)))
     assert plain.spans == zero.spans
 
 
 def test_contention_is_exact_processor_sharing() -> None:
-    cost = CostModel.from_lists([1, 2], [1, 1]).with_overheads(Overheads(contention=1.0))
+    cost = with_overheads(CostModel.from_lists([1, 2], [1, 1]), Overheads(contention=1.0))
     tl = simulate(gpipe(2, 2, "never"), cost)
     # two devices at once run at half speed: F1@0 (work 1) and F0@1 (work 2) share [1, 3], then F0@1
     # finishes its last unit alone; B1@0 and B0@1 share [7, 9]
@@ -263,7 +266,7 @@ def test_contention_stretches_stage_seconds_not_host_seconds() -> None:
     # F1@0 (1 + 0.5) and F0@1 (2 + 0.5) start together at 1.5: F1@0 takes 0.5 + 1 * (1 + 1) = 2.5
     # (rate 1 / (1 + 1/1.5)); F0@1 runs at 1 / (1 + 2/2.5) meanwhile and its last 2.5 - 2.5/1.8 alone.
     # B1@0 and B0@1 (1 + 0.5 each) take 2.5 s side by side.
-    cost = CostModel.from_lists([1, 2], [1, 1]).with_overheads(Overheads(contention=1.0, task=0.5))
+    cost = with_overheads(CostModel.from_lists([1, 2], [1, 1]), Overheads(contention=1.0, task=0.5))
     tl = simulate(gpipe(2, 2, "never"), cost)
     f01 = 4.0 + 2.5 - 2.5 / 1.8
     expected = {"F0@0": (0, 1.5), "F1@0": (1.5, 4.0), "F0@1": (1.5, f01), "F1@1": (f01, f01 + 2.5),
@@ -279,7 +282,7 @@ def test_contention_slows_but_never_speeds() -> None:
     schedule = gpipe(6, 4, "except_last")
     cost = CostModel.uniform(4, 1, 2, copy_seconds=0.1)
     base = simulate(schedule, cost)
-    slow = simulate(schedule, cost.with_overheads(Overheads(contention=0.5)))
+    slow = simulate(schedule, with_overheads(cost, Overheads(contention=0.5)))
     assert slow.makespan > base.makespan
     nominal = {s.task: s.duration for s in base.compute_spans()}
     for s in slow.compute_spans():
@@ -313,9 +316,9 @@ def test_simulate_never_mutates_its_inputs() -> None:
 def test_stage_host_seconds_are_added_to_each_kind_of_task(checkpoint: str) -> None:
     """F not checkpointed and R get host_forward, checkpointed F host_nograd, B host_backward, on top of
     Overheads.task; the first task of each phase thread_start too (two phases: GPipe's forward(), then backward)."""
-    stage = StageCost(forward=2.0, backward=3.0, forward_checkpointed=1.0, host_forward=0.5, host_nograd=0.25,
-                      host_backward=0.75, thread_start=4.0)
-    cost = CostModel(stages=(stage,), overheads=Overheads(task=0.125))
+    stage = StageCost(forward=2.0, backward=3.0, forward_checkpointed=1.0)
+    host = ExecutorStage(host_forward=0.5, host_nograd=0.25, host_backward=0.75, thread_start=4.0)
+    cost = CostModel(stages=(stage,), runner=ExecutorCosts(Overheads(task=0.125), (host,)))
     timeline = simulate(gpipe(2, 1, checkpoint), cost, SimConfig(backward_after_forward=True))  # type: ignore[arg-type]
     durations = {str(s.task): s.duration for s in timeline.spans}
     if checkpoint == "always":
@@ -329,4 +332,4 @@ def test_stage_host_seconds_are_added_to_each_kind_of_task(checkpoint: str) -> N
 
 def test_stage_host_seconds_must_be_finite_and_not_negative() -> None:
     with pytest.raises(ValueError, match="host_backward"):
-        StageCost(forward=1.0, backward=1.0, host_backward=-1.0)
+        ExecutorStage(host_backward=-1.0)

@@ -10,8 +10,11 @@ from hypothesis import strategies as st
 
 from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, gpipe, one_f_one_b
 from gpipe.timeline import COMPUTE, MemorySample, Span, Timeline
-from sim.core.cost import CostModel, Overheads, StageCost
-from sim.core.engine import ON_COMPUTE, SimConfig, simulate
+from sim.calibration.host import Overheads, with_overheads
+from sim.core.config import SimConfig
+from sim.core.copies import ON_COMPUTE
+from sim.core.cost import CostModel, StageCost
+from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 
 EPS = 1e-9
@@ -52,7 +55,7 @@ def cases(draw: st.DrawFn, shared: bool | None = None) -> Case:
                           contention=draw(st.sampled_from([0.0, 0.0, 0.5])))
     scale = tuple(draw(st.lists(st.sampled_from([0.5, 1.0, 1.5]), min_size=m, max_size=m))) \
         if draw(st.booleans()) else ()
-    cost = CostModel(stages, copy_seconds=copy_seconds, overheads=overheads, microbatch_scale=scale)
+    cost = with_overheads(CostModel(stages, copy_seconds=copy_seconds, microbatch_scale=scale), overheads)
     # lockstep is GPipe's host loop; a 1F1B order merged onto shared devices may legally stall under it
     lockstep = draw(st.booleans()) and (kind == "gpipe" or placement is None)
     config = SimConfig(link=link, copy_streams=draw(st.booleans()), enforce_backward_order=draw(st.booleans()),
@@ -75,7 +78,7 @@ def nominal_seconds(schedule: Schedule, cost: CostModel, task: Task) -> float:
     s = cost.stages[task.stage]
     forward = s.forward_seconds(schedule.is_checkpointed(task.microbatch))
     base = {Op.F: forward, Op.B: s.backward, Op.R: s.recompute_seconds, Op.W: s.weight}[task.op]
-    return base * cost.scale(task.microbatch) + cost.overheads.task
+    return base * cost.scale(task.microbatch) + cost.runner.overheads.task
 
 
 def disjoint(spans: list[Span]) -> bool:
@@ -108,10 +111,10 @@ def test_timeline_invariants(case: Case) -> None:
             if seconds > 0:
                 assert copy is not None and abs(copy.duration - seconds) < EPS
                 assert copy.start >= produced.end - EPS
-                assert span.start >= copy.end + cost.overheads.handoff - EPS
+                assert span.start >= copy.end + cost.runner.overheads.handoff - EPS
                 assert copy.label == ("" if config.copy_streams else ON_COMPUTE)
             else:
-                assert copy is None and span.start >= produced.end + cost.overheads.handoff - EPS
+                assert copy is None and span.start >= produced.end + cost.runner.overheads.handoff - EPS
     # copies: FIFO per directed pair on copy streams; on compute, they also exclude compute
     for src in range(schedule.num_devices):
         for dst in range(schedule.num_devices):
@@ -123,7 +126,7 @@ def test_timeline_invariants(case: Case) -> None:
             assert disjoint(tl.compute_spans(d) + mine)
     # durations: exact without contention, never shorter with it
     for task, span in compute.items():
-        if cost.overheads.contention == 0:
+        if cost.runner.overheads.contention == 0:
             assert abs(span.duration - nominal_seconds(schedule, cost, task)) < EPS
         else:
             assert span.duration >= nominal_seconds(schedule, cost, task) - EPS
@@ -149,7 +152,8 @@ def test_ablations_never_beat_the_defaults(case: Case) -> None:
     """With one stage per device every link carries one producer's results in its list order, so
     holding anything back (lockstep, no fork/join) can only delay: the timeline is monotone."""
     base = SimConfig(link=case.config.link)
-    cost = case.cost.with_overheads(Overheads(task=case.cost.overheads.task, handoff=case.cost.overheads.handoff))
+    cost = with_overheads(case.cost, Overheads(task=case.cost.runner.overheads.task,
+                                               handoff=case.cost.runner.overheads.handoff))
     fast = simulate(case.schedule, cost, base).makespan
     for config in (SimConfig(link=base.link, lockstep_forward=True),
                    SimConfig(link=base.link, enforce_backward_order=False)):
@@ -161,9 +165,9 @@ def test_ablations_never_beat_the_defaults(case: Case) -> None:
 def test_simulation_is_deterministic_and_contention_zero_is_free(case: Case) -> None:
     first = simulate(case.schedule, case.cost, case.config)
     assert simulate(case.schedule, case.cost, case.config) == first
-    if case.cost.overheads.contention == 0:
-        plain = case.cost.with_overheads(Overheads(task=case.cost.overheads.task,
-                                                   handoff=case.cost.overheads.handoff))
+    if case.cost.runner.overheads.contention == 0:
+        plain = with_overheads(case.cost, Overheads(task=case.cost.runner.overheads.task,
+                                                   handoff=case.cost.runner.overheads.handoff))
         assert simulate(case.schedule, plain, case.config).spans == first.spans
     assert all(s.stream == COMPUTE or s.end >= s.start for s in first.spans)
 
@@ -171,19 +175,19 @@ def test_simulation_is_deterministic_and_contention_zero_is_free(case: Case) -> 
 @PROPERTIES
 @given(cases())
 def test_local_clocks_give_the_general_device_process_s_timeline_bit_for_bit(case: Case) -> None:
-    """Note [local clocks] in sim.core.engine: the plain path's device loop follows the general one's rules."""
-    from sim.core import engine
+    """Note [local clocks] in sim.core.device: the plain path's device loop follows the general one's rules."""
+    from sim.core import run
 
-    cost = replace(case.cost, overheads=replace(case.cost.overheads, contention=0.0))
+    cost = with_overheads(case.cost, replace(case.cost.runner.overheads, contention=0.0))
     config = replace(case.config, copy_streams=True, lockstep_forward=False)
-    assert engine._Run(case.schedule, cost, config).local_clocks()  # the plain path is the one under test
+    assert run.Run(case.schedule, cost, config).local_clocks()  # the plain path is the one under test
     plain = simulate(case.schedule, cost, config)
-    original = engine._Run.local_clocks
+    original = run.Run.local_clocks
     try:
-        engine._Run.local_clocks = lambda self: False  # type: ignore[method-assign]
+        run.Run.local_clocks = lambda self: False  # type: ignore[method-assign]
         general = simulate(case.schedule, cost, config)
     finally:
-        engine._Run.local_clocks = original  # type: ignore[method-assign]
+        run.Run.local_clocks = original  # type: ignore[method-assign]
     assert sorted(plain.spans, key=_key) == sorted(general.spans, key=_key)
     assert sorted(plain.memory, key=_sample) == sorted(general.memory, key=_sample)
 

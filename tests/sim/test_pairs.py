@@ -13,8 +13,8 @@ from torch import nn
 import sim.calibration.experiment as experiment
 from gpipe.profile import RecordedSeconds
 from sim.calibration.experiment import Setup, run
+from sim.calibration.host import Overheads
 from sim.calibration.pairs import PHASE_PAIRS, PairMeter, measure_pairs, median_pairs, rebased
-from sim.core.cost import Overheads
 
 WINDOW, MAX_WINDOW = 0.002, 0.004  # tiny: the tests check what is measured, not how well
 
@@ -132,7 +132,7 @@ def test_the_experiment_takes_pair_rounds_between_its_steps_and_uses_their_media
     outcome = run(model, torch.randn(8, 8), Setup(chunks=2, balance=(2, 2), devices=("cpu", "cpu"), steps=6,
                                                   warmup_steps=1, pair_rounds=5, warmup=0, repeats=1))
     assert taken == [0.5, 3.0, 1.0, 9.0, 2.0]
-    assert outcome.cost.overheads.pairs == tuple((*key, 2.0) for key in sorted(both_ways()))
+    assert outcome.cost.runner.pairs == tuple((*key, 2.0) for key in sorted(both_ways()))
     assert len(outcome.step_predictions) == 6
 
 
@@ -170,7 +170,7 @@ def test_one_checkpointed_microbatch_measures_pairs() -> None:
                                                   devices=("cpu", "cpu"), steps=3, warmup_steps=1, pair_rounds=2,
                                                   warmup=0, repeats=1))
     assert len(outcome.pair_rounds) == 2
-    assert {(a, b) for a, _, b, _, _ in outcome.cost.overheads.pairs} >= {("F", "F"), ("F", "Fc"), ("B", "F")}
+    assert {(a, b) for a, _, b, _, _ in outcome.cost.runner.pairs} >= {("F", "F"), ("F", "Fc"), ("B", "F")}
 
 
 def test_rebased_keeps_the_added_seconds_of_each_pair() -> None:

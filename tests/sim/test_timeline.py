@@ -12,8 +12,9 @@ import pytest
 from gpipe.plot import plot_side_by_side, plot_timeline
 from gpipe.schedule import Task, gpipe, one_f_one_b
 from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline, chrome_trace, write_chrome_trace
+from sim.core.config import SimConfig
 from sim.core.cost import CostModel
-from sim.core.engine import SimConfig, simulate
+from sim.core.engine import simulate
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

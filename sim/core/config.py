@@ -1,0 +1,49 @@
+"""The simulator's switches: which executor behaviours a simulation models (:class:`SimConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.core.link import LinkSpec
+
+__all__ = ["DEFAULT_CONFIG", "SimConfig"]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Switches of the simulation (the defaults model torchgpipe on GPUs with copy streams).
+
+    The docs page *The simulator's model of a device* describes each.
+
+    Attributes:
+        link: prices copies when the cost model has no fixed ``copy_seconds``; ``None``: copies free.
+        copy_streams: copies overlap compute (torchgpipe's copy streams); ``False``: they borrow the
+            compute streams of both devices.
+        enforce_backward_order: fork/join dependencies hold; ``False``: each gradient copy waits for the
+            device's next backward (the worst case of the missing dependency).
+        lockstep_forward: the host waits for each forward clock cycle (torchgpipe's host loop).
+        backward_after_forward: the backward phase starts after every forward (GPipe's ``forward()``
+            then ``loss.backward()``).
+        asynchronous: the devices whose worker queues work on a stream and runs ahead of it (CUDA
+            devices): their host and their stream keep two clocks.
+        shared_streams: one id per device, the compute stream it issues to: devices with the same id
+            (partitions on one GPU) run their tasks one at a time; ``None``: a stream each.
+    """
+
+    link: LinkSpec | None = None
+    copy_streams: bool = True
+    enforce_backward_order: bool = True
+    lockstep_forward: bool = False
+    backward_after_forward: bool = False
+    asynchronous: frozenset[int] = frozenset()
+    shared_streams: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.link is not None and not isinstance(self.link, LinkSpec):
+            raise TypeError(f"SimConfig.link must be a LinkSpec or None, got {type(self.link).__name__}")
+        object.__setattr__(self, "asynchronous", frozenset(self.asynchronous))
+        if any(not isinstance(d, int) or d < 0 for d in self.asynchronous):
+            raise ValueError(f"SimConfig.asynchronous holds device indices, got {sorted(self.asynchronous)}")
+
+
+DEFAULT_CONFIG = SimConfig()

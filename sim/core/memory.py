@@ -1,0 +1,50 @@
+"""Memory accounting: the bytes each device keeps for backward, sampled at every change."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpipe.timeline import MemorySample
+from sim.core.cost import StageCost
+from sim.core.tables import F
+
+__all__ = ["Memory"]
+
+
+class Memory:
+    """Bytes saved for backward per device (model state is apart, in the timeline's ``meta``).
+
+    Note [memory]: the end of F(i, j) adds ``saved_bytes`` (``checkpoint_bytes``, the stage input, for a
+    checkpointed micro-batch); the start of R(i, j) adds ``saved_bytes``; the end of B(i, j) frees all
+    that (i, j) held (the end of W(i, j) instead when the schedule splits the weight gradient, which still
+    needs them). Bytes scale with the micro-batch. One sample at t=0 per device and one at every change.
+    """
+
+    def __init__(self, stages: Sequence[StageCost], devices: int, checkpointed: Sequence[int],
+                 scales: Sequence[float] | None, frees_at: int) -> None:
+        self.stages, self.checkpointed, self.scales, self.frees_at = stages, checkpointed, scales, frees_at
+        self.n = len(stages)
+        self.tracked = any(s.saved_bytes or s.checkpoint_bytes for s in stages)
+        self.samples: list[list[MemorySample]] = [[MemorySample(d, 0.0, 0)] for d in range(devices)]
+        self.held: dict[int, int] = {}  # i * n + j -> bytes micro-batch i keeps on stage j
+        self.current = [0] * devices  # bytes saved for backward per device, now
+
+    def hold(self, d: int, i: int, j: int, nbytes: int, now: float) -> None:
+        if self.scales is not None:
+            nbytes = round(nbytes * self.scales[i])
+        if nbytes:
+            key = i * self.n + j
+            self.held[key] = self.held.get(key, 0) + nbytes
+            self.current[d] += nbytes
+            self.samples[d].append(MemorySample(d, now, self.current[d]))
+
+    def after(self, d: int, op: int, i: int, j: int, now: float) -> None:
+        """What task ``(op, i, j)`` on device ``d`` holds or frees as it ends at ``now``."""
+        if op == F:
+            stage = self.stages[j]
+            self.hold(d, i, j, stage.checkpoint_bytes if self.checkpointed[i] else stage.saved_bytes, now)
+        elif op == self.frees_at:
+            freed = self.held.pop(i * self.n + j, 0)
+            if freed:
+                self.current[d] -= freed
+                self.samples[d].append(MemorySample(d, now, self.current[d]))
