@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpipe.schedule import CHECKPOINT_MODES, Checkpoint
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint
 
 __all__ = ["Setup"]
 
@@ -21,6 +21,8 @@ class Setup:
     Attributes:
         chunks: micro-batches per mini-batch (GPipe's ``chunks``).
         checkpoint: ``always``, ``except_last`` or ``never``.
+        schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`) the executor runs and the
+            simulator predicts (Note [one schedule]).
         balance: layers per partition; ``None``: ``balance_by_time`` over ``len(devices)`` partitions.
         devices: one torch device per partition; ``None``: :func:`sim.calibration.machine.default_devices` of two
             partitions
@@ -48,6 +50,7 @@ class Setup:
 
     chunks: int = 4
     checkpoint: Checkpoint = "except_last"
+    schedule: str = "gpipe"
     balance: tuple[int, ...] | None = None
     devices: tuple[str, ...] | None = None
     steps: int = 5
@@ -73,6 +76,8 @@ class Setup:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint must be one of {', '.join(CHECKPOINT_MODES)}, got {self.checkpoint!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; registered: {', '.join(SCHEDULES)}")
         if self.pass_repeats is not None and (isinstance(self.pass_repeats, bool)
                                               or not isinstance(self.pass_repeats, int) or self.pass_repeats < 1):
             raise ValueError(f"pass_repeats must be an integer >= 1 or None, got {self.pass_repeats!r}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpipe.schedule import gpipe
+from gpipe.schedule import SCHEDULES, gpipe
 from sim.calibration.compare import compare
 from sim.calibration.experiment import Setup, microbatch_sizes, progress_labels
 from sim.calibration.outcome import Outcome, halves, write_outputs
@@ -57,6 +57,7 @@ def test_both_commands_are_registered_with_their_options() -> None:
     assert (args.chunks, args.checkpoint, args.steps, args.out, args.json, args.seed) == (4, "except_last", 5,
                                                                                          None, False, 0)
     assert args.out_default == "demo"  # left out, --out is a fresh folder named after it (sim.files)
+    assert args.schedule == "gpipe" and parser.parse_args(["demo", "--schedule", "1f1b"]).schedule == "1f1b"
     args = parser.parse_args(["compare", "m:f", "--balance", "1,2", "--devices", "cpu,cpu", "--chunks", "8",
                               "--checkpoint", "always", "--steps", "2", "--out", "x", "--json"])
     assert (args.target, args.balance, args.devices, args.chunks, args.checkpoint, args.steps, args.out, args.json) \
@@ -95,6 +96,18 @@ def test_bad_input_is_one_line_and_exit_2(models: Path, capsys: pytest.CaptureFi
     assert not (models / "out").exists()  # nothing ran
 
 
+@pytest.mark.parametrize("argv", [["demo"], ["compare", "usermodels:good"]])
+def test_an_unknown_schedule_is_refused_with_the_registered_ones(models: Path, capsys: pytest.CaptureFixture[str],
+                                                                 argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--schedule", "zigzag", "--out", str(models / "out"), "--no-progress"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == (f"gpipe-sim {argv[0]}: error: argument --schedule: invalid choice: 'zigzag' (choose from "
+                     + ", ".join(repr(name) for name in SCHEDULES) + ")")
+    assert not (models / "out").exists()
+
+
 def test_a_file_path_target_loads(models: Path) -> None:
     from sim.cli.compare import load
 
@@ -126,6 +139,8 @@ def test_setup_rejects_bad_values() -> None:
         Setup(balance=(1, 2), devices=("cpu",) * 3)
     with pytest.raises(ValueError, match="pass_repeats"):
         Setup(pass_repeats=0)
+    with pytest.raises(ValueError, match="unknown schedule 'zigzag'; registered: gpipe, 1f1b"):
+        Setup(schedule="zigzag")
 
 
 def test_a_pass_times_about_as_many_runs_as_a_step_has_micro_batches() -> None:
