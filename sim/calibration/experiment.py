@@ -43,7 +43,8 @@ profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: the
 untimed pass (a first pass pays one-off costs, a backward's a quarter more), then one timed
 pass that runs each task ``Setup.pass_repeats`` times in a row, as a worker runs a stage's
 micro-batches (Note [streaks] in :mod:`gpipe.profile_timing`); the stage seconds of the cost model are
-the medians over the passes' runs. Note [pass repeats] says how many. On shared cores
+the means over the passes' runs (Note [mean task seconds] in :mod:`sim.calibration.outcome`). Note [pass
+repeats] says how many. On shared cores
 (:func:`sim.calibration.machine.shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes
 spread evenly
 over the steps (one :class:`sim.calibration.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are

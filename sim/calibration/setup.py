@@ -34,7 +34,7 @@ class Setup:
             :mod:`sim.calibration.machine`).
         warmup: untimed passes before the first calibration.
         repeats: timed passes of the first calibration, which the bytes, the balance check and the
-            overhead measurements use; the stage seconds of the prediction are the medians over the
+            overhead measurements use; the stage seconds of the prediction are the means over the
             passes interleaved with the steps (Note [interleaved calibration]).
         pair_rounds: on shared cores, rounds of pair measurements spread evenly over the warm-up and
             recorded steps (at most one after each step); ``Overheads.pairs`` are their medians
@@ -53,13 +53,13 @@ class Setup:
     schedule: str = "gpipe"
     balance: tuple[int, ...] | None = None
     devices: tuple[str, ...] | None = None
-    steps: int = 5
+    steps: int = 15
     warmup_steps: int = 2
     seed: int = 0
     threads: int | None = 1
     warmup: int = 2
     repeats: int = 3
-    pair_rounds: int = 9
+    pair_rounds: int = 7
     pass_repeats: int | None = None
     balance_timeout: float = 1.0
     pin: bool = True

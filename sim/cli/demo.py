@@ -62,8 +62,9 @@ def add_common_options(p: argparse.ArgumentParser, *, out: str) -> None:
     p.add_argument("--schedule", choices=tuple(SCHEDULES), default="gpipe", metavar="NAME",
                    help=f"the schedule the executor runs and the simulator predicts: {schedules_help()} "
                         "(default: gpipe)")
-    p.add_argument("--steps", type=int, default=5, metavar="K",
-                   help="training steps measured; the step of median makespan is compared (default: 5)")
+    p.add_argument("--steps", type=int, default=Setup.steps, metavar="K",
+                   help="training steps measured; the step of median makespan is compared (default: "
+                        f"{Setup.steps})")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the input and PyTorch (default: 0)")
     add_out(p, out, "timeline.png, trace.json and report.json")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of the table")

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from gpipe.profile import RecordedSeconds
 from gpipe.schedule import SCHEDULES, gpipe
 from sim.calibration.compare import compare
 from sim.calibration.experiment import Setup, microbatch_sizes, progress_labels
-from sim.calibration.outcome import Outcome, halves, write_outputs
+from sim.calibration.outcome import Outcome, halves, interleaved_cost, write_outputs
 from sim.cli import build_parser, main
 from sim.cli.demo import print_outcome
 from sim.core.cost import CostModel, Overheads
@@ -54,7 +55,7 @@ def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_both_commands_are_registered_with_their_options() -> None:
     parser = build_parser()
     args = parser.parse_args(["demo"])
-    assert (args.chunks, args.checkpoint, args.steps, args.out, args.json, args.seed) == (4, "except_last", 5,
+    assert (args.chunks, args.checkpoint, args.steps, args.out, args.json, args.seed) == (4, "except_last", 15,
                                                                                          None, False, 0)
     assert args.out_default == "demo"  # left out, --out is a fresh folder named after it (sim.files)
     assert args.schedule == "gpipe" and parser.parse_args(["demo", "--schedule", "1f1b"]).schedule == "1f1b"
@@ -194,6 +195,16 @@ def test_halves_is_a_sample_against_itself() -> None:
     assert halves((12.0, 12.0, 10.0, 10.0)) == pytest.approx(-2.0 / 11.0)
     assert halves((10.0, 99.0, 10.0)) == 0.0  # an odd middle step belongs to neither half
     assert halves((10.0,)) == 0.0 and halves(()) == 0.0 and halves((0.0, 0.0)) == 0.0
+
+
+def test_stage_seconds_are_the_means_of_the_passes() -> None:
+    """Note [mean task seconds]: a pass a preempted run made slow moves the stage's seconds by its share, as it moves
+    the steps' sum; the plain seconds stay those of the first calibration."""
+    cost = CostModel.uniform(2, 1.0, 2.0)
+    runs = [RecordedSeconds(1.0, 2.0, 0.5), RecordedSeconds(1.0, 2.0, 0.5), RecordedSeconds(4.0, 5.0, 2.0)]
+    stages = interleaved_cost(cost, [[r, r] for r in runs], []).stages
+    assert [(s.forward_recorded, s.backward_recorded, s.forward_checkpointed) for s in stages] == [(2.0, 3.0, 1.0)] * 2
+    assert [(s.forward, s.backward) for s in stages] == [(1.0, 2.0)] * 2
 
 
 #: What ``--verbose`` adds: the calibrated internals.
