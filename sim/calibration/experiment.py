@@ -106,7 +106,7 @@ from sim.calibration.machine import (
     worker_affinity,
 )
 from sim.calibration.outcome import Outcome, interleaved_cost
-from sim.calibration.pairs import PairMeter, measure_pairs, rebased
+from sim.calibration.pairs import PHASE_PAIRS, PairMeter, measure_pairs, rebased
 from sim.calibration.setup import Setup
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import SimConfig, simulate
@@ -274,7 +274,9 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         meter = BackgroundLoad()
         with contextlib.ExitStack() as stack:
             overlap = shares_cores(devices) and schedule.overlaps()
-            pairs = stack.enter_context(PairMeter(parts, first, affinity=affinity)) if overlap else None
+            # 1F1B, whose forwards and backwards interleave, also runs a checkpointed forward beside a backward
+            kinds = PHASE_PAIRS if schedule.forwards_first else (*PHASE_PAIRS, ("Fc", "B"), ("B", "Fc"))
+            pairs = stack.enter_context(PairMeter(parts, first, kinds=kinds, affinity=affinity)) if overlap else None
             for k in range(setup.warmup_steps + setup.steps):
                 if k == setup.warmup_steps:
                     meter = BackgroundLoad()
