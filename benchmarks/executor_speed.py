@@ -299,7 +299,7 @@ def predict(workload: Workload, quick: bool) -> dict[str, Any]:
                      repeats=3 if quick else 15)
     # the executor's own costs, measured as sim.calibration.experiment measures them
     parts = [on_device(p, d) for p, d in zip(partitions_of(model, workload.balance), devices, strict=True)]
-    cost, config = with_executor_costs(cost, parts, sample, devices, steps=4 if quick else 12)
+    cost, config = with_executor_costs(cost, parts, sample, devices, steps=4 if quick else 12, two_phases=True)
     overheads = executor_costs(cost).overheads
     scale = tuple(p.shape[0] / sample.shape[0] for p in pieces)
     if all(s == 1.0 for s in scale):

@@ -11,8 +11,8 @@ integration tests::
     host time, fresh-thread starts, launch, turnaround), pairs of tasks on shared cores
         |
         v
-    GPipe(model, balance, devices, chunks, checkpoint): warm-up steps, then ``steps`` recorded
-    training steps, each followed by one profiling pass (and, on shared cores, some by a round of
+    GPipe(model, balance, devices, chunks, checkpoint, schedule): warm-up steps, then ``steps`` recorded
+    training steps (``GPipe.step``), each followed by one profiling pass (and, on shared cores, some by a round of
     pair measurements; Note [interleaved calibration])
         |                                             |
         v                                             v
@@ -28,6 +28,13 @@ the two timelines are of the same schedule by construction (each measured step's
 against it); the prediction comes from the calibrated costs alone, never from the executor's
 timelines (Note [interleaved calibration] says when the calibration runs).
 
+Note [loss in the last task]: the experiment trains through ``GPipe.step``, which runs any registered
+schedule (1F1B's backwards start before its forwards end): the loss, :func:`loss_of` of each micro-batch's
+output against a target that only carries the batch size, is the last stage's forward task's last layer.
+So a step is one phase: every task starts when its inputs are there, each worker thread starts once, and
+the simulator models it so (``SimConfig(backward_after_forward=False)``). The loss's own seconds, a mean
+square, are inside the last stage's F and B spans and not in its profiled seconds.
+
 Note [interleaved calibration]: the speed of a shared (virtual) machine drifts by ten per cent and
 more over seconds, so a calibration made before the executor runs can describe a faster or slower
 machine than the one the steps see. After every training step, warm-up steps included, one
@@ -36,7 +43,8 @@ profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: the
 untimed pass (a first pass pays one-off costs, a backward's a quarter more), then one timed
 pass that runs each task ``Setup.pass_repeats`` times in a row, as a worker runs a stage's
 micro-batches (Note [streaks] in :mod:`gpipe.profile_timing`); the stage seconds of the cost model are
-the medians over the passes' runs. Note [pass repeats] says how many. On shared cores
+the means over the passes' runs (Note [mean task seconds] in :mod:`sim.calibration.outcome`). Note [pass
+repeats] says how many. On shared cores
 (:func:`sim.calibration.machine.shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes
 spread evenly
 over the steps (one :class:`sim.calibration.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are
@@ -84,7 +92,7 @@ from torch import Tensor, nn
 
 from gpipe.affinity import Cores
 from gpipe.profile import RecordedSeconds, time_recorded
-from gpipe.schedule import Checkpoint, gpipe
+from gpipe.schedule import Checkpoint
 from gpipe.timeline import Timeline
 from sim.calibration.calibrate import calibrate, calibrate_executor_overheads, on_device, partitions_of
 from sim.calibration.compare import compare
@@ -99,7 +107,7 @@ from sim.calibration.machine import (
     worker_affinity,
 )
 from sim.calibration.outcome import Outcome, interleaved_cost
-from sim.calibration.pairs import PairMeter, measure_pairs, rebased
+from sim.calibration.pairs import PHASE_PAIRS, PairMeter, measure_pairs, rebased
 from sim.calibration.setup import Setup
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
@@ -251,13 +259,14 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         tick("overheads")
 
         pipe = GPipe(model, balance=list(balance), devices=list(devices), chunks=setup.chunks,
-                     checkpoint=setup.checkpoint, cpu_affinity=affinity)
+                     checkpoint=setup.checkpoint, cpu_affinity=affinity, schedule=setup.schedule)
         pipe.record = True
         schedule = pipe.schedule_for(len(sizes))  # Note [one schedule]; fewer micro-batches than chunks if small
-        if schedule != gpipe(len(sizes), len(balance), setup.checkpoint):
+        if (schedule.m, schedule.n, schedule.checkpoint) != (len(sizes), len(balance), setup.checkpoint):
             raise RuntimeError(f"the executor plans {schedule.name} with m={schedule.m}, n={schedule.n}, "
-                               f"checkpoint={schedule.checkpoint}; expected GPipe's schedule of {len(sizes)} "
-                               f"micro-batches and {len(balance)} stages")
+                               f"checkpoint={schedule.checkpoint}; expected {len(sizes)} micro-batches, "
+                               f"{len(balance)} stages, checkpoint={setup.checkpoint}")
+        target = torch.zeros(size)  # Note [loss in the last task]
 
         clock = time.perf_counter()
         measured_steps: list[Timeline] = []
@@ -267,11 +276,13 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         meter = BackgroundLoad()
         with contextlib.ExitStack() as stack:
             overlap = shares_cores(devices) and schedule.overlaps()
-            pairs = stack.enter_context(PairMeter(parts, first, affinity=affinity)) if overlap else None
+            # 1F1B, whose forwards and backwards interleave, also runs a checkpointed forward beside a backward
+            kinds = PHASE_PAIRS if schedule.forwards_first else (*PHASE_PAIRS, ("Fc", "B"), ("B", "Fc"))
+            pairs = stack.enter_context(PairMeter(parts, first, kinds=kinds, affinity=affinity)) if overlap else None
             for k in range(setup.warmup_steps + setup.steps):
                 if k == setup.warmup_steps:
                     meter = BackgroundLoad()
-                timeline = _train_step(pipe, model, batch)
+                timeline = _train_step(pipe, model, batch, target)
                 if k >= setup.warmup_steps:
                     measured_steps.append(timeline)
                 passes.append(time_recorded(parts, first, device=list(devices), warmup=1, repeats=1,
@@ -304,17 +315,19 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
 def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Batch, devices: Sequence[str], *,
                         steps: int = 12, affinity: Sequence[Cores | None] | None = None, pairs: bool = True,
-                        checkpoint: Checkpoint = "except_last") -> tuple[CostModel, SimConfig]:
+                        checkpoint: Checkpoint = "except_last", two_phases: bool = False
+                        ) -> tuple[CostModel, SimConfig]:
     """``cost`` with what the executor adds, and the simulator's switches for it.
 
     The executor's own overheads from probe pipelines, what its threads add around each partition's
     layers (:mod:`sim.calibration.extras`, run with ``checkpoint``, the pipeline's policy), and, for workers
     sharing the CPU's cores and Python's lock (:func:`sim.calibration.machine.shares_cores`), what each pair of
-    tasks costs. Partitions on one torch device hand tensors over and nothing is copied; GPipe's
-    ``forward()`` returns before ``loss.backward()`` starts the backward phase (Note [two phases] in
-    :mod:`sim.core.device`). ``affinity``: the executor's ``cpu_affinity``; every measurement pins its threads the
-    same way. ``pairs=False`` leaves ``Overheads.pairs`` to the caller (:func:`run` measures a round
-    of them after every step, Note [interleaved calibration]).
+    tasks costs. Partitions on one torch device hand tensors over and nothing is copied; the executor runs
+    a step in one phase (``GPipe.step``, Note [loss in the last task]), or with ``two_phases`` as
+    ``forward()`` + ``loss.backward()`` do (Note [two phases] in :mod:`sim.core.device`). ``affinity``: the
+    executor's ``cpu_affinity``; every measurement pins its threads the same way. ``pairs=False`` leaves
+    ``Overheads.pairs`` to the caller (:func:`run` measures a round of them after every step, Note
+    [interleaved calibration]).
     """
     overheads = calibrate_executor_overheads(list(devices), steps=steps, affinity=affinity)
     executor = replace(executor_costs(cost), overheads=overheads)
@@ -328,7 +341,8 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
     if pairs and shares_cores(devices):
         overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=affinity,
                                                             recorded=_recorded_seconds(cost)))
-    return replace(cost, runner=replace(executor, overheads=overheads), copy_seconds=None), executor_config(devices)
+    return (replace(cost, runner=replace(executor, overheads=overheads), copy_seconds=None),
+            executor_config(devices, two_phases=two_phases))
 
 
 def _recorded_seconds(cost: CostModel) -> list[RecordedSeconds] | None:
@@ -342,11 +356,13 @@ def _recorded_seconds(cost: CostModel) -> list[RecordedSeconds] | None:
     return found
 
 
-def executor_config(devices: Sequence[str]) -> SimConfig:
+def executor_config(devices: Sequence[str], *, two_phases: bool = False) -> SimConfig:
     """The simulator's switches for :class:`gpipe.GPipe` on ``devices`` (one per partition).
 
-    Two phases (Note [two phases] in :mod:`sim.core.device`); CUDA devices asynchronous, and partitions on one
-    CUDA device issuing to its one stream (Note [asynchronous devices] there); copies priced by the cost model.
+    One phase, as ``GPipe.step`` runs a step (Note [loss in the last task]), or with ``two_phases`` as
+    ``forward()`` + ``loss.backward()`` do (Note [two phases] in :mod:`sim.core.device`); CUDA devices
+    asynchronous, and partitions on one CUDA device issuing to its one stream (Note [asynchronous devices] there);
+    copies priced by the cost model.
     """
     parsed = [torch.device(d) for d in devices]
     cuda = ["" if d.type != "cuda" else str(d) if d.index is not None else f"cuda:{torch.cuda.current_device()}"
@@ -355,7 +371,7 @@ def executor_config(devices: Sequence[str]) -> SimConfig:
     ids = {name: k for k, name in enumerate(dict.fromkeys(c for c in cuda if c))}
     shared = tuple(ids[c] if c else len(ids) + k for k, c in enumerate(cuda)) \
         if len(ids) < sum(1 for c in cuda if c) else None
-    return SimConfig(link=None, backward_after_forward=True, asynchronous=asynchronous, shared_streams=shared)
+    return SimConfig(link=None, backward_after_forward=two_phases, asynchronous=asynchronous, shared_streams=shared)
 
 
 def _spread(count: int, steps: int) -> set[int]:
@@ -384,18 +400,23 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
     return cost
 
 
-def _train_step(pipe: Any, model: nn.Module, batch: Batch) -> Timeline:
-    """One recorded training step of ``pipe`` on ``batch``, the collector off until after it (Note [collect
-    after the step] in :mod:`sim.calibration.machine`); the gradients are dropped afterwards."""
+def _train_step(pipe: Any, model: nn.Module, batch: Batch, target: Tensor) -> Timeline:
+    """One recorded training step of ``pipe`` on ``batch`` through ``GPipe.step`` (Note [loss in the last task]),
+    the collector off until after it (Note [collect after the step] in :mod:`sim.calibration.machine`); the
+    gradients are dropped afterwards."""
     with collected_after():
-        output = pipe(batch)
-        loss_of(output).backward()
+        pipe.step(batch, target, _loss_fn)
     timeline = pipe.timeline
     for p in [*model.parameters(), *_tensors(batch)]:
         p.grad = None
     if timeline is None:
         raise RuntimeError("the executor recorded no timeline for a training step")
     return timeline
+
+
+def _loss_fn(output: Batch, _target: Tensor) -> Tensor:
+    """``GPipe.step``'s loss: :func:`loss_of` of a micro-batch's output; the target only carries the batch size."""
+    return loss_of(output)
 
 
 def _ticker(progress: Progress | None) -> Progress:

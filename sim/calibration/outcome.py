@@ -8,6 +8,15 @@ outcome derives how the prediction holds step by step (:attr:`Outcome.paired_err
 (:meth:`Outcome.block_errors`), and how far the machine itself moved while it ran
 (:attr:`Outcome.drift`); :func:`write_outputs` writes the picture, the trace and the report.
 
+Note [mean task seconds]: a step's makespan is a sum of many tasks, so its centre is the sum of the tasks'
+means, and the median step (Note [median step] in :mod:`sim.calibration.experiment`) is near it. On a loaded
+machine a task's time is skewed to the right (a run that another process preempts takes a time slice
+longer), so the median of the profiling passes is below the mean, and a prediction summed from medians
+comes out short of the median step whenever other processes run. The stage seconds are therefore the
+means over the passes (:func:`interleaved_cost`); on a quiet machine the two agree. The pairs stay
+medians: a slowdown is a ratio of two short timings, whose mean the rounds with a fast denominator
+dominate. ``benchmarks/demo_repeat.py`` measures the demo run after run on a loaded machine.
+
 Note [paired error]: the machine's speed drifts between seconds, so besides the median step against the
 prediction from the median calibration, each recorded step is also compared with the prediction made
 from the one profiling pass that ran right after it (the same machine, a second later; the pairs stay
@@ -202,25 +211,26 @@ def halves(values: Sequence[float]) -> float:
 
 def interleaved_cost(cost: CostModel, passes: Sequence[Sequence[RecordedSeconds]],
                  rounds: Sequence[dict[tuple[str, int, str, int], float]]) -> CostModel:
-    """``cost`` with the medians of interleaved profiling ``passes`` and pair ``rounds`` (if any)."""
+    """``cost`` with the means of interleaved profiling ``passes`` (Note [mean task seconds]) and the medians of pair
+    ``rounds`` (if any)."""
     executor = executor_costs(cost)
     stages, extras = [], []
     for j, (stage, extra) in enumerate(zip(cost.stages, executor.stages, strict=True)):
-        stage, extra = _median_seconds(stage, extra, [p[j] for p in passes])
+        stage, extra = _mean_seconds(stage, extra, [p[j] for p in passes])
         stages.append(stage)
         extras.append(extra)
     overheads = replace(executor.overheads, pairs=median_pairs(rounds)) if rounds else executor.overheads
     return replace(cost, stages=tuple(stages), runner=ExecutorCosts(overheads, tuple(extras)))
 
 
-def _median_seconds(stage: StageCost, extra: ExecutorStage,
-                    profiles: Sequence[RecordedSeconds]) -> tuple[StageCost, ExecutorStage]:
-    """``stage`` and ``extra`` with the seconds a recording executor's tasks take replaced by the medians over
-    ``profiles`` (Note [interleaved calibration] in :mod:`sim.calibration.experiment`); its plain seconds, which
-    such an executor never runs, stay those of the first calibration."""
-    return (replace(stage, forward_checkpointed=statistics.median(p.forward_nograd for p in profiles)),
-            replace(extra, forward_recorded=statistics.median(p.forward for p in profiles),
-                    backward_recorded=statistics.median(p.backward for p in profiles)))
+def _mean_seconds(stage: StageCost, extra: ExecutorStage,
+                  profiles: Sequence[RecordedSeconds]) -> tuple[StageCost, ExecutorStage]:
+    """``stage`` and ``extra`` with the seconds a recording executor's tasks take replaced by the means over
+    ``profiles`` (Note [mean task seconds]); its plain seconds, which such an executor never runs, stay those of
+    the first calibration."""
+    return (replace(stage, forward_checkpointed=statistics.fmean(p.forward_nograd for p in profiles)),
+            replace(extra, forward_recorded=statistics.fmean(p.forward for p in profiles),
+                    backward_recorded=statistics.fmean(p.backward for p in profiles)))
 
 
 def _cost_dict(cost: CostModel) -> dict[str, Any]:

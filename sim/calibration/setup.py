@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpipe.schedule import CHECKPOINT_MODES, Checkpoint
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint
 
 __all__ = ["Setup"]
 
@@ -21,6 +21,8 @@ class Setup:
     Attributes:
         chunks: micro-batches per mini-batch (GPipe's ``chunks``).
         checkpoint: ``always``, ``except_last`` or ``never``.
+        schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`) the executor runs and the
+            simulator predicts (Note [one schedule]).
         balance: layers per partition; ``None``: ``balance_by_time`` over ``len(devices)`` partitions.
         devices: one torch device per partition; ``None``: :func:`sim.calibration.machine.default_devices` of two
             partitions
@@ -32,7 +34,7 @@ class Setup:
             :mod:`sim.calibration.machine`).
         warmup: untimed passes before the first calibration.
         repeats: timed passes of the first calibration, which the bytes, the balance check and the
-            overhead measurements use; the stage seconds of the prediction are the medians over the
+            overhead measurements use; the stage seconds of the prediction are the means over the
             passes interleaved with the steps (Note [interleaved calibration]).
         pair_rounds: on shared cores, rounds of pair measurements spread evenly over the warm-up and
             recorded steps (at most one after each step); ``Overheads.pairs`` are their medians
@@ -48,15 +50,16 @@ class Setup:
 
     chunks: int = 4
     checkpoint: Checkpoint = "except_last"
+    schedule: str = "gpipe"
     balance: tuple[int, ...] | None = None
     devices: tuple[str, ...] | None = None
-    steps: int = 5
+    steps: int = 15
     warmup_steps: int = 2
     seed: int = 0
     threads: int | None = 1
     warmup: int = 2
     repeats: int = 3
-    pair_rounds: int = 9
+    pair_rounds: int = 7
     pass_repeats: int | None = None
     balance_timeout: float = 1.0
     pin: bool = True
@@ -73,6 +76,8 @@ class Setup:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint must be one of {', '.join(CHECKPOINT_MODES)}, got {self.checkpoint!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; registered: {', '.join(SCHEDULES)}")
         if self.pass_repeats is not None and (isinstance(self.pass_repeats, bool)
                                               or not isinstance(self.pass_repeats, int) or self.pass_repeats < 1):
             raise ValueError(f"pass_repeats must be an integer >= 1 or None, got {self.pass_repeats!r}")

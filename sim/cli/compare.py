@@ -129,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
     partitions = len(balance) if balance is not None else len(devices) if devices is not None else 2
     if partitions > len(model):
         raise CommandError(f"{partitions} partitions for a model of {len(model)} layers")
-    setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, steps=args.steps, seed=args.seed,
-                  balance=balance, devices=devices or default_devices(partitions))
+    setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
+                  seed=args.seed, balance=balance, devices=devices or default_devices(partitions))
     layers = len(model)
     size = batch.shape[0] if isinstance(batch, Tensor) else batch[0].shape[0]
     with blame(target):  # an error in a layer of the user's is theirs (sim.cli.user_code)

@@ -2,12 +2,13 @@
 
 Balance a small convolutional model over two devices (the CPU twice, or the CUDA devices when there
 are two), calibrate a cost model by measuring its partitions and the executor's own overheads,
-simulate the GPipe schedule, run the same schedule in the executor for a few training steps, and
-compare the step of median makespan with the prediction::
+simulate the schedule (GPipe's, or ``--schedule``), run the same schedule in the executor for a few training
+steps (``GPipe.step``), and compare the step of median makespan with the prediction::
 
     gpipe-sim demo                       # the table; timeline.png, trace.json, report.json in ./demo
     gpipe-sim demo --verbose             # and what calibration found: overheads, worker threads, contention
     gpipe-sim demo --chunks 8 --checkpoint always --json
+    gpipe-sim demo --schedule 1f1b       # any registered schedule (gpipe.schedule.SCHEDULES)
 
 The pipeline itself is :func:`sim.calibration.experiment.run`; ``gpipe-sim compare`` runs it on a user's model.
 """
@@ -30,13 +31,13 @@ if "torch" not in sys.modules:
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES  # noqa: E402
 from sim.calibration.experiment import Batch, Setup, demo_model, progress_labels, run  # noqa: E402
 from sim.calibration.host import executor_costs  # noqa: E402
 from sim.calibration.machine import keep_freed_memory  # noqa: E402
 from sim.calibration.outcome import DRIFT_LIMIT, OUTPUT_FILES, Outcome, write_outputs  # noqa: E402
 from sim.cli import CommandError  # noqa: E402
-from sim.cli.options import add_out, integer, output_folder, seed  # noqa: E402
+from sim.cli.options import add_out, integer, output_folder, schedules_help, seed  # noqa: E402
 from sim.files import OutputFolder, json_text  # noqa: E402
 
 __all__ = ["add_common_options", "add_parser", "execute", "run_command"]
@@ -46,9 +47,9 @@ def add_parser(subparsers: Any) -> None:
     """Register ``demo`` on the ``gpipe-sim`` subcommand parser."""
     p = subparsers.add_parser(
         "demo", help="predicted vs measured on a built-in model: calibrate, simulate, run, compare",
-        description="Balance a small built-in model over two devices, calibrate, simulate the GPipe schedule, "
-                    "run it in the executor for a few steps and print the prediction beside the measurement; "
-                    "write timeline.png, trace.json and report.json.",
+        description="Balance a small built-in model over two devices, calibrate, simulate a pipeline schedule "
+                    "(GPipe's by default), run it in the executor for a few steps and print the prediction beside "
+                    "the measurement; write timeline.png, trace.json and report.json.",
     )
     add_common_options(p, out="demo")
     p.set_defaults(func=run_command)
@@ -59,8 +60,12 @@ def add_common_options(p: argparse.ArgumentParser, *, out: str) -> None:
     p.add_argument("--chunks", type=int, default=4, metavar="M", help="micro-batches per mini-batch (default: 4)")
     p.add_argument("--checkpoint", choices=CHECKPOINT_MODES, default="except_last",
                    help="checkpoint policy (default: except_last)")
-    p.add_argument("--steps", type=int, default=5, metavar="K",
-                   help="training steps measured; the step of median makespan is compared (default: 5)")
+    p.add_argument("--schedule", choices=tuple(SCHEDULES), default="gpipe", metavar="NAME",
+                   help=f"the schedule the executor runs and the simulator predicts: {schedules_help()} "
+                        "(default: gpipe)")
+    p.add_argument("--steps", type=int, default=Setup.steps, metavar="K",
+                   help="training steps measured; the step of median makespan is compared (default: "
+                        f"{Setup.steps})")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the input and PyTorch (default: 0)")
     add_out(p, out, "timeline.png, trace.json and report.json")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of the table")
@@ -83,7 +88,8 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the demo; return the exit status."""
     out = check_common(args)
     model, batch = demo_model(args.seed)
-    setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, steps=args.steps, seed=args.seed)
+    setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
+                  seed=args.seed)
     return execute(model, batch, setup, args, "demo: 19-layer convolutional classifier, batch 64 of 3x32x32", out)
 
 

@@ -96,6 +96,22 @@ def test_predicted_peak_saved_bytes_match_the_measured(balance: list[int], chunk
         assert predicted.peak_memory(d) == pytest.approx(want, rel=PEAK_TOLERANCE), f"device {d}"
 
 
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_the_experiment_runs_the_schedule_it_is_given_through_step(name: str) -> None:
+    """Issue 21: the experiment trains through ``GPipe.step`` on the schedule it names; the simulator predicts that
+    schedule in one phase (Note [loss in the last task]), and both run its tasks in the same order."""
+    model, batch = _model()
+    outcome = run(model, batch, Setup(chunks=4, schedule=name, balance=(3, 4), devices=("cpu", "cpu"), steps=1,
+                                      warmup_steps=0, warmup=0, repeats=1, pair_rounds=1))
+    assert outcome.schedule.name == name and outcome.report()["schedule"] == name
+    assert not outcome.config.backward_after_forward
+    c = outcome.comparison
+    assert c.matched == sum(map(len, outcome.schedule.tasks)) and c.order_agreement == 1.0
+    for d, tasks in enumerate(outcome.schedule.tasks):
+        for timeline in (outcome.predicted, outcome.measured):
+            assert tuple(s.task for s in timeline.compute_spans(d)) == tasks
+
+
 @pytest.fixture(scope="module")
 def demo_outcome() -> Outcome:
     model, batch = demo_model(seed=0)

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gpipe.schedule import gpipe
+from gpipe.profile import RecordedSeconds
+from gpipe.schedule import SCHEDULES, gpipe
 from sim.calibration.compare import compare
 from sim.calibration.experiment import Setup, microbatch_sizes, progress_labels
 from sim.calibration.host import Overheads, executor_costs, with_overheads
-from sim.calibration.outcome import Outcome, halves, write_outputs
+from sim.calibration.outcome import Outcome, halves, interleaved_cost, write_outputs
 from sim.cli import build_parser, main
 from sim.cli.demo import print_outcome
 from sim.core.config import SimConfig
@@ -56,9 +57,10 @@ def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_both_commands_are_registered_with_their_options() -> None:
     parser = build_parser()
     args = parser.parse_args(["demo"])
-    assert (args.chunks, args.checkpoint, args.steps, args.out, args.json, args.seed) == (4, "except_last", 5,
+    assert (args.chunks, args.checkpoint, args.steps, args.out, args.json, args.seed) == (4, "except_last", 15,
                                                                                          None, False, 0)
     assert args.out_default == "demo"  # left out, --out is a fresh folder named after it (sim.files)
+    assert args.schedule == "gpipe" and parser.parse_args(["demo", "--schedule", "1f1b"]).schedule == "1f1b"
     args = parser.parse_args(["compare", "m:f", "--balance", "1,2", "--devices", "cpu,cpu", "--chunks", "8",
                               "--checkpoint", "always", "--steps", "2", "--out", "x", "--json"])
     assert (args.target, args.balance, args.devices, args.chunks, args.checkpoint, args.steps, args.out, args.json) \
@@ -97,6 +99,18 @@ def test_bad_input_is_one_line_and_exit_2(models: Path, capsys: pytest.CaptureFi
     assert not (models / "out").exists()  # nothing ran
 
 
+@pytest.mark.parametrize("argv", [["demo"], ["compare", "usermodels:good"]])
+def test_an_unknown_schedule_is_refused_with_the_registered_ones(models: Path, capsys: pytest.CaptureFixture[str],
+                                                                 argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--schedule", "zigzag", "--out", str(models / "out"), "--no-progress"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == (f"gpipe-sim {argv[0]}: error: argument --schedule: invalid choice: 'zigzag' (choose from "
+                     + ", ".join(repr(name) for name in SCHEDULES) + ")")
+    assert not (models / "out").exists()
+
+
 def test_a_file_path_target_loads(models: Path) -> None:
     from sim.cli.compare import load
 
@@ -128,6 +142,8 @@ def test_setup_rejects_bad_values() -> None:
         Setup(balance=(1, 2), devices=("cpu",) * 3)
     with pytest.raises(ValueError, match="pass_repeats"):
         Setup(pass_repeats=0)
+    with pytest.raises(ValueError, match="unknown schedule 'zigzag'; registered: gpipe, 1f1b"):
+        Setup(schedule="zigzag")
 
 
 def test_a_pass_times_about_as_many_runs_as_a_step_has_micro_batches() -> None:
@@ -181,6 +197,18 @@ def test_halves_is_a_sample_against_itself() -> None:
     assert halves((12.0, 12.0, 10.0, 10.0)) == pytest.approx(-2.0 / 11.0)
     assert halves((10.0, 99.0, 10.0)) == 0.0  # an odd middle step belongs to neither half
     assert halves((10.0,)) == 0.0 and halves(()) == 0.0 and halves((0.0, 0.0)) == 0.0
+
+
+def test_stage_seconds_are_the_means_of_the_passes() -> None:
+    """Note [mean task seconds]: a pass a preempted run made slow moves the stage's seconds by its share, as it moves
+    the steps' sum; the plain seconds stay those of the first calibration."""
+    cost = CostModel.uniform(2, 1.0, 2.0)
+    runs = [RecordedSeconds(1.0, 2.0, 0.5), RecordedSeconds(1.0, 2.0, 0.5), RecordedSeconds(4.0, 5.0, 2.0)]
+    means = interleaved_cost(cost, [[r, r] for r in runs], [])
+    stages, extras = means.stages, executor_costs(means).stages
+    assert [(e.forward_recorded, e.backward_recorded, s.forward_checkpointed)
+            for s, e in zip(stages, extras, strict=True)] == [(2.0, 3.0, 1.0)] * 2
+    assert [(s.forward, s.backward) for s in stages] == [(1.0, 2.0)] * 2
 
 
 #: What ``--verbose`` adds: the calibrated internals.
