@@ -19,25 +19,18 @@ that is a large share of its time, and how large depends on what the layers save
 and weight, a ReLU's output): it is measured on the block itself, not estimated per tensor. The hooks
 are installed outside the timed region, so what they add is their per-tensor calls.
 
-Note [run order]: a pass runs the blocks as a training step does: every grad-enabled forward in block
-order (graphs kept), then every backward in reverse order; then every no-grad forward; then, with
-``recorded``, the recorded forwards and backwards in the same order. Between two runs of a block the
-other blocks ran, as in a pipeline step, where a partition's next task follows other work. Timed
-back to back instead (forward, its backward at once, the same block again), a block of many small
-layers ran 10-20% faster than it does in a step (what it just used is still in the caches and on
-the allocator's free lists).
+Note [run order]: a pass runs the blocks as a training step does: every grad-enabled forward in block order
+(graphs kept), then every backward in reverse order, then every no-grad forward, then (with ``recorded``) the
+recorded runs in the same order. Between two runs of a block the other blocks ran, as in a pipeline step; timed
+back to back instead, a block finds what it just used still in the caches and on the allocator's free lists, and
+runs faster than it does in a step.
 
-Note [streaks]: a worker of a pipeline of many micro-batches does run its stage back to back: the
-forward of every micro-batch in a row, then (checkpointed) a recompute and a backward per micro-batch,
-on one core that stays busy. A pass that alternates blocks (and moves the profiling thread between
-their cores) times each run colder than that. ``streak=k`` runs each kind of run ``k`` times in a row
-per block (the backwards in the reverse order of the forwards, as GPipe's are), inside the order
-above; untimed passes run once each. On fidelity.py's ``conv`` model in two stages, micro-batches of
-4 samples, 22 recorded steps of 16 micro-batches: timed one at a time, stage 1's checkpointed forward
-took 25% longer than its median span in the steps and the recorded forwards 9-15% longer, so the
-prediction, which adds the stages' slowdowns of each other, came out 5-10% over; in streaks of 8
-every run took 3-9% less than its span in the steps, the room those slowdowns and the executor's
-host extras fill.
+Note [streaks]: a pipeline's worker runs its stage back to back (the forward of every micro-batch in a row, then
+a recompute and a backward per micro-batch) on a core that stays busy, warmer than a pass that alternates blocks
+and cores. ``streak=k`` runs each kind of run ``k`` times in a row per block (the backwards in the reverse order
+of the forwards, as GPipe's), inside the order above; untimed passes run once each. Timed one at a time, tasks
+run slower than their spans in the steps, and a prediction built from them comes out over
+(benchmarks/fidelity.py measures it).
 """
 
 from __future__ import annotations

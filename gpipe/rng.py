@@ -1,18 +1,14 @@
 """Random draws under pipelining: every draw of a task is a function of the task, so recompute is exact.
 
-Note [random state]: a checkpointed forward and its recompute must draw the same numbers, or the
-gradient is of another function. torchgpipe saves the generator's state before the forward and
-restores it for the recompute; with one worker thread per partition that fails on CPU devices (every
-CPU worker shares one generator, so what a worker draws depends on what the others drew meanwhile)
-and on partitions that share a GPU. Here every random operator a task runs, whoever calls it (a
-module, ``F.dropout``, ``torch.rand_like``, a tensor method, a custom ``autograd.Function``), is
-intercepted below autograd (a ``TorchDispatchMode`` on the worker's thread, which sees each ATen
-operator tagged ``nondeterministic_seeded``) and runs with its generator re-seeded, for that one call,
-from ``(step seed, micro-batch, stage, layer, k)`` for the layer's k-th draw in the task, then restored
-under one lock.
-So a task draws the same numbers in its forward and its recompute, with or without checkpointing,
-whatever the other threads do; draws leave the generators as they were, and the step seed, drawn
-from the default generator when a step starts, makes a run reproducible from ``torch.manual_seed``.
+Note [random state]: a checkpointed forward and its recompute must draw the same numbers, or the gradient is of
+another function. Saving and restoring the generator (torchgpipe) fails where workers share one generator (every
+CPU worker; partitions on one GPU): what a worker draws depends on what the others drew. Here every ATen
+operator tagged ``nondeterministic_seeded`` that a task runs, whoever calls it (a module, ``F.dropout``,
+``torch.rand_like``, a custom ``autograd.Function``), is intercepted below autograd by a ``TorchDispatchMode``
+on the worker's thread and runs with its generator re-seeded from ``(step seed, micro-batch, stage, layer, k)``
+for the layer's k-th draw, then restored under one lock. So a forward and its recompute draw alike whatever the
+other threads do, and the step seed, drawn from the default generator, makes a run reproducible from
+``torch.manual_seed``.
 
 Note [learning which layers draw]: the dispatch mode costs a Python call per operator (twice the time
 of a forward of many small layers), so it runs only around the layers (a partition's children) that

@@ -48,14 +48,12 @@ profiled seconds of the probe layer is the executor's own cost:
 With one micro-batch nothing runs at the same time, so the hand-offs are not mixed up with contention.
 
 Note [recording]: a recording executor counts the bytes each grad-enabled forward saves through
-``torch.autograd.graph.saved_tensors_hooks``, a Python call per saved tensor (and an unpack call per
-tensor in the backward). For a model of small layers this is a large share of a forward, and what a
-hook call costs depends on what is saved: on 64 x (Linear(64, 64), ReLU) it was 2.5 times what a chain
-of multiplications says. So ``calibrate(..., recorded=True)`` profiles each stage's forward and
-backward with the recorder's own hooks (``forward_recorded``, ``backward_recorded``), which the
-simulator then uses as they are. The per-tensor estimate remains for stages calibrated without:
-:func:`sim.calibration.primitives.count_saved_tensors` counts the tensors per stage (deterministic) and
-:func:`sim.calibration.primitives.measure_saved_tensor_cost` times both hooks per tensor on a chain of multiplications.
+``saved_tensors_hooks``: a Python call per saved tensor (and an unpack call per tensor in the backward), a large
+share of a small layer's forward, whose cost depends on what is saved. So ``calibrate(..., recorded=True)``
+profiles each stage's forward and backward with the recorder's own hooks (``forward_recorded``,
+``backward_recorded``), which the simulator uses as they are; a stage calibrated without gets the per-tensor
+estimate (:func:`sim.calibration.primitives.count_saved_tensors` times
+:func:`sim.calibration.primitives.measure_saved_tensor_cost`).
 """
 
 from __future__ import annotations

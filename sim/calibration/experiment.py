@@ -35,39 +35,21 @@ So a step is one phase: every task starts when its inputs are there, each worker
 the simulator models it so (``SimConfig(backward_after_forward=False)``). The loss's own seconds, a mean
 square, are inside the last stage's F and B spans and not in its profiled seconds.
 
-Note [interleaved calibration]: the speed of a shared (virtual) machine drifts by ten per cent and
-more over seconds, so a calibration made before the executor runs can describe a faster or slower
-machine than the one the steps see. After every training step, warm-up steps included, one
-profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: the profiler
-``balance_by_time`` uses, timing only the runs a recording executor's tasks are made of): one
-untimed pass (a first pass pays one-off costs, a backward's a quarter more), then one timed
-pass that runs each task ``Setup.pass_repeats`` times in a row, as a worker runs a stage's
-micro-batches (Note [streaks] in :mod:`gpipe.profile_timing`); the stage seconds of the cost model are
-the means over the passes' runs (Note [mean task seconds] in :mod:`sim.calibration.outcome`). Note [pass
-repeats] says how many. On shared cores
-(:func:`sim.calibration.machine.shares_cores`) ``Setup.pair_rounds`` rounds of pair measurements follow passes
-spread evenly
-over the steps (one :class:`sim.calibration.pairs.PairMeter` kept open across them), and ``Overheads.pairs`` are
-the medians over the rounds, each rebased against the pass just before it (Note [pair baselines] in
-:mod:`sim.calibration.pairs`): one round of a pair is a poor sample of Python's lock changing hands
-(Note [pair rounds] in :mod:`sim.calibration.pairs`), and measured once up front the pairs of 64 x (Linear(64,
-64), ReLU) put a prediction 40% off a run whose interleaved medians were 4% off. The prediction still
-uses nothing the executor measured: profiling and stepping merely sample the same machine. A
-schedule whose tasks never run two at once (:meth:`gpipe.schedule.Schedule.overlaps`: one
-micro-batch without checkpointing) measures no pairs. One micro-batch with checkpointing does run two
-at once: each stage's recompute starts as soon as its forward has, beside the later stages' forwards
-and recomputes; taking it for one task at a time (and measuring no pairs) put the rows of
-64 x (Linear(64, 64), ReLU), one micro-batch, ``checkpoint="always"`` 40-50% under.
+Note [interleaved calibration]: a shared machine's speed drifts over seconds, so a calibration made before the
+executor runs can describe another machine than the one its steps see. After every training step, warm-ups
+included, one profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: an untimed run, then
+``Setup.pass_repeats`` timed runs in a streak); the stage seconds are the means over the passes (Note [mean task
+seconds] in :mod:`sim.calibration.outcome`). On shared cores ``Setup.pair_rounds`` rounds of pair measurements
+follow passes spread over the steps, and the pairs are their medians, each rebased on the pass before it (Note
+[pair baselines] in :mod:`sim.calibration.pairs`). The prediction still uses nothing the executor measured:
+profiling and stepping only sample the same machine. A schedule whose tasks never run two at once
+(:meth:`gpipe.schedule.Schedule.overlaps`) measures no pairs.
 
-Note [pass repeats]: a step of ``chunks`` micro-batches runs each stage's task ``chunks`` times, and
-its makespan averages over them, while one timed run of each task in a pass is one sample: with one
-timed run a pass, the predictions of rows of 8 and 16 micro-batches varied from step to step by 14-20%
-(their steps by 7-10%; benchmarks/fidelity.py). A task of a micro-batch ``chunks`` times smaller
-takes about that much less time, so ``pass_repeats`` defaults to ``chunks // 2`` (at least one) timed
-runs a pass: a pass then costs about the same, half a step or less, whatever the chunks. The runs
-are a streak (each task that many times in a row) rather than that many passes: a worker of many
-micro-batches runs its stage back to back, and so warmer than a pass that alternates stages and
-cores (Note [streaks] in :mod:`gpipe.profile_timing`).
+Note [pass repeats]: a step's makespan averages each stage's task over ``chunks`` micro-batches, while one timed
+run a pass is one sample. A task of a micro-batch ``chunks`` times smaller takes about that much less time, so
+``pass_repeats`` defaults to ``chunks // 2`` (at least one) timed runs a pass, which keeps a pass at about half
+a step whatever the chunks. The runs are a streak rather than that many passes, because a worker runs its stage
+back to back (Note [streaks] in :mod:`gpipe.profile_timing`).
 
 Note [nothing else to train]: the executor trains (records, and runs a backward) when a parameter or an
 input requires grad. A model without trainable parameters (activations only) would run its forward

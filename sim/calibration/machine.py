@@ -17,15 +17,11 @@ machine that can double a convolution's time, depending on what was freed before
 profiler nor the simulator can know. :func:`keep_freed_memory` tells glibc to keep freed memory for
 reuse (``mallopt``); the CLI commands and the fidelity benchmark call it once, before measuring.
 
-Note [collect after the step]: Python's cyclic collector runs whenever enough objects have been
-allocated, in whichever thread allocates, and holds the interpreter lock while it walks every object
-(tens of milliseconds in a process that has imported torch). A worker's backward needs that lock for
-each saved tensor it unpacks through the recorder's hook, so a collection started by another thread
-stalls it: run alone in the executor, the first stage of the fidelity benchmark's ``conv`` model took
-100, 145 or 190 ms for one backward, in steps of one collection. :func:`collected_after` turns the
-collector off for a measured step and collects once after it. Collecting *before* each step instead
-(as the experiment first did) prevents the stall too, but its walk evicts what the step's first tasks
-need from the cores' caches: their forwards took 0.2 ms (13%) longer on 64 x (Linear(64, 64), ReLU);
+Note [collect after the step]: Python's cyclic collector runs in whichever thread allocates and holds the
+interpreter lock while it walks every object (tens of milliseconds once torch is imported); a worker's backward
+needs that lock for each saved tensor the recorder's hook unpacks, so a collection started elsewhere stalls it.
+:func:`collected_after` turns the collector off for a measured step and collects once after it. Collecting
+before each step also prevents the stall, but its walk evicts from the caches what the step's first tasks need;
 after the step, the profiling pass's untimed run absorbs it.
 """
 

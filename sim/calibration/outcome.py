@@ -32,13 +32,12 @@ single steps, so that the machine's regimes, which last seconds, count as the fe
 the spread of the block errors is what sampling the same machine again would move the error by,
 calibration and measurement together.
 
-Note [drift]: how far the machine itself moved while an experiment ran. ``halves`` of a sample
-taken in time order is the median of its last half against that of its first half, relative to the
-median of all; ``Outcome.drift`` is the larger in size of the halves of the recorded steps and of the
-per-step predictions (one from each profiling pass, Note [paired error]). It uses no comparison of
-prediction and measurement, only each against itself, so it can say whether a run is fit to judge the
-simulator by, without looking at the answer: on this project's shared two-core machine, nine of the
-ten rows of the fidelity benchmark beyond 8% error had a drift beyond 8% (benchmarks/fidelity.py,
+Note [drift]: how far the machine itself moved while an experiment ran. ``halves`` of a sample in time order is
+the median of its last half against its first half's, relative to the median of all; ``Outcome.drift`` is the
+larger in size of the halves of the recorded steps and of the per-step predictions (Note [paired error]). It
+compares each against itself, never prediction against measurement, so it says whether a run is fit to judge the
+simulator by without looking at the answer (benchmarks/fidelity.py relates the two); ``gpipe-sim demo`` says so
+when the drift is large.
 Note [steady rows]). ``gpipe-sim demo`` says so when the drift is large.
 """
 

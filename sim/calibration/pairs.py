@@ -16,20 +16,17 @@ its time alone (measured in the same round) over its time together, averaged ove
 rather than "they share"); ``c = 1 / rate - 1``. The second thread is long-lived and warmed up first:
 a fresh thread pays one-off costs on its first calls, which are not contention.
 
-Note [pair rounds]: one round is a poor sample. Who gets Python's lock next depends on how fast a
-sleeping core wakes up, which on a virtual machine changes from one second to the next: on
-64 x (Linear(64, 64), ReLU) the slowdown of two forwards, measured over 30 ms, ranged from 0.3 to 4.2
-within one minute. The median of many rounds, spread over the time the executor runs, is stable
+Note [pair rounds]: one round is a poor sample. Who gets Python's lock next depends on how fast a sleeping core
+wakes up, which on a virtual machine changes from one second to the next, so one pair's slowdown varies
+severalfold within a minute. The median of many rounds spread over the time the executor runs is stable
 (sim.calibration.experiment takes one round after every step); a single up-front measurement is not.
 
-Note [pair baselines]: ``c`` is measured against each task's time alone *in the meter's loop* (warm
-caches), but the simulator slows the cost model's seconds, which the profiler takes one run at a time: on
-64 x (Linear(64, 64), ReLU) its checkpointed forwards took 14-21% longer than in the loop. Sharing the
-cores adds the lock's hand-overs, ``c * alone`` seconds, not a share of whatever the task costs elsewhere;
-applied unchanged, ``c`` counted the colder caches twice. :func:`rebased` makes each ``c`` add those
-seconds to the cost model's task (``c * alone in the loop / its seconds``); sim.calibration.experiment rebases every
-round against the profiling pass just before it. Re-simulating 44 recorded ``mlp`` experiments (twelve
-rows) with rebased medians took the mean of the rows' errors from 3.5% to 3.0%; ``conv`` did not move.
+Note [pair baselines]: ``c`` is measured against each task's time alone *in the meter's loop* (warm caches), but
+the simulator slows the cost model's seconds, which the profiler takes colder. Sharing the cores adds the lock's
+hand-overs, ``c * alone`` seconds, not a share of whatever the task costs elsewhere; applied unchanged, ``c``
+would count the colder caches twice. :func:`rebased` makes each ``c`` add those seconds to the cost model's task
+(``c * alone in the loop / its seconds``); sim.calibration.experiment rebases every round against the profiling
+pass just before it.
 """
 
 from __future__ import annotations

@@ -23,9 +23,8 @@ _KIND = {F: "F", R: "F", B: "B", W: "B"}  # a task's kind for RunnerCosts.pairs;
 
 # Note [host seconds share nothing]: sharing cores stretches a task's stage seconds, not its host seconds
 # (SharedCores.run(seconds, key, host)); it still slows the others for its whole span. Contention and pairs are
-# measured on loops of the stage's work alone, so the runner's host time was never in them; stretching it by
-# the same factor added seconds nobody measured (on 64 x (Linear(64, 64), ReLU), +5.4% mean makespan error
-# against +2.3% without).
+# measured on loops of the stage's work alone, so the runner's host time was never in them, and stretching it
+# too would add seconds nobody measured.
 
 
 def device(run: Run, d: int) -> Generator[simpy.Event, Any, None]:

@@ -11,14 +11,12 @@ its bytes at the memory bandwidth times the same ``efficiency``; every kernel al
 ``efficiency`` is one number, the fraction of the datasheet rates a real workload reaches.
 
 Note [one efficiency]: applying ``efficiency`` to the bandwidth too is a modelling assumption, not a
-measurement: datasheet bandwidth is no more reachable than datasheet FLOP/s (streaming kernels reach
-60-90% of it), and one number keeps calibration to one measurement. ``memory_efficiency`` replaces it
-for the bandwidth where a separate figure is known (1.0: the datasheet rate). The assumption matters
-for pipelines: it sets how much of a stage's time is memory-bound work, which sits in the early,
-high-resolution layers of a CNN, and so how the time splits between stages. On torchgpipe's ResNet-101
-benchmark (``benchmarks/published.py``, which prints both) the datasheet-bandwidth variant predicts
-the 2- and 4-GPU speed-ups 9-11% low, this form 4-7% low; the bytes it divides already count the
-second pass of batch norm (:mod:`sim.planning.operators`, Note [one operator, several kernels]).
+measurement: datasheet bandwidth is no more reachable than datasheet FLOP/s, and one number keeps calibration to
+one measurement; ``memory_efficiency`` replaces it where a separate figure is known (1.0: the datasheet rate).
+It matters for pipelines because it sets how much of a stage's time is memory-bound work (the early,
+high-resolution layers of a CNN), and so how time splits between stages; ``benchmarks/published.py`` prints both
+variants against torchgpipe's ResNet-101 speed-ups. The bytes it divides already count batch norm's second pass
+(:mod:`sim.planning.operators`, Note [one operator, several kernels]).
 
 Note [small micro-batches]: the fixed cost per kernel is what makes the efficiency fall for small
 micro-batches. For a compute-bound operator of ``f`` FLOPs the fraction of peak reached is::
