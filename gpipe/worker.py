@@ -10,13 +10,21 @@ when the step starts). A fresh thread's OpenMP and MKL pools do not inherit ``to
 left alone, each worker would start a pool as wide as the machine, and on a small CPU the workers' pools
 would spin on each other's cores (steps several times slower).
 
-Note [launch order]: each phase starts its workers as fresh threads, and starting a thread takes
+Note [launch order]: a run starts its workers as fresh threads, and starting a thread takes
 Python's interpreter lock, on both sides, for a while. The worker whose first task can run at once
 (the first stage's in the forward phase, the last stage's in the backward phase) is started last, so
 the others are already waiting on their inboxes and the main thread on them: started first, its first
 task would trade the lock with the thread starts that follow (a small-layer forward was 40% slower).
+Parked workers are woken in the same order.
 The main thread then waits for one event, set by the last worker to end, rather than joining each
 worker in turn (each join woke it, to take the lock, while the next worker computed).
+
+Note [parked workers]: a training ``forward()`` starts the workers once, for both phases: after its
+forward tasks each worker parks on an event of its own, and ``backward()`` wakes them (the last stage's
+last) instead of starting fresh threads, so ``forward()`` + ``backward()`` costs what ``step()`` costs
+(thread starts on busy cores each took a scheduler's wake-up; see ``benchmarks/executor_speed.py``).
+Parked workers hold nothing but the run: a failure, an interrupt, or the forward's graph freed before its
+backward (:class:`Parked`, held by that graph) sends them away.
 
 Note [hand-offs] in :mod:`gpipe.handoff`: results go to the next stage's inbox, and are copied on arrival; the
 skip connections that cross partitions take their own way (:mod:`gpipe.skip.portal`).
@@ -58,7 +66,7 @@ from gpipe.skip.portal import Portals
 from gpipe.skip.skippable import use_tracker
 from gpipe.timeline import COMPUTE, COPY, Timeline
 
-__all__ = ["Run"]
+__all__ = ["Parked", "Run"]
 
 Grads = tuple[Tensor | None, ...]
 
@@ -96,6 +104,9 @@ class Run:
         self.interval: float | None = None  # the switch interval this run holds while its workers run
         self.running = 0  # workers of the current phase still running
         self.finished = threading.Event()  # set by the last of them
+        self.parked = False  # Note [parked workers]: the workers wait for the backward phase
+        self.cancelled = False  # ... and were told to leave instead
+        self.go = [threading.Event() for _ in schedule.tasks]  # per device: the backward phase may start
         self.leaves: dict[tuple[int, int], tuple[Tensor, ...]] = {}
         self.graphs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
         self.outputs: dict[int, tuple[Tensor, ...]] = {}
@@ -135,15 +146,33 @@ class Run:
         self.finish()
 
     def execute(self, forward: bool) -> None:
-        self.launch([tasks[0 if forward else 1] for tasks in self.phases],
-                    first=self.schedule.device_of(0 if forward else self.n - 1))
+        """Run the forward phase (training: the workers then park for the backward, Note [parked workers]) or,
+        on fresh workers, the backward phase."""
+        phases = self.phases
+        if forward:
+            later = [tasks[1] for tasks in phases] if self.train else None
+            self.launch([tasks[0] for tasks in phases], first=self.schedule.device_of(0), later=later)
+        else:
+            self.launch([tasks[1] for tasks in phases], first=self.schedule.device_of(self.n - 1))
         self.join()
 
-    def launch(self, task_lists: Sequence[Sequence[Task]], first: int) -> None:
-        """Start one worker thread per device on its task list; device ``first``'s thread last (Note [launch order])."""
-        self.threads = [threading.Thread(target=self._work, args=(d, tasks), daemon=True, name=f"gpipe-worker-{d}")
+    def launch(self, task_lists: Sequence[Sequence[Task]], first: int,
+               later: Sequence[Sequence[Task]] | None = None) -> None:
+        """Start one worker thread per device on its task list; device ``first``'s thread last (Note [launch order]).
+        With ``later``, each worker parks after its list until :meth:`resume` (Note [parked workers])."""
+        self.threads = [threading.Thread(target=self._work, args=(d, [tasks] if later is None else [tasks, later[d]]),
+                                         daemon=True, name=f"gpipe-worker-{d}")
                         for d, tasks in enumerate(task_lists)]
-        # Note [switch interval] in gpipe.gil: until join() has seen the workers end
+        self.parked = later is not None
+        self._arm()
+        for d, thread in enumerate(self.threads):
+            if d != first:
+                thread.start()
+        self.threads[first].start()
+
+    def _arm(self) -> None:
+        """Before a phase's workers run: its count of workers, its end event, the switch interval, the outside RNGs."""
+        # Note [switch interval] in gpipe.gil: until join() has seen the phase end
         interval = self.pipeline.switch_interval if len(self.threads) > 1 else None
         if interval is not None and self.interval is None:
             gil.enter(interval)
@@ -151,28 +180,43 @@ class Run:
         self.running = len(self.threads)
         self.finished = threading.Event()
         self.outside = rng.outside_state() if self.checkpoints else None
-        for d, thread in enumerate(self.threads):
+
+    def resume(self, first: int) -> None:
+        """Wake the parked workers for their second task list; device ``first``'s last (Note [launch order])."""
+        self.parked = False
+        self._arm()
+        for d, go in enumerate(self.go):
             if d != first:
-                thread.start()
-        self.threads[first].start()
+                go.set()
+        self.go[first].set()
+
+    def cancel(self) -> None:
+        """Send parked workers away: their backward will not come (Note [parked workers]). Safe from any thread."""
+        if self.parked:
+            self.cancelled = True
+            for go in self.go:
+                go.set()
 
     def join(self) -> None:
-        """Wait for the phase's workers: one wake-up when the last one ends (Note [launch order])."""
+        """Wait for the phase's workers: one wake-up when the last one ends or parks (Note [launch order])."""
         try:
             while not self.finished.wait(timeout=0.1):
                 pass
-            for thread in self.threads:
-                thread.join()
+            if self.error is not None or not self.parked:
+                for thread in self.threads:
+                    thread.join()
         except BaseException as interrupt:  # KeyboardInterrupt while waiting: stop the workers, then re-raise
             self._fail(interrupt)
             for thread in self.threads:
                 thread.join()
             raise
         finally:
-            if self.interval is not None and not any(t.is_alive() for t in self.threads):
+            # parked workers wait idle, so the caller's code between the phases runs with its own interval
+            if self.interval is not None and (self.finished.is_set() or not any(t.is_alive() for t in self.threads)):
                 gil.leave(self.interval)
                 self.interval = None
-        self.threads = []
+        if self.error is not None or not self.parked:
+            self.threads = []
         if self.error is not None:
             raise self.error
         if self.outside is not None:
@@ -193,18 +237,23 @@ class Run:
                                "the forward again, or take every gradient in one call "
                                "(torch.autograd.grad(loss, [a, b]))")
         self.backward_started = True
-        if self.recorder is not None:
-            self.recorder.resume()
         sizes = [self.outputs[i][0].size(0) for i in range(self.schedule.m)]
         pieces = [g.split(sizes, dim=0) if g is not None else [None] * len(sizes) for g in grads]
         for i in range(self.schedule.m):
             self.out_grads[i] = tuple(p[i] for p in pieces)
-        self.launch([tasks[1] for tasks in self.phases], first=self.schedule.device_of(self.n - 1))
 
     def finish_backward(self) -> None:
+        """Run the backward phase and wait for it: the caller's thread starts it only once it has nothing else
+        to do in Python (Note [parked workers])."""
         if self.backward_done:
             return
         self.backward_done = True
+        if self.recorder is not None:
+            self.recorder.resume()
+        if self.parked:
+            self.resume(first=self.schedule.device_of(self.n - 1))
+        else:
+            self.launch([tasks[1] for tasks in self.phases], first=self.schedule.device_of(self.n - 1))
         self.finish()
 
     def finish(self) -> None:
@@ -239,38 +288,54 @@ class Run:
 
     # -- workers ----------------------------------------------------------------------------------------
 
-    def _work(self, d: int, tasks: Sequence[Task]) -> None:
+    def _work(self, d: int, phases: list[Sequence[Task]]) -> None:
+        """Run each task list of ``phases`` on device ``d``, parked between them (Note [parked workers])."""
         device = self.devices[d]
+        counted = False  # this worker's end of the current phase was counted
         try:
             # Note [threads]: a fresh thread's OpenMP/MKL pools do not inherit the caller's thread count
             torch.set_num_threads(self.threads_per_worker)
             with device_context(device), pinned(self.affinity[d] if self.affinity else None):
-                for task in tasks:
-                    if self.error is not None:
-                        return
-                    if task.op is Op.F:
-                        self._forward(d, task)
-                    elif task.op is Op.R:
-                        self._recompute(d, task)
-                    elif task.op is Op.B:
-                        self._backward(d, task)
-                    else:
-                        raise NotImplementedError(f"GPipe does not run {task.op.name} tasks ({task})")
+                for k, phase in enumerate(phases):
+                    if k:
+                        self._done()
+                        self.go[d].wait()
+                        counted = self.parked  # woken without a resume(): no phase counts this worker
+                        if self.cancelled or self.error is not None:
+                            return
+                    for task in phase:
+                        if self.error is not None:
+                            return
+                        if task.op is Op.F:
+                            self._forward(d, task)
+                        elif task.op is Op.R:
+                            self._recompute(d, task)
+                        elif task.op is Op.B:
+                            self._backward(d, task)
+                        else:
+                            raise NotImplementedError(f"GPipe does not run {task.op.name} tasks ({task})")
         except Stopped:
             pass
         except BaseException as error:
             self._fail(error)
         finally:
-            with self.error_lock:
-                self.running -= 1
-                if not self.running:
-                    self.finished.set()
+            if not counted:
+                self._done()
+
+    def _done(self) -> None:
+        """This worker's part of the phase is over; the last one's wakes the caller."""
+        with self.error_lock:
+            self.running -= 1
+            if not self.running:
+                self.finished.set()
 
     def _fail(self, error: BaseException) -> None:
         with self.error_lock:
             if self.error is None:
                 self.error = error
         self.inboxes.stop()
+        for go in self.go:  # parked workers leave too
+            go.set()
 
     def _send(self, stage: int, task: Task, payload: Any) -> None:
         self.inboxes.send(self.schedule.device_of(stage), task, payload)
@@ -423,6 +488,19 @@ class Run:
             self.in_grads[i] = result
         else:
             self._send(j - 1, task, result)
+
+
+class Parked:
+    """Held by a training forward's autograd graph: freed before its backward ran, it sends the run's parked
+    workers away (Note [parked workers])."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def __del__(self) -> None:
+        self.run.cancel()
 
 
 class _Enter(torch.autograd.Function):
