@@ -79,8 +79,11 @@ class GPipe(nn.Module):
         cpu_affinity: one set of CPU cores per partition (or ``None`` for one left unpinned): its
             worker thread runs only there (Linux; :mod:`gpipe.affinity`, Note [pinned workers]).
         switch_interval: seconds Python's interpreter lock may stay with one thread while two or more
-            workers run (``sys.setswitchinterval``, restored after each phase; :mod:`gpipe.gil`, Note
-            [switch interval]); ``None`` leaves the interpreter's setting alone.
+            workers run (:mod:`gpipe.gil`, Note [switch interval]). This changes interpreter-wide state:
+            ``sys.setswitchinterval`` holds for every thread of the process while a phase's workers run, and
+            the previous interval comes back when they end, on every path (a failing task, an interrupt, a
+            forward whose backward never runs; overlapping pipelines keep the shortest until the last one
+            ends). ``None`` opts out: the interpreter's setting is left alone.
 
     Raises:
         TypeError: ``module`` is not an ``nn.Sequential``.
