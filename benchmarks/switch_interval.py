@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     affinity = worker_affinity(DEVICES)
     rows: list[dict[str, Any]] = []
     began = time.perf_counter()
+    load = [os.getloadavg()[0]]  # the machine's 1-minute load at the start and the end: how quiet the run was
     print(f"{'model':>5} {'chunks':>6} {'checkpoint':>11} {'5 ms step':>10} {'1 ms step':>10} {'ratio':>7}")
     for name in [m for m in args.models.split(",") if m]:
         balance, build, counts = MODELS[name]
@@ -102,15 +103,26 @@ def main(argv: list[str] | None = None) -> int:
                       f"{ratio:>7.3f}", flush=True)
     doc = {"benchmark": "switch_interval", "command": "python benchmarks/switch_interval.py " + " ".join(sys.argv[1:]),
            "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-                       "intra-op threads per worker": 1},
+                       "intra-op threads per worker": 1,
+                       "load_average_1min": [round(v, 2) for v in (*load, os.getloadavg()[0])]},
            "note": ("ratio = median over rounds of (step with switch_interval=0.001) / (step with the interpreter's "
                     "5 ms), both pipelines stepping in turn in one process; two CPU devices, workers pinned, "
                     "recording on, batch 64 (wide: 256); a step is forward, loss and backward."),
-           "rows": rows, "seconds": time.perf_counter() - began}
+           "rows": rows, "summary": summary(rows), "seconds": time.perf_counter() - began}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.out} in {doc['seconds']:.0f} s")
     return 0
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per model, the median, lowest and highest of its rows' ratios (1 ms step / 5 ms step)."""
+    out = {}
+    for name in dict.fromkeys(r["model"] for r in rows):
+        ratios = [r["ratio"] for r in rows if r["model"] == name]
+        out[name] = {"median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios),
+                     "rows": len(ratios)}
+    return out
 
 
 if __name__ == "__main__":
