@@ -21,8 +21,9 @@ worker in turn (each join woke it, to take the lock, while the next worker compu
 
 Note [parked workers]: a training ``forward()`` starts the workers once, for both phases: after its
 forward tasks each worker parks on an event of its own, and ``backward()`` wakes them (the last stage's
-last) instead of starting fresh threads, so ``forward()`` + ``backward()`` costs what ``step()`` costs
-(thread starts on busy cores each took a scheduler's wake-up; see ``benchmarks/executor_speed.py``).
+last) instead of starting fresh threads: starting two threads again, each a scheduler's wake-up on busy
+cores, was on the critical path between the last forward and the first backward, which ``step()`` runs
+back to back (``benchmarks/executor_speed.py`` times both entry points).
 Parked workers hold nothing but the run: a failure, an interrupt, or the forward's graph freed before its
 backward (:class:`Parked`, held by that graph) sends them away.
 
