@@ -5,7 +5,8 @@ across two partitions (two CPU "devices"), the batch split into ``--chunks`` mic
 
     plain                      the model itself, one thread (and again with two threads, for honesty)
     torchgpipe <checkpoint>    torchgpipe 0.0.7's GPipe, devices ['cpu', 'cpu']
-    gpipe <checkpoint>         this project's GPipe, devices ['cpu', 'cpu'], record off
+    gpipe <checkpoint>         this project's GPipe, devices ['cpu', 'cpu'], record off: forward() + loss + backward()
+    gpipe <checkpoint>, step   the same pipe trained through its other entry point, ``pipe.step(x, y, mse_loss)``
     gpipe <checkpoint>, record the same pipe with ``record=True`` (a measured Timeline every step)
     pipelining GPipe / 1F1B    torch.distributed.pipelining, one stage per process, two gloo processes
 
@@ -44,11 +45,15 @@ loss and ``zero_grad``, which the measured step includes (both are small here).
 
 Goals (from the issue): gpipe faster than plain where micro-batches stay large enough; at most 0.6 x
 torchgpipe's step for the same checkpoint policy; within 10 % of the simulator's prediction; recording on
-within 5 % of recording off.
+within 5 % of recording off; its two entry points (``forward()`` + ``backward()``, and ``step()``) within 3 %
+of each other.
 
 Run: ``.venv/bin/python benchmarks/executor_speed.py`` (about a minute on two busy cores; installs
 torchgpipe 0.0.7 with ``pip --no-deps`` when it is missing) or ``--quick``; writes
-``benchmarks/results/executor_speed.json``.
+``benchmarks/results/executor_speed.json``. The wider model kept for checking (steps of 0.3-1 s)::
+
+    .venv/bin/python benchmarks/executor_speed.py --width 2048 --modes never --repeats 30 --skip-torchgpipe \
+        --skip-pipelining --json benchmarks/results/executor_speed_wide.json
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ REFERENCE_MS = {
 GOAL_VS_TORCHGPIPE = 0.6
 GOAL_VS_PREDICTION = 0.10
 GOAL_RECORD = 0.05
+GOAL_ENTRY_POINTS = 0.03
 
 
 # -- the workload ----------------------------------------------------------------------------------
@@ -143,9 +149,16 @@ def train_step(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return loss.detach()
 
 
-def gradients_match(reference: nn.Module, other: nn.Module, x: torch.Tensor, y: torch.Tensor) -> bool:
+def pipe_step(pipe: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The same step through GPipe's other entry point: zero the gradients, ``pipe.step`` (MSE inside)."""
+    pipe.zero_grad(set_to_none=True)
+    return pipe.step(x, y, F.mse_loss)
+
+
+def gradients_match(reference: nn.Module, other: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    step: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor] = train_step) -> bool:
     """One step of each from the same weights: equal loss and parameter gradients (the pipeline is transparent)."""
-    a, b = train_step(reference, x, y), train_step(other, x, y)
+    a, b = train_step(reference, x, y), step(other, x, y)
     ok = torch.allclose(a, b, rtol=1e-5, atol=1e-6)
     pa, pb = list(reference.parameters()), list(other.parameters())
     ok = ok and len(pa) == len(pb)
@@ -373,8 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the results (default {RESULTS})")
     parser.add_argument("--skip-torchgpipe", action="store_true", help="leave torchgpipe out (no install)")
     parser.add_argument("--skip-pipelining", action="store_true", help="leave torch.distributed.pipelining out")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"checkpoint policies to time, comma-separated (default {','.join(MODES)})")
     parser.add_argument("--quick", action="store_true", help="few repeats and a short calibration (smoke test)")
     args = parser.parse_args(argv)
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if not modes or any(m not in MODES for m in modes):
+        parser.error(f"--modes takes some of {','.join(MODES)}")
     if args.layers < 2 or args.width < 1 or args.batch < 1 or args.chunks < 1:
         parser.error("need --layers >= 2 and positive --width, --batch and --chunks")
     repeats = args.repeats if args.repeats is not None else (5 if args.quick else 60)
@@ -400,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_torchgpipe:
         torchgpipe = import_torchgpipe()
         tg_version = getattr(torchgpipe, "__version__", "?")
-        for mode in MODES:
+        for mode in modes:
             pipe = torchgpipe.GPipe(copy.deepcopy(model), balance=workload.balance, devices=["cpu", "cpu"],
                                     chunks=args.chunks, checkpoint=mode)
             if not gradients_match(copy.deepcopy(model), pipe, x, y):
@@ -425,11 +443,13 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"gpipe.GPipe is not importable ({error}): its rows are missing")
         print(notes[-1], flush=True)
     if gpipe_cls is not None:
-        for mode in MODES:
+        for mode in modes:
             pipe = gpipe_cls(copy.deepcopy(model), balance=workload.balance, devices=["cpu", "cpu"],
                          chunks=args.chunks, checkpoint=mode, record=False)
             if not gradients_match(copy.deepcopy(model), pipe, x, y):
                 raise SystemExit(f"gpipe.GPipe ({mode}) does not match the plain model")
+            if not gradients_match(copy.deepcopy(model), pipe, x, y, step=pipe_step):
+                raise SystemExit(f"gpipe.GPipe.step ({mode}) does not match the plain model")
             gpipes[mode] = pipe
 
             def off(p: Any = pipe) -> object:
@@ -444,7 +464,12 @@ def main(argv: list[str] | None = None) -> int:
                 kept.append(p.timeline)
                 return loss
 
+            def stepped(p: Any = pipe) -> object:
+                p.record = False
+                return pipe_step(p, x, y)
+
             runners.append(Runner(f"gpipe {mode}", off, []))
+            runners.append(Runner(f"gpipe {mode}, step", stepped, []))
             runners.append(Runner(f"gpipe {mode}, record", on, []))
 
     calibrations: list[dict[str, Any]] = []  # Note [prediction]: before, between and after the timed rounds
@@ -484,17 +509,20 @@ def main(argv: list[str] | None = None) -> int:
     # -- table ---------------------------------------------------------------------------------
     medians = {name: ms(values) for name, values in samples.items()}
     plain = medians["plain"]
-    order = (["plain", "plain (2 threads)"] + [f"torchgpipe {m}" for m in MODES] + [f"gpipe {m}" for m in MODES]
-             + [f"gpipe {m}, record" for m in MODES] + ["pipelining GPipe", "pipelining 1F1B"])
+    order = (["plain", "plain (2 threads)"] + [f"torchgpipe {m}" for m in modes] + [f"gpipe {m}" for m in modes]
+             + [f"gpipe {m}, step" for m in modes] + [f"gpipe {m}, record" for m in modes]
+             + ["pipelining GPipe", "pipelining 1F1B"])
     rows: list[dict[str, Any]] = []
     for name in order:
         if name not in medians:
             continue
         row: dict[str, Any] = {"configuration": name, "median_ms": round(medians[name], 3),
                                "vs_plain": round(vs(name, "plain"), 3)}
-        policy = next((m for m in MODES if name.endswith(m) or name.endswith(f"{m}, record")), None)
+        policy = next((m for m in modes if name.endswith((m, f"{m}, record", f"{m}, step"))), None)
         if name.startswith("gpipe") and policy and f"torchgpipe {policy}" in medians:
             row["vs_torchgpipe"] = round(vs(name, f"torchgpipe {policy}"), 3)
+        if policy and name == f"gpipe {policy}" and f"gpipe {policy}, step" in medians:
+            row["vs_step"] = round(vs(name, f"gpipe {policy}, step"), 3)  # forward()+backward() over step()
         if prediction is not None and name.startswith("gpipe") and policy:
             row["predicted_ms"] = round(prediction["modes"][policy]["predicted_ms"], 3)
         if name in REFERENCE_MS and _is_reference(workload):
@@ -503,12 +531,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
 
     print()
-    print(f"{'configuration':<26}{'median ms':>10}{'/ plain':>9}{'/ torchgpipe':>14}{'predicted ms':>14}"
+    print(f"{'configuration':<26}{'median ms':>10}{'/ plain':>9}{'/ torchgpipe':>14}{'/ step':>8}{'predicted ms':>14}"
           f"{'issue ms':>10}")
     for row in rows:
         print(f"{row['configuration']:<26}{row['median_ms']:>10.2f}{row['vs_plain']:>9.2f}"
-              f"{_fmt(row.get('vs_torchgpipe'), '.2f'):>14}{_fmt(row.get('predicted_ms'), '.2f'):>14}"
-              f"{_fmt(row.get('issue_ms'), '.1f'):>10}")
+              f"{_fmt(row.get('vs_torchgpipe'), '.2f'):>14}{_fmt(row.get('vs_step'), '.3f'):>8}"
+              f"{_fmt(row.get('predicted_ms'), '.2f'):>14}{_fmt(row.get('issue_ms'), '.1f'):>10}")
 
     simulator: dict[str, Any] | None = None
     goals: dict[str, Any] = {}
@@ -533,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(plain {plain:.2f} ms)")
         print(f"{'checkpoint':<13}{'measured ms':>12}{'predicted':>11}{'(range)':>14}{'no overheads':>14}"
               f"{'error':>8}{'recorded ms':>13}{'order':>7}{'busy/device: recorded vs predicted ms':>40}")
-        for mode in MODES:
+        for mode in modes:
             p = prediction["modes"][mode]
             measured = medians[f"gpipe {mode}"]
             entry = {"measured_ms": measured, **{k: v for k, v in p.items() if k != "timeline"},
@@ -554,17 +582,20 @@ def main(argv: list[str] | None = None) -> int:
     if gpipes:
         goals["faster_than_plain"] = {"gpipe_never_ms": medians["gpipe never"], "plain_ms": plain,
                                       "ratio": vs("gpipe never", "plain"), "met": vs("gpipe never", "plain") < 1.0}
-        if any(f"torchgpipe {mode}" in medians for mode in MODES):
-            ratios = {mode: vs(f"gpipe {mode}", f"torchgpipe {mode}") for mode in MODES}
+        if any(f"torchgpipe {mode}" in medians for mode in modes):
+            ratios = {mode: vs(f"gpipe {mode}", f"torchgpipe {mode}") for mode in modes}
             goals["vs_torchgpipe"] = {"limit": GOAL_VS_TORCHGPIPE, "ratios": ratios,
                                       "met": all(r <= GOAL_VS_TORCHGPIPE for r in ratios.values())}
         if simulator is not None:
-            errors = {mode: simulator["modes"][mode]["error"] for mode in MODES}
+            errors = {mode: simulator["modes"][mode]["error"] for mode in modes}
             goals["vs_prediction"] = {"limit": GOAL_VS_PREDICTION, "errors": errors,
                                       "met": all(abs(e) <= GOAL_VS_PREDICTION for e in errors.values())}
-        costs = {mode: vs(f"gpipe {mode}, record", f"gpipe {mode}") - 1.0 for mode in MODES}
+        costs = {mode: vs(f"gpipe {mode}, record", f"gpipe {mode}") - 1.0 for mode in modes}
         goals["record_overhead"] = {"limit": GOAL_RECORD, "overheads": costs,
                                     "met": all(c <= GOAL_RECORD for c in costs.values())}
+        entries = {mode: vs(f"gpipe {mode}", f"gpipe {mode}, step") for mode in modes}
+        goals["entry_points"] = {"limit": GOAL_ENTRY_POINTS, "forward_backward_over_step": entries,
+                                 "met": all(abs(r - 1.0) <= GOAL_ENTRY_POINTS for r in entries.values())}
         print("\ngoals:")
         print(f"  faster than plain (gpipe never {medians['gpipe never']:.2f} ms vs plain {plain:.2f} ms, "
               f"ratio {goals['faster_than_plain']['ratio']:.2f}): "
@@ -579,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
                   + f": {_met(goals['vs_prediction'])}")
         print(f"  recording costs <= {GOAL_RECORD:.0%}: "
               + ", ".join(f"{k} {v:+.1%}" for k, v in costs.items()) + f": {_met(goals['record_overhead'])}")
+        print(f"  forward()+backward() within {GOAL_ENTRY_POINTS:.0%} of step(): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in entries.items()) + f": {_met(goals['entry_points'])}")
 
     doc = {
         "benchmark": "executor_speed",

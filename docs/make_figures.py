@@ -523,8 +523,8 @@ def simulated_fragments() -> dict[str, str]:
     return out
 
 
-BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "rng_cost", "fidelity", "switch_interval",
-              "pair_probes", "gpu_check", "fidelity_cuda", "published", "plan_speed")
+BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "executor_speed_wide", "rng_cost", "fidelity",
+              "switch_interval", "pair_probes", "gpu_check", "fidelity_cuda", "published", "plan_speed")
 
 
 def benchmark_fragments(results: Path | None = None) -> dict[str, str]:

@@ -1,16 +1,15 @@
 """How often Python's interpreter lock changes hands while several workers run: Note [switch interval].
 
 Note [switch interval]: the workers of a pipeline are threads of one process, and every Python-level
-step of a task (a module's ``__call__``, a saved-tensor hook, autograd's Python hooks) needs the
-interpreter's lock. A thread that wants the lock while another one computes in Python asks for it and
-waits until the holder lets go, which it does at the latest after ``sys.getswitchinterval()`` seconds
-(5 ms by default). Between two partitions of small layers that is a convoy: a backward that needs the
-lock for each of its saved tensors waits up to 5 ms each time a recompute on the other core holds it.
-Measured on two cores with 64 x (Linear(64, 64), ReLU) per partition, batch 64, checkpointing on: a
-step of 2 or 4 micro-batches took 10-24% less time with the interval at 1 ms (or 0.5 or 0.1 ms) than
-at 5 ms. So while its workers run, :class:`gpipe.GPipe` sets the interval to ``switch_interval``
-(1 ms by default; ``None`` leaves it alone) when the pipeline has two workers or more, and restores it
-when they are done: the caller's code between the phases (the loss) runs with its own interval.
+step of a task (a module's ``__call__``, a saved-tensor hook) needs the interpreter's lock, which a holder
+gives up at the latest after ``sys.getswitchinterval()`` seconds (5 ms by default). Between two partitions
+of small layers that is a convoy: each Python step of one worker can wait up to 5 ms for the other's.
+So while two or more workers run, :class:`gpipe.GPipe` sets the interval to ``switch_interval`` (1 ms by
+default; ``None`` leaves it alone) and restores it when they are done or parked: the caller's code between
+the phases (the loss) runs with its own interval. On by default for every model, not by a rule: small-layer
+steps gain from it, and a task of long C++ kernels holds no lock while they run, so a shorter interval
+forces no hand-offs there (``benchmarks/switch_interval.py``: the ``conv`` and ``wide`` rows show no cost
+beyond their run's noise; the results are in its JSON).
 
 The interval is the process's, not the thread's: overlapping users (two pipelines at once, the pair
 measurements of :mod:`sim.calibration.pairs`) share one setting, kept until the last of them leaves (the

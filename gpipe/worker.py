@@ -12,11 +12,12 @@ when the step starts). A fresh thread's OpenMP and MKL pools do not inherit ``to
 left alone, each worker would start a pool as wide as the machine, and on a small CPU the workers' pools
 would spin on each other's cores (steps several times slower).
 
-Note [launch order]: each phase starts its workers as fresh threads, and starting a thread takes
+Note [launch order]: a run starts its workers as fresh threads, and starting a thread takes
 Python's interpreter lock, on both sides, for a while. The worker whose first task can run at once
 (the first stage's in the forward phase, the last stage's in the backward phase) is started last, so
 the others are already waiting on their inboxes and the main thread on them: started first, its first
 task would trade the lock with the thread starts that follow (a small-layer forward was 40% slower).
+Parked workers (Note [parked workers] in :mod:`gpipe.parking`) are woken in the same order.
 The main thread then waits for one event, set by the last worker to end, rather than joining each
 worker in turn (each join woke it, to take the lock, while the next worker computed).
 """
@@ -37,6 +38,7 @@ from gpipe.gradients import Gradients
 from gpipe.handoff import InProcess, device_context
 from gpipe.interpreter import Step, Worker
 from gpipe.microbatch import gather
+from gpipe.parking import Gate
 from gpipe.pipeline import Pipeline
 from gpipe.recorder import Recorder
 from gpipe.schedule import Op, Schedule, Task
@@ -78,6 +80,7 @@ class Run:
         self.interval: float | None = None  # the switch interval this run holds while its workers run
         self.running = 0  # workers of the current phase still running
         self.finished = threading.Event()  # set by the last of them
+        self.gate = Gate(len(devices))  # Note [parked workers] in gpipe.parking
         self.outputs: dict[int, tuple[Tensor, ...]] = {}  # driver-side: what the last stage sent back
         self.output_is_tuple = False
         self.input_requires_grad: list[bool] = []
@@ -120,9 +123,12 @@ class Run:
             self.losses[i] = self.transport.receive(DRIVER, (Task(Op.F, i, last), "loss")).tensors[0]  # type: ignore[assignment]
 
     def execute_forward(self) -> None:
-        """Run every device's leading forwards (``forward()``); the outputs come back to :attr:`outputs`."""
+        """Run every device's leading forwards (``forward()``); the outputs come back to :attr:`outputs`. In
+        training the workers then park for the backward (Note [parked workers] in :mod:`gpipe.parking`)."""
         self._send_inputs()
-        self.launch([tasks[0] for tasks in self.phases], first=self.schedule.device_of(0))
+        phases = self.phases
+        later = [tasks[1] for tasks in phases] if self.train else None
+        self.launch([tasks[0] for tasks in phases], first=self.schedule.device_of(0), later=later)
         self.join()
         last = self.n - 1
         for i in range(self.schedule.m):
@@ -133,11 +139,23 @@ class Run:
         for i, batch in enumerate(self.batches):
             self.transport.send(0, (Task(Op.F, i, 0), "input"), Message(batch, self.input_is_tuple))
 
-    def launch(self, task_lists: Sequence[Sequence[Task]], first: int) -> None:
-        """Start one worker thread per device on its task list; device ``first``'s thread last (Note [launch order])."""
-        self.threads = [threading.Thread(target=self._work, args=(d, tasks), daemon=True, name=f"gpipe-worker-{d}")
+    def launch(self, task_lists: Sequence[Sequence[Task]], first: int,
+               later: Sequence[Sequence[Task]] | None = None) -> None:
+        """Start one worker thread per device on its task list; device ``first``'s thread last (Note [launch order]).
+        With ``later``, each worker parks after its list until :meth:`resume` (Note [parked workers])."""
+        self.threads = [threading.Thread(target=self._work, args=(d, [tasks] if later is None else [tasks, later[d]]),
+                                         daemon=True, name=f"gpipe-worker-{d}")
                         for d, tasks in enumerate(task_lists)]
-        # Note [switch interval] in gpipe.gil: until join() has seen the workers end
+        self.gate.parked = later is not None
+        self._arm()
+        for d, thread in enumerate(self.threads):
+            if d != first:
+                thread.start()
+        self.threads[first].start()
+
+    def _arm(self) -> None:
+        """Before a phase's workers run: its count of workers, its end event, the switch interval, the outside RNGs."""
+        # Note [switch interval] in gpipe.gil: until join() has seen the phase end
         interval = self.pipeline.switch_interval if len(self.threads) > 1 else None
         if interval is not None and self.interval is None:
             gil.enter(interval)
@@ -145,28 +163,37 @@ class Run:
         self.running = len(self.threads)
         self.finished = threading.Event()
         self.outside = rng.outside_state() if self.checkpoints else None
-        for d, thread in enumerate(self.threads):
-            if d != first:
-                thread.start()
-        self.threads[first].start()
+
+    def resume(self, first: int) -> None:
+        """Wake the parked workers for the backward phase; device ``first``'s last (Note [launch order])."""
+        self.gate.parked = False  # before _arm: a worker woken now is counted in the new phase
+        self._arm()
+        self.gate.open(first)
+
+    def cancel(self) -> None:
+        """Send parked workers away: their backward will not come (Note [parked workers]). Safe from any thread."""
+        self.gate.cancel()
 
     def join(self) -> None:
-        """Wait for the phase's workers: one wake-up when the last one ends (Note [launch order])."""
+        """Wait for the phase's workers: one wake-up when the last one ends or parks (Note [launch order])."""
         try:
             while not self.finished.wait(timeout=0.1):
                 pass
-            for thread in self.threads:
-                thread.join()
+            if self.error is not None or not self.gate.parked:
+                for thread in self.threads:
+                    thread.join()
         except BaseException as interrupt:  # KeyboardInterrupt while waiting: stop the workers, then re-raise
             self._fail(interrupt)
             for thread in self.threads:
                 thread.join()
             raise
         finally:
-            if self.interval is not None and not any(t.is_alive() for t in self.threads):
+            # parked workers wait idle, so the caller's code between the phases runs with its own interval
+            if self.interval is not None and (self.finished.is_set() or not any(t.is_alive() for t in self.threads)):
                 gil.leave(self.interval)
                 self.interval = None
-        self.threads = []
+        if self.error is not None or not self.gate.parked:
+            self.threads = []
         if self.error is not None:
             raise self.error
         if self.outside is not None:
@@ -187,19 +214,24 @@ class Run:
                                "the forward again, or take every gradient in one call "
                                "(torch.autograd.grad(loss, [a, b]))")
         self.backward_started = True
-        if self.recorder is not None:
-            self.recorder.resume()
         sizes = [self.outputs[i][0].size(0) for i in range(self.schedule.m)]
         pieces = [g.split(sizes, dim=0) if g is not None else [None] * len(sizes) for g in grads]
         last = self.n - 1
         for i in range(self.schedule.m):
             self.transport.send(last, (Task(Op.F, i, last), "grad"), Message(tuple(p[i] for p in pieces)))
-        self.launch([tasks[1] for tasks in self.phases], first=self.schedule.device_of(self.n - 1))
 
     def finish_backward(self) -> None:
+        """Run the backward phase and wait for it: the caller's thread starts it only once it has nothing else
+        to do in Python (Note [parked workers] in :mod:`gpipe.parking`)."""
         if self.backward_done:
             return
         self.backward_done = True
+        if self.recorder is not None:
+            self.recorder.resume()
+        if self.gate.parked:
+            self.resume(first=self.schedule.device_of(self.n - 1))
+        else:
+            self.launch([tasks[1] for tasks in self.phases], first=self.schedule.device_of(self.n - 1))
         self.finish()
 
     def finish(self) -> None:
@@ -235,28 +267,43 @@ class Run:
 
     # -- workers ----------------------------------------------------------------------------------------
 
-    def _work(self, d: int, tasks: Sequence[Task]) -> None:
+    def _work(self, d: int, phases: list[Sequence[Task]]) -> None:
+        """Run each task list of ``phases`` on device ``d``, parked between them (Note [parked workers])."""
         worker = self.workers[d]
+        counted = False  # this worker's end of the current phase was counted
         try:
             # Note [threads]: a fresh thread's OpenMP/MKL pools do not inherit the caller's thread count
             torch.set_num_threads(self.threads_per_worker)
             with device_context(worker.device), pinned(self.affinity[d] if self.affinity else None):
-                for task in tasks:
-                    if self.error is not None:
-                        return
-                    worker.run(task)
+                for k, tasks in enumerate(phases):
+                    if k:
+                        self._done()
+                        # woken without a resume(): the forward phase counted it, and no later phase will
+                        counted = not self.gate.wait(d)
+                        if counted or self.error is not None:
+                            return
+                    for task in tasks:
+                        if self.error is not None:
+                            return
+                        worker.run(task)
         except Stopped:
             pass
         except BaseException as error:
             self._fail(error)
         finally:
-            with self.error_lock:
-                self.running -= 1
-                if not self.running:
-                    self.finished.set()
+            if not counted:
+                self._done()
+
+    def _done(self) -> None:
+        """This worker's part of the phase is over; the last one's wakes the caller."""
+        with self.error_lock:
+            self.running -= 1
+            if not self.running:
+                self.finished.set()
 
     def _fail(self, error: BaseException) -> None:
         with self.error_lock:
             if self.error is None:
                 self.error = error
         self.transport.stop()
+        self.gate.release()  # parked workers leave too

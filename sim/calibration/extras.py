@@ -2,7 +2,7 @@
 
 Note [stage extras]: the profiler (:func:`gpipe.profile.time_recorded`) times a stage's forward and
 backward back to back on one warm thread. The executor runs the same work on worker threads that it
-starts for each phase and that wait on queues between tasks, and it wraps every call in its
+starts fresh, parks between the phases and that wait on queues between tasks, and it wraps every call in its
 bookkeeping. What that adds is host time: Python running slower on a thread that has just started
 or just woken, the interpreter's caches going cold, the wrapping itself. It grows with the layers a
 stage calls, not with the samples it computes, so it is not a task overhead that one probe layer
@@ -109,7 +109,7 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
     cores = check_affinity(affinity, len(parts)) or [None] * len(parts)
     schedule = gpipe(CHUNKS, 1, checkpoint)
     tasks = schedule.tasks[0]
-    backward = sum(1 for t in tasks if t.op is Op.F)  # the first task of the backward phase, on a fresh thread
+    backward = sum(1 for t in tasks if t.op is Op.F)  # the first task of the backward phase, on a worker just woken
     firsts = {0, backward}
     extras: list[StageExtras] = []
     current: TensorOrTensors = sample

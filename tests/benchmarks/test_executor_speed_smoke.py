@@ -33,7 +33,8 @@ def test_executor_speed_quick(tmp_path: Path) -> None:
     assert doc["machine"]["cpus"] >= 1
     names = [row["configuration"] for row in doc["rows"]]
     for mode in ("never", "except_last", "always"):
-        assert f"gpipe {mode}" in names and f"gpipe {mode}, record" in names
+        assert f"gpipe {mode}" in names and f"gpipe {mode}, record" in names and f"gpipe {mode}, step" in names
+        assert next(r for r in doc["rows"] if r["configuration"] == f"gpipe {mode}")["vs_step"] > 0
     assert "plain" in names and "plain (2 threads)" in names
     assert not any(name.startswith(("torchgpipe", "pipelining")) for name in names)
     for row in doc["rows"]:
@@ -42,4 +43,4 @@ def test_executor_speed_quick(tmp_path: Path) -> None:
         entry = doc["simulator"]["modes"][mode]
         assert entry["predicted_ms"] > 0 and entry["measured_ms"] > 0
     assert doc["simulator"]["bound_fraction_of_plain"] == pytest.approx((2 + 2 - 1) / (2 * 2))
-    assert {"faster_than_plain", "vs_prediction", "record_overhead"} <= set(doc["goals"])
+    assert {"faster_than_plain", "vs_prediction", "record_overhead", "entry_points"} <= set(doc["goals"])

@@ -1,10 +1,15 @@
 """The executor's switch interval (gpipe.gil, Note [switch interval]): set while two or more workers run,
-restored after every phase, also when a partition fails; nested users share it; bad values are refused."""
+restored after every phase and on every way out (a failing task, an exception in the caller between the phases,
+an interrupt, a forward or a pipeline dropped without backward); nested and concurrent users share it; bad values
+are refused. No timing: each test reads ``sys.getswitchinterval()`` afterwards."""
 
 from __future__ import annotations
 
+import _thread
+import gc
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -78,3 +83,154 @@ def test_nested_users_share_the_shortest_and_the_last_restores() -> None:
 def test_bad_intervals_are_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="switch_interval"):
         GPipe(nn.Sequential(nn.Linear(3, 3)), [1], devices=["cpu"], switch_interval=bad)  # type: ignore[arg-type]
+
+
+# -- every path restores the interval (Note [switch interval], Note [parked workers] in gpipe.parking) --------
+
+
+def _no_workers_soon() -> bool:
+    """Whether every gpipe worker thread ends within a few seconds (parked ones leave when told)."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("gpipe-worker"):
+            thread.join(timeout=5.0)
+    return not any(t.name.startswith("gpipe-worker") for t in threading.enumerate())
+
+
+def _pipe(*extra: nn.Module, interval: float | None = 0.001, chunks: int = 2) -> GPipe:
+    return GPipe(nn.Sequential(nn.Linear(3, 3), *extra, nn.Linear(3, 3)), [1, 1 + len(extra)], devices=["cpu", "cpu"],
+                 chunks=chunks, switch_interval=interval)
+
+
+class Explode(nn.Module):
+    """Raises in its backward (``forward`` is the identity)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Explode.apply(x)
+
+
+class _Explode(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        raise RuntimeError("boom in a backward")
+
+
+class Interrupt(nn.Module):
+    """Sends the main thread a KeyboardInterrupt from a worker, then keeps the worker busy for a while."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread() is not threading.main_thread():
+            _thread.interrupt_main()
+            time.sleep(0.3)  # the main thread is waiting for this worker when the interrupt arrives
+        return x
+
+
+def test_a_failing_backward_restores_the_interval() -> None:
+    pipe = _pipe(Explode())
+    out = pipe(torch.randn(4, 3))
+    with pytest.raises(RuntimeError, match="boom in a backward"):
+        out.sum().backward()
+    assert sys.getswitchinterval() == 0.005
+    assert _no_workers_soon()
+
+
+def test_an_exception_in_the_caller_between_the_phases_restores_it_and_sends_the_workers_away() -> None:
+    pipe = _pipe()
+
+    def train() -> None:
+        out = pipe(torch.randn(4, 3))
+        assert sys.getswitchinterval() == 0.005  # the loss runs with the caller's interval
+        raise ValueError(f"the caller's loss failed on {tuple(out.shape)}")  # backward never runs
+
+    with pytest.raises(ValueError, match="the caller's loss failed"):
+        train()
+    gc.collect()
+    assert sys.getswitchinterval() == 0.005
+    assert _no_workers_soon()
+    pipe(torch.randn(4, 3)).sum().backward()  # and the pipeline trains afterwards
+    assert sys.getswitchinterval() == 0.005
+
+
+def test_a_forward_dropped_without_backward_and_a_pipeline_collected_restore_it() -> None:
+    pipe = _pipe()
+    out = pipe(torch.randn(4, 3))
+    del out  # its backward never runs: the parked workers leave
+    assert sys.getswitchinterval() == 0.005
+    assert _no_workers_soon()
+    out = pipe(torch.randn(4, 3))
+    del pipe  # the pipeline and its last forward go together
+    del out
+    gc.collect()
+    assert sys.getswitchinterval() == 0.005
+    assert _no_workers_soon()
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_a_keyboard_interrupt_while_waiting_restores_it(phase: str) -> None:
+    pipe = _pipe(Interrupt() if phase == "forward" else nn.Identity())
+    if phase == "backward":  # the interrupt comes from a backward task, while backward() waits
+        pipe = _pipe(_InterruptInBackward())
+    with pytest.raises(KeyboardInterrupt):
+        pipe(torch.randn(4, 3)).sum().backward()
+    assert sys.getswitchinterval() == 0.005
+    assert _no_workers_soon()
+
+
+class _InterruptInBackward(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Interrupting.apply(x)
+
+
+class _Interrupting(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        _thread.interrupt_main()
+        time.sleep(0.3)
+        return grad
+
+
+def test_concurrent_pipelines_share_the_shortest_and_the_last_one_out_restores() -> None:
+    seen: list[float] = []
+    pipes = [_pipe(Peek(seen), interval=0.002), _pipe(Peek(seen), interval=0.0005)]
+    errors: list[BaseException] = []
+    x = torch.randn(4, 3)  # drawn before: a draw on another thread while a task runs is refused (gpipe.rng)
+
+    def train(pipe: GPipe) -> None:
+        try:
+            for _ in range(5):
+                pipe(x).sum().backward()
+        except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+            errors.append(error)
+
+    callers = [threading.Thread(target=train, args=(p,)) for p in pipes]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert not errors
+    assert sys.getswitchinterval() == 0.005
+    assert seen and all(s <= 0.002 + 1e-9 for s in seen)
+
+
+def test_a_pipeline_inside_another_keeps_the_outer_interval_until_the_outer_ends() -> None:
+    seen: list[float] = []
+    inner = _pipe(interval=0.0005)
+
+    class Inner(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                y = inner(x.detach())
+            seen.append(sys.getswitchinterval())  # the inner one left: the outer's again
+            return x + y
+
+    outer = _pipe(Inner(), interval=0.002)
+    outer(torch.randn(4, 3)).sum().backward()
+    assert seen and all(s == pytest.approx(0.002) for s in seen)
+    assert sys.getswitchinterval() == 0.005
