@@ -1,29 +1,13 @@
 """Output folders: checked before a run, written file by file, never overwritten unasked, never left stale.
 
 Every ``gpipe-sim`` command that writes files goes through one :class:`OutputFolder`, made before any
-work (so a bad ``--out`` costs no calibration) and written after it::
+work (so a bad ``--out`` costs no calibration) and written after it (which files are whose: Note [ours]; a
+default folder is a fresh one: Note [fresh folder]; JSON is written by :func:`json_text`, Note [JSON])::
 
     out = OutputFolder(args.out, ("trace.json", "timeline.png"), force=args.force)   # checks; writes nothing
     ...                                                                           # the work
     out.write_json("trace.json", doc)     # each file written whole, then moved into place
     out.finish()                          # earlier runs' stale files removed; the manifest written
-
-Note [ours]: a folder records the files a run wrote in a manifest (``.gpipe-sim.json``, beside them).
-A file is ours when the manifest lists it; every other file is the user's. A run refuses to start
-when the folder holds a file it would write (whoever made it) or a file of ours from an earlier run,
-unless ``force``; with ``force`` it replaces the first and, once written, removes those of the second
-it did not write again, so the folder never shows a stale ``timeline.png`` beside a new trace. Files
-of the user's are never removed, whatever the flag.
-
-Note [fresh folder]: a command run twice with its default folder must not fail the second time, nor
-replace the first run's files: a folder left at its default (``./demo``, ``./out``) is *fresh*, the
-default name if it is free (absent, or an empty folder), else the first free ``NAME-2``, ``NAME-3``, ...
-(:func:`fresh_folder`). It is chosen before the work and made at the first write; if another run made it
-meanwhile and wrote into it, the next free name is taken then. A folder the user names is never renamed.
-
-Note [JSON]: JSON has no NaN and no infinity (Python writes them as ``NaN`` and ``Infinity``, which
-other readers refuse). :func:`json_text` refuses them and names where one is; a value with no finite
-answer (an error relative to zero) is written as ``null`` by whoever computes it.
 """
 
 from __future__ import annotations
@@ -47,6 +31,9 @@ class FolderError(ValueError):
     """An output folder that cannot be written, or that holds files a run would replace unasked."""
 
 
+# Note [JSON]: JSON has no NaN and no infinity (Python writes them as ``NaN`` and ``Infinity``, which
+# other readers refuse). :func:`json_text` refuses them and names where one is; a value with no finite
+# answer (an error relative to zero) is written as ``null`` by whoever computes it.
 def json_text(doc: Any, *, indent: int | None = None) -> str:
     """``doc`` as JSON text (Note [JSON]).
 
@@ -102,6 +89,11 @@ def check_folder(path: str | Path, flag: str = "--out") -> Path:
     return folder
 
 
+# Note [fresh folder]: a command run twice with its default folder must not fail the second time, nor
+# replace the first run's files: a folder left at its default (``./demo``, ``./out``) is *fresh*, the
+# default name if it is free (absent, or an empty folder), else the first free ``NAME-2``, ``NAME-3``, ...
+# (:func:`fresh_folder`). It is chosen before the work and made at the first write; if another run made it
+# meanwhile and wrote into it, the next free name is taken then. A folder the user names is never renamed.
 def fresh_folder(path: str | Path) -> Path:
     """``path`` if it is free (absent, or an empty folder), else the first free ``path-2``, ``path-3``, ...
     (Note [fresh folder]); nothing is created."""
@@ -120,6 +112,12 @@ def _free(folder: Path) -> bool:
     return folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
 
 
+# Note [ours]: a folder records the files a run wrote in a manifest (``.gpipe-sim.json``, beside them).
+# A file is ours when the manifest lists it; every other file is the user's. A run refuses to start
+# when the folder holds a file it would write (whoever made it) or a file of ours from an earlier run,
+# unless ``force``; with ``force`` it replaces the first and, once written, removes those of the second
+# it did not write again, so the folder never shows a stale ``timeline.png`` beside a new trace. Files
+# of the user's are never removed, whatever the flag.
 class OutputFolder:
     """Where one run writes its files (Note [ours]).
 

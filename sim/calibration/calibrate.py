@@ -6,22 +6,7 @@ consumes the :class:`~sim.core.cost.CostModel` it returns. Three parts:
 - :func:`calibrate` profiles each partition of a balanced ``nn.Sequential`` on its device with
   :func:`gpipe.profile.profile_blocks` (the profiler ``balance_by_time`` uses too) and fills one
   :class:`~sim.core.cost.StageCost` per partition, and what a recording executor adds to it
-  (:class:`~sim.calibration.host.ExecutorStage`)::
-
-      forward               grad-enabled forward   F of a micro-batch that is not checkpointed
-      forward_checkpointed  no-grad forward        F of a checkpointed micro-batch
-      recompute             grad-enabled forward   R (a recompute records the graph)
-      backward              backward alone         B
-      send_bytes            output bytes           the activation sent to the next stage
-      saved_bytes           saved-tensor hooks     kept for backward without checkpointing
-      checkpoint_bytes      input bytes            kept with checkpointing (the stage input)
-      parameter_bytes       parameters + buffers
-      gradient_bytes        trainable parameters
-      saved_tensors         saved-tensor hooks     how many tensors autograd saves (Note [recording])
-      forward_recorded      recorded forward       F and R of a recording executor (``recorded=True``)
-      backward_recorded     recorded backward      B of a recording executor (``recorded=True``)
-      issue_forward, ...    host clock (CUDA)      the host's share of F, R and B (Note [issue seconds])
-
+  (:class:`~sim.calibration.host.ExecutorStage`); :func:`calibrate` tabulates what each field is measured from.
 - :func:`calibrate_executor_overheads` runs the executor itself on probe pipelines and reads its
   timelines (Note [executor overheads]); :func:`sim.calibration.pairs.measure_pairs` runs the real partitions two at a
   time (Note [pairs] there). Together they give :class:`~sim.calibration.host.Overheads`.
@@ -31,29 +16,6 @@ consumes the :class:`~sim.core.cost.CostModel` it returns. Three parts:
 The primitives these are built from, each timed on its own (saved tensors, hand-offs, core sharing),
 are in :mod:`sim.calibration.primitives`; what the executor's threads add around each real partition (fresh-thread
 starts included) is measured in :mod:`sim.calibration.extras`.
-
-Note [executor overheads]: two probe pipelines of layers that compute almost nothing (``x * w``)
-run a few recorded training steps in :class:`gpipe.GPipe`; what their spans show beyond the
-profiled seconds of the probe layer is the executor's own cost:
-
-    one worker, 8 micro-batches, except_last     task       = median(span - profiled), F and B
-                                                 recording  = median(span - profiled) of F and R with
-                                                              grad, minus task and the hooks' per-tensor cost
-                                                 gap        = median time between two tasks of the worker
-    a worker per device, 1 micro-batch, never    handoff    = F0@j end -> F0@j+1 start, B0@j+1 end -> B0@j start
-                                                 turnaround = F0@n-1 end -> B0@n-1 start (the user's loss is
-                                                              not in the measured timeline)
-                                                 launch     = step start -> F0@0 start
-
-With one micro-batch nothing runs at the same time, so the hand-offs are not mixed up with contention.
-
-Note [recording]: a recording executor counts the bytes each grad-enabled forward saves through
-``saved_tensors_hooks``: a Python call per saved tensor (and an unpack call per tensor in the backward), a large
-share of a small layer's forward, whose cost depends on what is saved. So ``calibrate(..., recorded=True)``
-profiles each stage's forward and backward with the recorder's own hooks (``forward_recorded``,
-``backward_recorded``), which the simulator uses as they are; a stage calibrated without gets the per-tensor
-estimate (:func:`sim.calibration.primitives.count_saved_tensors` times
-:func:`sim.calibration.primitives.measure_saved_tensor_cost`).
 """
 
 from __future__ import annotations
@@ -118,10 +80,34 @@ def partitions_of(module: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequ
     return parts
 
 
+# Note [recording]: a recording executor counts the bytes each grad-enabled forward saves through
+# ``saved_tensors_hooks``: a Python call per saved tensor (and an unpack call per tensor in the backward), a large
+# share of a small layer's forward, whose cost depends on what is saved. So ``calibrate(..., recorded=True)``
+# profiles each stage's forward and backward with the recorder's own hooks (``forward_recorded``,
+# ``backward_recorded``), which the simulator uses as they are; a stage calibrated without gets the per-tensor
+# estimate (:func:`sim.calibration.primitives.count_saved_tensors` times
+# :func:`sim.calibration.primitives.measure_saved_tensor_cost`).
 def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: TensorOrTensors, *,
               devices: Sequence[Device] | None = None, warmup: int = 2, repeats: int = 5,
               recorded: bool = False, affinity: Sequence[Cores | None] | None = None) -> CostModel:
-    """Profile each partition on its device into a cost model (see the module docstring's table).
+    """Profile each partition on its device into a cost model.
+
+    What each field of a stage's :class:`~sim.core.cost.StageCost` and
+    :class:`~sim.calibration.host.ExecutorStage` is measured from::
+
+        forward               grad-enabled forward   F of a micro-batch that is not checkpointed
+        forward_checkpointed  no-grad forward        F of a checkpointed micro-batch
+        recompute             grad-enabled forward   R (a recompute records the graph)
+        backward              backward alone         B
+        send_bytes            output bytes           the activation sent to the next stage
+        saved_bytes           saved-tensor hooks     kept for backward without checkpointing
+        checkpoint_bytes      input bytes            kept with checkpointing (the stage input)
+        parameter_bytes       parameters + buffers
+        gradient_bytes        trainable parameters
+        saved_tensors         saved-tensor hooks     how many tensors autograd saves (Note [recording])
+        forward_recorded      recorded forward       F and R of a recording executor (``recorded=True``)
+        backward_recorded     recorded backward      B of a recording executor (``recorded=True``)
+        issue_forward, ...    host clock (CUDA)      the host's share of F, R and B (gpipe.profile_timing)
 
     Args:
         module: the model.
@@ -229,6 +215,14 @@ def calibrate_overheads(*, workers: int = 2, repeats: int = 200, contention: boo
     )
 
 
+# Note [executor overheads]: two probe pipelines of layers that compute almost nothing (``x * w``) run a few
+# recorded training steps in gpipe.GPipe; what their spans show beyond the profiled seconds of the probe layer is
+# the executor's own cost. One worker, 8 micro-batches, except_last: task = median(span - profiled), F and B;
+# recording = median(span - profiled) of F and R with grad, minus task and the hooks' per-tensor cost; gap = median
+# time between two tasks of the worker. A worker per device, 1 micro-batch, never: handoff = F0@j end -> F0@j+1
+# start, B0@j+1 end -> B0@j start; turnaround = F0@n-1 end -> B0@n-1 start (the user's loss is not in the measured
+# timeline); launch = step start -> F0@0 start. With one micro-batch nothing runs at the same time, so the
+# hand-offs are not mixed up with contention.
 def calibrate_executor_overheads(devices: Sequence[Device], *, steps: int = 12, warmup_steps: int = 3,
                                  contention: bool | None = None, saved_tensor_repeats: int = 101,
                                  affinity: Sequence[Cores | None] | None = None) -> Overheads:

@@ -1,64 +1,20 @@
 """Predicted against measured, end to end: balance, calibrate, simulate, run the executor, compare, write.
 
 One implementation behind ``gpipe-sim demo``, ``gpipe-sim compare``, ``benchmarks/fidelity.py`` and the
-integration tests::
+integration tests (the steps are spelled out on the docs page *Compare on your own model*). :func:`run`:
 
-    model, mini-batch
-        |  balance_by_time (unless a balance is given)
-        v
-    calibrate: the partitions on their devices (sim.calibration.calibrate.calibrate), the executor's own costs
-    (calibrate_executor_overheads), each partition alone in the executor (sim.calibration.extras: its threads'
-    host time, fresh-thread starts, launch, turnaround), pairs of tasks on shared cores
-        |
-        v
-    GPipe(model, balance, devices, chunks, checkpoint, schedule): warm-up steps, then ``steps`` recorded
-    training steps (``GPipe.step``), each followed by one profiling pass (and, on shared cores, some by a round of
-    pair measurements; Note [interleaved calibration])
-        |                                             |
-        v                                             v
-    measured Timeline                              CostModel -> simulate(pipe.schedule, cost, config)
-    (the step of median makespan)                                        |
-        |                                                                v
-        +---------------------------- compare ----------------------- predicted Timeline
-                                        |
-                    timeline.png, trace.json, report.json  (sim.calibration.outcome.write_outputs)
+1. balances the model with ``balance_by_time`` unless a balance is given;
+2. calibrates: the partitions on their devices (:func:`sim.calibration.calibrate.calibrate`), the executor's own
+   costs (:func:`~sim.calibration.calibrate.calibrate_executor_overheads`), each partition alone in the executor
+   (:mod:`sim.calibration.extras`) and, on shared cores, pairs of tasks (:mod:`sim.calibration.pairs`);
+3. runs ``GPipe(model, balance, devices, chunks, checkpoint, schedule)``: warm-up steps, then ``steps`` recorded
+   training steps (``GPipe.step``), each followed by a profiling pass (Note [interleaved calibration]);
+4. simulates ``pipe.schedule`` with the cost model alone (Note [one schedule]) and compares the prediction with
+   the measured step of median makespan (Note [median step]).
 
-Note [one schedule]: the simulator is given the schedule the executor reports (``pipe.schedule``), so
-the two timelines are of the same schedule by construction (each measured step's ``meta`` is checked
-against it); the prediction comes from the calibrated costs alone, never from the executor's
-timelines (Note [interleaved calibration] says when the calibration runs).
-
-Note [loss in the last task]: the experiment trains through ``GPipe.step``, which runs any registered
-schedule (1F1B's backwards start before its forwards end): the loss, :func:`loss_of` of each micro-batch's
-output against a target that only carries the batch size, is the last stage's forward task's last layer.
-So a step is one phase: every task starts when its inputs are there, each worker thread starts once, and
-the simulator models it so (``SimConfig(backward_after_forward=False)``). The loss's own seconds, a mean
-square, are inside the last stage's F and B spans and not in its profiled seconds.
-
-Note [interleaved calibration]: a shared machine's speed drifts over seconds, so a calibration made before the
-executor runs can describe another machine than the one its steps see. After every training step, warm-ups
-included, one profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: an untimed run, then
-``Setup.pass_repeats`` timed runs in a streak); the stage seconds are the means over the passes (Note [mean task
-seconds] in :mod:`sim.calibration.outcome`). On shared cores ``Setup.pair_rounds`` rounds of pair measurements
-follow passes spread over the steps, and the pairs are their medians, each rebased on the pass before it (Note
-[pair baselines] in :mod:`sim.calibration.pairs`). The prediction still uses nothing the executor measured:
-profiling and stepping only sample the same machine. A schedule whose tasks never run two at once
-(:meth:`gpipe.schedule.Schedule.overlaps`) measures no pairs.
-
-Note [pass repeats]: a step's makespan averages each stage's task over ``chunks`` micro-batches, while one timed
-run a pass is one sample. A task of a micro-batch ``chunks`` times smaller takes about that much less time, so
-``pass_repeats`` defaults to ``chunks // 2`` (at least one) timed runs a pass, which keeps a pass at about half
-a step whatever the chunks. The runs are a streak rather than that many passes, because a worker runs its stage
-back to back (Note [streaks] in :mod:`gpipe.profile_timing`).
-
-Note [nothing else to train]: the executor trains (records, and runs a backward) when a parameter or an
-input requires grad. A model without trainable parameters (activations only) would run its forward
-alone, with no timeline to compare; the experiment then trains its input: the floating-point tensors
-of the mini-batch require grad, and the backward computes their gradients, on both halves alike.
-
-Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
-``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
-(the lower median for an even count): a real step, not an average of several.
+It returns a :class:`sim.calibration.outcome.Outcome` (:func:`sim.calibration.outcome.write_outputs` writes
+``timeline.png``, ``trace.json`` and ``report.json``). Also here: :func:`stage_costs`, :func:`executor_config`
+and the demo's model (:func:`demo_model`), which the CLI and the benchmarks share.
 """
 
 from __future__ import annotations
@@ -153,6 +109,12 @@ def microbatch_sizes(batch: int, chunks: int) -> list[int]:
     return [batch // chunks + (1 if k < batch % chunks else 0) for k in range(chunks)]
 
 
+# Note [loss in the last task]: the experiment trains through ``GPipe.step``, which runs any registered
+# schedule (1F1B's backwards start before its forwards end): the loss, :func:`loss_of` of each micro-batch's
+# output against a target that only carries the batch size, is the last stage's forward task's last layer.
+# So a step is one phase: every task starts when its inputs are there, each worker thread starts once, and
+# the simulator models it so (``SimConfig(backward_after_forward=False)``). The loss's own seconds, a mean
+# square, are inside the last stage's F and B spans and not in its profiled seconds.
 def loss_of(output: Batch) -> Tensor:
     """The experiment's loss: the mean square of every floating-point output (cheap, and any shape goes)."""
     tensors = [output] if isinstance(output, Tensor) else list(output)
@@ -174,6 +136,25 @@ def progress_labels(setup: Setup) -> list[str]:
 # -- the run ---------------------------------------------------------------------------------------
 
 
+# Note [interleaved calibration]: a shared machine's speed drifts over seconds, so a calibration made before the
+# executor runs can describe another machine than the one its steps see. After every training step, warm-ups
+# included, one profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: an untimed run, then
+# ``Setup.pass_repeats`` timed runs in a streak); the stage seconds are the means over the passes (Note [mean task
+# seconds] in :mod:`sim.calibration.outcome`). On shared cores ``Setup.pair_rounds`` rounds of pair measurements
+# follow passes spread over the steps, and the pairs are their medians, each rebased on the pass before it (Note
+# [pair baselines] in :mod:`sim.calibration.pairs`). The prediction still uses nothing the executor measured:
+# profiling and stepping only sample the same machine. A schedule whose tasks never run two at once
+# (:meth:`gpipe.schedule.Schedule.overlaps`) measures no pairs.
+#
+# Note [pass repeats]: a step's makespan averages each stage's task over ``chunks`` micro-batches, while one timed
+# run a pass is one sample. A task of a micro-batch ``chunks`` times smaller takes about that much less time, so
+# ``pass_repeats`` defaults to ``chunks // 2`` (at least one) timed runs a pass, which keeps a pass at about half
+# a step whatever the chunks. The runs are a streak rather than that many passes, because a worker runs its stage
+# back to back (Note [streaks] in :mod:`gpipe.profile_timing`).
+#
+# Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
+# ``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
+# (the lower median for an even count): a real step, not an average of several.
 def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress: Progress | None = None,
         description: str = "") -> Outcome:
     """Balance, calibrate, simulate, run the executor and compare (see the module docstring).
@@ -203,6 +184,10 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     size = tensors[0].shape[0] if tensors[0].dim() else 0
     if size < 1:
         raise ValueError("the mini-batch needs a batch dimension with at least one sample")
+    # Note [nothing else to train]: the executor trains (records, and runs a backward) when a parameter or an
+    # input requires grad. A model without trainable parameters (activations only) would run its forward
+    # alone, with no timeline to compare; the experiment then trains its input: the floating-point tensors
+    # of the mini-batch require grad, and the backward computes their gradients, on both halves alike.
     if not any(p.requires_grad for p in model.parameters()):  # Note [nothing else to train]
         if not any(t.is_floating_point() for t in tensors):
             raise ValueError("nothing to train: the model has no parameter that requires grad and the mini-batch "
@@ -243,6 +228,10 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         pipe = GPipe(model, balance=list(balance), devices=list(devices), chunks=setup.chunks,
                      checkpoint=setup.checkpoint, cpu_affinity=affinity, schedule=setup.schedule)
         pipe.record = True
+        # Note [one schedule]: the simulator is given the schedule the executor reports (``pipe.schedule``), so
+        # the two timelines are of the same schedule by construction (each measured step's ``meta`` is checked
+        # against it); the prediction comes from the calibrated costs alone, never from the executor's
+        # timelines (Note [interleaved calibration] says when the calibration runs).
         schedule = pipe.schedule_for(len(sizes))  # Note [one schedule]; fewer micro-batches than chunks if small
         if (schedule.m, schedule.n, schedule.checkpoint) != (len(sizes), len(balance), setup.checkpoint):
             raise RuntimeError(f"the executor plans {schedule.name} with m={schedule.m}, n={schedule.n}, "
@@ -306,7 +295,7 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
     sharing the CPU's cores and Python's lock (:func:`sim.calibration.machine.shares_cores`), what each pair of
     tasks costs. Partitions on one torch device hand tensors over and nothing is copied; the executor runs
     a step in one phase (``GPipe.step``, Note [loss in the last task]), or with ``two_phases`` as
-    ``forward()`` + ``loss.backward()`` do (Note [two phases] in :mod:`sim.core.device`). ``affinity``: the
+    ``forward()`` + ``loss.backward()`` do (Note [two phases] in :mod:`sim.core.run`). ``affinity``: the
     executor's ``cpu_affinity``; every measurement pins its threads the same way. ``pairs=False`` leaves
     ``Overheads.pairs`` to the caller (:func:`run` measures a round of them after every step, Note
     [interleaved calibration]).
@@ -342,7 +331,7 @@ def executor_config(devices: Sequence[str], *, two_phases: bool = False) -> SimC
     """The simulator's switches for :class:`gpipe.GPipe` on ``devices`` (one per partition).
 
     One phase, as ``GPipe.step`` runs a step (Note [loss in the last task]), or with ``two_phases`` as
-    ``forward()`` + ``loss.backward()`` do (Note [two phases] in :mod:`sim.core.device`); CUDA devices
+    ``forward()`` + ``loss.backward()`` do (Note [two phases] in :mod:`sim.core.run`); CUDA devices
     asynchronous, and partitions on one CUDA device issuing to its one stream (Note [asynchronous devices] there);
     copies priced by the cost model.
     """

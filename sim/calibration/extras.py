@@ -1,42 +1,12 @@
 """What the executor's worker threads cost around each stage's layers, measured on the stage itself.
 
-Note [stage extras]: the profiler (:func:`gpipe.profile.time_recorded`) times a stage's forward and
-backward back to back on one warm thread. The executor runs the same work on worker threads that it
-starts fresh, parks between the phases and that wait on queues between tasks, and it wraps every call in its
-bookkeeping. What that adds is host time: Python running slower on a thread that has just started
-or just woken, the interpreter's caches going cold, the wrapping itself. It grows with the layers a
-stage calls, not with the samples it computes, so it is not a task overhead that one probe layer
-(:func:`sim.calibration.calibrate.calibrate_executor_overheads`) can measure for every stage, nor a factor on the
-stage's seconds.
-
-On 64 x (Linear(64, 64), ReLU) in two stages, run alone in the executor, each task took longer than
-the profiler's run of the same work by 0.45-0.57 ms for the first forward on a fresh thread, 0.2-0.4
-ms for the first backward, and 0.05-0.25 ms for every later one, whether its micro-batch had 64
-samples or one; the probe's ``task`` and ``recording`` said 0.03 ms and ``thread_start`` (measured on
-threads that only call the stage) 0.13-0.2 ms. Left out, they put every row of that model 5-18% under
-on a host where its tasks take about a millisecond, while a convolution's 40-200 ms tasks hardly
-notice them.
-
-So each stage is run alone in the executor: a one-device :class:`gpipe.GPipe` of the partition,
-four micro-batches of two samples each (few samples, so what is timed is host time, and no tensor is
-big enough for page faults, which cost 10 us each on a virtual machine and came in bursts of 12 MB
-at a time on the convolutions), and the pipeline's checkpoint policy, so that the first task of
-each phase is of the kind the pipeline's is (a fresh thread's first grad-enabled forward cost 0.5
-ms more than later ones, its first no-grad forward much less). After every step one profiling pass
-times the same micro-batch. A task's extra is its span less the profiled seconds of its kind and
-less the host seconds the cost model's runner already adds
-(:meth:`sim.calibration.host.ExecutorCosts.host_seconds`). The stage's ``host_forward``,
-``host_nograd`` and ``host_backward`` are the medians over steps of the mean extra of the tasks of
-that kind that are not the first of their phase; its ``thread_start`` is the median of what the two
-first tasks (the first forward, the first task of the backward phase) take beyond the extra of their kind.
-
-The same runs also time the executor's ``launch`` (a step's start to its first task) and
-``turnaround`` (the last forward's end to the first task of the backward phase, the loss between).
-The probe pipelines of :func:`sim.calibration.calibrate.calibrate_executor_overheads` measure them too, but
-step after step on a warm main thread; in the experiment a profiling pass runs between two steps,
-as it does here, and the launch of 64 x (Linear(64, 64), ReLU) took 0.7-0.8 ms there against the
-probe's 0.25-0.35 ms (4% of its step). :func:`sim.calibration.experiment.with_executor_costs` takes the launch
-of the first stage's runs and the turnaround of the last stage's.
+:func:`measure_stage_extras` runs each partition alone in the executor (a one-device :class:`gpipe.GPipe` of
+:data:`CHUNKS` micro-batches of :data:`ROWS` samples, the pipeline's checkpoint policy) and holds every task against
+the profiling pass that follows each step. The result, one :class:`StageExtras` per stage, gives
+:class:`sim.calibration.host.ExecutorStage` its ``host_forward``, ``host_nograd``, ``host_backward`` and
+``thread_start``, and :class:`sim.calibration.host.Overheads` its ``launch`` and ``turnaround``
+(:func:`sim.calibration.experiment.with_executor_costs` puts them into the cost model). Why these are measured
+stage by stage: Note [stage extras]; why the launch and turnaround come from here: Note [launch and turnaround].
 """
 
 from __future__ import annotations
@@ -75,6 +45,16 @@ class StageExtras:
 
 
 
+# Note [stage extras]: the profiler (:func:`gpipe.profile.time_recorded`) times a stage's forward and backward back to
+# back on one warm thread; the executor runs the same work on worker threads that it starts fresh, parks between
+# phases and that wait on queues between tasks, and wraps every call in its bookkeeping. What that adds is host time
+# (Python slower on a thread just started or woken, cold interpreter caches, the wrapping): it grows with the layers a
+# stage calls, not its samples, so neither one probe layer's task overhead nor a factor on the stage's seconds; left
+# out, it puts a model of millisecond tasks 5-18% under. So each stage runs alone in the executor, with few samples
+# (host time, no page faults) and the pipeline's checkpoint policy (first tasks of the pipeline's kind). A task's
+# extra is its span less its kind's profiled seconds and the runner's host seconds (ExecutorCosts.host_seconds);
+# ``host_*``: the medians over steps of the mean extra of the tasks not first in their phase; ``thread_start``: the
+# median of what the two first tasks (first forward, first of the backward phase) take beyond the extra of their kind.
 def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: TensorOrTensors, *,
                          checkpoint: Checkpoint = "except_last", steps: int = 10, warmup_steps: int = 2,
                          affinity: Sequence[Cores | None] | None = None) -> list[StageExtras]:
@@ -109,7 +89,7 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
     cores = check_affinity(affinity, len(parts)) or [None] * len(parts)
     schedule = gpipe(CHUNKS, 1, checkpoint)
     tasks = schedule.tasks[0]
-    backward = sum(1 for t in tasks if t.op is Op.F)  # the first task of the backward phase, on a worker just woken
+    backward = sum(1 for t in tasks if t.op is Op.F)  # the first task of the backward phase, on a fresh thread
     firsts = {0, backward}
     extras: list[StageExtras] = []
     current: TensorOrTensors = sample
@@ -125,6 +105,12 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
         # its extras stay 0
         runs = warmup_steps + steps if trains or any(t.requires_grad for t in micro) else 0
         batch = tuple(torch.cat([t] * CHUNKS) for t in micro)
+        # Note [launch and turnaround]: the same runs also time the executor's ``launch`` (a step's start to its first
+        # task) and ``turnaround`` (the last forward's end to the first task of the backward phase, the loss between).
+        # The probe pipelines of calibrate_executor_overheads measure them too, but step after step on a warm main
+        # thread; in the experiment a profiling pass runs between two steps, as it does here, and a launch measured so
+        # took twice the probe's or more. with_executor_costs takes the launch of the first stage's runs and the
+        # turnaround of the last stage's.
         samples: dict[str, list[float]] = {"F": [], "Fc": [], "B": [], "first": [], "launch": [], "turnaround": []}
         layers = list(part.children()) if isinstance(part, nn.Sequential) else [part]
         pipe = GPipe(nn.Sequential(*layers), balance=[len(layers)], devices=[device], chunks=CHUNKS,

@@ -2,27 +2,10 @@
 
 What :mod:`sim.calibration.experiment` (and the CLI and the fidelity benchmark) set up or watch around a
 measurement, none of it specific to pipelines: which devices and cores the partitions get, how many
-intra-op threads PyTorch uses, how glibc hands memory back, and how busy the rest of the machine is.
-
-Note [threads]: on CPU devices every worker of the executor computes on the same cores. ``threads``
-sets PyTorch's intra-op threads for the whole experiment (calibration included) and restores the
-previous setting afterwards; one thread per worker on two cores is the setting the contention
-measurements are made for, and ``None`` leaves the setting alone. The executor's workers are fresh
-threads, in which MKL does not see this setting: only ``OMP_NUM_THREADS=1`` in the environment before
-torch loads reaches them (``sim/cli/demo.py`` sets it for the CLI, Note [one thread per worker]).
-
-Note [allocator]: glibc hands large freed blocks back to the operating system (``munmap``, heap
-trimming), so the next allocation of that size touches fresh pages and page-faults; on a virtual
-machine that can double a convolution's time, depending on what was freed before, which neither the
-profiler nor the simulator can know. :func:`keep_freed_memory` tells glibc to keep freed memory for
-reuse (``mallopt``); the CLI commands and the fidelity benchmark call it once, before measuring.
-
-Note [collect after the step]: Python's cyclic collector runs in whichever thread allocates and holds the
-interpreter lock while it walks every object (tens of milliseconds once torch is imported); a worker's backward
-needs that lock for each saved tensor the recorder's hook unpacks, so a collection started elsewhere stalls it.
-:func:`collected_after` turns the collector off for a measured step and collects once after it. Collecting
-before each step also prevents the stall, but its walk evicts from the caches what the step's first tasks need;
-after the step, the profiling pass's untimed run absorbs it.
+intra-op threads PyTorch uses (:func:`intra_op_threads`, Note [threads]), how glibc hands memory back
+(:func:`keep_freed_memory`, Note [allocator]), when Python's collector runs
+(:func:`collected_after`, Note [collect after the step]), and how busy the rest of the machine is
+(:class:`BackgroundLoad`).
 """
 
 from __future__ import annotations
@@ -79,6 +62,11 @@ def shares_cores(devices: Sequence[str]) -> bool:
     return len(devices) >= 2 and all(torch.device(d).type == "cpu" for d in devices)
 
 
+# Note [allocator]: glibc hands large freed blocks back to the operating system (``munmap``, heap
+# trimming), so the next allocation of that size touches fresh pages and page-faults; on a virtual
+# machine that can double a convolution's time, depending on what was freed before, which neither the
+# profiler nor the simulator can know. :func:`keep_freed_memory` tells glibc to keep freed memory for
+# reuse (``mallopt``); the CLI commands and the fidelity benchmark call it once, before measuring.
 def keep_freed_memory() -> bool:
     """Note [allocator]: make glibc keep freed memory for reuse, for the rest of the process.
 
@@ -103,6 +91,12 @@ def keep_freed_memory() -> bool:
                 mallopt(m_top_pad, 64 * 2**20) == 1])
 
 
+# Note [collect after the step]: Python's cyclic collector runs in whichever thread allocates and holds the
+# interpreter lock while it walks every object (tens of milliseconds once torch is imported); a worker's backward
+# needs that lock for each saved tensor the recorder's hook unpacks, so a collection started elsewhere stalls it.
+# :func:`collected_after` turns the collector off for a measured step and collects once after it. Collecting
+# before each step also prevents the stall, but its walk evicts from the caches what the step's first tasks need;
+# after the step, the profiling pass's untimed run absorbs it.
 @contextlib.contextmanager
 def collected_after() -> Iterator[None]:
     """Note [collect after the step]: no cyclic garbage collection inside the block; one full collection after it."""
@@ -116,6 +110,12 @@ def collected_after() -> Iterator[None]:
         gc.collect()
 
 
+# Note [threads]: on CPU devices every worker of the executor computes on the same cores. ``threads``
+# sets PyTorch's intra-op threads for the whole experiment (calibration included) and restores the
+# previous setting afterwards; one thread per worker on two cores is the setting the contention
+# measurements are made for, and ``None`` leaves the setting alone. The executor's workers are fresh
+# threads, in which MKL does not see this setting: only ``OMP_NUM_THREADS=1`` in the environment before
+# torch loads reaches them (``sim/cli/demo.py`` sets it for the CLI, Note [one thread per worker]).
 @contextlib.contextmanager
 def intra_op_threads(threads: int | None) -> Iterator[None]:
     """Note [threads]: set the intra-op threads for the block and restore them after."""

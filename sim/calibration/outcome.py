@@ -6,39 +6,8 @@ step's makespan and every calibration sample taken among the steps (the profilin
 pair rounds, Note [interleaved calibration] in :mod:`sim.calibration.experiment`). From those samples alone an
 outcome derives how the prediction holds step by step (:attr:`Outcome.paired_error`), block by block
 (:meth:`Outcome.block_errors`), and how far the machine itself moved while it ran
-(:attr:`Outcome.drift`); :func:`write_outputs` writes the picture, the trace and the report.
-
-Note [mean task seconds]: a step's makespan is a sum of many tasks, so its centre is the sum of the tasks'
-means, and the median step (Note [median step] in :mod:`sim.calibration.experiment`) is near it. On a loaded
-machine a task's time is skewed to the right (a run that another process preempts takes a time slice
-longer), so the median of the profiling passes is below the mean, and a prediction summed from medians
-comes out short of the median step whenever other processes run. The stage seconds are therefore the
-means over the passes (:func:`interleaved_cost`); on a quiet machine the two agree. The pairs stay
-medians: a slowdown is a ratio of two short timings, whose mean the rounds with a fast denominator
-dominate. ``benchmarks/demo_repeat.py`` measures the demo run after run on a loaded machine.
-
-Note [paired error]: the machine's speed drifts between seconds, so besides the median step against the
-prediction from the median calibration, each recorded step is also compared with the prediction made
-from the one profiling pass that ran right after it (the same machine, a second later; the pairs stay
-the medians, since one round of them is too noisy to pair):
-``Outcome.paired_error`` is the median of those per-step errors. Both use only calibrated costs; the
-pairing only decides which calibration a step is held against.
-
-Note [block errors]: how much of an experiment's error is the machine's. The recorded steps are cut
-into runs of consecutive steps (blocks); each block gives a prediction of its own, from the profiling
-passes after its steps and the pair rounds taken among them (the pairs of all rounds where a block has
-none), against its own median step (:meth:`Outcome.block_errors`). Blocks of consecutive steps, not
-single steps, so that the machine's regimes, which last seconds, count as the few samples they are;
-the spread of the block errors is what sampling the same machine again would move the error by,
-calibration and measurement together.
-
-Note [drift]: how far the machine itself moved while an experiment ran. ``halves`` of a sample in time order is
-the median of its last half against its first half's, relative to the median of all; ``Outcome.drift`` is the
-larger in size of the halves of the recorded steps and of the per-step predictions (Note [paired error]). It
-compares each against itself, never prediction against measurement, so it says whether a run is fit to judge the
-simulator by without looking at the answer (benchmarks/fidelity.py relates the two); ``gpipe-sim demo`` says so
-when the drift is large.
-Note [steady rows]). ``gpipe-sim demo`` says so when the drift is large.
+(:attr:`Outcome.drift`); :func:`interleaved_cost` makes a cost model of the samples (Note [mean task seconds]),
+and :func:`write_outputs` writes the picture, the trace and the report.
 """
 
 from __future__ import annotations
@@ -117,6 +86,12 @@ class Outcome:
     pair_rounds: tuple[tuple[int, dict[tuple[str, int, str, int], float]], ...] = field(
         default=(), repr=False, compare=False)
 
+    # Note [paired error]: the machine's speed drifts between seconds, so besides the median step against the
+    # prediction from the median calibration, each recorded step is also compared with the prediction made
+    # from the one profiling pass that ran right after it (the same machine, a second later; the pairs stay
+    # the medians, since one round of them is too noisy to pair):
+    # ``Outcome.paired_error`` is the median of those per-step errors. Both use only calibrated costs; the
+    # pairing only decides which calibration a step is held against.
     @functools.cached_property
     def step_predictions(self) -> tuple[float, ...]:
         """Per recorded step, the makespan predicted from the profiling pass that ran right after it alone
@@ -124,6 +99,13 @@ class Outcome:
         return tuple(simulate(self.schedule, interleaved_cost(self.cost, [p], []), self.config).makespan
                      for p in self.passes)
 
+    # Note [block errors]: how much of an experiment's error is the machine's. The recorded steps are cut
+    # into runs of consecutive steps (blocks); each block gives a prediction of its own, from the profiling
+    # passes after its steps and the pair rounds taken among them (the pairs of all rounds where a block has
+    # none), against its own median step (:meth:`Outcome.block_errors`). Blocks of consecutive steps, not
+    # single steps, so that the machine's regimes, which last seconds, count as the few samples they are;
+    # the spread of the block errors is what sampling the same machine again would move the error by,
+    # calibration and measurement together.
     def block_errors(self, blocks: int = 5) -> tuple[float, ...]:
         """Note [block errors]: per run of consecutive recorded steps, (predicted - measured) / measured
         with the prediction from that run's own profiling passes and pair rounds.
@@ -155,6 +137,12 @@ class Outcome:
             return None
         return statistics.median((p - m) / m for p, m in zip(self.step_predictions, self.step_makespans, strict=True))
 
+    # Note [drift]: how far the machine itself moved while an experiment ran. ``halves`` of a sample in time order is
+    # the median of its last half against its first half's, relative to the median of all; ``Outcome.drift`` is the
+    # larger in size of the halves of the recorded steps and of the per-step predictions (Note [paired error]). It
+    # compares each against itself, never prediction against measurement, so it says whether a run is fit to judge the
+    # simulator by without looking at the answer (benchmarks/fidelity.py relates the two); ``gpipe-sim demo`` says so
+    # when the drift is large.
     @property
     def drift(self) -> float | None:
         """Note [drift]: the larger in size of :func:`halves` of the recorded steps and of the per-step
@@ -208,6 +196,14 @@ def halves(values: Sequence[float]) -> float:
     return (statistics.median(values[-half:]) - statistics.median(values[:half])) / middle
 
 
+# Note [mean task seconds]: a step's makespan is a sum of many tasks, so its centre is the sum of the tasks'
+# means, and the median step (Note [median step] in :mod:`sim.calibration.experiment`) is near it. On a loaded
+# machine a task's time is skewed to the right (a run that another process preempts takes a time slice
+# longer), so the median of the profiling passes is below the mean, and a prediction summed from medians
+# comes out short of the median step whenever other processes run. The stage seconds are therefore the
+# means over the passes (:func:`interleaved_cost`); on a quiet machine the two agree. The pairs stay
+# medians: a slowdown is a ratio of two short timings, whose mean the rounds with a fast denominator
+# dominate. ``benchmarks/demo_repeat.py`` measures the demo run after run on a loaded machine.
 def interleaved_cost(cost: CostModel, passes: Sequence[Sequence[RecordedSeconds]],
                  rounds: Sequence[dict[tuple[str, int, str, int], float]]) -> CostModel:
     """``cost`` with the means of interleaved profiling ``passes`` (Note [mean task seconds]) and the medians of pair

@@ -1,32 +1,11 @@
 """How the tasks of two stages slow each other on shared cores, measured on the real partitions.
 
 :class:`PairMeter` measures, round after round, every pair of task kinds that GPipe's two phases can
-run at once; :func:`measure_pairs` is one meter, a few rounds, and the median of each pair. The result
-is :attr:`sim.calibration.host.Overheads.pairs`, which the simulator's pairwise sharing uses
-(:class:`sim.core.sharing.SharedCores`). :mod:`sim.calibration.experiment` keeps one meter open while the
-executor runs and takes a round after every training step (Note [interleaved calibration] there).
-
-Note [pairs]: how much two workers slow each other depends on *what* they run. Convolutions on two
-cores hardly meet; forwards of small layers take turns on Python's global interpreter lock, and a
-backward that unpacks saved tensors through Python hooks needs the lock for each one. So the
-contention is measured on the real partitions, per pair of task kinds that GPipe's two phases can run
-at once (:data:`PHASE_PAIRS`): both run back to back on two threads for a window; each one's rate is
-its time alone (measured in the same round) over its time together, averaged over the two ways round
-(the thread that holds the lock first tends to keep it, so one order alone would say "one starves"
-rather than "they share"); ``c = 1 / rate - 1``. The second thread is long-lived and warmed up first:
-a fresh thread pays one-off costs on its first calls, which are not contention.
-
-Note [pair rounds]: one round is a poor sample. Who gets Python's lock next depends on how fast a sleeping core
-wakes up, which on a virtual machine changes from one second to the next, so one pair's slowdown varies
-severalfold within a minute. The median of many rounds spread over the time the executor runs is stable
-(sim.calibration.experiment takes one round after every step); a single up-front measurement is not.
-
-Note [pair baselines]: ``c`` is measured against each task's time alone *in the meter's loop* (warm caches), but
-the simulator slows the cost model's seconds, which the profiler takes colder. Sharing the cores adds the lock's
-hand-overs, ``c * alone`` seconds, not a share of whatever the task costs elsewhere; applied unchanged, ``c``
-would count the colder caches twice. :func:`rebased` makes each ``c`` add those seconds to the cost model's task
-(``c * alone in the loop / its seconds``); sim.calibration.experiment rebases every round against the profiling
-pass just before it.
+run at once (:data:`PHASE_PAIRS`, Note [pairs]); :func:`measure_pairs` is one meter, a few rounds, and the median
+of each pair (Note [pair rounds]); :func:`rebased` puts a round against the cost model's seconds
+(Note [pair baselines]). The result is :attr:`sim.calibration.host.Overheads.pairs`, which the simulator's
+pairwise sharing uses (:class:`sim.core.sharing.SharedCores`). :mod:`sim.calibration.experiment` keeps one meter
+open while the executor runs and takes a round after every training step (Note [interleaved calibration] there).
 """
 
 from __future__ import annotations
@@ -53,6 +32,15 @@ from gpipe.saved import SavedBytes, storage_key
 __all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "changes_input", "measure_pairs", "median_pairs", "rebased",
            "task_runners"]
 
+# Note [pairs]: how much two workers slow each other depends on *what* they run. Convolutions on two
+# cores hardly meet; forwards of small layers take turns on Python's global interpreter lock, and a
+# backward that unpacks saved tensors through Python hooks needs the lock for each one. So the
+# contention is measured on the real partitions, per pair of task kinds that GPipe's two phases can run
+# at once (:data:`PHASE_PAIRS`): both run back to back on two threads for a window; each one's rate is
+# its time alone (measured in the same round) over its time together, averaged over the two ways round
+# (the thread that holds the lock first tends to keep it, so one order alone would say "one starves"
+# rather than "they share"); ``c = 1 / rate - 1``. The second thread is long-lived and warmed up first:
+# a fresh thread pays one-off costs on its first calls, which are not contention.
 #: The pairs of task kinds that can run at the same time in GPipe's two phases (Note [two phases] in
 #: sim.core.run): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
 PHASE_PAIRS = (("F", "F"), ("F", "Fc"), ("Fc", "F"), ("Fc", "Fc"), ("F", "B"), ("B", "F"), ("B", "B"))
@@ -117,6 +105,12 @@ def median_pairs(rounds: Sequence[Mapping[PairKey, float]]) -> Pairs:
     return tuple((*key, max(0.0, statistics.median(r[key] for r in rounds))) for key in keys)
 
 
+# Note [pair baselines]: ``c`` is measured against each task's time alone *in the meter's loop* (warm caches), but
+# the simulator slows the cost model's seconds, which the profiler takes colder. Sharing the cores adds the lock's
+# hand-overs, ``c * alone`` seconds, not a share of whatever the task costs elsewhere; applied unchanged, ``c``
+# would count the colder caches twice. :func:`rebased` makes each ``c`` add those seconds to the cost model's task
+# (``c * alone in the loop / its seconds``); sim.calibration.experiment rebases every round against the profiling
+# pass just before it.
 def rebased(slowdowns: Mapping[PairKey, float], alone: Mapping[TaskKey, float],
             recorded: Sequence[RecordedSeconds]) -> dict[PairKey, float]:
     """Each ``c`` of a round as the slowdown of the cost model's task that adds the same seconds (Note [pair
@@ -138,6 +132,10 @@ def rebased(slowdowns: Mapping[PairKey, float], alone: Mapping[TaskKey, float],
     return out
 
 
+# Note [pair rounds]: one round is a poor sample. Who gets Python's lock next depends on how fast a sleeping core
+# wakes up, which on a virtual machine changes from one second to the next, so one pair's slowdown varies
+# severalfold within a minute. The median of many rounds spread over the time the executor runs is stable
+# (sim.calibration.experiment takes one round after every step); a single up-front measurement is not.
 class PairMeter:
     """Measures, one round at a time, how the tasks of each pair of stages slow each other (Note [pairs]).
 
@@ -294,7 +292,7 @@ def task_runners(parts: Sequence[nn.Module], sample: TensorOrTensors) -> list[di
 
     Note [in-place entry]: the executor hands each task a tensor of its own, and a partition whose first
     layer works in place (``nn.ReLU(inplace=True)``) changes it (on a non-leaf alias when it requires grad,
-    Note [entering a partition] in :mod:`gpipe.worker`). The runners run a stage again and again on the
+    Note [entering a partition] in :mod:`gpipe.interpreter`). The runners run a stage again and again on the
     same input, so for such a stage (:func:`changes_input`) every run gets a copy, made inside the timed
     run (what that adds is a copy of the input); other stages run on their input itself, as before.
     """

@@ -9,20 +9,8 @@ functions here each time one thing the executor does, apart from any model:
   per partition, and what the recorder's hooks cost per tensor (Note [recording] in
   :mod:`sim.calibration.calibrate`);
 - :func:`measure_task_overhead`, :func:`measure_handoff` and :func:`measure_contention`: the emulated
-  per-task cost, hand-off and core sharing that :func:`sim.calibration.calibrate.calibrate_overheads` puts
-  together when the executor is not at hand.
-
-Note [task overhead]: (emulated) take the task's input from a queue, detach it into a leaf, enter
-the grad mode and the phase flag, call an empty stage, stamp the span, put the result on a queue.
-
-Note [hand-off]: (emulated) half the round trip of a ping-pong between two threads over two
-``queue.SimpleQueue``, which includes the wake-up of a worker blocked in ``get()``.
-
-Note [contention]: a compute-bound matmul is timed on one thread, then on ``workers`` threads at once
-(each warmed up first), each intra-op pool limited to ``threads_per_worker`` threads. With slowdown
-``s = together / alone`` the simulator's processor-sharing model ``1 + contention * (k - 1)`` gives
-``contention = (s - 1) / (workers - 1)``, clipped at 0. On GPUs that do not share hardware, pass
-``contention=False``.
+  per-task cost, hand-off and core sharing (Notes [task overhead], [hand-off], [contention]) that
+  :func:`sim.calibration.calibrate.calibrate_overheads` puts together when the executor is not at hand.
 """
 
 from __future__ import annotations
@@ -80,7 +68,7 @@ def count_saved_tensors(parts: Sequence[nn.Module], sample: TensorOrTensors) -> 
             return t.detach()  # gpipe.saved, Note [no cycle through the hook]
 
         # copies, not leaves, so that an in-place first layer may change them (Note [entering a partition] in
-        # gpipe.worker); a copy saves nothing for backward, so the count stays the part's own
+        # gpipe.interpreter); a copy saves nothing for backward, so the count stays the part's own
         fresh = tuple(t.clone() for t in leaves)
         with preserved(part), torch.enable_grad(), torch.random.fork_rng(devices=[]), \
                 torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
@@ -150,6 +138,8 @@ def measure_saved_tensor_cost(repeats: int = 101, *, ops: int = 32) -> tuple[flo
                  for k in (0, 1))  # type: ignore[return-value]
 
 
+# Note [task overhead]: (emulated) take the task's input from a queue, detach it into a leaf, enter
+# the grad mode and the phase flag, call an empty stage, stamp the span, put the result on a queue.
 def measure_task_overhead(repeats: int = 200) -> float:
     """Median host seconds of one empty task through the executor's per-task path (Note [task overhead]).
 
@@ -183,6 +173,8 @@ def measure_task_overhead(repeats: int = 200) -> float:
     return max(0.0, statistics.median(samples[repeats:]))
 
 
+# Note [hand-off]: (emulated) half the round trip of a ping-pong between two threads over two
+# ``queue.SimpleQueue``, which includes the wake-up of a worker blocked in ``get()``.
 def measure_handoff(repeats: int = 200) -> float:
     """Median one-way seconds to hand an object to another worker thread (Note [hand-off]).
 
@@ -221,6 +213,11 @@ def measure_handoff(repeats: int = 200) -> float:
     return max(0.0, statistics.median(samples[warmup:]) / 2)
 
 
+# Note [contention]: a compute-bound matmul is timed on one thread, then on ``workers`` threads at once
+# (each warmed up first), each intra-op pool limited to ``threads_per_worker`` threads. With slowdown
+# ``s = together / alone`` the simulator's processor-sharing model ``1 + contention * (k - 1)`` gives
+# ``contention = (s - 1) / (workers - 1)``, clipped at 0. On GPUs that do not share hardware, pass
+# ``contention=False``.
 def measure_contention(workers: int = 2, *, size: int = 192, inner: int = 20, repeats: int = 7,
                        threads_per_worker: int = 1) -> float:
     """How much ``workers`` threads computing at once slow each other (Note [contention]).

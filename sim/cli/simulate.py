@@ -8,17 +8,15 @@ priced in one of three ways, first match wins::
                                           the link given by --bandwidth [--latency]
     neither                               copies are free (the closed forms hold exactly)
 
-``--hardware NAME`` names a catalog device; it is used for display only: the header, and each
-device's peak memory as a fraction of that device's capacity. It does not change any time.
-
-Files, in ``--out``, each written only up to a number of spans (one per task and per timed copy)::
+``--hardware NAME`` names a catalog device, for display only (the header, and each device's peak memory
+as a fraction of its capacity); it changes no time. Files, in ``--out``, each up to a number of spans (one per
+task and per timed copy); a bigger run skips them with a note, unless ``--all-files``::
 
     timeline.png   the Gantt chart                          up to PLOT_SPAN_LIMIT  (4,000) spans
     trace.json     Chrome/Perfetto trace                    up to TRACE_SPAN_LIMIT (250,000) spans
     timeline.json  every span and memory sample             up to TRACE_SPAN_LIMIT
 
-A bigger run skips them with a one-line note that names them; ``--all-files`` writes them however
-large. The summary does not depend on them.
+The summary does not depend on them.
 """
 
 from __future__ import annotations

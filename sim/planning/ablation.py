@@ -15,14 +15,7 @@ stashes it and the one that pops it, so it is modelled as what it costs on the w
 the activation sent across every boundary it crosses. With portals it is one copy on a copy stream,
 straight from source to destination, concurrent with compute; the simulator has no separate skip copy,
 so that copy is left out (as if fully hidden behind compute), a slight overestimate of the last step.
-
-Note [what is assumed]: the stage times and tensor sizes of :data:`UNET` are assumptions shaped like a
-U-Net cut into four balanced partitions (large high-resolution skips from the first stages to the last,
-small activations at the bottleneck), set once and not tuned; then the mini-batch size alone (which turns
-step time into samples per second) was chosen so that the full configuration's throughput is the
-paper's. They are not measurements of the paper's model. What the ablation shows is how
-much each mechanism is worth *given* those costs; compare the ordering and the relative steps with the
-paper, not the digits.
+The costs are assumptions, not the paper's measurements (Note [what is assumed]); :func:`run` runs every step.
 """
 
 from __future__ import annotations
@@ -149,6 +142,13 @@ class UNetSetup:
         return "\n".join(rows)
 
 
+# Note [what is assumed]: the stage times and tensor sizes of :data:`UNET` are assumptions shaped like a
+# U-Net cut into four balanced partitions (large high-resolution skips from the first stages to the last,
+# small activations at the bottleneck), set once and not tuned; then the mini-batch size alone (which turns
+# step time into samples per second) was chosen so that the full configuration's throughput is the
+# paper's. They are not measurements of the paper's model. What the ablation shows is how
+# much each mechanism is worth *given* those costs; compare the ordering and the relative steps with the
+# paper, not the digits.
 #: The setup the docs, the tutorial and the tests use.
 UNET = UNetSetup()
 

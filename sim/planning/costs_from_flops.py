@@ -6,29 +6,11 @@ Each operator the counter saw takes (a roofline with a fixed cost per kernel)::
 
 Compute-bound work (matrix products, convolutions) runs at the device's peak for the compute dtype
 times its ``efficiency``; memory-bound work (normalisation, activations, elementwise, pooling) streams
-its bytes at the memory bandwidth times the same ``efficiency``; every kernel also pays
-``kernel_seconds``. These are :meth:`DeviceSpec.compute_seconds` and :meth:`DeviceSpec.memory_seconds`:
-``efficiency`` is one number, the fraction of the datasheet rates a real workload reaches.
-
-Note [one efficiency]: applying ``efficiency`` to the bandwidth too is a modelling assumption, not a
-measurement: datasheet bandwidth is no more reachable than datasheet FLOP/s, and one number keeps calibration to
-one measurement; ``memory_efficiency`` replaces it where a separate figure is known (1.0: the datasheet rate).
-It matters for pipelines because it sets how much of a stage's time is memory-bound work (the early,
-high-resolution layers of a CNN), and so how time splits between stages; ``benchmarks/published.py`` prints both
-variants against torchgpipe's ResNet-101 speed-ups. The bytes it divides already count batch norm's second pass
-(:mod:`sim.planning.operators`, Note [one operator, several kernels]).
-
-Note [small micro-batches]: the fixed cost per kernel is what makes the efficiency fall for small
-micro-batches. For a compute-bound operator of ``f`` FLOPs the fraction of peak reached is::
-
-    efficiency(f) = efficiency * f / (f + f_half),   f_half = kernel_seconds * peak * efficiency
-
-a saturating curve: half of the asymptote at ``f_half`` FLOPs, all of it for large kernels. ``f``
-grows with the micro-batch, so a pipeline with many small micro-batches loses throughput, as on
-real GPUs. The rationale is the latency-bandwidth ("alpha-beta", Hockney 1994) model applied to
-kernels: a launch costs a few microseconds (NVIDIA's CUDA C++ Best Practices Guide puts kernel launch
-overhead in the microseconds), and a kernel too small to fill every SM still pays its ramp-up and
-tail. The default, 5 microseconds, is that order of magnitude, chosen a priori and not fitted.
+its bytes at the memory bandwidth times the same ``efficiency`` (Note [one efficiency]); every kernel also pays
+``kernel_seconds`` (Note [small micro-batches]). These are :meth:`DeviceSpec.compute_seconds` and
+:meth:`DeviceSpec.memory_seconds`: ``efficiency`` is one number, the fraction of the datasheet rates a real
+workload reaches. :class:`FlopCosts` turns a profile, a device and a :class:`Training` policy into the
+:class:`~sim.core.cost.CostModel` of a balance.
 
 Model state per parameter comes from a :class:`Training` policy: mixed-precision Adam keeps 16-bit
 weights and gradients, 32-bit master weights and two 32-bit moments: 2 + 2 + 4 + 4 + 4 = 16 bytes
@@ -50,6 +32,14 @@ from sim.planning.hardware import DeviceSpec
 
 __all__ = ["KERNEL_SECONDS", "TRAINING", "FlopCosts", "Training", "effective_efficiency", "training_policy"]
 
+# Note [small micro-batches]: the fixed cost per kernel is what makes the efficiency fall for small micro-batches.
+# For a compute-bound operator of ``f`` FLOPs the fraction of peak reached is ``efficiency(f) = efficiency * f /
+# (f + f_half)``, ``f_half = kernel_seconds * peak * efficiency``: a saturating curve, half of the asymptote at
+# ``f_half`` FLOPs, all of it for large kernels. ``f`` grows with the micro-batch, so a pipeline with many small
+# micro-batches loses throughput, as on real GPUs. The rationale is the latency-bandwidth ("alpha-beta", Hockney
+# 1994) model applied to kernels: a launch costs a few microseconds (NVIDIA's CUDA C++ Best Practices Guide puts
+# kernel launch overhead in the microseconds), and a kernel too small to fill every SM still pays its ramp-up and
+# tail. The default, 5 microseconds, is that order of magnitude, chosen a priori and not fitted.
 #: Default fixed cost of one kernel, seconds (Note [small micro-batches]).
 KERNEL_SECONDS = 5e-6
 
@@ -134,6 +124,13 @@ def _flatten(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> _Flat:
     return _Flat(flops, nbytes, starts, counts == 0)
 
 
+# Note [one efficiency]: applying ``efficiency`` to the bandwidth too is a modelling assumption, not a
+# measurement: datasheet bandwidth is no more reachable than datasheet FLOP/s, and one number keeps calibration to
+# one measurement; ``memory_efficiency`` replaces it where a separate figure is known (1.0: the datasheet rate).
+# It matters for pipelines because it sets how much of a stage's time is memory-bound work (the early,
+# high-resolution layers of a CNN), and so how time splits between stages; ``benchmarks/published.py`` prints both
+# variants against torchgpipe's ResNet-101 speed-ups. The bytes it divides already count batch norm's second pass
+# (:mod:`sim.planning.operators`, Note [one operator, several kernels]).
 class FlopCosts:
     """The costs of one counted model on one device under one training policy, for any balance and micro-batch.
 

@@ -8,18 +8,8 @@ from FLOP counts (:mod:`sim.planning.flops`) divide by a device; the simulator p
 Units: FLOP/s, bytes, bytes/s and seconds throughout. Bandwidths are decimal (1 GB/s = 1e9 bytes/s),
 as datasheets state them; link bandwidths are *per direction*. Memory capacities are the datasheet
 figure read as GiB (2**30 bytes), which is what ``nvidia-smi`` reports for these boards (give or take
-what the driver reserves).
-
-Note [dense peaks]: NVIDIA datasheets since Ampere quote tensor-core figures "with sparsity" (2:4
-structured sparsity), twice the dense rate. The catalog holds the *dense* figure (half the starred
-number); training runs dense.
-
-Note [fp64]: ``fp64`` is the tensor-core FP64 rate where the device has one (A100, H100, H200),
-the plain FP64 rate otherwise.
-
-Note [latencies]: datasheets give bandwidths, not copy latencies. The latencies below are order-of-
-magnitude assumptions for one small copy as software sees it (launch and synchronisation included),
-to be replaced by calibration; they matter only for small activations.
+what the driver reserves). The catalog: :data:`DEVICES` and :data:`LINKS`, looked up by
+:func:`get_device` and :func:`get_link` (its sources: Notes [dense peaks], [fp64], [latencies]).
 """
 
 from __future__ import annotations
@@ -125,6 +115,12 @@ class DeviceSpec:
 
 # -- the catalog -------------------------------------------------------------------------------------
 
+# Note [dense peaks]: NVIDIA datasheets since Ampere quote tensor-core figures "with sparsity" (2:4
+# structured sparsity), twice the dense rate. The catalog holds the *dense* figure (half the starred
+# number); training runs dense.
+#
+# Note [fp64]: ``fp64`` is the tensor-core FP64 rate where the device has one (A100, H100, H200),
+# the plain FP64 rate otherwise.
 _DEVICE_LIST = (
     # NVIDIA Tesla P40 datasheet (2016): 12 TFLOPS single precision, 47 TOPS INT8, 24 GB GDDR5,
     # 346 GB/s. Pascal GP102 has no fast fp16 path; the datasheet lists none, so neither do we.
@@ -163,6 +159,9 @@ _DEVICE_LIST = (
                description="generic CPU host (placeholder figures)"),
 )
 
+# Note [latencies]: datasheets give bandwidths, not copy latencies. The latencies below are order-of-
+# magnitude assumptions for one small copy as software sees it (launch and synchronisation included),
+# to be replaced by calibration; they matter only for small activations.
 _LINK_LIST = (
     # PCI Express Base Specification (PCI-SIG): 3.0 runs 8 GT/s per lane with 128b/130b encoding,
     # 16 lanes -> 8e9 * 16 * 128/130 / 8 = 15.75 GB/s per direction; 4.0 doubles it (16 GT/s,

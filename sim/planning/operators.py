@@ -8,40 +8,8 @@ The counter runs each layer under :class:`_Recorder`, a
     bytes   bytes read and written: every tensor argument plus every output (views are free)
 
 An operator that a GPU runs as several kernels, or in several passes over its input, is recorded as
-those kernels (Note [one operator, several kernels]).
-
-Note [dropout on meta]: on CPU and meta, ``F.dropout`` multiplies by a mask in the input's dtype; on a
-GPU it runs ``native_dropout``, which keeps a one-byte mask. Counting runs ``native_dropout`` so the
-bytes saved are a GPU's (and Korthikanti et al.'s accounting).
-
-Note [one operator, several kernels]: an ATen operator is not always one kernel, and a kernel does not
-always read its input once. Two cases matter for convolutional networks, and the counter splits them
-into the kernels a GPU runs:
-
-- ``convolution_backward`` is one operator on meta but two or three kernels on a GPU (cuDNN's
-  backward-data, backward-filter and backward-bias): one pass each over the output gradient, each with
-  its own FLOPs (the two halves of ``flop_registry``'s count), its own bytes and its own launch. Counted
-  as one operator it reads the output gradient once and takes one roofline ``max`` over work that runs
-  as separate, differently bound kernels.
-- batch norm in training normalises every element by statistics over the whole ``(N, H, W)`` slice of
-  its channel, so no output can be written before the whole input has been read: the forward reads the
-  input twice (statistics, then normalisation) and the backward reads the input and the output gradient
-  twice (the two reductions, then the input gradient). The count records a reduction pass and an
-  elementwise pass, each as a kernel (PyTorch's CUDA forward runs them as two kernels; a backward that
-  fuses them into one kernel still reads twice, and pays one launch less than counted). The second
-  read comes from DRAM when the tensor is larger than the L2 cache, which the count assumes: true for
-  training batches on a P40 or V100 (3 and 6 MB of L2; a ResNet-101 activation is 0.4-3.2 MB per
-  sample in fp32), an upper bound where a small tensor fits the 40-50 MB of an A100 or H100. Batch
-  norm in evaluation, and layer norm (whose statistics are over one row, which a thread block keeps
-  on chip), stay one pass.
-
-FLOPs are unchanged by the split; bytes and kernels grow.
-
-Note [attention on meta]: ``F.scaled_dot_product_attention`` has no fused kernel on meta; it
-decomposes into its math form, two ``bmm`` per head and a softmax, which the counter sees as matrix
-products: 4·b·s²·h FLOPs forward, twice that backward, the same as a fused kernel does without
-recomputation. What it saves for backward is the math form's (the s×s probabilities), an upper bound
-for a flash kernel's.
+those kernels (Note [one operator, several kernels]); dropout is counted as a GPU runs it (Note [dropout on meta]),
+attention in its math form (Note [attention on meta]).
 """
 
 from __future__ import annotations
@@ -71,6 +39,11 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
 
 
+# Note [attention on meta]: ``F.scaled_dot_product_attention`` has no fused kernel on meta; it
+# decomposes into its math form, two ``bmm`` per head and a softmax, which the counter sees as matrix
+# products: 4·b·s²·h FLOPs forward, twice that backward, the same as a fused kernel does without
+# recomputation. What it saves for backward is the math form's (the s×s probabilities), an upper bound
+# for a flash kernel's.
 class _Recorder(TorchDispatchMode):
     """Appends ``(flops, bytes)`` of every non-free ATen operator to ``ops``."""
 
@@ -111,6 +84,16 @@ def _arg(args: Any, kwargs: dict[str, Any], index: int, name: str) -> Any:
     return args[index] if len(args) > index else kwargs[name]
 
 
+# Note [one operator, several kernels]: an ATen operator is not always one kernel, and a kernel does not always
+# read its input once; for convolutional networks the counter splits two cases into the kernels a GPU runs (FLOPs
+# unchanged; bytes and kernels grow). ``convolution_backward`` is one operator on meta but two or three kernels on a
+# GPU (cuDNN's backward-data, backward-filter, backward-bias): one pass each over the output gradient, each with its
+# own FLOPs (the two halves of ``flop_registry``'s count), bytes and launch, not one roofline ``max`` over
+# differently bound kernels. Batch norm in training normalises by statistics over its channel's whole ``(N, H, W)``
+# slice, so the forward reads the input twice and the backward the input and output gradient twice: a reduction
+# kernel and an elementwise kernel (PyTorch's CUDA forward runs two; a fused backward reads twice, one launch less).
+# The second read counts as DRAM traffic: true for training batches on a P40 or V100 (3 and 6 MB of L2), an upper
+# bound where a small tensor fits an A100's or H100's 40-50 MB. Evaluation batch norm and layer norm stay one pass.
 def _kernels(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> list[tuple[float, float]] | None:
     """The kernels a GPU runs for one operator that is not one single-pass kernel, as ``(flops, bytes)``;
     ``None`` for every other operator (Note [one operator, several kernels])."""
@@ -145,6 +128,9 @@ def _kernels(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> list[t
     return None
 
 
+# Note [dropout on meta]: on CPU and meta, ``F.dropout`` multiplies by a mask in the input's dtype; on a
+# GPU it runs ``native_dropout``, which keeps a one-byte mask. Counting runs ``native_dropout`` so the
+# bytes saved are a GPU's (and Korthikanti et al.'s accounting).
 class _GpuDropout(TorchFunctionMode):
     """Runs ``F.dropout`` in training as ``native_dropout`` (see Note [dropout on meta])."""
 

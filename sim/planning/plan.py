@@ -4,23 +4,12 @@ For every GPU count ``g`` the planner tries each pipeline depth ``n`` that divid
 data-parallel replicas of the pipeline), each number of micro-batches (chunks), each checkpoint
 policy and each registered schedule (:data:`gpipe.schedule.SCHEDULES`: GPipe, 1F1B). Each
 configuration is balanced by cost, simulated (:func:`sim.core.engine.simulate`) and checked against
-device memory::
+device memory (Notes [balance], [all-reduce]); :func:`plan` runs the sweep::
 
     step seconds  = simulated makespan + optimizer step + gradient all-reduce across replicas
     throughput    = global batch / step seconds                              (samples/s)
     memory        = model state + peak bytes saved for backward, per device  (fits or out of memory)
     cost          = gpus * price per GPU-hour / 3600 * 1e6 / throughput      ($ per million samples)
-
-Note [all-reduce]: replicas add a ring all-reduce of each stage's gradients over the same link,
-``2 (r-1)/r * bytes / bandwidth + 2 (r-1) * latency``, after the pipeline drains (not overlapped
-with the backward: a conservative bound).
-
-Note [balance]: each configuration is balanced by block partition, minimising the largest stage cost
-(forward + backward + recompute of the layers at the configuration's micro-batch size).
-:func:`block_partition` returns what :func:`gpipe.balance.blockpartition.solve` returns (tested), but
-finds the bottleneck by bisection over values instead of sorting all O(L^2) run sums: a sweep solves
-hundreds of balances, and on U-Net's 2,133 layers one ``solve`` takes seconds where this takes a
-millisecond.
 """
 
 from __future__ import annotations
@@ -164,6 +153,12 @@ def default_training(device: DeviceSpec, optimizer: str = "adam") -> Training:
 # -- balance -----------------------------------------------------------------------------------------
 
 
+# Note [balance]: each configuration is balanced by block partition, minimising the largest stage cost
+# (forward + backward + recompute of the layers at the configuration's micro-batch size).
+# :func:`block_partition` returns what :func:`gpipe.balance.blockpartition.solve` returns (tested), but
+# finds the bottleneck by bisection over values instead of sorting all O(L^2) run sums: a sweep solves
+# hundreds of balances, and on U-Net's 2,133 layers one ``solve`` takes seconds where this takes a
+# millisecond.
 def block_partition(weights: Sequence[float], n: int) -> tuple[int, ...]:
     """Split ``weights`` into ``n`` contiguous non-empty blocks minimising the largest block sum.
 
@@ -291,6 +286,9 @@ def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Seque
                          f"{training.name!r} computes in {training.compute}; count it in {training.torch_dtype}")
 
 
+# Note [all-reduce]: replicas add a ring all-reduce of each stage's gradients over the same link,
+# ``2 (r-1)/r * bytes / bandwidth + 2 (r-1) * latency``, after the pipeline drains (not overlapped
+# with the backward: a conservative bound).
 def _allreduce_seconds(nbytes: float, replicas: int, link: LinkSpec) -> float:
     if replicas < 2:
         return 0.0

@@ -166,7 +166,7 @@ def _no_parameters() -> nn.Sequential:
 
 
 def _in_place_first() -> nn.Sequential:
-    """Partition 1 of balance (1, 2) starts with an in-place ReLU (Note [entering a partition] in gpipe.worker)."""
+    """Partition 1 of balance (1, 2) starts with an in-place ReLU (Note [entering a partition] in gpipe.interpreter)."""
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 4))
 
