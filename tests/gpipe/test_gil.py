@@ -10,6 +10,8 @@ import gc
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -101,21 +103,36 @@ def _pipe(*extra: nn.Module, interval: float | None = 0.001, chunks: int = 2) ->
                  chunks=chunks, switch_interval=interval)
 
 
-class Explode(nn.Module):
-    """Raises in its backward (``forward`` is the identity)."""
+class InBackward(nn.Module):
+    """The identity forward; its backward calls ``action`` first (to raise, or to interrupt the main thread)."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        super().__init__()
+        self.action = action
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Explode.apply(x)
+        return _InBackward.apply(x, self.action)
 
 
-class _Explode(torch.autograd.Function):
+class _InBackward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, action: Callable[[], None]) -> torch.Tensor:  # type: ignore[override]
+        ctx.action = action
         return x.clone()
 
     @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        raise RuntimeError("boom in a backward")
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        ctx.action()
+        return grad, None
+
+
+def _boom() -> None:
+    raise RuntimeError("boom in a backward")
+
+
+def _interrupt() -> None:
+    _thread.interrupt_main()
+    time.sleep(0.3)
 
 
 class Interrupt(nn.Module):
@@ -129,7 +146,7 @@ class Interrupt(nn.Module):
 
 
 def test_a_failing_backward_restores_the_interval() -> None:
-    pipe = _pipe(Explode())
+    pipe = _pipe(InBackward(_boom))
     out = pipe(torch.randn(4, 3))
     with pytest.raises(RuntimeError, match="boom in a backward"):
         out.sum().backward()
@@ -172,28 +189,11 @@ def test_a_forward_dropped_without_backward_and_a_pipeline_collected_restore_it(
 def test_a_keyboard_interrupt_while_waiting_restores_it(phase: str) -> None:
     pipe = _pipe(Interrupt() if phase == "forward" else nn.Identity())
     if phase == "backward":  # the interrupt comes from a backward task, while backward() waits
-        pipe = _pipe(_InterruptInBackward())
+        pipe = _pipe(InBackward(_interrupt))
     with pytest.raises(KeyboardInterrupt):
         pipe(torch.randn(4, 3)).sum().backward()
     assert sys.getswitchinterval() == 0.005
     assert _no_workers_soon()
-
-
-class _InterruptInBackward(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Interrupting.apply(x)
-
-
-class _Interrupting(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        _thread.interrupt_main()
-        time.sleep(0.3)
-        return grad
 
 
 def test_concurrent_pipelines_share_the_shortest_and_the_last_one_out_restores() -> None:
