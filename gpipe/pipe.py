@@ -70,8 +70,10 @@ class GPipe(nn.Module):
         module: the model; its children are the layers that ``balance`` counts.
         balance: layers per partition, e.g. ``[2, 3]``; see :mod:`gpipe.balance` to choose it.
         devices: one device per partition (several partitions may share one), or one per schedule device when
-            the schedule places the stages on fewer (Note [placed stages] in :mod:`gpipe.pipeline`); default: a
-            CUDA device per schedule device when there are enough, else ``"cpu"`` for every partition.
+            the schedule places the stages on fewer (Note [placed stages] in :mod:`gpipe.pipeline`): a schedule
+            registered with a layout (``"interleaved-1f1b"``, ``"zb-v"``) places ``len(balance)`` stages on
+            the ``p`` devices given; default: a CUDA device per schedule device when there are enough, else
+            ``"cpu"`` for every partition.
         chunks: micro-batches per mini-batch.
         checkpoint: ``"always"``, ``"except_last"`` (default) or ``"never"``.
         deferred_batch_norm: replace batch norm by :class:`gpipe.DeferredBatchNorm`.
@@ -108,12 +110,16 @@ class GPipe(nn.Module):
         chunks = check_count("chunks (micro-batches per mini-batch)", chunks)
         if checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
-        schedule_kind(schedule)  # a registered name (gpipe.schedule.SCHEDULES), else a ValueError listing them
+        kind = schedule_kind(schedule)  # a registered name (gpipe.schedule.SCHEDULES), else a ValueError listing them
         self.chunks = chunks
         self.checkpoint = checkpoint
         self.schedule_name = schedule
-        # Note [placed stages] in gpipe.pipeline: a schedule may place several stages on one of fewer devices
-        placement = schedule_kind(schedule)(chunks, len(self.balance), cast(Checkpoint, checkpoint)).placement
+        # Note [placed stages] in gpipe.pipeline: a schedule may place several stages on one of fewer devices;
+        # one registered with a layout places them by it when given fewer devices than stages
+        given = None if devices is None or isinstance(devices, (str, bytes, int, torch.device)) else len(devices)
+        self._placement = kind.layout(len(self.balance), given) \
+            if kind.place is not None and given is not None and given < len(self.balance) else None
+        placement = kind(chunks, len(self.balance), cast(Checkpoint, checkpoint), self._placement).placement
         placed = check_devices(devices, len(self.balance), placement)
         skip_layout = SkipLayout.of(list(module), self.balance)
         if cpu_affinity is not None and not isinstance(cpu_affinity, (str, bytes, int)) \
@@ -196,7 +202,7 @@ class GPipe(nn.Module):
         kind = self.schedule_name if name is None else name
         key = (m, mode, kind)
         if key not in self._schedules:
-            schedule = schedule_kind(kind)(m, len(self.partitions), cast(Checkpoint, mode)).validate()
+            schedule = schedule_kind(kind)(m, len(self.partitions), cast(Checkpoint, mode), self._placement).validate()
             self.pipeline.workers(schedule)  # Note [placed stages] in gpipe.pipeline
             self._schedules[key] = schedule
         return self._schedules[key]

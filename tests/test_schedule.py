@@ -25,6 +25,7 @@ from gpipe.schedule import (
     clock_cycles,
     collector_paused,
     gpipe,
+    looped,
     one_f_one_b,
     parse_tasks,
     register,
@@ -355,3 +356,34 @@ def test_the_package_imports_no_torch() -> None:
             "sys.modules['gpipe'] = parent; import gpipe.schedule; "
             "assert 'torch' not in sys.modules and len(gpipe.schedule.SCHEDULES) == 2")
     subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True)
+
+
+def test_a_layout_places_n_stages_on_p_devices() -> None:
+    """A schedule built for several stages per device registers its layout; one without runs one per device."""
+    assert looped(5, 2) == (0, 1, 0, 1, 0) and looped(3, 3) == (0, 1, 2)
+    with pytest.raises(ValueError, match="3 stages go on 1 to 3 devices, got 4"):
+        looped(3, 4)
+
+    def v_shape(n: int, p: int) -> tuple[int, ...]:
+        return tuple(min(s, n - 1 - s) for s in range(n))  # deliberately wrong for p != n // 2
+
+    register("looped-gpipe", "GPipe, looped", layout=looped)(gpipe)
+    register("v-gpipe", "GPipe in a V", layout=v_shape)(gpipe)
+    try:
+        kind = schedule_kind("looped-gpipe")
+        assert kind.layout(4, 2) == (0, 1, 0, 1) and kind(2, 4, devices=2).placement == (0, 1, 0, 1)
+        assert kind(2, 4).placement == (0, 1, 2, 3)  # neither placement nor devices: the generator's own
+        with pytest.raises(ValueError, match="not both"):
+            kind(2, 4, placement=[0, 0, 1, 1], devices=2)
+        with pytest.raises(ValueError, match="at least one of the devices"):
+            kind.layout(4, 0)
+        assert schedule_kind("v-gpipe").layout(4, 2) == (0, 1, 1, 0)
+        with pytest.raises(ValueError, match=r"put 4 stages on devices \(0, 1, 1, 0\), not on each of 3"):
+            schedule_kind("v-gpipe").layout(4, 3)
+        with pytest.raises(ValueError, match=r"'gpipe' runs one stage per device: give as many devices as "
+                                             r"stages \(4, not 2\).*\(looped-gpipe, v-gpipe\)"):
+            SCHEDULES["gpipe"].layout(4, 2)
+        assert SCHEDULES["gpipe"].layout(3, 3) == (0, 1, 2)
+    finally:
+        unregister("looped-gpipe")
+        unregister("v-gpipe")

@@ -40,7 +40,7 @@ from gpipe.schedule.collector import collector_paused
 from gpipe.schedule.fill_drain import clock_cycles, gpipe
 from gpipe.schedule.grid import step_grid
 from gpipe.schedule.pipedream_flush import one_f_one_b
-from gpipe.schedule.registry import SCHEDULES, ScheduleKind, register, schedule_kind, unregister
+from gpipe.schedule.registry import SCHEDULES, Layout, ScheduleKind, looped, register, schedule_kind, unregister
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
 from gpipe.schedule.validator import ScheduleError
@@ -49,6 +49,7 @@ __all__ = [
     "CHECKPOINT_MODES",
     "SCHEDULES",
     "Checkpoint",
+    "Layout",
     "Op",
     "Schedule",
     "ScheduleError",
@@ -58,6 +59,7 @@ __all__ = [
     "clock_cycles",
     "collector_paused",
     "gpipe",
+    "looped",
     "one_f_one_b",
     "parse_tasks",
     "register",

@@ -15,6 +15,11 @@ Then ``GPipe(..., schedule="my-schedule")``, ``sim.planning.plan.plan(..., sched
 ``gpipe-sim simulate --schedule my-schedule`` run it. :func:`unregister` takes a name back out (a test
 registers a schedule for its own run only).
 
+A schedule built to run several stages per device (interleaved 1F1B, V-shapes) registers its *layout* too:
+where ``n`` stages go on ``p`` devices (e.g. :func:`looped`, stage ``s`` on device ``s mod p``), so
+``GPipe(devices=[...p...])`` and ``--devices P`` place the stages as it wants them (:meth:`ScheduleKind.layout`).
+One without a layout runs one stage per device unless given a placement.
+
 Note [one registry]: a schedule arrives as a name (``GPipe``'s argument, a command-line flag, a row of a
 plan), so the names live in one mapping, :data:`SCHEDULES`, that every reader looks up; nothing else keeps a
 list of schedules. It is module state on purpose, changed only by :func:`register` and :func:`unregister`;
@@ -33,9 +38,24 @@ from typing import TypeVar, cast
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint
 
-__all__ = ["SCHEDULES", "ScheduleKind", "register", "schedule_kind", "unregister"]
+__all__ = ["SCHEDULES", "Layout", "ScheduleKind", "looped", "register", "schedule_kind", "unregister"]
 
 G = TypeVar("G", bound=Callable[..., Schedule])
+Layout = Callable[[int, int], Sequence[int]]
+"""Where ``n`` stages go on ``p`` devices: ``layout(n, p)[s]`` is stage ``s``'s device; raises ``ValueError``
+(naming the fix) for a ``p`` the schedule cannot use."""
+
+
+def looped(n: int, p: int) -> tuple[int, ...]:
+    """Stage ``s`` on device ``s mod p`` (Megatron's interleaved placement; the identity when ``p == n``).
+
+    Raises:
+        ValueError: ``p`` is not between 1 and ``n``.
+    """
+    if not 1 <= p <= n:
+        raise ValueError(f"{n} stages go on 1 to {n} devices, got {p}")
+    return tuple(s % p for s in range(n))
+
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")  # a word a command line takes, in a comma-separated list too
 _registry: dict[str, ScheduleKind] = {}
@@ -54,6 +74,7 @@ class ScheduleKind:
         description: what the schedule does, in one line.
         constraints: what it needs or allows (shapes, placement, how the executor runs it), in one line.
         default_checkpoint: the generator's own default ``checkpoint``.
+        place: where ``n`` stages go on ``p`` devices (:data:`Layout`); ``None``: one stage per device.
     """
 
     name: str
@@ -61,19 +82,53 @@ class ScheduleKind:
     description: str
     constraints: str
     default_checkpoint: Checkpoint
+    place: Layout | None = None
+
+    def layout(self, n: int, p: int) -> tuple[int, ...]:
+        """The placement of ``n`` stages on ``p`` devices this schedule uses (each device gets a stage).
+
+        Raises:
+            ValueError: the schedule cannot place ``n`` stages on ``p`` devices (the message names the fix).
+        """
+        for what, value in (("stages", n), ("devices", p)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"need at least one of the {what}, got {value!r}")
+        if self.place is None:
+            if p != n:
+                several = ", ".join(k for k, v in _registry.items() if v.place) or "none registered"
+                raise ValueError(f"schedule {self.name!r} runs one stage per device: give as many devices as stages "
+                                 f"({n}, not {p}), a placement, or a schedule that places several stages per "
+                                 f"device ({several})")
+            return tuple(range(n))
+        placement = tuple(int(d) for d in self.place(n, p))
+        if len(placement) != n or sorted(set(placement)) != list(range(p)):
+            raise ValueError(f"schedule {self.name!r}: its layout put {n} stages on devices {placement}, "
+                             f"not on each of {p} devices")
+        return placement
 
     def __call__(self, m: int, n: int, checkpoint: Checkpoint | None = None,
-                 placement: Sequence[int] | None = None) -> Schedule:
-        """The schedule of ``m`` micro-batches over ``n`` stages; ``checkpoint=None``: the generator's default."""
+                 placement: Sequence[int] | None = None, devices: int | None = None) -> Schedule:
+        """The schedule of ``m`` micro-batches over ``n`` stages; ``checkpoint=None``: the generator's default.
+
+        ``placement`` (stage to device) or ``devices`` (a count, placed by :meth:`layout`); neither: the
+        generator's own placement. Giving both is a ``ValueError``.
+        """
+        if placement is not None and devices is not None:
+            raise ValueError("give a placement or a number of devices, not both")
+        if devices is not None:
+            placement = self.layout(n, devices)
         args: dict[str, object] = {"checkpoint": self.default_checkpoint if checkpoint is None else checkpoint}
         if placement is not None:
             args["placement"] = placement
         return self.generator(m, n, **args)
 
 
-def register(name: str, description: str, constraints: str = "any m >= 1 and n >= 1, any placement") \
-        -> Callable[[G], G]:
+def register(name: str, description: str, constraints: str = "any m >= 1 and n >= 1, any placement",
+             layout: Layout | None = None) -> Callable[[G], G]:
     """Register the decorated generator under ``name``; the function itself is returned unchanged.
+
+    ``layout`` says where ``n`` stages go on ``p`` devices, for a schedule built to run several stages per
+    device (e.g. :func:`looped`); ``None``: one stage per device unless a placement is given.
 
     Raises:
         ValueError: ``name`` is taken or not a lower-case word (letters, digits, ``-``, ``_``, ``.``); a
@@ -89,7 +144,8 @@ def register(name: str, description: str, constraints: str = "any m >= 1 and n >
             raise ValueError(f"the {what} of schedule {name!r} is one line, got {line!r}")
 
     def add(generator: G) -> G:
-        _registry[name] = ScheduleKind(name, generator, description, constraints, _default_checkpoint(name, generator))
+        _registry[name] = ScheduleKind(name, generator, description, constraints,
+                                       _default_checkpoint(name, generator), layout)
         return generator
 
     return add

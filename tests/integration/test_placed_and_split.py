@@ -26,6 +26,7 @@ from gpipe import GPipe
 from gpipe.affinity import available_cores, supported
 from gpipe.checks import TooFewDevices
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Op, Schedule, Task, gpipe, parse_tasks, register, unregister
+from gpipe.schedule import looped as looped_layout
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
 from tests.gpipe.models import dropnet, mlp, skipnet
@@ -135,6 +136,20 @@ def test_the_simulator_runs_the_looped_schedule() -> None:
     assert all(span.device == span.task.stage % 2 for span in timeline.spans)
     for d in range(2):
         assert timeline.task_order(d) == list(schedule.tasks[d])
+
+
+def test_a_schedule_with_a_layout_places_its_stages_on_the_devices_given() -> None:
+    """Fewer devices than stages: a schedule registered with a layout places them by it, and trains."""
+    x, y = torch.randn(6, 6), torch.randn(6, 3)
+    model, reference, expected = _reference(mlp, x, y)
+    register("looped-by-layout", "GPipe's fill-drain, looped by its layout", layout=looped_layout)(gpipe)
+    try:
+        pipe = GPipe(model, [1, 1, 2, 1], devices=["cpu"] * 2, chunks=2, schedule="looped-by-layout")
+        assert pipe.schedule.placement == (0, 1, 0, 1) and pipe.schedule_for(3).placement == (0, 1, 0, 1)
+        torch.testing.assert_close(pipe.step(x, y, nn.functional.mse_loss), expected)
+        _same_grads(model, reference)
+    finally:
+        unregister("looped-by-layout")
 
 
 def test_placement_checks() -> None:
