@@ -10,6 +10,9 @@ across two partitions (two CPU "devices"), the batch split into ``--chunks`` mic
     gpipe <checkpoint>, record the same pipe with ``record=True`` (a measured Timeline every step)
     pipelining GPipe / 1F1B    torch.distributed.pipelining, one stage per process, two gloo processes
 
+The schedule axis (every registered schedule against plain and against torch.distributed.pipelining's schedule of
+the same name) is ``--schedules NAMES`` (or ``all``), which runs ``benchmarks/schedule_speed.py``.
+
 Note [one thread per worker]: ``torch.set_num_threads(1)`` is set on purpose. Two pipeline workers share
 the two cores of a small machine; letting each one's intra-op pool grab every core would make them fight.
 The plain model is also shown with two threads: that is what a user without a pipeline would get.
@@ -377,7 +380,15 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--schedules" in argv or any(a.startswith("--schedules=") for a in argv):  # the schedule axis
+        import schedule_speed
+
+        schedule_speed.main(argv)
+        return 0
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
+                                     epilog="--schedules NAMES: the schedule axis instead "
+                                            "(benchmarks/schedule_speed.py takes the same flags; see its --help)")
     parser.add_argument("--batch", type=int, default=256, help="samples per step (default 256)")
     parser.add_argument("--chunks", type=int, default=4, help="micro-batches per step (default 4)")
     parser.add_argument("--layers", type=int, default=8, help="(Linear + ReLU) pairs, >= 2 (default 8)")

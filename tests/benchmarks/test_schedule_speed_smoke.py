@@ -1,0 +1,42 @@
+"""The schedule axis of the speed benchmark runs end to end on a tiny model, torch's schedules included."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpipe.schedule import SCHEDULES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_schedule_speed_quick(tmp_path: Path) -> None:
+    out = tmp_path / "schedule_speed.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "executor_speed.py"), "--schedules", "all", "--quick",
+         "--batch", "8", "--chunks", "2", "--layers", "4", "--width", "16", "--repeats", "2", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["machine"]["threads_per_worker"] == 1 and doc["workload"]["chunks"] == 2
+    rows = {row["schedule"]: row for row in doc["rows"]}
+    refused = [note for note in doc["notes"] if "not run" in note]
+    assert set(rows) | {note.split(":")[0] for note in refused} == set(SCHEDULES)
+    assert {"gpipe", "1f1b"} <= set(rows)
+    for row in rows.values():
+        assert row["gpipe_ms"] > 0 and row["gpipe_vs_plain"] > 0 and row["devices"] == 2
+        assert row["pipelining_ms"] > 0 and row["gpipe_vs_pipelining"] > 0  # every registered one has a pair
+    assert "gpipe" in done.stdout and "wrote" in done.stdout
+
+
+def test_bad_schedule_names_are_refused(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "schedule_speed.py"), "--schedules", "nope",
+         "--json", str(tmp_path / "x.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "unknown schedule 'nope'" in done.stderr
