@@ -20,23 +20,11 @@ from pathlib import Path
 import nbformat
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
-def setup(pyplot: bool = True) -> str:
-    """The first code cell: make the project importable from the repository root or from tutorials/."""
-    plt = "import matplotlib.pyplot as plt\n\n" if pyplot else ""
-    return f"""\
-# Run from the repository root or from tutorials/: make the project importable either way.
-import sys
-from pathlib import Path
-
-{plt}%matplotlib inline
-root = Path.cwd() if (Path.cwd() / "gpipe").is_dir() else Path.cwd().parent
-sys.path.insert(0, str(root))
-MiB = 2**20"""
-
-
-def _answer(text: str) -> str:
-    return f"<details><summary>Answer</summary>\n\n{text.strip()}\n\n</details>"
+from cells import answer as _answer  # noqa: E402
+from cells import setup  # noqa: E402
+from own_schedule import OWN_SCHEDULE  # noqa: E402
 
 
 BUBBLE = [
@@ -830,6 +818,7 @@ NOTEBOOKS: dict[str, list[str]] = {
     "04_executor_vs_simulator.ipynb": EXECUTOR,
     "05_capacity_planning.ipynb": PLANNING,
     "06_ablation.ipynb": ABLATION,
+    "07_own_schedule.ipynb": OWN_SCHEDULE,
 }
 
 

@@ -28,7 +28,7 @@ def _generator() -> ModuleType:
 def test_there_are_notebooks() -> None:
     names = {p.name for p in NOTEBOOKS}
     assert {"01_bubble.ipynb", "02_checkpointing.ipynb", "03_copy_streams.ipynb", "04_executor_vs_simulator.ipynb",
-            "05_capacity_planning.ipynb", "06_ablation.ipynb"} <= names
+            "05_capacity_planning.ipynb", "06_ablation.ipynb", "07_own_schedule.ipynb"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
