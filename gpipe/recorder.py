@@ -8,7 +8,8 @@ they mean what the simulator's samples mean. On CUDA devices ``meta["allocator_p
 caching allocator held at its peak during the step beyond what it held when the step began (gradients,
 activations in flight, workspaces: everything; the step resets the device's peak statistics). The time between
 ``forward()`` and the output's ``backward()`` (the user's loss) is cut out on CPU devices: it is not the
-pipeline's.
+pipeline's. ``meta["held_bytes"]`` maps each ``F`` and ``R`` task (``"R0@1"``) to the bytes it added to its
+device's count: per stage and micro-batch, what the simulator's saved and checkpoint bytes stand for.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Recorder:
         self.lock = threading.Lock()
         self.held: dict[int, dict[tuple[int, int], int]] = {d: {} for d in range(len(self.devices))}
         self.memory: list[tuple[int, Any, int]] = []
+        self.added: dict[str, int] = {}  # "F0@1" / "R0@1" -> the bytes that task added to its device's count
         self.model_state = [{storage_key(t) for t in [*p.parameters(), *p.buffers()]} for p in pipeline.partitions]
         self.paused_at = 0.0
         self.paused = 0.0
@@ -93,6 +95,8 @@ class Recorder:
     def hold(self, d: int, i: int, j: int, nbytes: int) -> None:
         with self.lock:
             held = self.held[d]
+            op = "R" if (i, j) in held else "F"  # F(i, j) always holds first (its input, or what it saved)
+            self.added[f"{op}{i}@{j}"] = nbytes
             held[(i, j)] = held.get((i, j), 0) + nbytes
             self.memory.append((d, self.now(d), sum(held.values())))
 
@@ -142,6 +146,7 @@ class Recorder:
             "model_state_bytes": [sum(t.numel() * t.element_size() for t in [*p.parameters(), *p.buffers()])
                                   for p in self.pipeline.partitions],
             "threads_per_worker": self.threads_per_worker,
+            "held_bytes": dict(self.added),
         }
         if peaks:
             meta["allocator_peak_bytes"] = peaks
