@@ -100,7 +100,7 @@ def from_pipelining(actions: Actions, checkpoint: Checkpoint = "never", name: st
 # Note [full backward among split ones]: their schedules may mix full backwards (B) with split ones (I, W),
 # as DualPipeV does; a Schedule splits every backward or none. A B among I and W becomes our B (their I) and
 # W right after it on the same device: the same work in the same place, the W costed as the weight part of
-# that backward. Export writes them as I and W, which their runtime accepts as the same step.
+# that backward. Export writes them as I then W, which their _merge_bw pass would merge back into one B.
 def _tasks(row: list[tuple[int, str, int]], split: bool, checkpoint: Checkpoint, m: int) -> list[Task]:
     """One rank's words as our tasks: ``R`` before each checkpointed ``B``, a full backward split when needed."""
     out: list[Task] = []
