@@ -26,6 +26,7 @@ One concept per module, each importing only those above it::
     registry.py         SCHEDULES: every generator by name, with what it does and needs; register()
     fill_drain.py       gpipe(): GPipe's fill-drain, and clock_cycles()
     pipedream_flush.py  one_f_one_b(): 1F1B
+    pipelining.py       torch.distributed.pipelining's per-rank actions ("0F1") and CSV, both ways
 
 A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`)::
 
@@ -40,6 +41,7 @@ from gpipe.schedule.collector import collector_paused
 from gpipe.schedule.fill_drain import clock_cycles, gpipe
 from gpipe.schedule.grid import step_grid
 from gpipe.schedule.pipedream_flush import one_f_one_b
+from gpipe.schedule.pipelining import from_pipelining, read_pipelining_csv, to_pipelining, write_pipelining_csv
 from gpipe.schedule.registry import SCHEDULES, Layout, ScheduleKind, looped, register, schedule_kind, unregister
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
@@ -58,12 +60,16 @@ __all__ = [
     "checkpointed",
     "clock_cycles",
     "collector_paused",
+    "from_pipelining",
     "gpipe",
     "looped",
     "one_f_one_b",
     "parse_tasks",
+    "read_pipelining_csv",
     "register",
     "schedule_kind",
     "step_grid",
+    "to_pipelining",
     "unregister",
+    "write_pipelining_csv",
 ]

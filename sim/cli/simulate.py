@@ -27,7 +27,7 @@ from typing import Any
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Schedule, schedule_kind
 from gpipe.timeline import Timeline, chrome_trace
-from sim.cli import CommandError
+from sim.cli import CommandError, schedule_files
 from sim.cli.options import MAX_SECONDS, add_out, integer, number, output_folder, schedules_help
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
@@ -89,6 +89,7 @@ def add_parser(subparsers: Any) -> None:
                    help="backward order not enforced: gradient copies wait for the next backward")
     p.add_argument("--lockstep", action="store_true", help="the forward runs in lockstep clock cycles")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    schedule_files.add_options(p)
     add_out(p, "out", "timeline.png, trace.json and timeline.json")
     p.add_argument("--all-files", action="store_true",
                    help=f"write the files however many spans (default: timeline.png up to {PLOT_SPAN_LIMIT:,} "
@@ -130,12 +131,13 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
         by = "--bandwidth" if args.bandwidth is not None else f"--link {link.name}"
         raise CommandError(f"a copy of --activation-bytes {args.activation_bytes} over {by} takes "
                            f"{link.transfer_seconds(args.activation_bytes):.3g} s, more than {MAX_SECONDS:g}")
-    schedule = schedule_kind(args.schedule)(args.chunks, args.stages, args.checkpoint)  # None: the schedule's own
+    schedule_files.check_export(args)
+    schedule = schedule_files.imported(args) or schedule_kind(args.schedule)(args.chunks, args.stages, args.checkpoint)
     stage = StageCost(args.forward_time, args.backward_time, args.recompute_time,
                       send_bytes=args.activation_bytes, saved_bytes=args.saved_bytes,
                       checkpoint_bytes=args.activation_bytes, parameter_bytes=args.model_state_bytes)
     copy_seconds = args.copy_time if args.copy_time is not None else (None if link is not None else 0.0)
-    cost = CostModel((stage,) * args.stages, copy_seconds=copy_seconds)
+    cost = CostModel((stage,) * schedule.n, copy_seconds=copy_seconds)
     config = SimConfig(link=link, copy_streams=not args.no_copy_streams,
                        enforce_backward_order=not args.no_fork_join, lockstep_forward=args.lockstep)
     return schedule, cost, config, device
@@ -189,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
     timeline = simulate(schedule, cost, config)
     limits = (None, None) if args.all_files else (PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
     files = write_files(timeline, out, plot_limit=limits[0], trace_limit=limits[1])
+    if args.export_schedule is not None:
+        files["schedule"] = str(schedule_files.export(args, schedule))
     note = None if args.all_files else skipped_note(files, len(timeline.spans), PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
     summary = timeline.summary()  # Note [metrics in one pass] in gpipe.timeline
     model_state = timeline.meta["model_state_bytes"]

@@ -1,0 +1,199 @@
+"""Import and export of ``torch.distributed.pipelining``'s schedule format: per-rank action lists and their CSV.
+
+That library writes a schedule as one list of actions per rank, each action a word ``{stage}{type}{micro-batch}``
+(``0F1``: forward of micro-batch 1 on stage 0), and saves it as CSV, one row per rank. Its compute actions map
+onto this project's tasks one for one::
+
+    theirs   F (forward)   I (input gradient)   W (weight gradient)   B (full backward)
+    ours     F             B (with W tasks)     W                     B (without W tasks)
+
+Their rank is our device, their stage our stage. Our ``R`` (recompute) has no counterpart: export drops it,
+import puts one right before each backward of a micro-batch the caller's checkpoint policy checkpoints.
+Pure Python (no torch): pass their ``pipeline_order`` straight in, each action reads as its ``str``.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from gpipe.schedule.schedule import Schedule
+from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed
+
+__all__ = ["COMMUNICATION", "from_pipelining", "read_pipelining_csv", "to_pipelining", "write_pipelining_csv"]
+
+#: Their action types that move or reduce data rather than compute; import skips them. Our copies follow from
+#: the dependencies (the simulator and the executor place them), and we model no FSDP or data-parallel step.
+COMMUNICATION = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"})
+_COMPUTE = ("F", "I", "W", "B")
+_ACTION = re.compile(r"^(\d+)([A-Z][A-Z_]*[A-Z]|[A-Z])(\d*)$")  # 0F1, 1SEND_F0, 2REDUCE_GRAD
+_OVERLAP = re.compile(r"^\((.*)\)([A-Z_]+)$")  # (2F3;1B0)OVERLAP_F_B
+
+Actions = Mapping[int, Sequence[object]] | Sequence[Sequence[object]]
+"""Per-rank action lists: a mapping from rank to its list (their ``pipeline_order``) or a list indexed by rank.
+An action is a word such as ``"0F1"``, anything whose ``str`` is one (their ``_Action``), or ``None`` (idle)."""
+
+
+def to_pipelining(schedule: Schedule) -> dict[int, list[str]]:
+    """``schedule`` as their per-rank compute actions: ``{rank: ["0F0", "0F1", "0I0", "0W0", ...]}``.
+
+    ``B`` is written ``I`` when the schedule has ``W`` tasks, else ``B`` (a full backward). ``R`` tasks are
+    dropped: their format has no recompute (checkpointing there is the module's own business).
+    """
+    schedule.validate()
+    backward = "I" if schedule.splits_weight_gradient else "B"
+    word = {Op.F: "F", Op.B: backward, Op.W: "W"}
+    return {d: [f"{t.stage}{word[t.op]}{t.microbatch}" for t in ts if t.op is not Op.R]
+            for d, ts in enumerate(schedule.tasks)}
+
+
+def from_pipelining(actions: Actions, checkpoint: Checkpoint = "never", name: str = "pipelining",
+                    m: int | None = None) -> Schedule:
+    """The :class:`Schedule` that runs their per-rank actions, each rank's compute in its order.
+
+    ``n`` is the largest stage seen plus one, and ``m`` (unless given) the largest micro-batch plus one; the
+    placement is which rank runs each stage. Idle steps (``None``, ``""``) and :data:`COMMUNICATION` are
+    skipped; an ``OVERLAP_F_B`` runs its sub-actions in their order, as their default runtime does (a custom
+    function there may overlap them; this schedule runs them one after the other). Note [full backward among
+    split ones].
+
+    Args:
+        actions: per-rank action lists (:data:`Actions`).
+        checkpoint: the policy whose checkpointed micro-batches get an ``R`` right before each ``B``.
+        name: the schedule's name, for display.
+        m: the micro-batch count, when known: an action outside it is named in the error.
+
+    Raises:
+        ValueError: an action this project cannot express or read (the message names it and its rank), a
+            rank missing or running no stage, a stage on two ranks.
+        ScheduleError: the actions do not make a valid schedule (a task missing or twice, a deadlock).
+    """
+    checkpointed(checkpoint, 0, 1)  # rejects an unknown policy before any work
+    ranks = _ranks(actions)
+    per_rank = [[_compute(a, r) for a in ranks[r]] for r in range(len(ranks))]
+    words = [[w for ws in row for w in ws] for row in per_rank]
+    kinds = {w[1] for row in words for w in row}
+    split = bool(kinds & {"I", "W"})
+    n = 1 + max((w[0] for row in words for w in row), default=-1)
+    largest = max((w[2] for row in words for w in row), default=-1)
+    if m is None:
+        m = largest + 1
+    elif largest >= m:
+        r, (stage, kind, i) = next((r, w) for r, row in enumerate(words) for w in row if w[2] >= m)
+        raise ValueError(f"rank {r}: action '{stage}{kind}{i}' is outside m={m} micro-batches (0..{m - 1})")
+    placement = [-1] * n
+    for r, row in enumerate(words):
+        if not row:
+            raise ValueError(f"rank {r} runs no compute action; every rank 0..{len(words) - 1} needs a stage")
+        for stage, _, _ in row:
+            if placement[stage] not in (-1, r):
+                raise ValueError(f"stage {stage} runs on ranks {placement[stage]} and {r}; a stage lives on one rank")
+            placement[stage] = r
+    if -1 in placement:
+        raise ValueError(f"no rank runs stage {placement.index(-1)} of stages 0..{n - 1}")
+    tasks = [_tasks(row, split, checkpoint, m) for row in words]
+    return Schedule(m, n, checkpoint, tuple(placement), tuple(map(tuple, tasks)), name=name).validate()
+
+
+# Note [full backward among split ones]: their schedules may mix full backwards (B) with split ones (I, W),
+# as DualPipeV does; a Schedule splits every backward or none. A B among I and W becomes our B (their I) and
+# W right after it on the same device: the same work in the same place, the W costed as the weight part of
+# that backward. Export writes them as I then W, which their _merge_bw pass would merge back into one B.
+def _tasks(row: list[tuple[int, str, int]], split: bool, checkpoint: Checkpoint, m: int) -> list[Task]:
+    """One rank's words as our tasks: ``R`` before each checkpointed ``B``, a full backward split when needed."""
+    out: list[Task] = []
+    for stage, kind, i in row:
+        if kind == "F":
+            out.append(Task(Op.F, i, stage))
+            continue
+        if kind == "W":
+            out.append(Task(Op.W, i, stage))
+            continue
+        if checkpointed(checkpoint, i, m):
+            out.append(Task(Op.R, i, stage))
+        out.append(Task(Op.B, i, stage))
+        if kind == "B" and split:  # Note [full backward among split ones]
+            out.append(Task(Op.W, i, stage))
+    return out
+
+
+def _ranks(actions: Actions) -> list[Sequence[object]]:
+    """The per-rank lists in rank order; a mapping must hold ranks ``0..p-1``."""
+    if isinstance(actions, Mapping):
+        keys = sorted(actions)
+        if keys != list(range(len(keys))):
+            raise ValueError(f"ranks must be 0..{len(keys) - 1}, got {keys}")
+        lists = [actions[k] for k in keys]
+    else:
+        lists = list(actions)
+    if not lists:
+        raise ValueError("no ranks: the schedule has no action list")
+    for r, row in enumerate(lists):
+        if isinstance(row, (str, bytes)) or not isinstance(row, Iterable):
+            raise ValueError(f"rank {r}: expected a list of actions, got {row!r}")
+    return lists
+
+
+def _compute(action: object, rank: int) -> list[tuple[int, str, int]]:
+    """The compute words ``(stage, type, micro-batch)`` of one action: none for an idle step or communication,
+    the sub-actions of an ``OVERLAP_F_B`` in their order."""
+    text = "" if action is None else str(action).strip()
+    if not text:
+        return []
+    overlap = _OVERLAP.match(text)
+    if overlap:
+        inner, kind = overlap.groups()
+        if kind != "OVERLAP_F_B":
+            raise ValueError(f"rank {rank}: action {text!r}: sub-actions come with OVERLAP_F_B only, not {kind}")
+        words = [_word(sub.strip(), rank, text) for sub in inner.split(";") if sub.strip()]
+        if not words or any(w is None for w in words):
+            raise ValueError(f"rank {rank}: action {text!r}: an OVERLAP_F_B holds compute actions (F, I, W, B) only")
+        return [w for w in words if w is not None]
+    word = _word(text, rank, text)
+    return [] if word is None else [word]
+
+
+def _word(text: str, rank: int, whole: str) -> tuple[int, str, int] | None:
+    """``(stage, type, micro-batch)`` of one plain action; ``None`` for communication."""
+    match = _ACTION.match(text)
+    if match is None:
+        raise ValueError(f"rank {rank}: not an action: {whole!r} (expected e.g. '0F1': stage, type, micro-batch)")
+    stage, kind, microbatch = match.groups()
+    if kind in COMMUNICATION:
+        return None
+    if kind not in _COMPUTE:
+        raise ValueError(f"rank {rank}: action {whole!r}: type {kind} has no counterpart here; this project runs "
+                         f"{', '.join(_COMPUTE)} and OVERLAP_F_B, and skips {', '.join(sorted(COMMUNICATION))}")
+    if not microbatch:
+        raise ValueError(f"rank {rank}: action {whole!r} names no micro-batch (expected e.g. '{stage}{kind}0')")
+    return int(stage), kind, int(microbatch)
+
+
+def write_pipelining_csv(schedule: Schedule, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write ``schedule`` as their CSV (one row per rank, :func:`to_pipelining`'s actions); returns the path.
+
+    Their ``PipelineScheduleMulti._load_csv`` reads it back.
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is not set (nothing a user has is lost unasked).
+    """
+    target = Path(path)
+    rows = to_pipelining(schedule)
+    with open(target, "w" if overwrite else "x", newline="") as f:  # "x": refuse an existing file
+        writer = csv.writer(f)
+        for r in range(len(rows)):
+            writer.writerow(rows[r])
+    return target
+
+
+def read_pipelining_csv(path: str | Path, checkpoint: Checkpoint = "never", name: str | None = None) -> Schedule:
+    """The schedule in their CSV at ``path`` (one row per rank; empty cells idle), by :func:`from_pipelining`.
+
+    ``name``: the schedule's name; default the file's name without its suffix.
+    """
+    source = Path(path)
+    with open(source, newline="") as f:
+        rows = [row for row in csv.reader(f)]
+    return from_pipelining(rows, checkpoint, name=source.stem if name is None else name)

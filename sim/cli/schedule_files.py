@@ -1,0 +1,61 @@
+"""``gpipe-sim simulate --import-schedule FILE.csv`` and ``--export-schedule FILE.csv``: a schedule read from, or
+written to, torch.distributed.pipelining's CSV (one row per rank, actions such as ``0F1``, ``1I0``, ``2W3``).
+
+The format and its mapping onto this project's tasks: :mod:`gpipe.schedule.pipelining`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gpipe.schedule import Schedule, read_pipelining_csv, write_pipelining_csv
+from sim.cli import CommandError
+
+__all__ = ["add_options", "check_export", "export", "imported"]
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--import-schedule`` and ``--export-schedule`` to ``parser``."""
+    parser.add_argument("--import-schedule", default=None, metavar="FILE.csv",
+                        help="simulate the schedule in this torch.distributed.pipelining CSV (one row per rank, "
+                             "actions such as 0F1, 1I0, 2W3) instead of --schedule: its stages, micro-batches "
+                             "and placement replace --stages and --chunks; --checkpoint adds recomputes "
+                             "(default: never)")
+    parser.add_argument("--export-schedule", default=None, metavar="FILE.csv",
+                        help="write the simulated schedule as a torch.distributed.pipelining CSV, recomputes "
+                             "left out; an existing file is refused unless --force")
+
+
+def check_export(args: argparse.Namespace) -> None:
+    """Refuse, before any work, an ``--export-schedule`` file that exists (without ``--force``) or whose folder
+    does not."""
+    if args.export_schedule is None:
+        return
+    path = Path(args.export_schedule)
+    if path.is_dir():
+        raise CommandError(f"--export-schedule {path} is a folder; name a file such as {path / 'schedule.csv'}")
+    if path.exists() and not args.force:
+        raise CommandError(f"--export-schedule {path} exists; choose another name, or add --force to replace it")
+    if not path.parent.is_dir():
+        raise CommandError(f"--export-schedule {path}: folder {path.parent} does not exist")
+
+
+def imported(args: argparse.Namespace) -> Schedule | None:
+    """The schedule ``--import-schedule`` names, under ``--checkpoint`` (default ``never``); ``None`` without it."""
+    if args.import_schedule is None:
+        return None
+    path = Path(args.import_schedule)
+    if not path.is_file():
+        raise CommandError(f"--import-schedule {path}: no such file")
+    try:
+        return read_pipelining_csv(path, args.checkpoint or "never")
+    except ValueError as exc:  # ScheduleError too: the message shows the grid
+        raise CommandError(f"--import-schedule {path}: {exc}") from None
+
+
+def export(args: argparse.Namespace, schedule: Schedule) -> str | None:
+    """Write ``schedule`` where ``--export-schedule`` says (checked by :func:`check_export`); the path written."""
+    if args.export_schedule is None:
+        return None
+    return str(write_pipelining_csv(schedule, args.export_schedule, overwrite=args.force))
