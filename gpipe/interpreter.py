@@ -86,6 +86,9 @@ class Worker:
         self.skips = Portals(step.pipeline.skip_layout, step.train, transport)
 
     def run(self, task: Task) -> None:
+        # Note [a pair in turn]: the two tasks of an overlapped pair (Schedule.pairs) run one after the other, in
+        # list order: on a CPU device one thread computes both either way, and any valid pair also runs in turn
+        # (Note [overlapped pairs] in gpipe.schedule.schedule). A CUDA device could give the second its own stream.
         op = task.op
         if op is Op.F:
             self._forward(task)

@@ -27,6 +27,7 @@ One concept per module, each importing only those above it::
     fill_drain.py       gpipe(): GPipe's fill-drain, and clock_cycles()
     pipedream_flush.py  one_f_one_b(): 1F1B
     pipelining.py       torch.distributed.pipelining's per-rank actions ("0F1") and CSV, both ways
+    dualpipe.py         dualpipe_v(): DeepSeek's DualPipeV, overlapped pairs in a V
 
 A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`)::
 
@@ -47,6 +48,9 @@ from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
 from gpipe.schedule.validator import ScheduleError
 
+# isort: split
+from gpipe.schedule.dualpipe import dualpipe_v  # registers after gpipe and 1f1b (Note [one registry])
+
 __all__ = [
     "CHECKPOINT_MODES",
     "SCHEDULES",
@@ -60,6 +64,7 @@ __all__ = [
     "checkpointed",
     "clock_cycles",
     "collector_paused",
+    "dualpipe_v",
     "from_pipelining",
     "gpipe",
     "looped",

@@ -12,8 +12,9 @@ The grid shows the bubble (``.`` is an idle step); ``gpipe(2, 2, "never").grid()
        5   B0@0     .
 
 A deadlocking schedule prints up to the step where it stops, then a row marked ``!`` with each device's
-stuck task marked ``>``. The functions read a schedule through :class:`TaskLists` (its task lists and its
-dependency rule), so the validator below :class:`~gpipe.schedule.Schedule` can draw the grid too.
+stuck task marked ``>``. An overlapped pair (Note [overlapped pairs] in :mod:`gpipe.schedule.schedule`) takes
+one step, once both its tasks are ready, and prints as ``F3@0+B1@7``. The functions read a schedule through
+:class:`TaskLists` (its task lists, pairs and dependency rule), so the validator can draw the grid too.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import Protocol
 
 from gpipe.schedule.task import Task
 
-__all__ = ["TaskLists", "format_grid", "run_unit_steps", "step_grid"]
+__all__ = ["TaskLists", "format_grid", "pair_positions", "run_unit_steps", "step_grid"]
 
-Steps = list[list[Task | None]]  # steps[s][d]: the task device d runs at unit step s (None when idle)
+Steps = list[list[Task | None]]  # steps[s][d]: device d's task at unit step s (None: idle; a pair: its first task)
 
 
 class TaskLists(Protocol):
@@ -34,6 +35,9 @@ class TaskLists(Protocol):
     @property
     def tasks(self) -> tuple[tuple[Task, ...], ...]: ...
 
+    @property
+    def pairs(self) -> tuple[tuple[Task, Task], ...]: ...
+
     def dependencies(self, task: Task) -> tuple[Task, ...]: ...
 
 
@@ -42,7 +46,8 @@ class _Checkable(TaskLists, Protocol):
 
 
 def step_grid(schedule: _Checkable) -> Steps:
-    """``grid[s][d]``: the task device ``d`` runs at unit step ``s`` (``None`` when idle).
+    """``grid[s][d]``: the task device ``d`` runs at unit step ``s`` (``None`` when idle; a pair's first task
+    for an overlapped pair, which runs in one step).
 
     Raises:
         ScheduleError: the schedule deadlocks (or is invalid otherwise).
@@ -53,13 +58,31 @@ def step_grid(schedule: _Checkable) -> Steps:
     return steps
 
 
+def pair_positions(schedule: TaskLists) -> list[set[int]]:
+    """For each device, the positions ``k`` in its list where an overlapped pair starts: its tasks ``k`` and
+    ``k + 1`` are a pair of :attr:`~gpipe.schedule.Schedule.pairs`. A pair whose tasks are not adjacent in one
+    list is left out (the validator names it)."""
+    lists = schedule.tasks
+    starts: list[set[int]] = [set() for _ in lists]
+    if not schedule.pairs:
+        return starts
+    partner = dict(schedule.pairs)
+    for d, ts in enumerate(lists):
+        for k in range(len(ts) - 1):
+            if partner.get(ts[k], None) == ts[k + 1]:
+                starts[d].add(k)
+    return starts
+
+
 def run_unit_steps(schedule: TaskLists) -> tuple[Steps, list[int] | None]:
-    """Run every task in one unit step, each device as soon as its head task's dependencies are done.
+    """Run every task in one unit step, each device as soon as its head task's dependencies are done; an
+    overlapped pair runs in one step once both its tasks' dependencies are done.
 
     Returns the steps and, on deadlock, the stuck head index of each device (``None`` if it finished).
     """
     lists = schedule.tasks
     devices = len(lists)
+    starts = pair_positions(schedule)
     heads = [0] * devices
     done: set[Task] = set()
     steps: Steps = []
@@ -71,15 +94,17 @@ def run_unit_steps(schedule: TaskLists) -> tuple[Steps, list[int] | None]:
             ts = lists[d]
             if heads[d] < len(ts):
                 t = ts[heads[d]]
-                if all(dep in done for dep in schedule.dependencies(t)):
+                pair = ts[heads[d]: heads[d] + (2 if heads[d] in starts[d] else 1)]
+                if all(dep in done for u in pair for dep in schedule.dependencies(u)):
                     row[d] = t
         if all(t is None for t in row):
             return steps, heads
         for d, ready in enumerate(row):
             if ready is not None:
-                done.add(ready)
-                heads[d] += 1
-                finished += 1
+                size = 2 if heads[d] in starts[d] else 1
+                done.update(lists[d][heads[d]: heads[d] + size])
+                heads[d] += size
+                finished += size
         steps.append(row)
     return steps, None
 
@@ -88,9 +113,14 @@ def format_grid(schedule: TaskLists, steps: Steps, stuck: list[int] | None) -> s
     """The grid of :func:`run_unit_steps`' answer as text; ``stuck`` adds the marked row of stuck tasks."""
     lists = schedule.tasks
     devices = len(lists)
-    rows: list[list[str]] = [[str(t) if t is not None else "." for t in row] for row in steps]
+    partner = dict(schedule.pairs)
+
+    def cell(t: Task) -> str:
+        return f"{t}+{partner[t]}" if t in partner else str(t)
+
+    rows: list[list[str]] = [[cell(t) if t is not None else "." for t in row] for row in steps]
     if stuck is not None:
-        marked = [">" + str(lists[d][stuck[d]]) if stuck[d] < len(lists[d]) else "" for d in range(devices)]
+        marked = [">" + cell(lists[d][stuck[d]]) if stuck[d] < len(lists[d]) else "" for d in range(devices)]
         rows.append(marked)
     width = max([len(c) for r in rows for c in r] + [5])
     header = "step  " + " ".join(f"{'dev' + str(d):>{width}}" for d in range(devices))

@@ -2,14 +2,23 @@
 
 A :class:`Schedule` says *what* runs *where* and *in which order*; it never says *when*. The simulator
 predicts when, the executor measures when, and both answer with a :class:`gpipe.timeline.Timeline`.
+
+Note [overlapped pairs]: a schedule may say that two adjacent tasks of one device's list run together
+(DualPipeV's forward of one micro-batch beside the backward of another) in :attr:`Schedule.pairs`, a field
+beside the lists rather than a group inside them: every list stays a tuple of tasks in the order they
+start, so a reader that ignores the pairs runs each pair's tasks one after the other, which is always a
+valid run of the same order, and every existing schedule and consumer is unchanged. A pair starts once
+both its tasks' dependencies are done (the validator's deadlock check and the grid follow that rule), so
+neither may depend on the other; the simulator lets the two share the device (:mod:`sim.core.sharing`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
-from gpipe.schedule.grid import format_grid, run_unit_steps
+from gpipe.schedule.grid import format_grid, pair_positions, run_unit_steps
 from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed, dependencies
 from gpipe.schedule.validator import check
 
@@ -27,6 +36,8 @@ class Schedule:
         placement: ``placement[j]`` is the device index of stage ``j`` (several stages may share one).
         tasks: ``tasks[d]`` is the ordered tuple of tasks device ``d`` runs.
         name: the generator's name, for display.
+        pairs: overlapped pairs ``(first, second)``: ``second`` comes right after ``first`` in one device's
+            list, and the two run together (Note [overlapped pairs]); empty for most schedules.
     """
 
     m: int
@@ -35,10 +46,12 @@ class Schedule:
     placement: tuple[int, ...]
     tasks: tuple[tuple[Task, ...], ...]
     name: str = "custom"
+    pairs: tuple[tuple[Task, Task], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "placement", tuple(self.placement))
         object.__setattr__(self, "tasks", tuple(tuple(t) for t in self.tasks))
+        object.__setattr__(self, "pairs", tuple((a, b) for a, b in self.pairs))
 
     # -- structure ---------------------------------------------------------------------------------
 
@@ -71,6 +84,13 @@ class Schedule:
             if any(t.op is Op.F for t in ts[k:]):
                 return False
         return True
+
+    @cached_property
+    def pair_starts(self) -> tuple[frozenset[int], ...]:
+        """For each device, the positions ``k`` in its list where an overlapped pair starts (tasks ``k`` and
+        ``k + 1`` run together; Note [overlapped pairs]); validates the schedule first."""
+        self.validate()
+        return tuple(map(frozenset, pair_positions(self)))
 
     def all_tasks(self) -> Iterator[Task]:
         for ts in self.tasks:
@@ -128,9 +148,10 @@ class Schedule:
         """Check the schedule; return it unchanged, or raise :class:`~gpipe.schedule.ScheduleError`.
 
         Checks: positive shape; placement covers every stage with a real device; every task exactly
-        once and on its stage's device; no deadlock (every device can run its list in order, each task
-        after its dependencies). A deadlock's error shows the grid up to the stuck step and the cycle
-        of waiting tasks (:mod:`gpipe.schedule.validator`).
+        once and on its stage's device; each overlapped pair adjacent on one device, neither task waiting
+        for the other; no deadlock (every device can run its list in order, each task after its
+        dependencies, a pair's two once both are ready). A deadlock's error shows the grid up to the
+        stuck step and the cycle of waiting tasks (:mod:`gpipe.schedule.validator`).
         """
         if self.__dict__.get("_valid"):  # Note [linear validation]: immutable, so checked once
             return self

@@ -6,8 +6,9 @@ simulation, so it must cost less than one. It numbers every task ``(op, i, j)`` 
 Note [dependencies] (:mod:`gpipe.schedule.task`) on those numbers; the deadlock check lets each device run
 its list as far as it can and parks a device on the first unfinished dependency of its head task, to be
 woken when that task finishes. Each task finishes once and wakes its waiting devices once, so the check is
-linear in the tasks (the unit-step grid is ``steps x devices``). Only an invalid schedule pays for the grid,
-which its error message shows. A schedule is immutable, so it remembers that it passed.
+linear in the tasks (the unit-step grid is ``steps x devices``). An overlapped pair's first task also waits
+for its second's dependencies (Note [overlapped pairs] in :mod:`gpipe.schedule.schedule`). Only an invalid
+schedule pays for the grid, which its error message shows. A schedule is immutable, so it remembers that it passed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from gpipe.schedule.grid import TaskLists, format_grid, run_unit_steps
+from gpipe.schedule.grid import TaskLists, format_grid, pair_positions, run_unit_steps
 from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed
 
 __all__ = ["ScheduleError", "check"]
@@ -68,7 +69,8 @@ def check(schedule: _Checked, *, standard_edges: bool) -> None:
         if not 0 <= d < devices:
             raise ScheduleError(f"stage {j} is placed on device {d}, but there are {devices} devices")
     ck = [checkpointed(schedule.checkpoint, i, m) for i in range(m)]
-    weights = _walk(schedule, ck) if standard_edges else -1
+    starts = _check_pairs(schedule) if schedule.pairs else None
+    weights = _walk(schedule, ck, starts) if standard_edges else -1
     if weights >= 0:  # every task ran once, in range, on its device, of a kind this shape has
         if sum(map(len, schedule.tasks)) != m * n * (3 if weights else 2) + n * sum(ck):
             _raise_wrong_tasks(schedule)
@@ -84,6 +86,30 @@ def check(schedule: _Checked, *, standard_edges: bool) -> None:
             f"schedule {schedule.name!r} deadlocks at step {len(steps)}: "
             f"waiting cycle {' -> '.join(map(str, cycle))}\n{grid}"
         )
+
+
+def _check_pairs(schedule: _Checked) -> list[set[int]]:
+    """Raise for the first overlapped pair that is not two adjacent tasks of one device's list, shares a task
+    with another pair, or has a task that waits for the other; else return :func:`pair_positions`."""
+    position = {t: (d, k) for d, ts in enumerate(schedule.tasks) for k, t in enumerate(ts)}
+    paired: set[Task] = set()
+    for a, b in schedule.pairs:
+        where = f"overlapped pair {a}+{b}"
+        for t in (a, b):
+            if t not in position:
+                raise ScheduleError(f"{where}: {t} is in no device's list; pair two tasks of the schedule")
+            if t in paired:
+                raise ScheduleError(f"{where}: {t} is already in another pair; a task overlaps one other at most")
+            paired.add(t)
+        (da, ka), (db, kb) = position[a], position[b]
+        if da != db or kb != ka + 1:
+            raise ScheduleError(f"{where}: {b} must come right after {a} in one device's list, but they are "
+                                f"task {ka} of device {da} and task {kb} of device {db}; move them together")
+        for x, y in ((a, b), (b, a)):
+            if y in schedule.dependencies(x):
+                raise ScheduleError(f"{where}: {x} waits for {y}, so the two cannot start together; pair {x} "
+                                    f"with a task it does not wait for, or run them one after the other")
+    return pair_positions(schedule)
 
 
 def _check_tasks(schedule: _Checked) -> None:
@@ -121,9 +147,10 @@ def _raise_wrong_tasks(schedule: _Checked) -> None:
     raise ScheduleError(f"schedule {schedule.name!r} has the wrong tasks: {'; '.join(parts)}")
 
 
-def _walk(schedule: _Checked, ck: Sequence[bool]) -> int:
+def _walk(schedule: _Checked, ck: Sequence[bool], starts: list[set[int]] | None = None) -> int:
     """Note [linear validation]: run every device's list in order, each task once its dependencies
-    (Note [dependencies]) have run, parking a device on the first missing one.
+    (Note [dependencies]) have run, parking a device on the first missing one; ``starts[d]``: where device
+    ``d``'s overlapped pairs start (their first task waits for the second's dependencies too).
 
     Returns the number of ``W`` tasks when every task ran, exactly once, within ``m`` and ``n``, on its
     stage's device, and an ``R`` only for a checkpointed micro-batch; -1 otherwise (a deadlock, or a
@@ -168,7 +195,8 @@ def _walk(schedule: _Checked, ck: Sequence[bool]) -> int:
                 code, blocker = 2, (base if not done[base] else -1)
             else:
                 code, blocker = 3, (mn + base if not done[mn + base] else -1)
-                weights += 1
+            if starts is not None and blocker < 0 and k in starts[d]:  # a pair starts when both can
+                blocker = _blocker(ts[k + 1], done, ck, m, n)
             if blocker >= 0:
                 waiting.setdefault(blocker, []).append(d)
                 awaited[blocker] = 1
@@ -177,6 +205,7 @@ def _walk(schedule: _Checked, ck: Sequence[bool]) -> int:
             if done[key]:
                 return -1  # a second copy of a task
             done[key] = 1
+            weights += code == 3
             k += 1
             if awaited[key]:
                 ready.extend(waiting.pop(key))
@@ -186,10 +215,31 @@ def _walk(schedule: _Checked, ck: Sequence[bool]) -> int:
     return weights
 
 
+def _blocker(t: Task, done: bytearray, ck: Sequence[bool], m: int, n: int) -> int:
+    """The number :func:`_walk` gives the first unfinished dependency of ``t`` (an overlapped pair's second
+    task), or -1; also -1 when ``t`` is out of range, which :func:`_walk` reports when it reaches it."""
+    i, j, mn = t.microbatch, t.stage, m * n
+    if i >= m or j >= n:
+        return -1
+    base = i * n + j
+    if t.op is Op.F:
+        return base - 1 if j and not done[base - 1] else -1
+    if t.op is Op.B:
+        for ready, number in ((done[base], base), (not ck[i] or done[2 * mn + base], 2 * mn + base),
+                              (j == n - 1 or done[mn + base + 1], mn + base + 1)):
+            if not ready:
+                return number
+        return -1
+    if t.op is Op.R:
+        return base if not done[base] else -1
+    return mn + base if not done[mn + base] else -1
+
+
 def _runs_to_completion(schedule: TaskLists) -> bool:
     """Whether every device can run its list in order under the schedule's own dependencies (any
     subclass's), as :func:`_walk` does, on task objects."""
     lists = schedule.tasks
+    starts = pair_positions(schedule)
     done: set[Task] = set()
     waiting: dict[Task, list[int]] = {}
     heads = [0] * len(lists)
@@ -199,7 +249,7 @@ def _runs_to_completion(schedule: TaskLists) -> bool:
         ts = lists[d]
         while heads[d] < len(ts):
             t = ts[heads[d]]
-            blocker = next((dep for dep in schedule.dependencies(t) if dep not in done), None)
+            blocker = next((dep for dep in _needs(schedule, starts, d, heads[d]) if dep not in done), None)
             if blocker is not None:
                 waiting.setdefault(blocker, []).append(d)
                 break
@@ -212,6 +262,7 @@ def _runs_to_completion(schedule: TaskLists) -> bool:
 def _waiting_cycle(schedule: TaskLists, heads: list[int]) -> list[Task]:
     """Follow 'stuck head waits for a task held behind another device's stuck head' to a cycle."""
     lists = schedule.tasks
+    starts = pair_positions(schedule)
     position = {t: (d, k) for d, ts in enumerate(lists) for k, t in enumerate(ts)}
     done = {t for d, ts in enumerate(lists) for t in ts[: heads[d]]}
     start = next(d for d in range(len(lists)) if heads[d] < len(lists[d]))
@@ -222,9 +273,15 @@ def _waiting_cycle(schedule: TaskLists, heads: list[int]) -> list[Task]:
         visited[d] = len(chain)
         head = lists[d][heads[d]]
         chain.append(head)
-        blocker = next(dep for dep in schedule.dependencies(head) if dep not in done)
+        blocker = next(dep for dep in _needs(schedule, starts, d, heads[d]) if dep not in done)
         d = position[blocker][0] if blocker in position else -1
         if d < 0:  # a dependency no device runs; the task check reports missing tasks before this
             return chain + [blocker]
     cycle = chain[visited[d]:]
     return cycle + [cycle[0]]
+
+
+def _needs(schedule: TaskLists, starts: list[set[int]], d: int, k: int) -> list[Task]:
+    """What task ``k`` of device ``d`` waits for: its dependencies, and its pair's second task's."""
+    ts = schedule.tasks[d]
+    return [dep for t in ts[k: k + (2 if k in starts[d] else 1)] for dep in schedule.dependencies(t)]

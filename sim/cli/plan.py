@@ -58,8 +58,9 @@ def add_parser(subparsers: Any) -> None:
                    help="micro-batch counts to try (default: powers of two up to the batch, at most 128)")
     p.add_argument("--checkpoint", default=",".join(CHECKPOINT_MODES), metavar="LIST",
                    help=f"checkpoint policies to try (default: {','.join(CHECKPOINT_MODES)})")
-    p.add_argument("--schedule", default=",".join(SCHEDULES), metavar="LIST",
-                   help=f"schedules to try, of {schedules_help()} (default: {','.join(SCHEDULES)})")
+    planned = ",".join(k for k, v in SCHEDULES.items() if v.place is None)  # the planner: one stage per GPU
+    p.add_argument("--schedule", default=planned, metavar="LIST",
+                   help=f"schedules to try, of {schedules_help()} (default: {planned})")
     p.add_argument("--training", default=None, metavar="POLICY",
                    help="precision and optimizer, e.g. bf16-adam, fp32-sgd (default: the device's 16-bit "
                         "dtype with Adam, else fp32-adam)")

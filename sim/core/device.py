@@ -1,7 +1,8 @@
 """The device process: one SimPy process per device walks its task list in order and holds its compute stream.
 
 Two loops with the same rules: :func:`device`, the general one, and :func:`device_fast`, the plain path on a
-local clock (Note [local clocks]); tests/sim/test_engine_properties.py proves them equal bit for bit.
+local clock (Note [local clocks]); tests/sim/test_engine_properties.py proves them equal bit for bit. Each hands
+an overlapped pair of tasks to :mod:`sim.core.overlap`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import simpy
 
 from gpipe.schedule import Op
 from gpipe.timeline import COMPUTE, MemorySample, Span
+from sim.core.overlap import pair, pair_fast
 from sim.core.run import Run
 from sim.core.tables import B, F, R, W
 
@@ -45,7 +47,15 @@ def device(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
     gap, free_at = run.gap, run.launch
     two_phases, prefix = run.config.backward_after_forward, run.prefix[d]
     asynchronous, shared, host_arrival = d in run.config.asynchronous, run.shared[d], copies.host_arrival
+    starts, paired = run.pair_starts[d], False
     for k, task in enumerate(tasks):
+        if paired:  # the second task of a pair, run with the first
+            paired = False
+            continue
+        if starts and k in starts:
+            backward_left = yield from pair(run, d, k, free_at, backward_left)
+            free_at, paired = env.now + gap if gap else free_at, True
+            continue
         o, i, j = task.op, task.microbatch, task.stage
         op = F if o is _OP_F else B if o is _OP_B else R if o is _OP_R else W
         waits, sends, seconds, host = table[checkpointed[i]][op][j]
@@ -164,8 +174,16 @@ def device_fast(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
     gap, free_at = run.gap, run.launch  # Note [gap]
     held, current, frees_at, n = memory.held, memory.current, memory.frees_at, run.n
     mem_append = memory.samples[d].append
+    starts, paired = run.pair_starts[d], False
     t = 0.0  # this device's time
     for k, task in enumerate(tasks):
+        if paired:  # the second task of a pair, run with the first
+            paired = False
+            continue
+        if starts and k in starts:
+            t, backward_left = yield from pair_fast(run, d, k, t, free_at, backward_left)
+            free_at, paired = t + gap if gap else free_at, True
+            continue
         o, i, j = task.op, task.microbatch, task.stage
         op = F if o is _OP_F else B if o is _OP_B else R if o is _OP_R else W
         waits, sends, seconds, host = table[checkpointed[i]][op][j]

@@ -18,6 +18,7 @@ from gpipe.timeline import Timeline
 from sim.core.config import DEFAULT_CONFIG, SimConfig
 from sim.core.cost import CostModel
 from sim.core.device import device, device_fast
+from sim.core.overlap import check_pairs
 from sim.core.run import Run
 
 __all__ = ["simulate"]
@@ -37,7 +38,8 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
 
     Raises:
         ScheduleError: the schedule is invalid, or it stalls under ``config`` (e.g. lockstep).
-        ValueError: the cost model does not fit the schedule.
+        ValueError: the cost model does not fit the schedule, or the schedule's overlapped pairs meet a switch
+            they are not modelled with (:func:`sim.core.overlap.check_pairs`).
     """
     with collector_paused():  # Note [gc] in gpipe.schedule.collector
         schedule.validate()
@@ -58,6 +60,7 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
 def run_validated(schedule: Schedule, cost: CostModel, config: SimConfig) -> Timeline:
     """:func:`simulate` of a schedule and cost model already checked (benchmarks time the simulation alone)."""
     run = Run(schedule, cost, config)
+    check_pairs(run)
     fast = run.local_clocks()
     for d in range(run.devices):
         run.env.process(device_fast(run, d) if fast else device(run, d))

@@ -7,7 +7,19 @@ from typing import Any
 
 import simpy
 
-__all__ = ["SharedCores"]
+__all__ = ["SharedCores", "pair_ends"]
+
+
+def pair_ends(start: float, a: float, b: float) -> tuple[float, float]:
+    """When two jobs of ``a`` and ``b`` seconds end that start together at ``start`` on one device and share its
+    rate: each runs at half speed while both run, then the longer at full speed. The shorter ends at
+    ``start + 2 min(a, b)``, the longer at ``start + a + b``: the pair costs what the two cost one after the
+    other, and neither ends sooner than it would alone (an overlapped pair shares the device; it is not free).
+    """
+    shorter = a if a <= b else b
+    both = start + 2.0 * shorter
+    later = both + ((b if a <= b else a) - shorter)
+    return (both, later) if a <= b else (later, both)
 
 
 class SharedCores:

@@ -278,7 +278,9 @@ def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Seque
         if ck not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {ck!r}; use {', '.join(CHECKPOINT_MODES)}")
     for s in schedules:
-        schedule_kind(s)  # a ValueError that lists the registered names
+        if schedule_kind(s).place is not None:  # unknown: a ValueError that lists the registered names
+            raise ValueError(f"the planner puts one stage on each GPU, and schedule {s!r} places several stages per "
+                             f"device; plan with a schedule that runs one stage per device, e.g. gpipe or 1f1b")
     size = {2: "16-bit", 4: "32-bit"}
     counted = profile.dtype.itemsize
     if counted != training.torch_dtype.itemsize:
@@ -358,7 +360,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
             :func:`default_training`.
         chunks: micro-batch counts to try; default powers of two up to the batch per replica (at most 128).
         checkpoints: checkpoint policies to try.
-        schedules: schedule names to try; default every registered one (:data:`gpipe.schedule.SCHEDULES`).
+        schedules: schedule names to try; default every registered one (:data:`gpipe.schedule.SCHEDULES`) that
+            runs one stage per device (no layout).
         stages: pipeline depths to allow; default every divisor of each GPU count.
         price_per_gpu_hour: dollars, to price each row per million samples.
         objective: ``throughput`` (default) or ``cost`` (cheapest per sample; needs a price).
@@ -378,7 +381,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     policy = default_training(dev) if training is None else training_policy(training) \
         if isinstance(training, str) else training
     lk = resolve_link(link, dev)
-    schedules = tuple(SCHEDULES) if schedules is None else schedules
+    # the planner puts one stage on each GPU: by default every schedule that does
+    schedules = tuple(k for k, v in SCHEDULES.items() if v.place is None) if schedules is None else schedules
     _check(profile, batch, gpus, chunks, checkpoints, schedules, policy)
     if objective not in ("throughput", "cost"):
         raise ValueError(f"objective must be 'throughput' or 'cost', got {objective!r}")

@@ -1,4 +1,5 @@
-"""Properties every simulated timeline has, for random schedules, placements, costs and switches."""
+"""Properties every simulated timeline has, for random schedules (overlapped pairs too), placements, costs and
+switches."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, gpipe, one_f_one_b
+from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, dualpipe_v, gpipe, one_f_one_b
 from gpipe.timeline import COMPUTE, MemorySample, Span, Timeline
 from sim.calibration.host import Overheads, with_overheads
 from sim.core.config import SimConfig
@@ -35,13 +36,21 @@ def _surjective(raw: list[int]) -> list[int]:
 
 
 @st.composite
-def cases(draw: st.DrawFn, shared: bool | None = None) -> Case:
-    kind = draw(st.sampled_from(["gpipe", "1f1b"]))
+def cases(draw: st.DrawFn, shared: bool | None = None, pairs: bool = True) -> Case:
+    """A schedule, a cost model and switches; a schedule with overlapped pairs (DualPipeV, its two stages on
+    each device) only where they are modelled (sim.core.overlap.check_pairs): copy streams, no contention."""
+    kinds = ["gpipe", "1f1b"] + (["dualpipe-v"] if pairs and shared is not False else [])
+    kind = draw(st.sampled_from(kinds))
     n, m = draw(st.integers(1, 5)), draw(st.integers(1, 6))
     policy = draw(st.sampled_from(CHECKPOINT_MODES))
     share = draw(st.booleans()) if shared is None else shared
     placement = _surjective(draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n))) if share else None
-    schedule = (gpipe if kind == "gpipe" else one_f_one_b)(m, n, policy, placement)
+    if kind == "dualpipe-v":
+        n = 2 * draw(st.integers(1, 3))
+        m = draw(st.integers(n, n + 3))
+        schedule = dualpipe_v(m, n, policy)
+    else:
+        schedule = (gpipe if kind == "gpipe" else one_f_one_b)(m, n, policy, placement)
     seconds = st.floats(0.05, 5.0, allow_nan=False)
     stages = tuple(
         StageCost(draw(seconds), draw(seconds), draw(st.none() | seconds), send_bytes=draw(st.integers(0, 4)),
@@ -52,14 +61,14 @@ def cases(draw: st.DrawFn, shared: bool | None = None) -> Case:
     link = LinkSpec("test", draw(st.sampled_from([0.0, 0.2])), draw(st.sampled_from([1.0, 4.0]))) \
         if copy_seconds is None and draw(st.booleans()) else None
     overheads = Overheads(task=draw(st.sampled_from([0.0, 0.05])), handoff=draw(st.sampled_from([0.0, 0.1])),
-                          contention=draw(st.sampled_from([0.0, 0.0, 0.5])))
+                          contention=0.0 if schedule.pairs else draw(st.sampled_from([0.0, 0.0, 0.5])))
     scale = tuple(draw(st.lists(st.sampled_from([0.5, 1.0, 1.5]), min_size=m, max_size=m))) \
         if draw(st.booleans()) else ()
     cost = with_overheads(CostModel(stages, copy_seconds=copy_seconds, microbatch_scale=scale), overheads)
     # lockstep is GPipe's host loop; a 1F1B order merged onto shared devices may legally stall under it
-    lockstep = draw(st.booleans()) and (kind == "gpipe" or placement is None)
-    config = SimConfig(link=link, copy_streams=draw(st.booleans()), enforce_backward_order=draw(st.booleans()),
-                       lockstep_forward=lockstep)
+    lockstep = draw(st.booleans()) and (kind == "gpipe" or placement is None) and not schedule.pairs
+    config = SimConfig(link=link, copy_streams=bool(schedule.pairs) or draw(st.booleans()),
+                       enforce_backward_order=draw(st.booleans()), lockstep_forward=lockstep)
     return Case(schedule, cost, config)
 
 
@@ -96,9 +105,15 @@ def test_timeline_invariants(case: Case) -> None:
     # every task exactly once, on its stage's device, in the device's order
     assert Counter(s.task for s in tl.compute_spans()) == Counter(schedule.all_tasks())
     assert all(s.device == schedule.device_of(s.task.stage) for s in compute.values())
+    partner = dict(schedule.pairs)
     for d in range(schedule.num_devices):
-        assert disjoint(tl.compute_spans(d))  # one compute task at a time
-        assert tl.task_order(d) == list(schedule.tasks[d])
+        # one compute task at a time, but for a pair (one span from its start to its later end); in list order
+        spans = [compute[t] for t in schedule.tasks[d]]
+        units = [Span(d, COMPUTE, a.task, a.start, max(a.end, b.end)) if a.task in partner else a
+                 for a, b in zip(spans, spans[1:] + spans[:1], strict=True) if a.task not in partner.values()]
+        assert disjoint(units)
+        assert all(a.start <= b.start + EPS for a, b in zip(spans, spans[1:], strict=False))
+        assert all(compute[a].start == compute[b].start for a, b in schedule.pairs)
     # every dependency: after its producer, and after the copy that carries it
     for task, span in compute.items():
         for dep in schedule.dependencies(task):
@@ -124,8 +139,14 @@ def test_timeline_invariants(case: Case) -> None:
         for d in range(schedule.num_devices):
             mine = [c for c in tl.copy_spans() if d in (c.device, schedule.device_of(c.task.stage))]
             assert disjoint(tl.compute_spans(d) + mine)
-    # durations: exact without contention, never shorter with it
+    # durations: exact without contention, never shorter with it; a pair shares its device (sim.core.sharing)
+    for a, b in schedule.pairs:
+        ta, tb = nominal_seconds(schedule, cost, a), nominal_seconds(schedule, cost, b)
+        first, second = sorted((compute[a], compute[b]), key=lambda s: s.end)
+        assert abs(first.duration - 2 * min(ta, tb)) < EPS and abs(second.duration - (ta + tb)) < EPS
     for task, span in compute.items():
+        if task in partner or task in partner.values():
+            continue
         if cost.runner.overheads.contention == 0:
             assert abs(span.duration - nominal_seconds(schedule, cost, task)) < EPS
         else:
@@ -147,7 +168,7 @@ def check_memory(tl: Timeline, schedule: Schedule) -> None:
 
 
 @PROPERTIES
-@given(cases(shared=False))
+@given(cases(shared=False, pairs=False))
 def test_ablations_never_beat_the_defaults(case: Case) -> None:
     """With one stage per device every link carries one producer's results in its list order, so
     holding anything back (lockstep, no fork/join) can only delay: the timeline is monotone."""

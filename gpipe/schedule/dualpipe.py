@@ -1,0 +1,157 @@
+"""DualPipeV (DeepSeek-AI, 2024, DeepSeek-V3 report; DualPipe "cut in half"): ``2p`` stages in a V on ``p``
+devices, every backward split into ``B`` and ``W``, and in the steady phase a forward of one micro-batch beside
+a backward of another, as an overlapped pair (Note [overlapped pairs] in :mod:`gpipe.schedule.schedule`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpipe.schedule.collector import collector_paused
+from gpipe.schedule.registry import register
+from gpipe.schedule.schedule import Schedule
+from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed, unchecked_task
+
+__all__ = ["dualpipe_v", "v_shape"]
+
+
+def v_shape(n: int, p: int) -> tuple[int, ...]:
+    """Stages ``d`` and ``2p - 1 - d`` on device ``d``: down the devices, then back up (a V)::
+
+        n=6, p=3:   stage  0 1 2 3 4 5
+                    device 0 1 2 2 1 0
+
+    Raises:
+        ValueError: ``n != 2p`` (the message names the fix).
+    """
+    if p < 1 or n != 2 * p:
+        raise ValueError(f"a V places two stages on each device: give n = 2p stages, e.g. {2 * max(p, 1)} stages "
+                         f"on {max(p, 1)} devices or {n} stages on {n // 2} devices, got {n} stages on {p} devices")
+    return tuple(s if s < p else n - 1 - s for s in range(n))
+
+
+class _Device:
+    """One device's list as it is built: what comes next of each stage, the ``W`` tasks held back."""
+
+    def __init__(self, m: int, checkpoint: Checkpoint) -> None:
+        self.m, self.checkpoint = m, checkpoint
+        self.tasks: list[Task] = []
+        self.pairs: list[tuple[Task, Task]] = []
+        self.forwards: dict[int, int] = {}  # stage -> its next forward's micro-batch
+        self.backwards: dict[int, int] = {}  # stage -> its next backward's micro-batch
+        self.held: list[Task] = []  # W tasks of split backwards, oldest first
+
+    def _next(self, counts: dict[int, int], j: int) -> int:
+        i = counts.get(j, 0)
+        counts[j] = i + 1
+        return i
+
+    def forward(self, j: int) -> Task:
+        task = unchecked_task(Op.F, self._next(self.forwards, j), j)
+        self.tasks.append(task)
+        return task
+
+    def backward(self, j: int, hold: bool = False) -> Task:
+        """``B`` of stage ``j``'s next micro-batch (after its ``R``); its ``W`` right after, or held back."""
+        i = self._next(self.backwards, j)
+        if checkpointed(self.checkpoint, i, self.m):
+            self.tasks.append(unchecked_task(Op.R, i, j))
+        task = unchecked_task(Op.B, i, j)
+        self.tasks.append(task)
+        (self.held if hold else self.tasks).append(unchecked_task(Op.W, i, j))
+        return task
+
+    def overlapped(self, forward: int, backward: int) -> None:
+        """A forward of stage ``forward`` beside a backward of stage ``backward``: one pair, its ``R`` before it
+        (a recompute needs only its own forward), its ``W`` after it."""
+        i = self._next(self.backwards, backward)
+        if checkpointed(self.checkpoint, i, self.m):
+            self.tasks.append(unchecked_task(Op.R, i, backward))
+        first = self.forward(forward)
+        second = unchecked_task(Op.B, i, backward)
+        self.tasks += [second, unchecked_task(Op.W, i, backward)]
+        self.pairs.append((first, second))
+
+    def weight(self) -> None:
+        """The oldest held-back ``W``, if any."""
+        if self.held:
+            self.tasks.append(self.held.pop(0))
+
+
+@register("dualpipe-v", "DeepSeek's DualPipeV: 2p stages in a V, each steady step a forward beside a backward",
+          constraints="n = 2p stages in a V on p devices (stages d and 2p-1-d on device d), m >= n; every "
+                      "backward split into B and W; forwards and backwards interleave, so step() only",
+          layout=v_shape)
+def dualpipe_v(m: int, n: int, checkpoint: Checkpoint = "never", placement: Sequence[int] | None = None) -> Schedule:
+    """DualPipeV: device ``d`` holds stage ``a = d`` (going down) and ``b = 2p - 1 - d`` (coming back).
+
+    Phases of device ``d`` of ``p`` (``F a`` is stage ``a``'s next forward, ``F a+B b`` an overlapped pair;
+    a ``B`` is followed by its ``W`` unless it is held back for a later ``W`` slot)::
+
+        1  warm-up      2(p-d-1) x  F a
+        2  both stages      d+1  x  F a, F b
+        3  first B        p-d-1  x  B b, F b
+        4  steady     m-2p+d+1  x  F a+B b, F b+B a   (device p-1's first F a, B b not overlapped)
+        5  drain b        p-d-1  x  B b, F b+B a
+        6  both B's         d+1  x  B b, B a           (W held back from the middle on)
+        7  zero-bubble    p-d-1  x  W, B a (held back)
+        8  cool-down        d+1  x  W
+
+    With checkpointing, ``R`` comes right before its ``B`` (before the pair of an overlapped one).
+
+    Raises:
+        ValueError: ``n`` odd, ``m < n``, or a placement other than the V (:func:`v_shape`); each names the fix.
+    """
+    if not isinstance(n, int) or n < 2 or n % 2:
+        raise ValueError(f"dualpipe-v runs 2 stages per device in a V: give an even number of stages n >= 2, got {n!r}")
+    p = n // 2
+    if not isinstance(m, int) or m < n:
+        raise ValueError(f"dualpipe-v needs at least as many micro-batches as stages (m >= n = {n}) to reach its "
+                         f"steady phase; got m={m!r}: raise chunks to {n} or more, or use 1f1b")
+    checkpointed(checkpoint, 0, m)  # rejects an unknown policy, naming the known ones
+    v = v_shape(n, p)
+    if placement is not None and tuple(placement) != v:
+        raise ValueError(f"dualpipe-v places its stages in a V, {v}; got placement {tuple(placement)}: leave the "
+                         f"placement out, or give devices=p to place them by the schedule's layout")
+    lists: list[tuple[Task, ...]] = []
+    pairs: list[tuple[Task, Task]] = []
+    with collector_paused():  # Note [gc] in gpipe.schedule.collector
+        for d in range(p):
+            dev = _order(_Device(m, checkpoint), d, p, m)
+            lists.append(tuple(dev.tasks))
+            pairs += dev.pairs
+        return Schedule(m, n, checkpoint, v, tuple(lists), name="dualpipe-v", pairs=tuple(pairs))
+
+
+def _order(dev: _Device, d: int, p: int, m: int) -> _Device:
+    """Device ``d``'s list, phase by phase (see :func:`dualpipe_v`)."""
+    a, b = d, 2 * p - 1 - d
+    for _ in range(2 * (p - d - 1)):
+        dev.forward(a)
+    for _ in range(d + 1):
+        dev.forward(a)
+        dev.forward(b)
+    for _ in range(p - d - 1):
+        dev.backward(b)
+        dev.forward(b)
+    for k in range(m - 2 * p + d + 1):
+        if k == 0 and d == p - 1:  # the turn of the V: its backward's gradient arrives right after its forward
+            dev.forward(a)
+            dev.backward(b)
+        else:
+            dev.overlapped(a, b)
+        dev.overlapped(b, a)
+    for _ in range(p - d - 1):
+        dev.backward(b)
+        dev.overlapped(b, a)
+    hold = False
+    for k in range(d + 1):  # from the middle on, W is held back to fill the cool-down
+        hold = hold or (k == (d + 1) // 2 and d % 2 == 1)
+        dev.backward(b, hold)
+        hold = hold or (k == (d + 1) // 2 and d % 2 == 0)
+        dev.backward(a, hold)
+    for _ in range(p - d - 1):
+        dev.weight()
+        dev.backward(a, hold=True)
+    for _ in range(d + 1):
+        dev.weight()
+    return dev
