@@ -305,6 +305,48 @@ def _onefoneb(path: Path) -> None:
     _save(fig, path)
 
 
+#: The "Beyond 1F1B" page: every registered schedule on the same four devices and eight micro-batches. A device's
+#: share of the model costs 1 ms forward, 1 ms input gradient and 1 ms weight gradient per micro-batch, and keeps
+#: 64 MiB per micro-batch for backward; a schedule with v stages per device gives each stage 1/v of that.
+BEYOND_P, BEYOND_M, BEYOND_V = 4, 8, 2
+
+
+def beyond_schedules() -> list[tuple[str, Schedule, Timeline]]:
+    """Each registered schedule that takes (p=4, m=8) with its simulated timeline, in registration order."""
+    from gpipe.schedule import SCHEDULES
+    from sim.core.cost import StageCost
+
+    out = []
+    for name, kind in SCHEDULES.items():
+        v = 1 if kind.place is None else BEYOND_V
+        try:
+            schedule = kind(BEYOND_M, BEYOND_P * v, "never", devices=BEYOND_P).validate()
+        except ValueError:
+            continue
+        t, split = 1e-3 / v, schedule.splits_weight_gradient
+        stage = StageCost(forward=t, backward=t if split else 2 * t, weight=t if split else 0.0,
+                          saved_bytes=64 * MiB // v)
+        out.append((name, schedule, simulate(schedule, CostModel((stage,) * schedule.n))))
+    return out
+
+
+@figure("beyond_1f1b.png")
+def _beyond_1f1b(path: Path) -> None:
+    runs = beyond_schedules()
+    titles = [f"{name}: {s.n} stages on {s.num_devices} devices, makespan {_ms(tl.makespan)}" for name, s, tl in runs]
+    _save(plot_side_by_side([tl for _, _, tl in runs], titles=titles, labels=False), path)
+
+
+def _beyond_fragments() -> dict[str, str]:
+    rows = []
+    for name, schedule, tl in beyond_schedules():
+        rows.append([f"`{name}`", str(schedule.n), _ms(tl.makespan), f"{tl.bubble_fraction():.1%}"]
+                    + [f"{tl.peak_memory(d) / MiB:.0f}" for d in range(BEYOND_P)])
+    table = _table(["schedule", "stages", "makespan", "bubble"] + [f"peak MiB, dev {d}" for d in range(BEYOND_P)],
+                   rows)
+    return {"beyond_table": table}
+
+
 @figure("overheads.png")
 def _overheads(path: Path) -> None:
     from sim.calibration.host import Overheads, with_overheads
@@ -520,6 +562,7 @@ def simulated_fragments() -> dict[str, str]:
 
     out.update(_ablation_fragments())
     out.update(_plan_fragments())
+    out.update(_beyond_fragments())
     return out
 
 
