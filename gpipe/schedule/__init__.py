@@ -26,6 +26,7 @@ One concept per module, each importing only those above it::
     registry.py         SCHEDULES: every generator by name, with what it does and needs; register()
     fill_drain.py       gpipe(): GPipe's fill-drain, and clock_cycles()
     pipedream_flush.py  one_f_one_b(): 1F1B
+    virtual_stages.py   interleaved_one_f_one_b(), looped_bfs(): several stages per device, placed looped
 
 A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`)::
 
@@ -44,6 +45,7 @@ from gpipe.schedule.registry import SCHEDULES, Layout, ScheduleKind, looped, reg
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
 from gpipe.schedule.validator import ScheduleError
+from gpipe.schedule.virtual_stages import interleaved_one_f_one_b, looped_bfs
 
 __all__ = [
     "CHECKPOINT_MODES",
@@ -59,7 +61,9 @@ __all__ = [
     "clock_cycles",
     "collector_paused",
     "gpipe",
+    "interleaved_one_f_one_b",
     "looped",
+    "looped_bfs",
     "one_f_one_b",
     "parse_tasks",
     "register",

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from gpipe.balance.blockpartition import solve
+from gpipe.schedule import SCHEDULES
 from sim.cli import main
 from sim.planning.costs_from_flops import TRAINING, FlopCosts, effective_efficiency, training_policy
 from sim.planning.flops import ModelProfile, count_layers
@@ -63,7 +64,7 @@ def test_planner_picks_the_fastest_configuration_that_fits(mlp_profile: ModelPro
         assert r.gpus == r.stages * r.replicas
         assert r.fits == all(m <= SMALL.memory_bytes for m in r.memory_bytes)
         assert r.throughput == pytest.approx(256 / r.step_seconds)
-    assert {r.schedule for r in result.rows} == {"gpipe", "1f1b"}
+    assert {r.schedule for r in result.rows} == set(SCHEDULES)  # every registered schedule
     assert {r.checkpoint for r in result.rows} == {"never", "except_last", "always"}
 
 
@@ -180,7 +181,7 @@ def test_cli_plans_a_users_model(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["device"] == "a100-80gb" and doc["link"] == "nvlink3" and doc["training"] == "bf16-adam"
-    assert doc["best"]["fits"] and len(doc["rows"]) == 2 * 3 * 2 * 3  # (gpus, stages) x chunks x sched x ckpt
+    assert doc["best"]["fits"] and len(doc["rows"]) == 2 * 3 * len(SCHEDULES) * 3  # (gpus, stages), chunks, sched, ckpt
     assert {p.name for p in out.iterdir()} == {"plan.json", "throughput.png", "memory.png", ".gpipe-sim.json"}
     assert set(json.loads((out / ".gpipe-sim.json").read_text())["files"]) == {"plan.json", "throughput.png",
                                                                                "memory.png"}  # sim.files
