@@ -105,5 +105,5 @@ def test_registered_with_the_looped_layout() -> None:
         kind = SCHEDULES[name]
         assert kind.place is looped and kind.layout(8, 4) == (0, 1, 2, 3, 0, 1, 2, 3)
         assert kind.default_checkpoint == "never" and "s mod p" in kind.constraints
-    assert "m and n multiples of p" in SCHEDULES["interleaved-1f1b"].constraints
+    assert "m a multiple of p when n > p" in SCHEDULES["interleaved-1f1b"].constraints
     assert not interleaved_one_f_one_b(4, 4, placement=looped(4, 2)).forwards_first

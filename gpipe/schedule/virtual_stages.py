@@ -2,7 +2,7 @@
 (Narayanan et al., 2021, Megatron-LM's order) and looped breadth-first (Lamy-Poirier, 2023).
 
 ``n = v·p`` stages on ``p`` devices: each device holds ``v`` model chunks, its local stages ``d, d + p, ...``.
-Both run ``(m·v + p - 1)(t_f + t_b)`` with uniform costs and free copies when ``m`` is a multiple of ``p``;
+Both run ``(m·v + p - 1)(t_f + t_b)`` (uniform costs, free copies, no checkpointing) when ``p`` divides ``m``;
 interleaved 1F1B keeps fewer micro-batches' activations, looped BFS runs its forwards first::
 
     n=4 on p=2, m=2, never:
@@ -26,8 +26,8 @@ __all__ = ["interleaved_one_f_one_b", "looped_bfs"]
 
 
 @register("interleaved-1f1b", "Megatron's interleaved 1F1B: v model chunks per device, 1F1B across them",
-          constraints="n stages on p devices, stage s on device s mod p; with v = n/p >= 2 chunks, m and n multiples "
-                      "of p; one device per stage is 1F1B (any m); step() only", layout=looped)
+          constraints="n stages on p devices, stage s on device s mod p, n a multiple of p; m a multiple of p when "
+                      "n > p (n = p is 1F1B, any m); step() only", layout=looped)
 def interleaved_one_f_one_b(
     m: int, n: int, checkpoint: Checkpoint = "never", placement: Sequence[int] | None = None
 ) -> Schedule:
