@@ -27,6 +27,7 @@ One concept per module, each importing only those above it::
     fill_drain.py       gpipe(): GPipe's fill-drain, and clock_cycles()
     pipedream_flush.py  one_f_one_b(): 1F1B
     pipelining.py       torch.distributed.pipelining's per-rank actions ("0F1") and CSV, both ways
+    virtual_stages.py   interleaved_one_f_one_b(), looped_bfs(): several stages per device, placed looped
     dualpipe.py         dualpipe_v(): DeepSeek's DualPipeV, overlapped pairs in a V
 
 A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`)::
@@ -47,6 +48,7 @@ from gpipe.schedule.registry import SCHEDULES, Layout, ScheduleKind, looped, reg
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
 from gpipe.schedule.validator import ScheduleError
+from gpipe.schedule.virtual_stages import interleaved_one_f_one_b, looped_bfs
 
 # isort: split
 from gpipe.schedule.dualpipe import dualpipe_v  # registers after gpipe and 1f1b (Note [one registry])
@@ -67,7 +69,9 @@ __all__ = [
     "dualpipe_v",
     "from_pipelining",
     "gpipe",
+    "interleaved_one_f_one_b",
     "looped",
+    "looped_bfs",
     "one_f_one_b",
     "parse_tasks",
     "read_pipelining_csv",

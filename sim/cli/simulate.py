@@ -1,7 +1,8 @@
 """``gpipe-sim simulate``: simulate one schedule from explicit per-stage costs and report the timeline.
 
-Every stage costs the same (``--forward-time``, ``--backward-time`` ...). Copies between devices are
-priced in one of three ways, first match wins::
+Every stage costs the same (``--forward-time``, ``--backward-time`` ...); ``--devices P`` places the stages by
+the schedule's layout (default: one per stage). Copies between devices are priced in one of three ways, first
+match wins::
 
     --copy-time S                         every copy takes S seconds
     --activation-bytes B (or --link ...)  latency + B / bandwidth of --link (default pcie4-x16), or of
@@ -58,7 +59,9 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--schedule", choices=tuple(SCHEDULES), default="gpipe", metavar="NAME",
                    help=f"the schedule: {schedules_help()} (default: gpipe)")
-    p.add_argument("--stages", type=int, default=4, metavar="N", help="pipeline stages, one per device (default: 4)")
+    p.add_argument("--stages", type=int, default=4, metavar="N", help="pipeline stages (default: 4)")
+    p.add_argument("--devices", type=int, default=None, metavar="P",
+                   help="devices, the stages placed by the schedule's layout (default: one per stage)")
     p.add_argument("--chunks", type=int, default=8, metavar="M", help="micro-batches (default: 8)")
     p.add_argument("--checkpoint", choices=CHECKPOINT_MODES, default=None,
                    help="checkpoint policy (default: the schedule's own, "
@@ -111,6 +114,21 @@ def _link(args: argparse.Namespace) -> LinkSpec | None:
     return None
 
 
+def _schedule(args: argparse.Namespace) -> Schedule:
+    """The schedule of ``--chunks`` over ``--stages`` on ``--devices`` (placed by the schedule's layout).
+
+    Raises:
+        CommandError: more than one stage per device for a schedule without a layout.
+    """
+    kind = schedule_kind(args.schedule)
+    if args.devices is not None:
+        if kind.place is None and args.devices != args.stages:
+            several = ", ".join(k.name for k in SCHEDULES.values() if k.place is not None) or "none registered"
+            raise CommandError(f"--schedule {kind.name} runs one stage per device: use --devices {args.stages} (or "
+                               f"leave it out), or a schedule that places several stages per device: {several}")
+    return kind(args.chunks, args.stages, args.checkpoint, devices=args.devices)  # checkpoint None: its own
+
+
 def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, DeviceSpec | None]:
     """Check the arguments and turn them into a schedule, a cost model, a configuration and a device.
 
@@ -120,6 +138,8 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
     """
     integer("--stages", args.stages, 1)
     integer("--chunks", args.chunks, 1)
+    if args.devices is not None:
+        integer("--devices", args.devices, 1, args.stages)
     for flag in ("forward_time", "backward_time", "recompute_time", "copy_time", "latency"):
         if getattr(args, flag) is not None:
             number("--" + flag.replace("_", "-"), getattr(args, flag), unit="seconds")
@@ -132,7 +152,7 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
         raise CommandError(f"a copy of --activation-bytes {args.activation_bytes} over {by} takes "
                            f"{link.transfer_seconds(args.activation_bytes):.3g} s, more than {MAX_SECONDS:g}")
     schedule_files.check_export(args)
-    schedule = schedule_files.imported(args) or schedule_kind(args.schedule)(args.chunks, args.stages, args.checkpoint)
+    schedule = schedule_files.imported(args) or _schedule(args)
     stage = StageCost(args.forward_time, args.backward_time, args.recompute_time,
                       send_bytes=args.activation_bytes, saved_bytes=args.saved_bytes,
                       checkpoint_bytes=args.activation_bytes, parameter_bytes=args.model_state_bytes)
@@ -209,7 +229,8 @@ def run(args: argparse.Namespace) -> int:
         if note is not None:
             print(note, file=sys.stderr)  # stdout holds the JSON object alone
         return 0
-    print(f"{schedule.name} schedule: m={schedule.m} micro-batches, n={schedule.n} stages, "
+    placed = f" on {schedule.num_devices} devices" if schedule.num_devices != schedule.n else ""
+    print(f"{schedule.name} schedule: m={schedule.m} micro-batches, n={schedule.n} stages{placed}, "
           f"checkpoint={schedule.checkpoint}" + (f", on {device.name}" if device else ""))
     print(f"copies: {_copies(cost, config)}; copy streams {'on' if config.copy_streams else 'off'}, "
           f"fork/join {'on' if config.enforce_backward_order else 'off'}, "

@@ -307,6 +307,7 @@ def test_a_closed_pipe_ends_quietly(capsys: pytest.CaptureFixture[str], monkeypa
     (["compare", "m:f", "--seed", str(-2**63 - 1)], "--seed"),
     (["demo", "--steps", str(2**63)], "--steps"),
     ([*SIMULATE, "--chunks", str(2**63)], "--chunks"),
+    ([*SIMULATE, "--devices", str(2**63)], "--devices"),
     ([*SIMULATE, "--activation-bytes", str(2**64)], "--activation-bytes"),
     ([*PLAN, "--gpus", f"1,{2**64}"], "--gpus"),
     ([*PLAN, "--batch", str(2**63)], "--batch"),

@@ -29,6 +29,18 @@ def test_the_closed_form_case(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert doc["schedule"] == "gpipe" and doc["copies"] == "free"
 
 
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "looped-bfs"])
+def test_several_stages_per_device(capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str) -> None:
+    """8 stages on 4 devices, m=8: (m·v + p − 1)(t_f + t_b) = (16 + 3)·3 = 57 for both, each device busy 16·3."""
+    doc = run_json(capsys, *BASE[:2], "8", *BASE[3:], "--schedule", name, "--devices", "4", "--out", str(tmp_path))
+    assert doc["makespan"] == 57.0 and doc["schedule"] == name and doc["n"] == 8
+    assert [(d["device"], d["busy"]) for d in doc["devices"]] == [(d, 48.0) for d in range(4)]
+    default = run_json(capsys, *BASE, "--schedule", name, "--out", str(tmp_path / "one-per-stage"))
+    assert len(default["devices"]) == 4 and default["makespan"] == 33.0  # 1F1B's and GPipe's (m + n − 1)(t_f + t_b)
+    assert main([*BASE, "--devices", "2", "--schedule", name, "--out", str(tmp_path / "text")]) == 0
+    assert f"{name} schedule: m=8 micro-batches, n=4 stages on 2 devices," in capsys.readouterr().out
+
+
 def test_default_out_dir_and_files(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
@@ -98,6 +110,12 @@ def test_switches_change_the_result(capsys: pytest.CaptureFixture[str], tmp_path
     (["--backward-time", "nan"], "--backward-time must be a finite number"),
     (["--copy-time", "inf"], "--copy-time must be a finite number"),
     (["--chunks", "0"], "--chunks must be >= 1"),
+    (["--devices", "0"], "--devices 0 is out of range: it takes integers from 1 to 4"),
+    (["--devices", "2"], "--schedule gpipe runs one stage per device: use --devices 4 (or leave it out), or a "
+                         "schedule that places several stages per device: interleaved-1f1b, looped-bfs"),
+    (["--devices", "3", "--schedule", "interleaved-1f1b"], "a multiple of the 3 devices: 3 or 6"),
+    (["--devices", "2", "--schedule", "interleaved-1f1b", "--chunks", "5"],
+     "use a number of micro-batches that is a multiple of the 2 devices: 4 or 6"),
     (["--stages", "0"], "--stages must be >= 1"),
     (["--saved-bytes", "-5"], "--saved-bytes must be >= 0"),
     (["--bandwidth", "0"], "--bandwidth must be a finite number of bytes/s > 0"),
