@@ -211,6 +211,20 @@ def test_a_row_that_does_not_fit_says_so(profile: ModelProfile) -> None:
     assert best is not None and best.schedule == "1f1b"
 
 
+def test_the_memory_plot_follows_one_number_of_stages_per_device(profile: ModelProfile) -> None:
+    from sim.planning.plan_plot import plot_memory
+
+    result = plan(profile, 64, DEVICE, [2], FREE, training="fp32-adam", chunks=[2, 4, 8], checkpoints=["never"],
+                  schedules=[LOOPED], stages=[2])
+    row = next(r for r in result.rows if r.virtual == 2)
+    fig = plot_memory(result, row)
+    *devices, limit = fig.axes[0].lines
+    assert [line.get_label() for line in devices] == ["device 0", "device 1"]
+    same = sorted((r for r in result.rows if r.virtual == 2), key=lambda r: r.chunks)
+    assert list(devices[1].get_ydata()) == [r.memory_bytes[1] / 2**30 for r in same]
+    assert "2 devices (2 stages each) x 1 replicas" in fig.axes[0].get_title()
+
+
 # -- the command line ---------------------------------------------------------------------------------------
 
 MODEL_FILE = f'''
