@@ -1,9 +1,9 @@
 """``gpipe-sim plan``: what-if capacity planning, from FLOP counts to a ranked table of pipeline configurations.
 
 The model is counted on the meta device (nothing is allocated, so ``gpt:175b`` works), every
-configuration of stages, replicas, chunks, checkpointing and schedule for the given GPU counts is
-balanced and simulated on the hardware entry, and the table lists the fastest first, the best one
-that fits marked ``*``::
+configuration of stages, replicas, chunks, checkpointing and schedule (and stages per device, for a
+schedule that places several on each) for the given GPU counts is balanced and simulated on the
+hardware entry, and the table lists the fastest first, the best one that fits marked ``*``::
 
     gpipe-sim plan --model gpt:1.3b --batch 512 --gpus 1,2,4,8 --hardware h100-sxm --link nvlink --price 2.5
 
@@ -31,7 +31,7 @@ from sim.planning.costs_from_flops import training_policy
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.hardware import get_device
 from sim.planning.models import get_model
-from sim.planning.plan import Plan, PlanRow, check_request, default_training, plan, resolve_link
+from sim.planning.plan import VIRTUAL, Plan, PlanRow, check_request, default_training, plan, resolve_link
 
 __all__ = ["add_parser", "load_model", "run"]
 
@@ -58,9 +58,11 @@ def add_parser(subparsers: Any) -> None:
                    help="micro-batch counts to try (default: powers of two up to the batch, at most 128)")
     p.add_argument("--checkpoint", default=",".join(CHECKPOINT_MODES), metavar="LIST",
                    help=f"checkpoint policies to try (default: {','.join(CHECKPOINT_MODES)})")
-    planned = ",".join(k for k, v in SCHEDULES.items() if v.place is None)  # the planner: one stage per GPU
-    p.add_argument("--schedule", default=planned, metavar="LIST",
-                   help=f"schedules to try, of {schedules_help()} (default: {planned})")
+    p.add_argument("--schedule", default=",".join(SCHEDULES), metavar="LIST",
+                   help=f"schedules to try, of {schedules_help()} (default: {','.join(SCHEDULES)})")
+    p.add_argument("--virtual", default=",".join(map(str, VIRTUAL)), metavar="LIST",
+                   help="stages per device to try, for a schedule that places several on each device "
+                        f"(default: {','.join(map(str, VIRTUAL))}; a schedule without a layout runs one)")
     p.add_argument("--training", default=None, metavar="POLICY",
                    help="precision and optimizer, e.g. bf16-adam, fp32-sgd (default: the device's 16-bit "
                         "dtype with Adam, else fp32-adam)")
@@ -136,11 +138,11 @@ def _bytes(n: float) -> str:
     return f"{n / GiB:.1f}"
 
 
-def _row_line(r: PlanRow, price: bool) -> str:
+def _row_line(r: PlanRow, price: bool, width: int) -> str:
     balance = ",".join(map(str, r.balance))
     balance = balance if len(balance) <= 28 else balance[:25] + "..."
     line = (f"{'*' if r.best else ' '} {r.gpus:>4} {r.stages:>3}x{r.replicas:<3} {r.chunks:>6} {r.microbatch:>5} "
-            f"{r.checkpoint:>11} {r.schedule:>5} {r.throughput:>11.2f} {r.step_seconds:>9.4g} "
+            f"{r.checkpoint:>11} {r.schedule:>{width}} {r.virtual:>2} {r.throughput:>11.2f} {r.step_seconds:>9.4g} "
             f"{r.bubble_fraction:>6.1%} {_bytes(r.peak_memory_bytes):>8} {'yes' if r.fits else 'OOM':>4}")
     if price:
         line += f" {r.cost_per_million:>9.2f}" if r.cost_per_million is not None else f" {'':>9}"
@@ -156,19 +158,23 @@ def print_table(result: Plan, top: int) -> None:
         shown.append(result.best)
     print(f"{result.model}: batch {result.batch} on {result.device} ({_bytes(result.device_memory_bytes)} GiB), "
           f"link {result.link}, training {result.training}; {len(result.rows)} configurations")
-    head = (f"  {'gpus':>4} {'pp x dp':<7} {'chunks':>6} {'mb':>5} {'checkpoint':>11} {'sched':>5} "
+    width = max(5, *(len(r.schedule) for r in shown))
+    head = (f"  {'gpus':>4} {'pp x dp':<7} {'chunks':>6} {'mb':>5} {'checkpoint':>11} {'sched':>{width}} {'v':>2} "
             f"{'samples/s':>11} {'step (s)':>9} {'bubble':>6} {'GiB/dev':>8} {'fits':>4}")
     print(head + (f" {'$/M samp':>9}" if price else "") + "  balance")
     for r in shown:
-        print(_row_line(r, price))
+        print(_row_line(r, price, width))
     if len(shown) < len(rows):
         print(f"  ... {len(rows) - len(shown)} more (--top 0 shows all, --json gives every row)")
+    for name, why in result.missing.items():
+        print(f"{name}: no configuration ran ({why})")
     best = result.best
     if best is None:
         print("nothing fits in device memory: try more GPUs, more chunks with checkpointing, or a smaller batch")
     else:
+        virtual = f" ({best.virtual} stages per device)" if best.virtual > 1 else ""
         print(f"best: {best.gpus} GPUs as {best.stages} stages x {best.replicas} replicas, {best.chunks} chunks, "
-              f"{best.schedule}, checkpoint {best.checkpoint}: {best.throughput:.2f} samples/s")
+              f"{best.schedule}{virtual}, checkpoint {best.checkpoint}: {best.throughput:.2f} samples/s")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
         number("--price", args.price, unit="USD per GPU-hour", maximum=MAX_PRICE)
     checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINT_MODES)
     schedules = _words("--schedule", args.schedule, tuple(SCHEDULES))
+    virtual = _ints("--virtual", args.virtual)
+    if min(virtual) < 1:
+        raise CommandError(f"--virtual lists stages per device, each at least 1, got {args.virtual!r}")
     device = get_device(args.hardware)
     if args.efficiency is not None:
         if not 0 < args.efficiency <= 1:
@@ -197,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     with blame(target) if target is not None else nullcontext():  # the user's layers run on meta here
         profile: ModelProfile = count_layers(module, sample, dtype=training.torch_dtype)
     result = plan(profile, args.batch, device, gpus, link, training=training, chunks=chunks,
-                  checkpoints=checkpoints, schedules=schedules, price_per_gpu_hour=args.price,
+                  checkpoints=checkpoints, schedules=schedules, virtual=virtual, price_per_gpu_hour=args.price,
                   objective=args.objective, model_name=name,
                   progress=not args.no_progress and sys.stderr.isatty())
     if out is not None:

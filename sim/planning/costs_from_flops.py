@@ -165,11 +165,15 @@ class FlopCosts:
         self.bandwidth = device.memory_bandwidth * self.memory_efficiency  # Note [one efficiency]
         self._fwd = _flatten([(t.forward.flops, t.forward.bytes) for t in profile.layers])
         self._bwd = _flatten([(t.backward.flops, t.backward.bytes) for t in profile.layers])
+        apart = [t.input_backward for t in profile.layers]
+        self._bwd_in = None if any(t is None for t in apart) else \
+            _flatten([(t.flops, t.bytes) for t in apart if t is not None])
         params = np.array([layer.parameters for layer in profile.layers], dtype=np.float64)
         tensors = np.array([layer.parameter_tensors for layer in profile.layers], dtype=np.float64)
         self._param_prefix = np.concatenate([[0.0], np.cumsum(params)])
         self._tensor_prefix = np.concatenate([[0.0], np.cumsum(tensors)])
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._split_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _seconds(self, flat: _Flat, batch: int) -> np.ndarray:
         flops = np.maximum(flat.flops[:, 0] + flat.flops[:, 1] * batch, 0.0)
@@ -188,6 +192,25 @@ class FlopCosts:
             self._cache[microbatch] = (self._seconds(self._fwd, microbatch), self._seconds(self._bwd, microbatch))
         return self._cache[microbatch]
 
+    def split_backward_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Input-gradient (``B``) and weight-gradient (``W``) seconds of every layer, for a split backward.
+
+        ``B`` is the backward counted with the input's gradient alone, ``W`` the whole backward less ``B``
+        (at least 0); see Note [split backward] in :mod:`sim.planning.flops`.
+
+        Raises:
+            ValueError: the profile was not counted with the input gradient apart (built by hand without
+                ``input_backward``): count it with :func:`~sim.planning.flops.count_layers`.
+        """
+        if self._bwd_in is None:
+            raise ValueError("this profile has no input-gradient counts (LayerProfile.input_backward) to split the "
+                             "backward by; count the model with sim.planning.flops.count_layers")
+        if microbatch not in self._split_cache:
+            whole = self.layer_seconds(microbatch)[1]
+            inputs = self._seconds(self._bwd_in, microbatch)
+            self._split_cache[microbatch] = (inputs, np.maximum(whole - inputs, 0.0))
+        return self._split_cache[microbatch]
+
     def stage_parameters(self, balance: Sequence[int]) -> list[int]:
         """Parameters of each stage of ``balance``."""
         bounds = np.cumsum([0, *balance])
@@ -204,14 +227,20 @@ class FlopCosts:
                              + kernels * self.kernel_seconds))
         return out
 
-    def stages(self, balance: Sequence[int], microbatch: int) -> tuple[StageCost, ...]:
+    def stages(self, balance: Sequence[int], microbatch: int, split: bool = False) -> tuple[StageCost, ...]:
         """One :class:`~sim.core.cost.StageCost` per stage of ``balance`` (layers per stage, in order).
+
+        ``split``: for a schedule with ``W`` tasks, ``backward`` is the input gradient and ``weight`` the weight
+        gradient (:meth:`split_backward_seconds`); otherwise ``backward`` is the whole backward.
 
         Raises:
             ValueError: the balance does not cover the model's layers exactly, or has an empty stage.
         """
         _check_balance(balance, len(self.profile))
         fwd, bwd = self.layer_seconds(microbatch)
+        wgt = np.zeros_like(bwd)
+        if split:
+            bwd, wgt = self.split_backward_seconds(microbatch)
         layers, tr = self.profile.layers, self.training
         out = []
         start = 0
@@ -225,6 +254,7 @@ class FlopCosts:
             out.append(StageCost(
                 forward=float(fwd[start:stop].sum()),
                 backward=float(bwd[start:stop].sum()),
+                weight=float(wgt[start:stop].sum()),
                 send_bytes=_bytes(last.output_bytes, microbatch),
                 saved_bytes=int(round(max(saved, 0.0))),
                 checkpoint_bytes=_bytes(first.input_bytes, microbatch),
@@ -236,13 +266,15 @@ class FlopCosts:
         return tuple(out)
 
     def cost_model(self, balance: Sequence[int], microbatch: int,
-                   microbatch_scale: Sequence[float] = (), runner: RunnerCosts = IDEAL_RUNNER) -> CostModel:
+                   microbatch_scale: Sequence[float] = (), runner: RunnerCosts = IDEAL_RUNNER,
+                   split: bool = False) -> CostModel:
         """A :class:`~sim.core.cost.CostModel` for ``balance`` at ``microbatch`` samples per micro-batch.
 
         Copies are priced by the link the simulator is given (``copy_seconds=None``); ``runner``: what the
-        program that runs the pipeline adds (:class:`~sim.core.cost.RunnerCosts`; nothing by default).
+        program that runs the pipeline adds (:class:`~sim.core.cost.RunnerCosts`; nothing by default);
+        ``split``: price ``B`` and ``W`` apart, for a schedule with ``W`` tasks (:meth:`stages`).
         """
-        return CostModel(self.stages(balance, microbatch), copy_seconds=None,
+        return CostModel(self.stages(balance, microbatch, split), copy_seconds=None,
                          runner=runner, microbatch_scale=tuple(microbatch_scale))
 
 

@@ -66,6 +66,8 @@ class LayerProfile:
         kind: the layer's class name.
         forward: operators of the forward pass.
         backward: operators of the backward pass (input and weight gradients, gradient accumulation).
+        input_backward: operators of the backward that takes the input's gradient alone (a split backward's
+            ``B``; Note [split backward] in :mod:`sim.planning.flops`); ``None``: not counted apart.
         output_bytes: ``(fixed, per_sample)`` bytes of the layer's output.
         input_bytes: ``(fixed, per_sample)`` bytes of the layer's input.
         saved_bytes: ``(fixed, per_sample)`` bytes first saved for backward by this layer.
@@ -87,6 +89,7 @@ class LayerProfile:
     parameters: int
     parameter_bytes: int
     parameter_tensors: int
+    input_backward: OpTable | None = None
 
     def at(self, batch: int) -> LayerCount:
         """The layer's totals at ``batch`` samples."""

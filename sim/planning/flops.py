@@ -71,6 +71,7 @@ def _check_batched(x: Any) -> None:
 class _Pass:
     forward: list[tuple[float, float]]
     backward: list[tuple[float, float]]
+    input_backward: list[tuple[float, float]]
     output_bytes: int
     input_bytes: int
     saved_bytes: int
@@ -78,6 +79,12 @@ class _Pass:
     output: Any
 
 
+# Note [split backward]: a schedule with W tasks runs a layer's backward as B, the gradient of its input alone,
+# and W, the rest (weight gradients, accumulation): what zero-bubble schedules assume of an ideal split, each
+# operator computed once. So each layer's backward is also counted with the input's gradient alone (autograd
+# prunes the weight-gradient products, and a convolution's backward masks its filter and bias kernels); W is
+# the whole backward less that. A layer without parameters is all B; a first layer, whose input needs no
+# gradient, all W.
 def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep: list[Any],
                params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                shared_param_keys: set[int]) -> _Pass:
@@ -111,21 +118,28 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
 
     fwd: list[tuple[float, float]] = []
     bwd: list[tuple[float, float]] = []
+    bwd_in: list[tuple[float, float]] = []
     state = {**params, **buffers}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _GpuDropout(), _Recorder(fwd):
         out = torch.func.functional_call(layer, state, (x_in,))
     outputs = _tensors(out)
     roots = [o for o in outputs if o.requires_grad]
-    wrt = [t for t in inputs if t.requires_grad] + [p for p in params.values() if p.requires_grad]
-    if roots and wrt:
+    wrt_in = [t for t in inputs if t.requires_grad]
+    wrt_params = [p for p in params.values() if p.requires_grad]
+    if roots and wrt_in + wrt_params:
         grads = [torch.empty_like(o) for o in roots]
+        if wrt_in and wrt_params:  # Note [split backward]: the input's gradient alone, then the whole backward
+            with _Recorder(bwd_in):
+                torch.autograd.grad(roots, wrt_in, grads, retain_graph=True, allow_unused=True)
         with _Recorder(bwd):
-            torch.autograd.grad(roots, wrt, grads, allow_unused=True)
+            torch.autograd.grad(roots, wrt_in + wrt_params, grads, allow_unused=True)
+        if wrt_in and not wrt_params:
+            bwd_in = list(bwd)
     for p in params.values():  # accumulating into .grad: read both, write one
         if p.requires_grad:
             bwd.append((0.0, 3.0 * _tensor_bytes(p)))
     keep.extend(inputs)
-    return _Pass(fwd, bwd, sum(map(_tensor_bytes, outputs)), sum(map(_tensor_bytes, inputs)),
+    return _Pass(fwd, bwd, bwd_in, sum(map(_tensor_bytes, outputs)), sum(map(_tensor_bytes, inputs)),
                  saved_new, saved_input, out)
 
 
@@ -220,6 +234,7 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
             _affine(p1.saved_bytes, p2.saved_bytes, b), _affine(p1.input_saved_bytes, p2.input_saved_bytes, b),
             sum(p.numel() for p in new),
             sum(p.numel() * torch.empty((), dtype=_dtype(p, dtype)).element_size() for p in new), len(new),
+            _table(p1.input_backward, p2.input_backward, b, what + " (input gradient)"),
         ))
     floats = [p.dtype for p in module.parameters() if p.is_floating_point()]
     counted = dtype if dtype is not None else floats[0] if floats else torch.float32

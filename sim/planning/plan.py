@@ -1,39 +1,39 @@
 """Capacity planning: sweep pipeline configurations of a counted model on a hardware entry and rank them.
 
-For every GPU count ``g`` the planner tries each pipeline depth ``n`` that divides it (``g / n``
+For every GPU count ``g`` the planner tries each pipeline depth ``p`` that divides it (``g / p``
 data-parallel replicas of the pipeline), each number of micro-batches (chunks), each checkpoint
-policy and each registered schedule (:data:`gpipe.schedule.SCHEDULES`: GPipe, 1F1B). Each
-configuration is balanced by cost, simulated (:func:`sim.core.engine.simulate`) and checked against
-device memory (Notes [balance], [all-reduce]); :func:`plan` runs the sweep::
+policy and each registered schedule (:data:`gpipe.schedule.SCHEDULES`), and for a schedule that
+places several stages per device each number ``v`` of stages per device (Note [virtual stages]).
+Each configuration is balanced by cost (:mod:`sim.planning.partition`), priced with the backward
+split into B and W where the schedule has W tasks, simulated (:func:`sim.core.engine.simulate`) and
+checked against device memory (Note [all-reduce]); :func:`plan` runs the sweep::
 
     step seconds  = simulated makespan + optimizer step + gradient all-reduce across replicas
     throughput    = global batch / step seconds                              (samples/s)
     memory        = model state + peak bytes saved for backward, per device  (fits or out of memory)
     cost          = gpus * price per GPU-hour / 3600 * 1e6 / throughput      ($ per million samples)
 """
-
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
-import numpy as np
-
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, Schedule, schedule_kind
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, Schedule, ScheduleKind, schedule_kind
 from sim.core.config import SimConfig
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 from sim.planning.costs_from_flops import KERNEL_SECONDS, FlopCosts, Training, training_policy
 from sim.planning.flops import ModelProfile
 from sim.planning.hardware import LINKS, DeviceSpec, get_device, get_link
+from sim.planning.partition import block_partition
 
-__all__ = ["Plan", "PlanRow", "block_partition", "check_request", "default_training", "plan",
+__all__ = ["VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request", "default_training", "plan",
            "resolve_link"]
 
 MAX_CHUNKS = 128  # default sweep: powers of two up to this (a simulation grows with chunks x stages)
+VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages])
 
 
 @dataclass(frozen=True)
@@ -42,22 +42,23 @@ class PlanRow:
 
     Attributes:
         gpus: devices used (``stages * replicas``).
-        stages: pipeline depth.
+        stages: pipeline depth: devices per replica.
         replicas: data-parallel copies of the pipeline.
         chunks: micro-batches per replica per step.
         microbatch: samples in the largest micro-batch.
         checkpoint: ``never``, ``except_last`` or ``always``.
         schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`).
-        balance: layers per stage.
+        balance: layers per stage (``stages * virtual`` stages).
         step_seconds: one training step (see the module docstring).
         throughput: samples per second.
         bubble_fraction: mean idle fraction of the simulated pipeline.
-        memory_bytes: per stage, model state plus peak activations.
-        model_state_bytes: per stage, weights, gradients and optimizer state.
-        activation_bytes: per stage, the peak bytes saved for backward.
-        fits: every stage fits in device memory.
+        memory_bytes: per device, model state plus peak activations.
+        model_state_bytes: per device, weights, gradients and optimizer state of its stages.
+        activation_bytes: per device, the peak bytes saved for backward.
+        fits: every device fits in its memory.
         cost_per_million: dollars per million samples, if a price was given.
         best: the configuration the planner recommends.
+        virtual: stages per device (Note [virtual stages]); 1 for a schedule without a layout.
     """
 
     gpus: int
@@ -77,6 +78,7 @@ class PlanRow:
     fits: bool
     cost_per_million: float | None = None
     best: bool = False
+    virtual: int = 1
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -89,7 +91,11 @@ class PlanRow:
 
 @dataclass(frozen=True)
 class Plan:
-    """The result of a sweep: what was asked and one row per configuration, the best marked."""
+    """The result of a sweep: what was asked and one row per configuration, the best marked.
+
+    ``missing`` names each schedule asked for that got no row, with why (its layout or generator refused
+    every shape of the sweep).
+    """
 
     model: str
     batch: int
@@ -99,6 +105,7 @@ class Plan:
     training: str
     price_per_gpu_hour: float | None
     rows: tuple[PlanRow, ...]
+    missing: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def best(self) -> PlanRow | None:
@@ -110,7 +117,8 @@ class Plan:
         return {"model": self.model, "batch": self.batch, "device": self.device,
                 "device_memory_bytes": self.device_memory_bytes, "link": self.link,
                 "training": self.training, "price_per_gpu_hour": self.price_per_gpu_hour,
-                "best": best.to_dict() if best else None, "rows": [r.to_dict() for r in self.rows]}
+                "best": best.to_dict() if best else None, "rows": [r.to_dict() for r in self.rows],
+                "missing": dict(self.missing)}
 
 
 # -- inputs ------------------------------------------------------------------------------------------
@@ -150,79 +158,6 @@ def default_training(device: DeviceSpec, optimizer: str = "adam") -> Training:
     return training_policy(f"fp32-{optimizer}")
 
 
-# -- balance -----------------------------------------------------------------------------------------
-
-
-# Note [balance]: each configuration is balanced by block partition, minimising the largest stage cost
-# (forward + backward + recompute of the layers at the configuration's micro-batch size).
-# :func:`block_partition` returns what :func:`gpipe.balance.blockpartition.solve` returns (tested), but
-# finds the bottleneck by bisection over values instead of sorting all O(L^2) run sums: a sweep solves
-# hundreds of balances, and on U-Net's 2,133 layers one ``solve`` takes seconds where this takes a
-# millisecond.
-def block_partition(weights: Sequence[float], n: int) -> tuple[int, ...]:
-    """Split ``weights`` into ``n`` contiguous non-empty blocks minimising the largest block sum.
-
-    The answer is :func:`gpipe.balance.blockpartition.solve`'s, tie-break included (a test holds the
-    two equal); see Note [balance] for why it is computed here.
-
-    Returns:
-        Block sizes (layers per stage), summing to ``len(weights)``.
-
-    Raises:
-        ValueError: fewer weights than blocks, ``n < 1`` or a negative or non-finite weight.
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    if n < 1 or len(w) < n:
-        raise ValueError(f"cannot split {len(w)} layers into {n} stages")
-    if not np.isfinite(w).all() or (w < 0).any():
-        raise ValueError("layer weights must be finite and >= 0")
-    prefix = np.concatenate([[0.0], np.cumsum(w)])
-    lo, hi = 0.0, float(prefix[-1])  # lo never fits (unless all weights are 0); hi always does
-    for _ in range(200):  # bisection on the bottleneck: ``hi`` always fits in n blocks
-        mid = (lo + hi) / 2
-        if not lo < mid < hi:
-            break
-        if _blocks(prefix, mid) <= n:
-            hi = mid
-        else:
-            lo = mid
-    limit = _largest_greedy_block(prefix, hi)  # snaps to the optimal run sum
-    sizes: list[int] = []
-    start, layers = 0, len(w)
-    for left in range(n, 0, -1):  # the shared solver's tie-break: longest blocks first, one layer left for each
-        if left == 1:
-            sizes.append(layers - start)
-            break
-        end = start + int(np.searchsorted(prefix[start:] - prefix[start], limit, side="right")) - 1
-        end = min(max(end, start + 1), layers - (left - 1))
-        sizes.append(end - start)
-        start = end
-    return tuple(sizes)
-
-
-def _greedy_ends(prefix: np.ndarray, bound: float) -> list[int]:
-    """End of each block when every block takes as many layers as fit under ``bound`` (at least one).
-
-    Sums are differences of prefix sums, compared as the shared solver compares them.
-    """
-    ends: list[int] = []
-    start, total = 0, len(prefix) - 1
-    while start < total:
-        end = start + int(np.searchsorted(prefix[start:] - prefix[start], bound, side="right")) - 1
-        start = min(max(end, start + 1), total)
-        ends.append(start)
-    return ends
-
-
-def _blocks(prefix: np.ndarray, bound: float) -> int:
-    return len(_greedy_ends(prefix, bound))
-
-
-def _largest_greedy_block(prefix: np.ndarray, bound: float) -> float:
-    bounds = [0, *_greedy_ends(prefix, bound)]
-    return max(float(prefix[b] - prefix[a]) for a, b in itertools.pairwise(bounds))
-
-
 # -- the sweep ---------------------------------------------------------------------------------------
 
 
@@ -234,11 +169,35 @@ class _Point:
     chunks: int
     checkpoint: str
     schedule: str
+    virtual: int = 1
+
+
+# Note [virtual stages]: a schedule registered with a layout (``ScheduleKind.place``: several stages per device)
+# runs ``v`` stages on each of the pipeline's ``p`` devices, ``n = v * p`` stages placed by ``layout(n, p)``; the
+# sweep tries each ``v`` of ``virtual`` whose ``n`` the model's layers cover and whose placement the layout
+# accepts (a V-shape takes ``v = 2`` only). A schedule without a layout runs one stage per device (``v = 1``).
+def _virtuals(kind: ScheduleKind, depth: int, layers: int, virtual: Sequence[int], why: dict[str, str]) -> list[int]:
+    if kind.place is None:
+        return [1]
+    out = []
+    for v in virtual:
+        if v * depth > layers:
+            why[kind.name] = f"{v} stages on each of {depth} devices need {v * depth} layers, the model has {layers}"
+            continue
+        try:
+            kind.layout(v * depth, depth)
+        except ValueError as exc:
+            why[kind.name] = str(exc)
+            continue
+        out.append(v)
+    return out
 
 
 def _points(gpus: Sequence[int], batch: int, layers: int, chunks: Sequence[int] | None,
-            checkpoints: Sequence[str], schedules: Sequence[str], stages: Sequence[int] | None) -> list[_Point]:
+            checkpoints: Sequence[str], schedules: Sequence[str], stages: Sequence[int] | None,
+            virtual: Sequence[int], why: dict[str, str]) -> list[_Point]:
     out: list[_Point] = []
+    kinds = [schedule_kind(s) for s in schedules]
     for g in gpus:
         for n in (s for s in range(1, min(g, layers) + 1) if g % s == 0 and (stages is None or s in stages)):
             r = g // n
@@ -246,11 +205,12 @@ def _points(gpus: Sequence[int], batch: int, layers: int, chunks: Sequence[int] 
                 continue
             per_replica = math.ceil(batch / r)
             ms = chunks if chunks is not None else [2**k for k in range(8) if 2**k <= min(per_replica, MAX_CHUNKS)]
+            vs = [(k.name, _virtuals(k, n, layers, virtual, why)) for k in kinds]
             for m in ms:
                 if m > per_replica:
                     continue
                 for ck in checkpoints:
-                    out.extend(_Point(g, n, r, m, ck, s) for s in schedules)
+                    out.extend(_Point(g, n, r, m, ck, s, v) for s, each in vs for v in each)
     return out
 
 
@@ -278,9 +238,7 @@ def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Seque
         if ck not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {ck!r}; use {', '.join(CHECKPOINT_MODES)}")
     for s in schedules:
-        if schedule_kind(s).place is not None:  # unknown: a ValueError that lists the registered names
-            raise ValueError(f"the planner puts one stage on each GPU, and schedule {s!r} places several stages per "
-                             f"device; plan with a schedule that runs one stage per device, e.g. gpipe or 1f1b")
+        schedule_kind(s)  # unknown: a ValueError that lists the registered names
     size = {2: "16-bit", 4: "32-bit"}
     counted = profile.dtype.itemsize
     if counted != training.torch_dtype.itemsize:
@@ -298,35 +256,55 @@ def _allreduce_seconds(nbytes: float, replicas: int, link: LinkSpec) -> float:
 
 
 def _make_schedule(p: _Point) -> Schedule:
-    return schedule_kind(p.schedule)(p.chunks, p.stages, cast(Checkpoint, p.checkpoint))
+    """The point's schedule: ``v * p`` stages placed by the schedule's layout, or one stage per device."""
+    kind = schedule_kind(p.schedule)
+    checkpoint = cast(Checkpoint, p.checkpoint)
+    if kind.place is None:
+        return kind(p.chunks, p.stages, checkpoint)
+    return kind(p.chunks, p.stages * p.virtual, checkpoint, devices=p.stages)
+
+
+def _per_device(values: Sequence[float], placement: Sequence[int], devices: int) -> list[float]:
+    out = [0.0] * devices
+    for j, d in enumerate(placement):
+        out[d] += values[j]
+    return out
 
 
 def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimConfig,
-         balances: dict[tuple[int, int, str, int], tuple[int, ...]], price: float | None) -> PlanRow:
+         balances: dict[tuple[int, int, str, int], tuple[int, ...]], price: float | None,
+         why: dict[str, str]) -> PlanRow | None:
+    try:
+        schedule = _make_schedule(p)
+    except ValueError as exc:  # a shape the generator does not take (e.g. chunks not a multiple of devices)
+        why[p.schedule] = str(exc)
+        return None
     per_replica = math.ceil(batch / p.replicas)
     q, rem = divmod(per_replica, p.chunks)
     mb = q + (1 if rem else 0)
     scale = [(q + (1 if i < rem else 0)) / mb for i in range(p.chunks)] if rem else []
-    key = (p.stages, mb, p.checkpoint, p.chunks if p.checkpoint == "except_last" else 0)
+    n = p.stages * p.virtual
+    key = (n, mb, p.checkpoint, p.chunks if p.checkpoint == "except_last" else 0)
     if key not in balances:
         fwd, bwd = costs.layer_seconds(mb)
         recompute = {"never": 0.0, "always": 1.0, "except_last": (p.chunks - 1) / p.chunks}[p.checkpoint]
-        balances[key] = block_partition(fwd * (1 + recompute) + bwd, p.stages)
+        balances[key] = block_partition(fwd * (1 + recompute) + bwd, n)
     balance = balances[key]
-    cost = costs.cost_model(balance, mb, scale)
-    timeline = simulate(_make_schedule(p), cost, config)
-    state = [s.model_state_bytes for s in cost.stages]
-    activations = [timeline.peak_memory(d) for d in range(p.stages)]
+    cost = costs.cost_model(balance, mb, scale, split=schedule.splits_weight_gradient)
+    timeline = simulate(schedule, cost, config)
+    devices, placement = schedule.num_devices, schedule.placement
+    state = [int(x) for x in _per_device([s.model_state_bytes for s in cost.stages], placement, devices)]
+    activations = [timeline.peak_memory(d) for d in range(devices)]
     memory = [a + b for a, b in zip(state, activations, strict=True)]
-    grads = [s.gradient_bytes for s in cost.stages]
-    extra = max(u + _allreduce_seconds(g, p.replicas, link)
-                for u, g in zip(costs.update_seconds(balance), grads, strict=True))
+    grads = _per_device([s.gradient_bytes for s in cost.stages], placement, devices)
+    updates = _per_device(costs.update_seconds(balance), placement, devices)
+    extra = max(u + _allreduce_seconds(g, p.replicas, link) for u, g in zip(updates, grads, strict=True))
     step = timeline.makespan + extra
     throughput = batch / step if step > 0 else math.inf
     dollars = p.gpus * price / 3600 * 1e6 / throughput if price is not None else None
     return PlanRow(p.gpus, p.stages, p.replicas, p.chunks, mb, p.checkpoint, p.schedule, balance, step, throughput,
                    timeline.bubble_fraction(), tuple(memory), tuple(state), tuple(activations),
-                   all(x <= costs.device.memory_bytes for x in memory), dollars)
+                   all(x <= costs.device.memory_bytes for x in memory), dollars, virtual=p.virtual)
 
 
 def _mark_best(rows: list[PlanRow], objective: str) -> list[PlanRow]:
@@ -345,6 +323,7 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
          link: LinkSpec | str = "pcie", *, training: Training | str | None = None,
          chunks: Sequence[int] | None = None, checkpoints: Sequence[str] = CHECKPOINT_MODES,
          schedules: Sequence[str] | None = None, stages: Sequence[int] | None = None,
+         virtual: Sequence[int] = VIRTUAL,
          price_per_gpu_hour: float | None = None, objective: str = "throughput",
          kernel_seconds: float = KERNEL_SECONDS, model_name: str = "", progress: bool = False) -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
@@ -360,9 +339,9 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
             :func:`default_training`.
         chunks: micro-batch counts to try; default powers of two up to the batch per replica (at most 128).
         checkpoints: checkpoint policies to try.
-        schedules: schedule names to try; default every registered one (:data:`gpipe.schedule.SCHEDULES`) that
-            runs one stage per device (no layout).
-        stages: pipeline depths to allow; default every divisor of each GPU count.
+        schedules: schedule names to try; default every registered one (:data:`gpipe.schedule.SCHEDULES`).
+        stages: pipeline depths (devices per replica) to allow; default every divisor of each GPU count.
+        virtual: stages per device to try for a schedule registered with a layout (Note [virtual stages]).
         price_per_gpu_hour: dollars, to price each row per million samples.
         objective: ``throughput`` (default) or ``cost`` (cheapest per sample; needs a price).
         kernel_seconds: fixed cost per kernel (:mod:`sim.planning.costs_from_flops`).
@@ -381,23 +360,30 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     policy = default_training(dev) if training is None else training_policy(training) \
         if isinstance(training, str) else training
     lk = resolve_link(link, dev)
-    # the planner puts one stage on each GPU: by default every schedule that does
-    schedules = tuple(k for k, v in SCHEDULES.items() if v.place is None) if schedules is None else schedules
+    # by default every registered schedule, several stages per device where it has a layout (Note [virtual stages])
+    schedules = tuple(SCHEDULES) if schedules is None else tuple(schedules)
     _check(profile, batch, gpus, chunks, checkpoints, schedules, policy)
     if objective not in ("throughput", "cost"):
         raise ValueError(f"objective must be 'throughput' or 'cost', got {objective!r}")
     if price_per_gpu_hour is not None and not 0 <= price_per_gpu_hour < math.inf:
         raise ValueError(f"the price per GPU-hour must be a finite number >= 0, got {price_per_gpu_hour}")
-    points = _points(gpus, batch, len(profile), chunks, checkpoints, schedules, stages)
-    if not points:
-        raise ValueError(f"nothing to sweep: no configuration of {list(gpus)} GPUs fits batch {batch} "
-                         f"and {len(profile)} layers")
+    if not virtual or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in virtual):
+        raise ValueError(f"virtual lists stages per device, integers >= 1, got {list(virtual)}")
+    why: dict[str, str] = {}
+    points = _points(gpus, batch, len(profile), chunks, checkpoints, schedules, stages, virtual, why)
     costs = FlopCosts(profile, dev, policy, kernel_seconds)
     config = SimConfig(link=lk)
     balances: dict[tuple[int, int, str, int], tuple[int, ...]] = {}
-    rows = [_run(p, costs, batch, lk, config, balances, price_per_gpu_hour) for p in _progress(points, progress)]
+    run = [_run(p, costs, batch, lk, config, balances, price_per_gpu_hour, why) for p in _progress(points, progress)]
+    rows = [r for r in run if r is not None]
+    if not rows:
+        reasons = "".join(f"; {s}: {w}" for s, w in why.items())
+        raise ValueError(f"nothing to sweep: no configuration of {list(gpus)} GPUs fits batch {batch} "
+                         f"and {len(profile)} layers{reasons}")
+    ran = {r.schedule for r in rows}
+    missing = {s: why.get(s, "no configuration") for s in schedules if s not in ran}
     return Plan(model_name, batch, dev.name, dev.memory_bytes, lk.name, policy.name, price_per_gpu_hour,
-                tuple(_mark_best(rows, objective)))
+                tuple(_mark_best(rows, objective)), missing)
 
 
 def _progress(points: list[_Point], show: bool) -> Iterator[_Point]:

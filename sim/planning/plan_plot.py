@@ -1,4 +1,4 @@
-"""Plots of a capacity plan: throughput against GPU count, memory per stage against chunks (matplotlib, lazily)."""
+"""Plots of a capacity plan: throughput against GPU count, memory per device against chunks (matplotlib, lazily)."""
 
 from __future__ import annotations
 
@@ -57,9 +57,9 @@ def plot_throughput(result: Plan, path: str | Path | None = None) -> Any:
 
 
 def plot_memory(result: Plan, row: PlanRow | None = None, path: str | Path | None = None) -> Any:
-    """Memory per stage (model state + peak activations) against chunks.
+    """Memory per device (model state + peak activations) against chunks.
 
-    Follows the rows with the GPUs, stages, schedule and checkpoint policy of ``row``.
+    Follows the rows with the GPUs, stages, schedule, stages per device and checkpoint policy of ``row``.
 
     Args:
         result: a plan from :func:`sim.planning.plan.plan`.
@@ -77,17 +77,19 @@ def plot_memory(result: Plan, row: PlanRow | None = None, path: str | Path | Non
     if row is None:
         return None
     plt = _pyplot(path)
-    key = (row.gpus, row.stages, row.schedule, row.checkpoint)
-    same = sorted((r for r in result.rows if (r.gpus, r.stages, r.schedule, r.checkpoint) == key),
+    key = (row.gpus, row.stages, row.schedule, row.virtual, row.checkpoint)
+    same = sorted((r for r in result.rows if (r.gpus, r.stages, r.schedule, r.virtual, r.checkpoint) == key),
                   key=lambda r: r.chunks)
     fig, ax = plt.subplots(figsize=(6, 4))
     for j in range(row.stages):
-        ax.plot([r.chunks for r in same], [r.memory_bytes[j] / GiB for r in same], marker="o", label=f"stage {j}")
+        ax.plot([r.chunks for r in same], [r.memory_bytes[j] / GiB for r in same], marker="o", label=f"device {j}")
     ax.axhline(result.device_memory_bytes / GiB, color="crimson", linestyle="--", label=f"{result.device} memory")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("chunks (micro-batches)")
     ax.set_ylabel("GiB per device")
-    ax.set_title(f"{row.stages} stages x {row.replicas} replicas, {row.schedule}, checkpoint {row.checkpoint}",
+    virtual = f" ({row.virtual} stages each)" if row.virtual > 1 else ""
+    ax.set_title(f"{row.stages} devices{virtual} x {row.replicas} replicas, {row.schedule}, "
+                 f"checkpoint {row.checkpoint}",
                  fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")

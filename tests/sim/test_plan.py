@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from gpipe.balance.blockpartition import solve
+from gpipe.schedule import SCHEDULES
 from sim.cli import main
 from sim.planning.costs_from_flops import TRAINING, FlopCosts, effective_efficiency, training_policy
 from sim.planning.flops import ModelProfile, count_layers
@@ -59,11 +60,11 @@ def test_planner_picks_the_fastest_configuration_that_fits(mlp_profile: ModelPro
     assert any(not r.fits for r in result.rows)
     assert all(not r.fits for r in result.rows if r.stages == 1)  # a whole replica holds the model
     for r in result.rows:
-        assert sum(r.balance) == len(mlp_profile) and len(r.balance) == r.stages
+        assert sum(r.balance) == len(mlp_profile) and len(r.balance) == r.stages * r.virtual
         assert r.gpus == r.stages * r.replicas
         assert r.fits == all(m <= SMALL.memory_bytes for m in r.memory_bytes)
         assert r.throughput == pytest.approx(256 / r.step_seconds)
-    assert {r.schedule for r in result.rows} == {"gpipe", "1f1b"}
+    assert {r.schedule for r in result.rows} == set(SCHEDULES)  # every registered schedule
     assert {r.checkpoint for r in result.rows} == {"never", "except_last", "always"}
 
 
@@ -180,7 +181,9 @@ def test_cli_plans_a_users_model(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["device"] == "a100-80gb" and doc["link"] == "nvlink3" and doc["training"] == "bf16-adam"
-    assert doc["best"]["fits"] and len(doc["rows"]) == 2 * 3 * 2 * 3  # (gpus, stages) x chunks x sched x ckpt
+    one_per_device = [r for r in doc["rows"] if r["schedule"] in ("gpipe", "1f1b")]
+    assert doc["best"]["fits"] and len(one_per_device) == 2 * 3 * 2 * 3  # (gpus, stages) x chunks x sched x ckpt
+    assert {r["schedule"] for r in doc["rows"]} == set(SCHEDULES)
     assert {p.name for p in out.iterdir()} == {"plan.json", "throughput.png", "memory.png", ".gpipe-sim.json"}
     assert set(json.loads((out / ".gpipe-sim.json").read_text())["files"]) == {"plan.json", "throughput.png",
                                                                                "memory.png"}  # sim.files
