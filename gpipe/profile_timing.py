@@ -31,12 +31,6 @@ and cores. ``streak=k`` runs each kind of run ``k`` times in a row per block (th
 of the forwards, as GPipe's), inside the order above; untimed passes run once each. Timed one at a time, tasks
 run slower than their spans in the steps, and a prediction built from them comes out over
 (benchmarks/fidelity.py measures it).
-
-Note [split runs]: a schedule with ``W`` tasks runs a stage's backward in two tasks (Note [split backward] in
-:mod:`gpipe.gradients`): ``B`` takes the gradients of the stage's inputs alone and keeps the graph, ``W`` then the
-parameters' from the same graph. ``split=True`` times the two as the executor runs them, one after the other on the
-same graph: ``backward`` is then the ``B`` part (nothing to time on a block whose input needs no gradient) and
-``weight`` the ``W`` part (nothing on a block without trainable parameters); without it ``weight`` is 0.
 """
 
 from __future__ import annotations
@@ -160,6 +154,12 @@ def _timed_runs(steps: Sequence[_Step], cores: Sequence[Cores | None], warmup: i
 
 Times = tuple[float, float, float, float, float, float]  # forward, backward, weight, then the issue seconds of each
 
+
+# Note [split runs]: a schedule with ``W`` tasks runs a stage's backward as two tasks (Note [split backward] in
+# gpipe.gradients): ``B`` takes the gradients of the stage's inputs alone and keeps the graph, ``W`` then the
+# parameters' from the same graph. ``split=True`` times the two as the executor runs them, one after the other on
+# one graph: ``backward`` is the ``B`` part (0 for a block whose input needs no gradient, as the first stage's) and
+# ``weight`` the ``W`` part (0 for a block without trainable parameters); without it ``weight`` is 0.
 
 def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence[Cores | None],
                 recorded: bool = False, streak: int = 1, split: bool = False) -> list[list[Times]]:
