@@ -1,16 +1,22 @@
 """How well the simulator predicts the executor: predicted against measured makespan over a grid of configurations.
 
 Each configuration runs :func:`sim.calibration.experiment.run` (the pipeline behind ``gpipe-sim demo``): calibrate
-the partitions and the executor's overheads on this machine, simulate the GPipe schedule, run the same
+the partitions and the executor's overheads on this machine, simulate the schedule, run the same
 schedule in the executor (two CPU devices, one worker each) for a few training steps, and compare the
 step of median makespan with the prediction. The grid::
 
     model       conv: a compute-heavy convolutional stack (10 convolutions, 48 channels, 32x32 images)
                 mlp:  many small layers (64 x (Linear(64, 64), ReLU)), where per-task host costs dominate
+    schedule    gpipe, 1f1b (--schedules: any registered name; Note [schedule axis])
     chunks      1, 2, 4, 8, 16
     checkpoint  always, except_last, never
 
-The balance of each model is chosen once by ``balance_by_time`` and kept for the whole grid, so a row
+Note [schedule axis]: every schedule runs on the same two workers. One registered with a layout (several stages per
+device: interleaved, V-shapes) gets two stages per worker, four in all, or the fewest its layout takes
+(:func:`stages_for`); any other one stage per worker. A shape the generator refuses (e.g. too few micro-batches for
+its warm-up) is skipped and listed as such (``skipped``), never guessed around.
+
+The balance of each model is chosen once per stage count by ``balance_by_time`` and kept for the whole grid, so a row
 differs from its neighbours only in what the row says. The goal: mean absolute makespan error <= 3%,
 max <= 8% (published training simulators report 1.9-3.3% mean error against real runs).
 
@@ -115,13 +121,15 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gpipe.balance import balance_by_time  # noqa: E402
-from gpipe.schedule import CHECKPOINT_MODES, Checkpoint  # noqa: E402
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, schedule_kind  # noqa: E402
 from sim.calibration.experiment import Setup, microbatch_sizes, run  # noqa: E402
 from sim.calibration.machine import BackgroundLoad, cpu_count, keep_freed_memory  # noqa: E402
 from sim.calibration.outcome import DRIFT_LIMIT, Outcome, halves  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fidelity.json"
 CHUNKS = (1, 2, 4, 8, 16)
+SCHEDULE_AXIS = ("gpipe", "1f1b")
+DEVICES = 2  # CPU workers, one core each
 GOAL_MEAN, GOAL_MAX = 0.03, 0.08
 BATCH = 64
 TRIM = 0.2  # Note [trimmed means]
@@ -171,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--chunks", default=",".join(map(str, CHUNKS)), help="comma-separated chunk counts")
     parser.add_argument("--checkpoints", default=",".join(CHECKPOINT_MODES), help="comma-separated checkpoint modes")
+    parser.add_argument("--schedules", default=",".join(SCHEDULE_AXIS),
+                        help=f"comma-separated registered schedules (default: {','.join(SCHEDULE_AXIS)}; registered: "
+                             f"{', '.join(SCHEDULES)})")
     parser.add_argument("--steps", type=int, default=None,
                         help="measured steps per configuration (default: " +
                              ", ".join(f"{k} {v}" for k, v in STEPS.items()) + ")")
@@ -185,28 +196,48 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in modes if m not in CHECKPOINT_MODES]
     if unknown:
         parser.error(f"unknown checkpoint mode(s) {', '.join(unknown)}; use {', '.join(CHECKPOINT_MODES)}")
+    schedules = [x for x in args.schedules.split(",") if x]
+    unknown = [x for x in schedules if x not in SCHEDULES]
+    if unknown or not schedules:
+        parser.error(f"unknown schedule(s) {', '.join(unknown) or '(none given)'}; registered: {', '.join(SCHEDULES)}")
     rows: list[dict[str, Any]] = []
     began = time.perf_counter()
-    header = (f"{'model':>5} {'chunks':>6} {'checkpoint':>11} {'predicted ms':>13} {'measured ms':>12} "
+    skipped: list[dict[str, Any]] = []
+    header = (f"{'model':>5} {'schedule':>16} {'chunks':>6} {'checkpoint':>11} {'predicted ms':>13} "
+              f"{'measured ms':>12} "
               f"{'error':>8} {'paired':>8} {'trimmed':>8} {'start err ms':>13} {'order':>6} {'spread':>7} "
               f"{'drift':>7} {'tries':>5} {'noise':>6} {'busy':>5}")
     print(header)
     for name in models:
         model, batch = MODELS[name](args.seed)
         micro = batch[:microbatch_sizes(BATCH, 4)[0]]
-        balance = tuple(balance_by_time(2, model, micro, timeout=2.0, device="cpu"))
-        for chunks in chunk_grid:
-            for checkpoint in modes:
-                row = measure(name, model, batch, balance, chunks, checkpoint, args)
-                rows.append(row)
-                print(f"{name:>5} {chunks:>6} {checkpoint:>11} {row['predicted_ms']:>13.3f} "
-                      f"{row['measured_ms']:>12.3f} {row['error']:>+8.1%} {row['paired_error']:>+8.1%} "
-                      f"{row['trimmed_error']:>+8.1%} "
-                      f"{row['start_error_mean_ms']:>13.3f} "
-                      f"{row['order_agreement']:>6.0%} {row['measured_spread']:>7.1%} {row['drift']:>+7.1%} "
-                      f"{row['attempts']:>5} "
-                      f"{_percent(row['noise']):>6} {row['background']:>5.2f}",
-                      flush=True)
+        balances: dict[int, tuple[int, ...]] = {}
+        for schedule in schedules:
+            stages = stages_for(schedule)
+            if stages not in balances:
+                balances[stages] = tuple(balance_by_time(stages, model, micro, timeout=2.0, device="cpu"))
+            balance = balances[stages]
+            for chunks in chunk_grid:
+                for checkpoint in modes:
+                    refused = refusal(schedule, chunks, stages, checkpoint)
+                    if refused is not None:  # Note [schedule axis]
+                        skipped.append({"model": name, "schedule": schedule, "chunks": chunks,
+                                        "checkpoint": checkpoint, "why": refused})
+                        print(f"{name:>5} {schedule:>16} {chunks:>6} {checkpoint:>11} skipped: {refused}", flush=True)
+                        continue
+                    row = measure(name, model, batch, balance, chunks, checkpoint, args, schedule)
+                    rows.append(row)
+                    print(f"{name:>5} {schedule:>16} {chunks:>6} {checkpoint:>11} {row['predicted_ms']:>13.3f} "
+                          f"{row['measured_ms']:>12.3f} {row['error']:>+8.1%} {row['paired_error']:>+8.1%} "
+                          f"{row['trimmed_error']:>+8.1%} "
+                          f"{row['start_error_mean_ms']:>13.3f} "
+                          f"{row['order_agreement']:>6.0%} {row['measured_spread']:>7.1%} {row['drift']:>+7.1%} "
+                          f"{row['attempts']:>5} "
+                          f"{_percent(row['noise']):>6} {row['background']:>5.2f}",
+                          flush=True)
+    if not rows:
+        print("no configuration ran: every one was skipped")
+        return 1
     overall = _summary(rows)
     mean, worst = overall["mean_abs_error"], overall["max_abs_error"]
     print(f"\nmean |error| {mean:.2%} (goal <= {GOAL_MEAN:.0%}), max |error| {worst:.2%} (goal <= {GOAL_MAX:.0%}); "
@@ -216,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"paired (each step against its own calibration pass): mean |error| "
           f"{overall['mean_abs_paired_error']:.2%}, max |error| {overall['max_abs_paired_error']:.2%}")
     per_model = {name: _summary([r for r in rows if r["model"] == name]) for name in models}
-    for name, s in per_model.items():
+    per_schedule = {x: _summary([r for r in rows if r["schedule"] == x]) for x in schedules
+                    if any(r["schedule"] == x for r in rows)}
+    for name, s in [*per_model.items(), *per_schedule.items()]:
         print(f"  {name}: mean {s['mean_abs_error']:.2%}, max {s['max_abs_error']:.2%}; trimmed means: mean "
               f"{s['mean_abs_trimmed_error']:.2%}, max {s['max_abs_trimmed_error']:.2%}")
     first = _summary([r["tries"][0] for r in rows], ("error", "paired_error"))
@@ -235,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     if noise is not None:
         print(f"a row's own noise (Note [row noise]): mean {noise:.2%}; rows with |error| beyond two of it: "
               f"{beyond} of {len(rows)}")
-    command = "python benchmarks/fidelity.py" + (" --quick" if args.quick else "")
+    command = "python benchmarks/fidelity.py" + (" --quick" if args.quick else "") + (
+        f" --schedules {','.join(schedules)}" if tuple(schedules) != SCHEDULE_AXIS else "")
     doc = {
         "benchmark": "fidelity",
         "command": command,
@@ -243,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                     "cpus": cpu_count(), "intra-op threads per worker": 1,
                     "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"],
                     "keep_freed_memory": kept},
-        "note": (f"Two CPU devices, one worker each, pinned to a core each; batch {BATCH}; "
+        "note": (f"Two CPU devices, one worker each, pinned to a core each (a schedule with a layout runs two "
+                 f"stages per worker, Note [schedule axis]); batch {BATCH}; "
                  f"{args.steps or ', '.join(f'{k} {v}' for k, v in STEPS.items())} measured steps per row, the step "
                  f"of median makespan compared; rounds of pair measurements between the steps: "
                  f"{', '.join(f'{k} {v}' for k, v in PAIR_ROUNDS.items())}. "
@@ -258,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"from its own passes and pair rounds (Note [row noise]); "
                  f"background = cores other processes used while the steps ran."),
         "summary": {**overall, "goal_mean": GOAL_MEAN, "goal_max": GOAL_MAX,
-                    "configurations": len(rows), "per_model": per_model, "median_measured_spread": spread,
+                    "configurations": len(rows), "per_model": per_model, "per_schedule": per_schedule,
+                    "skipped": skipped, "median_measured_spread": spread,
                     "mean_abs_halves": mean_halves, "mean_noise": noise, "rows_beyond_two_noise": beyond,
                     "drift_limit": DRIFT_LIMIT, "steady_rows": steady, "first_attempt": first},
         "rows": rows,
@@ -269,10 +305,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def stages_for(schedule: str, devices: int = DEVICES) -> int:
+    """Note [schedule axis]: the stages ``schedule`` runs on ``devices`` workers: two per worker for one registered
+    with a layout (else the fewest its layout takes, up to four per worker), one per worker otherwise.
+
+    Raises:
+        ValueError: the schedule's layout takes none of those (the last refusal's message).
+    """
+    kind = schedule_kind(schedule)
+    if kind.place is None:
+        return devices
+    error = ValueError(f"schedule {schedule!r} places no stage count it was offered")
+    for n in (2 * devices, devices, 3 * devices, 4 * devices):
+        try:
+            kind.layout(n, devices)
+        except ValueError as refused:
+            error = refused
+            continue
+        return n
+    raise error
+
+
+def refusal(schedule: str, chunks: int, stages: int, checkpoint: Checkpoint, devices: int = DEVICES) -> str | None:
+    """Why the generator refuses this shape (Note [schedule axis]), or ``None`` when it builds a valid schedule."""
+    m = len(microbatch_sizes(BATCH, chunks))
+    try:
+        schedule_kind(schedule)(m, stages, checkpoint, devices=devices).validate()
+    except ValueError as refused:  # a ScheduleError is a ValueError too
+        return str(refused).splitlines()[0]
+    return None
+
+
 def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple[int, ...], chunks: int,
-            checkpoint: Checkpoint, args: argparse.Namespace) -> dict[str, Any]:
+            checkpoint: Checkpoint, args: argparse.Namespace, schedule: str = "gpipe") -> dict[str, Any]:
     """One configuration on a quiet machine (see the module docstring): run the experiment, keep one row."""
-    setup = Setup(chunks=chunks, checkpoint=checkpoint, balance=balance, devices=("cpu", "cpu"),
+    setup = Setup(chunks=chunks, checkpoint=checkpoint, schedule=schedule, balance=balance, devices=("cpu",) * DEVICES,
                   steps=args.steps or STEPS[name], pair_rounds=PAIR_ROUNDS[name],
                   seed=args.seed, threads=1)
     began = time.perf_counter()
@@ -287,7 +354,8 @@ def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple
     c = outcome.comparison
     blocks = outcome.block_errors(BLOCKS) if len(outcome.step_makespans) >= 2 * BLOCKS else ()
     return {
-        "model": name, "chunks": chunks, "checkpoint": checkpoint, "balance": ",".join(map(str, balance)),
+        "model": name, "schedule": schedule, "chunks": chunks, "checkpoint": checkpoint,
+        "balance": ",".join(map(str, balance)), "placement": list(outcome.schedule.placement),
         "predicted_ms": c.predicted_makespan * 1e3, "measured_ms": c.measured_makespan * 1e3,
         "error": c.makespan_error, "paired_error": outcome.paired_error,
         "start_error_mean_ms": c.start_error_mean * 1e3,

@@ -12,6 +12,8 @@ Per block, :class:`BlockProfile` holds:
 
 - ``forward_seconds``: forward with grad enabled (it records the graph): an ``F`` that is not
   checkpointed, and every ``R`` (a recompute is exactly this forward);
+- with ``split=True``, ``weight_seconds``: the weight-gradient part of the backward, a ``W`` task, and
+  ``backward_seconds`` the input-gradient part, a ``B`` (Note [split runs] in :mod:`gpipe.profile_timing`);
 - ``forward_nograd_seconds``: forward under ``no_grad`` (with :func:`gpipe.phase.checkpointing` set):
   the ``F`` of a checkpointed micro-batch, cheaper because nothing is saved;
 - ``backward_seconds``: ``torch.autograd.backward`` of this block's outputs alone, with a gradient of
@@ -58,6 +60,8 @@ class BlockProfile(BlockSizes):
     backward_issue_seconds: float | None = None
     forward_recorded_issue_seconds: float | None = None
     backward_recorded_issue_seconds: float | None = None
+    weight_seconds: float = 0.0
+    weight_recorded_seconds: float | None = None
 
     @property
     def recompute_seconds(self) -> float:
@@ -66,14 +70,15 @@ class BlockProfile(BlockSizes):
 
     @property
     def train_seconds(self) -> float:
-        """Forward plus backward without checkpointing: what ``balance_by_time`` balances."""
-        return self.forward_seconds + self.backward_seconds
+        """Forward plus backward (both parts of a split one) without checkpointing: what ``balance_by_time``
+        balances."""
+        return self.forward_seconds + self.backward_seconds + self.weight_seconds
 
 
 def profile_blocks(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
                    device: Device | Sequence[Device] | None = None, warmup: int = 2,
                    repeats: int = 5, recorded: bool = False,
-                   affinity: Sequence[Cores | None] | None = None) -> list[BlockProfile]:
+                   affinity: Sequence[Cores | None] | None = None, split: bool = False) -> list[BlockProfile]:
     """Time and size each block, the sample flowing through the blocks in sequence.
 
     Args:
@@ -89,6 +94,8 @@ def profile_blocks(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
             (Note [recorded runs]); otherwise those two times are ``None``.
         affinity: one set of CPU cores per block (or ``None``): each block runs on the calling thread
             moved to its cores, as a pinned worker runs it (:mod:`gpipe.affinity`); restored after.
+        split: time each backward in two parts, as a schedule with ``W`` tasks runs it (Note [split runs] in
+            :mod:`gpipe.profile_timing`): ``backward_seconds`` the input gradient, ``weight_seconds`` the rest.
 
     Returns:
         One :class:`BlockProfile` per block.
@@ -101,12 +108,13 @@ def profile_blocks(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
     cores = check_affinity(affinity, len(blocks)) or [None] * len(blocks)
     _check_counts(warmup, repeats)
     with _session(blocks, sample, device) as steps:
-        runs = _timed_runs(steps, cores, warmup, repeats, plain=True, recorded=recorded)
+        runs = _timed_runs(steps, cores, warmup, repeats, plain=True, recorded=recorded, split=split)
     return [BlockProfile(**vars(step.sizes), forward_seconds=t["forward"], forward_nograd_seconds=t["nograd"],
                          backward_seconds=t["backward"], forward_recorded_seconds=t.get("forward_recorded"),
                          backward_recorded_seconds=t.get("backward_recorded"),
                          forward_issue_seconds=t["forward_issue"], forward_nograd_issue_seconds=t["nograd_issue"],
                          backward_issue_seconds=t["backward_issue"],
                          forward_recorded_issue_seconds=t.get("forward_recorded_issue"),
-                         backward_recorded_issue_seconds=t.get("backward_recorded_issue"))
+                         backward_recorded_issue_seconds=t.get("backward_recorded_issue"),
+                         weight_seconds=t["weight"], weight_recorded_seconds=t.get("weight_recorded"))
             for step, t in zip(steps, runs, strict=True)]

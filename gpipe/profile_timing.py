@@ -65,16 +65,20 @@ class RecordedSeconds:
             is not checkpointed, and every ``R``.
         backward: its backward, every saved tensor back through the unpack hook: a ``B``.
         forward_nograd: forward under ``no_grad`` with checkpointing set: a checkpointed ``F``.
+        weight: with a split backward (Note [split runs]), its weight-gradient part, a ``W``; ``backward``
+            is then the input-gradient part, a ``B``. 0 when the backward is not split.
     """
 
     forward: float
     backward: float
     forward_nograd: float
+    weight: float = 0.0
 
 
 def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
                   device: Device | Sequence[Device] | None = None, warmup: int = 1, repeats: int = 1,
-                  affinity: Sequence[Cores | None] | None = None, streak: int = 1) -> list[RecordedSeconds]:
+                  affinity: Sequence[Cores | None] | None = None, streak: int = 1,
+                  split: bool = False) -> list[RecordedSeconds]:
     """Only the seconds a recording executor's tasks take: :func:`gpipe.profile.profile_blocks` with ``recorded=True``
     less its plain (hook-free) forward and backward, which such an executor never runs; about half the
     cost, for sampling a machine between training steps (Note [interleaved calibration] in
@@ -91,6 +95,7 @@ def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
         affinity: as for :func:`gpipe.profile.profile_blocks`.
         streak: runs of each kind a block makes in a row within a pass (Note [streaks]); each time
             is the median over every timed run.
+        split: time the backward as a schedule with ``W`` tasks runs it, in two parts (Note [split runs]).
 
     Returns:
         One :class:`RecordedSeconds` per block.
@@ -103,9 +108,9 @@ def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
     _check_counts(warmup, repeats)
     check_positive("streak", streak)
     with _session(blocks, sample, device) as steps:
-        runs = _timed_runs(steps, cores, warmup, repeats, plain=False, recorded=True, streak=streak)
-    return [RecordedSeconds(forward=t["forward_recorded"], backward=t["backward_recorded"], forward_nograd=t["nograd"])
-            for t in runs]
+        runs = _timed_runs(steps, cores, warmup, repeats, plain=False, recorded=True, streak=streak, split=split)
+    return [RecordedSeconds(forward=t["forward_recorded"], backward=t["backward_recorded"], forward_nograd=t["nograd"],
+                            weight=t["weight_recorded"]) for t in runs]
 
 
 def _check_counts(warmup: int, repeats: int) -> None:
@@ -116,29 +121,30 @@ def _check_counts(warmup: int, repeats: int) -> None:
 
 
 def _timed_runs(steps: Sequence[_Step], cores: Sequence[Cores | None], warmup: int, repeats: int, *,
-                plain: bool, recorded: bool, streak: int = 1) -> list[dict[str, float]]:
+                plain: bool, recorded: bool, streak: int = 1, split: bool = False) -> list[dict[str, float]]:
     """Per block, the median seconds over ``repeats`` timed passes after ``warmup`` untimed ones: with
-    ``plain`` the ``forward`` and the ``backward``, then the no-grad forward (``nograd``), then with
-    ``recorded`` the ``forward_recorded`` and ``backward_recorded`` (Note [run order]: one kind of run
-    over every block, then the next; ``streak`` runs of it in a row, Note [streaks]); each with its
-    ``..._issue`` seconds (Note [issue seconds])."""
+    ``plain`` the ``forward``, the ``backward`` and the ``weight``, then the no-grad forward (``nograd``), then
+    with ``recorded`` the ``forward_recorded``, ``backward_recorded`` and ``weight_recorded`` (Note [run order]:
+    one kind of run over every block, then the next; ``streak`` runs of it in a row, Note [streaks]; ``split``:
+    Note [split runs]); each with its ``..._issue`` seconds (Note [issue seconds])."""
     clocks = [_clock(step.device) for step in steps]
     runs: list[list[list[dict[str, float]]]] = [[] for _ in steps]  # per block, per pass, per run of the streak
     for k in range(warmup + repeats):  # passes over all blocks, so a burst of noise hits one pass
         row = streak if k >= warmup else 1  # an untimed pass only warms up (Note [streaks])
         times: list[list[dict[str, float]]] = [[{} for _ in range(row)] for _ in steps]
         if plain:
-            for t, block in zip(times, _train_pass(steps, clocks, cores, streak=row), strict=True):
-                for s, (f, b, fi, bi) in zip(t, block, strict=True):
-                    s.update(forward=f, backward=b, forward_issue=fi, backward_issue=bi)
+            for t, block in zip(times, _train_pass(steps, clocks, cores, streak=row, split=split), strict=True):
+                for s, (f, b, w, fi, bi, wi) in zip(t, block, strict=True):
+                    s.update(forward=f, backward=b, weight=w, forward_issue=fi, backward_issue=bi, weight_issue=wi)
         for t, step, clock, where in zip(times, steps, clocks, cores, strict=True):
             for s, (n, ni) in zip(t, _nograd_runs(step, clock, where, row), strict=True):
                 s["nograd"], s["nograd_issue"] = n, ni
         if recorded:
-            for t, block in zip(times, _train_pass(steps, clocks, cores, recorded=True, streak=row), strict=True):
-                for s, (f, b, fi, bi) in zip(t, block, strict=True):
-                    s.update(forward_recorded=f, backward_recorded=b, forward_recorded_issue=fi,
-                             backward_recorded_issue=bi)
+            for t, block in zip(times, _train_pass(steps, clocks, cores, recorded=True, streak=row, split=split),
+                                strict=True):
+                for s, (f, b, w, fi, bi, wi) in zip(t, block, strict=True):
+                    s.update(forward_recorded=f, backward_recorded=b, weight_recorded=w, forward_recorded_issue=fi,
+                             backward_recorded_issue=bi, weight_recorded_issue=wi)
         for block_runs, t in zip(runs, times, strict=True):
             block_runs.append(t)
     return [{key: statistics.median(s[key] for t in block_runs[warmup:] for s in t) for key in block_runs[0][0]}
@@ -146,16 +152,26 @@ def _timed_runs(steps: Sequence[_Step], cores: Sequence[Cores | None], warmup: i
 
 # --- times ----------------------------------------------------------------------------------------
 
+Times = tuple[float, float, float, float, float, float]  # forward, backward, weight, then the issue seconds of each
+
+
+# Note [split runs]: a schedule with ``W`` tasks runs a stage's backward as two tasks (Note [split backward] in
+# gpipe.gradients): ``B`` takes the gradients of the stage's inputs alone and keeps the graph, ``W`` then the
+# parameters' from the same graph. ``split=True`` times the two as the executor runs them, one after the other on
+# one graph: ``backward`` is the ``B`` part (0 for a block whose input needs no gradient, as the first stage's) and
+# ``weight`` the ``W`` part (0 for a block without trainable parameters); without it ``weight`` is 0.
+
 def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence[Cores | None],
-                recorded: bool = False, streak: int = 1) -> list[list[tuple[float, float, float, float]]]:
-    """Per block, ``streak`` times (Note [streaks]): the seconds of a grad-enabled forward and of its backward,
-    in a step's order (Note [run order]), then the issue seconds of each (Note [issue seconds]).
+                recorded: bool = False, streak: int = 1, split: bool = False) -> list[list[Times]]:
+    """Per block, ``streak`` times (Note [streaks]): the seconds of a grad-enabled forward, of its backward and
+    of its weight gradient (``split``, Note [split runs]; else 0), in a step's order (Note [run order]), then
+    the issue seconds of each (Note [issue seconds]).
 
     Every forward first, in block order (each block's ``streak`` forwards in a row), keeping the graphs;
     then every backward, blocks in reverse order, each block's in the reverse of its forwards'. With
     ``recorded``, under a recording executor's hooks (Note [recorded runs]).
     """
-    graphs: list[list[tuple[float, float, list[Tensor], list[Tensor]]]] = []
+    graphs: list[list[tuple[float, float, list[Tensor], list[Tensor], list[Tensor]]]] = []
     for step, clock, where in zip(steps, clocks, cores, strict=True):
         built = []
         with pinned(where):
@@ -165,19 +181,28 @@ def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence
                     fresh = _fresh(leaves)
                     forward, issue, (_, outputs) = clock(lambda: _call(step.block, fresh, step.atomic))  # noqa: B023
                 tensors = [t for t in outputs if t.requires_grad]
-                built.append((forward, issue, tensors, [torch.ones_like(t) for t in tensors]))
+                inputs = [t for t in leaves if t.requires_grad]
+                built.append((forward, issue, tensors, [torch.ones_like(t) for t in tensors], inputs))
         graphs.append(built)
-    times: list[list[tuple[float, float, float, float]]] = []
+    times: list[list[Times]] = []
     for step, clock, where, built in reversed(list(zip(steps, clocks, cores, graphs, strict=True))):
-        block: list[tuple[float, float, float, float]] = []
+        block: list[Times] = []
+        params = [p for p in step.block.parameters() if p.requires_grad]
         with pinned(where):
-            for forward, issue, tensors, grads in reversed(built):
-                backward = backward_issue = 0.0
-                if tensors:
+            for forward, issue, tensors, grads, inputs in reversed(built):
+                backward = backward_issue = weight = weight_issue = 0.0
+                if tensors and not split:
                     backward, backward_issue, _ = clock(lambda: torch.autograd.backward(tensors, grads))  # noqa: B023
+                elif tensors:  # Note [split runs]: B then W, on one graph, as gpipe.gradients runs them
+                    if inputs:
+                        backward, backward_issue, _ = clock(lambda: torch.autograd.grad(  # noqa: B023
+                            tensors, inputs, grads, retain_graph=True, allow_unused=True))  # noqa: B023
+                    if params:
+                        weight, weight_issue, _ = clock(
+                            lambda: torch.autograd.backward(tensors, grads, inputs=params))  # noqa: B023
                 for p in step.block.parameters():
                     p.grad = None
-                block.append((forward, backward, issue, backward_issue))
+                block.append((forward, backward, weight, issue, backward_issue, weight_issue))
         built.clear()  # the graphs die here
         times.append(block[::-1])
     return times[::-1]

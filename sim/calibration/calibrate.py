@@ -89,7 +89,8 @@ def partitions_of(module: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequ
 # :func:`sim.calibration.primitives.measure_saved_tensor_cost`).
 def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: TensorOrTensors, *,
               devices: Sequence[Device] | None = None, warmup: int = 2, repeats: int = 5,
-              recorded: bool = False, affinity: Sequence[Cores | None] | None = None) -> CostModel:
+              recorded: bool = False, affinity: Sequence[Cores | None] | None = None,
+              split: bool = False) -> CostModel:
     """Profile each partition on its device into a cost model.
 
     What each field of a stage's :class:`~sim.core.cost.StageCost` and
@@ -98,7 +99,8 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
         forward               grad-enabled forward   F of a micro-batch that is not checkpointed
         forward_checkpointed  no-grad forward        F of a checkpointed micro-batch
         recompute             grad-enabled forward   R (a recompute records the graph)
-        backward              backward alone         B
+        backward              backward alone         B (with ``split``: its input-gradient part)
+        weight                weight-gradient part   W (with ``split``; else 0)
         send_bytes            output bytes           the activation sent to the next stage
         saved_bytes           saved-tensor hooks     kept for backward without checkpointing
         checkpoint_bytes      input bytes            kept with checkpointing (the stage input)
@@ -107,6 +109,7 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
         saved_tensors         saved-tensor hooks     how many tensors autograd saves (Note [recording])
         forward_recorded      recorded forward       F and R of a recording executor (``recorded=True``)
         backward_recorded     recorded backward      B of a recording executor (``recorded=True``)
+        weight_recorded       recorded W part        W of a recording executor (``recorded`` and ``split``)
         issue_forward, ...    host clock (CUDA)      the host's share of F, R and B (gpipe.profile_timing)
 
     Args:
@@ -122,6 +125,9 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
             :class:`gpipe.GPipe` that records its timeline (Note [recording]).
         affinity: one set of CPU cores per partition (or ``None``), as the executor's
             ``cpu_affinity``: each partition is profiled on its cores.
+        split: for a schedule with ``W`` tasks: each backward is timed in two parts as the executor runs
+            them (Note [split runs] in :mod:`gpipe.profile_timing`), ``backward`` the ``B`` and ``weight`` the
+            ``W``; without it a stage's whole backward is ``backward`` and ``weight`` is 0.
 
     Returns:
         One :class:`~sim.core.cost.StageCost` per partition; copies priced by the simulator's link
@@ -137,7 +143,7 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
     if devices is not None and len(devices) != len(parts):
         raise ValueError(f"{len(devices)} devices for {len(parts)} partitions; give one device per partition")
     profiles = profile_blocks(parts, sample_microbatch, device=devices, warmup=warmup, repeats=repeats,
-                              recorded=recorded, affinity=affinity)
+                              recorded=recorded, affinity=affinity, split=split)
     placed = parts if devices is None else [on_device(p, d) for p, d in zip(parts, devices, strict=True)]
     counts = count_saved_tensors(placed, sample_microbatch)
     cuda = [torch.device(d).type == "cuda" for d in devices] if devices is not None else [_on_cuda(p) for p in placed]
@@ -145,6 +151,7 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
     stages = tuple(StageCost(
         forward=p.forward_seconds,
         backward=p.backward_seconds,
+        weight=p.weight_seconds,
         recompute=p.recompute_seconds,
         forward_checkpointed=p.forward_nograd_seconds,
         send_bytes=p.output_bytes,
@@ -157,6 +164,7 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
         saved_tensors=count,
         forward_recorded=p.forward_recorded_seconds,
         backward_recorded=p.backward_recorded_seconds,
+        weight_recorded=p.weight_recorded_seconds if split else None,
         issue_forward=issue[0], issue_nograd=issue[1], issue_backward=issue[2],
     ) for p, count, issue in zip(profiles, counts, issues, strict=True))
     return CostModel(stages, runner=ExecutorCosts(stages=executor))

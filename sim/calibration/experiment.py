@@ -198,45 +198,52 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     seconds: dict[str, float] = {}
     torch.manual_seed(setup.seed)
     with intra_op_threads(setup.threads):
-        devices = setup.devices or default_devices(setup.partitions)
+        devices = setup.devices or default_devices(setup.partitions)  # Note [devices and stages] in setup
         sizes = microbatch_sizes(size, setup.chunks)
         first = _slice(batch, 0, sizes[0], torch.device(devices[0]))
         balance = setup.balance
         if balance is None:
             clock = time.perf_counter()
-            balance = tuple(balance_by_time(len(devices), model, first, timeout=setup.balance_timeout,
+            balance = tuple(balance_by_time(setup.partitions, model, first, timeout=setup.balance_timeout,
                                             device=devices[0]))
             seconds["balance"] = time.perf_counter() - clock
             tick("balance")
         partitions_of(model, balance)  # raises on a balance that does not fit, before anything runs
-        setup = replace(setup, balance=tuple(balance), devices=tuple(devices))
-
-        clock = time.perf_counter()
-        affinity = worker_affinity(devices) if setup.pin else None
-        cost = stage_costs(model, batch, balance, setup.chunks, devices, warmup=setup.warmup, repeats=setup.repeats,
-                           affinity=affinity)
-        seconds["calibrate"] = time.perf_counter() - clock
-        tick("calibrate")
-
-        clock = time.perf_counter()
-        parts = [on_device(p, d) for p, d in zip(partitions_of(model, balance), devices, strict=True)]
-        cost, config = with_executor_costs(cost, parts, first, devices, affinity=affinity, pairs=False,
-                                           checkpoint=setup.checkpoint)
-        seconds["overheads"] = time.perf_counter() - clock
-        tick("overheads")
+        setup = replace(setup, balance=tuple(balance), stages=None, devices=tuple(devices))
+        placement = setup.placement()
+        workers, stage_devices = _placed(devices, placement)
+        # Note [pinned per worker]: a core per schedule device, which every stage it runs shares
+        affinity = worker_affinity(workers) if setup.pin else None
+        stage_affinity = None if affinity is None else [affinity[d] for d in placement]
 
         pipe = GPipe(model, balance=list(balance), devices=list(devices), chunks=setup.chunks,
-                     checkpoint=setup.checkpoint, cpu_affinity=affinity, schedule=setup.schedule)
+                     checkpoint=setup.checkpoint, cpu_affinity=stage_affinity, schedule=setup.schedule)
         pipe.record = True
         # Note [one schedule]: the simulator is given the schedule the executor reports (``pipe.schedule``), so
         # the two timelines are of the same schedule by construction (each measured step's ``meta`` is checked
         # against it); the prediction comes from the calibrated costs alone, never from the executor's
         # timelines (Note [interleaved calibration] says when the calibration runs).
         schedule = pipe.schedule_for(len(sizes))  # Note [one schedule]; fewer micro-batches than chunks if small
-        if (schedule.m, schedule.n, schedule.checkpoint) != (len(sizes), len(balance), setup.checkpoint):
+        if (schedule.m, schedule.n, schedule.checkpoint, schedule.placement) != (len(sizes), len(balance),
+                                                                                 setup.checkpoint, placement):
             raise RuntimeError(f"the executor plans {schedule.name} with m={schedule.m}, n={schedule.n}, "
-                               f"checkpoint={schedule.checkpoint}; expected {len(sizes)} micro-batches, "
-                               f"{len(balance)} stages, checkpoint={setup.checkpoint}")
+                               f"checkpoint={schedule.checkpoint}, placement={schedule.placement}; expected "
+                               f"{len(sizes)} micro-batches, {len(balance)} stages, checkpoint={setup.checkpoint}, "
+                               f"placement={placement}")
+        split = schedule.splits_weight_gradient  # Note [split runs] in gpipe.profile_timing
+
+        clock = time.perf_counter()
+        cost = stage_costs(model, batch, balance, setup.chunks, stage_devices, warmup=setup.warmup,
+                           repeats=setup.repeats, affinity=stage_affinity, split=split)
+        seconds["calibrate"] = time.perf_counter() - clock
+        tick("calibrate")
+
+        clock = time.perf_counter()
+        parts = [on_device(p, d) for p, d in zip(partitions_of(model, balance), stage_devices, strict=True)]
+        cost, config = with_executor_costs(cost, parts, first, workers, affinity=affinity, pairs=False,
+                                           checkpoint=setup.checkpoint, placement=placement)
+        seconds["overheads"] = time.perf_counter() - clock
+        tick("overheads")
         target = torch.zeros(size)  # Note [loss in the last task]
 
         clock = time.perf_counter()
@@ -246,18 +253,19 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         pair_steps = _spread(setup.pair_rounds, setup.warmup_steps + setup.steps)
         meter = BackgroundLoad()
         with contextlib.ExitStack() as stack:
-            overlap = shares_cores(devices) and schedule.overlaps()
+            overlap = shares_cores(workers) and schedule.overlaps()
             # 1F1B, whose forwards and backwards interleave, also runs a checkpointed forward beside a backward
             kinds = PHASE_PAIRS if schedule.forwards_first else (*PHASE_PAIRS, ("Fc", "B"), ("B", "Fc"))
-            pairs = stack.enter_context(PairMeter(parts, first, kinds=kinds, affinity=affinity)) if overlap else None
+            pairs = stack.enter_context(PairMeter(parts, first, kinds=kinds, affinity=stage_affinity,
+                                                  placement=placement)) if overlap else None
             for k in range(setup.warmup_steps + setup.steps):
                 if k == setup.warmup_steps:
                     meter = BackgroundLoad()
                 timeline = _train_step(pipe, model, batch, target)
                 if k >= setup.warmup_steps:
                     measured_steps.append(timeline)
-                passes.append(time_recorded(parts, first, device=list(devices), warmup=1, repeats=1,
-                                            streak=setup.repeats_per_pass, affinity=affinity))
+                passes.append(time_recorded(parts, first, device=stage_devices, warmup=1, repeats=1,
+                                            streak=setup.repeats_per_pass, affinity=stage_affinity, split=split))
                 if pairs is not None and k in pair_steps:  # against the pass just taken: Note [pair baselines]
                     rounds.append((k - setup.warmup_steps, rebased(pairs.round(), pairs.alone, passes[-1])))
                 tick(f"step {k - setup.warmup_steps + 1}" if k >= setup.warmup_steps else f"warm-up step {k + 1}")
@@ -286,8 +294,8 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
 
 def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Batch, devices: Sequence[str], *,
                         steps: int = 12, affinity: Sequence[Cores | None] | None = None, pairs: bool = True,
-                        checkpoint: Checkpoint = "except_last", two_phases: bool = False
-                        ) -> tuple[CostModel, SimConfig]:
+                        checkpoint: Checkpoint = "except_last", two_phases: bool = False,
+                        placement: Sequence[int] | None = None) -> tuple[CostModel, SimConfig]:
     """``cost`` with what the executor adds, and the simulator's switches for it.
 
     The executor's own overheads from probe pipelines, what its threads add around each partition's
@@ -299,19 +307,28 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
     executor's ``cpu_affinity``; every measurement pins its threads the same way. ``pairs=False`` leaves
     ``Overheads.pairs`` to the caller (:func:`run` measures a round of them after every step, Note
     [interleaved calibration]).
+
+    ``devices`` and ``affinity`` are one per schedule device (worker), ``parts`` one per stage; ``placement``:
+    each stage's device (``None``: one stage per device). What the executor costs between workers (hand-offs,
+    contention, launch) is measured on the workers, what it adds to a task on that task's stage (Note [pinned per
+    worker]); pairs only of stages on different workers, the only ones that run at once.
     """
+    placement = tuple(range(len(parts))) if placement is None else tuple(placement)
+    if len(placement) != len(parts) or sorted(set(placement)) != list(range(len(devices))):
+        raise ValueError(f"placement {placement} does not put {len(parts)} stages on the {len(devices)} devices given")
+    stage_affinity = None if affinity is None else [affinity[d] for d in placement]
     overheads = calibrate_executor_overheads(list(devices), steps=steps, affinity=affinity)
     executor = replace(executor_costs(cost), overheads=overheads)
     extras = measure_stage_extras(replace(cost, runner=executor), parts, sample, checkpoint=checkpoint,
-                                  affinity=affinity)
+                                  affinity=stage_affinity)
     overheads = replace(overheads, launch=extras[0].launch, turnaround=extras[-1].turnaround)
     executor = replace(executor, stages=tuple(replace(s, thread_start=e.thread_start, host_forward=e.host_forward,
                                                       host_nograd=e.host_nograd, host_backward=e.host_backward)
                                               for s, e in zip(executor.stages, extras, strict=True)))
     cost = replace(cost, runner=executor)
     if pairs and shares_cores(devices):
-        overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=affinity,
-                                                            recorded=_recorded_seconds(cost)))
+        overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=stage_affinity,
+                                                            recorded=_recorded_seconds(cost), placement=placement))
     return (replace(cost, runner=replace(executor, overheads=overheads), copy_seconds=None),
             executor_config(devices, two_phases=two_phases))
 
@@ -328,7 +345,7 @@ def _recorded_seconds(cost: CostModel) -> list[RecordedSeconds] | None:
 
 
 def executor_config(devices: Sequence[str], *, two_phases: bool = False) -> SimConfig:
-    """The simulator's switches for :class:`gpipe.GPipe` on ``devices`` (one per partition).
+    """The simulator's switches for :class:`gpipe.GPipe` on ``devices`` (one per schedule device).
 
     One phase, as ``GPipe.step`` runs a step (Note [loss in the last task]), or with ``two_phases`` as
     ``forward()`` + ``loss.backward()`` do (Note [two phases] in :mod:`sim.core.run`); CUDA devices
@@ -345,6 +362,21 @@ def executor_config(devices: Sequence[str], *, two_phases: bool = False) -> SimC
     return SimConfig(link=None, backward_after_forward=two_phases, asynchronous=asynchronous, shared_streams=shared)
 
 
+# Note [pinned per worker]: the executor runs every stage a schedule places on one device on that device's one
+# worker thread, so the experiment pins a core per worker (schedule device), not per partition, and profiles each
+# stage on its worker's core. What is a worker's own (the probe pipelines' hand-offs and launch, contention, the
+# simulator's devices) is measured per worker; what a task costs (stage seconds, host seconds) per stage; the
+# thread start per stage too, paid by the first task of each worker's list (``RunnerCosts.first_seconds``).
+def _placed(devices: Sequence[str], placement: Sequence[int]) -> tuple[list[str], list[str]]:
+    """The device of each schedule device (worker) and of each stage, from ``devices`` as ``GPipe`` takes them:
+    one per schedule device, or one per stage (Note [devices and stages] in :mod:`sim.calibration.setup`)."""
+    count = max(placement) + 1
+    if len(devices) == count:
+        return list(devices), [devices[d] for d in placement]
+    workers = [devices[list(placement).index(d)] for d in range(count)]  # one per stage: its first stage's
+    return workers, list(devices)
+
+
 def _spread(count: int, steps: int) -> set[int]:
     """``min(count, steps)`` of the step indices ``0 .. steps - 1``, evenly spread, the last one included."""
     count = min(count, steps)
@@ -352,7 +384,8 @@ def _spread(count: int, steps: int) -> set[int]:
 
 
 def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chunks: int, devices: Sequence[str], *,
-                warmup: int = 3, repeats: int = 9, affinity: Sequence[Cores | None] | None = None) -> CostModel:
+                warmup: int = 3, repeats: int = 9, affinity: Sequence[Cores | None] | None = None,
+                split: bool = False) -> CostModel:
     """Calibrate each partition on its device at the first micro-batch's size (no overheads).
 
     The executor the experiment runs records its timeline, so each stage's forward and backward are
@@ -360,12 +393,14 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
 
     An uneven split (``torch.tensor_split`` makes the first ``batch % chunks`` micro-batches one
     sample larger) becomes the cost model's ``microbatch_scale``: sample counts relative to the first.
+    ``devices`` and ``affinity``: one per partition; ``split``: for a schedule with ``W`` tasks, each backward
+    in two parts (``StageCost.backward`` and ``weight``; Note [split runs] in :mod:`gpipe.profile_timing`).
     """
     tensors = _tensors(batch)
     sizes = microbatch_sizes(tensors[0].shape[0], chunks)
     first = _slice(batch, 0, sizes[0], torch.device(devices[0]))
     cost = calibrate(model, balance, first, devices=list(devices), warmup=warmup, repeats=repeats, recorded=True,
-                     affinity=affinity)
+                     affinity=affinity, split=split)
     if len(set(sizes)) > 1:
         cost = replace(cost, microbatch_scale=tuple(s / sizes[0] for s in sizes))
     return cost

@@ -88,7 +88,10 @@ class ExecutorStage:
             itself (:func:`gpipe.profile.profile_blocks` with ``recorded=True``); when set, it
             replaces the stage's ``forward`` (or ``recompute``) seconds plus the ``saved_tensors``
             per-tensor overheads. Set it only to predict a recording executor; ``None``: the estimate.
-        backward_recorded: as ``forward_recorded``, for ``B`` (the unpack hook of every saved tensor).
+        backward_recorded: as ``forward_recorded``, for ``B`` (the unpack hook of every saved tensor); of a
+            schedule with ``W`` tasks, the input-gradient part alone (Note [split runs] in :mod:`gpipe.profile_timing`).
+        weight_recorded: as ``backward_recorded``, for ``W``: the weight-gradient part of a split backward,
+            which replaces the stage's ``weight`` seconds; ``None``: the StageCost's.
         host_forward: host seconds the executor adds to each grad-enabled forward of this stage (an
             ``F`` not checkpointed, an ``R``) beyond ``Overheads.task`` and ``recording``: what its
             worker threads cost around the stage's own layers, measured on the stage
@@ -107,6 +110,7 @@ class ExecutorStage:
     thread_start: float = 0.0
     forward_recorded: float | None = None
     backward_recorded: float | None = None
+    weight_recorded: float | None = None
     host_forward: float = 0.0
     host_nograd: float = 0.0
     host_backward: float = 0.0
@@ -118,7 +122,7 @@ class ExecutorStage:
         for name in ("saved_tensors", "thread_start", "host_forward", "host_nograd", "host_backward",
                      "issue_forward", "issue_nograd", "issue_backward"):
             check_cost(name, getattr(self, name))
-        for name in ("forward_recorded", "backward_recorded"):
+        for name in ("forward_recorded", "backward_recorded", "weight_recorded"):
             if getattr(self, name) is not None:
                 check_cost(name, getattr(self, name))
 
@@ -208,7 +212,7 @@ class ExecutorCosts:
         s = self.stage(stage)
         if op is Op.R or (op is Op.F and not checkpointed):
             return s.forward_recorded
-        return s.backward_recorded if op is Op.B else None
+        return s.backward_recorded if op is Op.B else s.weight_recorded if op is Op.W else None
 
 
 def executor_costs(cost: CostModel) -> ExecutorCosts:

@@ -162,6 +162,7 @@ class Outcome:
             "model": self.model,
             "balance": list(self.setup.balance or ()),
             "devices": list(self.setup.devices or ()),
+            "placement": list(self.schedule.placement),
             "chunks": self.setup.chunks,
             "m": self.schedule.m,
             "n": self.schedule.n,
@@ -223,9 +224,10 @@ def _mean_seconds(stage: StageCost, extra: ExecutorStage,
     """``stage`` and ``extra`` with the seconds a recording executor's tasks take replaced by the means over
     ``profiles`` (Note [mean task seconds]); its plain seconds, which such an executor never runs, stay those of
     the first calibration."""
+    weight = None if extra.weight_recorded is None else statistics.fmean(p.weight for p in profiles)  # split: W
     return (replace(stage, forward_checkpointed=statistics.fmean(p.forward_nograd for p in profiles)),
             replace(extra, forward_recorded=statistics.fmean(p.forward for p in profiles),
-                    backward_recorded=statistics.fmean(p.backward for p in profiles)))
+                    backward_recorded=statistics.fmean(p.backward for p in profiles), weight_recorded=weight))
 
 
 def _cost_dict(cost: CostModel) -> dict[str, Any]:

@@ -56,7 +56,8 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
                   kinds: Sequence[tuple[str, str]] = PHASE_PAIRS,
                   affinity: Sequence[Cores | None] | None = None,
                   switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
-                  recorded: Sequence[RecordedSeconds] | None = None) -> Pairs:
+                  recorded: Sequence[RecordedSeconds] | None = None,
+                  placement: Sequence[int] | None = None) -> Pairs:
     """How much the tasks of two stages slow each other when they run at the same time (Note [pairs]).
 
     Args:
@@ -74,16 +75,18 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
         recorded: the seconds of each stage's tasks in the cost model the pairs are for; each round is
             rebased against them (:func:`rebased`, Note [pair baselines]). ``None``: ``c`` stays relative
             to the meter's own runs alone.
+        placement: each stage's schedule device (worker); only stages on different workers are paired, since
+            one worker runs one task at a time. ``None``: a worker per stage.
 
     Returns:
         ``(kind, stage, other kind, other stage, c)`` for :attr:`sim.calibration.host.Overheads.pairs`, both ways.
 
     Raises:
-        ValueError: ``repeats < 1``, a non-positive window, or a bad ``affinity``.
+        ValueError: ``repeats < 1``, a non-positive window, a bad ``affinity`` or ``placement``.
     """
     check_positive("repeats", repeats)
     with PairMeter(parts, sample, window=window, max_window=max_window, kinds=kinds, affinity=affinity,
-                   switch_interval=switch_interval) as meter:
+                   switch_interval=switch_interval, placement=placement) as meter:
         rounds = []
         for _ in range(repeats):
             found = meter.round()
@@ -152,21 +155,30 @@ class PairMeter:
             baseline its ``c`` are relative to (Note [pair baselines]); empty before the first round.
 
     Raises:
-        ValueError: a non-positive window, or a bad ``affinity``.
+        ValueError: a non-positive window, a bad ``affinity`` or ``placement``.
     """
 
     def __init__(self, parts: Sequence[nn.Module], sample: TensorOrTensors, *, window: float = 0.03,
                  max_window: float = 0.15, kinds: Sequence[tuple[str, str]] = PHASE_PAIRS,
                  affinity: Sequence[Cores | None] | None = None,
-                 switch_interval: float | None = DEFAULT_SWITCH_INTERVAL) -> None:
+                 switch_interval: float | None = DEFAULT_SWITCH_INTERVAL,
+                 placement: Sequence[int] | None = None) -> None:
         if not window > 0 or not max_window >= window:
             raise ValueError(f"need 0 < window <= max_window, got {window!r} and {max_window!r}")
+        self.placement = tuple(range(len(parts))) if placement is None else tuple(int(d) for d in placement)
+        if len(self.placement) != len(parts):
+            raise ValueError(f"placement has {len(self.placement)} entries for {len(parts)} stages: give one "
+                             "schedule device per stage")
+        #: the pairs of stages measured: those on different workers (one worker runs one task at a time)
+        self.stage_pairs = [(j, k) for j in range(len(parts)) for k in range(j + 1, len(parts))
+                            if self.placement[j] != self.placement[k]]
         self.switch_interval = check_switch_interval(switch_interval)
         self.parts, self.sample = list(parts), sample
         self.window, self.max_window, self.kinds = window, max_window, tuple(kinds)
         self.cores = check_affinity(affinity, len(self.parts)) or [None] * len(self.parts)
-        self.needed = sorted({(a, j) for a, _ in self.kinds for j in range(len(self.parts))} |
-                             {(b, k) for _, b in self.kinds for k in range(len(self.parts))})
+        paired = {j for pair in self.stage_pairs for j in pair}
+        self.needed = sorted({(a, j) for a, _ in self.kinds for j in paired} |
+                             {(b, k) for _, b in self.kinds for k in paired})
         self.runners: list[dict[str, Callable[[], Any]]] = []
         self.helper: _Helper | None = None
         self.alone: dict[TaskKey, float] = {}
@@ -221,19 +233,18 @@ class PairMeter:
             for kind, j in self.needed:
                 with pinned(self.cores[j]):
                     alone[(kind, j)] = _loop_alone(self.runners[j][kind], self.window)
-            for j in range(len(self.parts)):
-                for k in range(j + 1, len(self.parts)):
-                    for a, b in self.kinds:
-                        ta, tb = alone[(a, j)], alone[(b, k)]
-                        span = min(max(self.window, 2.5 * max(ta, tb)), self.max_window)
-                        fa, fb = self.runners[j][a], self.runners[k][b]
-                        # both ways round: the thread that holds Python's lock first tends to keep it
-                        xa, xb = _loop_together(helper, fa, fb, span, (ta, tb), (self.cores[j], self.cores[k]))
-                        yb, ya = _loop_together(helper, fb, fa, span, (tb, ta), (self.cores[k], self.cores[j]))
-                        rate_a = (ta / xa + ta / ya) / 2 if ta > 0 else 1.0
-                        rate_b = (tb / xb + tb / yb) / 2 if tb > 0 else 1.0
-                        slow[(a, j, b, k)] = 1.0 / max(rate_a, 1e-3) - 1.0
-                        slow[(b, k, a, j)] = 1.0 / max(rate_b, 1e-3) - 1.0
+            for j, k in self.stage_pairs:
+                for a, b in self.kinds:
+                    ta, tb = alone[(a, j)], alone[(b, k)]
+                    span = min(max(self.window, 2.5 * max(ta, tb)), self.max_window)
+                    fa, fb = self.runners[j][a], self.runners[k][b]
+                    # both ways round: the thread that holds Python's lock first tends to keep it
+                    xa, xb = _loop_together(helper, fa, fb, span, (ta, tb), (self.cores[j], self.cores[k]))
+                    yb, ya = _loop_together(helper, fb, fa, span, (tb, ta), (self.cores[k], self.cores[j]))
+                    rate_a = (ta / xa + ta / ya) / 2 if ta > 0 else 1.0
+                    rate_b = (tb / xb + tb / yb) / 2 if tb > 0 else 1.0
+                    slow[(a, j, b, k)] = 1.0 / max(rate_a, 1e-3) - 1.0
+                    slow[(b, k, a, j)] = 1.0 / max(rate_b, 1e-3) - 1.0
         self.alone = alone
         return slow
 

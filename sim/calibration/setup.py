@@ -3,13 +3,19 @@
 Its own module so that both the experiment and the :class:`sim.calibration.outcome.Outcome` it returns, which keeps the
 setup, can name it without importing each other. The notes named here without a module (Note [median step],
 Note [interleaved calibration], Note [pass repeats]) are in :mod:`sim.calibration.experiment`.
+
+Note [devices and stages]: ``Setup.devices`` are what :class:`gpipe.GPipe` takes, one torch device per *schedule
+device* (one worker each): as many as the partitions, or fewer for a schedule that places several stages on one
+device (one registered with a layout places them by it, :meth:`Setup.placement`). The partition count is the
+balance's length, else ``stages``, else one per device. So ``Setup(schedule=S, stages=4, devices=("cpu",) * 2)``
+is four stages on two workers, as ``GPipe(model, balance, devices=["cpu"] * 2, schedule=S)`` runs them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, schedule_kind
 
 __all__ = ["Setup"]
 
@@ -23,10 +29,12 @@ class Setup:
         checkpoint: ``always``, ``except_last`` or ``never``.
         schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`) the executor runs and the
             simulator predicts (Note [one schedule]).
-        balance: layers per partition; ``None``: ``balance_by_time`` over ``len(devices)`` partitions.
-        devices: one torch device per partition; ``None``: :func:`sim.calibration.machine.default_devices` of two
-            partitions
-            (or of ``len(balance)`` when a balance is given).
+        balance: layers per partition; ``None``: ``balance_by_time`` over :attr:`partitions` partitions.
+        stages: the partitions when no balance is given; ``None``: one per device (Note [devices and stages]).
+        devices: one torch device per schedule device, as :class:`gpipe.GPipe` takes them: one per partition, or
+            fewer where the schedule places several stages on one (Note [devices and stages]); ``None``:
+            :func:`sim.calibration.machine.default_devices` of one per partition (two without a balance or
+            ``stages``).
         steps: recorded training steps; the measured timeline is the median one (Note [median step]).
         warmup_steps: unrecorded training steps first (allocator, thread pools, first-call costs).
         seed: seeds PyTorch before anything random (the caller seeds the model and input it builds).
@@ -52,6 +60,7 @@ class Setup:
     checkpoint: Checkpoint = "except_last"
     schedule: str = "gpipe"
     balance: tuple[int, ...] | None = None
+    stages: int | None = None
     devices: tuple[str, ...] | None = None
     steps: int = 15
     warmup_steps: int = 2
@@ -83,8 +92,18 @@ class Setup:
             raise ValueError(f"pass_repeats must be an integer >= 1 or None, got {self.pass_repeats!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise ValueError(f"threads must be a positive integer or None, got {self.threads!r}")
-        if self.balance is not None and self.devices is not None and len(self.balance) != len(self.devices):
-            raise ValueError(f"balance has {len(self.balance)} partitions but {len(self.devices)} devices are given")
+        if self.stages is not None and (isinstance(self.stages, bool) or not isinstance(self.stages, int)
+                                        or self.stages < 1):
+            raise ValueError(f"stages must be an integer >= 1 or None, got {self.stages!r}")
+        if self.balance is not None and self.stages is not None and len(self.balance) != self.stages:
+            raise ValueError(f"balance has {len(self.balance)} partitions but stages={self.stages}: give one of them")
+        if self.devices is not None:
+            if not self.devices:
+                raise ValueError("devices is empty: give one torch device per schedule device, or None")
+            if len(self.devices) > self.partitions:
+                raise ValueError(f"{len(self.devices)} devices for {self.partitions} partitions: give at most one "
+                                 "device per partition (or more stages)")
+            self.placement()  # Note [devices and stages]: fewer devices only where the schedule places stages so
         if not self.balance_timeout >= 0:
             raise ValueError(f"balance_timeout must be >= 0 seconds, got {self.balance_timeout!r}")
 
@@ -95,6 +114,26 @@ class Setup:
 
     @property
     def partitions(self) -> int:
+        """The stages: the balance's, else ``stages``, else one per device, else two (Note [devices and stages])."""
         if self.balance is not None:
             return len(self.balance)
+        if self.stages is not None:
+            return self.stages
         return len(self.devices) if self.devices is not None else 2
+
+    def placement(self) -> tuple[int, ...]:
+        """Each partition's schedule device (Note [devices and stages]), as :class:`gpipe.GPipe` places them: by the
+        schedule's layout when there are fewer devices than partitions, else the schedule's own placement.
+
+        Raises:
+            ValueError: the schedule cannot place the partitions on the devices given (the message names the fix).
+        """
+        kind, n = schedule_kind(self.schedule), self.partitions
+        p = len(self.devices) if self.devices is not None else n
+        placed = kind.layout(n, p) if kind.place is not None and p < n else None
+        placement = kind(self.chunks, n, self.checkpoint, placed).placement
+        if p not in (n, max(placement) + 1):
+            kind.layout(n, p)  # raises for a schedule without a layout, the registry's message naming the fix
+            raise ValueError(f"schedule {self.schedule!r} runs {n} stages on {max(placement) + 1} devices, not on "
+                             f"the {p} given")
+        return placement

@@ -6,6 +6,7 @@ importable from the current directory, or a path to a ``.py`` file::
 
     gpipe-sim compare mypackage.models:build --chunks 8 --balance 3,5 --devices cpu,cpu
     gpipe-sim compare examples/tiny.py:build --json
+    gpipe-sim compare examples/tiny.py:build --schedule NAME --stages 4 --devices cpu,cpu   # 4 stages, 2 workers
 
 The same pipeline as ``gpipe-sim demo`` (:func:`sim.calibration.experiment.run`): balance (unless ``--balance``),
 calibrate, simulate, run the executor for ``--steps`` steps, compare, write the files.
@@ -42,8 +43,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--balance", default=None, metavar="LIST",
                    help="layers per partition, e.g. 3,5 (default: balance_by_time over the devices)")
     p.add_argument("--devices", default=None, metavar="LIST",
-                   help="one torch device per partition, e.g. cpu,cpu or cuda:0,cuda:1 (default: the CUDA devices "
-                        "when there are enough, else cpu for each partition)")
+                   help="one torch device per schedule device (worker), e.g. cpu,cpu or cuda:0,cuda:1: one per "
+                        "partition, or fewer for a schedule that places several stages on one device (default: the "
+                        "CUDA devices when there are enough, else cpu for each partition)")
     add_common_options(p, out="compare")
     p.set_defaults(func=run)
 
@@ -119,18 +121,23 @@ def run(args: argparse.Namespace) -> int:
     out = check_common(args)
     balance = parse_balance(args.balance) if args.balance is not None else None
     devices = parse_devices(args.devices) if args.devices is not None else None
-    if balance is not None and devices is not None and len(balance) != len(devices):
-        raise CommandError(f"--balance has {len(balance)} partitions but --devices names {len(devices)} devices")
+    if balance is not None and args.stages is not None and len(balance) != args.stages:
+        raise CommandError(f"--balance has {len(balance)} partitions but --stages is {args.stages}: give one of them")
+    if balance is not None and devices is not None and len(balance) < len(devices):
+        raise CommandError(f"--balance has {len(balance)} partitions but --devices names {len(devices)} devices: "
+                           "give at most one device per partition")
     torch.manual_seed(args.seed)
     target = load_target(args.target)
     model, batch = load(target)
     if balance is not None and sum(balance) != len(model):
         raise CommandError(f"--balance {args.balance} sums to {sum(balance)}, but the model has {len(model)} layers")
-    partitions = len(balance) if balance is not None else len(devices) if devices is not None else 2
+    partitions = len(balance) if balance is not None else args.stages if args.stages is not None \
+        else len(devices) if devices is not None else 2
     if partitions > len(model):
         raise CommandError(f"{partitions} partitions for a model of {len(model)} layers")
     setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
-                  seed=args.seed, balance=balance, devices=devices or default_devices(partitions))
+                  seed=args.seed, balance=balance, stages=None if balance is not None else partitions,
+                  devices=devices or default_devices(partitions))
     layers = len(model)
     size = batch.shape[0] if isinstance(batch, Tensor) else batch[0].shape[0]
     with blame(target):  # an error in a layer of the user's is theirs (sim.cli.user_code)

@@ -9,6 +9,7 @@ steps (``GPipe.step``), and compare the step of median makespan with the predict
     gpipe-sim demo --verbose             # and what calibration found: overheads, worker threads, contention
     gpipe-sim demo --chunks 8 --checkpoint always --json
     gpipe-sim demo --schedule 1f1b       # any registered schedule (gpipe.schedule.SCHEDULES)
+    gpipe-sim demo --schedule NAME --stages 4 --devices 2   # four stages on two workers, placed by its layout
 
 The pipeline itself is :func:`sim.calibration.experiment.run`; ``gpipe-sim compare`` runs it on a user's model.
 """
@@ -34,7 +35,7 @@ from torch import nn  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES  # noqa: E402
 from sim.calibration.experiment import Batch, Setup, demo_model, progress_labels, run  # noqa: E402
 from sim.calibration.host import executor_costs  # noqa: E402
-from sim.calibration.machine import keep_freed_memory  # noqa: E402
+from sim.calibration.machine import default_devices, keep_freed_memory  # noqa: E402
 from sim.calibration.outcome import DRIFT_LIMIT, OUTPUT_FILES, Outcome, write_outputs  # noqa: E402
 from sim.cli import CommandError  # noqa: E402
 from sim.cli.options import add_out, integer, output_folder, schedules_help, seed  # noqa: E402
@@ -51,6 +52,10 @@ def add_parser(subparsers: Any) -> None:
                     "(GPipe's by default), run it in the executor for a few steps and print the prediction beside "
                     "the measurement; write timeline.png, trace.json and report.json.",
     )
+    p.add_argument("--devices", type=int, default=None, metavar="P",
+                   help="schedule devices (workers), each the CPU or a CUDA device of its own when there are enough; "
+                        "fewer than --stages for a schedule that places several stages on one device (default: one "
+                        "per stage)")
     add_common_options(p, out="demo")
     p.set_defaults(func=run_command)
 
@@ -63,6 +68,8 @@ def add_common_options(p: argparse.ArgumentParser, *, out: str) -> None:
     p.add_argument("--schedule", choices=tuple(SCHEDULES), default="gpipe", metavar="NAME",
                    help=f"the schedule the executor runs and the simulator predicts: {schedules_help()} "
                         "(default: gpipe)")
+    p.add_argument("--stages", type=int, default=None, metavar="N",
+                   help="partitions of the model, balanced by time (default: one per device, two without --devices)")
     p.add_argument("--steps", type=int, default=Setup.steps, metavar="K",
                    help="training steps measured; the step of median makespan is compared (default: "
                         f"{Setup.steps})")
@@ -80,6 +87,8 @@ def check_common(args: argparse.Namespace) -> OutputFolder:
     work (:mod:`sim.files`)."""
     integer("--chunks", args.chunks, 1)
     integer("--steps", args.steps, 1)
+    if args.stages is not None:
+        integer("--stages", args.stages, 1)
     seed("--seed", args.seed)
     return output_folder(args, OUTPUT_FILES)
 
@@ -88,8 +97,14 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the demo; return the exit status."""
     out = check_common(args)
     model, batch = demo_model(args.seed)
+    if args.devices is not None:
+        integer("--devices", args.devices, 1)
+    stages = args.stages if args.stages is not None else args.devices
+    if stages is not None and stages > len(model):
+        raise CommandError(f"--stages {stages} is more than the {len(model)} layers of the demo's model")
+    devices = default_devices(args.devices) if args.devices is not None else None
     setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
-                  seed=args.seed)
+                  seed=args.seed, stages=stages, devices=devices)
     return execute(model, batch, setup, args, "demo: 19-layer convolutional classifier, batch 64 of 3x32x32", out)
 
 
@@ -127,9 +142,11 @@ def print_outcome(outcome: Outcome, files: dict[str, str], *, verbose: bool = Fa
     s = outcome.setup
     if outcome.model:
         print(outcome.model)
+    placed = outcome.schedule.placement
+    where = "" if placed == tuple(range(len(placed))) else f" (stages on devices {', '.join(map(str, placed))})"
     print(f"{outcome.schedule.name} schedule: m={outcome.schedule.m} micro-batches, n={outcome.schedule.n} stages, "
           f"checkpoint={outcome.schedule.checkpoint}; balance {list(s.balance or ())} on {', '.join(s.devices or ())}"
-          + (f", {s.threads} intra-op thread(s) per worker" if s.threads else ""))
+          + where + (f", {s.threads} intra-op thread(s) per worker" if s.threads else ""))
     print(f"measured: step {outcome.chosen_step + 1} of {len(outcome.step_makespans)} (median makespan; all: "
           + ", ".join(f"{t * 1e3:.1f}" for t in outcome.step_makespans) + " ms)")
     paired = "" if outcome.paired_error is None else (

@@ -75,3 +75,28 @@ def test_standard_error_of_the_block_errors(fidelity: ModuleType) -> None:
     assert fidelity.standard_error(errors) == pytest.approx(statistics.stdev(errors) / math.sqrt(5))
     assert fidelity.standard_error([0.04] * 5) == 0.0
     assert fidelity.standard_error([0.1]) is None
+
+
+def test_the_schedule_axis_takes_any_registered_name(fidelity: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """Note [schedule axis]: two stages per worker for a schedule with a layout, one otherwise; a shape the generator
+    refuses is named, not run; an unregistered name is refused before anything runs."""
+    from gpipe.schedule import Checkpoint, Schedule, gpipe, looped, register, unregister
+
+    def picky(m: int, n: int, checkpoint: Checkpoint = "never", placement: Any = None) -> Schedule:
+        if m < n:
+            raise ValueError(f"picky needs m >= n, got m={m}, n={n}")
+        return gpipe(m, n, checkpoint, placement)
+
+    register("picky-looped", "GPipe's fill-drain, looped, at least n micro-batches", layout=looped)(picky)
+    try:
+        assert fidelity.stages_for("gpipe") == fidelity.stages_for("1f1b") == 2
+        assert fidelity.stages_for("picky-looped") == 4
+        assert fidelity.refusal("picky-looped", 1, 4, "never") == "picky needs m >= n, got m=1, n=4"
+        assert fidelity.refusal("picky-looped", 4, 4, "never") is None
+        assert fidelity.refusal("gpipe", 1, 2, "always") is None
+    finally:
+        unregister("picky-looped")
+    with pytest.raises(SystemExit) as exit_info:
+        fidelity.main(["--schedules", "gpipe,zigzag"])
+    assert exit_info.value.code == 2
+    assert "unknown schedule(s) zigzag; registered: gpipe, 1f1b" in capsys.readouterr().err

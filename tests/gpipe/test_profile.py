@@ -237,3 +237,38 @@ def test_cuda_copy_leaves_the_cpu_block_alone() -> None:
     assert block[0].weight.device.type == "cpu"
     assert p.forward_seconds > 0 and p.backward_seconds > 0
     assert p.saved_bytes == 2 * 32 * 64 * F32
+
+
+def _split_blocks() -> list[nn.Module]:
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(384, 384), nn.Tanh(), nn.Linear(384, 384)), nn.ReLU(),
+            nn.Sequential(nn.Linear(384, 384), nn.Tanh(), nn.Linear(384, 384))]
+
+
+def test_a_split_backward_is_timed_in_its_two_parts() -> None:
+    """Note [split runs]: B the inputs' gradient, W the parameters'; nothing to time where there is nothing to do."""
+    sample = torch.randn(128, 384)  # milliseconds a backward: a busy machine's time slice stays a fraction of it
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread, as a pinned worker runs: a thread pool on busy cores times its waits
+    try:
+        whole = profile_blocks(_split_blocks(), sample, warmup=1, repeats=7)
+        split = profile_blocks(_split_blocks(), sample, warmup=1, repeats=7, split=True, recorded=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(p.weight_seconds == 0.0 for p in whole)
+    first, relu, last = split
+    assert first.backward_seconds == 0.0 and first.weight_seconds > 0  # its input (the sample) needs no gradient
+    assert relu.backward_seconds > 0 and relu.weight_seconds == 0.0  # no parameters
+    assert last.backward_seconds > 0 and last.weight_seconds > 0
+    assert first.weight_recorded_seconds is not None and first.weight_recorded_seconds > 0
+    for p, q in zip(split, whole, strict=True):  # the two parts do the whole backward's work: a loose factor only
+        assert q.backward_seconds / 5 < p.backward_seconds + p.weight_seconds < 5 * q.backward_seconds
+        assert p.train_seconds == p.forward_seconds + p.backward_seconds + p.weight_seconds
+
+
+def test_time_recorded_splits_the_backward_when_asked() -> None:
+    sample = torch.randn(128, 384)
+    plain = time_recorded(_split_blocks(), sample, repeats=2)
+    assert all(r.weight == 0.0 for r in plain)
+    first, relu, last = time_recorded(_split_blocks(), sample, repeats=2, split=True)
+    assert first.backward == 0.0 and first.weight > 0 and relu.weight == 0.0 and last.weight > 0 and last.backward > 0

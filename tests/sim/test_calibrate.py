@@ -233,3 +233,29 @@ def test_the_experiment_runs_models_the_executor_runs(model: Any, balance: tuple
     comparison = outcome.comparison
     assert comparison.matched > 0 and comparison.only_predicted == () and comparison.only_measured == ()
     assert outcome.predicted.makespan > 0 and outcome.measured.makespan > 0
+
+
+def test_a_split_calibration_prices_w_tasks_by_their_own_seconds() -> None:
+    """Calibrated for a schedule with W tasks, every stage with parameters has weight > 0, and the simulator
+    bills each W at the stage's recorded weight-gradient seconds."""
+    import dataclasses
+
+    from gpipe.schedule import Op, Task, gpipe
+    from sim.core.engine import simulate
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh())
+    cost = calibrate(model, [2, 2], torch.randn(32, 64), warmup=1, repeats=3, recorded=True, split=True)
+    assert all(s.weight > 0 for s in cost.stages)
+    assert cost.stages[0].backward == 0.0  # the first stage's input needs no gradient: W does all its backward
+    executor = executor_costs(cost)
+    assert all(e.weight_recorded is not None and e.weight_recorded > 0 for e in executor.stages)
+    assert executor_costs(calibrate(model, [2, 2], torch.randn(32, 64), warmup=0, repeats=1,
+                                    recorded=True)).stages[0].weight_recorded is None
+    base = gpipe(2, 2, "never")
+    lists = tuple(tuple(u for t in ts for u in ((t, Task(Op.W, t.microbatch, t.stage)) if t.op is Op.B else (t,)))
+                  for ts in base.tasks)
+    timeline = simulate(dataclasses.replace(base, tasks=lists, name="split"), cost)
+    for span in timeline.compute_spans():
+        if span.task.op is Op.W:
+            assert span.duration == pytest.approx(executor.stages[span.task.stage].weight_recorded)

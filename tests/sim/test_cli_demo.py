@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpipe.profile import RecordedSeconds
-from gpipe.schedule import SCHEDULES, gpipe
+from gpipe.schedule import SCHEDULES, gpipe, looped, register, unregister
 from sim.calibration.compare import compare
 from sim.calibration.experiment import Setup, microbatch_sizes, progress_labels
 from sim.calibration.host import Overheads, executor_costs, with_overheads
@@ -80,7 +80,12 @@ def test_both_commands_are_registered_with_their_options() -> None:
     (["compare", "usermodels:good", "--balance", "1,x"], "--balance takes comma-separated positive integers"),
     (["compare", "usermodels:good", "--balance", "0,3"], "--balance takes comma-separated positive integers"),
     (["compare", "usermodels:good", "--balance", "1,1"], "sums to 2, but the model has 3 layers"),
-    (["compare", "usermodels:good", "--balance", "1,2", "--devices", "cpu"], "2 partitions but --devices names 1"),
+    (["compare", "usermodels:good", "--balance", "1,2", "--devices", "cpu"], "as many devices as stages (2, not 1)"),
+    (["compare", "usermodels:good", "--balance", "1,2", "--devices", "cpu,cpu,cpu"], "at most one device"),
+    (["compare", "usermodels:good", "--balance", "1,2", "--stages", "3"], "--stages is 3: give one of them"),
+    (["demo", "--stages", "4", "--devices", "2"], "as many devices as stages (4, not 2)"),
+    (["demo", "--stages", "21"], "--stages 21 is more than the 20 layers"),
+    (["demo", "--devices", "0"], "--devices must be >= 1"),
     (["compare", "usermodels:good", "--devices", "tpu,cpu"], "'tpu'"),
     (["compare", "usermodels:good", "--devices", "cpu,cpu,cpu,cpu"], "4 partitions for a model of 3 layers"),
     (["compare", "usermodels:good", "--chunks", "0"], "--chunks must be >= 1"),
@@ -138,12 +143,36 @@ def test_setup_rejects_bad_values() -> None:
         Setup(chunks=0)
     with pytest.raises(ValueError, match="checkpoint"):
         Setup(checkpoint="sometimes")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="2 partitions but 3 devices"):
+    with pytest.raises(ValueError, match="3 devices for 2 partitions: give at most one device per partition"):
         Setup(balance=(1, 2), devices=("cpu",) * 3)
+    with pytest.raises(ValueError, match="runs one stage per device: give as many devices as stages"):
+        Setup(balance=(1, 2), devices=("cpu",))
+    with pytest.raises(ValueError, match="balance has 2 partitions but stages=3"):
+        Setup(balance=(1, 2), stages=3)
+    with pytest.raises(ValueError, match="stages must be an integer >= 1"):
+        Setup(stages=0)
+    with pytest.raises(ValueError, match="devices is empty"):
+        Setup(devices=())
     with pytest.raises(ValueError, match="pass_repeats"):
         Setup(pass_repeats=0)
     with pytest.raises(ValueError, match="unknown schedule 'zigzag'; registered: gpipe, 1f1b"):
         Setup(schedule="zigzag")
+
+
+def test_setup_places_stages_on_fewer_devices_by_the_schedules_layout() -> None:
+    """Note [devices and stages]: the partitions are the balance's, else ``stages``, else one per device; fewer
+    devices than partitions only for a schedule that places several stages on one device."""
+    assert (Setup().partitions, Setup().placement()) == (2, (0, 1))
+    assert Setup(devices=("cpu",) * 3).placement() == (0, 1, 2)
+    assert Setup(stages=3).placement() == (0, 1, 2)
+    register("looped-setup-test", "GPipe's fill-drain, looped", layout=looped)(gpipe)
+    try:
+        setup = Setup(schedule="looped-setup-test", stages=6, devices=("cpu",) * 2)
+        assert (setup.partitions, setup.placement()) == (6, (0, 1, 0, 1, 0, 1))
+        assert Setup(schedule="looped-setup-test", balance=(1,) * 4, devices=("cpu",) * 3).placement() == (0, 1, 2, 0)
+        assert Setup(schedule="looped-setup-test", stages=4).placement() == (0, 1, 2, 3)  # a device per stage
+    finally:
+        unregister("looped-setup-test")
 
 
 def test_a_pass_times_about_as_many_runs_as_a_step_has_micro_batches() -> None:

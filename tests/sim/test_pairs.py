@@ -225,3 +225,16 @@ def test_measure_pairs_rebases_against_the_seconds_it_is_given() -> None:
                           kinds=(("F", "B"),), recorded=slow)
     assert {p[:4] for p in pairs} == both_ways((("F", "B"),))
     assert all(0.0 <= c < 1e-3 for *_, c in pairs)
+
+
+def test_only_stages_on_different_workers_are_paired() -> None:
+    """Four stages on two workers (stage j on worker j % 2): a worker runs one task at a time, so its own stages
+    are never measured together."""
+    parts = [nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4)]
+    with PairMeter(parts, torch.randn(4, 8), kinds=(("F", "B"),), window=WINDOW, max_window=MAX_WINDOW,
+                   placement=(0, 1, 0, 1)) as meter:
+        assert meter.stage_pairs == [(0, 1), (0, 3), (1, 2), (2, 3)]
+        found = meter.round()
+    assert {(j, k) for _, j, _, k in found} == {(0, 1), (1, 0), (0, 3), (3, 0), (1, 2), (2, 1), (2, 3), (3, 2)}
+    with pytest.raises(ValueError, match="placement has 3 entries for 4 stages"):
+        PairMeter(parts, torch.randn(4, 8), placement=(0, 1, 0))
