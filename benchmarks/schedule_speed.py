@@ -15,7 +15,7 @@ the table ``TORCH_SCHEDULES``; a schedule without a counterpart there gets no pi
 ZB-H1 pairs with ``ScheduleInterleavedZeroBubble`` with one stage per rank (the issue: its order reaches ZB-H1's
 bubble). Every schedule's loss and gradients are checked equal to the plain model's before timing.
 
-The in-process rows are timed round-robin with rotating order (Note [interleaving] in executor_speed.py) and ratios
+The in-process rows are timed round-robin in a shuffled order (Note [interleaving] in executor_speed.py) and ratios
 are medians of per-round ratios; the pipelining rows run after, schedule by schedule, in their own processes.
 One intra-op thread per worker and per rank (Note [one thread per worker] there).
 
