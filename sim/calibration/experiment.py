@@ -350,7 +350,7 @@ def executor_config(devices: Sequence[str], *, two_phases: bool = False) -> SimC
     One phase, as ``GPipe.step`` runs a step (Note [loss in the last task]), or with ``two_phases`` as
     ``forward()`` + ``loss.backward()`` do (Note [two phases] in :mod:`sim.core.run`); CUDA devices
     asynchronous, and partitions on one CUDA device issuing to its one stream (Note [asynchronous devices] there);
-    copies priced by the cost model.
+    copies priced by the cost model; an overlapped pair's tasks in turn, as the workers run them.
     """
     parsed = [torch.device(d) for d in devices]
     cuda = ["" if d.type != "cuda" else str(d) if d.index is not None else f"cuda:{torch.cuda.current_device()}"
@@ -359,7 +359,8 @@ def executor_config(devices: Sequence[str], *, two_phases: bool = False) -> SimC
     ids = {name: k for k, name in enumerate(dict.fromkeys(c for c in cuda if c))}
     shared = tuple(ids[c] if c else len(ids) + k for k, c in enumerate(cuda)) \
         if len(ids) < sum(1 for c in cuda if c) else None
-    return SimConfig(link=None, backward_after_forward=two_phases, asynchronous=asynchronous, shared_streams=shared)
+    return SimConfig(link=None, backward_after_forward=two_phases, asynchronous=asynchronous, shared_streams=shared,
+                     overlap_pairs=False)
 
 
 # Note [pinned per worker]: the executor runs every stage a schedule places on one device on that device's one

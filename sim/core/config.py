@@ -28,6 +28,9 @@ class SimConfig:
             devices): their host and their stream keep two clocks.
         shared_streams: one id per device, the compute stream it issues to: devices with the same id
             (partitions on one GPU) run their tasks one at a time; ``None``: a stream each.
+        overlap_pairs: a schedule's overlapped pairs (DualPipeV's forward beside a backward) run together,
+            sharing their device (:mod:`sim.core.overlap`); ``False``: each pair's two tasks run in turn, in
+            list order, as this executor's workers run them (Note [a pair in turn] in :mod:`gpipe.interpreter`).
     """
 
     link: LinkSpec | None = None
@@ -37,6 +40,7 @@ class SimConfig:
     backward_after_forward: bool = False
     asynchronous: frozenset[int] = frozenset()
     shared_streams: tuple[int, ...] | None = None
+    overlap_pairs: bool = True
 
     def __post_init__(self) -> None:
         if self.link is not None and not isinstance(self.link, LinkSpec):

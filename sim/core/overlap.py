@@ -5,6 +5,7 @@ ends, sends and frees as its own work is done. :func:`pair_fast` serves :func:`s
 
 Pairs run on the plain path's rules (copy streams, synchronous devices, no shared cores, no lockstep, one
 phase): :func:`check_pairs` refuses the other switches, which would need their own model of a shared device.
+``SimConfig(overlap_pairs=False)`` runs a pair's tasks in turn instead, as this executor does, on every path.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ Row = tuple[Task, int, int, int, list[int], Sends, float]  # task, opcode, i, j,
 def check_pairs(run: Run) -> None:
     """Raise ``ValueError`` when the schedule has overlapped pairs and the run is off the plain path."""
     config = run.config
-    if run.schedule.pairs and (run.cores is not None or not config.copy_streams or config.lockstep_forward
-                               or config.backward_after_forward or config.asynchronous or any(run.shared)):
+    off_path = run.cores is not None or not config.copy_streams or config.lockstep_forward \
+        or config.backward_after_forward or bool(config.asynchronous) or any(run.shared)
+    if run.schedule.pairs and config.overlap_pairs and off_path:
         raise ValueError(f"schedule {run.schedule.name!r} overlaps pairs of tasks, which the simulator models with "
                          "copy streams, synchronous devices and no core contention: use SimConfig(copy_streams=True) "
                          "without lockstep_forward, backward_after_forward, asynchronous or shared_streams, and a "
-                         "cost model without contention or pairs, or a schedule without overlapped pairs")
+                         "cost model without contention or pairs, or SimConfig(overlap_pairs=False) to run each pair's "
+                         "tasks in turn")
 
 
 def _rows(run: Run, d: int, k: int) -> list[Row]:

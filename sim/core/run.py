@@ -76,7 +76,7 @@ class Run:
         self.cycle_done: dict[int, simpy.Event] = {}
         self.tasks = sum(map(len, schedule.tasks))
         # Note [overlapped pairs] in gpipe.schedule.schedule: where each device's pairs start (sim.core.overlap)
-        self.pair_starts = schedule.pair_starts if schedule.pairs else (frozenset(),) * devices
+        self.pair_starts = schedule.pair_starts if schedule.pairs and config.overlap_pairs else (frozenset(),) * devices
         self.deferred: list[list[Copy]] = [[] for _ in range(devices)]  # Note [fork/join]: copies held back
         # Note [two phases]: each device's forward prefix, the forwards left, and the backward phase's start
         self.prefix = [next((k for k, t in enumerate(ts) if t.op is not Op.F), len(ts)) for ts in schedule.tasks] \

@@ -62,3 +62,16 @@ def test_pairs_are_refused_where_they_are_not_modelled() -> None:
         simulate(s, cost, SimConfig(copy_streams=False))
     with pytest.raises(ValueError, match="without lockstep_forward"):
         simulate(s, cost, SimConfig(lockstep_forward=True))
+
+
+def test_pairs_in_turn_run_as_the_executor_runs_them() -> None:
+    """SimConfig(overlap_pairs=False): a pair's two tasks one after the other, in list order, on every path (the
+    test above's schedule: F1@0 from 2 to 3, then B0@1 from 3 to 6; the same makespan, each ends later or sooner)."""
+    s = paired(2, 2, ["F0@0 F0@1 F1@0+B0@1 F1@1 B1@1 B1@0 B0@0"], placement=(0, 0))
+    cost = CostModel((StageCost(1.0, 3.0), StageCost(1.0, 3.0)))
+    tl = simulate(s, cost, SimConfig(overlap_pairs=False))
+    times = {str(span.task): (span.start, span.end) for span in tl.compute_spans()}
+    assert times["F1@0"] == (2, 3) and times["B0@1"] == (3, 6) and tl.makespan == 16
+    in_turn = simulate(dualpipe_v(4, 4), CostModel.uniform(4, 1.0, 1.0), SimConfig(copy_streams=False,
+                                                                                    overlap_pairs=False))
+    assert [in_turn.task_order(d) for d in range(2)] == [list(ts) for ts in dualpipe_v(4, 4).tasks]
