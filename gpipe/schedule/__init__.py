@@ -26,6 +26,7 @@ One concept per module, each importing only those above it::
     registry.py         SCHEDULES: every generator by name, with what it does and needs; register()
     fill_drain.py       gpipe(): GPipe's fill-drain, and clock_cycles()
     pipedream_flush.py  one_f_one_b(): 1F1B
+    zero_bubble.py      zb_h1(), zb_v() and its layout v_shape(): zero-bubble schedules (B and W split)
 
 A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`)::
 
@@ -44,6 +45,7 @@ from gpipe.schedule.registry import SCHEDULES, Layout, ScheduleKind, looped, reg
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
 from gpipe.schedule.validator import ScheduleError
+from gpipe.schedule.zero_bubble import v_shape, zb_h1, zb_v
 
 __all__ = [
     "CHECKPOINT_MODES",
@@ -66,4 +68,7 @@ __all__ = [
     "schedule_kind",
     "step_grid",
     "unregister",
+    "v_shape",
+    "zb_h1",
+    "zb_v",
 ]
