@@ -31,7 +31,7 @@ from sim.planning.costs_from_flops import training_policy
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.hardware import get_device
 from sim.planning.models import get_model
-from sim.planning.plan import Plan, PlanRow, check_request, default_training, plan, resolve_link
+from sim.planning.plan import Plan, PlanRow, check_request, default_training, plan, planned_schedules, resolve_link
 
 __all__ = ["add_parser", "load_model", "run"]
 
@@ -58,8 +58,8 @@ def add_parser(subparsers: Any) -> None:
                    help="micro-batch counts to try (default: powers of two up to the batch, at most 128)")
     p.add_argument("--checkpoint", default=",".join(CHECKPOINT_MODES), metavar="LIST",
                    help=f"checkpoint policies to try (default: {','.join(CHECKPOINT_MODES)})")
-    p.add_argument("--schedule", default=",".join(SCHEDULES), metavar="LIST",
-                   help=f"schedules to try, of {schedules_help()} (default: {','.join(SCHEDULES)})")
+    p.add_argument("--schedule", default=",".join(planned_schedules()), metavar="LIST",
+                   help=f"schedules to try, of {schedules_help()} (default: {','.join(planned_schedules())})")
     p.add_argument("--training", default=None, metavar="POLICY",
                    help="precision and optimizer, e.g. bf16-adam, fp32-sgd (default: the device's 16-bit "
                         "dtype with Adam, else fp32-adam)")

@@ -2,7 +2,7 @@
 
 For every GPU count ``g`` the planner tries each pipeline depth ``n`` that divides it (``g / n``
 data-parallel replicas of the pipeline), each number of micro-batches (chunks), each checkpoint
-policy and each registered schedule (:data:`gpipe.schedule.SCHEDULES`: GPipe, 1F1B). Each
+policy and each registered schedule that runs one stage per device (:func:`planned_schedules`). Each
 configuration is balanced by cost, simulated (:func:`sim.core.engine.simulate`) and checked against
 device memory (Notes [balance], [all-reduce]); :func:`plan` runs the sweep::
 
@@ -30,7 +30,7 @@ from sim.planning.costs_from_flops import KERNEL_SECONDS, FlopCosts, Training, t
 from sim.planning.flops import ModelProfile
 from sim.planning.hardware import LINKS, DeviceSpec, get_device, get_link
 
-__all__ = ["Plan", "PlanRow", "block_partition", "check_request", "default_training", "plan",
+__all__ = ["Plan", "PlanRow", "block_partition", "check_request", "default_training", "plan", "planned_schedules",
            "resolve_link"]
 
 MAX_CHUNKS = 128  # default sweep: powers of two up to this (a simulation grows with chunks x stages)
@@ -278,12 +278,19 @@ def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Seque
         if ck not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {ck!r}; use {', '.join(CHECKPOINT_MODES)}")
     for s in schedules:
-        schedule_kind(s)  # a ValueError that lists the registered names
+        if schedule_kind(s).place is not None:  # else a ValueError that lists the registered names
+            raise ValueError(f"the planner runs one stage per GPU; schedule {s!r} places several stages per device: "
+                             f"plan one of {', '.join(planned_schedules())}")
     size = {2: "16-bit", 4: "32-bit"}
     counted = profile.dtype.itemsize
     if counted != training.torch_dtype.itemsize:
         raise ValueError(f"the model was counted in {size.get(counted, profile.dtype)} but the training policy "
                          f"{training.name!r} computes in {training.compute}; count it in {training.torch_dtype}")
+
+
+def planned_schedules() -> tuple[str, ...]:
+    """The registered schedules the planner sweeps: those that run one stage per device (no layout)."""
+    return tuple(name for name, kind in SCHEDULES.items() if kind.place is None)
 
 
 # Note [all-reduce]: replicas add a ring all-reduce of each stage's gradients over the same link,
@@ -358,7 +365,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
             :func:`default_training`.
         chunks: micro-batch counts to try; default powers of two up to the batch per replica (at most 128).
         checkpoints: checkpoint policies to try.
-        schedules: schedule names to try; default every registered one (:data:`gpipe.schedule.SCHEDULES`).
+        schedules: schedule names to try; default every registered one with one stage per device
+            (:func:`planned_schedules`).
         stages: pipeline depths to allow; default every divisor of each GPU count.
         price_per_gpu_hour: dollars, to price each row per million samples.
         objective: ``throughput`` (default) or ``cost`` (cheapest per sample; needs a price).
@@ -378,7 +386,7 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     policy = default_training(dev) if training is None else training_policy(training) \
         if isinstance(training, str) else training
     lk = resolve_link(link, dev)
-    schedules = tuple(SCHEDULES) if schedules is None else schedules
+    schedules = planned_schedules() if schedules is None else schedules
     _check(profile, batch, gpus, chunks, checkpoints, schedules, policy)
     if objective not in ("throughput", "cost"):
         raise ValueError(f"objective must be 'throughput' or 'cost', got {objective!r}")

@@ -158,7 +158,7 @@ def test_the_planner_sweeps_it(registered: str) -> None:
         return {r.schedule for r in result.rows}
 
     assert sweep([registered]) == {registered}
-    assert sweep(None) == {"gpipe", "1f1b", registered}  # by default, every registered schedule
+    assert sweep(None) == {"gpipe", "1f1b", "zb-h1", registered}  # by default, every one with a stage per device
 
 
 def test_random_draws_match_gpipe(registered: str) -> None:

@@ -16,7 +16,7 @@ from sim.planning.costs_from_flops import TRAINING, FlopCosts, effective_efficie
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.hardware import DeviceSpec, get_device, get_link
 from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
-from sim.planning.plan import block_partition, default_training, plan, resolve_link
+from sim.planning.plan import block_partition, default_training, plan, planned_schedules, resolve_link
 
 MiB = 2**20
 
@@ -63,7 +63,7 @@ def test_planner_picks_the_fastest_configuration_that_fits(mlp_profile: ModelPro
         assert r.gpus == r.stages * r.replicas
         assert r.fits == all(m <= SMALL.memory_bytes for m in r.memory_bytes)
         assert r.throughput == pytest.approx(256 / r.step_seconds)
-    assert {r.schedule for r in result.rows} == {"gpipe", "1f1b"}
+    assert {r.schedule for r in result.rows} == set(planned_schedules()) >= {"gpipe", "1f1b", "zb-h1"}
     assert {r.checkpoint for r in result.rows} == {"never", "except_last", "always"}
 
 
@@ -158,6 +158,9 @@ def test_plan_errors(mlp_profile: ModelProfile) -> None:
         plan(mlp_profile, 4, "tpu-v9", [1])
     with pytest.raises(ValueError, match="counted in 32-bit"):
         plan(mlp_profile, 4, "h100-sxm", [1], training="bf16-adam")
+    with pytest.raises(ValueError, match="one stage per GPU; schedule 'zb-v' places several stages per device: "
+                                         "plan one of gpipe, 1f1b, zb-h1"):
+        plan(mlp_profile, 4, SMALL, [2], training="fp32-adam", schedules=["zb-v"])
 
 
 # -- the CLI -------------------------------------------------------------------------------------------
@@ -180,7 +183,8 @@ def test_cli_plans_a_users_model(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["device"] == "a100-80gb" and doc["link"] == "nvlink3" and doc["training"] == "bf16-adam"
-    assert doc["best"]["fits"] and len(doc["rows"]) == 2 * 3 * 2 * 3  # (gpus, stages) x chunks x sched x ckpt
+    rows = 3 * 2 * len(planned_schedules()) * 3  # (gpus, stages) x chunks x schedules x checkpoints
+    assert doc["best"]["fits"] and len(doc["rows"]) == rows and len(planned_schedules()) >= 3
     assert {p.name for p in out.iterdir()} == {"plan.json", "throughput.png", "memory.png", ".gpipe-sim.json"}
     assert set(json.loads((out / ".gpipe-sim.json").read_text())["files"]) == {"plan.json", "throughput.png",
                                                                                "memory.png"}  # sim.files
