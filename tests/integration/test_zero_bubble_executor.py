@@ -52,3 +52,13 @@ def test_dropout_draws_what_gpipe_draws(schedule: str) -> None:
 
     for ours, theirs in zip(grads(schedule, 4 if schedule == "zb-h1" else 2), grads("gpipe", 4), strict=True):
         torch.testing.assert_close(ours, theirs)
+
+
+def test_zb_v_on_a_device_count_it_cannot_use_names_the_fix() -> None:
+    with pytest.raises(ValueError, match="4 stages cannot go on 3 devices; give 2 devices"):
+        GPipe(mlp(), [1, 1, 2, 1], devices=["cpu"] * 3, schedule="zb-v")
+    with pytest.raises(ValueError, match=r"5 stages cannot go on 2 devices; give an even number of stages \(4 or 6\)"):
+        GPipe(mlp(), [1, 1, 1, 1, 1], devices=["cpu"] * 2, schedule="zb-v")
+    pipe = GPipe(mlp(), [1, 1, 2, 1], devices=["cpu"] * 2, chunks=4, schedule="zb-v")
+    with pytest.raises(RuntimeError, match=r"train with pipe.step\(input, target, loss_fn\)"):
+        pipe(torch.randn(8, 6))
