@@ -87,7 +87,7 @@ def zb_v(m: int, n: int, checkpoint: Checkpoint = "never", placement: Sequence[i
     Note [V phases], counted for the first micro-batch: device ``d`` starts at ``t = d``; ``F(0, b)`` reaches it at
     ``t = b`` and ``B(0, b)`` at ``t = 2p + d``. (1) Before ``F(0, b)`` it runs ``2(p - d) - 1`` forwards of
     ``a``; (2) until ``B(0, b)``, ``d`` pairs ``F b, F a``; (3) ``p - d`` triples ``F b, B b, W b``, the time
-    ``B(0, a)`` takes to come back down the V; (4) the steady triples ``F, B, W`` of ``a``, then of ``b``, until
+    micro-batch 0's gradient takes to reach ``a``; (4) the steady triples ``F, B, W`` of ``a``, then of ``b``, until
     every forward ran; (5) the remaining ``B``, gradients first: ``d`` pairs ``B a, B b``, then ``B a, W a``, then
     every ``W`` left. Fewer than ``2p - 1`` micro-batches run the same lists without the tasks of the missing
     ones. A device holds at most ``2p`` (stage, micro-batch) activations between ``F`` and ``W``: with each stage
