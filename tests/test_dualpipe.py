@@ -159,5 +159,5 @@ def test_dualpipe_v_refuses_what_it_cannot_run() -> None:
         dualpipe_v(4, 4, "sometimes")  # type: ignore[arg-type]
     kind = schedule_kind("dualpipe-v")
     assert kind.layout(6, 3) == (0, 1, 2, 2, 1, 0) and kind(6, 6, devices=3) == dualpipe_v(6, 6)
-    with pytest.raises(ValueError, match=r"give n = 2p stages, e.g. 4 stages on 2 devices or 6 stages on 3"):
+    with pytest.raises(ValueError, match=r"n = 2p: 6 stages cannot go on 2 devices; give 3 devices"):
         kind.layout(6, 2)

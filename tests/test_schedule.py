@@ -35,6 +35,8 @@ from gpipe.schedule import (
     schedule_kind,
     step_grid,
     unregister,
+    zb_h1,
+    zb_v,
 )
 from gpipe.schedule.grid import run_unit_steps
 from gpipe.schedule.validator import _runs_to_completion, _walk
@@ -286,10 +288,10 @@ def test_collector_paused_restores_the_collector_and_ages_what_it_built() -> Non
 
 def test_the_registry_names_every_generator_once() -> None:
     """Note [one registry]: the built-in generators, in order, each with its description, constraints and policy."""
-    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "dualpipe-v"]
+    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-v", "dualpipe-v"]
     assert [SCHEDULES[k].generator for k in SCHEDULES] == [gpipe, one_f_one_b, interleaved_one_f_one_b, looped_bfs,
-                                                           dualpipe_v]
-    assert [k.default_checkpoint for k in SCHEDULES.values()] == ["except_last", "never", "never", "never", "never"]
+                                                           zb_h1, zb_v, dualpipe_v]
+    assert [k.default_checkpoint for k in SCHEDULES.values()] == ["except_last"] + ["never"] * 6
     for kind in SCHEDULES.values():
         assert kind.description and kind.constraints and "\n" not in kind.description + kind.constraints
         assert kind(3, 2) == kind.generator(3, 2) and kind(3, 2).name == kind.name
@@ -299,7 +301,7 @@ def test_the_registry_names_every_generator_once() -> None:
 
 
 def test_an_unknown_name_lists_the_registered_ones() -> None:
-    registered = "gpipe, 1f1b, interleaved-1f1b, looped-bfs, dualpipe-v"
+    registered = "gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zb-v, dualpipe-v"
     with pytest.raises(ValueError, match=rf"^unknown schedule 'zero-bubble'; registered: {registered}$"):
         schedule_kind("zero-bubble")
     with pytest.raises(ValueError, match="unknown schedule 'zero-bubble'"):
@@ -317,7 +319,7 @@ def test_register_and_unregister() -> None:
             register("reversed", "twice")(reversed_gpipe)
     finally:
         assert unregister("reversed").generator is reversed_gpipe
-    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "dualpipe-v"]
+    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-v", "dualpipe-v"]
 
 
 @pytest.mark.parametrize(("name", "description", "message"), [
@@ -359,7 +361,7 @@ def test_the_package_imports_no_torch() -> None:
     executor), it leaves torch unloaded."""
     code = ("import sys, types; parent = types.ModuleType('gpipe'); parent.__path__ = ['gpipe']; "
             "sys.modules['gpipe'] = parent; import gpipe.schedule; "
-            "assert 'torch' not in sys.modules and len(gpipe.schedule.SCHEDULES) == 5")
+            "assert 'torch' not in sys.modules and len(gpipe.schedule.SCHEDULES) == 7")
     subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True)
 
 
@@ -386,8 +388,8 @@ def test_a_layout_places_n_stages_on_p_devices() -> None:
         with pytest.raises(ValueError, match=r"put 4 stages on devices \(0, 1, 1, 0\), not on each of 3"):
             schedule_kind("v-gpipe").layout(4, 3)
         with pytest.raises(ValueError, match=r"'gpipe' runs one stage per device: give as many devices as stages "
-                                             r"\(4, not 2\).*\(interleaved-1f1b, looped-bfs, dualpipe-v, looped-gpipe, "
-                                             r"v-gpipe\)"):
+                                             r"\(4, not 2\).*\(interleaved-1f1b, looped-bfs, zb-v, dualpipe-v, "
+                                             r"looped-gpipe, v-gpipe\)"):
             SCHEDULES["gpipe"].layout(4, 2)
         assert SCHEDULES["gpipe"].layout(3, 3) == (0, 1, 2)
     finally:

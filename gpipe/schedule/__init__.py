@@ -22,12 +22,13 @@ One concept per module, each importing only those above it::
     validator.py        ScheduleError and the one validator (linear in the tasks)
     schedule.py         Schedule: per-device task lists, shape and stage placement
     collector.py        collector_paused, for building millions of records
-    placement.py        stage placement and per-stage orders merged per device, for generators
+    placement.py        stage placement, the V layout v_shape(), per-stage orders merged per device
     registry.py         SCHEDULES: every generator by name, with what it does and needs; register()
     fill_drain.py       gpipe(): GPipe's fill-drain, and clock_cycles()
     pipedream_flush.py  one_f_one_b(): 1F1B
     pipelining.py       torch.distributed.pipelining's per-rank actions ("0F1") and CSV, both ways
     virtual_stages.py   interleaved_one_f_one_b(), looped_bfs(): several stages per device, placed looped
+    zero_bubble.py      zb_h1(), zb_v(): zero-bubble schedules (B and W split)
     dualpipe.py         dualpipe_v(): DeepSeek's DualPipeV, overlapped pairs in a V
 
 A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`)::
@@ -44,14 +45,16 @@ from gpipe.schedule.fill_drain import clock_cycles, gpipe
 from gpipe.schedule.grid import step_grid
 from gpipe.schedule.pipedream_flush import one_f_one_b
 from gpipe.schedule.pipelining import from_pipelining, read_pipelining_csv, to_pipelining, write_pipelining_csv
+from gpipe.schedule.placement import v_shape
 from gpipe.schedule.registry import SCHEDULES, Layout, ScheduleKind, looped, register, schedule_kind, unregister
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
 from gpipe.schedule.validator import ScheduleError
 from gpipe.schedule.virtual_stages import interleaved_one_f_one_b, looped_bfs
+from gpipe.schedule.zero_bubble import zb_h1, zb_v
 
 # isort: split
-from gpipe.schedule.dualpipe import dualpipe_v  # registers after gpipe and 1f1b (Note [one registry])
+from gpipe.schedule.dualpipe import dualpipe_v  # registers last (Note [one registry])
 
 __all__ = [
     "CHECKPOINT_MODES",
@@ -80,5 +83,8 @@ __all__ = [
     "step_grid",
     "to_pipelining",
     "unregister",
+    "v_shape",
     "write_pipelining_csv",
+    "zb_h1",
+    "zb_v",
 ]

@@ -7,26 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpipe.schedule.collector import collector_paused
+from gpipe.schedule.placement import v_shape
 from gpipe.schedule.registry import register
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed, unchecked_task
 
-__all__ = ["dualpipe_v", "v_shape"]
-
-
-def v_shape(n: int, p: int) -> tuple[int, ...]:
-    """Stages ``d`` and ``2p - 1 - d`` on device ``d``: down the devices, then back up (a V)::
-
-        n=6, p=3:   stage  0 1 2 3 4 5
-                    device 0 1 2 2 1 0
-
-    Raises:
-        ValueError: ``n != 2p`` (the message names the fix).
-    """
-    if p < 1 or n != 2 * p:
-        raise ValueError(f"a V places two stages on each device: give n = 2p stages, e.g. {2 * max(p, 1)} stages "
-                         f"on {max(p, 1)} devices or {n} stages on {n // 2} devices, got {n} stages on {p} devices")
-    return tuple(s if s < p else n - 1 - s for s in range(n))
+__all__ = ["dualpipe_v"]
 
 
 class _Device:

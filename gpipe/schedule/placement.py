@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed, dependencies
 
-__all__ = ["merge_stages", "stage_placement"]
+__all__ = ["merge_stages", "stage_placement", "v_shape"]
 
 
 def stage_placement(n: int, placement: Sequence[int] | None) -> tuple[int, ...]:
@@ -28,6 +28,23 @@ def stage_placement(n: int, placement: Sequence[int] | None) -> tuple[int, ...]:
     if sorted(set(p)) != list(range(max(p) + 1)):
         raise ValueError(f"placement must use devices 0..{max(p)} without gaps, got {p}")
     return p
+
+
+def v_shape(n: int, p: int) -> tuple[int, ...]:
+    """The V layout of ZB-V and DualPipeV: ``n = 2p`` stages, stages ``d`` and ``2p - 1 - d`` on device ``d``
+    (down the devices, then back up)::
+
+        n=6, p=3:   stage   0 1 2 3 4 5
+                    device  0 1 2 2 1 0
+
+    Raises:
+        ValueError: ``n != 2p`` (the message names the device count, or the stage counts, that fit).
+    """
+    if p < 1 or n != 2 * p:
+        fix = f"give {n // 2} devices" if n % 2 == 0 and n else f"give an even number of stages ({n - 1} or {n + 1})"
+        raise ValueError(f"a V places two stages on each device, so n = 2p: {n} stages cannot go on {p} devices; "
+                         f"{fix}")
+    return tuple(s if s < p else n - 1 - s for s in range(n))
 
 
 def merge_stages(

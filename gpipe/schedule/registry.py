@@ -23,8 +23,7 @@ One without a layout runs one stage per device unless given a placement.
 Note [one registry]: a schedule arrives as a name (``GPipe``'s argument, a command-line flag, a row of a
 plan), so the names live in one mapping, :data:`SCHEDULES`, that every reader looks up; nothing else keeps a
 list of schedules. It is module state on purpose, changed only by :func:`register` and :func:`unregister`;
-the built-in generators register when :mod:`gpipe.schedule` imports their modules (``gpipe``, ``1f1b``, then
-the others).
+the built-in generators register when :mod:`gpipe.schedule` imports their modules, in that order.
 """
 
 from __future__ import annotations

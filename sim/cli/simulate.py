@@ -69,7 +69,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--forward-time", type=float, default=1.0, metavar="S",
                    help="seconds of one forward per stage and micro-batch (default: 1)")
     p.add_argument("--backward-time", type=float, default=2.0, metavar="S",
-                   help="seconds of one backward (default: 2)")
+                   help="seconds of one backward, its input-gradient part where --weight-time is given (default: 2)")
+    p.add_argument("--weight-time", type=float, default=0.0, metavar="S",
+                   help="seconds of the weight-gradient part of a backward: a W task where the schedule splits "
+                        "the backward (zb-h1, zb-v), else added to the backward (default: 0)")
     p.add_argument("--recompute-time", type=float, default=None, metavar="S",
                    help="seconds of one recompute (default: the forward time)")
     p.add_argument("--copy-time", type=float, default=None, metavar="S", help="seconds of every copy between devices")
@@ -140,7 +143,7 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
     integer("--chunks", args.chunks, 1)
     if args.devices is not None:
         integer("--devices", args.devices, 1, args.stages)
-    for flag in ("forward_time", "backward_time", "recompute_time", "copy_time", "latency"):
+    for flag in ("forward_time", "backward_time", "weight_time", "recompute_time", "copy_time", "latency"):
         if getattr(args, flag) is not None:
             number("--" + flag.replace("_", "-"), getattr(args, flag), unit="seconds")
     for flag in ("activation_bytes", "saved_bytes", "model_state_bytes"):
@@ -153,7 +156,9 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
                            f"{link.transfer_seconds(args.activation_bytes):.3g} s, more than {MAX_SECONDS:g}")
     schedule_files.check_export(args)
     schedule = schedule_files.imported(args) or _schedule(args)
-    stage = StageCost(args.forward_time, args.backward_time, args.recompute_time,
+    # a schedule that does not split the backward runs its input and weight gradient as one task
+    backward = args.backward_time if schedule.splits_weight_gradient else args.backward_time + args.weight_time
+    stage = StageCost(args.forward_time, backward, args.recompute_time, weight=args.weight_time,
                       send_bytes=args.activation_bytes, saved_bytes=args.saved_bytes,
                       checkpoint_bytes=args.activation_bytes, parameter_bytes=args.model_state_bytes)
     copy_seconds = args.copy_time if args.copy_time is not None else (None if link is not None else 0.0)

@@ -46,6 +46,9 @@ class StageCost:
         forward_checkpointed: seconds of ``F`` for a checkpointed micro-batch, whose forward runs
             under ``no_grad`` and records no graph (cheaper); ``None`` means the same as ``forward``.
             ``forward`` is then the grad-enabled ``F`` of a micro-batch that is not checkpointed.
+        weight_bytes: where W tasks split the backward, bytes a micro-batch keeps from the end of its ``B``
+            to the end of its ``W`` (what the weight gradient reads: each layer's input and output gradient);
+            ``None``: all it held for ``B`` (Note [memory] in :mod:`sim.core.memory`).
     """
 
     forward: float
@@ -59,12 +62,13 @@ class StageCost:
     gradient_bytes: int = 0
     optimizer_bytes: int = 0
     forward_checkpointed: float | None = None
+    weight_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",
                      "parameter_bytes", "gradient_bytes", "optimizer_bytes"):
             check_cost(name, getattr(self, name))
-        for name in ("recompute", "forward_checkpointed"):
+        for name in ("recompute", "forward_checkpointed", "weight_bytes"):
             if getattr(self, name) is not None:
                 check_cost(name, getattr(self, name))
 

@@ -173,6 +173,7 @@ def device_fast(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
     backward_left = 0 if fork_join else sum(1 for t in tasks if t.op is _OP_B)
     gap, free_at = run.gap, run.launch  # Note [gap]
     held, current, frees_at, n = memory.held, memory.current, memory.frees_at, run.n
+    shrinks_at_b = memory.shrinks_at_b
     mem_append = memory.samples[d].append
     starts, paired = run.pair_starts[d], False
     t = 0.0  # this device's time
@@ -232,6 +233,8 @@ def device_fast(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
                 if freed:
                     current[d] -= freed
                     mem_append(MemorySample(d, t, current[d]))
+            elif op == B and shrinks_at_b:
+                memory.after(d, op, i, j, t)
         if op == B and not fork_join:  # Note [fork/join]
             backward_left -= 1
             send, run.deferred[d] = run.deferred[d], []

@@ -113,8 +113,9 @@ def test_bad_configs_are_refused() -> None:
 def test_executor_config_marks_cuda_devices_and_shared_gpus() -> None:
     from sim.calibration.experiment import executor_config
 
-    assert executor_config(["cpu", "cpu"]) == SimConfig()
-    assert executor_config(["cpu", "cpu"], two_phases=True) == SimConfig(backward_after_forward=True)
+    assert executor_config(["cpu", "cpu"]) == SimConfig(overlap_pairs=False)  # workers run a pair in turn
+    assert executor_config(["cpu", "cpu"], two_phases=True) == SimConfig(backward_after_forward=True,
+                                                                         overlap_pairs=False)
     one = executor_config(["cuda:0", "cuda:1"])
     assert one.asynchronous == {0, 1} and one.shared_streams is None
     shared = executor_config(["cuda:0", "cpu", "cuda:0", "cuda:1"])

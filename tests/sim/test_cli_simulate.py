@@ -105,8 +105,24 @@ def test_switches_change_the_result(capsys: pytest.CaptureFixture[str], tmp_path
     assert custom["copies"] == "custom: 1.5 s each"
 
 
+def test_weight_time_is_a_w_task_or_part_of_the_backward(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """ZB-H1 runs --weight-time as W tasks: 8 x 3 + 3 x (1 + 1 - 1) = 27; 1F1B and GPipe run B + W as one
+    backward of 2, as with --backward-time 2 alone (33); zb-v places its 4 stages on 2 devices."""
+    out = ["--out", str(tmp_path), "--force"]
+    split = [*BASE[:-1], "1", "--weight-time", "1", *out]  # --backward-time 1
+    zb = run_json(capsys, *split, "--schedule", "zb-h1")
+    assert zb["makespan"] == 27.0 and zb["schedule"] == "zb-h1"
+    assert all(d["busy"] == 24.0 for d in zb["devices"])
+    assert run_json(capsys, *split, "--schedule", "1f1b")["makespan"] == 33.0
+    assert run_json(capsys, *split)["makespan"] == 33.0  # gpipe
+    v = run_json(capsys, *split, "--schedule", "zb-v")
+    assert v["makespan"] == 2 * 8 * 3 + 1 and len(v["devices"]) == 2
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--forward-time", "-1"], "--forward-time must be a finite number of seconds >= 0"),
+    (["--weight-time", "-1"], "--weight-time must be a finite number of seconds >= 0"),
+    (["--schedule", "zb-v", "--stages", "5"], "zb-v runs n = 2p stages, two per device in a V; got n=5: give an even"),
     (["--backward-time", "nan"], "--backward-time must be a finite number"),
     (["--copy-time", "inf"], "--copy-time must be a finite number"),
     (["--chunks", "0"], "--chunks must be >= 1"),

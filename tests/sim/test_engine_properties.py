@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, dualpipe_v, gpipe, one_f_one_b
+from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, dualpipe_v, gpipe, one_f_one_b, zb_h1
 from gpipe.timeline import COMPUTE, MemorySample, Span, Timeline
 from sim.calibration.host import Overheads, with_overheads
 from sim.core.config import SimConfig
@@ -39,7 +39,7 @@ def _surjective(raw: list[int]) -> list[int]:
 def cases(draw: st.DrawFn, shared: bool | None = None, pairs: bool = True) -> Case:
     """A schedule, a cost model and switches; a schedule with overlapped pairs (DualPipeV, its two stages on
     each device) only where they are modelled (sim.core.overlap.check_pairs): copy streams, no contention."""
-    kinds = ["gpipe", "1f1b"] + (["dualpipe-v"] if pairs and shared is not False else [])
+    kinds = ["gpipe", "1f1b", "zb-h1"] + (["dualpipe-v"] if pairs and shared is not False else [])
     kind = draw(st.sampled_from(kinds))
     n, m = draw(st.integers(1, 5)), draw(st.integers(1, 6))
     policy = draw(st.sampled_from(CHECKPOINT_MODES))
@@ -50,12 +50,13 @@ def cases(draw: st.DrawFn, shared: bool | None = None, pairs: bool = True) -> Ca
         m = draw(st.integers(n, n + 3))
         schedule = dualpipe_v(m, n, policy)
     else:
-        schedule = (gpipe if kind == "gpipe" else one_f_one_b)(m, n, policy, placement)
+        schedule = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1}[kind](m, n, policy, placement)
     seconds = st.floats(0.05, 5.0, allow_nan=False)
     stages = tuple(
         StageCost(draw(seconds), draw(seconds), draw(st.none() | seconds), send_bytes=draw(st.integers(0, 4)),
                   saved_bytes=draw(st.integers(0, 1000)), checkpoint_bytes=draw(st.integers(0, 100)),
-                  forward_checkpointed=draw(st.none() | seconds))
+                  forward_checkpointed=draw(st.none() | seconds), weight=draw(seconds),
+                  weight_bytes=draw(st.none() | st.integers(0, 1000)))
         for _ in range(n))
     copy_seconds = draw(st.none() | st.sampled_from([0.0, 0.3, 1.7]))
     link = LinkSpec("test", draw(st.sampled_from([0.0, 0.2])), draw(st.sampled_from([1.0, 4.0]))) \

@@ -159,6 +159,8 @@ def test_plan_errors(mlp_profile: ModelProfile) -> None:
         plan(mlp_profile, 4, "tpu-v9", [1])
     with pytest.raises(ValueError, match="counted in 32-bit"):
         plan(mlp_profile, 4, "h100-sxm", [1], training="bf16-adam")
+    with pytest.raises(ValueError, match="unknown schedule 'zb-w'"):
+        plan(mlp_profile, 4, SMALL, [2], training="fp32-adam", schedules=["zb-w"])
 
 
 # -- the CLI -------------------------------------------------------------------------------------------
