@@ -3,7 +3,11 @@
 Note [backend from the device]: a rank computes on ``cuda:LOCAL_RANK`` when CUDA is available (one GPU per
 rank, as ``torchrun --nproc-per-node`` numbers them) and on the CPU otherwise; the process group started here
 uses NCCL for a CUDA device and gloo for the CPU. Small objects (the step's batch sizes, the random seed, input
-errors) always go through a gloo group, the default one on CPU or one made beside NCCL.
+errors) always go through a gloo group, the tensor group itself on CPU or one made beside NCCL.
+
+Note [a group per pipeline]: a step that fails leaves messages in flight; without ``group=``, each pipeline
+talks on a new group of the default one's ranks, so a pipeline built after a failure starts clean. A caller's
+group is used as given: after a failure, give the next pipeline a new one.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ def join(group: Any, device: torch.device | str | None, timeout: float) -> Ranks
                                  "torch.distributed.init_process_group first, or pass group=")
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                     timeout=datetime.timedelta(seconds=max(timeout, 1.0)))
-        group = dist.group.WORLD
+        # Note [a group per pipeline]
+        group = dist.new_group(backend="nccl" if device.type == "cuda" else "gloo")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = dist.get_backend(group)
@@ -73,5 +78,6 @@ def join(group: Any, device: torch.device | str | None, timeout: float) -> Ranks
     dist.broadcast_object_list(name, group=control, group_src=0)
     base = dist.distributed_c10d._get_default_store()  # the rendezvous's store: every rank reaches it
     prefix = f"gpipe/{name[0]}/"
-    return Ranks(group, control, rank, world, device, dist.PrefixStore(prefix, base),
+    # two clients of the same server under one prefix: one for this thread, one for the alarm's
+    return Ranks(group, control, rank, world, device, dist.PrefixStore(prefix, store_client(base, timeout)),
                  dist.PrefixStore(prefix, store_client(base, timeout)))
