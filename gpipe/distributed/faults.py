@@ -121,6 +121,8 @@ class Alarm:
 
     def close(self) -> None:
         self.closed.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=2 * self.poll)
 
 
 class Pending:
@@ -154,7 +156,9 @@ class Waiter:
             pending.done.set()
 
     def close(self) -> None:
+        """End the thread once the works queued so far are waited for (at once after a good step)."""
         self.queue.put(None)
+        self.thread.join(timeout=1.0)
 
 
 def store_client(store: Any, timeout: float) -> Any:
