@@ -37,7 +37,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["Draws", "TaskDraws", "UnseededDraw", "check_outside", "is_stochastic", "outside_state", "step_seed"]
+__all__ = ["Draws", "TaskDraws", "UnseededDraw", "check_outside", "is_stochastic", "mix_seed", "outside_state",
+           "step_seed"]
 
 _lock = threading.RLock()  # guards the default generators' states: a draw's re-seeding, a task's check
 _MASK = (1 << 64) - 1
@@ -67,6 +68,12 @@ def _mix(*values: int) -> int:
         state = (state ^ (state >> 31)) * 0x94D049BB133111EB & _MASK
         state ^= state >> 29
     return state & ((1 << 63) - 1)
+
+
+def mix_seed(*values: int) -> int:
+    """A 63-bit seed mixed from ``values`` (SplitMix64): the seed of a task's draw, or of a layer's initial weights
+    (:mod:`gpipe.distributed.materialize`)."""
+    return _mix(*values)
 
 
 def _generators(args: Any, kwargs: dict[str, Any]) -> list[torch.Generator]:

@@ -1,0 +1,83 @@
+"""The ranks a pipeline runs on: the process group (torchrun's or the caller's), this rank's device, the store.
+
+Note [backend from the device]: a rank computes on ``cuda:LOCAL_RANK`` when CUDA is available (one GPU per
+rank, as ``torchrun --nproc-per-node`` numbers them) and on the CPU otherwise; the process group started here
+uses NCCL for a CUDA device and gloo for the CPU. Small objects (the step's batch sizes, the random seed, input
+errors) always go through a gloo group, the tensor group itself on CPU or one made beside NCCL.
+
+Note [a group per pipeline]: a step that fails leaves messages in flight; without ``group=``, each pipeline
+talks on a new group of the default one's ranks, so a pipeline built after a failure starts clean. A caller's
+group is used as given: after a failure, give the next pipeline a new one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpipe.distributed.faults import store_client
+
+__all__ = ["Ranks", "default_device", "join"]
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Attributes: ``group`` (tensors), ``control`` (gloo, objects), this ``rank`` of ``world``, its ``device``,
+    ``store`` and ``watcher``: two clients of the rendezvous store under this pipeline's own prefix."""
+
+    group: Any
+    control: Any
+    rank: int
+    world: int
+    device: torch.device
+    store: Any
+    watcher: Any
+
+
+def default_device() -> torch.device:
+    """``cuda:LOCAL_RANK`` where CUDA is available, else the CPU (Note [backend from the device])."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def join(group: Any, device: torch.device | str | None, timeout: float) -> Ranks:
+    """The ranks of ``group`` (``None``: the default group, started from torchrun's environment if need be).
+
+    Raises:
+        ValueError: no group and no torchrun environment; a device that is neither CPU nor CUDA.
+    """
+    device = default_device() if device is None else torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"DistributedGPipe runs on 'cpu' and 'cuda' devices, got {device}")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if group is None:
+        if not dist.is_initialized():
+            missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+            if missing:
+                raise ValueError(f"no process group and no torchrun environment ({', '.join(missing)} unset): launch "
+                                 "with torchrun --nproc-per-node N script.py, or call "
+                                 "torch.distributed.init_process_group first, or pass group=")
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                    timeout=datetime.timedelta(seconds=max(timeout, 1.0)))
+        # Note [a group per pipeline]
+        group = dist.new_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = dist.get_backend(group)
+    control = group if backend == "gloo" else dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    name = [uuid.uuid4().hex if rank == 0 else None]
+    dist.broadcast_object_list(name, group=control, group_src=0)
+    base = dist.distributed_c10d._get_default_store()  # the rendezvous's store: every rank reaches it
+    prefix = f"gpipe/{name[0]}/"
+    # two clients of the same server under one prefix: one for this thread, one for the alarm's
+    return Ranks(group, control, rank, world, device, dist.PrefixStore(prefix, store_client(base, timeout)),
+                 dist.PrefixStore(prefix, store_client(base, timeout)))

@@ -1,0 +1,266 @@
+"""DistributedGPipe: one process per schedule device, each running its own stages' tasks (torchrun, gloo, NCCL).
+
+::
+
+    # torchrun --nproc-per-node 2 train.py
+    pipe = DistributedGPipe(model, balance=[2, 3], chunks=4, schedule="1f1b")
+    loss = pipe.step(x, y, loss_fn)   # x read on the first stage's rank, y on the last; the loss on every rank
+
+Rank ``d`` is schedule device ``d``: it runs :class:`gpipe.interpreter.Worker` on ``schedule.tasks[d]`` (one
+stage, or several as the schedule's layout places them) over :class:`gpipe.distributed.wire.Wire`, and holds
+only those stages' layers (Note [materialised weights] in :mod:`gpipe.distributed.materialize`); the others are
+empty placeholders. ``parameters()`` are this rank's, for its own optimizer.
+
+Note [a step's start]: before anything is sent, the ranks exchange what each checked of its own inputs: the
+first stage's rank the micro-batch rows of ``x``, the last stage's the rows of ``y``, each rank whether its
+stages may draw random numbers, and any error. Every rank then raises the same error, or builds the same
+schedule; where a stage may draw, the first stage's rank draws the step's seed (as one process would) and
+sends it to all, so checkpointed draws are exact across processes (Note [random state] in :mod:`gpipe.rng`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from gpipe import rng
+from gpipe.batchnorm import DeferredBatchNorm
+from gpipe.checks import check_balance, check_count, check_unique
+from gpipe.distributed.faults import Alarm, PipelineFailed, report
+from gpipe.distributed.group import Ranks, join
+from gpipe.distributed.materialize import Init, materialize_layer
+from gpipe.distributed.routes import loss_key
+from gpipe.distributed.wire import Links, Wire
+from gpipe.gradients import Gradients
+from gpipe.interpreter import Step, Worker
+from gpipe.microbatch import as_tensors, scatter
+from gpipe.pipeline import Pipeline
+from gpipe.recorder import Recorder
+from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Op, Schedule, Task, schedule_kind
+from gpipe.skip.layout import SkipLayout
+from gpipe.timeline import Timeline
+from gpipe.transport import DRIVER, Message
+
+__all__ = ["DistributedGPipe"]
+
+
+class DistributedGPipe(nn.Module):
+    """This rank's part of a pipeline over the ranks of a process group (one schedule device per rank).
+
+    Args:
+        module: the model, an ``nn.Sequential``; every rank builds it alike, on ``meta`` for a model too large for
+            one process (each rank materialises only its layers: Note [materialised weights]).
+        balance: layers per stage; ``len(balance)`` stages on the group's ranks, one each, or by the schedule's
+            layout (``"interleaved-1f1b"``, ``"looped-bfs"``, ``"dualpipe-v"``) several per rank.
+        chunks, checkpoint, schedule, deferred_batch_norm, record: as :class:`gpipe.GPipe`'s.
+        group: the process group; ``None``: the default one, started from torchrun's environment if need be.
+        device: this rank's device; ``None``: ``cuda:LOCAL_RANK`` where CUDA is available, else the CPU.
+        timeout: seconds any wait for another rank may last before the step fails on every rank.
+        seed, init: how ``meta`` layers are initialised (Note [materialised weights]).
+        lookahead: receives posted ahead per peer (Note [receives posted ahead] in :mod:`gpipe.distributed.wire`).
+
+    Raises:
+        ValueError: on every rank, for a bad balance, chunks, checkpoint mode or schedule, or a number of stages
+            the schedule cannot place on the group's ranks.
+    """
+
+    def __init__(self, module: nn.Sequential, balance: Sequence[int], *, chunks: int = 1,
+                 checkpoint: str = "except_last", schedule: str = "gpipe", deferred_batch_norm: bool = False,
+                 record: bool = False, group: Any = None, device: torch.device | str | None = None,
+                 timeout: float = 300.0, seed: int = 0, init: Init | None = None, lookahead: int = 2) -> None:
+        super().__init__()
+        if not isinstance(module, nn.Sequential):
+            raise TypeError(f"DistributedGPipe partitions an nn.Sequential, got {type(module).__name__}")
+        check_unique(module)
+        self.balance = check_balance(balance, len(module))
+        self.chunks = check_count("chunks (micro-batches per mini-batch)", chunks)
+        if checkpoint not in CHECKPOINT_MODES:
+            raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
+        self.checkpoint, self.schedule_name, self.record = checkpoint, schedule, record
+        if not timeout > 0:
+            raise ValueError(f"timeout is in seconds and positive, got {timeout!r}")
+        self.kind = schedule_kind(schedule)
+        self.ranks: Ranks = join(group, device, timeout)
+        n, world, rank = len(self.balance), self.ranks.world, self.ranks.rank
+        try:
+            self.placement = self.kind.layout(n, world)
+        except ValueError as error:
+            raise ValueError(f"balance {self.balance} makes {n} stages, which schedule {schedule!r} cannot place on "
+                             f"{world} ranks: {error} (launch {n} processes, e.g. torchrun --nproc-per-node {n}, "
+                             "or change the balance)") from None
+        if deferred_batch_norm:
+            module = DeferredBatchNorm.convert_deferred_batch_norm(module, self.chunks)
+        self.skip_layout = SkipLayout.of(list(module), self.balance)
+        named, partitions, k = list(module.named_children()), [], 0
+        for j, size in enumerate(self.balance):
+            mine = self.placement[j] == rank
+            for index in range(k, k + size) if mine else ():
+                materialize_layer(named[index][1], index, self.device, seed, init)
+            partitions.append(nn.Sequential(OrderedDict(named[k:k + size] if mine else [])))
+            k += size
+        self.partitions = nn.ModuleList(partitions)
+        self.pipeline = Pipeline.of(partitions, [self.device] * n, self.skip_layout)
+        alarm = Alarm(self.ranks.store, self.ranks.watcher, rank, timeout)
+        self.links = Links(self.ranks.group, rank, self.device, alarm, lookahead)
+        self.timeline: Timeline | None = None
+        self.failure: str | None = None
+        self._schedules: dict[tuple[int, str], Schedule] = {}
+
+    @property
+    def rank(self) -> int:
+        return self.ranks.rank
+
+    @property
+    def device(self) -> torch.device:
+        return self.ranks.device
+
+    @property
+    def stages(self) -> list[int]:
+        """The stages this rank runs."""
+        return [j for j, d in enumerate(self.placement) if d == self.rank]
+
+    def schedule_for(self, m: int, checkpoint: str | None = None) -> Schedule:
+        """The schedule of a step of ``m`` micro-batches (its device ``d`` is rank ``d``)."""
+        mode = self.checkpoint if checkpoint is None else checkpoint
+        if (m, mode) not in self._schedules:
+            self._schedules[(m, mode)] = self.kind(m, len(self.balance), cast(Checkpoint, mode),
+                                                   self.placement).validate()
+        return self._schedules[(m, mode)]
+
+    def close(self) -> None:
+        """Stop this rank's helper threads (the pipeline cannot step afterwards)."""
+        self.links.close()
+        self.failure = self.failure or "this pipeline was closed"
+
+    # -- a step -----------------------------------------------------------------------------------------
+
+    def step(self, input: Any, target: Any, loss_fn: Callable[..., Tensor]) -> Tensor:
+        """Forward and backward of one mini-batch on every rank, by the schedule (as :meth:`gpipe.GPipe.step`).
+
+        Every rank calls it: ``input`` is read on the first stage's rank and ``target`` on the last stage's (the
+        other ranks may pass ``None``). Gradients accumulate into this rank's parameters.
+
+        Returns:
+            The mini-batch's loss (detached), on every rank, on its device.
+
+        Raises:
+            ValueError, TypeError: bad input, on every rank before anything is sent (Note [a step's start]).
+            PipelineFailed: a task failed on some rank, a rank died or a wait passed the timeout; the message
+                names the rank, stage and task and holds the original traceback. The pipeline is unusable after.
+        """
+        if self.failure is not None:
+            raise PipelineFailed(f"this pipeline failed in an earlier step, so its ranks are out of step: build a "
+                                 f"new DistributedGPipe (the failure: {self.failure.splitlines()[0]})")
+        schedule, batches, targets, rows, seed = self._start(input, target, loss_fn)
+        try:
+            return self._run(schedule, batches, targets, rows, seed, loss_fn)
+        except PipelineFailed as failed:
+            self.failure = str(failed)
+            raise
+
+    def _start(self, input: Any, target: Any, loss_fn: Callable[..., Tensor]) -> tuple[Any, ...]:
+        """Note [a step's start]: check, exchange, then the same schedule or the same error on every rank."""
+        n, rank = len(self.balance), self.rank
+        first, last = self.placement[0], self.placement[n - 1]
+        batches: list[tuple[Tensor, ...]] = []
+        targets: list[tuple[Tensor, ...]] = []
+        mine: dict[str, Any] = {"rows": None, "target_rows": None, "error": None}
+        own: Exception | None = None
+        try:
+            if not torch.is_grad_enabled():
+                raise RuntimeError("pipe.step trains: call it with grad enabled (not under torch.no_grad())")
+            if rank == first:
+                was_tuple, tensors = as_tensors(input, "the input")
+                batches = [tuple(t.to(self.device) for t in b) for b in scatter(tensors, self.chunks)]
+                mine["rows"] = [b[0].size(0) for b in batches]
+                mine["input_is_tuple"] = was_tuple
+            if rank == last:
+                _, whole = as_tensors(target, "the target")
+                mine["target_rows"] = whole[0].size(0)
+                targets = [tuple(t.to(self.device) for t in b) for b in scatter(whole, self.chunks)]
+        except (TypeError, ValueError, RuntimeError) as error:
+            own, mine["error"] = error, f"{type(error).__name__}: {error}"
+        mine["may_draw"] = any(p is None or p for p in self.pipeline.draws.plan())
+        told: list[Any] = [None] * self.ranks.world
+        dist.all_gather_object(told, mine, group=self.ranks.control)
+        for r, info in enumerate(told):
+            if info["error"] is not None:
+                if own is not None:
+                    raise own
+                raise ValueError(f"rank {r} rejected the step's input: {info['error']}")
+        rows, target_rows = told[first]["rows"], told[last]["target_rows"]
+        if target_rows != sum(rows):
+            raise ValueError(f"the target's batch size {target_rows} (rank {last}) differs from the input's "
+                             f"{sum(rows)} (rank {first})")
+        schedule = self.schedule_for(len(rows), self.checkpoint if self.training else "never")
+        seed = [0]
+        if any(info["may_draw"] for info in told):
+            seed = [rng.step_seed() if rank == first else 0]
+            dist.broadcast_object_list(seed, group=self.ranks.control, group_src=first)
+        summed = getattr(loss_fn, "reduction", "mean") == "sum"
+        self._weights = [1.0 if summed else r / sum(rows) for r in rows]
+        self._input_is_tuple = bool(told[first].get("input_is_tuple"))
+        return schedule, batches, targets, rows, seed[0]
+
+    def _run(self, schedule: Schedule, batches: list[tuple[Tensor, ...]], targets: list[tuple[Tensor, ...]],
+             rows: list[int], seed: int, loss_fn: Callable[..., Tensor]) -> Tensor:
+        rank, n, alarm = self.rank, schedule.n, self.links.alarm
+        pipeline = self.pipeline
+        plan = pipeline.draws.plan()
+        drew: list[set[int]] = [set() for _ in range(n)]
+        recorder = Recorder(pipeline, schedule, torch.get_num_threads(), [self.device] * schedule.num_devices) \
+            if self.record else None
+        clock = (time.time(), time.perf_counter())
+        wire = Wire(self.links, schedule, self.skip_layout, rows)
+        step = Step(pipeline, schedule, True, recorder, plan, seed, drew, Gradients(list(self.partitions)),
+                    (loss_fn, self._weights))
+        worker = Worker(step, rank, self.device, wire)
+        for i, batch in enumerate(batches):
+            wire.send(0, (Task(Op.F, i, 0), "input"), Message(batch, self._input_is_tuple))
+        for i, target in enumerate(targets):
+            wire.send(n - 1, (Task(Op.F, i, n - 1), "target"), Message(target, len(target) > 1))
+        checkpoints = any(schedule.is_checkpointed(i) for i in range(schedule.m))
+        outside = rng.outside_state() if checkpoints else None
+        where = "the start of the step"
+        try:
+            for task in schedule.tasks[rank]:
+                alarm.check()
+                where = f"stage {task.stage}, task {task}"
+                worker.run(task)
+                wire.flush(task)
+            where = "the end of the step"
+            if self.placement[n - 1] == rank:
+                losses = [wire.receive(DRIVER, (Task(Op.F, i, n - 1), "loss")).tensors[0]
+                          for i in range(schedule.m)]
+                loss = torch.stack(cast(list[Tensor], losses)).sum()
+                wire.send_loss(loss)
+            else:
+                got = wire.receive(self.stages[0], loss_key(schedule)).tensors[0]
+                assert got is not None
+                loss = got
+            wire.finish()
+            if outside is not None:
+                rng.check_outside(outside)
+        except PipelineFailed:
+            raise
+        except BaseException as error:
+            text = report(rank, where, error)
+            alarm.fail(text)
+            raise PipelineFailed(text) from error
+        finally:
+            worker.release()
+        for partition in self.partitions:
+            DeferredBatchNorm.commit_all(partition)
+        pipeline.draws.learn(plan, drew)
+        if recorder is not None:
+            timeline = recorder.timeline()
+            timeline.meta.update(rank=rank, world_size=self.ranks.world,
+                                 clock={"unix": clock[0], "perf_counter": clock[1], "perf_counter_t0": recorder.t0})
+            self.timeline = timeline
+        return loss.detach()

@@ -1,0 +1,66 @@
+"""A pool of ranks for the distributed tests: spawn ``world`` processes once, run many cases in each, collect.
+
+Each case is a function ``case(rank, world) -> str`` run on every rank, in the same order on all; what it
+returns (or the error it raised, as ``"raised Type: message"``) comes back per rank. Gloo on loopback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+Case = Callable[[int, int], str]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, world: int, port: int, cases: Sequence[tuple[str, Case]], results: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    for name, case in cases:
+        try:
+            out = case(rank, world)
+        except BaseException as error:  # noqa: BLE001 - the test reads it
+            out = f"raised {type(error).__name__}: {error}"
+            if os.environ.get("GPIPE_TEST_TRACE"):
+                traceback.print_exc()
+        results.put((rank, name, out))
+    dist.destroy_process_group()
+
+
+def run(world: int, cases: Sequence[tuple[str, Case]], timeout: float = 90.0) -> dict[str, list[str | None]]:
+    """Every case on ``world`` spawned ranks: per case, each rank's result (``None``: the rank never said)."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    procs = [context.Process(target=_rank, args=(r, world, port, list(cases), results), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    out: dict[str, list[str | None]] = {name: [None] * world for name, _ in cases}
+    expected = world * len(cases)
+    import queue
+    try:
+        for _ in range(expected):
+            rank, name, value = results.get(timeout=timeout)
+            out[name][rank] = value
+    except queue.Empty:
+        pass
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+    return out
