@@ -5,11 +5,12 @@ Speed. torchgpipe (Kim et al., 2020; ``benchmarks/resnet101-speed``) trains ResN
 throughput. Here every experiment is predicted from FLOP and byte counts (:mod:`sim.planning.flops`) divided by
 the catalog's P40 (:mod:`sim.planning.hardware`), simulated (:mod:`sim.core.engine`) with the same batch, chunks,
 balance and checkpointing (``except_last``, torchgpipe's default, which the benchmark keeps), over
-PCIe 3.0 x16, with plain SGD. Calibration: ONE device parameter, the P40's efficiency, is solved so
-that the single-GPU baseline matches its 95.862 samples/s; the pipeline speed-ups are then
-predictions, nothing is fitted per experiment. An epoch is modelled as the benchmark runs it: full
-batches and a smaller last one, each split by ``torch.chunk`` semantics (chunks of
-``ceil(batch / chunks)`` samples).
+PCIe 3.0 x16, with plain SGD. Each kernel is timed by the catalog P40's roofline
+(:mod:`sim.planning.roofline`): its convolution fraction was solved ONCE from the single-GPU baseline
+(95.862 samples/s) and is fixed in the catalog for every model (Note [roofline sources] in
+:mod:`sim.planning.hardware`); nothing is solved here, and the speed-ups are predictions. An epoch is
+modelled as the benchmark runs it: full batches and a smaller last one, each split by ``torch.chunk``
+semantics (chunks of ``ceil(batch / chunks)`` samples).
 
 Two diagnostics are printed beside the prediction, neither fitted: the prediction at the balance the
 model itself finds best (the published balances were tuned on P40s, see Note [what the errors say]),
@@ -123,25 +124,18 @@ def _epoch_throughput(costs: FlopCosts, balance: tuple[int, ...], batch: int, ch
 #: Other values of the model's a-priori assumptions, to show how much each moves the answer.
 SENSITIVITY: dict[str, dict[str, float]] = {
     "datasheet bandwidth": {"memory_efficiency": 1.0},
+    "half_dim 0": {"half_dim": 0.0},
+    "half_dim 32": {"half_dim": 32.0},
     "kernel 0 us": {"kernel_seconds": 0.0},
     "kernel 10 us": {"kernel_seconds": 10e-6},
 }
 
 
-def _costs(profile: ModelProfile, p40: DeviceSpec, efficiency: float, **options: float) -> FlopCosts:
-    return FlopCosts(profile, replace(p40, efficiency=efficiency), training_policy("fp32-sgd"), **options)
-
-
-def _calibrate(profile: ModelProfile, p40: DeviceSpec, config: SimConfig, **options: float) -> float:
-    """The P40 efficiency at which the baseline (batch 118, one GPU, no pipeline) gives 95.862 samples/s."""
-    lo, hi = 0.01, 1.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        if _epoch_throughput(_costs(profile, p40, mid, **options), (len(profile),), 118, 1, config) < BASELINE:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+def _costs(profile: ModelProfile, p40: DeviceSpec, **options: float) -> FlopCosts:
+    half_dim = options.pop("half_dim", None)
+    if half_dim is not None and p40.roofline is not None:
+        p40 = replace(p40, roofline=replace(p40.roofline, half_dim=half_dim))
+    return FlopCosts(profile, p40, training_policy("fp32-sgd"), **options)
 
 
 def _best_balance(costs: FlopCosts, stages: int, microbatch: int) -> tuple[int, ...]:
@@ -159,11 +153,11 @@ def _heaviest_share(costs: FlopCosts, balance: tuple[int, ...], microbatch: int)
 
 def _predict(profile: ModelProfile, p40: DeviceSpec, config: SimConfig, **options: float
              ) -> tuple[float, float, list[float]]:
-    """Calibrated efficiency, baseline throughput and each experiment's predicted speed-up."""
-    efficiency = _calibrate(profile, p40, config, **options)
-    costs = _costs(profile, p40, efficiency, **options)
+    """The P40's convolution fraction (set once, in the catalog), baseline throughput and each predicted speed-up."""
+    costs = _costs(profile, p40, **options)
     base = _epoch_throughput(costs, (len(profile),), 118, 1, config)
-    return efficiency, base, [_epoch_throughput(costs, balance, batch, chunks, config) / base
+    assert p40.roofline is not None
+    return p40.roofline.convolution["fp32"], base, [_epoch_throughput(costs, balance, batch, chunks, config) / base
                               for _, batch, chunks, balance, _ in EXPERIMENTS]
 
 
@@ -175,10 +169,10 @@ def resnet_table() -> dict[str, Any]:
     p40 = get_device("tesla-p40")
     config = SimConfig(link=get_link("pcie3-x16"))
     efficiency, base, speedups = _predict(profile, p40, config)
-    costs = _costs(profile, p40, efficiency)
+    costs = _costs(profile, p40)
     rows = [{"experiment": "baseline", "batch": 118, "chunks": 1, "balance": [370],
              "published_throughput": BASELINE, "predicted_throughput": base,
-             "published_speedup": 1.0, "predicted_speedup": base / BASELINE, "error": base / BASELINE - 1}]
+             "published_speedup": 1.0, "predicted_speedup": 1.0, "error": base / BASELINE - 1}]
     for (name, batch, chunks, balance, speedup), predicted in zip(EXPERIMENTS, speedups, strict=True):
         microbatch = math.ceil(batch / chunks)
         best = _best_balance(costs, len(balance), microbatch)
@@ -226,8 +220,8 @@ def gpt_memory_table() -> list[dict[str, Any]]:
 def main() -> int:
     start = time.perf_counter()
     speed = resnet_table()
-    print(f"ResNet-101 on Tesla P40s (torchgpipe), predicted from FLOPs; calibrated P40 efficiency "
-          f"{speed['calibrated_efficiency']:.3f} (from the baseline only)")
+    print(f"ResNet-101 on Tesla P40s (torchgpipe), predicted per kernel from the catalog's P40 roofline "
+          f"(convolution fraction {speed['calibrated_efficiency']:.3f}, set once; Note [roofline sources])")
     print(f"{'experiment':<11} {'batch':>6} {'chunks':>6}  {'published':>16} {'predicted':>16} {'error':>7}")
     for r in speed["rows"]:
         print(f"{r['experiment']:<11} {r['batch']:>6} {r['chunks']:>6}  "

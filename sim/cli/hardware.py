@@ -1,4 +1,5 @@
-"""``gpipe-sim hardware``: list the catalog of devices and links, as tables or as JSON."""
+"""``gpipe-sim hardware``: list the catalog of devices and links, as tables or as JSON; or measure this CPU's
+roofline (``--calibrate-cpu``) and save it for the planner (``--out cpu.json``, then ``--hardware cpu.json``)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,49 @@ def add_parser(subparsers: Any) -> None:
                               description="List the catalog of devices and links the simulator prices with; "
                                           "every figure's public source is beside it in sim/planning/hardware.py.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    p.add_argument("--calibrate-cpu", action="store_true",
+                   help="time GEMMs, convolutions and memory-bound kernels on this CPU (one thread, as each executor "
+                        "worker runs) and fit its roofline")
+    p.add_argument("--threads", type=int, default=1, help="threads for --calibrate-cpu (default 1)")
+    p.add_argument("--out", metavar="PATH", help="with --calibrate-cpu: save the device as JSON, for "
+                                                 "gpipe-sim plan --hardware PATH")
     p.set_defaults(func=run)
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sim.planning.calibrate_device import calibrate_cpu
+
+    if args.threads < 1:
+        raise SystemExit(f"gpipe-sim hardware: error: --threads must be >= 1, got {args.threads}")
+    result = calibrate_cpu(threads=args.threads)
+    dev = result.device
+    if args.json:
+        print(json_text(dev.to_dict()))
+    else:
+        roof = dev.roofline
+        assert roof is not None
+        print(f"{dev.name}: matmul peak {dev.peak_flops['fp32'] / 1e9:.1f} GFLOP/s, half_dim {roof.half_dim:g}, "
+              f"convolution fraction {roof.convolution['fp32']:.2f}, bandwidth {dev.memory_bandwidth / 1e9:.1f} GB/s, "
+              f"{roof.kernel_seconds * 1e6:.2f} us per kernel")
+        print(f"{'kernel':<12} {'shape':<22} {'measured':>10} {'roofline':>10} {'error':>7}")
+        for m in result.measurements:
+            print(f"{m.kind:<12} {str(m.shape):<22} {m.seconds * 1e3:>7.3f} ms {m.predicted * 1e3:>7.3f} ms "
+                  f"{100 * (m.predicted / m.seconds - 1):>+6.1f}%")
+    if args.out:
+        Path(args.out).write_text(json_text(dev.to_dict()))
+        if not args.json:
+            print(f"wrote {args.out} (use it as gpipe-sim plan --hardware {args.out})")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    """Print the catalog; return the exit status."""
+    """Print the catalog, or calibrate this CPU; return the exit status."""
+    if args.calibrate_cpu:
+        return _calibrate(args)
+    if args.out:
+        raise SystemExit("gpipe-sim hardware: error: --out saves a calibration; add --calibrate-cpu")
     if args.json:
         print(json_text({"devices": [d.to_dict() for d in DEVICES.values()],
                           "links": [link.to_dict() for link in LINKS.values()]}))

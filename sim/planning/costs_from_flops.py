@@ -1,15 +1,10 @@
 """Per-stage costs from FLOP and byte counts: a :class:`~sim.planning.flops.ModelProfile` divided by a device spec.
 
-Each operator the counter saw takes (a roofline with a fixed cost per kernel)::
-
-    seconds = max(flops / (peak[dtype] * efficiency), bytes / (memory_bandwidth * efficiency)) + kernel_seconds
-
-Compute-bound work (matrix products, convolutions) runs at the device's peak for the compute dtype
-times its ``efficiency``; memory-bound work (normalisation, activations, elementwise, pooling) streams
-its bytes at the memory bandwidth times the same ``efficiency`` (Note [one efficiency]); every kernel also pays
-``kernel_seconds`` (Note [small micro-batches]). These are :meth:`DeviceSpec.compute_seconds` and
-:meth:`DeviceSpec.memory_seconds`: ``efficiency`` is one number, the fraction of the datasheet rates a real
-workload reaches. :class:`FlopCosts` turns a profile, a device and a :class:`Training` policy into the
+Each operator the counter saw takes the roofline of its kind and GEMM shape, plus a fixed cost per kernel, from
+the device's :class:`~sim.planning.roofline.Roofline` (matrix multiplies, convolutions and memory-bound kernels
+each at their own fraction). A device without one falls back to one ``efficiency`` for all work
+(Note [one efficiency]): ``max(flops / (peak * efficiency), bytes / (bandwidth * efficiency)) + kernel_seconds``.
+:class:`FlopCosts` turns a profile, a device and a :class:`Training` policy into the
 :class:`~sim.core.cost.CostModel` of a balance.
 
 Model state per parameter comes from a :class:`Training` policy: mixed-precision Adam keeps 16-bit
@@ -27,8 +22,10 @@ import numpy as np
 import torch
 
 from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
-from sim.planning.flops import ModelProfile
+from sim.planning.counts import CONVOLUTION, MATMUL, MEMORY_BOUND
+from sim.planning.flops import ModelProfile, OpTable
 from sim.planning.hardware import DeviceSpec
+from sim.planning.roofline import KIND_NAMES, MissingDeviceParameterError, shape_factor
 
 __all__ = ["KERNEL_SECONDS", "TRAINING", "FlopCosts", "Training", "effective_efficiency", "training_policy"]
 
@@ -114,14 +111,18 @@ class _Flat:
     bytes: np.ndarray  # (ops, 2)
     starts: np.ndarray  # first operator of each layer
     empty: np.ndarray  # layers without operators
+    kinds: np.ndarray  # (ops,) MEMORY_BOUND, MATMUL or CONVOLUTION
+    dims: np.ndarray  # (ops, 3, 2) GEMM M, N, K as fixed + per-sample
 
 
-def _flatten(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> _Flat:
-    counts = np.array([f.shape[0] for f, _ in tables])
+def _flatten(tables: Sequence[OpTable]) -> _Flat:
+    counts = np.array([t.kernels for t in tables])
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    flops = np.concatenate([f for f, _ in tables] + [np.zeros((1, 2))])
-    nbytes = np.concatenate([b for _, b in tables] + [np.zeros((1, 2))])
-    return _Flat(flops, nbytes, starts, counts == 0)
+    flops = np.concatenate([t.flops for t in tables] + [np.zeros((1, 2))])
+    nbytes = np.concatenate([t.bytes for t in tables] + [np.zeros((1, 2))])
+    kinds = np.concatenate([t.kinds_or_default() for t in tables] + [np.zeros(1, dtype=np.int8)])
+    dims = np.concatenate([t.dims_or_default() for t in tables] + [np.zeros((1, 3, 2))])
+    return _Flat(flops, nbytes, starts, counts == 0, kinds.astype(np.int64), dims)
 
 
 # Note [one efficiency]: applying ``efficiency`` to the bandwidth too is a modelling assumption, not a
@@ -138,36 +139,43 @@ class FlopCosts:
     """
 
     def __init__(self, profile: ModelProfile, device: DeviceSpec, training: Training | str = "fp32-adam",
-                 kernel_seconds: float = KERNEL_SECONDS, memory_efficiency: float | None = None) -> None:
+                 kernel_seconds: float | None = None, memory_efficiency: float | None = None) -> None:
         """Args:
             profile: the counts (:func:`sim.planning.flops.count_layers`).
-            device: the hardware; its ``efficiency`` scales the compute-bound rate.
+            device: the hardware: its roofline times each kernel; without one its ``efficiency`` scales every rate.
             training: a :class:`Training` or its name.
-            kernel_seconds: fixed cost per kernel (Note [small micro-batches]).
+            kernel_seconds: fixed cost per kernel; ``None``: the roofline's, or :data:`KERNEL_SECONDS`
+                (Note [small micro-batches]).
             memory_efficiency: the fraction of the datasheet bandwidth memory-bound work reaches;
-                ``None``: the device's ``efficiency`` (Note [one efficiency]).
+                ``None``: the roofline's, or the device's ``efficiency`` (Note [one efficiency]).
 
         Raises:
-            KeyError: the device has no peak for the policy's compute dtype, or an unknown policy.
+            KeyError: the device has no peak for the policy's compute dtype, or an unknown policy;
+                :class:`~sim.planning.roofline.MissingDeviceParameterError` (a ``KeyError``) when the model runs
+                an operator whose fraction the device's roofline lacks (the message names both).
             ValueError: a negative ``kernel_seconds``, or a ``memory_efficiency`` outside (0, 1].
         """
         self.profile = profile
         self.device = device
         self.training = training_policy(training) if isinstance(training, str) else training
+        roofline = device.roofline
+        if kernel_seconds is None:
+            kernel_seconds = KERNEL_SECONDS if roofline is None else roofline.kernel_seconds
         if kernel_seconds < 0:
             raise ValueError(f"kernel_seconds must be >= 0, got {kernel_seconds!r}")
         if memory_efficiency is not None and not 0 < memory_efficiency <= 1:
             raise ValueError(f"memory_efficiency is a fraction of the datasheet bandwidth in (0, 1], "
                              f"got {memory_efficiency!r}")
         self.kernel_seconds = kernel_seconds
-        self.rate = device.achievable_flops(self.training.compute)  # raises KeyError for a missing dtype
-        self.memory_efficiency = device.efficiency if memory_efficiency is None else memory_efficiency
+        if memory_efficiency is None:
+            memory_efficiency = device.efficiency if roofline is None else roofline.memory
+        self.memory_efficiency = memory_efficiency
         self.bandwidth = device.memory_bandwidth * self.memory_efficiency  # Note [one efficiency]
-        self._fwd = _flatten([(t.forward.flops, t.forward.bytes) for t in profile.layers])
-        self._bwd = _flatten([(t.backward.flops, t.backward.bytes) for t in profile.layers])
+        self._fwd = _flatten([t.forward for t in profile.layers])
+        self._bwd = _flatten([t.backward for t in profile.layers])
         apart = [t.input_backward for t in profile.layers]
-        self._bwd_in = None if any(t is None for t in apart) else \
-            _flatten([(t.flops, t.bytes) for t in apart if t is not None])
+        self._bwd_in = None if any(t is None for t in apart) else _flatten([t for t in apart if t is not None])
+        self.rate, self._kind_rate, self._half_dim = self._rates(device)
         params = np.array([layer.parameters for layer in profile.layers], dtype=np.float64)
         tensors = np.array([layer.parameter_tensors for layer in profile.layers], dtype=np.float64)
         self._param_prefix = np.concatenate([[0.0], np.cumsum(params)])
@@ -175,10 +183,34 @@ class FlopCosts:
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._split_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
+    def _rates(self, device: DeviceSpec) -> tuple[float, np.ndarray | None, float]:
+        """The matrix-multiply rate, the rate per kind (roofline only) and the roofline's ``half_dim``."""
+        dtype = self.training.compute
+        kinds = set(np.concatenate([self._fwd.kinds, self._bwd.kinds]).tolist()) - {MEMORY_BOUND}
+        if device.roofline is None:
+            return device.achievable_flops(dtype), None, 0.0  # raises KeyError for a missing dtype
+        if kinds and dtype.lower() not in device.peak_flops:
+            raise MissingDeviceParameterError(
+                f"the model runs {' and '.join(KIND_NAMES[k] for k in sorted(kinds))} in {dtype}, but device "
+                f"{device.name!r} has no peak_flops[{dtype!r}] (it has {', '.join(device.dtypes)}); add that peak, "
+                f"or train in a dtype it has")
+        peak = device.peak_flops.get(dtype.lower(), 0.0)
+        per_kind = np.ones(3)
+        for kind in (MATMUL, CONVOLUTION):
+            if kind in kinds:
+                per_kind[kind] = peak * device.roofline.fraction(kind, dtype, device.name)
+        rate = per_kind[MATMUL] if MATMUL in kinds else peak * device.roofline.matmul.get(dtype.lower(), 1.0)
+        return rate, per_kind, device.roofline.half_dim
+
     def _seconds(self, flat: _Flat, batch: int) -> np.ndarray:
         flops = np.maximum(flat.flops[:, 0] + flat.flops[:, 1] * batch, 0.0)
         nbytes = np.maximum(flat.bytes[:, 0] + flat.bytes[:, 1] * batch, 0.0)
-        per_op = np.maximum(flops / self.rate, nbytes / self.bandwidth) + self.kernel_seconds
+        if self._kind_rate is None:
+            compute = flops / self.rate
+        else:  # the roofline of each kernel's kind and GEMM shape (sim.planning.roofline)
+            dims = flat.dims[:, :, 0] + flat.dims[:, :, 1] * batch
+            compute = flops / (self._kind_rate[flat.kinds] * shape_factor(dims, self._half_dim))
+        per_op = np.maximum(compute, nbytes / self.bandwidth) + self.kernel_seconds
         per_op[-1] = 0.0  # the padding row
         per_layer = np.add.reduceat(per_op, flat.starts)
         per_layer[flat.empty] = 0.0

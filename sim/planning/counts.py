@@ -11,7 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["LayerCount", "LayerProfile", "ModelProfile", "OpTable"]
+__all__ = ["CONVOLUTION", "MATMUL", "MEMORY_BOUND", "LayerCount", "LayerProfile", "ModelProfile", "OpTable"]
+
+#: What bounds a counted kernel (``OpTable.kinds``): memory-bound (bytes at bandwidth), a matrix multiply
+#: (``mm``, ``addmm``, ``bmm``, ...) or a convolution (an implicit GEMM), both compute-bound by their shape.
+MEMORY_BOUND, MATMUL, CONVOLUTION = 0, 1, 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -21,10 +25,26 @@ class OpTable:
     Attributes:
         flops: shape ``(ops, 2)``: fixed and per-sample FLOPs of each operator.
         bytes: shape ``(ops, 2)``: fixed and per-sample bytes each operator reads and writes.
+        kinds: shape ``(ops,)``: :data:`MEMORY_BOUND`, :data:`MATMUL` or :data:`CONVOLUTION`; ``None`` (a table
+            built by hand): an operator with FLOPs is a matrix multiply, one without is memory-bound.
+        dims: shape ``(ops, 3, 2)``: fixed and per-sample GEMM dimensions ``M, N, K`` of each compute-bound
+            operator (a convolution's implicit GEMM); 0 where unknown or not a GEMM. ``None``: all unknown.
     """
 
     flops: np.ndarray
     bytes: np.ndarray
+    kinds: np.ndarray | None = None
+    dims: np.ndarray | None = None
+
+    def kinds_or_default(self) -> np.ndarray:
+        """:attr:`kinds`, or for a table built by hand: matrix multiply where it has FLOPs, else memory-bound."""
+        if self.kinds is not None:
+            return self.kinds
+        return np.where(self.flops.any(axis=1), MATMUL, MEMORY_BOUND).astype(np.int8)
+
+    def dims_or_default(self) -> np.ndarray:
+        """:attr:`dims`, or zeros (every dimension unknown)."""
+        return self.dims if self.dims is not None else np.zeros((self.kernels, 3, 2))
 
     @property
     def kernels(self) -> int:

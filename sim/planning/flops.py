@@ -20,7 +20,7 @@ operators a layer runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +30,17 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from sim.planning.counts import LayerCount, LayerProfile, ModelProfile, OpTable
-from sim.planning.operators import _GpuDropout, _Recorder, _storage_key, _tensor_bytes, _tensors
+from sim.planning.operators import (
+    Op,
+    UnknownOperatorError,
+    _GpuDropout,
+    _Recorder,
+    _storage_key,
+    _tensor_bytes,
+    _tensors,
+)
 
-__all__ = ["LayerCount", "LayerProfile", "ModelProfile", "OpTable", "count_layers"]
+__all__ = ["LayerCount", "LayerProfile", "ModelProfile", "OpTable", "UnknownOperatorError", "count_layers"]
 
 _COUNT_BATCH = 2  # counts at 2 and 4 samples (see Note [affine in the batch])
 
@@ -69,9 +77,9 @@ def _check_batched(x: Any) -> None:
 
 @dataclass
 class _Pass:
-    forward: list[tuple[float, float]]
-    backward: list[tuple[float, float]]
-    input_backward: list[tuple[float, float]]
+    forward: list[Op]
+    backward: list[Op]
+    input_backward: list[Op]
     output_bytes: int
     input_bytes: int
     saved_bytes: int
@@ -87,7 +95,7 @@ class _Pass:
 # gradient, all W.
 def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep: list[Any],
                params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
-               shared_param_keys: set[int]) -> _Pass:
+               shared_param_keys: set[int], memory_bound: frozenset[str]) -> _Pass:
     """Forward and backward of one layer on meta inputs ``x``; ``seen`` maps saved storages to owners."""
     if first:
         x_in = x
@@ -116,11 +124,11 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
             keep.append(t)
         return t
 
-    fwd: list[tuple[float, float]] = []
-    bwd: list[tuple[float, float]] = []
-    bwd_in: list[tuple[float, float]] = []
+    fwd: list[Op] = []
+    bwd: list[Op] = []
+    bwd_in: list[Op] = []
     state = {**params, **buffers}
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _GpuDropout(), _Recorder(fwd):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _GpuDropout(), _Recorder(fwd, memory_bound):
         out = torch.func.functional_call(layer, state, (x_in,))
     outputs = _tensors(out)
     roots = [o for o in outputs if o.requires_grad]
@@ -129,15 +137,15 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
     if roots and wrt_in + wrt_params:
         grads = [torch.empty_like(o) for o in roots]
         if wrt_in and wrt_params:  # Note [split backward]: the input's gradient alone, then the whole backward
-            with _Recorder(bwd_in):
+            with _Recorder(bwd_in, memory_bound):
                 torch.autograd.grad(roots, wrt_in, grads, retain_graph=True, allow_unused=True)
-        with _Recorder(bwd):
+        with _Recorder(bwd, memory_bound):
             torch.autograd.grad(roots, wrt_in + wrt_params, grads, allow_unused=True)
         if wrt_in and not wrt_params:
             bwd_in = list(bwd)
     for p in params.values():  # accumulating into .grad: read both, write one
         if p.requires_grad:
-            bwd.append((0.0, 3.0 * _tensor_bytes(p)))
+            bwd.append((0.0, 3.0 * _tensor_bytes(p), 0.0, 0.0, 0.0, 0.0))  # memory-bound
     keep.extend(inputs)
     return _Pass(fwd, bwd, bwd_in, sum(map(_tensor_bytes, outputs)), sum(map(_tensor_bytes, inputs)),
                  saved_new, saved_input, out)
@@ -153,7 +161,7 @@ def _meta_state(layer: nn.Module, dtype: torch.dtype | None
     return params, buffers
 
 
-def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None
+def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None, memory_bound: frozenset[str]
                 ) -> list[tuple[_Pass, list[nn.Parameter]]]:
     seen: dict[int, int] = {}
     keep: list[Any] = []
@@ -165,26 +173,29 @@ def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None
         param_keys = {_storage_key(t) for t in (*params.values(), *buffers.values())}
         new = [p for p in layer.parameters() if id(p) not in owners]  # parameters() dedupes within a layer
         owners.update(id(p) for p in new)
-        step = _run_layer(layer, x, k == 0, seen, keep, params, buffers, param_keys)
+        step = _run_layer(layer, x, k == 0, seen, keep, params, buffers, param_keys, memory_bound)
         keep.extend(params.values())
         result.append((step, new))
         x = step.output
     return result
 
 
-def _table(ops1: Sequence[tuple[float, float]], ops2: Sequence[tuple[float, float]], b: int, what: str) -> OpTable:
-    if len(ops1) != len(ops2):
+def _table(ops1: Sequence[Op], ops2: Sequence[Op], b: int, what: str) -> OpTable:
+    a1 = np.asarray(ops1, dtype=np.float64).reshape(-1, 6)
+    a2 = np.asarray(ops2, dtype=np.float64).reshape(-1, 6)
+    if len(a1) != len(a2) or not np.array_equal(a1[:, 2], a2[:, 2]):
         raise RuntimeError(f"{what} runs {len(ops1)} operators at batch {b} but {len(ops2)} at batch {2 * b}; "
                            "counts need the same operators at every batch size")
-    a1 = np.asarray(ops1, dtype=np.float64).reshape(-1, 2)
-    a2 = np.asarray(ops2, dtype=np.float64).reshape(-1, 2)
     slope = (a2 - a1) / b
     fixed = a1 - slope * b
-    return OpTable(np.stack([fixed[:, 0], slope[:, 0]], axis=1), np.stack([fixed[:, 1], slope[:, 1]], axis=1))
+    dims = np.stack([fixed[:, 3:6], slope[:, 3:6]], axis=2)  # (ops, 3, 2): M, N, K as fixed + per-sample
+    return OpTable(np.stack([fixed[:, 0], slope[:, 0]], axis=1), np.stack([fixed[:, 1], slope[:, 1]], axis=1),
+                   a1[:, 2].astype(np.int8), dims)
 
 
 def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> ModelProfile:
+                 progress: Callable[[int, int], None] | None = None,
+                 memory_bound: Collection[str] = ()) -> ModelProfile:
     """Count every layer of ``module`` on the meta device (see the module docstring).
 
     The module may live anywhere (its parameters are only looked at, never copied or changed); the
@@ -197,6 +208,8 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
         dtype: count as if every floating parameter, buffer and input had this dtype
             (``torch.float16`` for mixed precision); ``None`` keeps their own.
         progress: optional callback ``(done, total)`` called after each of the two counting passes.
+        memory_bound: names of ATen operators (``"my_op"`` for ``aten::my_op``) to count as memory-bound,
+            besides those the counter knows (Note [no free operators] in :mod:`sim.planning.operators`).
 
     Returns:
         A :class:`ModelProfile`, one :class:`LayerProfile` per layer.
@@ -205,6 +218,7 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
         TypeError: ``module`` is not an ``nn.Sequential``.
         ValueError: the sample has no batch dimension, or the module has no layers.
         RuntimeError: a layer fails on meta tensors (for instance a data-dependent operator).
+        UnknownOperatorError: a layer runs an operator the counter does not know (the message names it).
     """
     if not isinstance(module, nn.Sequential):
         raise TypeError(f"count_layers needs an nn.Sequential, got {type(module).__name__}")
@@ -217,7 +231,7 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
         with torch.no_grad():
             meta_sample = _to_meta(sample, batch, dtype)
         try:
-            passes.append(_count_pass(module, meta_sample, dtype))
+            passes.append(_count_pass(module, meta_sample, dtype, frozenset(memory_bound)))
         except (RuntimeError, NotImplementedError) as exc:
             raise RuntimeError(f"counting on the meta device failed: {exc}") from exc
         if progress is not None:

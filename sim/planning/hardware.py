@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from sim.core.link import LinkSpec
+from sim.planning.roofline import Roofline
 
-__all__ = ["DEVICES", "LINKS", "DeviceSpec", "get_device", "get_link"]
+__all__ = ["DEVICES", "LINKS", "DeviceSpec", "get_device", "get_link", "load_device"]
 
 GiB = 2**30  # bytes
 GB = 10**9  # bytes (bandwidths)
@@ -49,6 +51,8 @@ class DeviceSpec:
         efficiency: achievable fraction of peak (0 < efficiency <= 1), an assumption to calibrate.
         price_per_hour: optional price hint in USD per hour; ``None`` when unknown.
         description: the product, for display.
+        roofline: the achievable fractions per kernel (:class:`~sim.planning.roofline.Roofline`); ``None``:
+            every kernel at ``efficiency`` of the datasheet rates (the older, one-number model).
     """
 
     name: str
@@ -58,6 +62,7 @@ class DeviceSpec:
     efficiency: float = 0.5
     price_per_hour: float | None = None
     description: str = ""
+    roofline: Roofline | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -110,7 +115,23 @@ class DeviceSpec:
             "name": self.name, "description": self.description, "peak_flops": dict(self.peak_flops),
             "memory_bandwidth": self.memory_bandwidth, "memory_bytes": self.memory_bytes,
             "efficiency": self.efficiency, "price_per_hour": self.price_per_hour,
+            "roofline": None if self.roofline is None else self.roofline.to_dict(),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DeviceSpec:
+        """The inverse of :meth:`to_dict` (what ``gpipe-sim hardware --calibrate-cpu --out`` saves).
+
+        Raises:
+            ValueError: a field is missing or out of range (the message names it).
+        """
+        missing = [k for k in ("name", "peak_flops", "memory_bandwidth", "memory_bytes") if k not in data]
+        if missing:
+            raise ValueError(f"a device description needs {', '.join(missing)} (see DeviceSpec.to_dict)")
+        roofline = data.get("roofline")
+        return cls(str(data["name"]), dict(data["peak_flops"]), float(data["memory_bandwidth"]),
+                   int(data["memory_bytes"]), float(data.get("efficiency", 0.5)), data.get("price_per_hour"),
+                   str(data.get("description", "")), None if roofline is None else Roofline.from_dict(roofline))
 
 
 # -- the catalog -------------------------------------------------------------------------------------
@@ -121,37 +142,53 @@ class DeviceSpec:
 #
 # Note [fp64]: ``fp64`` is the tensor-core FP64 rate where the device has one (A100, H100, H200),
 # the plain FP64 rate otherwise.
+#
+# Note [roofline sources]: each family's Roofline (sim.planning.roofline) says what set each number. Pascal's
+# convolution and matrix fractions were solved ONCE, from torchgpipe's single-P40 ResNet-101 baseline (95.862
+# samples/s, benchmarks/published.py), with its memory fraction, half_dim and kernel cost fixed before: they
+# then serve every model. The tensor-core families are assumptions, not measurements (no GPU was available when
+# they were set): large cuBLAS GEMMs near 70% of the dense tensor peak, convolutions 60%, HBM streams 90% of the
+# datasheet bandwidth, 128-wide tensor-core tiles; calibrate them on the device (gpipe-sim hardware) before trusting
+# an absolute number.
+_PASCAL = Roofline({"fp32": 0.859}, {"fp32": 0.859}, memory=0.8, kernel_seconds=5e-6, half_dim=64,
+                   source="matmul/convolution: solved once from torchgpipe's ResNet-101 P40 baseline; memory 0.8: a "
+                          "priori (GDDR5 copy rate); half_dim 64: a priori (cuBLAS SGEMM tiles 128x64); 5 us "
+                          "per kernel: a priori (Note [small micro-batches])")
+_TENSOR_CORE = Roofline({"fp64": 0.85, "fp32": 0.85, "tf32": 0.7, "fp16": 0.7, "bf16": 0.7, "fp8": 0.6},
+                        {"fp64": 0.75, "fp32": 0.75, "tf32": 0.6, "fp16": 0.6, "bf16": 0.6, "fp8": 0.5},
+                        memory=0.9, kernel_seconds=5e-6, half_dim=128,
+                        source="assumed, not measured (Note [roofline sources] in sim/planning/hardware.py)")
 _DEVICE_LIST = (
     # NVIDIA Tesla P40 datasheet (2016): 12 TFLOPS single precision, 47 TOPS INT8, 24 GB GDDR5,
     # 346 GB/s. Pascal GP102 has no fast fp16 path; the datasheet lists none, so neither do we.
     DeviceSpec("tesla-p40", {"fp32": 12 * TFLOPS}, 346 * GB, 24 * GiB,
-               description="NVIDIA Tesla P40 (Pascal, PCIe)"),
+               description="NVIDIA Tesla P40 (Pascal, PCIe)", roofline=_PASCAL),
     # NVIDIA Tesla V100 datasheet / Volta architecture whitepaper (2017), SXM2: 15.7 TFLOPS fp32,
     # 7.8 TFLOPS fp64, 125 TFLOPS tensor (fp16 in, fp32 accumulate); 16 or 32 GB HBM2 at 900 GB/s.
     DeviceSpec("v100-sxm2-16gb", {"fp64": 7.8 * TFLOPS, "fp32": 15.7 * TFLOPS, "fp16": 125 * TFLOPS},
-               900 * GB, 16 * GiB, description="NVIDIA Tesla V100 SXM2 16 GB (Volta)"),
+               900 * GB, 16 * GiB, description="NVIDIA Tesla V100 SXM2 16 GB (Volta)", roofline=_TENSOR_CORE),
     DeviceSpec("v100-sxm2-32gb", {"fp64": 7.8 * TFLOPS, "fp32": 15.7 * TFLOPS, "fp16": 125 * TFLOPS},
-               900 * GB, 32 * GiB, description="NVIDIA Tesla V100 SXM2 32 GB (Volta)"),
+               900 * GB, 32 * GiB, description="NVIDIA Tesla V100 SXM2 32 GB (Volta)", roofline=_TENSOR_CORE),
     # NVIDIA A100 Tensor Core GPU datasheet (2020/2021): fp64 9.7 (tensor 19.5), fp32 19.5, TF32 156,
     # BF16/FP16 312 TFLOPS dense (312/624 with sparsity); 40 GB HBM2 at 1,555 GB/s, 80 GB HBM2e (SXM)
     # at 2,039 GB/s.
     DeviceSpec("a100-40gb", {"fp64": 19.5 * TFLOPS, "fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
                              "fp16": 312 * TFLOPS, "bf16": 312 * TFLOPS},
-               1555 * GB, 40 * GiB, description="NVIDIA A100 40 GB SXM (Ampere)"),
+               1555 * GB, 40 * GiB, description="NVIDIA A100 40 GB SXM (Ampere)", roofline=_TENSOR_CORE),
     DeviceSpec("a100-80gb", {"fp64": 19.5 * TFLOPS, "fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
                              "fp16": 312 * TFLOPS, "bf16": 312 * TFLOPS},
-               2039 * GB, 80 * GiB, description="NVIDIA A100 80 GB SXM (Ampere)"),
+               2039 * GB, 80 * GiB, description="NVIDIA A100 80 GB SXM (Ampere)", roofline=_TENSOR_CORE),
     # NVIDIA H100 Tensor Core GPU datasheet (2022/2023), SXM: fp64 34 (tensor 67), fp32 67, TF32 989,
     # BF16/FP16 1,979, FP8 3,958 TFLOPS *with sparsity* (dense: half, Note [dense peaks]);
     # 80 GB HBM3 at 3.35 TB/s.
     DeviceSpec("h100-sxm", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                             "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
-               3350 * GB, 80 * GiB, description="NVIDIA H100 SXM 80 GB (Hopper)"),
+               3350 * GB, 80 * GiB, description="NVIDIA H100 SXM 80 GB (Hopper)", roofline=_TENSOR_CORE),
     # NVIDIA H200 product page / datasheet (2023/2024), SXM: same compute as H100 SXM (fp32 67,
     # TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS with sparsity); 141 GB HBM3e at 4.8 TB/s.
     DeviceSpec("h200", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                         "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
-               4800 * GB, 141 * GiB, description="NVIDIA H200 SXM 141 GB (Hopper)"),
+               4800 * GB, 141 * GiB, description="NVIDIA H200 SXM 141 GB (Hopper)", roofline=_TENSOR_CORE),
     # A placeholder for a small x86 host, not a product: ~100 GFLOP/s fp32 (a few cores with AVX2 FMA:
     # 32 FLOP/cycle/core at ~3 GHz), one DDR4-3200 channel (JEDEC: 3200 MT/s x 8 bytes = 25.6 GB/s),
     # 16 GiB. Calibrate before trusting it.
@@ -192,12 +229,29 @@ DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({d.name: d for d in _DEVICE
 LINKS: Mapping[str, LinkSpec] = MappingProxyType({link.name: link for link in _LINK_LIST})
 
 
+def load_device(path: str | Path) -> DeviceSpec:
+    """A device saved as JSON (:meth:`DeviceSpec.to_dict`; ``gpipe-sim hardware --calibrate-cpu --out``).
+
+    Raises:
+        ValueError: the file is not a device description (the message names the file and the field).
+        OSError: the file cannot be read.
+    """
+    import json
+
+    try:
+        return DeviceSpec.from_dict(json.loads(Path(path).read_text()))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a device description: {exc}") from None
+
+
 def get_device(name: str) -> DeviceSpec:
-    """The catalog device called ``name`` (case-insensitive).
+    """The catalog device called ``name`` (case-insensitive), or a device saved in the JSON file ``name``.
 
     Raises:
         KeyError: unknown name; the message lists the known ones.
     """
+    if name.strip().endswith(".json"):
+        return load_device(name.strip())
     try:
         return DEVICES[name.strip().lower()]
     except KeyError:

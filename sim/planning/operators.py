@@ -6,6 +6,11 @@ The counter runs each layer under :class:`_Recorder`, a
     flops   torch.utils.flop_counter's formula (mm, addmm, bmm, baddbmm, convolution and their
             backward); 0 for everything else
     bytes   bytes read and written: every tensor argument plus every output (views are free)
+    kind    what bounds it (sim.planning.counts: MATMUL, CONVOLUTION or MEMORY_BOUND)
+    M N K   the GEMM shape of a compute-bound operator (Note [GEMM shape]); 0 otherwise
+
+An operator that is neither free, nor has a FLOP formula, nor is known to be memory-bound stops the count
+(Note [no free operators]).
 
 An operator that a GPU runs as several kernels, or in several passes over its input, is recorded as
 those kernels (Note [one operator, several kernels]); dropout is counted as a GPU runs it (Note [dropout on meta]),
@@ -22,7 +27,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-__all__: list[str] = []  # the counter's walk (sim.planning.flops) is the only user of these
+from sim.planning.counts import CONVOLUTION, MATMUL, MEMORY_BOUND
+
+__all__ = ["MEMORY_BOUND_OPERATORS", "UnknownOperatorError"]
+
+#: One counted kernel: FLOPs, bytes, kind, and GEMM dimensions M, N, K (0 where not a GEMM).
+Op = tuple[float, float, float, float, float, float]
 
 _FREE_PREFIXES = ("empty", "new_empty", "detach", "alias", "lift_fresh", "_unsafe_view", "set_")
 
@@ -45,11 +55,13 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 # recomputation. What it saves for backward is the math form's (the s×s probabilities), an upper bound
 # for a flash kernel's.
 class _Recorder(TorchDispatchMode):
-    """Appends ``(flops, bytes)`` of every non-free ATen operator to ``ops``."""
+    """Appends an :data:`Op` for every non-free ATen operator to ``ops``; ``memory_bound``: names of operators
+    to count as memory-bound besides :data:`MEMORY_BOUND_OPERATORS` (Note [no free operators])."""
 
-    def __init__(self, ops: list[tuple[float, float]]) -> None:
+    def __init__(self, ops: list[Op], memory_bound: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.ops = ops
+        self.memory_bound = memory_bound
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -64,16 +76,89 @@ class _Recorder(TorchDispatchMode):
         if kernels is not None:  # Note [one operator, several kernels]
             self.ops.extend(kernels)
             return out
-        flops = 0
+        traffic = float(sum(_tensor_bytes(t) for t in inputs) + sum(_tensor_bytes(t) for t in outputs))
         if packet in flop_registry:
-            flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
-        elif not func._schema.is_mutable:
+            flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
+            conv = "conv" in name
+            self.ops.append((flops, traffic, CONVOLUTION if conv else MATMUL,
+                             *_gemm_dims(outputs[0] if outputs else None, flops, conv, _groups(args, kwargs, conv))))
+            return out
+        if not func._schema.is_mutable:
             in_keys = {_storage_key(t) for t in inputs}
             if outputs and all(_storage_key(o) in in_keys for o in outputs):
                 return out  # returns an alias of an input: no kernel
-        traffic = sum(_tensor_bytes(t) for t in inputs) + sum(_tensor_bytes(t) for t in outputs)
-        self.ops.append((float(flops), float(traffic)))
+        if not (torch.Tag.pointwise in func.tags or name in MEMORY_BOUND_OPERATORS or name in self.memory_bound):
+            raise UnknownOperatorError(name)
+        self.ops.append((0.0, traffic, MEMORY_BOUND, 0.0, 0.0, 0.0))
         return out
+
+
+# Note [no free operators]: an ATen operator the counter has no FLOP formula for and does not know to be
+# memory-bound would otherwise be timed by its bytes alone, silently: right for an elementwise kernel, free for a
+# new compute-heavy one. So the counter knows three lists (flop_counter's formulas, ATen's ``pointwise`` tag, and
+# the memory-bound operators below, each seen in the catalog's models) and stops at any other operator, naming it
+# and the two ways to add it.
+#: ATen operators (names without ``aten::``) counted as memory-bound: their bytes at bandwidth, one kernel each.
+MEMORY_BOUND_OPERATORS = frozenset({
+    "native_dropout", "native_dropout_backward", "native_layer_norm", "native_layer_norm_backward",
+    "native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional", "_softmax", "_softmax_backward_data", "_log_softmax",
+    "_log_softmax_backward_data", "max_pool2d_with_indices", "max_pool2d_with_indices_backward",
+    "avg_pool2d", "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward",
+    "adaptive_avg_pool2d", "mean", "sum", "cat", "clone", "copy_", "_to_copy", "embedding",
+    "embedding_dense_backward", "index", "index_put_", "index_select", "gather", "scatter", "scatter_add",
+    "fill_", "zero_", "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "zeros",
+    "ones", "full", "constant_pad_nd", "upsample_nearest2d", "upsample_nearest2d_backward",
+    "upsample_bilinear2d", "upsample_bilinear2d_backward", "nll_loss_forward", "nll_loss_backward",
+    "select_backward", "slice_backward", "expand_backward", "repeat", "stack", "split_with_sizes_copy",
+    "tril", "triu", "masked_fill", "masked_fill_", "where", "amax", "var_mean", "std_mean",
+    "max_pool3d_with_indices", "arange", "_unsafe_index", "threshold_backward", "sort", "topk", "cumsum",
+    "bernoulli_", "bernoulli", "uniform_", "normal_", "rand_like", "randn_like", "native_group_norm",
+    "native_group_norm_backward", "max", "min", "var", "std", "norm", "linalg_vector_norm", "prod", "any", "all",
+    "leaky_relu_backward", "gelu_backward", "silu_backward", "tanh_backward", "sigmoid_backward", "elu_backward",
+    "hardtanh_backward", "softplus_backward", "hardswish_backward", "hardsigmoid_backward", "mish_backward",
+    "log_sigmoid_forward", "log_sigmoid_backward", "mse_loss", "mse_loss_backward", "relu_", "scalar_tensor",
+    "_safe_softmax", "logical_not", "bitwise_not", "expand_copy", "_to_dtype", "lift_fresh_copy",
+})
+
+
+class UnknownOperatorError(ValueError):
+    """An operator the counter does not know (Note [no free operators]); the message says what to add."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"the counter does not know the operator aten::{name}: it has no FLOP formula and is not known to be "
+            f"memory-bound, so it cannot be timed (it would count as free). If it moves bytes and does little "
+            f"arithmetic, pass memory_bound={{'{name}'}} to count_layers (or add it to "
+            f"sim.planning.operators.MEMORY_BOUND_OPERATORS); if it computes, register its FLOP formula in "
+            f"torch.utils.flop_counter.flop_registry")
+        self.operator = name
+
+
+def _groups(args: Any, kwargs: dict[str, Any], conv: bool) -> int:
+    if not conv:
+        return 1
+    for index, key in ((8, "groups"), (9, "groups")):  # convolution(..., groups); convolution_backward(..., groups)
+        value = args[index] if len(args) > index else kwargs.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return 1
+
+
+# Note [GEMM shape]: a matrix multiply or convolution runs as a GEMM, ``C[M, N] += A[M, K] B[K, N]``, whose
+# achievable rate depends on its shape (:mod:`sim.planning.roofline`). The counter reads it off the output:
+# ``N`` is the output's last dimension (a matrix product; ``bmm`` stacks its batch into ``M``) or its channels
+# (a convolution's implicit GEMM, ``M`` = batch x output pixels), and ``K = flops / (2 M N)``. Grouped
+# convolutions (depthwise ones) run as direct kernels, not GEMMs: their shape is left unknown (0).
+def _gemm_dims(out: torch.Tensor | None, flops: float, conv: bool, groups: int = 1) -> tuple[float, float, float]:
+    """``(M, N, K)`` of the GEMM that produces ``out`` with ``flops`` FLOPs (Note [GEMM shape]); zeros if unknown."""
+    if out is None or out.dim() < 2 or flops <= 0 or groups != 1:
+        return 0.0, 0.0, 0.0
+    n = int(out.shape[1] if conv else out.shape[-1])
+    m = out.numel() // max(n, 1)
+    if n <= 0 or m <= 0:
+        return 0.0, 0.0, 0.0
+    return float(m), float(n), flops / (2.0 * m * n)
 
 
 _aten = torch.ops.aten
@@ -94,14 +179,15 @@ def _arg(args: Any, kwargs: dict[str, Any], index: int, name: str) -> Any:
 # kernel and an elementwise kernel (PyTorch's CUDA forward runs two; a fused backward reads twice, one launch less).
 # The second read counts as DRAM traffic: true for training batches on a P40 or V100 (3 and 6 MB of L2), an upper
 # bound where a small tensor fits an A100's or H100's 40-50 MB. Evaluation batch norm and layer norm stay one pass.
-def _kernels(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> list[tuple[float, float]] | None:
-    """The kernels a GPU runs for one operator that is not one single-pass kernel, as ``(flops, bytes)``;
+def _kernels(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> list[Op] | None:
+    """The kernels a GPU runs for one operator that is not one single-pass kernel, as :data:`Op`;
     ``None`` for every other operator (Note [one operator, several kernels])."""
     if packet is _aten.convolution_backward:
         grad_out, x, w = (_arg(args, kwargs, k, name) for k, name in enumerate(("grad_output", "input", "weight")))
         mask = list(_arg(args, kwargs, 10, "output_mask"))
         reads = ((grad_out, w), (grad_out, x), (grad_out,))  # backward-data, backward-filter, backward-bias
-        kernels = []
+        groups = int(_arg(args, kwargs, 9, "groups"))
+        kernels: list[Op] = []
         for k in range(3):
             if not mask[k] or not isinstance(out[k], torch.Tensor):
                 continue
@@ -114,17 +200,28 @@ def _kernels(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> list[t
                 else:
                     only_kwargs["output_mask"] = only
                 flops = float(flop_registry[packet](*only_args, **only_kwargs, out_val=out))
-            kernels.append((flops, float(sum(map(_tensor_bytes, reads[k])) + _tensor_bytes(out[k]))))
+            traffic = float(sum(map(_tensor_bytes, reads[k])) + _tensor_bytes(out[k]))
+            if k == 2:
+                kernels.append((0.0, traffic, MEMORY_BOUND, 0.0, 0.0, 0.0))
+            elif k == 0:  # backward-data: a GEMM whose output is the input's gradient
+                kernels.append((flops, traffic, CONVOLUTION, *_gemm_dims(out[0], flops, True, groups)))
+            else:  # backward-filter: C[Cout, Cin·kh·kw], K over batch x output pixels
+                wg = out[1]
+                dims = (0.0, 0.0, 0.0) if groups != 1 or flops <= 0 else \
+                    (float(wg.shape[0]), float(wg.numel() // wg.shape[0]), flops / (2.0 * wg.numel()))
+                kernels.append((flops, traffic, CONVOLUTION, *dims))
         return kernels
     if packet not in _BATCH_NORM and packet is not _aten.native_batch_norm_backward:
         return None
     single_pass = sum(map(_tensor_bytes, _tensors((args, kwargs)))) + sum(map(_tensor_bytes, _tensors(out)))
     if packet in _BATCH_NORM and _arg(args, kwargs, 5, "training"):
         x = _arg(args, kwargs, 0, "input")
-        return [(0.0, float(_tensor_bytes(x))), (0.0, float(single_pass))]  # statistics, then normalisation
+        return [(0.0, float(_tensor_bytes(x)), MEMORY_BOUND, 0.0, 0.0, 0.0),  # statistics, then normalisation
+                (0.0, float(single_pass), MEMORY_BOUND, 0.0, 0.0, 0.0)]
     if packet is _aten.native_batch_norm_backward and _arg(args, kwargs, 7, "train"):
         grad_out, x = _arg(args, kwargs, 0, "grad_out"), _arg(args, kwargs, 1, "input")
-        return [(0.0, float(_tensor_bytes(grad_out) + _tensor_bytes(x))), (0.0, float(single_pass))]
+        return [(0.0, float(_tensor_bytes(grad_out) + _tensor_bytes(x)), MEMORY_BOUND, 0.0, 0.0, 0.0),
+                (0.0, float(single_pass), MEMORY_BOUND, 0.0, 0.0, 0.0)]
     return None
 
 

@@ -24,7 +24,7 @@ from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, Schedule, Sc
 from sim.core.config import SimConfig
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
-from sim.planning.costs_from_flops import KERNEL_SECONDS, FlopCosts, Training, training_policy
+from sim.planning.costs_from_flops import FlopCosts, Training, training_policy
 from sim.planning.flops import ModelProfile
 from sim.planning.hardware import LINKS, DeviceSpec, get_device, get_link
 from sim.planning.partition import block_partition
@@ -325,7 +325,7 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
          schedules: Sequence[str] | None = None, stages: Sequence[int] | None = None,
          virtual: Sequence[int] = VIRTUAL,
          price_per_gpu_hour: float | None = None, objective: str = "throughput",
-         kernel_seconds: float = KERNEL_SECONDS, model_name: str = "", progress: bool = False) -> Plan:
+         kernel_seconds: float | None = None, model_name: str = "", progress: bool = False) -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
 
     Args:
@@ -344,7 +344,7 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
         virtual: stages per device to try for a schedule registered with a layout (Note [virtual stages]).
         price_per_gpu_hour: dollars, to price each row per million samples.
         objective: ``throughput`` (default) or ``cost`` (cheapest per sample; needs a price).
-        kernel_seconds: fixed cost per kernel (:mod:`sim.planning.costs_from_flops`).
+        kernel_seconds: fixed cost per kernel; ``None``: the device's (:mod:`sim.planning.costs_from_flops`).
         model_name: for the result's display.
         progress: show a ``tqdm`` progress bar on stderr.
 

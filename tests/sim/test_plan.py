@@ -229,6 +229,6 @@ def test_torchgpipe_resnet101_speedups_within_10_percent() -> None:
     published = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(published)
     table = published.resnet_table()
-    assert 0.3 < table["calibrated_efficiency"] < 0.9
+    assert table["calibrated_efficiency"] == 0.859  # the catalog P40, set once (Note [roofline sources])
     for row in table["rows"]:
         assert abs(row["error"]) <= published.TOLERANCE, row

@@ -1,0 +1,122 @@
+"""A roofline per counted kernel: what a device family reaches on matrix multiplies, convolutions and memory traffic.
+
+One counted kernel (:mod:`sim.planning.operators`) of ``flops`` FLOPs moving ``bytes`` bytes takes::
+
+    seconds = max(flops / (peak[dtype] * fraction[kind][dtype] * shape(M, N, K)),
+                  bytes / (memory_bandwidth * memory)) + kernel_seconds
+    shape(M, N, K) = M / (M + half_dim) * N / (N + half_dim) * K / (K + half_dim)
+
+``kind`` is a matrix multiply or a convolution (an implicit GEMM; Note [GEMM shape] in
+:mod:`sim.planning.operators`); a memory-bound kernel has no FLOPs and only the second term. A :class:`Roofline`
+holds a device family's few named parameters, each with the source or measurement that set it
+(Note [GEMM shape factor]); :class:`~sim.planning.hardware.DeviceSpec` carries one, and
+:class:`~sim.planning.costs_from_flops.FlopCosts` times every kernel by it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from sim.planning.counts import CONVOLUTION, MATMUL
+
+__all__ = ["KIND_NAMES", "MissingDeviceParameterError", "Roofline", "shape_factor"]
+
+#: What each kind of compute-bound kernel is, for messages.
+KIND_NAMES = {MATMUL: "matrix multiplies (aten::mm, addmm, bmm, ...)",
+              CONVOLUTION: "convolutions (aten::convolution and its backward)"}
+
+
+class MissingDeviceParameterError(KeyError):
+    """A device lacks the parameter a counted operator needs; the message names the operator and what to add."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; this one is a sentence
+        return str(self.args[0])
+
+
+def _fraction(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or not 0 < value <= 1:
+        raise ValueError(f"{what} is a fraction in (0, 1], got {value!r}")
+    return float(value)
+
+
+# Note [GEMM shape factor]: a GEMM runs in tiles (a GPU's thread blocks, a CPU's register blocks); a dimension
+# much larger than a tile costs nothing extra, one near it leaves tiles and units part-empty. Each of M, N and K
+# therefore scales the rate by d / (d + half_dim), saturating to 1 for large d, so a narrow 64-channel convolution
+# or a small micro-batch reaches less of the peak than a wide one. One ``half_dim`` per device family, not per
+# model; an unknown dimension (0) leaves the factor 1.
+def shape_factor(dims: np.ndarray, half_dim: float) -> np.ndarray:
+    """Rate factor of GEMMs with ``dims`` of shape ``(ops, 3)`` (Note [GEMM shape factor])."""
+    d = np.maximum(dims, 0.0)
+    return np.prod(np.where(d > 0, d / np.maximum(d + half_dim, 1e-300), 1.0), axis=-1)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A device family's achievable fractions, one set for every model.
+
+    Attributes:
+        matmul: fraction of ``peak_flops[dtype]`` a large matrix multiply reaches, per dtype path.
+        convolution: the same for a convolution's implicit GEMM (cuDNN, oneDNN); a dtype absent here cannot
+            time a convolution (:class:`MissingDeviceParameterError`).
+        memory: fraction of the datasheet memory bandwidth memory-bound kernels reach.
+        kernel_seconds: fixed cost of one kernel (launch, ramp-up and tail), seconds.
+        half_dim: the GEMM dimension at which that dimension alone halves the rate (Note [GEMM shape factor]).
+        source: where each number comes from (a measurement, a datasheet, or the one published run that set it).
+    """
+
+    matmul: Mapping[str, float] = field(hash=False)
+    convolution: Mapping[str, float] = field(hash=False)
+    memory: float
+    kernel_seconds: float
+    half_dim: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("matmul", "convolution"):
+            table = {k.lower(): _fraction(f"roofline {name} fraction for {k}", v)
+                     for k, v in getattr(self, name).items()}
+            object.__setattr__(self, name, MappingProxyType(table))
+        _fraction("roofline memory fraction", self.memory)
+        if not (isinstance(self.kernel_seconds, (int, float)) and 0 <= self.kernel_seconds < math.inf):
+            raise ValueError(f"roofline kernel_seconds must be a finite number >= 0, got {self.kernel_seconds!r}")
+        if not (isinstance(self.half_dim, (int, float)) and 0 <= self.half_dim < math.inf):
+            raise ValueError(f"roofline half_dim must be a finite number >= 0, got {self.half_dim!r}")
+
+    def fraction(self, kind: int, dtype: str, device: str = "this device") -> float:
+        """The fraction of peak kernels of ``kind`` reach in ``dtype``.
+
+        Raises:
+            MissingDeviceParameterError: the roofline has no fraction for that kind and dtype.
+        """
+        table, field_name = (self.convolution, "convolution") if kind == CONVOLUTION else (self.matmul, "matmul")
+        try:
+            return table[dtype.lower()]
+        except KeyError:
+            raise MissingDeviceParameterError(
+                f"the model runs {KIND_NAMES[kind]} in {dtype}, but device {device!r} has no "
+                f"Roofline.{field_name}[{dtype.lower()!r}] (it has {', '.join(table) or 'none'}); add that fraction "
+                f"to the device's roofline (measure it: gpipe-sim hardware --calibrate-cpu does so for a CPU), "
+                f"or count the model in a dtype it has") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"matmul": dict(self.matmul), "convolution": dict(self.convolution), "memory": self.memory,
+                "kernel_seconds": self.kernel_seconds, "half_dim": self.half_dim, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Roofline:
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: a field is missing or out of range (the message names it).
+        """
+        missing = [k for k in ("matmul", "convolution", "memory", "kernel_seconds", "half_dim") if k not in data]
+        if missing:
+            raise ValueError(f"a roofline needs {', '.join(missing)}; see sim.planning.roofline.Roofline")
+        return cls(dict(data["matmul"]), dict(data["convolution"]), float(data["memory"]),
+                   float(data["kernel_seconds"]), float(data["half_dim"]), str(data.get("source", "")))
