@@ -167,10 +167,9 @@ def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
             live = 0 if op == W else round_block(working[j] * scale)
             gradients = sum(round_block(stages[s].gradient_bytes) for s in grads)
             raw = params + optimizer + gradients + memory.current[d] + live + workspace
-            total = round_segment(raw)
-            if total > best.total or (total == best.total and not best.task):
+            if raw > best.total - best.rounding or not best.task:  # rounding is monotone: the largest raw peak
                 best = MemoryParts(params, optimizer, gradients, memory.current[d], live, workspace,
-                                   total - raw, str(task))
+                                   round_segment(raw) - raw, str(task))
             if op != F:
                 memory.after(d, op, i, j, float(k))
         out.append(best)
