@@ -35,7 +35,7 @@ def main() -> int:
     counted = time.perf_counter() - start
     start = time.perf_counter()
     result = plan(profile, 512, device, list(range(1, 17)), "nvlink", training=training, chunks=[1, 2, 4, 8, 16],
-                  checkpoints=["never", "except_last"], model_name=spec.name)
+                  checkpoints=["never", "except_last"], schedules=["gpipe", "1f1b"], model_name=spec.name)
     swept = time.perf_counter() - start
     n = len(result.rows)
     best = result.best

@@ -7,6 +7,15 @@ hardware entry, and the table lists the fastest first, the best one that fits ma
 
     gpipe-sim plan --model gpt:1.3b --batch 512 --gpus 1,2,4,8 --hardware h100-sxm --link nvlink --price 2.5
 
+The buyer's question names a target and several device types, and gets the cheapest configuration of each that
+reaches the target and fits (``sim.planning.buyer``)::
+
+    gpipe-sim plan --model gpt:13b --target-throughput 40 --hardware h100-sxm,a100-80gb \
+        --price h100-sxm=2.5,a100-80gb=1.4
+
+One published configuration is evaluated exactly with ``--balance`` (the partition), ``--replicas`` and
+``--optimizer``; ``--json`` gives each row's memory per device part by part.
+
 ``--model`` takes a built-in (``gpt:SIZE``, ``resnet101``, ``unet:B,C``, ``amoebanet:L,D``) or a
 user's ``MODULE:FUNCTION`` (a dotted module, or ``path/to/file.py``), whose function takes no
 arguments and returns an ``nn.Sequential`` and a sample input (batch in dimension 0).
@@ -27,6 +36,7 @@ from sim.cli import CommandError
 from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedules_help
 from sim.cli.user_code import Target, blame, call, load_target
 from sim.files import json_text
+from sim.planning.buyer import Answer, answer
 from sim.planning.costs_from_flops import training_policy
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.hardware import get_device
@@ -39,6 +49,10 @@ BUILTIN_FAMILIES = ("gpt", "resnet101", "resnet", "unet", "amoebanet")
 BUILTINS = "gpt:SIZE, resnet101, unet:B,C, amoebanet:L,D"
 GiB = 2**30
 FILES = ("plan.json", "throughput.png", "memory.png")  # what --out receives
+BUYER_FILES = ("answer.json", "answer.png")  # what --out receives with --target-throughput
+BUYER_BATCH = 512  # the buyer's form without --batch: a common global batch for the GPT sizes
+BUYER_GPUS = "4,8,16,32"  # and without --gpus
+OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop")
 MAX_PRICE = 1e9  # USD per GPU-hour; far above any price, and every row's cost stays finite
 
 
@@ -48,12 +62,23 @@ def add_parser(subparsers: Any) -> None:
                               description=__doc__.split("\n\n", 1)[0].split(": ", 1)[1] if __doc__ else None)
     p.add_argument("--model", required=True, metavar="SPEC",
                    help="gpt:SIZE, resnet101, unet:B,C, amoebanet:L,D, or MODULE:FUNCTION")
-    p.add_argument("--batch", required=True, type=int, metavar="N", help="global batch, samples per step")
-    p.add_argument("--gpus", required=True, metavar="LIST", help="GPU counts to try, e.g. 1,2,4,8")
-    p.add_argument("--hardware", required=True, metavar="NAME", help="catalog device (see gpipe-sim hardware)")
+    p.add_argument("--batch", type=int, default=None, metavar="N",
+                   help=f"global batch, samples per step (required, but {BUYER_BATCH} with --target-throughput)")
+    p.add_argument("--gpus", default=None, metavar="LIST",
+                   help=f"GPU counts to try, e.g. 1,2,4,8 (required, but {BUYER_GPUS} with --target-throughput)")
+    p.add_argument("--hardware", required=True, metavar="NAME",
+                   help="catalog device (see gpipe-sim hardware); several, comma-separated, with --target-throughput")
+    p.add_argument("--target-throughput", type=float, default=None, metavar="SAMPLES",
+                   help="samples/s to reach: answer with the cheapest configuration per device that reaches it")
+    p.add_argument("--balance", default=None, metavar="LIST",
+                   help="layers per stage, pinned (a published partition); only that many stages run")
+    p.add_argument("--replicas", default=None, metavar="LIST", help="data-parallel copies to allow, e.g. 1")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help="optimizer, with the device's default precision (or name both with --training)")
     p.add_argument("--link", default="pcie", metavar="NAME",
                    help="catalog link, or nvlink/pcie for the generation of the device (default: pcie)")
-    p.add_argument("--price", type=float, default=None, metavar="USD", help="price per GPU-hour, to cost each row")
+    p.add_argument("--price", default=None, metavar="USD",
+                   help="price per GPU-hour, to cost each row; per device as NAME=USD,NAME=USD")
     p.add_argument("--chunks", default=None, metavar="LIST",
                    help="micro-batch counts to try (default: powers of two up to the batch, at most 128)")
     p.add_argument("--checkpoint", default=",".join(CHECKPOINT_MODES), metavar="LIST",
@@ -177,38 +202,124 @@ def print_table(result: Plan, top: int) -> None:
               f"{best.schedule}{virtual}, checkpoint {best.checkpoint}: {best.throughput:.2f} samples/s")
 
 
+def _prices(text: str | None, devices: list[str]) -> dict[str, float | None]:
+    """``--price``: one number for every device, or ``NAME=USD`` pairs."""
+    out: dict[str, float | None] = dict.fromkeys(devices)
+    if text is None:
+        return out
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        name, sep, value = item.rpartition("=")
+        try:
+            usd = float(value)
+        except ValueError:
+            raise CommandError(f"--price takes USD or NAME=USD,NAME=USD, got {text!r}") from None
+        number("--price", usd, unit="USD per GPU-hour", maximum=MAX_PRICE)
+        if not sep:
+            out = dict.fromkeys(devices, usd)
+        elif name.strip().lower() not in out:
+            raise CommandError(f"--price names {name.strip()!r}, which is not in --hardware ({', '.join(devices)})")
+        else:
+            out[name.strip().lower()] = usd
+    return out
+
+
+def _training(args: argparse.Namespace, device: Any) -> Any:
+    if args.training and args.optimizer:
+        raise CommandError("give the optimizer once: --training names precision and optimizer (fp32-rmsprop), "
+                           "--optimizer the optimizer alone")
+    if args.training:
+        return training_policy(args.training)
+    return default_training(device, args.optimizer or "adam")
+
+
 def run(args: argparse.Namespace) -> int:
     """Count the model, sweep, print the table (or JSON) and write the files; return the exit status."""
+    target = args.target_throughput
+    if target is not None:
+        number("--target-throughput", target, unit="samples/s", positive=True, maximum=MAX_PRICE)
+    if args.batch is None and target is None:
+        raise CommandError("--batch is required (the global batch, samples per step)")
+    if args.gpus is None and target is None:
+        raise CommandError("--gpus is required (GPU counts to try, e.g. 1,2,4,8)")
+    args.batch = BUYER_BATCH if args.batch is None else args.batch
+    args.gpus = BUYER_GPUS if args.gpus is None else args.gpus
+    names = [h.strip().lower() for h in args.hardware.split(",") if h.strip()]
+    if len(names) != 1 and target is None:
+        raise CommandError(f"--hardware names {len(names)} devices; several need --target-throughput")
+    prices = _prices(args.price, names)
+    if target is None:
+        args.price = prices[names[0]]
+        return _run_one(args)
+    if args.objective == "cost":
+        raise CommandError("--target-throughput picks the cheapest configuration itself; leave out --objective")
+    answers = answer([_sweep(args, name, prices[name])[0] for name in names], target)
+    out = output_folder(args, BUYER_FILES) if args.out is not None else None
+    if out is not None:
+        from sim.planning.buyer import plot_answer
+
+        out.write_json("answer.json", [a.to_dict() for a in answers], indent=1)
+        out.write_with("answer.png", lambda path: plot_answer(answers, path))
+        out.finish()
+    if args.json:
+        print(json_text([a.to_dict() for a in answers]))
+        return 0
+    _print_answers(answers)
+    return 0
+
+
+def _print_answers(answers: list[Answer]) -> None:
+    first = answers[0].plan
+    print(f"{first.model}: batch {first.batch}, target {answers[0].target:g} samples/s; the cheapest configuration "
+          "per device that reaches it and fits")
+    for a in answers:
+        r = a.row
+        if r is None:
+            print(f"  {a.plan.device}: nothing tried reaches the target and fits (try more --gpus)")
+            continue
+        cost = f", ${a.dollars_per_hour:.2f}/h, ${r.cost_per_million:.2f} per million samples" \
+            if a.dollars_per_hour is not None and r.cost_per_million is not None else ""
+        print(f"  {a.plan.device}: {r.gpus} GPUs as {r.stages} stages x {r.replicas} replicas, {r.chunks} chunks, "
+              f"{r.schedule} (v={r.virtual}), checkpoint {r.checkpoint}: {r.throughput:.1f} samples/s, "
+              f"{_bytes(r.peak_memory_bytes)} GiB peak per device{cost}")
+
+
+def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tuple[Plan, Any]:
+    """Check the options, count the model and sweep on one device; return the plan and the --out folder."""
     integer("--batch", args.batch, -MAX_INT - 1)  # check_request below says what a batch needs
     integer("--top", args.top, -MAX_INT - 1)
     gpus = _ints("--gpus", args.gpus)
     chunks = _ints("--chunks", args.chunks) if args.chunks is not None else None
-    if args.price is not None:
-        number("--price", args.price, unit="USD per GPU-hour", maximum=MAX_PRICE)
+    balance = _ints("--balance", args.balance) if args.balance is not None else None
+    replicas = _ints("--replicas", args.replicas) if args.replicas is not None else None
     checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINT_MODES)
     schedules = _words("--schedule", args.schedule, tuple(SCHEDULES))
     virtual = _ints("--virtual", args.virtual)
     if min(virtual) < 1:
         raise CommandError(f"--virtual lists stages per device, each at least 1, got {args.virtual!r}")
-    device = get_device(args.hardware)
+    device = get_device(hardware)
     if args.efficiency is not None:
         if not 0 < args.efficiency <= 1:
             raise CommandError(f"--efficiency must be in (0, 1], got {args.efficiency}")
         device = replace(device, efficiency=args.efficiency)
-    training = training_policy(args.training) if args.training else default_training(device)
+    training = _training(args, device)
     device.achievable_flops(training.compute)  # KeyError now if the device lacks the dtype
-    if args.objective == "cost" and args.price is None:
+    if args.objective == "cost" and price is None:
         raise CommandError("--objective cost needs --price")
     check_request(args.batch, gpus, chunks)  # before the (seconds-long) count
     link = resolve_link(args.link, device)
-    out = output_folder(args, FILES) if args.out is not None else None
+    out = output_folder(args, FILES) if args.out is not None and args.target_throughput is None else None
     name, module, sample, target = _load(args.model)
     with blame(target) if target is not None else nullcontext():  # the user's layers run on meta here
         profile: ModelProfile = count_layers(module, sample, dtype=training.torch_dtype)
     result = plan(profile, args.batch, device, gpus, link, training=training, chunks=chunks,
-                  checkpoints=checkpoints, schedules=schedules, virtual=virtual, price_per_gpu_hour=args.price,
-                  objective=args.objective, model_name=name,
+                  checkpoints=checkpoints, schedules=schedules, virtual=virtual, price_per_gpu_hour=price,
+                  objective=args.objective, model_name=name, balance=balance, replicas=replicas,
                   progress=not args.no_progress and sys.stderr.isatty())
+    return result, out
+
+
+def _run_one(args: argparse.Namespace) -> int:
+    result, out = _sweep(args, args.hardware.strip(), args.price)
     if out is not None:
         from sim.planning.plan_plot import plot_memory, plot_throughput
 

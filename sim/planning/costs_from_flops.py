@@ -68,9 +68,11 @@ class Training:
         return self.weight_bytes + self.gradient_bytes + self.optimizer_bytes
 
 
-_OPTIMIZER_STATE = {"adam": 2, "momentum": 1, "sgd": 0}  # fp32 tensors per parameter
+# fp32 tensors per parameter: Adam's two moments, SGD's momentum buffer, RMSprop's running mean of squared
+# gradients (torch.optim.RMSprop without momentum and not centred; each of those adds one more)
+_OPTIMIZER_STATE = {"adam": 2, "momentum": 1, "rmsprop": 1, "sgd": 0}
 
-#: The named policies: ``{fp32, tf32, fp16, bf16}-{adam, momentum, sgd}``.
+#: The named policies: ``{fp32, tf32, fp16, bf16}-{adam, momentum, rmsprop, sgd}``.
 TRAINING: dict[str, Training] = {}
 for _dtype, _torch_dtype in (("fp32", torch.float32), ("tf32", torch.float32),
                              ("fp16", torch.float16), ("bf16", torch.bfloat16)):

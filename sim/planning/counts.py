@@ -96,6 +96,9 @@ class LayerProfile:
         parameters: parameter count (shared parameters at their first layer only).
         parameter_bytes: bytes of those parameters.
         parameter_tensors: how many parameter tensors those are (an optimizer runs a kernel per tensor).
+        new_output_bytes: ``(fixed, per_sample)`` bytes of the output the layer allocates (tensors of its
+            output that are not tensors of its input, such as the skips a tuple passes through);
+            ``None``: all of ``output_bytes``.
     """
 
     name: str
@@ -110,6 +113,7 @@ class LayerProfile:
     parameter_bytes: int
     parameter_tensors: int
     input_backward: OpTable | None = None
+    new_output_bytes: tuple[float, float] | None = None
 
     def at(self, batch: int) -> LayerCount:
         """The layer's totals at ``batch`` samples."""

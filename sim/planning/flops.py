@@ -85,6 +85,7 @@ class _Pass:
     saved_bytes: int
     input_saved_bytes: int
     output: Any
+    new_output_bytes: int
 
 
 # Note [split backward]: a schedule with W tasks runs a layer's backward as B, the gradient of its input alone,
@@ -147,8 +148,9 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
         if p.requires_grad:
             bwd.append((0.0, 3.0 * _tensor_bytes(p), 0.0, 0.0, 0.0, 0.0))  # memory-bound
     keep.extend(inputs)
+    new = sum(_tensor_bytes(t) for t in outputs if _storage_key(t) not in input_keys)
     return _Pass(fwd, bwd, bwd_in, sum(map(_tensor_bytes, outputs)), sum(map(_tensor_bytes, inputs)),
-                 saved_new, saved_input, out)
+                 saved_new, saved_input, out, new)
 
 
 def _meta_state(layer: nn.Module, dtype: torch.dtype | None
@@ -249,6 +251,7 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
             sum(p.numel() for p in new),
             sum(p.numel() * torch.empty((), dtype=_dtype(p, dtype)).element_size() for p in new), len(new),
             _table(p1.input_backward, p2.input_backward, b, what + " (input gradient)"),
+            _affine(p1.new_output_bytes, p2.new_output_bytes, b),
         ))
     floats = [p.dtype for p in module.parameters() if p.is_floating_point()]
     counted = dtype if dtype is not None else floats[0] if floats else torch.float32

@@ -6,11 +6,13 @@ policy and each registered schedule (:data:`gpipe.schedule.SCHEDULES`), and for 
 places several stages per device each number ``v`` of stages per device (Note [virtual stages]).
 Each configuration is balanced by cost (:mod:`sim.planning.partition`), priced with the backward
 split into B and W where the schedule has W tasks, simulated (:func:`sim.core.engine.simulate`) and
-checked against device memory (Note [all-reduce]); :func:`plan` runs the sweep::
+checked against device memory as the allocator sees it; :func:`plan` runs the sweep::
 
-    step seconds  = simulated makespan + optimizer step + gradient all-reduce across replicas
+    step seconds  = simulated pipeline, the all-reduce across replicas overlapped (sim.planning.replicas),
+                    then the optimizer step
     throughput    = global batch / step seconds                              (samples/s)
-    memory        = model state + peak bytes saved for backward, per device  (fits or out of memory)
+    memory        = per device, the peak the allocator reserves: model state, saved bytes, the running
+                    task's working set, workspace, rounding (sim.planning.memory)      (fits or out of memory)
     cost          = gpus * price per GPU-hour / 3600 * 1e6 / throughput      ($ per million samples)
 """
 from __future__ import annotations
@@ -27,7 +29,9 @@ from sim.core.link import LinkSpec
 from sim.planning.costs_from_flops import FlopCosts, Training, training_policy
 from sim.planning.flops import ModelProfile
 from sim.planning.hardware import LINKS, DeviceSpec, get_device, get_link
+from sim.planning.memory import MemoryParts, device_memory, stage_working_bytes, workspace_bytes
 from sim.planning.partition import block_partition
+from sim.planning.replicas import step_seconds
 
 __all__ = ["VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request", "default_training", "plan",
            "resolve_link"]
@@ -52,13 +56,16 @@ class PlanRow:
         step_seconds: one training step (see the module docstring).
         throughput: samples per second.
         bubble_fraction: mean idle fraction of the simulated pipeline.
-        memory_bytes: per device, model state plus peak activations.
+        memory_bytes: per device, the peak the allocator reserves (``memory_parts``' totals).
         model_state_bytes: per device, weights, gradients and optimizer state of its stages.
-        activation_bytes: per device, the peak bytes saved for backward.
+        activation_bytes: per device, the peak bytes saved for backward (the simulator's).
         fits: every device fits in its memory.
         cost_per_million: dollars per million samples, if a price was given.
         best: the configuration the planner recommends.
         virtual: stages per device (Note [virtual stages]); 1 for a schedule without a layout.
+        memory_parts: per device, its peak part by part (:class:`~sim.planning.memory.MemoryParts`).
+        parameters: the model's parameter count.
+        allreduce_exposed_seconds: of the step, the gradient all-reduce the backward did not hide.
     """
 
     gpus: int
@@ -79,6 +86,9 @@ class PlanRow:
     cost_per_million: float | None = None
     best: bool = False
     virtual: int = 1
+    memory_parts: tuple[MemoryParts, ...] = ()
+    parameters: int = 0
+    allreduce_exposed_seconds: float = 0.0
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -86,7 +96,8 @@ class PlanRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "balance": list(self.balance), "memory_bytes": list(self.memory_bytes),
-                "model_state_bytes": list(self.model_state_bytes), "activation_bytes": list(self.activation_bytes)}
+                "model_state_bytes": list(self.model_state_bytes), "activation_bytes": list(self.activation_bytes),
+                "memory_parts": [p.to_dict() for p in self.memory_parts]}
 
 
 @dataclass(frozen=True)
@@ -195,17 +206,19 @@ def _virtuals(kind: ScheduleKind, depth: int, layers: int, virtual: Sequence[int
 
 def _points(gpus: Sequence[int], batch: int, layers: int, chunks: Sequence[int] | None,
             checkpoints: Sequence[str], schedules: Sequence[str], stages: Sequence[int] | None,
-            virtual: Sequence[int], why: dict[str, str]) -> list[_Point]:
+            virtual: Sequence[int], why: dict[str, str], replicas: Sequence[int] | None = None,
+            pinned: int | None = None) -> list[_Point]:
     out: list[_Point] = []
     kinds = [schedule_kind(s) for s in schedules]
     for g in gpus:
         for n in (s for s in range(1, min(g, layers) + 1) if g % s == 0 and (stages is None or s in stages)):
             r = g // n
-            if r > batch:
+            if r > batch or (replicas is not None and r not in replicas):
                 continue
             per_replica = math.ceil(batch / r)
             ms = chunks if chunks is not None else [2**k for k in range(8) if 2**k <= min(per_replica, MAX_CHUNKS)]
-            vs = [(k.name, _virtuals(k, n, layers, virtual, why)) for k in kinds]
+            vs = [(k.name, [v for v in _virtuals(k, n, layers, virtual, why) if pinned in (None, v * n)])
+                  for k in kinds]
             for m in ms:
                 if m > per_replica:
                     continue
@@ -246,15 +259,6 @@ def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Seque
                          f"{training.name!r} computes in {training.compute}; count it in {training.torch_dtype}")
 
 
-# Note [all-reduce]: replicas add a ring all-reduce of each stage's gradients over the same link,
-# ``2 (r-1)/r * bytes / bandwidth + 2 (r-1) * latency``, after the pipeline drains (not overlapped
-# with the backward: a conservative bound).
-def _allreduce_seconds(nbytes: float, replicas: int, link: LinkSpec) -> float:
-    if replicas < 2:
-        return 0.0
-    return 2 * (replicas - 1) / replicas * nbytes / link.bandwidth + 2 * (replicas - 1) * link.latency
-
-
 def _make_schedule(p: _Point) -> Schedule:
     """The point's schedule: ``v * p`` stages placed by the schedule's layout, or one stage per device."""
     kind = schedule_kind(p.schedule)
@@ -273,7 +277,7 @@ def _per_device(values: Sequence[float], placement: Sequence[int], devices: int)
 
 def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimConfig,
          balances: dict[tuple[int, int, str, int], tuple[int, ...]], price: float | None,
-         why: dict[str, str]) -> PlanRow | None:
+         why: dict[str, str], pinned: tuple[int, ...] | None = None) -> PlanRow | None:
     try:
         schedule = _make_schedule(p)
     except ValueError as exc:  # a shape the generator does not take (e.g. chunks not a multiple of devices)
@@ -285,7 +289,9 @@ def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimCon
     scale = [(q + (1 if i < rem else 0)) / mb for i in range(p.chunks)] if rem else []
     n = p.stages * p.virtual
     key = (n, mb, p.checkpoint, p.chunks if p.checkpoint == "except_last" else 0)
-    if key not in balances:
+    if pinned is not None:
+        balances[key] = pinned
+    elif key not in balances:
         fwd, bwd = costs.layer_seconds(mb)
         recompute = {"never": 0.0, "always": 1.0, "except_last": (p.chunks - 1) / p.chunks}[p.checkpoint]
         balances[key] = block_partition(fwd * (1 + recompute) + bwd, n)
@@ -295,16 +301,18 @@ def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimCon
     devices, placement = schedule.num_devices, schedule.placement
     state = [int(x) for x in _per_device([s.model_state_bytes for s in cost.stages], placement, devices)]
     activations = [timeline.peak_memory(d) for d in range(devices)]
-    memory = [a + b for a, b in zip(state, activations, strict=True)]
-    grads = _per_device([s.gradient_bytes for s in cost.stages], placement, devices)
+    parts = device_memory(schedule, cost.stages, stage_working_bytes(costs.profile, balance, mb),
+                          workspace_bytes(costs.device.name), scale)
+    memory = [x.total for x in parts]
     updates = _per_device(costs.update_seconds(balance), placement, devices)
-    extra = max(u + _allreduce_seconds(g, p.replicas, link) for u, g in zip(updates, grads, strict=True))
-    step = timeline.makespan + extra
+    step, exposed = step_seconds(schedule, timeline, [s.gradient_bytes for s in cost.stages], updates,
+                                 p.replicas, link)
     throughput = batch / step if step > 0 else math.inf
     dollars = p.gpus * price / 3600 * 1e6 / throughput if price is not None else None
     return PlanRow(p.gpus, p.stages, p.replicas, p.chunks, mb, p.checkpoint, p.schedule, balance, step, throughput,
                    timeline.bubble_fraction(), tuple(memory), tuple(state), tuple(activations),
-                   all(x <= costs.device.memory_bytes for x in memory), dollars, virtual=p.virtual)
+                   all(x <= costs.device.memory_bytes for x in memory), dollars, virtual=p.virtual,
+                   memory_parts=tuple(parts), parameters=costs.profile.parameters, allreduce_exposed_seconds=exposed)
 
 
 def _mark_best(rows: list[PlanRow], objective: str) -> list[PlanRow]:
@@ -323,7 +331,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
          link: LinkSpec | str = "pcie", *, training: Training | str | None = None,
          chunks: Sequence[int] | None = None, checkpoints: Sequence[str] = CHECKPOINT_MODES,
          schedules: Sequence[str] | None = None, stages: Sequence[int] | None = None,
-         virtual: Sequence[int] = VIRTUAL,
+         virtual: Sequence[int] = VIRTUAL, balance: Sequence[int] | None = None,
+         replicas: Sequence[int] | None = None,
          price_per_gpu_hour: float | None = None, objective: str = "throughput",
          kernel_seconds: float | None = None, model_name: str = "", progress: bool = False) -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
@@ -342,6 +351,9 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
         schedules: schedule names to try; default every registered one (:data:`gpipe.schedule.SCHEDULES`).
         stages: pipeline depths (devices per replica) to allow; default every divisor of each GPU count.
         virtual: stages per device to try for a schedule registered with a layout (Note [virtual stages]).
+        balance: layers per stage, pinned (a published partition): only pipelines of ``len(balance)`` stages
+            run, and none is balanced by the planner.
+        replicas: data-parallel copies to allow; default every one the GPU counts give.
         price_per_gpu_hour: dollars, to price each row per million samples.
         objective: ``throughput`` (default) or ``cost`` (cheapest per sample; needs a price).
         kernel_seconds: fixed cost per kernel; ``None``: the device's (:mod:`sim.planning.costs_from_flops`).
@@ -354,7 +366,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     Raises:
         KeyError: unknown device, link or training policy.
         ValueError: a batch below 1 or below the chunks asked for, fewer than one GPU, an unknown
-            checkpoint mode, schedule or objective, a price below 0, or nothing to sweep.
+            checkpoint mode, schedule or objective, a price below 0, a balance that does not cover the
+            model's layers, or nothing to sweep.
     """
     dev = get_device(device) if isinstance(device, str) else device
     policy = default_training(dev) if training is None else training_policy(training) \
@@ -369,21 +382,40 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
         raise ValueError(f"the price per GPU-hour must be a finite number >= 0, got {price_per_gpu_hour}")
     if not virtual or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in virtual):
         raise ValueError(f"virtual lists stages per device, integers >= 1, got {list(virtual)}")
+    pinned = _check_pins(balance, replicas, len(profile))
     why: dict[str, str] = {}
-    points = _points(gpus, batch, len(profile), chunks, checkpoints, schedules, stages, virtual, why)
+    points = _points(gpus, batch, len(profile), chunks, checkpoints, schedules, stages, virtual, why, replicas,
+                     len(pinned) if pinned is not None else None)
     costs = FlopCosts(profile, dev, policy, kernel_seconds)
     config = SimConfig(link=lk)
     balances: dict[tuple[int, int, str, int], tuple[int, ...]] = {}
-    run = [_run(p, costs, batch, lk, config, balances, price_per_gpu_hour, why) for p in _progress(points, progress)]
+    run = [_run(p, costs, batch, lk, config, balances, price_per_gpu_hour, why, pinned)
+           for p in _progress(points, progress)]
     rows = [r for r in run if r is not None]
     if not rows:
         reasons = "".join(f"; {s}: {w}" for s, w in why.items())
+        pins = (f" with balance {list(pinned)}" if pinned is not None else "") + \
+            (f" and replicas {list(replicas)}" if replicas is not None else "")
         raise ValueError(f"nothing to sweep: no configuration of {list(gpus)} GPUs fits batch {batch} "
-                         f"and {len(profile)} layers{reasons}")
+                         f"and {len(profile)} layers{pins}{reasons}")
     ran = {r.schedule for r in rows}
     missing = {s: why.get(s, "no configuration") for s in schedules if s not in ran}
     return Plan(model_name, batch, dev.name, dev.memory_bytes, lk.name, policy.name, price_per_gpu_hour,
                 tuple(_mark_best(rows, objective)), missing)
+
+
+def _check_pins(balance: Sequence[int] | None, replicas: Sequence[int] | None,
+                layers: int) -> tuple[int, ...] | None:
+    if replicas is not None and (not replicas or any(isinstance(r, bool) or not isinstance(r, int) or r < 1
+                                                     for r in replicas)):
+        raise ValueError(f"replicas lists data-parallel copies, integers >= 1, got {list(replicas)}")
+    if balance is None:
+        return None
+    pinned = tuple(int(b) for b in balance)
+    if not pinned or min(pinned) < 1 or sum(pinned) != layers:
+        raise ValueError(f"balance {list(pinned)} must give every stage at least one layer and cover the model's "
+                         f"{layers} layers exactly (it covers {sum(pinned)})")
+    return pinned
 
 
 def _progress(points: list[_Point], show: bool) -> Iterator[_Point]:

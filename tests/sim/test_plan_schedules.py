@@ -30,6 +30,7 @@ from sim.core.link import LinkSpec
 from sim.planning.costs_from_flops import FlopCosts
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.hardware import DeviceSpec
+from sim.planning.memory import SEGMENT_BYTES
 from sim.planning.plan import PlanRow, plan
 
 LOOPED, VEE, SPLIT, EVEN = "looped-plan", "vee-plan", "split-plan", "even-chunks-plan"
@@ -193,22 +194,30 @@ def test_memory_per_device_follows_the_schedule(profile: ModelProfile) -> None:
     saved = [a / 8 for a in gpipe_.activation_bytes]  # GPipe keeps every micro-batch: 8 per device
     assert f1b.activation_bytes == tuple(round(s * (4 - d)) for d, s in enumerate(saved))  # 1F1B: n - d of them
     assert split.activation_bytes == gpipe_.activation_bytes  # W frees what B kept, after every forward
-    assert f1b.memory_bytes < gpipe_.memory_bytes and f1b.peak_memory_bytes < gpipe_.peak_memory_bytes
-    assert rows[(LOOPED, 2)].peak_memory_bytes <= gpipe_.peak_memory_bytes
-    for row in rows.values():
-        assert row.memory_bytes == tuple(a + s for a, s in zip(row.activation_bytes, row.model_state_bytes,
-                                                                strict=True))
+    for (name, _), row in rows.items():
+        assert row.memory_bytes == tuple(p.total for p in row.memory_parts)
+        for d, part in enumerate(row.memory_parts):
+            assert part.total % SEGMENT_BYTES == 0 and 0 <= part.rounding < SEGMENT_BYTES
+            if name in ("gpipe", "1f1b"):  # the peak: the first backward, every saved byte still held
+                assert part.saved == row.activation_bytes[d] and part.task.startswith("B")
+                assert part.model_state == row.model_state_bytes[d]  # its gradients just allocated
+    raw = {k: [p.total - p.rounding for p in r.memory_parts] for k, r in rows.items()}
+    assert raw[("1f1b", 1)] < raw[("gpipe", 1)] and raw[(LOOPED, 2)] <= raw[("gpipe", 1)]
 
 
 def test_a_row_that_does_not_fit_says_so(profile: ModelProfile) -> None:
     """A device between 1F1B's peak and GPipe's: 1F1B fits, GPipe does not (no checkpointing)."""
-    rows = _rows(profile, ["gpipe", "1f1b"], 2, 8)
-    limit = (rows[("gpipe", 1)].peak_memory_bytes + rows[("1f1b", 1)].peak_memory_bytes) // 2
-    result = plan(profile, 64, dataclasses.replace(DEVICE, memory_bytes=limit), [2], FREE, training="fp32-adam",
-                  chunks=[8], checkpoints=["never"], schedules=["gpipe", "1f1b"], stages=[2])
-    assert {r.schedule: r.fits for r in result.rows} == {"gpipe": False, "1f1b": True}
-    best = result.best
-    assert best is not None and best.schedule == "1f1b"
+    def sweep(device: DeviceSpec) -> list[PlanRow]:  # 1024 samples per micro-batch: 1 MiB per layer's output
+        return list(plan(profile, 8192, device, [2], FREE, training="fp32-adam", chunks=[8], checkpoints=["never"],
+                         schedules=["gpipe", "1f1b"], stages=[2]).rows)
+
+    peaks = {r.schedule: r.peak_memory_bytes for r in sweep(DEVICE)}
+    assert peaks["1f1b"] < peaks["gpipe"]
+    limit = (peaks["gpipe"] + peaks["1f1b"]) // 2
+    rows = sweep(dataclasses.replace(DEVICE, memory_bytes=limit))
+    assert {r.schedule: r.fits for r in rows} == {"gpipe": False, "1f1b": True}
+    best = next(r for r in rows if r.best)
+    assert best.schedule == "1f1b"
 
 
 def test_the_memory_plot_follows_one_number_of_stages_per_device(profile: ModelProfile) -> None:

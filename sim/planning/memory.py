@@ -1,0 +1,176 @@
+"""Peak memory per device as PyTorch's CUDA caching allocator reserves it, for one schedule and its stage costs.
+
+What decides "does it fit" is the allocator's peak, not the bytes saved for backward alone. Per device, while each
+task of its list runs (Note [peak as the allocator sees it])::
+
+    parameters + optimizer state + gradients accumulated so far      (model state)
+  + bytes saved for backward, as the simulator holds them             (Note [memory] in sim.core.memory)
+  + the running task's working set: the largest layer input plus the output it allocates (its gradients in B)
+  + the library's workspace
+    rounded as the caching allocator rounds (Note [allocator rounding])
+
+The peak is over the device's task order, the simulator's own :class:`~sim.core.memory.Memory` replayed, so it is
+the peak over the step and never a sum of maxima.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpipe.schedule import Op, Schedule
+from sim.core.cost import StageCost
+from sim.core.memory import Memory
+from sim.core.tables import B, F, R, W
+from sim.planning.counts import ModelProfile
+
+__all__ = ["BLOCK_BYTES", "SEGMENT_BYTES", "MemoryParts", "device_memory", "round_block", "round_segment",
+           "stage_working_bytes", "workspace_bytes"]
+
+MiB = 2**20
+# Note [allocator rounding]: PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) rounds every
+# request up to a multiple of kMinBlockSize = 512 bytes, and reserves memory from the device in segments: 2 MiB
+# (kSmallBuffer) for requests up to 1 MiB, 20 MiB (kLargeBuffer) for 1 to 10 MiB, and multiples of kRoundLarge =
+# 2 MiB above. We round each part of a stage to 512-byte blocks and the device's total up to a whole 2 MiB; freed
+# blocks stay cached and are reused, so reserved tracks the peak of allocated. Fragmentation (a cached block too
+# small for the next request) is not modelled: the rule is a lower bound on reserved bytes, not an upper one.
+BLOCK_BYTES = 512
+SEGMENT_BYTES = 2 * MiB
+# cuBLAS's workspace, taken from the caching allocator once per handle and stream: PyTorch's default
+# CUBLAS_WORKSPACE_CONFIG is ":4096:8" (32 MiB) on Hopper and ":4096:2:16:8" (8 MiB + 128 KiB) before it
+# (aten/src/ATen/cuda/CublasHandlePool.cpp). cuDNN's convolution workspace varies by algorithm and is not modelled.
+_HOPPER = ("h100", "h200")
+
+
+def round_block(nbytes: float) -> int:
+    """``nbytes`` rounded up to a whole 512-byte block (Note [allocator rounding])."""
+    n = max(int(-(-nbytes // 1)), 0)
+    return -(-n // BLOCK_BYTES) * BLOCK_BYTES
+
+
+def round_segment(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole 2 MiB segments (Note [allocator rounding])."""
+    return -(-nbytes // SEGMENT_BYTES) * SEGMENT_BYTES
+
+
+def workspace_bytes(device: str) -> int:
+    """cuBLAS's default workspace on the catalog device ``device``; none on a CPU."""
+    if device == "cpu":
+        return 0
+    return 32 * MiB if device.startswith(_HOPPER) else 8 * MiB + 128 * 1024
+
+
+def stage_working_bytes(profile: ModelProfile, balance: Sequence[int], microbatch: int) -> list[int]:
+    """Each stage's working set for one micro-batch: the largest ``input + new output`` over its layers.
+
+    While a layer runs forward its input and the output it allocates are both live (a tuple's skips passed through
+    count once, in the input); its backward holds the gradients of the same two. What the layer saves for backward
+    is counted apart (Note [memory] in :mod:`sim.core.memory`).
+    """
+
+    def at(q: tuple[float, float]) -> float:
+        return max(q[0] + q[1] * microbatch, 0.0)
+
+    out, start = [], 0
+    for size in balance:
+        layers = profile.layers[start:start + size]
+        out.append(round_block(max(at(x.input_bytes) + at(x.output_bytes if x.new_output_bytes is None
+                                                          else x.new_output_bytes) for x in layers)))
+        start += size
+    return out
+
+
+@dataclass(frozen=True)
+class MemoryParts:
+    """One device's memory at its peak, in bytes, part by part.
+
+    Attributes:
+        parameters: weights of its stages (a 16-bit copy and the 32-bit master in mixed precision).
+        optimizer: optimizer state of its stages.
+        gradients: the gradients its stages had accumulated by then (a stage's appear with its first backward).
+        saved: bytes saved for backward then, as the simulator holds them.
+        working: the working set of the task then running.
+        workspace: the library's workspace (cuBLAS).
+        rounding: what the allocator's rounding adds (Note [allocator rounding]).
+        task: the task running at the peak (``"B(3,1)"``), ``""`` before the first.
+    """
+
+    parameters: int
+    optimizer: int
+    gradients: int
+    saved: int
+    working: int
+    workspace: int
+    rounding: int
+    task: str = ""
+
+    @property
+    def model_state(self) -> int:
+        return self.parameters + self.optimizer + self.gradients
+
+    @property
+    def total(self) -> int:
+        return self.model_state + self.saved + self.working + self.workspace + self.rounding
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "model_state": self.model_state, "total": self.total}
+
+
+_OPCODE = {Op.F: F, Op.B: B, Op.R: R, Op.W: W}
+
+
+# Note [peak as the allocator sees it]: each device's list is replayed through the simulator's Memory in task order
+# (the saved bytes depend on that order alone, not on the times), and the peak is taken while each task runs:
+# after an F's or an R's own hold, before a B's or a W's free. A stage's gradients count from its first B (its
+# first W when the backward is split), when autograd allocates them; the workspace from the first task. Saved bytes
+# and working sets scale with an uneven last micro-batch as the simulator's do.
+def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequence[int], workspace: int = 0,
+                  scales: Sequence[float] = ()) -> list[MemoryParts]:
+    """The peak of each device of ``schedule`` as the allocator sees it (Note [peak as the allocator sees it]).
+
+    Args:
+        schedule: what runs where, in which order.
+        stages: one :class:`StageCost` per stage (its saved, checkpoint and weight bytes, and model state).
+        working: each stage's working set per micro-batch (:func:`stage_working_bytes`).
+        workspace: bytes of the library's workspace per device (:func:`workspace_bytes`).
+        scales: per micro-batch factor on saved bytes and working sets (an uneven last chunk); ``()``: all 1.
+
+    Raises:
+        ValueError: ``stages`` or ``working`` does not have one entry per stage.
+    """
+    n = schedule.n
+    if len(stages) != n or len(working) != n:
+        raise ValueError(f"the schedule has {n} stages but got {len(stages)} stage costs and {len(working)} "
+                         "working sets; give one of each per stage")
+    devices = schedule.num_devices
+    split = schedule.splits_weight_gradient
+    checkpointed = [int(schedule.is_checkpointed(i)) for i in range(schedule.m)]
+    memory = Memory(stages, devices, checkpointed, list(scales) if scales else None, W if split else B)
+    grad_op = Op.W if split else Op.B
+    out = []
+    for d in range(devices):
+        mine = schedule.stages_on(d)
+        params = sum(round_block(stages[j].parameter_bytes) for j in mine)
+        optimizer = sum(round_block(stages[j].optimizer_bytes) for j in mine)
+        best = MemoryParts(params, optimizer, 0, 0, 0, 0, round_segment(params + optimizer) - params - optimizer)
+        grads: set[int] = set()
+        for k, task in enumerate(schedule.tasks[d]):
+            op, i, j = _OPCODE[task.op], task.microbatch, task.stage
+            if op == R:
+                memory.hold(d, i, j, stages[j].saved_bytes, float(k))
+            if op == F:
+                memory.after(d, op, i, j, float(k))
+            if task.op is grad_op:
+                grads.add(j)
+            scale = scales[i] if scales else 1.0
+            live = 0 if op == W else round_block(working[j] * scale)
+            gradients = sum(round_block(stages[s].gradient_bytes) for s in grads)
+            raw = params + optimizer + gradients + memory.current[d] + live + workspace
+            if raw > best.total - best.rounding or not best.task:  # rounding is monotone: the largest raw peak
+                best = MemoryParts(params, optimizer, gradients, memory.current[d], live, workspace,
+                                   round_segment(raw) - raw, str(task))
+            if op != F:
+                memory.after(d, op, i, j, float(k))
+        out.append(best)
+    return out
