@@ -583,7 +583,18 @@ def simulated_fragments() -> dict[str, str]:
     out.update(_ablation_fragments())
     out.update(_plan_fragments())
     out.update(_beyond_fragments())
+    out.update(_sibling("teaching_numbers").fragments(simulate, _table, _plan_example()))
     return out
+
+
+def _sibling(name: str) -> Any:
+    """``docs/<name>.py``, a module beside this one (the docs are not a package)."""
+    import importlib
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
 
 
 BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "executor_speed_wide", "rng_cost", "fidelity",
@@ -710,7 +721,8 @@ def _stamp() -> str:
         for p in sorted((ROOT / folder).rglob("*.py")):
             h.update(str(p.relative_to(ROOT)).encode())
             h.update(p.read_bytes())
-    h.update(Path(__file__).read_bytes())
+    for source in ("make_figures.py", "teaching_numbers.py"):
+        h.update((Path(__file__).resolve().parent / source).read_bytes())
     return h.hexdigest()
 
 

@@ -177,7 +177,7 @@ def on_pre_build(config: Any) -> None:
     _executed.clear()
     for nb in _load("notebooks").find_notebooks(TUTORIALS):
         if outputs.cached(nb.path) is None:
-            log.info("notebooks: executing %s (its sources changed since it last ran)", nb.path.name)
+            log.info("notebooks: executing %s (no executed copy for its current sources)", nb.path.name)
         _executed[nb.path.name] = outputs.executed(nb.path)
 
 
