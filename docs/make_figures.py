@@ -721,7 +721,7 @@ def _stamp() -> str:
         for p in sorted((ROOT / folder).rglob("*.py")):
             h.update(str(p.relative_to(ROOT)).encode())
             h.update(p.read_bytes())
-    for source in ("make_figures.py", "teaching_numbers.py"):
+    for source in ("make_figures.py", "teaching_numbers.py", "explorer.py"):
         h.update((Path(__file__).resolve().parent / source).read_bytes())
     return h.hexdigest()
 

@@ -121,7 +121,8 @@ def _traffic(plan_result: Any, table: Table) -> dict[str, str]:
         if len(out) == 4:
             break
     head = (f"GPT-3 13B (s = {s}, h = {h}, {layers} layers, bf16), batch {plan_result.batch}, the planner's fastest "
-            f"configuration for each depth on {plan_result.device} over `{plan_result.link}` "
+            f"configuration of each shape (pipeline depth x replicas) on {plan_result.device} "
+            f"over `{plan_result.link}` "
             f"({link.bandwidth / 1e9:.0f} GB/s). Bytes one GPU sends per step:")
     return {"traffic_table": head + "\n\n" + table(
         ["pp x dp", "chunks x samples", "activation per boundary", "pipeline (middle stage)",
@@ -196,8 +197,9 @@ def _roofline(table: Table) -> dict[str, str]:
               f"({a100.peak_flops['bf16'] / 1e12:.0f} TFLOP/s over {a100.memory_bandwidth / 1e9:.0f} GB/s), and the "
               f"MLP's GEMM is compute-bound from {tokens:.0f} tokens: one sample ({cfg.seq_len} tokens) is "
               f"{cfg.seq_len / tokens:.0f} times that.")
-    return {"roofline_worked": worked, "roofline_table": table(["device", "dtype", "peak TFLOP/s", "GB/s", "ridge FLOP/byte"]
-                                    + [f"tokens, h={h}" for h in ROOFLINE_WIDTHS], rows)}
+    header = ["device", "dtype", "peak TFLOP/s", "GB/s", "ridge FLOP/byte"]
+    header += [f"tokens, h={h}" for h in ROOFLINE_WIDTHS]
+    return {"roofline_worked": worked, "roofline_table": table(header, rows)}
 
 
 def _tokens(t: float) -> str:

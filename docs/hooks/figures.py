@@ -4,7 +4,8 @@
   section every public module of ``gpipe`` and ``sim`` (:func:`reference_modules`).
 - ``on_pre_build``: :func:`make_figures.build` draws every PNG into ``docs/img/generated/`` (git-ignored),
   skipped when nothing it depends on changed since the last build.
-- ``on_pre_build`` also makes sure each notebook has a current executed copy (:mod:`notebook_outputs`): the
+- ``on_pre_build`` also exports the schedule explorer's timelines (:mod:`explorer`), and makes sure each
+  notebook has a current executed copy (:mod:`notebook_outputs`): the
   test run leaves one, and a notebook whose copy is missing or stale is executed here.
 - ``on_files``: each notebook becomes a page ``tutorials/NN_name.md`` with its outputs (its figures as files
   ``tutorials/NN_name/cellKK_O.png``) and is offered for download; each public
@@ -173,6 +174,7 @@ def on_pre_build(config: Any) -> None:
         log.info("figures: drew %d PNGs into %s", len(drawn), out.relative_to(ROOT))
     _fragments.clear()
     _fragments.update(make_figures.fragments(out))
+    _load("explorer").write(out, make_figures._stamp())
     outputs = _load("notebook_outputs")
     _executed.clear()
     for nb in _load("notebooks").find_notebooks(TUTORIALS):
