@@ -503,11 +503,31 @@ def fragments(cache: Path | None = None) -> dict[str, str]:
     return out
 
 
+def grids_side_by_side(schedules: dict[str, Schedule]) -> str:
+    """The schedules' unit-step grids (:meth:`Schedule.grid`) beside one another, each headed by its name, its
+    step count and the most micro-batches device 0 holds for backward at once."""
+    columns = []
+    for name, schedule in schedules.items():
+        lines = schedule.grid().splitlines()
+        held = peak = 0
+        for task in schedule.tasks[0]:
+            held += {"F": 1, "B": -1}.get(task.op.value, 0)
+            peak = max(peak, held)
+        columns.append([f"{name}: {len(lines) - 1} steps, dev0 holds {peak}"] + lines)
+    widths = [max(len(line) for line in col) for col in columns]
+    rows = max(len(col) for col in columns)
+    lines = ["     ".join((col[r] if r < len(col) else "").ljust(w) for col, w in zip(columns, widths, strict=True))
+             for r in range(rows)]
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def simulated_fragments() -> dict[str, str]:
     """The fragments computed by the simulator and the planner (see :func:`fragments`)."""
     out: dict[str, str] = {
         "grid_m4_n3": gpipe(4, 3, "never").grid(),
         "grid_1f1b_m4_n3": one_f_one_b(4, 3).grid(),
+        "grids_gpipe_1f1b_m3_n2": grids_side_by_side(
+            {"GPipe": gpipe(3, 2, "never"), "1F1B": one_f_one_b(3, 2, "never")}),
     }
 
     rows = []
@@ -563,7 +583,18 @@ def simulated_fragments() -> dict[str, str]:
     out.update(_ablation_fragments())
     out.update(_plan_fragments())
     out.update(_beyond_fragments())
+    out.update(_sibling("teaching_numbers").fragments(simulate, _table, _plan_example()))
     return out
+
+
+def _sibling(name: str) -> Any:
+    """``docs/<name>.py``, a module beside this one (the docs are not a package)."""
+    import importlib
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
 
 
 BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "executor_speed_wide", "rng_cost", "fidelity",
@@ -690,7 +721,8 @@ def _stamp() -> str:
         for p in sorted((ROOT / folder).rglob("*.py")):
             h.update(str(p.relative_to(ROOT)).encode())
             h.update(p.read_bytes())
-    h.update(Path(__file__).read_bytes())
+    for source in ("make_figures.py", "teaching_numbers.py", "explorer.py"):
+        h.update((Path(__file__).resolve().parent / source).read_bytes())
     return h.hexdigest()
 
 

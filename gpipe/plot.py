@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["COLOURS", "plot_side_by_side", "plot_timeline"]
+__all__ = ["COLOURS", "NAMES", "drawn_kinds", "plot_side_by_side", "plot_timeline"]
 
 #: One colour per kind of span; bubbles are the white space between them.
 COLOURS: dict[str, str] = {
@@ -51,12 +51,26 @@ def _draw(ax: Axes, timeline: Timeline, origin: float, title: str, labels: bool)
     ax.grid(axis="x", alpha=0.3)
 
 
-def _legend(fig: Figure) -> None:
+#: The legend's word for each kind of span.
+NAMES: dict[str, str] = {"F": "forward", "B": "backward", "R": "recompute", "W": "weight grad", "copy": "copy"}
+
+
+def drawn_kinds(timelines: Sequence[Timeline]) -> list[str]:
+    """The kinds of span (keys of :data:`COLOURS`) that ``timelines`` hold, in the legend's order.
+
+    The legend lists these and no others: a chart without copies or weight gradients does not name them.
+    """
+    kinds = {s.task.op.value if s.stream == COMPUTE else "copy" for t in timelines for s in t.spans}
+    return [k for k in COLOURS if k in kinds]
+
+
+def _legend(fig: Figure, timelines: Sequence[Timeline]) -> None:
     from matplotlib.patches import Patch
 
-    names = {"F": "forward", "B": "backward", "R": "recompute", "W": "weight grad", "copy": "copy"}
-    fig.legend(handles=[Patch(color=c, label=names[k]) for k, c in COLOURS.items()], loc="lower center",
-               ncol=len(COLOURS), fontsize=8, frameon=False)
+    kinds = drawn_kinds(timelines)
+    if kinds:
+        fig.legend(handles=[Patch(color=COLOURS[k], label=NAMES[k]) for k in kinds], loc="lower center",
+                   ncol=len(kinds), fontsize=8, frameon=False)
 
 
 def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, title: str | None = None,
@@ -89,7 +103,7 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, *, title: 
     fig, ax2 = plt.subplots(figsize=(10, 1.0 + 0.35 * max(rows, 2)))
     _draw(ax2, timeline, timeline.start, title, labels)
     ax2.set_xlabel("seconds")
-    _legend(fig)
+    _legend(fig, [timeline])
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     if path is not None:
         fig.savefig(path, dpi=120)
@@ -118,7 +132,7 @@ def plot_side_by_side(timelines: Sequence[Timeline], path: str | Path | None = N
     for ax, tl, title in zip(axes[:, 0], timelines, titles, strict=True):
         _draw(ax, tl, tl.start, title, labels)
     axes[-1, 0].set_xlabel("seconds")
-    _legend(fig)
+    _legend(fig, timelines)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     if path is not None:
         fig.savefig(path, dpi=120)

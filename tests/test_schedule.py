@@ -83,6 +83,10 @@ def test_gpipe_order_looks_like_the_diagram() -> None:
         "   6   B1@0  B0@1",
         "   7   B0@0     .",
     ]
+    import inspect
+
+    doc = inspect.getdoc(gpipe) or ""  # the docstring's picture is this grid, not a drawing that can drift
+    assert "\n".join("    " + line for line in s.grid().splitlines()) in doc
 
 
 def test_recompute_right_before_its_backward() -> None:

@@ -129,14 +129,27 @@ simulate(gpipe(5, 3, "never"), CostModel.uniform(3, 1e-3, 2e-3)).makespan  # 0.0
 """,
     """md:**3.** In the unbalanced pipeline above, find a formula for the makespan. Hint: the slow stage sets the pace
 once the pipeline is full; add what it takes to fill and drain.""",
-    "md:" + _answer("""Every micro-batch must pass every stage once (the sum of all stages' `t_f + t_b`), and the slow
-stage must process the other `m - 1` micro-batches one after the other:
+    "md:" + _answer("""GPipe runs every forward before any backward, so the step is a forward phase and then a backward
+phase. In each, every micro-batch must pass every stage once (the sum of the stages' times), and the slowest stage
+of that phase must process the other `m - 1` micro-batches one after the other:
 
 ```
-makespan = Σ_j (t_f,j + t_b,j) + (m - 1) · max_j (t_f,j + t_b,j) = 15 ms + 7 × 6 ms = 57 ms
+makespan = Σ_j t_f,j + (m - 1) · max_j t_f,j  +  Σ_j t_b,j + (m - 1) · max_j t_b,j
+         = (5 + 7 × 2) ms + (10 + 7 × 4) ms = 57 ms
 ```
 
-which is what the simulator says. With equal stages it is the familiar `(m + n - 1)(t_f + t_b)`."""),
+which is what the simulator says. Here one stage is the slowest in both directions, so the two maxima add up to
+`max_j (t_f,j + t_b,j)` and the shorter `Σ_j (t_f,j + t_b,j) + (m - 1) · max_j (t_f,j + t_b,j)` gives the same;
+when different stages are slowest forward and backward, only the general form is right:
+
+```python
+f, b = [1e-3, 2e-3, 1e-3, 1e-3], [2e-3, 2e-3, 4e-3, 2e-3]  # stage 1 slow forward, stage 2 slow backward
+general = sum(f) + 7 * max(f) + sum(b) + 7 * max(b)  # 0.057
+short = sum(f) + sum(b) + 7 * max(x + y for x, y in zip(f, b))  # 0.050: too short
+simulate(gpipe(8, 4, "never"), CostModel.from_lists(forward=f, backward=b)).makespan  # 0.057
+```
+
+With equal stages it is the familiar `(m + n - 1)(t_f + t_b)`."""),
     """# Exercise 3: your code here
 """,
     """md:**4.** With the mini-batch fixed (`T_f` = 4 ms, `T_b` = 8 ms per stage, `n = 4`), what makespan does the
@@ -762,8 +775,10 @@ plot_memory(result13, best);""",
 **1.** On 8 A100s, what is the shallowest pipeline that fits the 13B model? Explain it with a back-of-the-envelope
 count of model state alone (16 bytes per parameter).""",
     "md:" + _answer("""Four stages. Model state alone is `13e9 × 16 B ≈ 208 GB ≈ 194 GiB`: two stages would need
-about 97 GiB each, more than the 80 GB (74.5 GiB) of an A100, before a single activation. Four stages need about
-48 GiB each, which leaves room for the activations:
+about 97 GiB each, more than the 80 GB (74.5 GiB) of an A100, before a single activation. Three stages would hold
+it (about 65 GiB each), but a pipeline's depth must divide the GPU count, so that every replica gets the same
+pipeline: on 8 GPUs the depths are 1, 2, 4 and 8, and the planner tries only those. Four stages need about 48 GiB
+each, which leaves room for the activations:
 
 ```python
 fits = [r for r in result13.rows if r.fits and r.gpus == 8]

@@ -4,7 +4,11 @@
   section every public module of ``gpipe`` and ``sim`` (:func:`reference_modules`).
 - ``on_pre_build``: :func:`make_figures.build` draws every PNG into ``docs/img/generated/`` (git-ignored),
   skipped when nothing it depends on changed since the last build.
-- ``on_files``: each notebook becomes a page ``tutorials/NN_name.md`` and is offered for download; each public
+- ``on_pre_build`` also exports the schedule explorer's timelines (:mod:`explorer`), and makes sure each
+  notebook has a current executed copy (:mod:`notebook_outputs`): the
+  test run leaves one, and a notebook whose copy is missing or stale is executed here.
+- ``on_files``: each notebook becomes a page ``tutorials/NN_name.md`` with its outputs (its figures as files
+  ``tutorials/NN_name/cellKK_O.png``) and is offered for download; each public
   module becomes a page ``reference/<module>.md`` holding one mkdocstrings directive (``::: gpipe.schedule``), so
   the reference is rendered from the docstrings and a new module gets its page without anyone writing it, and
   ``reference/index.md`` lists them with the first line of each module's docstring.
@@ -53,6 +57,7 @@ def _load(name: str) -> ModuleType:
 
 
 _fragments: dict[str, str] = {}
+_executed: dict[str, dict[str, Any]] = {}
 
 #: The packages whose public modules get a reference page, in the order of the nav.
 PACKAGES = ("gpipe", "sim")
@@ -169,13 +174,26 @@ def on_pre_build(config: Any) -> None:
         log.info("figures: drew %d PNGs into %s", len(drawn), out.relative_to(ROOT))
     _fragments.clear()
     _fragments.update(make_figures.fragments(out))
+    _load("explorer").write(out, make_figures._stamp())
+    outputs = _load("notebook_outputs")
+    _executed.clear()
+    for nb in _load("notebooks").find_notebooks(TUTORIALS):
+        if outputs.cached(nb.path) is None:
+            log.info("notebooks: executing %s (no executed copy for its current sources)", nb.path.name)
+        _executed[nb.path.name] = outputs.executed(nb.path)
 
 
 def on_files(files: Files, config: Any) -> Files:
     notebooks = _load("notebooks")
     for nb in notebooks.find_notebooks(TUTORIALS):
         ipynb = f"tutorials/{nb.path.name}"
-        files.append(File.generated(config, nb.page, content=notebooks.notebook_markdown(nb.path, nb.path.name)))
+        ran = _executed.get(nb.path.name)
+        if ran is None:
+            raise PluginError(f"{nb.path.name} was not executed in on_pre_build")
+        page = notebooks.notebook_markdown(nb.path, nb.path.name, executed=ran, images=nb.path.stem)
+        files.append(File.generated(config, nb.page, content=page))
+        for name, png in notebooks.output_images(ran).items():
+            files.append(File.generated(config, f"tutorials/{nb.path.stem}/{name}", content=png))
         files.append(File.generated(config, ipynb, abs_src_path=str(nb.path)))
     modules = reference_modules()
     files.append(File.generated(config, "reference/index.md", content=_reference_index(modules)))

@@ -39,10 +39,18 @@ def gpipe(m: int, n: int, checkpoint: Checkpoint = "except_last", placement: Seq
     """GPipe's fill-drain schedule.
 
     Forward in clock-cycle order; backward in the reverse order, so each stage runs its backwards in
-    reverse micro-batch order; ``R(i, j)`` right before ``B(i, j)`` for every checkpointed micro-batch::
+    reverse micro-batch order; ``R(i, j)`` right before ``B(i, j)`` for every checkpointed micro-batch. For
+    ``m=3, n=2, never``, ``.grid()`` prints eight unit steps (a test keeps this picture equal to it)::
 
-        n=2, m=3, never:   dev0  F0 F1 F2 .  .  .  B2 B1 B0
-                           dev1  .  F0 F1 F2 B2 B1 B0 .  .
+        step   dev0  dev1
+           0   F0@0     .
+           1   F1@0  F0@1
+           2   F2@0  F1@1
+           3      .  F2@1
+           4      .  B2@1
+           5   B2@0  B1@1
+           6   B1@0  B0@1
+           7   B0@0     .
 
     Args:
         m: micro-batches (>= 1).

@@ -180,6 +180,14 @@ class Chromium:
         return report
 
 
+    def evaluate(self, expression: str) -> Any:
+        """The value of a JavaScript expression in the current page (JSON-serialisable values only)."""
+        result = self._call("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression!r} raised {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+
 def _errors_of(event: dict[str, Any]) -> list[str]:
     method, p = event["method"], event.get("params", {})
     if method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):

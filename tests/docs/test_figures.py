@@ -110,6 +110,33 @@ def test_notebook_pages_keep_text_and_code(tmp_path: Path) -> None:
     assert "(01_bubble.ipynb)" in page and "<details><summary>Answer</summary>" in page
 
 
+def test_notebook_pages_show_what_the_notebook_printed_and_drew(tmp_path: Path) -> None:
+    import nbformat
+
+    outputs, notebooks = _load("notebook_outputs"), _load("notebooks")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Tiny"),
+        nbformat.v4.new_code_cell("print(6 * 7)"),
+        nbformat.v4.new_code_cell("import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+                                  "%matplotlib inline\nplt.plot([0, 1]);"),
+    ])
+    path, cache = tmp_path / "01_tiny.ipynb", tmp_path / "cache"
+    nbformat.write(nb, path)
+    assert outputs.cached(path, cache) is None
+    ran = outputs.executed(path, cache)  # a real kernel runs it
+    assert outputs.cached(path, cache) == ran
+    page = notebooks.notebook_markdown(path, path.name, executed=ran, images="01_tiny")
+    assert "```python\nprint(6 * 7)\n```\n\n```text\n42\n```" in page
+    images = notebooks.output_images(ran)
+    assert len(images) == 1 and all(png[:8] == b"\x89PNG\r\n\x1a\n" for png in images.values())
+    assert f"![Output of the cell above](01_tiny/{next(iter(images))})" in page
+    nb.cells.append(nbformat.v4.new_code_cell("print('new')"))
+    nbformat.write(nb, path)
+    assert outputs.cached(path, cache) is None, "an edited notebook's old outputs must not be shown"
+    with pytest.raises(ValueError, match="execute the notebook again"):
+        notebooks.notebook_markdown(path, executed=ran)
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if "```python" in p.read_text()],
                          ids=lambda p: str(p.relative_to(DOCS)))
 def test_python_examples_in_the_pages_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,8 +1,12 @@
-"""Every tutorial notebook runs top to bottom in this venv's kernel, and matches its source in make_notebooks.py."""
+"""Every tutorial notebook runs top to bottom in this venv's kernel, and matches its source in make_notebooks.py.
+
+A run that passes is kept as the notebook's executed copy, whose outputs the site shows (docs/notebook_outputs.py).
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +19,18 @@ TUTORIALS = ROOT / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT = 60  # seconds per cell; the notebooks take seconds in all
 BUDGET = 120  # seconds per notebook on two CPU cores, as the tutorials promise
+
+
+def _outputs() -> ModuleType:
+    """``docs/notebook_outputs.py``: where an executed notebook is kept for the site."""
+    if "notebook_outputs" in sys.modules:
+        return sys.modules["notebook_outputs"]
+    spec = importlib.util.spec_from_file_location("notebook_outputs", ROOT / "docs" / "notebook_outputs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["notebook_outputs"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _generator() -> ModuleType:
@@ -63,3 +79,4 @@ def test_notebook_runs_top_to_bottom(path: Path) -> None:
     images = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                  if "image/png" in o.get("data", {}))
     assert images >= 1, f"{path.name} drew no figure"
+    _outputs().store(path, nb)  # the site shows these outputs (docs/notebook_outputs.py): run once, used twice

@@ -192,3 +192,44 @@ def test_every_page_loads_in_chromium(served: str) -> None:
                      f"{len(wanted_anchors)} anchors\n")
     assert len(seen_pages) >= 20, f"the crawl reached only {len(seen_pages)} pages: {sorted(seen_pages)}"
     assert not problems, "\n".join(problems)
+
+
+_STATE_JS = """JSON.stringify({key: document.getElementById('explorer-gantt').getAttribute('data-key'),
+  spans: document.querySelectorAll('#explorer-gantt rect.span').length,
+  lines: document.querySelectorAll('#explorer-memory polyline.memory').length,
+  summary: document.getElementById('explorer-summary').textContent})"""
+
+
+def _pick(name: str, value: str) -> str:
+    return (f"(function () {{ var s = document.getElementById('explorer-{name}'); s.value = '{value}';"
+            f" s.dispatchEvent(new Event('change')); return s.value; }})()")
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's chromium at {CHROMIUM}")
+def test_the_explorer_redraws_the_simulators_run_when_a_control_changes(served: str) -> None:
+    import json
+
+    from _cdp import Chromium
+
+    data = (ROOT / "docs" / "img" / "generated" / "explorer-data.js").read_text()
+    runs = json.loads(data[data.index("{"):data.rindex("}") + 1])["runs"]
+    with Chromium(CHROMIUM) as browser:
+        report = browser.load(served + "explorer/")
+        assert not report.errors, report.errors
+        before = json.loads(browser.evaluate(_STATE_JS))
+        assert before["key"] == "gpipe|4|8|2.0|0.0|never"
+        run = runs[before["key"]]
+        assert before["spans"] == len(run["spans"]) and before["lines"] == 4
+        assert f"makespan {run['makespan']:g} forwards" in before["summary"]
+        assert browser.evaluate(_pick("schedule", "1f1b")) == "1f1b"
+        after = json.loads(browser.evaluate(_STATE_JS))
+        assert after["key"] == "1f1b|4|8|2.0|0.0|never" and after["summary"] != before["summary"]
+        assert runs[after["key"]]["peak"] != run["peak"]  # the memory curves changed with the schedule
+        browser.evaluate(_pick("m", "2"))
+        browser.evaluate(_pick("schedule", "interleaved-1f1b"))
+        assert runs["interleaved-1f1b|4|2|2.0|0.0|never"] is None  # m=2 < p=4: the generator refuses
+        gone = json.loads(browser.evaluate(_STATE_JS))
+        assert gone["spans"] == 0 and "does not take these settings" in gone["summary"]
+

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpipe.plot import plot_side_by_side, plot_timeline
+from gpipe.plot import drawn_kinds, plot_side_by_side, plot_timeline
 from gpipe.schedule import Task, gpipe, one_f_one_b
 from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline, chrome_trace, write_chrome_trace
 from sim.core.config import SimConfig
@@ -169,6 +169,18 @@ def test_plots_write_pngs(tmp_path: Path) -> None:
     for name in ("one.png", "two.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == PNG and len(data) > 1000
+
+
+def test_legend_names_only_what_is_drawn() -> None:
+    plain = simulate(gpipe(4, 3, "never"), CostModel.uniform(3, 1, 2))
+    copied = simulate(gpipe(4, 3, "except_last"), CostModel.uniform(3, 1, 2, copy_seconds=0.3))
+    assert drawn_kinds([plain]) == ["F", "B"]
+    assert drawn_kinds([plain, copied]) == ["F", "B", "R", "copy"]
+    fig = plot_timeline(plain)
+    assert [t.get_text() for legend in fig.legends for t in legend.get_texts()] == ["forward", "backward"]
+    fig = plot_side_by_side([plain, copied])
+    assert [t.get_text() for legend in fig.legends for t in legend.get_texts()] == [
+        "forward", "backward", "recompute", "copy"]
 
 
 def test_spans_and_samples_stay_frozen_dataclasses() -> None:

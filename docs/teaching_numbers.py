@@ -1,0 +1,219 @@
+"""The numbers of the pages past GPipe (parallelism, memory, balancing, micro-batch size), as markdown fragments.
+
+Each table is computed here from the simulator, the planner, the hardware catalog or the model shapes, never typed
+into a page; :func:`fragments` is merged into ``make_figures.fragments`` and so reaches every
+``<!-- generated: NAME -->`` marker.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from gpipe.schedule import SCHEDULES, Schedule
+from sim.core.cost import CostModel, StageCost
+
+__all__ = ["MEMORY_M", "MEMORY_P", "ROOFLINE_WIDTHS", "fragments", "memory_rows", "min_tokens"]
+
+MiB, GiB = 2**20, 2**30
+
+Table = Callable[[list[str], list[list[str]]], str]
+
+
+# -- memory per schedule -----------------------------------------------------------------------------------
+
+#: The memory table's pipeline: 4 devices, 8 micro-batches; one device's share of the model keeps A = 64 MiB per
+#: micro-batch for backward without checkpointing, and its input (A/8) with it.
+MEMORY_P, MEMORY_M, MEMORY_A = 4, 8, 64 * MiB
+POLICIES = ("never", "except_last", "always")
+
+
+def memory_rows(simulate: Callable[..., Any]) -> list[tuple[str, str, float, list[int]]]:
+    """(schedule, checkpoint, makespan in seconds, peak bytes per device) for every registered schedule that
+    takes (p=4, m=8) and every policy; a schedule with stages per device runs two per device, each 1/2 the work."""
+    rows = []
+    for name, kind in SCHEDULES.items():
+        v = 1 if kind.place is None else 2
+        for policy in POLICIES:
+            try:
+                schedule: Schedule = kind(MEMORY_M, MEMORY_P * v, policy, devices=MEMORY_P).validate()
+            except ValueError:
+                continue
+            t, split = 1e-3 / v, schedule.splits_weight_gradient
+            stage = StageCost(forward=t, backward=t if split else 2 * t, weight=t if split else 0.0,
+                              saved_bytes=MEMORY_A // v, checkpoint_bytes=MEMORY_A // 8 // v)
+            tl = simulate(schedule, CostModel((stage,) * schedule.n))
+            rows.append((name, policy, tl.makespan, [tl.peak_memory(d) for d in range(MEMORY_P)]))
+    return rows
+
+
+def _memory(simulate: Callable[..., Any], table: Table) -> dict[str, str]:
+    rows = memory_rows(simulate)
+    body = [[f"`{name}`", f"`{policy}`", f"{span * 1e3:.1f} ms"] + [f"{b / MEMORY_A:.3g} A" for b in peaks]
+            for name, policy, span, peaks in rows]
+    by = {(name, policy): peaks for name, policy, _, peaks in rows}
+    two = by[("1f1b", "except_last")][0] / MEMORY_A
+    note = (f"With `except_last`, 1F1B's first device peaks at {two:.3g} A: the last micro-batch keeps its full "
+            f"activation (1 A, it is not checkpointed) while the micro-batch before it is recomputed (another "
+            f"1 A, transient), on top of the checkpointed inputs still waiting ({two - 2:.3g} A).")
+    return {"memory_schedules": table(["schedule", "checkpoint", "makespan"]
+                                      + [f"peak, dev {d}" for d in range(MEMORY_P)], body),
+            "memory_except_last": note}
+
+
+def _model_state(table: Table) -> dict[str, str]:
+    from sim.planning.costs_from_flops import TRAINING
+    from sim.planning.models.gpt import gpt_config
+
+    params = gpt_config("13b").parameters
+    rows = [[f"`{t.name}`", str(t.weight_bytes), str(t.gradient_bytes), str(t.optimizer_bytes),
+             str(t.model_state_bytes_per_parameter), f"{params * t.model_state_bytes_per_parameter / GiB:.0f} GiB"]
+            for t in TRAINING.values() if t.compute != "tf32"]
+    return {"memory_model_state": table(
+        ["training", "weights B/param", "gradients B/param", "optimizer B/param", "total B/param",
+         f"GPT-3 13B ({params / 1e9:.1f}e9 parameters)"], rows)}
+
+
+def _activations(table: Table) -> dict[str, str]:
+    from sim.planning.models.gpt import gpt_config
+
+    rows = []
+    for name in ("125m", "1.3b", "13b", "175b"):
+        c = gpt_config(name)
+        s, h, a = c.seq_len, c.d_model, c.n_head
+        per_layer = s * h * (34 + 5 * a * s / h)  # bytes per sample, 16-bit, no recompute (Korthikanti et al.)
+        rows.append([f"gpt:{name}", str(c.n_layer), str(h), str(a), str(s), f"{per_layer / MiB:.0f} MiB",
+                     f"{2 * s * h / MiB:.0f} MiB", f"{per_layer * c.n_layer / GiB:.1f} GiB"])
+    return {"memory_activations": table(
+        ["model", "layers", "h", "heads a", "s", "saved per layer, per sample", "layer input (2sh)",
+         "all layers, per sample"], rows)}
+
+
+# -- pipeline, data and tensor parallel traffic --------------------------------------------------------------
+
+
+def _traffic(plan_result: Any, table: Table) -> dict[str, str]:
+    """Bytes one GPU sends per step in the planner's fastest configurations, by kind of parallelism."""
+    from sim.planning.costs_from_flops import TRAINING
+    from sim.planning.hardware import get_link
+    from sim.planning.models.gpt import gpt_config
+
+    cfg = gpt_config("13b")
+    s, h, layers, word = cfg.seq_len, cfg.d_model, cfg.n_layer, 2  # bf16
+    link = get_link(plan_result.link)
+    rows = sorted((r for r in plan_result.rows if r.fits), key=lambda r: -r.throughput)
+    seen, out = set(), []
+    for r in rows:
+        if (r.stages, r.replicas) in seen:
+            continue
+        seen.add((r.stages, r.replicas))
+        boundary = r.microbatch * s * h * word  # one activation crossing one stage boundary
+        pipeline = 2 * r.chunks * boundary  # a middle stage: activations forward, gradients back
+        training = TRAINING[plan_result.training]
+        grads = max(r.model_state_bytes) / training.model_state_bytes_per_parameter * training.gradient_bytes
+        data = 2 * (r.replicas - 1) / r.replicas * grads
+        t = r.stages  # tensor parallel over the same GPUs instead: 4 all-reduces of b·s·h per layer and step
+        tensor = 4 * layers * 2 * (t - 1) / t * (r.chunks * r.microbatch) * s * h * word
+        out.append([f"{r.stages} x {r.replicas}", f"{r.chunks} x {r.microbatch}", f"{boundary / MiB:.0f} MiB",
+                    f"{pipeline / GiB:.2f} GiB", f"{data / GiB:.2f} GiB", f"{tensor / GiB:.1f} GiB",
+                    f"{(pipeline + data) / link.bandwidth * 1e3:.0f} ms", f"{r.step_seconds * 1e3:.0f} ms"])
+        if len(out) == 4:
+            break
+    head = (f"GPT-3 13B (s = {s}, h = {h}, {layers} layers, bf16), batch {plan_result.batch}, the planner's fastest "
+            f"configuration of each shape (pipeline depth x replicas) on {plan_result.device} "
+            f"over `{plan_result.link}` "
+            f"({link.bandwidth / 1e9:.0f} GB/s). Bytes one GPU sends per step:")
+    return {"traffic_table": head + "\n\n" + table(
+        ["pp x dp", "chunks x samples", "activation per boundary", "pipeline (middle stage)",
+         "data-parallel all-reduce", "tensor parallel instead", "pp + dp on the link", "planner's step"], out)}
+
+
+# -- balancing ------------------------------------------------------------------------------------------------
+
+#: The balancing example: 16 layers whose forward times (ms) vary, seeded; backward twice forward.
+BALANCE_LAYERS, BALANCE_STAGES, BALANCE_SEED = 16, 4, 16
+
+
+def balance_example() -> list[float]:
+    rng = random.Random(BALANCE_SEED)
+    return [round(rng.uniform(0.5, 3.0), 1) for _ in range(BALANCE_LAYERS)]
+
+
+def _balancing(simulate: Callable[..., Any], table: Table) -> dict[str, str]:
+    from gpipe.balance.blockpartition import bottleneck, solve
+    from gpipe.schedule import gpipe
+
+    layers = balance_example()
+    m, n = 8, BALANCE_STAGES
+    rows = []
+    for label, balance in (("equal layer counts", [BALANCE_LAYERS // n] * n),
+                           ("block partition (`balance_by_time`)", solve(layers, n))):
+        f, k = [], 0
+        for size in balance:
+            f.append(sum(layers[k:k + size]) * 1e-3)
+            k += size
+        b = [2 * x for x in f]
+        tl = simulate(gpipe(m, n, "never"), CostModel.from_lists(forward=f, backward=b))
+        formula = sum(f) + (m - 1) * max(f) + sum(b) + (m - 1) * max(b)
+        rows.append([label, str(balance), " ".join(f"{x * 1e3:.1f}" for x in f),
+                     f"{bottleneck(layers, balance):.1f} ms", f"{tl.makespan * 1e3:.1f} ms",
+                     f"{formula * 1e3:.1f} ms"])
+    return {"balance_layers": " ".join(f"{x:.1f}" for x in layers),
+            "balance_table": table(["balance", "layers per stage", "forward per stage (ms)", "bottleneck",
+                                    "simulated makespan", "Σt_f + (m-1)max t_f + Σt_b + (m-1)max t_b"], rows)}
+
+
+# -- the smallest useful micro-batch: a roofline ------------------------------------------------------------------
+
+#: Hidden sizes of the roofline table: GPT-3 125M, 1.3B, 13B and 175B.
+ROOFLINE_WIDTHS = (768, 2048, 5120, 12288)
+
+
+def min_tokens(h: int, ridge: float) -> float:
+    """Fewest tokens T for which the MLP's first GEMM, (T x h) @ (h x 4h) in 16 bits, reaches ``ridge``
+    FLOP/byte: its intensity is 2·T·h·4h / (2·(T·h + 4h² + 4T·h)) = 4Th / (5T + 4h); ``inf`` if it never does."""
+    return 4 * h * ridge / (4 * h - 5 * ridge) if 4 * h > 5 * ridge else float("inf")
+
+
+def _roofline(table: Table) -> dict[str, str]:
+    from sim.planning.hardware import DEVICES
+
+    rows = []
+    for d in DEVICES.values():
+        dtype = "bf16" if "bf16" in d.peak_flops else "fp16" if "fp16" in d.peak_flops else None
+        if dtype is None:
+            continue
+        ridge = d.peak_flops[dtype] / d.memory_bandwidth
+        rows.append([d.name, dtype, f"{d.peak_flops[dtype] / 1e12:.0f}", f"{d.memory_bandwidth / 1e9:.0f}",
+                     f"{ridge:.0f}"] + [_tokens(min_tokens(h, ridge)) for h in ROOFLINE_WIDTHS])
+    from sim.planning.hardware import get_device
+    from sim.planning.models.gpt import gpt_config
+
+    a100, cfg = get_device("a100-80gb"), gpt_config("13b")
+    ridge = a100.peak_flops["bf16"] / a100.memory_bandwidth
+    tokens = min_tokens(cfg.d_model, ridge)
+    worked = (f"With `h = {cfg.d_model}` and `s = {cfg.seq_len}`, the A100's ridge is {ridge:.0f} FLOP/byte "
+              f"({a100.peak_flops['bf16'] / 1e12:.0f} TFLOP/s over {a100.memory_bandwidth / 1e9:.0f} GB/s), and the "
+              f"MLP's GEMM is compute-bound from {tokens:.0f} tokens: one sample ({cfg.seq_len} tokens) is "
+              f"{cfg.seq_len / tokens:.0f} times that.")
+    header = ["device", "dtype", "peak TFLOP/s", "GB/s", "ridge FLOP/byte"]
+    header += [f"tokens, h={h}" for h in ROOFLINE_WIDTHS]
+    return {"roofline_worked": worked, "roofline_table": table(header, rows)}
+
+
+def _tokens(t: float) -> str:
+    return "never" if t == float("inf") else f"{t:.0f}"
+
+
+def fragments(simulate: Callable[..., Any], table: Table, plan_result: Any) -> dict[str, str]:
+    """Every fragment of the pages past GPipe; ``simulate`` and ``table`` are ``make_figures``'s, ``plan_result``
+    the planner's answer for its worked example."""
+    out: dict[str, str] = {}
+    out.update(_memory(simulate, table))
+    out.update(_model_state(table))
+    out.update(_activations(table))
+    out.update(_traffic(plan_result, table))
+    out.update(_balancing(simulate, table))
+    out.update(_roofline(table))
+    return out
