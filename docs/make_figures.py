@@ -597,8 +597,9 @@ def _sibling(name: str) -> Any:
     return importlib.import_module(name)
 
 
-BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "executor_speed_wide", "rng_cost", "fidelity",
-              "switch_interval", "pair_probes", "gpu_check", "fidelity_cuda", "published", "plan_speed")
+BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "executor_speed_wide", "schedule_speed", "rng_cost",
+              "fidelity", "fidelity_schedules", "switch_interval", "pair_probes", "gpu_check", "fidelity_cuda",
+              "published", "unet_memory", "cpu_check", "plan_speed")
 
 
 def benchmark_fragments(results: Path | None = None) -> dict[str, str]:

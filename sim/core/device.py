@@ -137,15 +137,7 @@ def device(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
                 run.cycle_done.pop(i + j).succeed()
         # Note [fork/join]: without it, each gradient copy of a backward is issued when the device's next
         # backward ends (its last backward's at once): the worst case of autograd not knowing the order
-        if op == B and not fork_join:
-            backward_left -= 1
-            send, run.deferred[d] = run.deferred[d], []
-            if sends:
-                (run.deferred[d] if backward_left else send).append((task, op, i, j, sends))
-        elif sends:
-            send = [(task, op, i, j, sends)]
-        else:
-            continue
+        send, backward_left = run.copies_due(d, task, op, i, j, sends, backward_left, fork_join)
         for copy in send:
             if stream is None:
                 copies.on_streams(d, env.now, *copy)
@@ -236,10 +228,7 @@ def device_fast(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
             elif op == B and shrinks_at_b:
                 memory.after(d, op, i, j, t)
         if op == B and not fork_join:  # Note [fork/join]
-            backward_left -= 1
-            send, run.deferred[d] = run.deferred[d], []
-            if sends:
-                (run.deferred[d] if backward_left else send).append((task, op, i, j, sends))
+            send, backward_left = run.copies_due(d, task, op, i, j, sends, backward_left, fork_join)
             for c in send:
                 copy(d, t, *c)
         elif sends:

@@ -66,15 +66,7 @@ def _end(run: Run, d: int, row: Row, start: float, end: float, backward_left: in
     run.spans[d].append(Span(d, COMPUTE, task, start, end))
     if memory.tracked:
         memory.after(d, op, i, j, end)
-    if op == B and not run.config.enforce_backward_order:
-        backward_left -= 1
-        send, run.deferred[d] = run.deferred[d], []
-        if sends:
-            (run.deferred[d] if backward_left else send).append((task, op, i, j, sends))
-    elif sends:
-        send = [(task, op, i, j, sends)]
-    else:
-        return backward_left
+    send, backward_left = run.copies_due(d, task, op, i, j, sends, backward_left, run.config.enforce_backward_order)
     for copy in send:
         run.copies.on_streams(d, end, *copy)
     return backward_left

@@ -121,6 +121,21 @@ class Run:
     def _open_backward_phase(self, _event: simpy.Event) -> None:
         self.backward_phase.succeed()
 
+    def copies_due(self, d: int, task: Task, op: int, i: int, j: int, sends: Sends, backward_left: int,
+                   fork_join: bool) -> tuple[list[Copy], int]:
+        """The copies device ``d`` issues as ``task`` ends, and the backwards it has left.
+
+        Note [fork/join] (in :mod:`sim.core.device`): without it, a backward's gradient copies are held back
+        until the device's next backward ends (its last backward's go at once); with it, a task's copies go
+        when it ends."""
+        if op == B and not fork_join:
+            backward_left -= 1
+            send, self.deferred[d] = self.deferred[d], []
+            if sends:
+                (self.deferred[d] if backward_left else send).append((task, op, i, j, sends))
+            return send, backward_left
+        return ([(task, op, i, j, sends)] if sends else []), backward_left
+
     def release_deferred(self, now: float) -> None:
         """Issue every held-back gradient copy at ``now``: the simulation stalled waiting for one of them.
 
