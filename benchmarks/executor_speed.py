@@ -69,11 +69,9 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -247,62 +245,13 @@ TORCHGPIPE_PATCHES: list[str] = []
 # -- torch.distributed.pipelining --------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _pipelining_worker(rank: int, world: int, port: int, workload: Workload, warmup: int, repeats: int,
-                       out: str) -> None:
-    """One rank: its stage of the same model, both schedules timed; rank 0 writes the medians to ``out``."""
-    import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    torch.set_num_threads(THREADS)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        part = partitions_of(workload.model(), workload.balance)[rank]
-        x, y = workload.data()
-        result: dict[str, list[float]] = {}
-        for name, kind in (("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)):
-            stage = PipelineStage(part, rank, world, torch.device("cpu"))
-            schedule = kind(stage, n_microbatches=workload.m, loss_fn=F.mse_loss)
-
-            def step(schedule: Any = schedule) -> None:
-                part.zero_grad(set_to_none=True)
-                if rank == 0:
-                    schedule.step(x)
-                elif rank == world - 1:
-                    schedule.step(target=y, losses=[])
-                else:
-                    schedule.step()
-
-            for _ in range(warmup):
-                step()
-            samples = []
-            for _ in range(repeats):
-                dist.barrier()
-                start = time.perf_counter()
-                step()
-                dist.barrier()  # the step ends when the slowest rank is done
-                samples.append(time.perf_counter() - start)
-            result[name] = samples
-        if rank == 0:
-            Path(out).write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
-
-
 def run_pipelining(workload: Workload, warmup: int, repeats: int) -> dict[str, list[float]]:
-    """Both schedules on two spawned gloo processes (one stage each, one thread each); seconds per step."""
-    import torch.multiprocessing as mp
+    """torch.distributed.pipelining's GPipe and 1F1B on two spawned gloo processes, one stage and one thread each
+    (Note [pipelining]); seconds per step. The ranks are ``schedule_speed.py``'s, which run any schedule."""
+    from schedule_speed import run_pipelining as run_schedules
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "pipelining.json")
-        mp.spawn(_pipelining_worker, args=(2, _free_port(), workload, warmup, repeats, out), nprocs=2, join=True)
-        return {k: list(v) for k, v in json.loads(Path(out).read_text()).items()}
+    times = run_schedules(workload, {name: ([0, 1], workload.balance) for name in ("gpipe", "1f1b")}, warmup, repeats)
+    return {"GPipe": times["gpipe"], "1F1B": times["1f1b"]}
 
 
 # -- the simulator's prediction ----------------------------------------------------------------------

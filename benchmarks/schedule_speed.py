@@ -30,6 +30,7 @@ import copy
 import json
 import os
 import platform
+import socket
 import sys
 import tempfile
 import time
@@ -44,7 +45,6 @@ from executor_speed import (  # noqa: E402
     THREADS,
     Runner,
     Workload,
-    _free_port,
     gradients_match,
     interleaved,
     ms,
@@ -90,6 +90,12 @@ def balance_of(workload: Workload, stages: int) -> list[int]:
 
 
 # -- torch.distributed.pipelining ----------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _rank(rank: int, world: int, port: int, workload: Workload, plans: dict[str, tuple[list[int], list[int]]],
