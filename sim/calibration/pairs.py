@@ -32,15 +32,13 @@ from gpipe.saved import SavedBytes, storage_key
 __all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "changes_input", "measure_pairs", "median_pairs", "rebased",
            "task_runners"]
 
-# Note [pairs]: how much two workers slow each other depends on *what* they run. Convolutions on two
-# cores hardly meet; forwards of small layers take turns on Python's global interpreter lock, and a
-# backward that unpacks saved tensors through Python hooks needs the lock for each one. So the
-# contention is measured on the real partitions, per pair of task kinds that GPipe's two phases can run
-# at once (:data:`PHASE_PAIRS`): both run back to back on two threads for a window; each one's rate is
-# its time alone (measured in the same round) over its time together, averaged over the two ways round
-# (the thread that holds the lock first tends to keep it, so one order alone would say "one starves"
-# rather than "they share"); ``c = 1 / rate - 1``. The second thread is long-lived and warmed up first:
-# a fresh thread pays one-off costs on its first calls, which are not contention.
+# Note [pairs]: how much two workers slow each other depends on *what* they run: convolutions on two cores
+# hardly meet; small layers' forwards, and backwards unpacking saved tensors through Python hooks, take turns
+# on Python's lock. So contention is measured on the real partitions, per pair of task kinds that can run at
+# once (:data:`PHASE_PAIRS`): both run back to back on two threads for a window; each one's rate is its time
+# alone (same round) over its time together, averaged over both orders (the thread that holds the lock first
+# tends to keep it: one order alone would say "one starves", not "they share"); ``c = 1 / rate - 1``. The
+# second thread is long-lived and warmed up first: a fresh thread's one-off costs are not contention.
 #: The pairs of task kinds that can run at the same time in GPipe's two phases (Note [two phases] in
 #: sim.core.run): forwards beside forwards, then recomputes (grad-enabled forwards) and backwards.
 PHASE_PAIRS = (("F", "F"), ("F", "Fc"), ("Fc", "F"), ("Fc", "Fc"), ("F", "B"), ("B", "F"), ("B", "B"))
