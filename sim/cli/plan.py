@@ -1,9 +1,8 @@
 """``gpipe-sim plan``: what-if capacity planning, from FLOP counts to a ranked table of pipeline configurations.
 
-The model is counted on the meta device (nothing is allocated, so ``gpt:175b`` works), every
-configuration of stages, replicas, chunks, checkpointing and schedule (and stages per device, for a
-schedule that places several on each) for the given GPU counts is balanced and simulated on the
-hardware entry, and the table lists the fastest first, the best one that fits marked ``*``::
+The model is counted on the meta device (so ``gpt:175b`` works); every configuration of stages, replicas,
+chunks, checkpointing, schedule (and stages per device, where the schedule places several) for the given GPU
+counts is balanced and simulated on the hardware entry; the table lists the fastest first, the best fit ``*``::
 
     gpipe-sim plan --model gpt:1.3b --batch 512 --gpus 1,2,4,8 --hardware h100-sxm --link nvlink --price 2.5
 

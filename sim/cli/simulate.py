@@ -15,9 +15,7 @@ task and per timed copy); a bigger run skips them with a note, unless ``--all-fi
 
     timeline.png   the Gantt chart                          up to PLOT_SPAN_LIMIT  (4,000) spans
     trace.json     Chrome/Perfetto trace                    up to TRACE_SPAN_LIMIT (250,000) spans
-    timeline.json  every span and memory sample             up to TRACE_SPAN_LIMIT
-
-The summary does not depend on them.
+    timeline.json  every span and memory sample             up to TRACE_SPAN_LIMIT   (the summary needs none)
 """
 
 from __future__ import annotations
