@@ -5,10 +5,9 @@ autograd would (every leaf the graph reaches); ``backward(inputs=...)`` only int
 names; ``torch.autograd.grad`` (``collect``) leaves ``.grad`` alone: each task's parameter gradients are
 summed per partition, and the pipeline's autograd node hands them to the engine, which returns them.
 
-Note [split backward]: where a schedule has ``W(i, j)``, ``B(i, j)`` takes only the gradients of the stage's
-inputs (:meth:`Gradients.input_grads`, keeping the graph) and ``W(i, j)`` the parameters' from the same graph
-and output gradients (:meth:`Gradients.weight_grads`), then frees it. ``W`` differentiates the parameters
-alone, so a tensor that requires grad inside a layer without being a parameter gets no ``.grad`` there.
+A split backward (``B`` then ``W``, Note [split backward] in :mod:`gpipe.split`) sends its parameters'
+gradients to the same places: ``W`` differentiates the parameters alone, so a tensor that requires grad inside a
+layer without being a parameter gets no ``.grad`` there.
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
+
+from gpipe.split import WeightGrads, backward_input
 
 __all__ = ["Gradients"]
 
@@ -63,25 +64,24 @@ class Gradients:
         self._add(j, found[len(leaves):])
         return found[:len(leaves)]
 
-    def input_grads(self, pairs: list[tuple[Tensor, Tensor]], leaves: list[Tensor]) -> list[Tensor | None]:
-        """``B`` of a split backward: the gradients of ``leaves`` alone, the graph kept for ``W`` (Note [split
-        backward])."""
-        if not pairs or not leaves:
-            return [None] * len(leaves)
+    def input_grads(self, j: int, pairs: list[tuple[Tensor, Tensor]],
+                    leaves: list[Tensor]) -> tuple[list[Tensor | None], WeightGrads | None]:
+        """``B`` of a split backward of partition ``j``: the gradients of ``leaves`` alone, and what ``W`` needs
+        for the parameters the caller asked for (Note [split backward] in :mod:`gpipe.split`)."""
+        if not pairs:
+            return [None] * len(leaves), None
         outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
-        return list(torch.autograd.grad(outs, leaves, grads, retain_graph=True, allow_unused=True))
+        return backward_input(outs, grads, leaves, self._wanted(j))
 
-    def weight_grads(self, j: int, pairs: list[tuple[Tensor, Tensor]]) -> None:
+    def weight_grads(self, j: int, kept: WeightGrads | None) -> None:
         """``W`` of a split backward of partition ``j``: its parameters' gradients as the caller asked (Note
-        [gradients the caller asked for]); frees the graph."""
-        params = self._wanted(j)
-        if not pairs or not params:
+        [gradients the caller asked for]) from what ``B`` kept; frees it."""
+        if kept is None:
             return
-        outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
         if not self.collect:
-            torch.autograd.backward(outs, grads, inputs=params)
-        else:
-            self._add(j, list(torch.autograd.grad(outs, params, grads, allow_unused=True)))
+            kept.accumulate()
+            return
+        self._add(j, kept.collect())  # collect: every parameter is wanted (asked(None))
 
     def _add(self, j: int, found: list[Tensor | None]) -> None:
         """Sum a ``collect`` backward's gradients of partition ``j``'s (wanted) parameters."""

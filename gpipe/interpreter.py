@@ -37,13 +37,13 @@ from gpipe.rng import Plan
 from gpipe.schedule import Op, Schedule, Task
 from gpipe.skip.portal import Portals
 from gpipe.skip.skippable import use_tracker
+from gpipe.split import WeightGrads
 from gpipe.timeline import COMPUTE
 from gpipe.transport import DRIVER, Message, Transport
 
 __all__ = ["Step", "Worker"]
 
 Grads = tuple[Tensor | None, ...]
-Pairs = list[tuple[Tensor, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Worker:
         self.n = step.schedule.n
         self.leaves: dict[tuple[int, int], tuple[tuple[Tensor, ...], bool]] = {}  # with whether it was a tuple
         self.graphs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
-        self.pending: dict[tuple[int, int], Pairs] = {}  # what W needs, kept by a split B (Note [split backward])
+        self.pending: dict[tuple[int, int], WeightGrads | None] = {}  # kept by a split B for W (gpipe.split)
         self.split = {(t.microbatch, t.stage) for t in step.schedule.tasks[d] if t.op is Op.W}
         self.out_grads: dict[int, Grads] = {}  # step(): the gradient of the last stage's loss
         self.targets: dict[int, Message] = {}
@@ -221,9 +221,9 @@ class Worker:
         leaves = self.leaves.pop((i, j))[0]
         popped = self.skips.popped.pop((i, j), {})
         inputs = [t for t in leaves if t.requires_grad] + list(popped.values())
-        if (i, j) in self.split:  # Note [split backward] in gpipe.gradients: W(i, j) takes the rest
-            found = iter(step.gradients.input_grads(pairs, inputs))
-            self.pending[(i, j)] = pairs
+        if (i, j) in self.split:  # Note [split backward] in gpipe.split: W(i, j) takes the rest
+            some, self.pending[(i, j)] = step.gradients.input_grads(j, pairs, inputs)
+            found = iter(some)
         else:
             found = iter(step.gradients.differentiate(j, pairs, inputs))
         result = tuple(next(found) if t.requires_grad else None for t in leaves)

@@ -50,6 +50,7 @@ from gpipe.checks import check_positive
 from gpipe.phase import checkpointing
 from gpipe.profile_session import Device, TensorOrTensors, _call, _fresh, _session, _Step
 from gpipe.saved import SavedBytes
+from gpipe.split import backward_input
 
 __all__ = ["RecordedSeconds", "time_recorded"]
 
@@ -155,11 +156,12 @@ def _timed_runs(steps: Sequence[_Step], cores: Sequence[Cores | None], warmup: i
 Times = tuple[float, float, float, float, float, float]  # forward, backward, weight, then the issue seconds of each
 
 
-# Note [split runs]: a schedule with ``W`` tasks runs a stage's backward as two tasks (Note [split backward] in
-# gpipe.gradients): ``B`` takes the gradients of the stage's inputs alone and keeps the graph, ``W`` then the
-# parameters' from the same graph. ``split=True`` times the two as the executor runs them, one after the other on
-# one graph: ``backward`` is the ``B`` part (0 for a block whose input needs no gradient, as the first stage's) and
-# ``weight`` the ``W`` part (0 for a block without trainable parameters); without it ``weight`` is 0.
+# Note [split runs]: a schedule with ``W`` tasks runs a stage's backward as two tasks, ``B`` the gradients of the
+# stage's inputs and ``W`` the parameters' from what ``B`` kept (Note [split backward] in gpipe.split).
+# ``split=True`` times the two with the executor's own functions, one after the other on one graph: ``backward``
+# is the ``B`` part (0 for a block whose input needs no gradient, as the first stage's, whose ``B`` only hands
+# the outputs to ``W``) and ``weight`` the ``W`` part (0 for a block without trainable parameters); without it
+# ``weight`` is 0.
 
 def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence[Cores | None],
                 recorded: bool = False, streak: int = 1, split: bool = False) -> list[list[Times]]:
@@ -193,13 +195,14 @@ def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence
                 backward = backward_issue = weight = weight_issue = 0.0
                 if tensors and not split:
                     backward, backward_issue, _ = clock(lambda: torch.autograd.backward(tensors, grads))  # noqa: B023
-                elif tensors:  # Note [split runs]: B then W, on one graph, as gpipe.gradients runs them
+                elif tensors:  # Note [split runs]: B then W, as the executor runs them (gpipe.split)
                     if inputs:
-                        backward, backward_issue, _ = clock(lambda: torch.autograd.grad(  # noqa: B023
-                            tensors, inputs, grads, retain_graph=True, allow_unused=True))  # noqa: B023
+                        backward, backward_issue, (_, kept) = clock(
+                            lambda: backward_input(tensors, grads, inputs, params))  # noqa: B023
+                    else:
+                        _, kept = backward_input(tensors, grads, inputs, params)
                     if params:
-                        weight, weight_issue, _ = clock(
-                            lambda: torch.autograd.backward(tensors, grads, inputs=params))  # noqa: B023
+                        weight, weight_issue, _ = clock(kept.accumulate)
                 for p in step.block.parameters():
                     p.grad = None
                 block.append((forward, backward, weight, issue, backward_issue, weight_issue))
