@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from gpipe import rng
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.checks import check_balance, check_count, check_unique
+from gpipe.distributed.clock import measure_offsets, merge
 from gpipe.distributed.faults import Alarm, PipelineFailed, report
 from gpipe.distributed.group import Ranks, join
 from gpipe.distributed.materialize import Init, materialize_layer
@@ -217,7 +218,7 @@ class DistributedGPipe(nn.Module):
         recorder = Recorder(pipeline, schedule, torch.get_num_threads(), [self.device] * schedule.num_devices) \
             if self.record else None
         clock = (time.time(), time.perf_counter())
-        wire = Wire(self.links, schedule, self.skip_layout, rows)
+        wire = Wire(self.links, schedule, self.skip_layout, rows, record=recorder is not None)
         step = Step(pipeline, schedule, True, recorder, plan, seed, drew, Gradients(list(self.partitions)),
                     (loss_fn, self._weights))
         worker = Worker(step, rank, self.device, wire)
@@ -263,4 +264,25 @@ class DistributedGPipe(nn.Module):
             timeline.meta.update(rank=rank, world_size=self.ranks.world,
                                  clock={"unix": clock[0], "perf_counter": clock[1], "perf_counter_t0": recorder.t0})
             self.timeline = timeline
+            self._recorded = {"timeline": timeline.to_dict(), "t0": recorder.t0, "transfers": wire.transfers}
         return loss.detach()
+
+    def gather_timeline(self, rounds: int = 8) -> Timeline | None:
+        """The last recorded step of every rank as one timeline on rank 0's clock (Note [one time base]).
+
+        Every rank calls it after a step with ``record=True``; rank 0 gets the timeline, the others ``None``.
+        Device ``d`` is rank ``d``; a transfer between ranks is a copy span on the receiving rank; ``meta["clock"]``
+        holds the offsets removed and the residual (seconds) within which two ranks' times compare.
+
+        Raises:
+            RuntimeError: on every rank, when some rank recorded no step (build with ``record=True`` and step).
+        """
+        part = getattr(self, "_recorded", None)
+        parts: list[Any] = [None] * self.ranks.world
+        dist.all_gather_object(parts, part, group=self.ranks.control)
+        missing = [r for r, p in enumerate(parts) if p is None]
+        if missing:
+            raise RuntimeError(f"ranks {missing} recorded no step to gather: build DistributedGPipe(..., "
+                               "record=True) and call step() on every rank first")
+        offsets = measure_offsets(self.ranks.control, self.rank, self.ranks.world, rounds)
+        return merge(parts, offsets) if self.rank == 0 else None

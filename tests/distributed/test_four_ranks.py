@@ -33,6 +33,7 @@ for _name, _kind in SCHEDULES.items():
                 cases.train, schedule=_name, checkpoint=_checkpoint, model=_model, balance=_balance, m=8)
 CASES["skip-0-to-3"] = functools.partial(cases.train, schedule="1f1b", checkpoint="always", model="skip",
                                          balance=[1, 1, 1, 2], m=4)
+CASES["gathered-gpipe"] = functools.partial(cases.gathered, schedule="gpipe", balance=[2, 2, 2, 2], m=4)
 FAILS = {f"fail-F-stage{s}": functools.partial(cases.fail, stage=s, where="F", schedule="1f1b") for s in range(4)}
 
 

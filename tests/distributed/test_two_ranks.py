@@ -48,6 +48,10 @@ OTHER: dict[str, Case] = {
     "fail-B-stage0": functools.partial(cases.fail, stage=0, where="B", schedule="1f1b"),
     "fail-B-stage1": functools.partial(cases.fail, stage=1, where="B", schedule="gpipe"),
     "hang": cases.hang,
+    "gathered-1f1b": functools.partial(cases.gathered, schedule="1f1b", balance=[3, 2], m=4),
+    "gathered-interleaved-1f1b": functools.partial(cases.gathered, schedule="interleaved-1f1b", balance=[1, 2, 1, 1],
+                                                   m=4),
+    "gathered-zb-h1": functools.partial(cases.gathered, schedule="zb-h1", balance=[2, 3], m=4),
     "bad-balance": cases.bad_balance,
     "empty-batch": functools.partial(cases.bad_input, what="empty"),
     "target-rows": functools.partial(cases.bad_input, what="target"),
@@ -88,6 +92,12 @@ def test_a_failing_task_ends_every_rank_naming_it(results: dict[str, list[str | 
             first == f"PipelineFailed: rank {rank} stopped because {said}", first
         assert f"--- traceback on rank {stage} ---" in result and "Traceback (most recent call last)" in result
         assert "AFTER: PipelineFailed: this pipeline failed in an earlier step" in result
+
+
+@pytest.mark.parametrize("case", ["gathered-1f1b", "gathered-interleaved-1f1b", "gathered-zb-h1"])
+def test_the_gathered_timeline_follows_the_schedule_on_one_clock(results: dict[str, list[str | None]],
+                                                                 case: str) -> None:
+    assert results[case] == ["ok"] * WORLD
 
 
 def test_a_rank_past_the_timeout_ends_every_rank(results: dict[str, list[str | None]]) -> None:
