@@ -12,6 +12,11 @@ message whose structure is not yet known is preceded by its header, and nothing 
 header arrived (its buffers' sizes come from it). Receives are waited for in a waiter thread per peer, so every
 wait is bounded and woken by a failure elsewhere (Note [no rank left waiting] in
 :mod:`gpipe.distributed.faults`).
+
+Note [a receive's stream]: with NCCL, ``work.wait()`` blocks no thread: it makes the calling thread's current
+CUDA stream wait for the communication. The waiter thread's wait therefore orders nothing the rank computes; the
+thread that takes a received buffer calls ``wait()`` again on its own stream before using it (for gloo the work
+is complete by then and the call returns at once). Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -218,6 +223,7 @@ class Wire(Transport):
             assert entry.header is not None
             header, pending = entry.header
             self.links.alarm.wait(pending, f"rank {src} to send the header of {entry.key[0]} {entry.key[1]!r}")
+            self._on_this_stream(pending)
             entry.structure = decode(header.cpu())
             self.links.known[(src, entry.kind)] = entry.structure
             self._post_tensors(src, entry)
@@ -236,6 +242,11 @@ class Wire(Transport):
         work = dist.irecv(buffer, group=self.links.group, group_src=src)
         return self.links.waiter(src, send=False).add(work)
 
+    def _on_this_stream(self, pending: Pending) -> None:
+        """Note [a receive's stream]: on CUDA, make this thread's current stream wait for the receive."""
+        if self.links.device.type == "cuda":
+            pending.work.wait()
+
     def _complete(self, src: int, entry: _Posted) -> Message:
         if entry.structure is None:
             self.posted[src].appendleft(entry)
@@ -244,6 +255,7 @@ class Wire(Transport):
         assert entry.structure is not None
         for pending in entry.works:
             self.links.alarm.wait(pending, f"rank {src} to send {entry.key[0]} {entry.key[1]!r}")
+            self._on_this_stream(pending)
         if self.transfers is not None and entry.key[1] != LOSS:
             works = entry.works or ([entry.header[1]] if entry.header is not None else [])
             at = max((p.at for p in works), default=time.perf_counter())
