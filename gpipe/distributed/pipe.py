@@ -12,9 +12,10 @@ only those stages' layers (Note [materialised weights] in :mod:`gpipe.distribute
 empty placeholders. ``parameters()`` are this rank's, for its own optimizer.
 
 Note [a step's start]: before anything is sent, the ranks exchange what each checked of its own inputs: the
-first stage's rank the micro-batch rows of ``x``, the last stage's the rows of ``y``, each rank whether its
-stages may draw random numbers, and any error. Every rank then raises the same error, or builds the same
-schedule; where a stage may draw, the first stage's rank draws the step's seed (as one process would) and
+first stage's rank the micro-batch rows and structure of ``x``, the last stage's the rows of ``y``, each rank
+whether its stages may draw random numbers, and any error. Every rank then raises the same error (a shape
+mismatch between stages too: Note [a dry run on fake tensors] in :mod:`gpipe.distributed.shapes`), or builds the
+same schedule; where a stage may draw, the first stage's rank draws the step's seed (as one process would) and
 sends it to all, so checkpointed draws are exact across processes (Note [random state] in :mod:`gpipe.rng`).
 """
 
@@ -37,6 +38,8 @@ from gpipe.distributed.faults import Alarm, PipelineFailed, report
 from gpipe.distributed.group import Ranks, join
 from gpipe.distributed.materialize import Init, materialize_layer
 from gpipe.distributed.routes import loss_key
+from gpipe.distributed.shapes import check_boundaries
+from gpipe.distributed.structure import Structure, structure_of
 from gpipe.distributed.wire import Links, Wire
 from gpipe.gradients import Gradients
 from gpipe.interpreter import Step, Worker
@@ -106,6 +109,8 @@ class DistributedGPipe(nn.Module):
             partitions.append(nn.Sequential(OrderedDict(named[k:k + size] if mine else [])))
             k += size
         self.partitions = nn.ModuleList(partitions)
+        self._layers = [layer for _, layer in named]  # the whole model, for the dry run (Note [a step's start])
+        self._checked: set[Structure] = set()
         self.pipeline = Pipeline.of(partitions, [self.device] * n, self.skip_layout)
         alarm = Alarm(self.ranks.store, self.ranks.watcher, rank, timeout)
         self.links = Links(self.ranks.group, rank, self.device, alarm, lookahead)
@@ -181,6 +186,7 @@ class DistributedGPipe(nn.Module):
                 batches = [tuple(t.to(self.device) for t in b) for b in scatter(tensors, self.chunks)]
                 mine["rows"] = [b[0].size(0) for b in batches]
                 mine["input_is_tuple"] = was_tuple
+                mine["structure"] = structure_of(list(batches[0]), was_tuple)
             if rank == last:
                 _, whole = as_tensors(target, "the target")
                 mine["target_rows"] = whole[0].size(0)
@@ -199,6 +205,10 @@ class DistributedGPipe(nn.Module):
         if target_rows != sum(rows):
             raise ValueError(f"the target's batch size {target_rows} (rank {last}) differs from the input's "
                              f"{sum(rows)} (rank {first})")
+        structure = told[first]["structure"]
+        if structure not in self._checked:  # Note [a dry run on fake tensors]: alike on every rank
+            check_boundaries(self._layers, self.balance, structure)
+            self._checked.add(structure)
         schedule = self.schedule_for(len(rows), self.checkpoint if self.training else "never")
         seed = [0]
         if any(info["may_draw"] for info in told):

@@ -222,6 +222,15 @@ def bad_input(rank: int, world: int, what: str) -> str:
     return f"{result}\nAFTER: {_again(pipe, x, y)}"
 
 
+def shape_mismatch(rank: int, world: int) -> str:
+    """Stage 1's first layer takes 5 features, stage 0 makes 6: refused on every rank before anything is sent."""
+    pipe = DistributedGPipe(nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(5, 3)), [2, 1], chunks=2,
+                            timeout=30)
+    pipe.step(torch.randn(4, 6) if rank == 0 else None, torch.randn(4, 3) if rank == 1 else None,
+              nn.functional.mse_loss)
+    return "accepted"
+
+
 def gathered(rank: int, world: int, schedule: str, balance: list[int], m: int) -> str:
     """Two recorded steps, the second gathered to rank 0 on one clock: each rank's compute spans in its schedule's
     order, every task starting after its dependencies end (within the stated residual), one copy span per
