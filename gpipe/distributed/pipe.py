@@ -68,6 +68,9 @@ class DistributedGPipe(nn.Module):
         timeout: seconds any wait for another rank may last before the step fails on every rank.
         seed, init: how ``meta`` layers are initialised (Note [materialised weights]).
         lookahead: receives posted ahead per peer (Note [receives posted ahead] in :mod:`gpipe.distributed.wire`).
+        check_shapes: before the first step of each input structure, run the whole model on fake tensors on every
+            rank to refuse a shape mismatch between stages (Note [a dry run on fake tensors]); ``False`` for a
+            model whose forwards must run only on real data.
 
     Raises:
         ValueError: on every rank, for a bad balance, chunks, checkpoint mode or schedule, or a number of stages
@@ -77,7 +80,8 @@ class DistributedGPipe(nn.Module):
     def __init__(self, module: nn.Sequential, balance: Sequence[int], *, chunks: int = 1,
                  checkpoint: str = "except_last", schedule: str = "gpipe", deferred_batch_norm: bool = False,
                  record: bool = False, group: Any = None, device: torch.device | str | None = None,
-                 timeout: float = 300.0, seed: int = 0, init: Init | None = None, lookahead: int = 2) -> None:
+                 timeout: float = 300.0, seed: int = 0, init: Init | None = None, lookahead: int = 2,
+                 check_shapes: bool = True) -> None:
         super().__init__()
         if not isinstance(module, nn.Sequential):
             raise TypeError(f"DistributedGPipe partitions an nn.Sequential, got {type(module).__name__}")
@@ -111,6 +115,7 @@ class DistributedGPipe(nn.Module):
         self.partitions = nn.ModuleList(partitions)
         self._layers = [layer for _, layer in named]  # the whole model, for the dry run (Note [a step's start])
         self._checked: set[Structure] = set()
+        self.check_shapes = check_shapes
         self.pipeline = Pipeline.of(partitions, [self.device] * n, self.skip_layout)
         alarm = Alarm(self.ranks.store, self.ranks.watcher, rank, timeout)
         self.links = Links(self.ranks.group, rank, self.device, alarm, lookahead)
@@ -206,7 +211,7 @@ class DistributedGPipe(nn.Module):
             raise ValueError(f"the target's batch size {target_rows} (rank {last}) differs from the input's "
                              f"{sum(rows)} (rank {first})")
         structure = told[first]["structure"]
-        if structure not in self._checked:  # Note [a dry run on fake tensors]: alike on every rank
+        if self.check_shapes and structure not in self._checked:  # Note [a dry run on fake tensors]
             check_boundaries(self._layers, self.balance, structure)
             self._checked.add(structure)
         schedule = self.schedule_for(len(rows), self.checkpoint if self.training else "never")

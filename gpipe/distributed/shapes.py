@@ -7,7 +7,8 @@ first micro-batch, in eval mode (no buffer moves, no random draw) and restores e
 layer that fails at the first layer of a stage, fed what the stage before it made, is a mismatch between stages:
 the step is refused on every rank (each finds it alike) with both shapes. Anything else the dry run cannot follow
 (an operator fake tensors do not support, data-dependent shapes, an error inside a stage) ends the dry run
-quietly, and the real step reports what happens.
+quietly, and the real step reports what happens. Each layer's forward thus runs once more, on fake tensors, on
+every rank: ``DistributedGPipe(check_shapes=False)`` for a forward that must not (side effects on real data).
 """
 
 from __future__ import annotations

@@ -193,7 +193,8 @@ def kill(rank: int, world: int, victim: int) -> str:
     layers.insert(victim + 1, Die())
     balance = [1] * world
     balance[victim] = 2
-    pipe = DistributedGPipe(nn.Sequential(*layers), balance, chunks=2, timeout=20)
+    # no dry run (Note [a dry run on fake tensors]): Die would end every rank there
+    pipe = DistributedGPipe(nn.Sequential(*layers), balance, chunks=2, timeout=20, check_shapes=False)
     try:
         pipe.step(torch.randn(4, 6), torch.randn(4, 6), nn.functional.mse_loss)
     except Exception as error:  # noqa: BLE001
