@@ -597,7 +597,8 @@ def _sibling(name: str) -> Any:
     return importlib.import_module(name)
 
 
-BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "executor_speed_wide", "schedule_speed", "rng_cost",
+BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "executor_speed_wide", "schedule_speed",
+              "distributed_speed", "rng_cost",
               "fidelity", "fidelity_schedules", "switch_interval", "pair_probes", "gpu_check", "fidelity_cuda",
               "published", "unet_memory", "cpu_check", "plan_speed")
 
@@ -631,7 +632,7 @@ def render_result(path: Path) -> str:
     rows = data if isinstance(data, list) else data.get("rows") if isinstance(data, dict) else None
     if isinstance(data, dict):
         if "command" in data:
-            parts.append(f"Command: `{data['command']}`")
+            parts.append(f"Command: `{data['command'].strip()}`" + (f" ({data['date']})" if "date" in data else ""))
         machine = data.get("machine")
         if isinstance(machine, dict):
             parts.append("Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()))

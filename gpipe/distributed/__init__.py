@@ -7,6 +7,8 @@
       routes.py       which messages each rank sends each other rank, in order
       faults.py       a failure reaches every rank; every wait is bounded
       wire.py         the Transport over isend/irecv, receives posted ahead
+      shapes.py       a dry run on fake tensors: a shape mismatch between stages refused before a step
+      clock.py        one time base: clock offsets by ping-pong, the ranks' timelines merged on rank 0
       group.py        the process group, this rank's device, the store
       materialize.py  meta layers made real, the same weights whatever the ranks
       pipe.py         DistributedGPipe: this rank's stages, step()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -132,6 +133,7 @@ class Pending:
         self.work = work
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.at = 0.0  # when the waiter saw it complete (time.perf_counter), for a recorded timeline
 
 
 class Waiter:
@@ -153,6 +155,7 @@ class Waiter:
                 pending.work.wait()
             except BaseException as error:  # noqa: BLE001 - handed to the rank that waits for it
                 pending.error = error
+            pending.at = time.perf_counter()
             pending.done.set()
 
     def close(self) -> None:

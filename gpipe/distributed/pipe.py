@@ -12,9 +12,10 @@ only those stages' layers (Note [materialised weights] in :mod:`gpipe.distribute
 empty placeholders. ``parameters()`` are this rank's, for its own optimizer.
 
 Note [a step's start]: before anything is sent, the ranks exchange what each checked of its own inputs: the
-first stage's rank the micro-batch rows of ``x``, the last stage's the rows of ``y``, each rank whether its
-stages may draw random numbers, and any error. Every rank then raises the same error, or builds the same
-schedule; where a stage may draw, the first stage's rank draws the step's seed (as one process would) and
+first stage's rank the micro-batch rows and structure of ``x``, the last stage's the rows of ``y``, each rank
+whether its stages may draw random numbers, and any error. Every rank then raises the same error (a shape
+mismatch between stages too: Note [a dry run on fake tensors] in :mod:`gpipe.distributed.shapes`), or builds the
+same schedule; where a stage may draw, the first stage's rank draws the step's seed (as one process would) and
 sends it to all, so checkpointed draws are exact across processes (Note [random state] in :mod:`gpipe.rng`).
 """
 
@@ -32,10 +33,13 @@ from torch import Tensor, nn
 from gpipe import rng
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.checks import check_balance, check_count, check_unique
+from gpipe.distributed.clock import measure_offsets, merge
 from gpipe.distributed.faults import Alarm, PipelineFailed, report
 from gpipe.distributed.group import Ranks, join
 from gpipe.distributed.materialize import Init, materialize_layer
 from gpipe.distributed.routes import loss_key
+from gpipe.distributed.shapes import check_boundaries
+from gpipe.distributed.structure import Structure, structure_of
 from gpipe.distributed.wire import Links, Wire
 from gpipe.gradients import Gradients
 from gpipe.interpreter import Step, Worker
@@ -64,6 +68,9 @@ class DistributedGPipe(nn.Module):
         timeout: seconds any wait for another rank may last before the step fails on every rank.
         seed, init: how ``meta`` layers are initialised (Note [materialised weights]).
         lookahead: receives posted ahead per peer (Note [receives posted ahead] in :mod:`gpipe.distributed.wire`).
+        check_shapes: before the first step of each input structure, run the whole model on fake tensors on every
+            rank to refuse a shape mismatch between stages (Note [a dry run on fake tensors]); ``False`` for a
+            model whose forwards must run only on real data.
 
     Raises:
         ValueError: on every rank, for a bad balance, chunks, checkpoint mode or schedule, or a number of stages
@@ -73,7 +80,8 @@ class DistributedGPipe(nn.Module):
     def __init__(self, module: nn.Sequential, balance: Sequence[int], *, chunks: int = 1,
                  checkpoint: str = "except_last", schedule: str = "gpipe", deferred_batch_norm: bool = False,
                  record: bool = False, group: Any = None, device: torch.device | str | None = None,
-                 timeout: float = 300.0, seed: int = 0, init: Init | None = None, lookahead: int = 2) -> None:
+                 timeout: float = 300.0, seed: int = 0, init: Init | None = None, lookahead: int = 2,
+                 check_shapes: bool = True) -> None:
         super().__init__()
         if not isinstance(module, nn.Sequential):
             raise TypeError(f"DistributedGPipe partitions an nn.Sequential, got {type(module).__name__}")
@@ -105,6 +113,9 @@ class DistributedGPipe(nn.Module):
             partitions.append(nn.Sequential(OrderedDict(named[k:k + size] if mine else [])))
             k += size
         self.partitions = nn.ModuleList(partitions)
+        self._layers = [layer for _, layer in named]  # the whole model, for the dry run (Note [a step's start])
+        self._checked: set[Structure] = set()
+        self.check_shapes = check_shapes
         self.pipeline = Pipeline.of(partitions, [self.device] * n, self.skip_layout)
         alarm = Alarm(self.ranks.store, self.ranks.watcher, rank, timeout)
         self.links = Links(self.ranks.group, rank, self.device, alarm, lookahead)
@@ -180,6 +191,7 @@ class DistributedGPipe(nn.Module):
                 batches = [tuple(t.to(self.device) for t in b) for b in scatter(tensors, self.chunks)]
                 mine["rows"] = [b[0].size(0) for b in batches]
                 mine["input_is_tuple"] = was_tuple
+                mine["structure"] = structure_of(list(batches[0]), was_tuple)
             if rank == last:
                 _, whole = as_tensors(target, "the target")
                 mine["target_rows"] = whole[0].size(0)
@@ -198,6 +210,10 @@ class DistributedGPipe(nn.Module):
         if target_rows != sum(rows):
             raise ValueError(f"the target's batch size {target_rows} (rank {last}) differs from the input's "
                              f"{sum(rows)} (rank {first})")
+        structure = told[first]["structure"]
+        if self.check_shapes and structure not in self._checked:  # Note [a dry run on fake tensors]
+            check_boundaries(self._layers, self.balance, structure)
+            self._checked.add(structure)
         schedule = self.schedule_for(len(rows), self.checkpoint if self.training else "never")
         seed = [0]
         if any(info["may_draw"] for info in told):
@@ -217,7 +233,7 @@ class DistributedGPipe(nn.Module):
         recorder = Recorder(pipeline, schedule, torch.get_num_threads(), [self.device] * schedule.num_devices) \
             if self.record else None
         clock = (time.time(), time.perf_counter())
-        wire = Wire(self.links, schedule, self.skip_layout, rows)
+        wire = Wire(self.links, schedule, self.skip_layout, rows, record=recorder is not None)
         step = Step(pipeline, schedule, True, recorder, plan, seed, drew, Gradients(list(self.partitions)),
                     (loss_fn, self._weights))
         worker = Worker(step, rank, self.device, wire)
@@ -263,4 +279,25 @@ class DistributedGPipe(nn.Module):
             timeline.meta.update(rank=rank, world_size=self.ranks.world,
                                  clock={"unix": clock[0], "perf_counter": clock[1], "perf_counter_t0": recorder.t0})
             self.timeline = timeline
+            self._recorded = {"timeline": timeline.to_dict(), "t0": recorder.t0, "transfers": wire.transfers}
         return loss.detach()
+
+    def gather_timeline(self, rounds: int = 8) -> Timeline | None:
+        """The last recorded step of every rank as one timeline on rank 0's clock (Note [one time base]).
+
+        Every rank calls it after a step with ``record=True``; rank 0 gets the timeline, the others ``None``.
+        Device ``d`` is rank ``d``; a transfer between ranks is a copy span on the receiving rank; ``meta["clock"]``
+        holds the offsets removed and the residual (seconds) within which two ranks' times compare.
+
+        Raises:
+            RuntimeError: on every rank, when some rank recorded no step (build with ``record=True`` and step).
+        """
+        part = getattr(self, "_recorded", None)
+        parts: list[Any] = [None] * self.ranks.world
+        dist.all_gather_object(parts, part, group=self.ranks.control)
+        missing = [r for r, p in enumerate(parts) if p is None]
+        if missing:
+            raise RuntimeError(f"ranks {missing} recorded no step to gather: build DistributedGPipe(..., "
+                               "record=True) and call step() on every rank first")
+        offsets = measure_offsets(self.ranks.control, self.rank, self.ranks.world, rounds)
+        return merge(parts, offsets) if self.rank == 0 else None

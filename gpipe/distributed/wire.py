@@ -12,10 +12,16 @@ message whose structure is not yet known is preceded by its header, and nothing 
 header arrived (its buffers' sizes come from it). Receives are waited for in a waiter thread per peer, so every
 wait is bounded and woken by a failure elsewhere (Note [no rank left waiting] in
 :mod:`gpipe.distributed.faults`).
+
+Note [a receive's stream]: with NCCL, ``work.wait()`` blocks no thread: it makes the calling thread's current
+CUDA stream wait for the communication. The waiter thread's wait therefore orders nothing the rank computes; the
+thread that takes a received buffer calls ``wait()`` again on its own stream before using it (for gloo the work
+is complete by then and the call returns at once). Not yet run on a GPU.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -25,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gpipe.distributed.clock import Transfers
 from gpipe.distributed.faults import Alarm, Pending, Waiter
 from gpipe.distributed.routes import LOSS, incoming, loss_key, outgoing
 from gpipe.distributed.structure import HEADER, Structure, decode, describe, encode, structure_of
@@ -85,8 +92,11 @@ class Wire(Transport):
         rows: the rows of each micro-batch (every rank knows them from the step's start).
     """
 
-    def __init__(self, links: Links, schedule: Schedule, layout: SkipLayout, rows: list[int]) -> None:
+    def __init__(self, links: Links, schedule: Schedule, layout: SkipLayout, rows: list[int],
+                 record: bool = False) -> None:
         self.links, self.schedule, self.layout, self.rows = links, schedule, layout, rows
+        # Note [one time base] in gpipe.distributed.clock: what crossed, and when, for a recorded step
+        self.transfers: Transfers | None = {"sent": [], "arrived": []} if record else None
         self.rank = links.rank
         self.placement = schedule.placement
         self.mailbox: dict[Key, Message] = {}
@@ -154,6 +164,8 @@ class Wire(Transport):
         structure = structure_of(message.tensors, message.is_tuple)
         declared = links.sent.get((dst, kind))
         what = f"{key[0]} {key[1]!r}" if key[1] != "" else str(key[0])
+        if self.transfers is not None and key[1] != LOSS:
+            self.transfers["sent"].append((dst, str(key[0]), _channel(key), time.perf_counter()))
         if declared is None:
             links.sent[(dst, kind)] = structure
             self._isend(dst, encode(structure).to(links.device), what)
@@ -211,6 +223,7 @@ class Wire(Transport):
             assert entry.header is not None
             header, pending = entry.header
             self.links.alarm.wait(pending, f"rank {src} to send the header of {entry.key[0]} {entry.key[1]!r}")
+            self._on_this_stream(pending)
             entry.structure = decode(header.cpu())
             self.links.known[(src, entry.kind)] = entry.structure
             self._post_tensors(src, entry)
@@ -229,6 +242,11 @@ class Wire(Transport):
         work = dist.irecv(buffer, group=self.links.group, group_src=src)
         return self.links.waiter(src, send=False).add(work)
 
+    def _on_this_stream(self, pending: Pending) -> None:
+        """Note [a receive's stream]: on CUDA, make this thread's current stream wait for the receive."""
+        if self.links.device.type == "cuda":
+            pending.work.wait()
+
     def _complete(self, src: int, entry: _Posted) -> Message:
         if entry.structure is None:
             self.posted[src].appendleft(entry)
@@ -237,4 +255,14 @@ class Wire(Transport):
         assert entry.structure is not None
         for pending in entry.works:
             self.links.alarm.wait(pending, f"rank {src} to send {entry.key[0]} {entry.key[1]!r}")
+            self._on_this_stream(pending)
+        if self.transfers is not None and entry.key[1] != LOSS:
+            works = entry.works or ([entry.header[1]] if entry.header is not None else [])
+            at = max((p.at for p in works), default=time.perf_counter())
+            self.transfers["arrived"].append((src, str(entry.key[0]), _channel(entry.key), at))
         return Message(tuple(entry.buffers), entry.structure[0])
+
+
+def _channel(key: Key) -> str:
+    """A message's channel as text: ``""`` for an activation or gradient, else the skip key's repr."""
+    return "" if key[1] == "" else repr(key[1])

@@ -15,6 +15,7 @@ calibrate, simulate, run the executor for ``--steps`` steps, compare, write the 
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from torch import Tensor, nn
 
 from sim.calibration.experiment import Batch, Setup
 from sim.calibration.machine import default_devices
-from sim.cli import CommandError
+from sim.cli import CommandError, processes
 from sim.cli.demo import add_common_options, check_common, execute
 from sim.cli.options import integer
 from sim.cli.user_code import Target, blame, call, load_target
@@ -126,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if balance is not None and devices is not None and len(balance) < len(devices):
         raise CommandError(f"--balance has {len(balance)} partitions but --devices names {len(devices)} devices: "
                            "give at most one device per partition")
+    processes.check(args, devices)
     torch.manual_seed(args.seed)
     target = load_target(args.target)
     model, batch = load(target)
@@ -135,6 +137,12 @@ def run(args: argparse.Namespace) -> int:
         else len(devices) if devices is not None else 2
     if partitions > len(model):
         raise CommandError(f"{partitions} partitions for a model of {len(model)} layers")
+    if args.processes is not None:
+        setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
+                      seed=args.seed, balance=balance, stages=args.stages if balance is None else None)
+        with blame(target):
+            return processes.execute(functools.partial(load, args.target), setup, args,
+                                     f"compare: {args.target}, {len(model)} layers", out)
     setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
                   seed=args.seed, balance=balance, stages=None if balance is not None else partitions,
                   devices=devices or default_devices(partitions))

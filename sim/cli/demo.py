@@ -17,6 +17,7 @@ The pipeline itself is :func:`sim.calibration.experiment.run`; ``gpipe-sim compa
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from typing import Any
@@ -37,7 +38,7 @@ from sim.calibration.experiment import Batch, Setup, demo_model, progress_labels
 from sim.calibration.host import executor_costs  # noqa: E402
 from sim.calibration.machine import default_devices, keep_freed_memory  # noqa: E402
 from sim.calibration.outcome import DRIFT_LIMIT, OUTPUT_FILES, Outcome, write_outputs  # noqa: E402
-from sim.cli import CommandError  # noqa: E402
+from sim.cli import CommandError, processes  # noqa: E402
 from sim.cli.options import add_out, integer, output_folder, schedules_help, seed  # noqa: E402
 from sim.files import OutputFolder, json_text  # noqa: E402
 
@@ -80,6 +81,7 @@ def add_common_options(p: argparse.ArgumentParser, *, out: str) -> None:
                    help="also print the calibrated internals: the executor's overheads, each stage's worker-thread "
                         "times, the contention of pairs of tasks running together")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    processes.add_option(p)
 
 
 def check_common(args: argparse.Namespace) -> OutputFolder:
@@ -102,6 +104,12 @@ def run_command(args: argparse.Namespace) -> int:
     stages = args.stages if args.stages is not None else args.devices
     if stages is not None and stages > len(model):
         raise CommandError(f"--stages {stages} is more than the {len(model)} layers of the demo's model")
+    processes.check(args, args.devices)
+    if args.processes is not None:
+        setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
+                      seed=args.seed, stages=stages)
+        return processes.execute(functools.partial(demo_model, args.seed), setup, args,
+                                 "demo: 19-layer convolutional classifier, batch 64 of 3x32x32", out)
     devices = default_devices(args.devices) if args.devices is not None else None
     setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
                   seed=args.seed, stages=stages, devices=devices)

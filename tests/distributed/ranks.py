@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,14 +53,20 @@ def run(world: int, cases: Sequence[tuple[str, Case]], timeout: float = 90.0) ->
     for p in procs:
         p.start()
     out: dict[str, list[str | None]] = {name: [None] * world for name, _ in cases}
-    expected = world * len(cases)
-    import queue
-    try:
-        for _ in range(expected):
-            rank, name, value = results.get(timeout=timeout)
-            out[name][rank] = value
-    except queue.Empty:
-        pass
+    expected, got = world * len(cases), 0
+    deadline = time.monotonic() + timeout
+    while got < expected and time.monotonic() < deadline:
+        try:
+            rank, name, value = results.get(timeout=0.25)
+        except queue.Empty:
+            if any(p.is_alive() for p in procs):
+                continue
+            try:  # every rank has ended (one was killed, say): what they said is all there is
+                rank, name, value = results.get(timeout=1.0)
+            except queue.Empty:
+                break
+        out[name][rank] = value
+        got += 1
     for p in procs:
         p.join(timeout=10)
         if p.is_alive():

@@ -1,4 +1,4 @@
-"""DistributedGPipe on 4 gloo processes (one spawn for the module): every registered schedule and policy on a
+"""DistributedGPipe on 4 gloo processes (one spawn for the module): every registered schedule (except_last) on a
 stage per rank (GPipe's, 1F1B) or 8 stages by the schedule's layout, a skip from rank 0 straight to rank 3, a
 failing forward on each rank; and, on 2 processes of their own, a killed rank.
 """
@@ -9,7 +9,7 @@ import functools
 
 import pytest
 
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
+from gpipe.schedule import SCHEDULES
 from tests.distributed import cases
 from tests.distributed.ranks import Case, run
 
@@ -27,12 +27,14 @@ def _refused(name: str, checkpoint: str, n: int, m: int) -> bool:
 CASES: dict[str, Case] = {}
 for _name, _kind in SCHEDULES.items():
     _model, _balance = ("chain8", [1] * 8) if _kind.place is not None else ("chain8", [2, 2, 2, 2])
-    for _checkpoint in CHECKPOINT_MODES:
+    # the policies are each run at 2 ranks (test_two_ranks); here the one that recomputes all but the last
+    for _checkpoint in ("except_last",):
         if not _refused(_name, _checkpoint, len(_balance), 8):
             CASES[f"{_name}-{_checkpoint}"] = functools.partial(
                 cases.train, schedule=_name, checkpoint=_checkpoint, model=_model, balance=_balance, m=8)
 CASES["skip-0-to-3"] = functools.partial(cases.train, schedule="1f1b", checkpoint="always", model="skip",
                                          balance=[1, 1, 1, 2], m=4)
+CASES["gathered-gpipe"] = functools.partial(cases.gathered, schedule="gpipe", balance=[2, 2, 2, 2], m=4)
 FAILS = {f"fail-F-stage{s}": functools.partial(cases.fail, stage=s, where="F", schedule="1f1b") for s in range(4)}
 
 

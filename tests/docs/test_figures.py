@@ -19,6 +19,7 @@ PAGES = sorted(p for p in DOCS.rglob("*.md") if "img" not in p.parts)
 #: Pages whose python blocks are fragments, not programs (with the reason).
 NOT_RUN = {
     "how-to/compare.md": "reads timelines a comparison wrote",
+    "how-to/distributed.md": "a script every rank of a torchrun launch runs (its batches are placeholders)",
     "dev/executor-api.md": "a contract sketch for contributors (its model, x and loss_fn are placeholders)",
 }
 

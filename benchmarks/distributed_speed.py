@@ -1,0 +1,213 @@
+"""How fast DistributedGPipe trains on two gloo processes, beside torch.distributed.pipelining on the same two.
+
+The model is ``executor_speed.py``'s (``--layers`` x (Linear(width) + ReLU), batch ``--batch``, ``--chunks``
+micro-batches, MSE loss), cut into stages as ``schedule_speed.py`` cuts it (one per rank, or ``2 * --virtual`` by
+the schedule's layout). Each schedule with a counterpart in torch (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V:
+Note [schedule pairs] in schedule_speed.py) is timed four ways::
+
+    plain               the model itself, one thread, in this process
+    threaded NAME       gpipe.GPipe, worker threads in this process
+    distributed NAME    gpipe.distributed.DistributedGPipe on two spawned gloo processes (loopback)
+    pipelining NAME     torch.distributed.pipelining's schedule on the same two processes
+
+Note [same ranks, same rounds]: the distributed rows share one spawn: in each rank, both pipelines of a schedule
+are built, their first step is checked against the plain model (loss on every rank, this rank's gradients), and
+then each round times one step of ours and one of torch's, in a seeded random order, each between barriers (a
+step ends when the slower rank is done). The ratio is the median of per-round ratios, so a busy moment of a
+shared machine weighs on both alike. One intra-op thread per rank and worker.
+
+Run: ``.venv/bin/python benchmarks/distributed_speed.py`` (``--quick``: few rounds). Writes
+``benchmarks/results/distributed_speed.json``. Goal: each distributed step at most 0.9x torch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from executor_speed import THREADS, Runner, Workload, _free_port, interleaved, ms, pipe_step, ratio, train_step  # noqa: E402
+from schedule_speed import SINGLE_STAGE, TORCH_SCHEDULES, balance_of, layout  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from gpipe import GPipe  # noqa: E402
+from gpipe.schedule import schedule_kind  # noqa: E402
+from sim.calibration.calibrate import partitions_of  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "distributed_speed.json"
+WORLD = 2
+GOAL = 0.9  # DistributedGPipe's step over torch.distributed.pipelining's, on the same schedule
+DEFAULT = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
+
+
+def _rank(rank: int, world: int, port: int, workload: Workload, plans: dict[str, tuple[list[int], list[int]]],
+          warmup: int, repeats: int, out: str) -> None:
+    """One rank: per schedule, ours and torch's on this rank's stages, checked, then timed in shuffled rounds."""
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    from gpipe.distributed import DistributedGPipe
+
+    torch.set_num_threads(THREADS)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        x, y = workload.data()
+        result: dict[str, Any] = {}
+        for name, (placement, balance) in plans.items():
+            reference = workload.model()
+            expected = F.mse_loss(reference(x), y)
+            expected.backward()
+            ours = DistributedGPipe(workload.model(), balance, chunks=workload.m, checkpoint="never", schedule=name)
+            first, last = ours.placement[0] == rank, ours.placement[-1] == rank
+
+            def our_step(pipe: Any = ours, first: bool = first, last: bool = last) -> torch.Tensor:
+                pipe.zero_grad(set_to_none=True)
+                return pipe.step(x if first else None, y if last else None, F.mse_loss)
+
+            loss = our_step()
+            torch.testing.assert_close(loss, expected.detach())
+            params = dict(reference.named_parameters())
+            for key, p in ours.named_parameters():
+                torch.testing.assert_close(p.grad, params[key.split(".", 2)[2]].grad)
+            cls = getattr(pipelining, TORCH_SCHEDULES[name])
+            parts = partitions_of(workload.model(), balance)
+            mine = [s for s, d in enumerate(placement) if d == rank]
+            stages = [pipelining.PipelineStage(parts[s], s, len(placement), torch.device("cpu")) for s in mine]
+            kwargs: dict[str, Any] = {"n_microbatches": workload.m, "loss_fn": F.mse_loss}
+            theirs = cls(stages[0], **kwargs) if TORCH_SCHEDULES[name] in SINGLE_STAGE else cls(stages, **kwargs)
+
+            def their_step(schedule: Any = theirs, first: bool = 0 in mine, last: bool = len(placement) - 1 in mine,
+                           mine: list[int] = mine, parts: list[Any] = parts) -> None:
+                for s in mine:
+                    parts[s].zero_grad(set_to_none=True)
+                schedule.step(*((x,) if first else ()), **({"target": y, "losses": []} if last else {}))
+
+            steps = {"distributed": our_step, "pipelining": their_step}
+            for _ in range(warmup):
+                for step in steps.values():
+                    step()
+            samples: dict[str, list[float]] = {k: [] for k in steps}
+            order = random.Random(0)  # the same order on every rank
+            for _ in range(repeats):
+                for k in order.sample(list(steps), len(steps)):
+                    dist.barrier()
+                    start = time.perf_counter()
+                    steps[k]()
+                    dist.barrier()
+                    samples[k].append(time.perf_counter() - start)
+            ours.close()
+            result[name] = samples
+        if rank == 0:
+            Path(out).write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(workload: Workload, plans: dict[str, tuple[list[int], list[int]]], warmup: int,
+                    repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Per schedule, seconds per step of ``distributed`` and ``pipelining`` on two spawned gloo processes."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "distributed.json")
+        mp.spawn(_rank, args=(WORLD, _free_port(), workload, plans, warmup, repeats, out), nprocs=WORLD, join=True)
+        return json.loads(Path(out).read_text())
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=256, help="samples per step (default 256)")
+    parser.add_argument("--chunks", type=int, default=4, help="micro-batches per step (default 4)")
+    parser.add_argument("--layers", type=int, default=8, help="(Linear + ReLU) pairs (default 8)")
+    parser.add_argument("--width", type=int, default=512, help="features of every Linear (default 512)")
+    parser.add_argument("--virtual", type=int, default=2, help="stages per rank where the layout places several")
+    parser.add_argument("--schedules", default=",".join(DEFAULT),
+                        help=f"schedules to time, comma-separated (default {','.join(DEFAULT)})")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 30; --quick 5)")
+    parser.add_argument("--quick", action="store_true", help="few rounds")
+    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the results (default {RESULTS})")
+    args = parser.parse_args(argv)
+    names = [s for s in args.schedules.split(",") if s]
+    for name in names:
+        try:
+            schedule_kind(name)
+        except ValueError as error:
+            parser.error(str(error))
+        if name not in TORCH_SCHEDULES:
+            parser.error(f"{name}: torch.distributed.pipelining has no schedule of its order; time one of "
+                         f"{', '.join(TORCH_SCHEDULES)}")
+    if min(args.virtual, args.chunks, args.batch, args.width, args.layers) < 1:
+        parser.error("need positive --virtual, --chunks, --batch, --width and --layers")
+    repeats = args.repeats if args.repeats is not None else (5 if args.quick else 30)
+    warmup = 1 if args.quick else 3
+
+    torch.set_num_threads(THREADS)
+    workload = Workload(args.layers, args.width, args.batch, args.chunks)
+    model, (x, y) = workload.model(), workload.data()
+    plain = copy.deepcopy(model)
+    runners = [Runner("plain", lambda: train_step(plain, x, y), [])]
+    plans: dict[str, tuple[list[int], list[int]]] = {}
+    for name in names:
+        placement = layout(name, args.virtual)
+        balance = balance_of(workload, len(placement))
+        plans[name] = (list(placement), balance)
+        pipe = GPipe(copy.deepcopy(model), balance, devices=["cpu"] * WORLD, chunks=args.chunks, checkpoint="never",
+                     schedule=name)
+        runners.append(Runner(f"threaded {name}", lambda p=pipe: pipe_step(p, x, y), []))
+    print(f"model: {args.layers} x (Linear({args.width}) + ReLU), batch {args.batch}, chunks {args.chunks}; "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, torch {torch.__version__}", flush=True)
+    print(f"timing plain and threaded round-robin: {warmup} warm-up + {repeats} rounds ...", flush=True)
+    interleaved(runners, warmup, repeats)
+    samples = {r.name: r.samples for r in runners}
+    print(f"timing DistributedGPipe and torch.distributed.pipelining on {WORLD} gloo processes ...", flush=True)
+    distributed = run_distributed(workload, plans, warmup, repeats)
+
+    rows = []
+    for name in names:
+        ours, theirs = distributed[name]["distributed"], distributed[name]["pipelining"]
+        rows.append({"schedule": name, "stages": len(plans[name][0]), "placement": plans[name][0],
+                     "distributed_ms": round(ms(ours), 3), "pipelining_ms": round(ms(theirs), 3),
+                     "threaded_ms": round(ms(samples[f"threaded {name}"]), 3),
+                     "distributed_vs_pipelining": round(ratio(ours, theirs, True), 3),
+                     "distributed_vs_plain": round(ms(ours) / ms(samples["plain"]), 3)})
+    print(f"\nplain: {ms(samples['plain']):.2f} ms per step")
+    print(f"{'schedule':18s} {'stages':>6s} {'distributed ms':>15s} {'pipelining ms':>14s} {'ours/theirs':>12s} "
+          f"{'threaded ms':>12s}")
+    for r in rows:
+        print(f"{r['schedule']:18s} {r['stages']:6d} {r['distributed_ms']:15.2f} {r['pipelining_ms']:14.2f} "
+              f"{r['distributed_vs_pipelining']:12.3f} {r['threaded_ms']:12.2f}")
+    met = [r["schedule"] for r in rows if r["distributed_vs_pipelining"] <= GOAL]
+    print(f"goal: DistributedGPipe's step <= {GOAL}x torch.distributed.pipelining's on the same schedule: met by "
+          f"{', '.join(met) or 'none'} of {len(rows)}")
+    doc = {
+        "command": "python benchmarks/distributed_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                    "threads_per_rank": THREADS, "load": os.getloadavg()[0]},
+        "workload": {"layers": args.layers, "width": args.width, "batch": args.batch, "chunks": args.chunks,
+                     "virtual": args.virtual, "repeats": repeats, "processes": WORLD, "backend": "gloo"},
+        "plain_ms": round(ms(samples["plain"]), 3),
+        "rows": rows,
+        "goal": f"distributed_vs_pipelining <= {GOAL} on every schedule",
+        "goal_met_by": met,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return doc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Predicted against measured on several processes: ``gpipe-sim demo --processes N`` and ``compare --processes N``.
+
+:func:`run_processes` balances and calibrates the model in this process (each stage's seconds, as the
+single-process experiment does: :func:`sim.calibration.experiment.stage_costs`), then spawns ``N`` ranks on this
+machine (gloo on loopback, no torchrun). The ranks time the link between them by a short ping-pong
+(:func:`measure_link`) and train with :class:`gpipe.distributed.DistributedGPipe`, each recorded step gathered
+to rank 0 on one clock (Note [one time base] in :mod:`gpipe.distributed.clock`). The simulator predicts the same
+schedule from the stage seconds and that link alone; the step of median makespan is compared with it.
+
+Note [what the prediction leaves out]: the executor's own costs (Python per task, the wire's bookkeeping) are
+calibrated for the threaded executor only; here they are not in the cost model, so the prediction is of the
+stages' compute and the link. A gap between the two is those costs, shown per kind of task in the table.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from gpipe.schedule import SCHEDULES, Schedule
+from gpipe.timeline import Timeline
+from sim.calibration.compare import Comparison, compare
+from sim.calibration.experiment import Batch, loss_of, microbatch_sizes, stage_costs
+from sim.calibration.machine import intra_op_threads
+from sim.calibration.setup import Setup
+from sim.core.config import SimConfig
+from sim.core.cost import CostModel
+from sim.core.engine import simulate
+from sim.core.link import LinkSpec
+
+__all__ = ["ProcessOutcome", "measure_link", "run_processes"]
+
+Build = Callable[[], tuple[nn.Sequential, Batch]]
+"""Builds the model and one mini-batch alike in every process (a module-level function, or a partial of one)."""
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    """What :func:`run_processes` found: the schedule, the link, both timelines and their comparison."""
+
+    processes: int
+    schedule: Schedule
+    balance: tuple[int, ...]
+    link: LinkSpec
+    cost: CostModel
+    predicted: Timeline
+    measured: Timeline
+    step_makespans: tuple[float, ...]
+    chosen_step: int
+    comparison: Comparison
+    description: str = ""
+
+    def report(self) -> dict[str, Any]:
+        c = self.comparison
+        return {"description": self.description, "processes": self.processes, "schedule": self.schedule.name,
+                "m": self.schedule.m, "n": self.schedule.n, "checkpoint": self.schedule.checkpoint,
+                "balance": list(self.balance), "placement": list(self.schedule.placement),
+                "link": {"name": self.link.name, "latency": self.link.latency, "bandwidth": self.link.bandwidth},
+                "clock_residual": self.measured.meta["clock"]["residual"],
+                "predicted_makespan": c.predicted_makespan, "measured_makespan": c.measured_makespan,
+                "makespan_error": c.makespan_error, "order_agreement": c.order_agreement,
+                "step_makespans": list(self.step_makespans), "chosen_step": self.chosen_step, "comparison": c.to_dict()}
+
+
+def measure_link(group: Any, rank: int, payload: int = 1 << 20, rounds: int = 10) -> LinkSpec | None:
+    """Time the link between ranks 0 and 1 of ``group`` by ping-pong (each size's shortest of ``rounds`` round
+    trips, after one untimed): the latency is half an 8-byte round trip, the bandwidth the slope between
+    ``payload`` and ``8 * payload`` bytes (a constant cost of each message cancels). Ranks 0 and 1 take part
+    (every rank may call it); rank 0 returns the :class:`LinkSpec`, the others ``None``."""
+    trips = {}
+    for size in (8, payload, 8 * payload):
+        buffer = torch.zeros(size // 8, dtype=torch.float64)
+        best = float("inf")
+        for k in range(rounds + 1):
+            if rank == 0:
+                start = time.perf_counter()
+                dist.send(buffer, group=group, group_dst=1)
+                dist.recv(buffer, group=group, group_src=1)
+                best = min(best, time.perf_counter() - start) if k else best
+            elif rank == 1:
+                dist.recv(buffer, group=group, group_src=0)
+                dist.send(buffer, group=group, group_dst=0)
+        trips[size] = best / 2
+    if rank != 0:
+        return None
+    slope = trips[8 * payload] - trips[payload]
+    bandwidth = 7 * payload / slope if slope > 0 else 8 * payload / trips[8 * payload]
+    backend = dist.get_backend(group)
+    return LinkSpec(f"{backend}-loopback", trips[8], bandwidth,
+                    f"{backend} between two processes on this machine, timed by ping-pong")
+
+
+def _loss(output: Batch, _target: Tensor) -> Tensor:
+    return loss_of(output)
+
+
+def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance: tuple[int, ...],
+          results: Any) -> None:
+    """One spawned rank: time the link (rank 0 and 1), train, gather each recorded step to rank 0."""
+    from gpipe.distributed import DistributedGPipe
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=120))
+        torch.manual_seed(setup.seed)
+        model, batch = build()
+        size = (batch if isinstance(batch, Tensor) else batch[0]).shape[0]
+        target = torch.zeros(size)
+        link = measure_link(dist.group.WORLD, rank)
+        pipe = DistributedGPipe(model, list(balance), chunks=setup.chunks, checkpoint=setup.checkpoint,
+                                schedule=setup.schedule, timeout=120)
+        first, last = pipe.placement[0], pipe.placement[-1]
+        steps = []
+        for k in range(setup.warmup_steps + setup.steps):
+            pipe.record = k >= setup.warmup_steps
+            pipe.step(batch if rank == first else None, target if rank == last else None, _loss)
+            for p in pipe.parameters():
+                p.grad = None
+            if pipe.record:
+                timeline = pipe.gather_timeline()
+                if timeline is not None:
+                    steps.append(timeline.to_dict())
+        pipe.close()
+        if rank == 0:
+            results.put(("ok", link, steps))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - the launcher reports it
+        results.put(("error", rank, traceback.format_exc()))
+
+
+def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float = 600.0,
+                  description: str = "") -> ProcessOutcome:
+    """Balance and calibrate here, measure on ``processes`` spawned ranks, simulate, compare (module docstring).
+
+    Raises:
+        ValueError: fewer than two processes, or stages the schedule cannot place on them.
+        RuntimeError: a rank failed (its traceback in the message) or none answered within ``timeout``.
+    """
+    from gpipe.balance import balance_by_time
+
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 2:
+        raise ValueError(f"--processes must be an integer >= 2 (one rank per schedule device), got {processes!r}")
+    torch.manual_seed(setup.seed)
+    model, batch = build()
+    tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
+    sizes = microbatch_sizes(tensors[0].shape[0], setup.chunks)
+    n = len(setup.balance) if setup.balance is not None else (setup.stages or processes)
+    kind = SCHEDULES[setup.schedule]
+    placement = kind.layout(n, processes)
+    schedule = kind(len(sizes), n, setup.checkpoint, placement).validate()
+    with intra_op_threads(setup.threads):
+        balance = setup.balance
+        if balance is None:
+            first = tensors[0][:sizes[0]] if isinstance(batch, Tensor) else tuple(t[:sizes[0]] for t in tensors)
+            balance = tuple(balance_by_time(n, model, first, timeout=setup.balance_timeout, device="cpu"))
+        cost = stage_costs(model, batch, balance, setup.chunks, ["cpu"] * n, warmup=setup.warmup,
+                           repeats=setup.repeats, split=schedule.splits_weight_gradient)
+    link, steps = _spawn(build, replace(setup, balance=tuple(balance), stages=None), tuple(balance), processes,
+                         timeout)
+    measured = [Timeline.from_dict(d) for d in steps]
+    makespans = tuple(t.makespan for t in measured)
+    chosen = sorted(range(len(makespans)), key=lambda k: makespans[k])[(len(makespans) - 1) // 2]
+    cost = replace(cost, copy_seconds=None)  # copies priced by the measured link
+    predicted = simulate(schedule, cost, SimConfig(link=link, copy_streams=True))
+    return ProcessOutcome(processes, schedule, tuple(balance), link, cost, predicted, measured[chosen], makespans,
+                          chosen, compare(predicted, measured[chosen]), description)
+
+
+def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
+           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]]]:
+    """Run :func:`_rank` on ``world`` spawned processes; every one is stopped on the way out, Ctrl-C included."""
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    procs = [context.Process(target=_rank, args=(r, world, port, build, setup, balance, results), daemon=True)
+             for r in range(world)]
+    try:
+        for p in procs:
+            p.start()
+        try:
+            got = results.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(f"no rank answered within {timeout:g} s") from None
+        if got[0] == "error":
+            raise RuntimeError(f"rank {got[1]} failed:\n{got[2]}")
+        for p in procs:
+            p.join(timeout=30)
+        return got[1], got[2]
+    finally:
+        for p in procs:  # the launcher's exit, however it comes (Ctrl-C too), ends every rank
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+

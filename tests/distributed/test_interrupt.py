@@ -1,0 +1,81 @@
+"""Ctrl-C on the launcher of ``gpipe-sim demo --processes`` (:func:`sim.calibration.processes.run_processes`)
+stops every rank it spawned: SIGINT to the launcher alone, while the ranks train, leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCHER = '''
+import functools, torch
+from torch import nn
+from sim.calibration.processes import run_processes
+from sim.calibration.setup import Setup
+
+def build():
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), torch.randn(8, 4)
+
+if __name__ == "__main__":
+    run_processes(build, Setup(chunks=2, steps=100000, warmup_steps=0, warmup=0, repeats=1), 2)
+'''
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
+def test_sigint_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    launcher = subprocess.Popen([sys.executable, "launch.py"], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        ranks: set[int] = set()
+        deadline = time.monotonic() + 120
+        while len(ranks) < 2 and time.monotonic() < deadline:  # the two ranks (and the queue's resource tracker)
+            ranks = {p for p in _children(launcher.pid) if "spawn_main" in _command(p)}
+            time.sleep(0.2)
+        assert len(ranks) == 2, f"the ranks never started: {launcher.poll()}"
+        time.sleep(1.0)  # inside their steps
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=30)
+        assert "KeyboardInterrupt" in err
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in ranks)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

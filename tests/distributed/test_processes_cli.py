@@ -1,0 +1,71 @@
+"""``gpipe-sim demo --processes 2`` and ``compare --processes 2``: ranks spawned by the command, predicted vs
+measured in one report (end to end, slow); bad values of ``--processes`` refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = '''
+import torch
+from torch import nn
+
+def build():
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)), \\
+        torch.randn(16, 32)
+'''
+
+
+def _gpipe_sim(cwd: Path, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "sim", *args, "--json", "--no-progress", "--out", "out"],
+                            capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1, result.stdout
+    report = json.loads(lines[0])
+    assert report["predicted_makespan"] > 0 and report["measured_makespan"] > 0
+    error = (report["predicted_makespan"] - report["measured_makespan"]) / report["measured_makespan"]
+    assert report["makespan_error"] == pytest.approx(error)
+    assert report["order_agreement"] == 1.0 and report["processes"] == 2
+    assert report["link"]["name"] == "gloo-loopback" and report["link"]["bandwidth"] > 0
+    assert report["clock_residual"] >= 0
+    trace = json.loads((cwd / "out" / "trace.json").read_text())
+    assert any(e["ph"] == "X" for e in trace["traceEvents"])
+    assert json.loads((cwd / "out" / "report.json").read_text())["makespan_error"] == report["makespan_error"]
+    return report
+
+
+@pytest.mark.slow
+def test_demo_on_two_processes_reports_predicted_and_measured(tmp_path: Path) -> None:
+    report = _gpipe_sim(tmp_path, "demo", "--processes", "2", "--steps", "2")
+    assert (report["schedule"], report["m"], report["n"], report["placement"]) == ("gpipe", 4, 2, [0, 1])
+    assert len(report["step_makespans"]) == 2
+
+
+@pytest.mark.slow
+def test_compare_on_two_processes_places_four_stages_by_the_layout(tmp_path: Path) -> None:
+    (tmp_path / "mymodel.py").write_text(MODEL)
+    report = _gpipe_sim(tmp_path, "compare", "mymodel:build", "--processes", "2", "--schedule", "interleaved-1f1b",
+                        "--stages", "4", "--chunks", "4", "--steps", "2")
+    assert (report["n"], report["placement"]) == (4, [0, 1, 0, 1])
+    assert sum(report["balance"]) == 5
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--processes", "1"], "--processes must be >= 2, got 1"),
+    (["--processes", "2", "--devices", "2"], "--processes runs a rank per schedule device"),
+])
+def test_bad_processes_are_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               args: list[str], message: str) -> None:
+    assert main(["demo", *args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
