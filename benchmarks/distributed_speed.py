@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from executor_speed import THREADS, Runner, Workload, _free_port, interleaved, ms, pipe_step, ratio, train_step  # noqa: E402
-from schedule_speed import SINGLE_STAGE, TORCH_SCHEDULES, balance_of, layout  # noqa: E402
+from executor_speed import THREADS, Runner, Workload, interleaved, ms, pipe_step, ratio, train_step  # noqa: E402
+from schedule_speed import SINGLE_STAGE, TORCH_SCHEDULES, _free_port, balance_of, layout  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from gpipe import GPipe  # noqa: E402
