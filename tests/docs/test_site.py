@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 from urllib.parse import urldefrag, urlparse
 
 import pytest
@@ -197,39 +198,76 @@ def test_every_page_loads_in_chromium(served: str) -> None:
 _STATE_JS = """JSON.stringify({key: document.getElementById('explorer-gantt').getAttribute('data-key'),
   spans: document.querySelectorAll('#explorer-gantt rect.span').length,
   lines: document.querySelectorAll('#explorer-memory polyline.memory').length,
+  weight: document.getElementById('explorer-weight').disabled,
   summary: document.getElementById('explorer-summary').textContent})"""
 
 
-def _pick(name: str, value: str) -> str:
-    return (f"(function () {{ var s = document.getElementById('explorer-{name}'); s.value = '{value}';"
+def _set(name: str, value: str) -> str:
+    """Move a control as a reader would: a select to ``value``, a slider to the index of ``value`` on its axis."""
+    return (f"(function () {{ var s = document.getElementById('explorer-{name}');"
+            f" s.value = s.tagName === 'SELECT' ? '{value}'"
+            f" : String(window.EXPLORER.axes['{name}'].indexOf('{value}'));"
             f" s.dispatchEvent(new Event('change')); return s.value; }})()")
+
+
+def _drawn(browser: Any, key: str) -> dict[str, Any]:
+    """The explorer's state once it drew ``key`` (a schedule's pack loads and inflates asynchronously)."""
+    import json
+
+    deadline = time.monotonic() + 20
+    while True:
+        state = json.loads(browser.evaluate(_STATE_JS))
+        if state["key"] == key or time.monotonic() > deadline:
+            return state
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's chromium at {CHROMIUM}")
 def test_the_explorer_redraws_the_simulators_run_when_a_control_changes(served: str) -> None:
-    import json
-
     from _cdp import Chromium
 
-    data = (ROOT / "docs" / "img" / "generated" / "explorer-data.js").read_text()
-    runs = json.loads(data[data.index("{"):data.rindex("}") + 1])["runs"]
+    from tests.docs.test_explorer import unpack
+
+    out = ROOT / "docs" / "img" / "generated"
+    packs = {name: unpack(out / f"explorer-{name}.js") for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")}
+
+    def run(name: str, key: str) -> dict[str, Any]:
+        return packs[name]["runs"][key]
+
+    def check(browser: Any, name: str, key: str) -> dict[str, Any]:
+        """The page drew the exported run ``key`` of ``name``: every task (and copy) a bar, its numbers."""
+        state = _drawn(browser, f"{name}|{key}")
+        shape = packs[name]["shapes"][key.rsplit("|", 3)[0]]
+        bars = sum(len(t.split()) for t in shape["tasks"])
+        bars += sum(len(c.split()) for c in shape["copies"]) if not key.endswith("|0.0") else 0
+        assert state["key"] == f"{name}|{key}" and state["spans"] == bars and state["lines"] == len(run(name, key)["k"])
+        r = run(name, key)
+        assert f"makespan {r['t'] / 480:g} forwards, bubble {100 * r['b']:.1f}%, {shape['stages']} stages" in state[
+            "summary"], state["summary"]
+        return state
+
     with Chromium(CHROMIUM) as browser:
         report = browser.load(served + "explorer/")
         assert not report.errors, report.errors
-        before = json.loads(browser.evaluate(_STATE_JS))
-        assert before["key"] == "gpipe|4|8|2.0|0.0|never"
-        run = runs[before["key"]]
-        assert before["spans"] == len(run["spans"]) and before["lines"] == 4
-        assert f"makespan {run['makespan']:g} forwards" in before["summary"]
-        assert browser.evaluate(_pick("schedule", "1f1b")) == "1f1b"
-        after = json.loads(browser.evaluate(_STATE_JS))
-        assert after["key"] == "1f1b|4|8|2.0|0.0|never" and after["summary"] != before["summary"]
-        assert runs[after["key"]]["peak"] != run["peak"]  # the memory curves changed with the schedule
-        browser.evaluate(_pick("m", "2"))
-        browser.evaluate(_pick("schedule", "interleaved-1f1b"))
-        assert runs["interleaved-1f1b|4|2|2.0|0.0|never"] is None  # m=2 < p=4: the generator refuses
-        gone = json.loads(browser.evaluate(_STATE_JS))
-        assert gone["spans"] == 0 and "does not take these settings" in gone["summary"]
-
+        check(browser, "gpipe", "4|1|8|never|2.0|-|0.0")
+        assert browser.evaluate(_set("schedule", "1f1b")) == "1f1b"
+        assert check(browser, "1f1b", "4|1|8|never|2.0|-|0.0")["weight"]  # no W in 1f1b: W's share is off
+        assert run("1f1b", "4|1|8|never|2.0|-|0.0")["k"] != run("gpipe", "4|1|8|never|2.0|-|0.0")["k"]
+        browser.evaluate(_set("schedule", "interleaved-1f1b"))
+        browser.evaluate(_set("v", "2"))  # two stages per device: eight stages, a smaller bubble
+        check(browser, "interleaved-1f1b", "4|2|8|never|2.0|-|0.0")
+        browser.evaluate(_set("copy", "0.25"))  # copies appear on the copy rows
+        check(browser, "interleaved-1f1b", "4|2|8|never|2.0|-|0.25")
+        browser.evaluate(_set("m", "6"))  # not a multiple of p: the generator refuses, the page says why
+        refused = _drawn(browser, "refused")
+        assert refused["spans"] == 0
+        assert refused["summary"] == "Refused: " + packs["interleaved-1f1b"]["shapes"]["4|2|6|never"]
+        browser.evaluate(_set("schedule", "zb-h1"))
+        browser.evaluate(_set("v", "1"))
+        assert not check(browser, "zb-h1", "4|1|6|never|2.0|0.5|0.25")["weight"]
+        browser.evaluate(_set("weight", "0.75"))  # more of the backward in W: another run, another makespan
+        check(browser, "zb-h1", "4|1|6|never|2.0|0.75|0.25")
+        assert run("zb-h1", "4|1|6|never|2.0|0.75|0.25")["t"] != run("zb-h1", "4|1|6|never|2.0|0.5|0.25")["t"]
+        assert not browser.load(served + "explorer/").errors

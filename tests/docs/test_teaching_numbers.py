@@ -34,12 +34,3 @@ def test_the_balancing_table_follows_the_general_formula() -> None:
     assert len(rows) == 2 and all(r[4] == r[5] for r in rows), rows  # simulated makespan == formula
     assert float(rows[1][3].split()[0]) < float(rows[0][3].split()[0])  # the block partition lowers the bottleneck
 
-
-def test_the_explorers_runs_are_the_simulators_closed_forms() -> None:
-    ex = _load("explorer")
-    assert ex.key(schedule="gpipe", p=4, m=8, backward=2.0, copy=0.0, checkpoint="never") == "gpipe|4|8|2.0|0.0|never"
-    for m, p in ((2, 2), (8, 4)):
-        run = ex._run("gpipe", p, m, 2.0, 0.0, "never")
-        assert run["makespan"] == (m + p - 1) * 3.0 and run["bubble"] == round((p - 1) / (m + p - 1), 4)
-        assert run["peak"] == [m * ex.SAVED] * p and len([s for s in run["spans"] if s[1] != "C"]) == 2 * m * p
-    assert ex._run("interleaved-1f1b", 4, 2, 2.0, 0.0, "never") is None  # refused by the generator, not drawn
