@@ -1,4 +1,5 @@
-"""The executor on CUDA devices: the same checks as on CPU, with several partitions sharing one GPU if need be.
+"""The executor on CUDA devices: the same checks as on CPU, with several partitions sharing one GPU if need be:
+every schedule (several stages per worker where it places them so) and the split backward included.
 
 Skipped without a GPU; unchanged on one (``pytest -m cuda``).
 """
@@ -6,13 +7,17 @@ Skipped without a GPU; unchanged on one (``pytest -m cuda``).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
+from torch import nn
 
 from gpipe import GPipe
-from gpipe.schedule import CHECKPOINT_MODES
-from tests.gpipe.models import convnet, mlp
+from gpipe.schedule import CHECKPOINT_MODES, Op, schedule_kind
+from gpipe.split import backward_input
+from tests.gpipe.models import convnet, mlp, skipnet
+from tests.gpipe.test_split_backward import _Matmuls
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -104,3 +109,59 @@ def test_random_draws_equal_under_every_policy_on_cuda() -> None:
     for schedule in ("gpipe", "1f1b"):
         for checkpoint in CHECKPOINT_MODES:
             torch.testing.assert_close(grads(checkpoint, schedule), reference)
+
+
+def _placed(schedule: str) -> list[str]:
+    """The devices the CPU tests give ``schedule`` (two workers for one with a layout, else four), all on the GPUs
+    there are: on one GPU every worker issues to ``cuda:0``."""
+    return _devices(2 if schedule_kind(schedule).place is not None else 4)
+
+
+@pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "looped-bfs", "zb-h1", "zb-v", "dualpipe-v"])
+@pytest.mark.parametrize("build", [mlp, skipnet], ids=["mlp", "skipnet"])
+def test_every_schedule_trains_like_the_plain_model_on_cuda(checkpoint: str, schedule: str,
+                                                            build: Callable[[], nn.Sequential]) -> None:
+    """Four stages, four micro-batches, several stages per worker where the schedule places them so: the loss and
+    every gradient equal the plain model's on the GPU, and each worker's CUDA-event spans follow its list."""
+    torch.manual_seed(0)
+    model = build().cuda()
+    reference = copy.deepcopy(model)
+    x, y = torch.randn(8, 6, device="cuda"), torch.randn(8, 3, device="cuda")
+    expected = nn.functional.mse_loss(reference(x), y)
+    expected.backward()
+    pipe = GPipe(model, [1, 1, 2, 1], devices=_placed(schedule), chunks=4, checkpoint=checkpoint, schedule=schedule,
+                 record=True)
+    loss = pipe.step(x, y, nn.functional.mse_loss)
+    torch.testing.assert_close(loss.to(expected.device), expected.detach())
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad.to(p.device))
+    timeline = pipe.timeline
+    assert timeline is not None and timeline.num_devices == pipe.schedule.num_devices
+    for d in range(timeline.num_devices):
+        assert timeline.task_order(d) == list(pipe.schedule.tasks[d])
+    assert any(s.task.op is Op.W for s in timeline.spans) == pipe.schedule.splits_weight_gradient
+
+
+def test_split_backward_on_cuda_runs_one_backward_and_gives_its_gradients() -> None:
+    """gpipe.split on the GPU: B's input gradient and W's weight gradients equal the plain backward's, and B + W run
+    each of its matrix multiplies once (Note [split backward] in gpipe.split)."""
+    torch.manual_seed(0)
+    stage = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).cuda()
+    x, grad = torch.randn(4, 8, device="cuda", requires_grad=True), torch.randn(4, 8, device="cuda")
+    out = stage(x)
+    with _Matmuls() as plain:
+        out.backward(grad)
+    expected = [p.grad.clone() for p in stage.parameters()]  # type: ignore[union-attr]
+    stage.zero_grad(set_to_none=True)
+    leaf = x.detach().requires_grad_()
+    out = stage(leaf)
+    with _Matmuls() as b:
+        (found,), kept = backward_input([out], [grad], [leaf], list(stage.parameters()))
+    assert all(p.grad is None for p in stage.parameters())
+    with _Matmuls() as w:
+        kept.accumulate()
+    torch.testing.assert_close(found, x.grad)
+    for p, q in zip(stage.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, q)
+    assert b.count + w.count == plain.count == 6 and b.count == 3
