@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -243,13 +243,27 @@ def _cost_dict(cost: CostModel) -> dict[str, Any]:
     }
 
 
-def write_outputs(outcome: Outcome, out: str | Path | OutputFolder) -> dict[str, str]:
+class Compared(Protocol):
+    """What :func:`write_outputs` draws and reports: both timelines, their comparison and a report (an
+    :class:`Outcome`, or the multi-process run's :class:`sim.calibration.processes.ProcessOutcome`)."""
+
+    @property
+    def predicted(self) -> Timeline: ...
+    @property
+    def measured(self) -> Timeline: ...
+    @property
+    def comparison(self) -> Comparison: ...
+    def report(self) -> dict[str, Any]: ...
+
+
+def write_outputs(outcome: Compared, out: str | Path | OutputFolder, measured_by: str = "executor") -> dict[str, str]:
     """Write ``timeline.png`` (predicted above measured), ``trace.json`` (both) and ``report.json`` into ``out``.
 
     Args:
         outcome: what to write.
         out: a folder checked before the run (:class:`sim.files.OutputFolder`), or a path: a folder
             written as if forced (files of these names replaced, stale ones of earlier runs removed).
+        measured_by: what ran the measured step, for the picture's title (``"2 processes"``).
 
     Returns:
         The paths written, by kind (``plot``, ``trace``, ``report``); the report lists them too.
@@ -259,7 +273,7 @@ def write_outputs(outcome: Outcome, out: str | Path | OutputFolder) -> dict[str,
     folder = out if isinstance(out, OutputFolder) else OutputFolder(out, OUTPUT_FILES, force=True)
     c = outcome.comparison
     titles = [f"predicted (simulator): makespan {c.predicted_makespan * 1e3:.2f} ms",
-              f"measured (executor): makespan {c.measured_makespan * 1e3:.2f} ms, "
+              f"measured ({measured_by}): makespan {c.measured_makespan * 1e3:.2f} ms, "
               f"error {c.makespan_error:+.1%}"]
     files = {"plot": str(folder.path / "timeline.png"), "trace": str(folder.path / "trace.json"),
              "report": str(folder.path / "report.json")}

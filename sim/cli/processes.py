@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sim.calibration.outcome import write_outputs
 from sim.calibration.processes import Build, ProcessOutcome, run_processes
 from sim.calibration.setup import Setup
 from sim.cli import CommandError
@@ -42,26 +43,12 @@ def check(args: argparse.Namespace, devices: object = None) -> None:
 
 def execute(build: Build, setup: Setup, args: argparse.Namespace, description: str, out: OutputFolder) -> int:
     """Run on ``args.processes`` ranks, write the files into ``out``, print the table (or the report)."""
-    from gpipe.plot import plot_side_by_side
-    from gpipe.timeline import chrome_trace
-
     print(f"spawning {args.processes} processes (gloo on loopback) ...", file=sys.stderr)
     try:
         outcome = run_processes(build, setup, args.processes, description=description)
     except ValueError as error:
         raise CommandError(str(error)) from None
-    c = outcome.comparison
-    titles = [f"predicted (simulator): makespan {c.predicted_makespan * 1e3:.2f} ms",
-              f"measured ({args.processes} processes): makespan {c.measured_makespan * 1e3:.2f} ms, "
-              f"error {c.makespan_error:+.1%}"]
-    files = {"plot": str(out.path / "timeline.png"), "trace": str(out.path / "trace.json"),
-             "report": str(out.path / "report.json")}
-    out.write_with("timeline.png", lambda path: plot_side_by_side([outcome.predicted, outcome.measured], path,
-                                                                  titles=titles))
-    out.write_json("trace.json", chrome_trace([outcome.predicted, outcome.measured], titles=["predicted",
-                                                                                           "measured"]))
-    out.write_json("report.json", {**outcome.report(), "files": files}, indent=1)
-    out.finish()
+    files = write_outputs(outcome, out, measured_by=f"{args.processes} processes")
     if args.json:
         print(json_text({**outcome.report(), "files": files}))
         return 0

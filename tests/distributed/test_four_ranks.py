@@ -16,20 +16,12 @@ from tests.distributed.ranks import Case, run
 WORLD = 4
 
 
-def _refused(name: str, checkpoint: str, n: int, m: int) -> bool:
-    try:
-        SCHEDULES[name](m, n, checkpoint, devices=WORLD).validate()  # type: ignore[arg-type]
-    except ValueError:
-        return True
-    return False
-
-
 CASES: dict[str, Case] = {}
 for _name, _kind in SCHEDULES.items():
     _model, _balance = ("chain8", [1] * 8) if _kind.place is not None else ("chain8", [2, 2, 2, 2])
     # the policies are each run at 2 ranks (test_two_ranks); here the one that recomputes all but the last
     for _checkpoint in ("except_last",):
-        if not _refused(_name, _checkpoint, len(_balance), 8):
+        if not cases.refused(_name, _checkpoint, len(_balance), 8, WORLD):
             CASES[f"{_name}-{_checkpoint}"] = functools.partial(
                 cases.train, schedule=_name, checkpoint=_checkpoint, model=_model, balance=_balance, m=8)
 CASES["skip-0-to-3"] = functools.partial(cases.train, schedule="1f1b", checkpoint="always", model="skip",

@@ -17,21 +17,13 @@ from tests.distributed.ranks import Case, run
 WORLD = 2
 
 
-def _refused(name: str, checkpoint: str, n: int, m: int) -> bool:
-    try:
-        SCHEDULES[name](m, n, checkpoint, devices=WORLD).validate()  # type: ignore[arg-type]
-    except ValueError:
-        return True
-    return False
-
-
 TRAIN: dict[str, Case] = {}
 for _name, _kind in SCHEDULES.items():
     for _model, (_one, _two) in {"mlp": ([3, 2], [1, 1, 2, 1]), "skip": ([2, 3], [1, 1, 1, 2])}.items():
         _balance = _two if _kind.place is not None else _one
         # every policy on the plain model; skips cross ranks under one (recomputed) policy, which is what they add
         for _checkpoint in CHECKPOINT_MODES if _model == "mlp" else ("always",):
-            if not _refused(_name, _checkpoint, len(_balance), 4):
+            if not cases.refused(_name, _checkpoint, len(_balance), 4, WORLD):
                 TRAIN[f"{_name}-{_checkpoint}-{_model}"] = functools.partial(
                     cases.train, schedule=_name, checkpoint=_checkpoint, model=_model, balance=_balance, m=4)
 TRAIN["gpipe-tuple"] = functools.partial(cases.train, schedule="gpipe", checkpoint="always", model="tuple",
