@@ -6,7 +6,9 @@ P40s, a batch of 32 images of 3x192x192, SGD without momentum (parameters and gr
 (``torch.cuda.max_memory_cached``). Each configuration is evaluated exactly as published: its balance pinned, one
 replica, its chunks (torchgpipe cuts 32 samples into at most 32 micro-batches, so pipeline-8's 128 chunks run as
 32). The goal: parameter and layer counts exact, memory within 10%; and the planner says whether the next size up
-(B + 1, C), balanced by the planner on the same devices, would still fit.
+(B + 1, C), balanced by the planner on the same devices, would still fit. torchgpipe copies each micro-batch on
+a copy stream of its own, so the plan counts each stream's reservation (Note [a copy stream per micro-batch] in
+:mod:`sim.planning.memory`).
 
 Run: ``.venv/bin/python benchmarks/unet_memory.py``; writes ``benchmarks/results/unet_memory.json``.
 """
@@ -14,6 +16,7 @@ Run: ``.venv/bin/python benchmarks/unet_memory.py``; writes ``benchmarks/results
 from __future__ import annotations
 
 import json
+import platform
 import sys
 import time
 from pathlib import Path
@@ -50,7 +53,8 @@ def _profile(blocks: int, channels: int) -> ModelProfile:
 def _row(profile: ModelProfile, gpus: int, balance: tuple[int, ...] | None, chunks: int, checkpoint: str) -> PlanRow:
     """The configuration as torchgpipe ran it: GPipe, one replica, the balance pinned (``None``: the planner's)."""
     result = plan(profile, BATCH, "tesla-p40", [gpus], "pcie", training="fp32-sgd", chunks=[min(chunks, BATCH)],
-                  checkpoints=[checkpoint], schedules=["gpipe"], stages=[gpus], replicas=[1], balance=balance)
+                  checkpoints=[checkpoint], schedules=["gpipe"], stages=[gpus], replicas=[1], balance=balance,
+                  copy_streams="per_microbatch")
     return result.rows[0]
 
 
@@ -102,7 +106,13 @@ def main() -> int:
     print(f"parameters exact and memory within {TOLERANCE:.0%}: {'yes' if within else 'NO'}")
     out = Path(__file__).resolve().parent / "results" / "unet_memory.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "within_tolerance": within,
+    machine = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+               "torch": torch.__version__}
+    note = ("Predicted by the planner (no GPU runs): GPipe with torchgpipe's copy streams "
+            "(copy_streams='per_microbatch'); published: torchgpipe benchmarks/unet-memory on Tesla P40s.")
+    out.write_text(json.dumps({"command": ".venv/bin/python benchmarks/unet_memory.py",
+                               "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine, "note": note,
+                               "rows": rows, "within_tolerance": within,
                                "seconds": time.perf_counter() - start}, indent=1))
     print(f"wrote {out}")
     return 0

@@ -39,6 +39,7 @@ from sim.planning.buyer import Answer, answer
 from sim.planning.costs_from_flops import training_policy
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.hardware import get_device
+from sim.planning.memory import COPY_STREAMS
 from sim.planning.models import get_model
 from sim.planning.plan import VIRTUAL, Plan, PlanRow, check_request, default_training, plan, resolve_link
 
@@ -94,6 +95,9 @@ def add_parser(subparsers: Any) -> None:
                    help="fraction of peak compute and bandwidth reached, replacing the catalog's")
     p.add_argument("--objective", choices=("throughput", "cost"), default="throughput",
                    help="what 'best' means (cost needs --price; default: throughput)")
+    p.add_argument("--copy-streams", choices=COPY_STREAMS, default="shared",
+                   help="copies onto a device: on one shared stream (this executor; default) or on a stream per "
+                        "micro-batch (torchgpipe), each keeping its own reservation")
     p.add_argument("--top", type=int, default=20, metavar="K", help="rows to print (default: 20; 0: all)")
     p.add_argument("--json", action="store_true", help="print the whole plan as one JSON object")
     p.add_argument("--out", default=None, metavar="DIR",
@@ -313,7 +317,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     result = plan(profile, args.batch, device, gpus, link, training=training, chunks=chunks,
                   checkpoints=checkpoints, schedules=schedules, virtual=virtual, price_per_gpu_hour=price,
                   objective=args.objective, model_name=name, balance=balance, replicas=replicas,
-                  progress=not args.no_progress and sys.stderr.isatty())
+                  progress=not args.no_progress and sys.stderr.isatty(), copy_streams=args.copy_streams)
     return result, out
 
 

@@ -5,9 +5,12 @@ task of its list runs (Note [peak as the allocator sees it])::
 
     parameters + optimizer state + gradients accumulated so far      (model state)
   + bytes saved for backward, as the simulator holds them             (Note [memory] in sim.core.memory)
-  + the running task's working set: the largest layer input plus the output it allocates (its gradients in B)
+  + the running task's working set: the largest layer input plus the output it allocates (its gradients in B,
+    and the weight gradient autograd makes before adding it into ``.grad``: Note [accumulated weight gradients])
   + the library's workspace
     rounded as the caching allocator rounds (Note [allocator rounding])
+  + with torchgpipe's copy streams, what each micro-batch's stream keeps reserved (Note [a copy stream per
+    micro-batch])
 
 The peak is over the device's task order, the simulator's own :class:`~sim.core.memory.Memory` replayed, so it is
 the peak over the step and never a sum of maxima.
@@ -16,7 +19,7 @@ the peak over the step and never a sum of maxima.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gpipe.schedule import Op, Schedule
@@ -25,8 +28,8 @@ from sim.core.memory import Memory
 from sim.core.tables import B, F, R, W
 from sim.planning.counts import ModelProfile
 
-__all__ = ["BLOCK_BYTES", "SEGMENT_BYTES", "MemoryParts", "device_memory", "round_block", "round_segment",
-           "stage_working_bytes", "workspace_bytes"]
+__all__ = ["BLOCK_BYTES", "COPY_STREAMS", "SEGMENT_BYTES", "MemoryParts", "copy_stream_bytes", "device_memory",
+           "round_block", "round_segment", "stage_backward_working_bytes", "stage_working_bytes", "workspace_bytes"]
 
 MiB = 2**20
 # Note [allocator rounding]: PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp) rounds every
@@ -41,6 +44,9 @@ SEGMENT_BYTES = 2 * MiB
 # CUBLAS_WORKSPACE_CONFIG is ":4096:8" (32 MiB) on Hopper and ":4096:2:16:8" (8 MiB + 128 KiB) before it
 # (aten/src/ATen/cuda/CublasHandlePool.cpp). cuDNN's convolution workspace varies by algorithm and is not modelled.
 _HOPPER = ("h100", "h200")
+#: Where copies onto a device are allocated: ``shared`` (this project's executor: one copy stream per device, its
+#: blocks counted with the saved bytes) or ``per_microbatch`` (torchgpipe: Note [a copy stream per micro-batch]).
+COPY_STREAMS = ("shared", "per_microbatch")
 
 
 def round_block(nbytes: float) -> int:
@@ -81,6 +87,54 @@ def stage_working_bytes(profile: ModelProfile, balance: Sequence[int], microbatc
     return out
 
 
+# Note [accumulated weight gradients]: when a parameter's ``.grad`` exists (every backward of a stage after its first
+# in a step, or every one when gradients are not reset to None), autograd's AccumulateGrad adds the new gradient in
+# place, so the layer's whole weight gradient is allocated before it is added and freed. A backward's working set is
+# then its layer's input and output gradients plus that layer's weight gradient; the first backward of a stage
+# instead keeps the gradient it makes as ``.grad`` (counted in ``gradients``).
+def stage_backward_working_bytes(profile: ModelProfile, balance: Sequence[int], microbatch: int,
+                                 gradient_bytes: int) -> list[int]:
+    """Each stage's backward working set when ``.grad`` exists: the largest ``input + new output + weight gradient``.
+
+    ``gradient_bytes``: bytes per parameter of a gradient (Note [accumulated weight gradients]).
+    """
+
+    def at(q: tuple[float, float]) -> float:
+        return max(q[0] + q[1] * microbatch, 0.0)
+
+    out, start = [], 0
+    for size in balance:
+        layers = profile.layers[start:start + size]
+        out.append(round_block(max(at(x.input_bytes) + at(x.output_bytes if x.new_output_bytes is None
+                                                          else x.new_output_bytes) + x.parameters * gradient_bytes
+                                   for x in layers)))
+        start += size
+    return out
+
+
+# Note [a copy stream per micro-batch]: torchgpipe copies micro-batch i onto a device on a stream of its own
+# (``copy_streams[j][i]``): the stage input in the forward, the gradient of the stage output in the backward (both
+# live at B(i, j)). PyTorch's caching allocator only reuses a cached block on the stream that allocated it, so each
+# of the m streams keeps its own reservation, ``input + output gradient`` rounded up to whole 2 MiB, and these add
+# over micro-batches instead of being reused. From the second step on every one is reserved from the start, so the
+# sum is counted at every task; a checkpointed input is counted there and not again in ``saved``.
+def copy_stream_bytes(schedule: Schedule, stages: Sequence[StageCost], scales: Sequence[float] = ()) -> list[int]:
+    """Per device, the bytes its per-micro-batch copy streams keep reserved (Note [a copy stream per micro-batch])."""
+    n, placement = schedule.n, schedule.placement
+    out = []
+    for d in range(schedule.num_devices):
+        received = [(j > 0 and placement[j - 1] != d, j < n - 1 and placement[j + 1] != d) for j in range(n)]
+        total = 0
+        for i in range(schedule.m):
+            scale = scales[i] if scales else 1.0
+            stream = sum(round_block(stages[j].checkpoint_bytes * scale) * fwd
+                         + round_block(stages[j].send_bytes * scale) * bwd
+                         for j in schedule.stages_on(d) for fwd, bwd in [received[j]])
+            total += round_segment(stream)
+        out.append(total)
+    return out
+
+
 @dataclass(frozen=True)
 class MemoryParts:
     """One device's memory at its peak, in bytes, part by part.
@@ -94,6 +148,8 @@ class MemoryParts:
         workspace: the library's workspace (cuBLAS).
         rounding: what the allocator's rounding adds (Note [allocator rounding]).
         task: the task running at the peak (``"B(3,1)"``), ``""`` before the first.
+        copies: what per-micro-batch copy streams keep reserved (Note [a copy stream per micro-batch]); 0 with
+            a shared copy stream.
     """
 
     parameters: int
@@ -104,6 +160,7 @@ class MemoryParts:
     workspace: int
     rounding: int
     task: str = ""
+    copies: int = 0
 
     @property
     def model_state(self) -> int:
@@ -111,7 +168,7 @@ class MemoryParts:
 
     @property
     def total(self) -> int:
-        return self.model_state + self.saved + self.working + self.workspace + self.rounding
+        return self.model_state + self.saved + self.working + self.workspace + self.rounding + self.copies
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "model_state": self.model_state, "total": self.total}
@@ -126,7 +183,8 @@ _OPCODE = {Op.F: F, Op.B: B, Op.R: R, Op.W: W}
 # first W when the backward is split), when autograd allocates them; the workspace from the first task. Saved bytes
 # and working sets scale with an uneven last micro-batch as the simulator's do.
 def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequence[int], workspace: int = 0,
-                  scales: Sequence[float] = ()) -> list[MemoryParts]:
+                  scales: Sequence[float] = (), backward_working: Sequence[int] = (),
+                  copy_streams: str = "shared") -> list[MemoryParts]:
     """The peak of each device of ``schedule`` as the allocator sees it (Note [peak as the allocator sees it]).
 
     Args:
@@ -135,17 +193,30 @@ def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
         working: each stage's working set per micro-batch (:func:`stage_working_bytes`).
         workspace: bytes of the library's workspace per device (:func:`workspace_bytes`).
         scales: per micro-batch factor on saved bytes and working sets (an uneven last chunk); ``()``: all 1.
+        backward_working: each stage's working set in a backward that accumulates into ``.grad``
+            (:func:`stage_backward_working_bytes`); ``()``: ``working``.
+        copy_streams: one of :data:`COPY_STREAMS` (Note [a copy stream per micro-batch]).
 
     Raises:
-        ValueError: ``stages`` or ``working`` does not have one entry per stage.
+        ValueError: ``stages``, ``working`` or ``backward_working`` does not have one entry per stage, or an
+            unknown ``copy_streams``.
     """
     n = schedule.n
-    if len(stages) != n or len(working) != n:
-        raise ValueError(f"the schedule has {n} stages but got {len(stages)} stage costs and {len(working)} "
-                         "working sets; give one of each per stage")
+    if len(stages) != n or len(working) != n or len(backward_working) not in (0, n):
+        raise ValueError(f"the schedule has {n} stages but got {len(stages)} stage costs, {len(working)} working "
+                         f"sets and {len(backward_working)} backward working sets; give one of each per stage")
+    if copy_streams not in COPY_STREAMS:
+        raise ValueError(f"copy_streams must be one of {', '.join(COPY_STREAMS)}, got {copy_streams!r}")
+    accumulating = list(backward_working) if backward_working else list(working)
     devices = schedule.num_devices
     split = schedule.splits_weight_gradient
     checkpointed = [int(schedule.is_checkpointed(i)) for i in range(schedule.m)]
+    copies = [0] * devices
+    if copy_streams == "per_microbatch":
+        copies = copy_stream_bytes(schedule, stages, scales)
+        # Note [a copy stream per micro-batch]: a received checkpointed input lives on its copy stream
+        stages = [replace(s, checkpoint_bytes=0) if j > 0 and schedule.placement[j - 1] != schedule.placement[j]
+                  else s for j, s in enumerate(stages)]
     memory = Memory(stages, devices, checkpointed, list(scales) if scales else None, W if split else B)
     grad_op = Op.W if split else Op.B
     out = []
@@ -153,7 +224,8 @@ def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
         mine = schedule.stages_on(d)
         params = sum(round_block(stages[j].parameter_bytes) for j in mine)
         optimizer = sum(round_block(stages[j].optimizer_bytes) for j in mine)
-        best = MemoryParts(params, optimizer, 0, 0, 0, 0, round_segment(params + optimizer) - params - optimizer)
+        best = MemoryParts(params, optimizer, 0, 0, 0, 0, round_segment(params + optimizer) - params - optimizer,
+                           copies=copies[d])
         grads: set[int] = set()
         for k, task in enumerate(schedule.tasks[d]):
             op, i, j = _OPCODE[task.op], task.microbatch, task.stage
@@ -161,15 +233,17 @@ def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
                 memory.hold(d, i, j, stages[j].saved_bytes, float(k))
             if op == F:
                 memory.after(d, op, i, j, float(k))
+            scale = scales[i] if scales else 1.0
+            # Note [accumulated weight gradients]: the stage's .grad exists, so its new weight gradient is extra
+            size = accumulating[j] if task.op is grad_op and j in grads else working[j]
             if task.op is grad_op:
                 grads.add(j)
-            scale = scales[i] if scales else 1.0
-            live = 0 if op == W else round_block(working[j] * scale)
+            live = 0 if op == W else round_block(size * scale)
             gradients = sum(round_block(stages[s].gradient_bytes) for s in grads)
             raw = params + optimizer + gradients + memory.current[d] + live + workspace
-            if raw > best.total - best.rounding or not best.task:  # rounding is monotone: the largest raw peak
+            if raw > best.total - best.rounding - best.copies or not best.task:  # rounding is monotone
                 best = MemoryParts(params, optimizer, gradients, memory.current[d], live, workspace,
-                                   round_segment(raw) - raw, str(task))
+                                   round_segment(raw) - raw, str(task), copies[d])
             if op != F:
                 memory.after(d, op, i, j, float(k))
         out.append(best)

@@ -29,7 +29,14 @@ from sim.core.link import LinkSpec
 from sim.planning.costs_from_flops import FlopCosts, Training, training_policy
 from sim.planning.flops import ModelProfile
 from sim.planning.hardware import LINKS, DeviceSpec, get_device, get_link
-from sim.planning.memory import MemoryParts, device_memory, stage_working_bytes, workspace_bytes
+from sim.planning.memory import (
+    COPY_STREAMS,
+    MemoryParts,
+    device_memory,
+    stage_backward_working_bytes,
+    stage_working_bytes,
+    workspace_bytes,
+)
 from sim.planning.partition import block_partition
 from sim.planning.replicas import step_seconds
 
@@ -277,7 +284,7 @@ def _per_device(values: Sequence[float], placement: Sequence[int], devices: int)
 
 def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimConfig,
          balances: dict[tuple[int, int, str, int], tuple[int, ...]], price: float | None,
-         why: dict[str, str], pinned: tuple[int, ...] | None = None) -> PlanRow | None:
+         why: dict[str, str], pinned: tuple[int, ...] | None = None, copy_streams: str = "shared") -> PlanRow | None:
     try:
         schedule = _make_schedule(p)
     except ValueError as exc:  # a shape the generator does not take (e.g. chunks not a multiple of devices)
@@ -302,7 +309,9 @@ def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimCon
     state = [int(x) for x in _per_device([s.model_state_bytes for s in cost.stages], placement, devices)]
     activations = [timeline.peak_memory(d) for d in range(devices)]
     parts = device_memory(schedule, cost.stages, stage_working_bytes(costs.profile, balance, mb),
-                          workspace_bytes(costs.device.name), scale)
+                          workspace_bytes(costs.device.name), scale,
+                          stage_backward_working_bytes(costs.profile, balance, mb, costs.training.gradient_bytes),
+                          copy_streams)
     memory = [x.total for x in parts]
     updates = _per_device(costs.update_seconds(balance), placement, devices)
     step, exposed = step_seconds(schedule, timeline, [s.gradient_bytes for s in cost.stages], updates,
@@ -334,7 +343,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
          virtual: Sequence[int] = VIRTUAL, balance: Sequence[int] | None = None,
          replicas: Sequence[int] | None = None,
          price_per_gpu_hour: float | None = None, objective: str = "throughput",
-         kernel_seconds: float | None = None, model_name: str = "", progress: bool = False) -> Plan:
+         kernel_seconds: float | None = None, model_name: str = "", progress: bool = False,
+         copy_streams: str = "shared") -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
 
     Args:
@@ -359,6 +369,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
         kernel_seconds: fixed cost per kernel; ``None``: the device's (:mod:`sim.planning.costs_from_flops`).
         model_name: for the result's display.
         progress: show a ``tqdm`` progress bar on stderr.
+        copy_streams: ``shared`` (this project's executor) or ``per_microbatch`` (torchgpipe's copy streams; Note
+            [a copy stream per micro-batch] in :mod:`sim.planning.memory`).
 
     Returns:
         A :class:`Plan`; its ``best`` row is the fastest (or cheapest) configuration that fits.
@@ -366,8 +378,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     Raises:
         KeyError: unknown device, link or training policy.
         ValueError: a batch below 1 or below the chunks asked for, fewer than one GPU, an unknown
-            checkpoint mode, schedule or objective, a price below 0, a balance that does not cover the
-            model's layers, or nothing to sweep.
+            checkpoint mode, schedule, objective or copy streams, a price below 0, a balance that does not
+            cover the model's layers, or nothing to sweep.
     """
     dev = get_device(device) if isinstance(device, str) else device
     policy = default_training(dev) if training is None else training_policy(training) \
@@ -376,6 +388,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     # by default every registered schedule, several stages per device where it has a layout (Note [virtual stages])
     schedules = tuple(SCHEDULES) if schedules is None else tuple(schedules)
     _check(profile, batch, gpus, chunks, checkpoints, schedules, policy)
+    if copy_streams not in COPY_STREAMS:
+        raise ValueError(f"copy_streams must be one of {', '.join(COPY_STREAMS)}, got {copy_streams!r}")
     if objective not in ("throughput", "cost"):
         raise ValueError(f"objective must be 'throughput' or 'cost', got {objective!r}")
     if price_per_gpu_hour is not None and not 0 <= price_per_gpu_hour < math.inf:
@@ -389,7 +403,7 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     costs = FlopCosts(profile, dev, policy, kernel_seconds)
     config = SimConfig(link=lk)
     balances: dict[tuple[int, int, str, int], tuple[int, ...]] = {}
-    run = [_run(p, costs, batch, lk, config, balances, price_per_gpu_hour, why, pinned)
+    run = [_run(p, costs, batch, lk, config, balances, price_per_gpu_hour, why, pinned, copy_streams)
            for p in _progress(points, progress)]
     rows = [r for r in run if r is not None]
     if not rows:

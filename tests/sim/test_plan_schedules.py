@@ -198,9 +198,12 @@ def test_memory_per_device_follows_the_schedule(profile: ModelProfile) -> None:
         assert row.memory_bytes == tuple(p.total for p in row.memory_parts)
         for d, part in enumerate(row.memory_parts):
             assert part.total % SEGMENT_BYTES == 0 and 0 <= part.rounding < SEGMENT_BYTES
-            if name in ("gpipe", "1f1b"):  # the peak: the first backward, every saved byte still held
-                assert part.saved == row.activation_bytes[d] and part.task.startswith("B")
-                assert part.model_state == row.model_state_bytes[d]  # its gradients just allocated
+            if name in ("gpipe", "1f1b"):  # the peak: a backward, all gradients allocated
+                assert part.task.startswith("B") and part.model_state == row.model_state_bytes[d]
+                # the first with every saved byte held, or (Note [accumulated weight gradients] in
+                # sim.planning.memory) a later one whose new weight gradient outweighs the activation freed since
+                assert part.saved == row.activation_bytes[d] or (part.saved < row.activation_bytes[d] and
+                                                                 part.working > part.saved)
     raw = {k: [p.total - p.rounding for p in r.memory_parts] for k, r in rows.items()}
     assert raw[("1f1b", 1)] < raw[("gpipe", 1)] and raw[(LOOPED, 2)] <= raw[("gpipe", 1)]
 
