@@ -227,6 +227,8 @@ def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
         best = MemoryParts(params, optimizer, 0, 0, 0, 0, round_segment(params + optimizer) - params - optimizer,
                            copies=copies[d])
         grads: set[int] = set()
+        gradients = 0  # of the stages in grads, kept as they join (a sweep replays thousands of lists)
+        grad_bytes = {j: round_block(stages[j].gradient_bytes) for j in mine}
         for k, task in enumerate(schedule.tasks[d]):
             op, i, j = _OPCODE[task.op], task.microbatch, task.stage
             if op == R:
@@ -236,10 +238,10 @@ def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
             scale = scales[i] if scales else 1.0
             # Note [accumulated weight gradients]: the stage's .grad exists, so its new weight gradient is extra
             size = accumulating[j] if task.op is grad_op and j in grads else working[j]
-            if task.op is grad_op:
+            if task.op is grad_op and j not in grads:
                 grads.add(j)
+                gradients += grad_bytes[j]
             live = 0 if op == W else round_block(size * scale)
-            gradients = sum(round_block(stages[s].gradient_bytes) for s in grads)
             raw = params + optimizer + gradients + memory.current[d] + live + workspace
             if raw > best.total - best.rounding - best.copies or not best.task:  # rounding is monotone
                 best = MemoryParts(params, optimizer, gradients, memory.current[d], live, workspace,
