@@ -609,29 +609,37 @@ spread, look at `makespans`; to shrink it, close other programs, or compare seve
 ABLATION = [
     """md:# The paper's ablations
 
-torchgpipe's paper adds its components one at a time to a U-Net on 4 GPUs with chunks 8: fork/join (the
-*dependency*), copy *streams* and *portals* for the skip connections, and reports throughput and GPU utilisation
-after each. `sim.planning.ablation` reproduces the experiment in the simulator, with U-Net-*like* costs (assumptions, not
-measurements: read the module's note). In this notebook you will
+torchgpipe's paper adds its components one at a time to U-Net (5, 64) on 4 Tesla P40s with chunks 8: fork/join
+(the *dependency*), copy *streams* and *portals* for the skip connections, and reports throughput and GPU
+utilisation after each. `sim.planning.ablation_counted` rebuilds the experiment without assuming a single cost: it
+counts the project's own U-Net on the `meta` device, times every kernel by the catalog's P40 and reads the copies'
+bytes off the real boundary tensors; `sim.planning.ablation` simulates the four steps. In this notebook you will
 
 1. run the ablation and set it beside the published figures,
 2. look at the four timelines,
-3. change the assumptions and see which step each one moves.""",
+3. change one counted cost at a time and see which step each one moves.""",
     setup(pyplot=False),
     """from IPython.display import Markdown, display
 
-from sim.planning.ablation import STEPS, UNET, run, simulate_step
+from sim.planning.ablation import STEPS, run, simulate_step
+from sim.planning.ablation_counted import counted_unet
 
-display(Markdown(UNET.describe()))
+unet = counted_unet()  # counts U-Net (5, 64) once: a few seconds
+display(Markdown(unet.describe()))
 print(f"{'step':14} {'simulated':>10} {'published':>10} {'util sim':>9} {'util paper':>11}")
-for r in run():
+for r in run(unet):
     print(f"{r.step:14} {r.throughput:>10.1f} {r.published_throughput:>10.1f} {r.utilisation:>9.0%} "
           f"{r.published_utilisation:>11.0%}")""",
-    """md:## The four timelines""",
+    """md:Every simulated throughput is well below the paper's. The [ablation page](../ablation.md) shows why: the
+counted kernels take about 1.5 times as long as a P40 really runs them (torchgpipe's one-GPU U-Net benchmark says
+so, with no pipeline involved), and the paper's baseline pays more for its missing fork/join than the simulator's
+model of it. The *steps* are what the simulator is about; read them below.
+
+## The four timelines""",
     """from gpipe.plot import plot_side_by_side
 
-timelines = [simulate_step(step) for step in STEPS]
-titles = [f"{s.name}: {t.makespan * 1e3:.0f} ms" for s, t in zip(STEPS, timelines, strict=True)]
+timelines = [simulate_step(step, unet) for step in STEPS]
+titles = [f"{s.name}: {t.makespan:.2f} s" for s, t in zip(STEPS, timelines, strict=True)]
 plot_side_by_side(timelines, titles=titles, labels=False);""",
     """md:Read them top to bottom:
 
@@ -639,11 +647,12 @@ plot_side_by_side(timelines, titles=titles, labels=False);""",
   compute streams of both devices;
 - **+ dependency**: the backward phase overlaps across devices again;
 - **+ streams**: copies leave the compute streams and overlap compute;
-- **+ portals**: the skip tensors no longer ride along every boundary, so each copy is shorter.
+- **+ portals**: the two long skips no longer ride along every boundary, so the copies of stages 0 and 1 shrink.
 
-## Changing the assumptions
+## Changing one cost
 
-`UNET` is a frozen dataclass; `dataclasses.replace` gives a changed copy, and `run(setup)` simulates it.""",
+`counted_unet()` returns a `UNetSetup`: the counted numbers as plain per-stage seconds and bytes. It is a frozen
+dataclass; `dataclasses.replace` gives a changed copy, and `run(setup)` simulates it.""",
     """from dataclasses import replace
 
 from sim.planning.hardware import get_link
@@ -655,8 +664,8 @@ def show(setup, title):
         print(f"  {r.step:14} {r.throughput:6.1f} samples/s  {r.utilisation:4.0%}")
 
 
-show(UNET, "as assumed (PCIe 3.0)")
-show(replace(UNET, link=get_link("nvlink2")), "NVLink 2.0")""",
+show(unet, "as counted (PCIe 3.0)")
+show(replace(unet, link=get_link("nvlink2")), "NVLink 2.0")""",
     """md:## Exercises
 
 **1.** On NVLink the *streams* step is worth much less than on PCIe. Why?""",
@@ -665,38 +674,53 @@ is little copy time left to hide: putting copies on their own streams saves what
 The *dependency* step is still worth as much, because it is about *when* a gradient is sent, not how long it takes."""),
     """# Exercise 1: your code here
 """,
-    """md:**2.** Make every copy free (`activation_bytes` and `skip_bytes` all zero). Which steps still help?""",
+    """md:**2.** Make every copy free (`activation_bytes` all zero, no `skips`). Which steps still help?""",
     "md:" + _answer("""Only *+ dependency*. Without copy time there is nothing for copy streams to hide and no bytes for
 portals to save, but the missing fork/join still delays every gradient by one backward:
 
 ```python
-show(replace(UNET, activation_bytes=(0, 0, 0), skip_bytes=(0, 0, 0)), "free copies")
+show(replace(unet, activation_bytes=(0, 0, 0), skips=()), "free copies")
 ```"""),
     """# Exercise 2: your code here
 """,
-    """md:**3.** Double the skip tensors (`skip_bytes`). Which step changes most, and why does the last configuration
-not change at all?""",
-    "md:" + _answer("""The configurations without portals slow down (their boundaries carry the skips), most of all the
-two without copy streams, where every byte is paid on the compute streams; *+ portals* is unchanged, because with
-portals the skips do not ride along the boundaries (and the simulator leaves the portal's own copy out, as if
-hidden behind compute). So the *portals* step grows from a few percent to more than ten:
+    """md:**3.** Double every skip tensor (`skips`, each a `Skip(source, destination, bytes)`). Which steps change
+most, and why does the last one hardly move?""",
+    "md:" + _answer("""The two steps without copy streams slow down most: their boundaries carry the skips, and every
+byte is paid on the compute streams of both devices. *+ streams* loses a little (its copies are longer but mostly
+hidden), and *+ portals* hardly moves: the long skips no longer cross the boundaries, and the short ones, stage 1 to
+2, ride copy streams behind compute. So the *portals* step grows:
 
 ```python
-show(replace(UNET, skip_bytes=tuple(2 * b for b in UNET.skip_bytes)), "skips twice as large")
+show(replace(unet, skips=tuple(replace(s, bytes=2 * s.bytes) for s in unet.skips)), "skips twice as large")
 ```"""),
     """# Exercise 3: your code here
 """,
-    """md:**4.** Cut the same mini-batch into 16 chunks instead of 8 (`UNET.rechunked(16)`). What happens to the
-baseline and to the full configuration, and what does the simulator leave out that would temper the gain?""",
-    "md:" + _answer("""Both improve (the bubble shrinks from `3/11` to `3/19`), the full configuration most, to about
-65 samples/s. The simulator scales every task by `8/16` exactly, but real kernels get less efficient as
-micro-batches shrink and every task and copy pays fixed overheads, so the real gain is smaller; a per-task host
-cost in the cost model (`sim.calibration.host.with_overheads(cost, Overheads(task=...))`) is the place to try that:
+    """md:**4.** Cut the same mini-batch into 16 and then 32 chunks (`counted_unet(chunks=16)`). The bubble shrinks
+from `3/11` to `3/19` to `3/35`; why does 32 gain so little over 16?""",
+    "md:" + _answer("""The setup is counted again at each micro-batch size, and every kernel pays a fixed cost and
+runs narrower GEMMs as the micro-batch shrinks (Note [small micro-batches] in `sim.planning.costs_from_flops`): at 4
+samples per micro-batch the kernels are less efficient, which eats most of what the smaller bubble gives back.
 
 ```python
-show(UNET.rechunked(16), "chunks 16")
+show(counted_unet(chunks=16), "chunks 16")
+show(counted_unet(chunks=32), "chunks 32")
 ```"""),
     """# Exercise 4: your code here
+""",
+    """md:**5.** `one_device_throughput()` predicts torchgpipe's one-P40 U-Net benchmark (`ONE_P40`: batch 40,
+28.5 samples/s) from the same counts. Scale every compute second by the ratio (`unet.scaled_compute(...)`): which
+steps come close to the paper, and which one stays far off?""",
+    "md:" + _answer("""*+ streams* and *+ portals* come within a few percent of the paper, *+ dependency* near 10%; the
+baseline stays far above it. So the kernel speed explains the later steps, and the paper's baseline pays more for
+its missing fork/join than the simulator's one-backward-late model (its memory, 52.2 GiB against 19.1 GiB, shows
+that it ran in a very different order):
+
+```python
+from sim.planning.ablation_counted import ONE_P40, one_device_throughput
+
+show(unet.scaled_compute(one_device_throughput() / ONE_P40[1]), "kernels at the one-GPU speed")
+```"""),
+    """# Exercise 5: your code here
 """,
 ]
 

@@ -1,34 +1,36 @@
-"""The torchgpipe paper's U-Net ablation (Kim et al., 2020), reproduced in simulation.
+"""The torchgpipe paper's U-Net ablation (Kim et al., 2020) in simulation: the steps, the costs, the run.
 
-The paper trains a U-Net on 4 GPUs with chunks 8 and adds its design components one at a time; the
-published throughput and GPU utilisation are::
+torchgpipe trains U-Net (5, 64) on 4 Tesla P40s (balance [34, 76, 70, 61], chunks 8, mini-batch 128;
+``benchmarks/unet-timeline``) and adds its design components one at a time; the published throughput and
+GPU utilisation are::
 
     step            what is added                                 samples/s   utilisation
-    baseline        neither fork/join nor copy streams              30.7          44%
-    + dependency    fork/join: backward order enforced              41.3          59%
-    + streams       copies on copy streams                          55.2          71%
-    + portals       skip tensors sent straight to their consumer    58.5          75%
+    baseline        neither fork/join nor copy streams              30.662        44%
+    + dependency    fork/join: backward order enforced              41.306        59%
+    + streams       copies on copy streams                          55.191        71%
+    + portals       skip tensors sent straight to their consumer    58.477        75%
 
-Here each step is one :class:`sim.core.engine.SimConfig` and one cost model of a U-Net-like pipeline
-(:data:`UNET`). Without portals a skip tensor is threaded through every partition between the one that
-stashes it and the one that pops it, so it is modelled as what it costs on the wire: its bytes added to
-the activation sent across every boundary it crosses. With portals it is one copy on a copy stream,
-straight from source to destination, concurrent with compute; the simulator has no separate skip copy,
-so that copy is left out (as if fully hidden behind compute), a slight overestimate of the last step.
-The costs are assumptions, not the paper's measurements (Note [what is assumed]); :func:`run` runs every step.
+Each step is one :class:`sim.core.config.SimConfig` and one cost model, a :class:`UNetSetup`: explicit per-stage
+seconds and bytes, which :func:`sim.planning.ablation_counted.counted_unet` fills from the counted model. Without
+portals a skip tensor rides in the activation tuple across every boundary between the stage that stashes it and
+the one that pops it, so its bytes join every copy it crosses. With portals it is one copy of its own, on the
+copy streams between its two devices (Note [portal copies]): a skip to the next stage joins that boundary's
+copy, a longer one is left out and :func:`portal_slack` checks that the timeline leaves room for it.
+:func:`run` simulates every step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gpipe.schedule import Checkpoint, gpipe
-from gpipe.timeline import Timeline
+from gpipe.schedule import Checkpoint, Op, gpipe
+from gpipe.timeline import COMPUTE, Timeline
 from sim.core.cost import CostModel, StageCost
 from sim.core.link import LinkSpec
 from sim.planning.hardware import get_link
 
-__all__ = ["PUBLISHED", "STEPS", "UNET", "AblationRow", "AblationStep", "UNetSetup", "run", "simulate_step"]
+__all__ = ["PUBLISHED", "STEPS", "AblationRow", "AblationStep", "Skip", "UNetSetup", "portal_slack", "run",
+           "simulate_step"]
 
 MiB = 2**20
 
@@ -51,89 +53,131 @@ STEPS: tuple[AblationStep, ...] = (
     AblationStep("+ portals", enforce_backward_order=True, copy_streams=True, portals=True),
 )
 
-#: Published U-Net figures (Kim et al., 2020, 4 GPUs, chunks 8): step -> (samples/s, GPU utilisation).
+#: Published figures (torchgpipe ``benchmarks/unet-timeline/README.md``; Kim et al., 2020): step -> (samples/s,
+#: GPU utilisation as ``nvidia-smi`` sampled it, averaged over the four GPUs).
 PUBLISHED: dict[str, tuple[float, float]] = {
-    "baseline": (30.7, 0.44),
-    "+ dependency": (41.3, 0.59),
-    "+ streams": (55.2, 0.71),
-    "+ portals": (58.5, 0.75),
+    "baseline": (30.662, 0.44),
+    "+ dependency": (41.306, 0.59),
+    "+ streams": (55.191, 0.71),
+    "+ portals": (58.477, 0.75),
 }
 
 
 @dataclass(frozen=True)
+class Skip:
+    """A skip tensor of one micro-batch: stashed on stage ``source``, popped on stage ``destination``."""
+
+    source: int
+    destination: int
+    bytes: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.source < self.destination:
+            raise ValueError(f"a skip that crosses stages goes from a stage to a later one, got {self.source} -> "
+                             f"{self.destination}; a skip within one stage never leaves its device: leave it out")
+        if self.bytes < 0:
+            raise ValueError(f"a skip's bytes must be >= 0, got {self.bytes}")
+
+
+@dataclass(frozen=True)
 class UNetSetup:
-    """A U-Net-like pipeline on ``devices`` devices (see Note [what is assumed]).
+    """The costs of a pipeline with skip connections, per micro-batch, as explicit numbers.
+
+    :func:`sim.planning.ablation_counted.counted_unet` fills one from the counted U-Net; change a field with
+    ``dataclasses.replace`` to ask what that assumption is worth.
 
     Attributes:
-        devices: stages, one per device.
         chunks: micro-batches per mini-batch.
-        batch: samples per mini-batch (throughput is ``batch / makespan``).
-        forward: seconds of each stage's forward of one micro-batch.
+        batch: samples per mini-batch (throughput is ``batch / step seconds``).
+        forward: seconds of each stage's forward of one micro-batch (the recompute takes as long).
         backward: seconds of each stage's backward of one micro-batch.
-        activation_bytes: bytes of the activation stage ``j`` sends to stage ``j + 1`` (one per boundary).
-        skip_bytes: bytes of the skip tensors that cross boundary ``j`` (between stage ``j`` and ``j + 1``)
-            on their way from the stage that stashes them to the stage that pops them.
+        activation_bytes: bytes of the activation stage ``j`` sends to stage ``j + 1``, skips not included
+            (one entry per boundary).
+        skips: the skip tensors that cross a boundary (:class:`Skip`).
+        update_seconds: seconds of each stage's optimizer step, after the pipeline (Note [step seconds]).
         saved_bytes: bytes each stage keeps per micro-batch for backward without checkpointing.
+        checkpoint_bytes: bytes each stage keeps per checkpointed micro-batch (its input, skips included).
         checkpoint: the checkpoint policy (torchgpipe's default).
-        link: the link between neighbouring devices.
+        link: the link between any two devices.
     """
 
-    devices: int = 4
-    chunks: int = 8
-    batch: int = 40
-    forward: tuple[float, ...] = (16e-3, 17e-3, 17e-3, 16e-3)
-    backward: tuple[float, ...] = (32e-3, 34e-3, 34e-3, 32e-3)
-    activation_bytes: tuple[int, ...] = (32 * MiB, 4 * MiB, 32 * MiB)
-    skip_bytes: tuple[int, ...] = (96 * MiB, 124 * MiB, 96 * MiB)
-    saved_bytes: tuple[int, ...] = (512 * MiB, 256 * MiB, 256 * MiB, 512 * MiB)
+    chunks: int
+    batch: int
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    activation_bytes: tuple[int, ...]
+    skips: tuple[Skip, ...] = ()
+    update_seconds: tuple[float, ...] | None = None
+    saved_bytes: tuple[int, ...] | None = None
+    checkpoint_bytes: tuple[int, ...] | None = None
     checkpoint: Checkpoint = "except_last"
     link: LinkSpec = field(default_factory=lambda: get_link("pcie3-x16"))
 
     def __post_init__(self) -> None:
-        for name in ("forward", "backward", "saved_bytes"):
-            if len(getattr(self, name)) != self.devices:
-                raise ValueError(f"{name} needs one entry per stage ({self.devices}), got {getattr(self, name)}")
-        for name in ("activation_bytes", "skip_bytes"):
-            if len(getattr(self, name)) != self.devices - 1:
-                raise ValueError(f"{name} needs one entry per boundary ({self.devices - 1}), got {getattr(self, name)}")
+        n = len(self.forward)
+        for name in ("backward", "update_seconds", "saved_bytes", "checkpoint_bytes"):
+            value = getattr(self, name)
+            if value is not None and len(value) != n:
+                raise ValueError(f"{name} needs one entry per stage ({n}, as forward), got {value}")
+        if len(self.activation_bytes) != n - 1:
+            raise ValueError(f"activation_bytes needs one entry per boundary ({n - 1}), got {self.activation_bytes}")
+        for s in self.skips:
+            if s.destination >= n:
+                raise ValueError(f"skip {s} ends on stage {s.destination}, but there are {n} stages (0 to {n - 1})")
+        if self.chunks < 1 or self.batch < self.chunks:
+            raise ValueError(f"need 1 <= chunks <= batch, got chunks={self.chunks}, batch={self.batch}")
+
+    @property
+    def devices(self) -> int:
+        """Stages, one per device."""
+        return len(self.forward)
+
+    @property
+    def next_stage_skip_bytes(self) -> tuple[int, ...]:
+        """Bytes of the skips that go from stage ``j`` to stage ``j + 1`` exactly: with portals they travel on
+        the activation's copy streams, as one more copy (Note [portal copies])."""
+        return tuple(sum(s.bytes for s in self.skips if s.source == j and s.destination == j + 1)
+                     for j in range(self.devices - 1))
+
+    @property
+    def skip_bytes(self) -> tuple[int, ...]:
+        """Bytes of the skips that cross each boundary ``j`` (between stage ``j`` and ``j + 1``) without portals."""
+        return tuple(sum(s.bytes for s in self.skips if s.source <= j < s.destination)
+                     for j in range(self.devices - 1))
 
     def cost(self, portals: bool) -> CostModel:
-        """The cost model: with ``portals`` the boundaries carry the activations only; without, the skip
-        tensors too. Copies are priced by :attr:`link` (``latency + bytes / bandwidth``)."""
+        """The cost model: without ``portals`` every boundary carries the skips that cross it; with portals only
+        the skips that end on the next stage (Note [portal copies]). Copies are priced by :attr:`link`."""
+        n, skip = self.devices, self.next_stage_skip_bytes if portals else self.skip_bytes
         stages = []
-        for j in range(self.devices):
-            send = 0
-            if j < self.devices - 1:
-                send = self.activation_bytes[j] + (0 if portals else self.skip_bytes[j])
+        for j in range(n):
+            send = 0 if j == n - 1 else self.activation_bytes[j] + skip[j]
             stages.append(StageCost(
                 forward=self.forward[j], backward=self.backward[j], send_bytes=send,
-                saved_bytes=self.saved_bytes[j], checkpoint_bytes=self.activation_bytes[max(j - 1, 0)],
+                saved_bytes=0 if self.saved_bytes is None else self.saved_bytes[j],
+                checkpoint_bytes=0 if self.checkpoint_bytes is None else self.checkpoint_bytes[j],
             ))
         return CostModel(tuple(stages), copy_seconds=None)
 
-    def rechunked(self, chunks: int) -> UNetSetup:
-        """The same mini-batch cut into ``chunks`` micro-batches: per-micro-batch times and bytes scale by
-        ``self.chunks / chunks`` (an idealisation: real kernels get less efficient as micro-batches shrink)."""
-        if chunks < 1:
-            raise ValueError(f"need at least one chunk, got {chunks}")
-        f = self.chunks / chunks
-        return replace(
-            self, chunks=chunks,
-            forward=tuple(t * f for t in self.forward), backward=tuple(t * f for t in self.backward),
-            activation_bytes=tuple(round(b * f) for b in self.activation_bytes),
-            skip_bytes=tuple(round(b * f) for b in self.skip_bytes),
-            saved_bytes=tuple(round(b * f) for b in self.saved_bytes),
-        )
+    def scaled_compute(self, factor: float) -> UNetSetup:
+        """Every compute second (forward, backward, optimizer step) times ``factor``; bytes unchanged."""
+        if not factor > 0:
+            raise ValueError(f"the factor must be > 0, got {factor!r}")
+        return replace(self, forward=tuple(t * factor for t in self.forward),
+                       backward=tuple(t * factor for t in self.backward),
+                       update_seconds=None if self.update_seconds is None
+                       else tuple(t * factor for t in self.update_seconds))
 
     def describe(self) -> str:
         """The setup as a markdown table, for the docs."""
-        rows = ["| stage | forward | backward | sends (portals) | sends (no portals) |",
-                "| ---: | ---: | ---: | ---: | ---: |"]
+        rows = ["| stage | forward | backward | activation sent | skips sent (no portals) | optimizer step |",
+                "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        update = self.update_seconds or (0.0,) * self.devices
         for j in range(self.devices):
             a = self.activation_bytes[j] if j < self.devices - 1 else 0
             s = self.skip_bytes[j] if j < self.devices - 1 else 0
-            rows.append(f"| {j} | {self.forward[j] * 1e3:.0f} ms | {self.backward[j] * 1e3:.0f} ms | "
-                        f"{a / MiB:.0f} MiB | {(a + s) / MiB:.0f} MiB |")
+            rows.append(f"| {j} | {self.forward[j] * 1e3:.1f} ms | {self.backward[j] * 1e3:.1f} ms | "
+                        f"{a / MiB:.1f} MiB | {s / MiB:.1f} MiB | {update[j] * 1e3:.2f} ms |")
         rows.append("")
         rows.append(f"Per micro-batch; {self.chunks} micro-batches of {self.batch // self.chunks} samples "
                     f"(mini-batch {self.batch}), checkpoint `{self.checkpoint}`, link `{self.link.name}` "
@@ -142,39 +186,40 @@ class UNetSetup:
         return "\n".join(rows)
 
 
-# Note [what is assumed]: the stage times and tensor sizes of :data:`UNET` are assumptions shaped like a
-# U-Net cut into four balanced partitions (large high-resolution skips from the first stages to the last,
-# small activations at the bottleneck), set once and not tuned; then the mini-batch size alone (which turns
-# step time into samples per second) was chosen so that the full configuration's throughput is the
-# paper's. They are not measurements of the paper's model. What the ablation shows is how
-# much each mechanism is worth *given* those costs; compare the ordering and the relative steps with the
-# paper, not the digits.
-#: The setup the docs, the tutorial and the tests use.
-UNET = UNetSetup()
-
-
 @dataclass(frozen=True)
 class AblationRow:
     """One simulated configuration beside the paper's figures.
 
     Attributes:
         step: the :class:`AblationStep` name.
-        makespan: simulated seconds per mini-batch.
-        throughput: simulated samples per second (``batch / makespan``).
-        utilisation: simulated mean over devices of the compute stream's busy fraction.
+        makespan: simulated seconds of one mini-batch's pipeline.
+        step_seconds: ``makespan`` plus the slowest stage's optimizer step (Note [step seconds]).
+        throughput: simulated samples per second (``batch / step_seconds``).
+        utilisation: simulated mean over devices of the busy fraction of the step (compute and optimizer step).
         published_throughput: samples/s in the paper.
         published_utilisation: GPU utilisation in the paper (a fraction).
     """
 
     step: str
     makespan: float
+    step_seconds: float
     throughput: float
     utilisation: float
     published_throughput: float
     published_utilisation: float
 
+    @property
+    def throughput_error(self) -> float:
+        """``simulated / published - 1``."""
+        return self.throughput / self.published_throughput - 1
 
-def simulate_step(step: AblationStep, setup: UNetSetup = UNET) -> Timeline:
+    @property
+    def utilisation_error(self) -> float:
+        """``simulated / published - 1``."""
+        return self.utilisation / self.published_utilisation - 1
+
+
+def simulate_step(step: AblationStep, setup: UNetSetup) -> Timeline:
     """Simulate one configuration of the ablation and return its timeline."""
     from sim.core.config import SimConfig
     from sim.core.engine import simulate
@@ -184,16 +229,59 @@ def simulate_step(step: AblationStep, setup: UNetSetup = UNET) -> Timeline:
     return simulate(gpipe(setup.chunks, setup.devices, setup.checkpoint), setup.cost(step.portals), config=config)
 
 
-def run(setup: UNetSetup = UNET, steps: tuple[AblationStep, ...] = STEPS) -> list[AblationRow]:
+# Note [step seconds]: torchgpipe's benchmark times whole training steps, so a step is the pipeline and then the
+# optimizer step, which every device runs on its own parameters at once: the slowest stage's update is added to
+# the makespan (as benchmarks/published.py does). Its kernels count as busy time in the utilisation, as they do
+# for nvidia-smi; the loss and the host's gaps between steps are not modelled.
+def run(setup: UNetSetup, steps: tuple[AblationStep, ...] = STEPS) -> list[AblationRow]:
     """Simulate every step and set each beside the published figures.
 
     Returns:
         One :class:`AblationRow` per step, in order.
     """
+    update = setup.update_seconds or (0.0,) * setup.devices
     rows = []
     for step in steps:
         tl = simulate_step(step, setup)
+        seconds = tl.makespan + max(update)
+        busy = sum(tl.busy(d) + update[d] for d in range(setup.devices)) / setup.devices
         pub = PUBLISHED.get(step.name, (float("nan"), float("nan")))
-        rows.append(AblationRow(step.name, tl.makespan, setup.batch / tl.makespan, 1.0 - tl.bubble_fraction(),
+        rows.append(AblationRow(step.name, tl.makespan, seconds, setup.batch / seconds, busy / seconds,
                                 pub[0], pub[1]))
     return rows
+
+
+# Note [portal copies]: with portals torchgpipe copies each skip tensor once, from the stashing device's copy
+# stream to the popping device's, after the stashing forward; the popping stage's forward waits for that copy
+# stream before it starts, and the gradient comes straight back the same way. A skip to the next stage thus
+# rides the activation's copy streams, one copy more on the same link: the cost model adds its bytes to that
+# boundary. A longer skip is a copy of its own, which the simulator has not; each ordered pair of devices has a
+# link of its own there, so leaving it out is exact when every such copy, FIFO on its pair's link, ends before
+# the task that waits for it starts: what :func:`portal_slack` measures. A negative slack: the step is optimistic.
+def portal_slack(timeline: Timeline, setup: UNetSetup) -> float:
+    """The least time, over every micro-batch and every skip longer than one stage, between its portal copy's
+    end and the task that waits for it (Note [portal copies]); ``inf`` without such skips.
+
+    Raises:
+        ValueError: the timeline does not hold a forward and a backward of every stage the skips join.
+    """
+    spans = {(s.task.op, s.task.microbatch, s.task.stage): s for s in timeline.spans if s.stream == COMPUTE}
+    pairs: dict[tuple[int, int], int] = {}
+    for s in setup.skips:
+        if s.destination == s.source + 1:
+            continue  # in the cost model already
+        pairs[s.source, s.destination] = pairs.get((s.source, s.destination), 0) + s.bytes
+    slack = float("inf")
+    for (a, b), nbytes in sorted(pairs.items()):
+        seconds = setup.link.transfer_seconds(nbytes)
+        for op, src, dst in ((Op.F, a, b), (Op.B, b, a)):
+            try:
+                copies = sorted((spans[op, i, src].end, spans[op, i, dst].start) for i in range(setup.chunks))
+            except KeyError:
+                raise ValueError(f"the timeline lacks a {op.value} task of stage {src} or {dst}: simulate the "
+                                 f"setup with simulate_step first") from None
+            free = 0.0  # the pair's link, FIFO in the order the copies are issued
+            for ready, needed in copies:
+                free = max(free, ready) + seconds
+                slack = min(slack, needed - free)
+    return slack
