@@ -49,7 +49,7 @@ loss and ``zero_grad``, which the measured step includes (both are small here).
 Goals (from the issue): gpipe faster than plain where micro-batches stay large enough; at most 0.6 x
 torchgpipe's step for the same checkpoint policy; within 10 % of the simulator's prediction; recording on
 within 5 % of recording off; its two entry points (``forward()`` + ``backward()``, and ``step()``) within 3 %
-of each other.
+of each other, measured on one pipe alternated after the rounds (Note [entry points alternated]).
 
 Run: ``.venv/bin/python benchmarks/executor_speed.py`` (about a minute on two busy cores; installs
 torchgpipe 0.0.7 with ``pip --no-deps`` when it is missing) or ``--quick``; writes
@@ -196,6 +196,25 @@ def interleaved(runners: Sequence[Runner], warmup: int, repeats: int) -> None:
             start = time.perf_counter()
             r.step()
             r.samples.append(time.perf_counter() - start)
+
+
+# Note [entry points alternated]: the two entry points run the same interpreter, so what separates them is a few
+# percent, below what rounds of a dozen runners in shuffled order resolve (each one's neighbour, and the caches it
+# leaves, changes from round to round). Their ratio is therefore measured apart, after the rounds: the same pipe
+# stepped through forward() + backward() and through step() back to back, in a seeded random order within each
+# pair, and the ratio is the median of the per-pair ratios. The shuffled rounds' ratio is kept in the results.
+def entry_pairs(off: Callable[[], object], stepped: Callable[[], object], pairs: int) -> float:
+    """forward() + backward() over step(), alternated on one pipe (Note [entry points alternated])."""
+    order = random.Random(1)
+    ratios = []
+    for _ in range(pairs):
+        seconds = {}
+        for name, fn in order.sample([("off", off), ("step", stepped)], 2):
+            start = time.perf_counter()
+            fn()
+            seconds[name] = time.perf_counter() - start
+        ratios.append(seconds["off"] / seconds["step"])
+    return statistics.median(ratios)
 
 
 def block(step: Callable[[], object], warmup: int, repeats: int) -> list[float]:
@@ -399,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         print(note, flush=True)
 
     gpipes: dict[str, Any] = {}
+    off_runs: dict[str, Callable[[], object]] = {}  # Note [entry points alternated]
+    step_runs: dict[str, Callable[[], object]] = {}
     recorded: dict[str, list[Any]] = {}  # checkpoint -> the measured Timeline of every recorded step
     gpipe_cls: Any = None
     try:
@@ -434,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
 
             runners.append(Runner(f"gpipe {mode}", off, []))
             runners.append(Runner(f"gpipe {mode}, step", stepped, []))
+            off_runs[mode], step_runs[mode] = off, stepped
             runners.append(Runner(f"gpipe {mode}, record", on, []))
 
     calibrations: list[dict[str, Any]] = []  # Note [prediction]: before, between and after the timed rounds
@@ -445,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         interleaved(runners, warmup if k == 0 else 0, rounds)
     samples = {r.name: r.samples for r in runners}
     same_rounds = set(samples)
+    alternated = {mode: entry_pairs(off_runs[mode], step_runs[mode], repeats) for mode in off_runs}
 
     def vs(a: str, b: str) -> float:
         return ratio(samples[a], samples[b], a in same_rounds and b in same_rounds)
@@ -557,8 +580,10 @@ def main(argv: list[str] | None = None) -> int:
         costs = {mode: vs(f"gpipe {mode}, record", f"gpipe {mode}") - 1.0 for mode in modes}
         goals["record_overhead"] = {"limit": GOAL_RECORD, "overheads": costs,
                                     "met": all(c <= GOAL_RECORD for c in costs.values())}
-        entries = {mode: vs(f"gpipe {mode}", f"gpipe {mode}, step") for mode in modes}
+        entries = alternated  # Note [entry points alternated]
         goals["entry_points"] = {"limit": GOAL_ENTRY_POINTS, "forward_backward_over_step": entries,
+                                 "in_shuffled_rounds": {mode: vs(f"gpipe {mode}", f"gpipe {mode}, step")
+                                                        for mode in modes},
                                  "met": all(abs(r - 1.0) <= GOAL_ENTRY_POINTS for r in entries.values())}
         print("\ngoals:")
         print(f"  faster than plain (gpipe never {medians['gpipe never']:.2f} ms vs plain {plain:.2f} ms, "
