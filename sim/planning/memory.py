@@ -67,8 +67,10 @@ def workspace_bytes(device: str) -> int:
     return 32 * MiB if device.startswith(_HOPPER) else 8 * MiB + 128 * 1024
 
 
-def stage_working_bytes(profile: ModelProfile, balance: Sequence[int], microbatch: int) -> list[int]:
-    """Each stage's working set for one micro-batch: the largest ``input + new output`` over its layers.
+def stage_working_bytes(profile: ModelProfile, balance: Sequence[int], microbatch: int,
+                        gradient_bytes: int = 0) -> list[int]:
+    """Each stage's working set for one micro-batch: the largest ``input + new output`` over its layers, plus
+    ``gradient_bytes`` per parameter of the layer (Note [accumulated weight gradients]).
 
     While a layer runs forward its input and the output it allocates are both live (a tuple's skips passed through
     count once, in the input); its backward holds the gradients of the same two. What the layer saves for backward
@@ -82,7 +84,8 @@ def stage_working_bytes(profile: ModelProfile, balance: Sequence[int], microbatc
     for size in balance:
         layers = profile.layers[start:start + size]
         out.append(round_block(max(at(x.input_bytes) + at(x.output_bytes if x.new_output_bytes is None
-                                                          else x.new_output_bytes) for x in layers)))
+                                                          else x.new_output_bytes) + x.parameters * gradient_bytes
+                                   for x in layers)))
         start += size
     return out
 
@@ -98,18 +101,7 @@ def stage_backward_working_bytes(profile: ModelProfile, balance: Sequence[int], 
 
     ``gradient_bytes``: bytes per parameter of a gradient (Note [accumulated weight gradients]).
     """
-
-    def at(q: tuple[float, float]) -> float:
-        return max(q[0] + q[1] * microbatch, 0.0)
-
-    out, start = [], 0
-    for size in balance:
-        layers = profile.layers[start:start + size]
-        out.append(round_block(max(at(x.input_bytes) + at(x.output_bytes if x.new_output_bytes is None
-                                                          else x.new_output_bytes) + x.parameters * gradient_bytes
-                                   for x in layers)))
-        start += size
-    return out
+    return stage_working_bytes(profile, balance, microbatch, gradient_bytes)
 
 
 # Note [a copy stream per micro-batch]: torchgpipe copies micro-batch i onto a device on a stream of its own
