@@ -3,8 +3,9 @@ model counter does, and fit a :class:`~sim.planning.roofline.Roofline` to them.
 
 On ``threads`` threads (one: what each executor worker uses on a CPU) it times the fixed cost of one eager
 operator, a large copy, memory-bound kernels training runs (ReLU, GELU, softmax, layer and batch norm, pooling,
-adds and their backwards) at activation sizes, matrix multiplies of several shapes and layouts, and 3x3
-convolutions of several channel counts, sizes and strides, forward and backward. Each call's kernels are counted
+adds, copies of transposed tensors, masked writes, reductions, their backwards) at activation sizes, matrix
+multiplies of several shapes and layouts, and 3x3 convolutions of several channel counts, sizes and strides,
+forward and backward. Each call's kernels are counted
 on the ``meta`` device by :mod:`sim.planning.operators`, so a fitted parameter prices the model's kernels as it
 priced these; :func:`~sim.planning.roofline_fit.fit_roofline` does the arithmetic. Times are the thread's CPU
 time, each kernel's median over several passes over all of them, so time spent waiting for a core on a shared
@@ -162,6 +163,10 @@ def _memory_calls(n: int) -> list[tuple[str, Callable[..., object], _Make]]:
         ("max pool backward", lambda g, x, i: _aten.max_pool2d_with_indices_backward(
             g, x, [2, 2], [2, 2], [0, 0], [1, 1], False, i), pool_back),
         ("copy", torch.clone, lambda t: (t(*rows),)),
+        ("transposed copy", lambda x: x.t().contiguous(), lambda t: (t(*rows),)),
+        ("masked fill", lambda x, m: x.masked_fill(m, 0.0), lambda t: (t(*rows), t(1, rows[1]) > 0)),
+        ("sum over rows", lambda x: x.sum(0), lambda t: (t(*rows),)),
+        ("concatenate", lambda a, b: torch.cat([a, b], -1), lambda t: (t(*rows), t(*rows))),
     ]
 
 
@@ -218,8 +223,8 @@ def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-mach
     sample the same minutes).
 
     The device's bandwidth is the largest of a large copy's and what the memory-bound kernels reach (those run in
-    cache), its ``memory`` and ``vector_math`` fractions what the plain and the vector-math kernels reach of it; a
-    convolution fraction above the matrix peak is held at 1 (the roofline's fractions are of one peak).
+    cache), its ``memory`` and ``vector_math`` fractions what the plain and the vector-math kernels reach of it;
+    its peak is the fastest compute class's rate (Note [fitting order] in :mod:`sim.planning.roofline_fit`).
 
     Raises:
         ValueError: ``repeats`` or ``threads`` below 1.
@@ -234,16 +239,16 @@ def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-mach
         torch.set_num_threads(before)
     fit = fit_roofline(timings, kernel)
     bandwidth = max(stream, fit.bandwidth, fit.vector_bandwidth)
-    roofline = Roofline({"fp32": 1.0}, {"fp32": min(1.0, fit.convolution)}, memory=fit.bandwidth / bandwidth,
+    roofline = Roofline({"fp32": fit.matmul}, {"fp32": fit.convolution}, memory=fit.bandwidth / bandwidth,
                         kernel_seconds=kernel, half_dim=fit.half_dim,
-                        convolution_backward={"fp32": min(1.0, fit.convolution_backward)},
+                        convolution_backward={"fp32": fit.convolution_backward},
                         vector_math=fit.vector_bandwidth / bandwidth,
                         source=f"measured by gpipe-sim hardware --calibrate-cpu on {platform.processor() or 'this CPU'}"
                                f" ({threads} thread{'s' if threads > 1 else ''}, {date.today().isoformat()})")
     device = DeviceSpec(name, {"fp32": fit.peak}, bandwidth, 16 * GiB, efficiency=1.0,
                         description=f"this machine's CPU, {threads} thread(s), measured", roofline=roofline)
-    fractions = {"memory": 1.0, "vector math": 1.0, "matmul": 1.0, "convolution": roofline.convolution["fp32"],
-                 "convolution backward": roofline.convolution_backward["fp32"]}
+    fractions = {"memory": 1.0, "vector math": 1.0, "matmul": fit.matmul, "convolution": fit.convolution,
+                 "convolution backward": fit.convolution_backward}
     rows = [Measurement(t.name, t.shape, float(t.ops[:, 0].sum()), float(t.ops[:, 1].sum()), t.seconds,
                         predict_seconds(t, fit.peak, (fit.bandwidth, fit.vector_bandwidth), fractions[t.kind],
                                         fit.half_dim, kernel))

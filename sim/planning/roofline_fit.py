@@ -51,12 +51,14 @@ class Timed:
 
 @dataclass(frozen=True)
 class Fit:
-    """The fitted parameters: peak FLOP/s of matrix multiplies, bytes/s plain and vector-math memory-bound
-    kernels reach, fractions of that peak per class, ``half_dim`` and the fixed cost per kernel (seconds)."""
+    """The fitted parameters: peak FLOP/s (the fastest compute class's), bytes/s plain and vector-math
+    memory-bound kernels reach, fractions of that peak per class, ``half_dim`` and the fixed cost per kernel
+    (seconds)."""
 
     peak: float
     bandwidth: float
     vector_bandwidth: float
+    matmul: float
     convolution: float
     convolution_backward: float
     half_dim: float
@@ -96,10 +98,11 @@ def _median(values: Sequence[float], what: str) -> float:
 
 # Note [fitting order]: the fixed cost per kernel is measured (the fastest tiny operator). The bandwidths come
 # next, from memory-bound calls alone: bytes / (seconds - kernels x fixed cost), the median over the plain calls
-# and over the vector-math ones. The matrix peak and ``half_dim`` follow, from the matrix multiplies: for each
-# ``half_dim`` of :data:`HALF_DIMS` the peak that explains each call, their median, and the ``half_dim`` whose
-# median explains every call best (least mean log error). Last, the convolutions' and their backward's fractions
-# of that peak, each the median of what explains each call. Medians, so one call disturbed by a neighbour moves
+# and over the vector-math ones. Then, for each ``half_dim`` of :data:`HALF_DIMS`, each compute class (matrix
+# multiplies, convolutions, their backward) gets the rate that explains each of its calls, and their median; the
+# peak is the fastest class's rate, each class's fraction its rate over the peak (so none exceeds 1), and the
+# ``half_dim`` kept is the one that explains every compute call best (least mean log error): narrow convolutions
+# weigh in the shape factor as much as matrix multiplies. Medians, so one call disturbed by a neighbour moves
 # nothing; every step inverts the same sum :func:`predict_seconds` takes, so timings a roofline made give its
 # parameters back.
 def fit_roofline(timings: Sequence[Timed], kernel_seconds: float, half_dims: Sequence[float] = HALF_DIMS) -> Fit:
@@ -122,23 +125,19 @@ def fit_roofline(timings: Sequence[Timed], kernel_seconds: float, half_dims: Seq
                        f"{kind} call")
 
     bandwidth = (bandwidth_of("memory", MEMORY_BOUND), bandwidth_of("vector math", VECTOR_MATH))
-    best = (math.inf, 0.0, 0.0)
 
-    def peak_of(t: Timed, half_dim: float) -> float:
-        return _solve(lambda p: predict_seconds(t, p, bandwidth, 1.0, half_dim, kernel_seconds), t.seconds)
+    def rate_of(t: Timed, half_dim: float) -> float:
+        return _solve(lambda r: predict_seconds(t, r, bandwidth, 1.0, half_dim, kernel_seconds), t.seconds)
 
+    compute = ("matmul", "convolution", "convolution backward")
+    best: tuple[float, float, dict[str, float]] = (math.inf, 0.0, {})
     for half_dim in half_dims:
-        peak = _median([peak_of(t, half_dim) for t in by_class["matmul"]], "matrix multiply")
-        error = float(np.mean([abs(math.log(predict_seconds(t, peak, bandwidth, 1.0, half_dim, kernel_seconds)
-                                            / t.seconds)) for t in by_class["matmul"]]))
-        best = min(best, (error, half_dim, peak))
-    _, half_dim, peak = best
-
-    def fraction_of(t: Timed) -> float:
-        return _solve(lambda f: predict_seconds(t, peak, bandwidth, f, half_dim, kernel_seconds), t.seconds)
-
-    def fraction(kind: str) -> float:
-        return _median([fraction_of(t) for t in by_class[kind]], kind)
-
-    return Fit(peak, bandwidth[0], bandwidth[1], fraction("convolution"), fraction("convolution backward"),
-               half_dim, kernel_seconds)
+        rates = {kind: _median([rate_of(t, half_dim) for t in by_class[kind]], kind) for kind in compute}
+        error = float(np.mean([abs(math.log(predict_seconds(t, rates[kind], bandwidth, 1.0, half_dim, kernel_seconds)
+                                            / t.seconds)) for kind in compute for t in by_class[kind]]))
+        if error < best[0]:
+            best = (error, half_dim, rates)
+    _, half_dim, rates = best
+    peak = max(rates.values())
+    return Fit(peak, bandwidth[0], bandwidth[1], rates["matmul"] / peak, rates["convolution"] / peak,
+               rates["convolution backward"] / peak, half_dim, kernel_seconds)
