@@ -2,10 +2,10 @@
 model counter does, and fit a :class:`~sim.planning.roofline.Roofline` to them.
 
 On ``threads`` threads (one: what each executor worker uses on a CPU) it times the fixed cost of one eager
-operator, a large copy, memory-bound kernels training runs (ReLU, GELU, softmax, layer and batch norm, pooling,
-adds, copies of transposed tensors, masked writes, reductions, their backwards) at activation sizes, matrix
-multiplies of several shapes and layouts, and 3x3 convolutions of several channel counts, sizes and strides,
-forward and backward. Each call's kernels are counted
+operator in a training step (Note [fixed cost per kernel]), a large copy, memory-bound kernels training runs
+(ReLU, GELU, softmax, layer and batch norm, pooling, adds, copies of transposed tensors, masked writes,
+reductions, their backwards) at activation sizes, matrix multiplies of several shapes and layouts, and 3x3
+convolutions of several channel counts, sizes and strides, forward and backward. Each call's kernels are counted
 on the ``meta`` device by :mod:`sim.planning.operators`, so a fitted parameter prices the model's kernels as it
 priced these; :func:`~sim.planning.roofline_fit.fit_roofline` does the arithmetic. Times are the thread's CPU
 time, each kernel's median over several passes over all of them, so time spent waiting for a core on a shared
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from sim.planning.counts import VECTOR_MATH
+from sim.planning.flops import count_layers
 from sim.planning.hardware import DeviceSpec, GiB
 from sim.planning.operators import _Recorder
 from sim.planning.roofline import Roofline
@@ -186,14 +187,34 @@ def _conv_calls(b: int, c: int, s: int, co: int, stride: int
             (backward, lambda t: (t(b, co, out, out), t(b, c, s, s), t(co, c, 3, 3))))
 
 
-def _measure(repeats: int, between: Callable[[], object] | None) -> tuple[float, float, list[Timed]]:
-    """The fixed cost per kernel, the streaming bandwidth of a large copy, and every timed call: ``repeats``
+# Note [fixed cost per kernel]: in eager PyTorch on a CPU each operator of a training step costs microseconds
+# besides its arithmetic: dispatch, the autograd node the forward records, the engine running it in the backward,
+# the gradient's accumulation. A tiny operator timed alone shows only the first, so the fixed cost is measured
+# as a training step of layers too small to compute anything (linear, ReLU and layer norm on 2 x 4 values),
+# divided by the kernels the counter sees in it. The calls the fit times run alone and pay only the dispatch.
+def _tiny_chain() -> tuple[torch.nn.Sequential, torch.Tensor]:
+    """A chain of tiny layers, and its input (Note [fixed cost per kernel])."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        layers: list[torch.nn.Module] = [torch.nn.Identity()]  # the first layer's input needs no gradient
+        for _ in range(16):
+            layers += [torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.LayerNorm(4)]
+        chain = torch.nn.Sequential(*layers)
+    return chain, torch.randn(2, 4, generator=gen)
+
+
+def _measure(repeats: int, between: Callable[[], object] | None) -> tuple[float, float, float, list[Timed]]:
+    """The fixed cost of one operator alone and in a training step (per kernel), the streaming bandwidth of a
+    large copy, and every timed call: ``repeats``
     passes over all calls, one sample each, ``between`` called after each pass; medians over passes."""
     gen = torch.Generator().manual_seed(0)
-    tiny = torch.ones(1)
     big = torch.rand(1 << 23, generator=gen)  # 32 MiB: beyond the caches
     out = torch.empty_like(big)
-    kernel, stream = _Call(lambda: torch.add(tiny, tiny)), _Call(lambda: out.copy_(big))
+    chain, x = _tiny_chain()
+    tiny = torch.ones(1)
+    dispatch, step = _Call(lambda: torch.add(tiny, tiny)), _Call(lambda: chain(x).sum().backward())
+    stream = _Call(lambda: out.copy_(big))
     described: list[tuple[str, tuple[int, ...], str, _Call, np.ndarray]] = []
     for n in MEMORY_SIZES:
         for name, fn, make in _memory_calls(n):
@@ -206,12 +227,14 @@ def _measure(repeats: int, between: Callable[[], object] | None) -> tuple[float,
         described.append(("convolution", shape, "convolution", *_call(fwd, fwd_make, gen)))
         described.append(("convolution backward", shape, "convolution backward", *_call(bwd, bwd_make, gen)))
     for _ in range(repeats):
-        for call in (kernel, stream, *(d[3] for d in described)):
+        for call in (dispatch, step, stream, *(d[3] for d in described)):
             call.sample()
         if between is not None:
             between()
     timings = [Timed(kind, shape, ops, call.seconds, name) for kind, shape, name, call, ops in described]
-    return kernel.seconds, 2 * big.nbytes / stream.seconds, timings
+    counted = count_layers(chain, x)
+    kernels = sum(layer.forward.kernels + layer.backward.kernels for layer in counted.layers) + 1  # and the sum
+    return dispatch.seconds, step.seconds / kernels, 2 * big.nbytes / stream.seconds, timings
 
 
 def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-machine",
@@ -234,10 +257,10 @@ def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-mach
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        kernel, stream, timings = _measure(repeats, between)
+        dispatch, kernel, stream, timings = _measure(repeats, between)
     finally:
         torch.set_num_threads(before)
-    fit = fit_roofline(timings, kernel)
+    fit = fit_roofline(timings, dispatch)  # the calls were timed alone: each pays the dispatch only
     bandwidth = max(stream, fit.bandwidth, fit.vector_bandwidth)
     roofline = Roofline({"fp32": fit.matmul}, {"fp32": fit.convolution}, memory=fit.bandwidth / bandwidth,
                         kernel_seconds=kernel, half_dim=fit.half_dim,
@@ -251,6 +274,6 @@ def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-mach
                  "convolution backward": fit.convolution_backward}
     rows = [Measurement(t.name, t.shape, float(t.ops[:, 0].sum()), float(t.ops[:, 1].sum()), t.seconds,
                         predict_seconds(t, fit.peak, (fit.bandwidth, fit.vector_bandwidth), fractions[t.kind],
-                                        fit.half_dim, kernel))
+                                        fit.half_dim, dispatch))
             for t in timings]
     return Calibration(device, tuple(rows), fit)

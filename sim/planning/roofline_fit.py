@@ -96,7 +96,7 @@ def _median(values: Sequence[float], what: str) -> float:
     return float(np.median(finite))
 
 
-# Note [fitting order]: the fixed cost per kernel is measured (the fastest tiny operator). The bandwidths come
+# Note [fitting order]: the fixed cost per kernel is measured (what one operator alone costs). The bandwidths come
 # next, from memory-bound calls alone: bytes / (seconds - kernels x fixed cost), the median over the plain calls
 # and over the vector-math ones. Then, for each ``half_dim`` of :data:`HALF_DIMS`, each compute class (matrix
 # multiplies, convolutions, their backward) gets the rate that explains each of its calls, and their median; the

@@ -141,3 +141,25 @@ def test_catalog_gpus_price_backward_and_vector_math_as_before() -> None:
         assert roofline is not None
         assert dict(roofline.convolution_backward) == dict(roofline.convolution)
         assert roofline.vector_math == roofline.memory
+
+
+def test_calibration_calls_count_as_the_class_they_fit() -> None:
+    from sim.planning.calibrate_device import CONVOLUTIONS, GEMMS, _conv_calls, _count, _gemm, _memory_calls
+
+    vector = {"gelu", "gelu backward", "softmax", "softmax backward", "layer norm", "layer norm backward",
+              "batch norm", "batch norm backward", "max pool", "max pool backward"}
+    for name, fn, make in _memory_calls(1 << 18):
+        kinds = set(_count(fn, make)[:, 2].tolist())
+        assert kinds == ({VECTOR_MATH} if name in vector else {MEMORY_BOUND}), name
+    for layout, batch, m, n, k in GEMMS:
+        ops = _count(*_gemm(layout, batch, m, n, k))
+        assert ops[:, 2].tolist() == [MATMUL] and ops[0, 0] == 2.0 * batch * m * n * k
+        assert ops[0, 3:].tolist() == [batch * m, n, k]
+    for b, c, s, co, stride in CONVOLUTIONS:
+        (fwd, fwd_make), (bwd, bwd_make) = _conv_calls(b, c, s, co, stride)
+        out = (s - 1) // stride + 1
+        forward = _count(fwd, fwd_make)
+        assert forward[:, 2].tolist() == [CONVOLUTION] and forward[0, 3:].tolist() == [b * out * out, co, c * 9]
+        backward = _count(bwd, bwd_make)
+        assert backward[:, 2].tolist() == [CONVOLUTION, CONVOLUTION, MEMORY_BOUND]  # input, filter, bias gradients
+        assert backward[:2, 0].tolist() == [2.0 * b * out * out * co * c * 9] * 2
