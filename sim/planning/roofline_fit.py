@@ -98,13 +98,13 @@ def _median(values: Sequence[float], what: str) -> float:
 
 # Note [fitting order]: the fixed cost per kernel is measured (what one operator alone costs). The bandwidths come
 # next, from memory-bound calls alone: bytes / (seconds - kernels x fixed cost), the median over the plain calls
-# and over the vector-math ones. Then, for each ``half_dim`` of :data:`HALF_DIMS`, each compute class (matrix
-# multiplies, convolutions, their backward) gets the rate that explains each of its calls, and their median; the
-# peak is the fastest class's rate, each class's fraction its rate over the peak (so none exceeds 1), and the
-# ``half_dim`` kept is the one that explains every compute call best (least mean log error): narrow convolutions
-# weigh in the shape factor as much as matrix multiplies. Medians, so one call disturbed by a neighbour moves
-# nothing; every step inverts the same sum :func:`predict_seconds` takes, so timings a roofline made give its
-# parameters back.
+# and over the vector-math ones. ``half_dim`` comes from the matrix multiplies, which probe a GEMM's tiles most
+# directly (a convolution's algorithm follows them less closely): the one of :data:`HALF_DIMS` whose median rate
+# explains every matrix multiply best (least mean log error). Then each compute class (matrix multiplies,
+# convolutions, their backward) gets the median of the rates that explain its calls; the peak is the fastest
+# class's, each class's fraction its rate over the peak, so none exceeds 1. Medians, so one call disturbed by a
+# neighbour moves nothing; every step inverts the same sum :func:`predict_seconds` takes, so timings a roofline
+# made give its parameters back.
 def fit_roofline(timings: Sequence[Timed], kernel_seconds: float, half_dims: Sequence[float] = HALF_DIMS) -> Fit:
     """Fit the roofline's parameters to ``timings`` (Note [fitting order]).
 
@@ -129,15 +129,15 @@ def fit_roofline(timings: Sequence[Timed], kernel_seconds: float, half_dims: Seq
     def rate_of(t: Timed, half_dim: float) -> float:
         return _solve(lambda r: predict_seconds(t, r, bandwidth, 1.0, half_dim, kernel_seconds), t.seconds)
 
-    compute = ("matmul", "convolution", "convolution backward")
-    best: tuple[float, float, dict[str, float]] = (math.inf, 0.0, {})
+    best = (math.inf, 0.0)
     for half_dim in half_dims:
-        rates = {kind: _median([rate_of(t, half_dim) for t in by_class[kind]], kind) for kind in compute}
-        error = float(np.mean([abs(math.log(predict_seconds(t, rates[kind], bandwidth, 1.0, half_dim, kernel_seconds)
-                                            / t.seconds)) for kind in compute for t in by_class[kind]]))
-        if error < best[0]:
-            best = (error, half_dim, rates)
-    _, half_dim, rates = best
+        rate = _median([rate_of(t, half_dim) for t in by_class["matmul"]], "matrix multiply")
+        error = float(np.mean([abs(math.log(predict_seconds(t, rate, bandwidth, 1.0, half_dim, kernel_seconds)
+                                            / t.seconds)) for t in by_class["matmul"]]))
+        best = min(best, (error, half_dim))
+    half_dim = best[1]
+    rates = {kind: _median([rate_of(t, half_dim) for t in by_class[kind]], kind)
+             for kind in ("matmul", "convolution", "convolution backward")}
     peak = max(rates.values())
     return Fit(peak, bandwidth[0], bandwidth[1], rates["matmul"] / peak, rates["convolution"] / peak,
                rates["convolution backward"] / peak, half_dim, kernel_seconds)
