@@ -8,12 +8,14 @@ reductions, their backwards) at activation sizes, matrix multiplies of several s
 convolutions of several channel counts, sizes and strides, forward and backward. Each call's kernels are counted
 on the ``meta`` device by :mod:`sim.planning.operators`, so a fitted parameter prices the model's kernels as it
 priced these; :func:`~sim.planning.roofline_fit.fit_roofline` does the arithmetic. Times are the thread's CPU
-time, each kernel's median over several passes over all of them, so time spent waiting for a core on a shared
-machine does not count and a burst of other work there disturbs one sample of each, not one kernel.
+time, operands out of cache (Note [cold operands]), each kernel's median over several passes over all of them, so
+time spent waiting for a core on a shared machine does not count and a burst of other work there disturbs one
+sample of each, not one kernel.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import platform
 import time
@@ -33,7 +35,7 @@ from sim.planning.operators import _Recorder
 from sim.planning.roofline import Roofline
 from sim.planning.roofline_fit import Fit, Timed, fit_roofline, predict_seconds
 
-__all__ = ["CONVOLUTIONS", "GEMMS", "MEMORY_SIZES", "Calibration", "Measurement", "calibrate_cpu"]
+__all__ = ["CONVOLUTIONS", "GEMMS", "MEMORY_SIZES", "POOL_BYTES", "Calibration", "Measurement", "calibrate_cpu"]
 
 #: Matrix multiplies timed: (layout, batch, M, N, K); ``tn``/``nt`` read the first/second operand transposed (as a
 #: linear layer's weight and input gradients do), ``bmm`` stacks ``batch`` products.
@@ -106,10 +108,33 @@ def _count(fn: Callable[..., object], make: _Make) -> np.ndarray:
     return np.asarray(ops, dtype=np.float64).reshape(-1, 6)
 
 
-def _call(fn: Callable[..., object], make: _Make, gen: torch.Generator) -> tuple[_Call, np.ndarray]:
-    """``fn`` on random arguments ``make`` builds, ready to time, and the kernels it runs."""
-    args = make(lambda *s: torch.rand(s, generator=gen) - 0.5)
-    return _Call(lambda: fn(*args)), _count(fn, make)
+# Note [cold operands]: a training step streams through more memory than the caches hold, so a kernel seldom
+# finds its operands where the same kernel left them; called back to back on the same tensors, a matrix multiply
+# or an elementwise kernel of a few MB runs from cache and looks faster than it is in the step. So each call's
+# operands are views of a pool larger than the last-level cache, a new set of them for each call in turn, while
+# the code stays warm as it is in a step.
+#: Bytes of random values the timed calls' operands are views of (larger than this CPU's 32 MiB L3).
+POOL_BYTES = 64 << 20
+
+
+def _call(fn: Callable[..., object], make: _Make, pool: torch.Tensor) -> tuple[_Call, np.ndarray]:
+    """``fn`` on operands ``make`` builds as views of ``pool``, a new set for each call in turn (Note [cold
+    operands]), ready to time; and the kernels it runs."""
+    offset = 0
+
+    def view(*shape: int) -> torch.Tensor:
+        nonlocal offset
+        n = math.prod(shape)
+        if offset + n > pool.numel():
+            offset = 0
+        out = pool[offset:offset + n].view(shape)
+        offset += -(-n // 16) * 16  # 64-byte aligned, as an allocation is
+        return out
+
+    sets = [make(view)]
+    sets += [make(view) for _ in range(min(4096, pool.numel() // max(offset, 1)) - 1)]
+    turn = itertools.cycle(sets)
+    return _Call(lambda: fn(*next(turn))), _count(fn, make)
 
 
 def _gemm(layout: str, batch: int, m: int, n: int, k: int) -> tuple[Callable[..., object], _Make]:
@@ -211,6 +236,7 @@ def _measure(repeats: int, between: Callable[[], object] | None) -> tuple[float,
     gen = torch.Generator().manual_seed(0)
     big = torch.rand(1 << 23, generator=gen)  # 32 MiB: beyond the caches
     out = torch.empty_like(big)
+    pool = torch.rand(POOL_BYTES // 4, generator=gen) - 0.5
     chain, x = _tiny_chain()
     tiny = torch.ones(1)
     dispatch, step = _Call(lambda: torch.add(tiny, tiny)), _Call(lambda: chain(x).sum().backward())
@@ -218,14 +244,15 @@ def _measure(repeats: int, between: Callable[[], object] | None) -> tuple[float,
     described: list[tuple[str, tuple[int, ...], str, _Call, np.ndarray]] = []
     for n in MEMORY_SIZES:
         for name, fn, make in _memory_calls(n):
-            call, ops = _call(fn, make, gen)
+            call, ops = _call(fn, make, pool)
             described.append(("vector math" if (ops[:, 2] == VECTOR_MATH).all() else "memory", (n,), name, call, ops))
     for layout, batch, m, n, k in GEMMS:
-        described.append(("matmul", (batch, m, n, k), f"matmul {layout}", *_call(*_gemm(layout, batch, m, n, k), gen)))
+        described.append(("matmul", (batch, m, n, k), f"matmul {layout}",
+                          *_call(*_gemm(layout, batch, m, n, k), pool)))
     for shape in CONVOLUTIONS:
         (fwd, fwd_make), (bwd, bwd_make) = _conv_calls(*shape)
-        described.append(("convolution", shape, "convolution", *_call(fwd, fwd_make, gen)))
-        described.append(("convolution backward", shape, "convolution backward", *_call(bwd, bwd_make, gen)))
+        described.append(("convolution", shape, "convolution", *_call(fwd, fwd_make, pool)))
+        described.append(("convolution backward", shape, "convolution backward", *_call(bwd, bwd_make, pool)))
     for _ in range(repeats):
         for call in (dispatch, step, stream, *(d[3] for d in described)):
             call.sample()
