@@ -290,7 +290,7 @@ def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-mach
     fit = fit_roofline(timings, dispatch)  # the calls were timed alone: each pays the dispatch only
     bandwidth = max(stream, fit.bandwidth, fit.vector_bandwidth)
     roofline = Roofline({"fp32": fit.matmul}, {"fp32": fit.convolution}, memory=fit.bandwidth / bandwidth,
-                        kernel_seconds=kernel, half_dim=fit.half_dim,
+                        kernel_seconds=kernel, half_dim=fit.half_dim, convolution_half_dim=fit.convolution_half_dim,
                         convolution_backward={"fp32": fit.convolution_backward},
                         vector_math=fit.vector_bandwidth / bandwidth,
                         source=f"measured by gpipe-sim hardware --calibrate-cpu on {platform.processor() or 'this CPU'}"
@@ -301,6 +301,6 @@ def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-mach
                  "convolution backward": fit.convolution_backward}
     rows = [Measurement(t.name, t.shape, float(t.ops[:, 0].sum()), float(t.ops[:, 1].sum()), t.seconds,
                         predict_seconds(t, fit.peak, (fit.bandwidth, fit.vector_bandwidth), fractions[t.kind],
-                                        fit.half_dim, dispatch))
+                                        fit.half_dim if t.kind == "matmul" else fit.convolution_half_dim, dispatch))
             for t in timings]
     return Calibration(device, tuple(rows), fit)

@@ -180,6 +180,7 @@ class FlopCosts:
         apart = [t.input_backward for t in profile.layers]
         self._bwd_in = None if any(t is None for t in apart) else _flatten([t for t in apart if t is not None])
         self.rate, self._kind_rate, self._half_dim = self._rates(device)
+        self._half_dims = np.full(4, self._half_dim) if roofline is None else roofline.half_dims()
         self._backward_rate = self._backward_rates(device)
         self._kind_bandwidth = np.full(4, self.bandwidth)  # Note [vector math] in sim.planning.operators
         uses_vector_math = VECTOR_MATH in set(np.concatenate([self._fwd.kinds, self._bwd.kinds]).tolist())
@@ -231,7 +232,7 @@ class FlopCosts:
         else:  # the roofline of each kernel's kind and GEMM shape (sim.planning.roofline)
             rates = self._backward_rate if backward and self._backward_rate is not None else self._kind_rate
             dims = flat.dims[:, :, 0] + flat.dims[:, :, 1] * batch
-            per_op = roofline_seconds(flops, nbytes, rates[flat.kinds], dims, self._half_dim,
+            per_op = roofline_seconds(flops, nbytes, rates[flat.kinds], dims, self._half_dims[flat.kinds],
                                       self._kind_bandwidth[flat.kinds], self.kernel_seconds)
         per_op[-1] = 0.0  # the padding row
         per_layer = np.add.reduceat(per_op, flat.starts)

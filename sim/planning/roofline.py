@@ -53,19 +53,22 @@ def _fraction(what: str, value: Any) -> float:
 # Note [GEMM shape factor]: a GEMM runs in tiles (a GPU's thread blocks, a CPU's register blocks); a dimension
 # much larger than a tile costs nothing extra, one near it leaves tiles and units part-empty. Each of M, N and K
 # therefore scales the rate by d / (d + half_dim), saturating to 1 for large d, so a narrow 64-channel convolution
-# or a small micro-batch reaches less of the peak than a wide one. One ``half_dim`` per device family, not per
+# or a small micro-batch reaches less of the peak than a wide one. One ``half_dim`` per device family (and one for
+# its convolutions where their algorithms tile otherwise than its matrix multiplies), not per
 # model; an unknown dimension (0) leaves the factor 1.
-def shape_factor(dims: np.ndarray, half_dim: float) -> np.ndarray:
-    """Rate factor of GEMMs with ``dims`` of shape ``(ops, 3)`` (Note [GEMM shape factor])."""
+def shape_factor(dims: np.ndarray, half_dim: float | np.ndarray) -> np.ndarray:
+    """Rate factor of GEMMs with ``dims`` of shape ``(ops, 3)`` (Note [GEMM shape factor]); ``half_dim`` one for
+    all or one per GEMM."""
     d = np.maximum(dims, 0.0)
-    return np.prod(np.where(d > 0, d / np.maximum(d + half_dim, 1e-300), 1.0), axis=-1)
+    h = np.asarray(half_dim, dtype=np.float64)[..., None]
+    return np.prod(np.where(d > 0, d / np.maximum(d + h, 1e-300), 1.0), axis=-1)
 
 
-def roofline_seconds(flops: np.ndarray, nbytes: np.ndarray, rates: np.ndarray, dims: np.ndarray, half_dim: float,
-                     bandwidth: float | np.ndarray, kernel_seconds: float) -> np.ndarray:
+def roofline_seconds(flops: np.ndarray, nbytes: np.ndarray, rates: np.ndarray, dims: np.ndarray,
+                     half_dim: float | np.ndarray, bandwidth: float | np.ndarray, kernel_seconds: float) -> np.ndarray:
     """Seconds of each kernel (the module docstring's formula): ``rates`` is ``peak * fraction`` of each kernel's
     kind (any positive number where ``flops`` is 0), ``dims`` its ``(M, N, K)``, ``bandwidth`` the bytes/s it
-    reaches (one for all, or one per kernel)."""
+    reaches and ``half_dim`` its shape's (each one for all, or one per kernel)."""
     compute = np.where(flops > 0, flops / (rates * shape_factor(dims, half_dim)), 0.0)
     return np.maximum(compute, nbytes / bandwidth) + kernel_seconds
 
@@ -89,6 +92,7 @@ class Roofline:
         vector_math: fraction of the datasheet memory bandwidth that memory-bound kernels with arithmetic per
             element reach (Note [vector math] in :mod:`sim.planning.operators`); ``None``: not known, and a model
             that runs such kernels cannot be timed (:class:`MissingDeviceParameterError`).
+        convolution_half_dim: ``half_dim`` of convolutions, forward and backward; ``None``: ``half_dim``.
         memory: fraction of the datasheet memory bandwidth memory-bound kernels reach.
         kernel_seconds: fixed cost of one kernel (launch, ramp-up and tail), seconds.
         half_dim: the GEMM dimension at which that dimension alone halves the rate (Note [GEMM shape factor]).
@@ -103,6 +107,7 @@ class Roofline:
     source: str = ""
     convolution_backward: Mapping[str, float] = field(default_factory=dict, hash=False)
     vector_math: float | None = None
+    convolution_half_dim: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("matmul", "convolution", "convolution_backward"):
@@ -116,6 +121,9 @@ class Roofline:
             raise ValueError(f"roofline kernel_seconds must be a finite number >= 0, got {self.kernel_seconds!r}")
         if not (isinstance(self.half_dim, (int, float)) and 0 <= self.half_dim < math.inf):
             raise ValueError(f"roofline half_dim must be a finite number >= 0, got {self.half_dim!r}")
+        conv = self.convolution_half_dim
+        if conv is not None and not (isinstance(conv, (int, float)) and 0 <= conv < math.inf):
+            raise ValueError(f"roofline convolution_half_dim must be a finite number >= 0 or None, got {conv!r}")
 
     def fraction(self, kind: int, dtype: str, device: str = "this device", backward: bool = False) -> float:
         """The fraction of peak kernels of ``kind`` reach in ``dtype`` (``backward``: in the backward pass).
@@ -138,6 +146,12 @@ class Roofline:
                 f"to the device's roofline (measure it: gpipe-sim hardware --calibrate-cpu does so for a CPU), "
                 f"or count the model in a dtype it has") from None
 
+    def half_dims(self) -> np.ndarray:
+        """``half_dim`` per counted kind (:mod:`sim.planning.counts`: memory-bound, matmul, convolution, vector
+        math), for indexing by a kernel's kind."""
+        conv = self.half_dim if self.convolution_half_dim is None else self.convolution_half_dim
+        return np.array([self.half_dim, self.half_dim, conv, self.half_dim])
+
     def vector_math_fraction(self, device: str = "this device") -> float:
         """:attr:`vector_math`.
 
@@ -156,7 +170,7 @@ class Roofline:
     def to_dict(self) -> dict[str, Any]:
         return {"matmul": dict(self.matmul), "convolution": dict(self.convolution),
                 "convolution_backward": dict(self.convolution_backward), "memory": self.memory,
-                "vector_math": self.vector_math,
+                "vector_math": self.vector_math, "convolution_half_dim": self.convolution_half_dim,
                 "kernel_seconds": self.kernel_seconds, "half_dim": self.half_dim, "source": self.source}
 
     @classmethod
@@ -173,4 +187,5 @@ class Roofline:
         return cls(dict(data["matmul"]), dict(data["convolution"]), float(data["memory"]),
                    float(data["kernel_seconds"]), float(data["half_dim"]), str(data.get("source", "")),
                    dict(data.get("convolution_backward", {})),
-                   None if data.get("vector_math") is None else float(data["vector_math"]))
+                   None if data.get("vector_math") is None else float(data["vector_math"]),
+                   None if data.get("convolution_half_dim") is None else float(data["convolution_half_dim"]))

@@ -52,8 +52,8 @@ class Timed:
 @dataclass(frozen=True)
 class Fit:
     """The fitted parameters: peak FLOP/s (the fastest compute class's), bytes/s plain and vector-math
-    memory-bound kernels reach, fractions of that peak per class, ``half_dim`` and the fixed cost per kernel
-    (seconds)."""
+    memory-bound kernels reach, fractions of that peak per class, ``half_dim``, the fixed cost per kernel
+    (seconds) and the convolutions' ``half_dim``."""
 
     peak: float
     bandwidth: float
@@ -63,6 +63,7 @@ class Fit:
     convolution_backward: float
     half_dim: float
     kernel_seconds: float
+    convolution_half_dim: float
 
 
 def predict_seconds(timed: Timed, peak: float, bandwidth: tuple[float, float], fraction: float, half_dim: float,
@@ -98,9 +99,9 @@ def _median(values: Sequence[float], what: str) -> float:
 
 # Note [fitting order]: the fixed cost per kernel is measured (what one operator alone costs). The bandwidths come
 # next, from memory-bound calls alone: bytes / (seconds - kernels x fixed cost), the median over the plain calls
-# and over the vector-math ones. ``half_dim`` comes from the matrix multiplies, which probe a GEMM's tiles most
-# directly (a convolution's algorithm follows them less closely): the one of :data:`HALF_DIMS` whose median rate
-# explains every matrix multiply best (least mean log error). Then each compute class (matrix multiplies,
+# and over the vector-math ones. ``half_dim`` comes from the matrix multiplies, the convolutions' own from the
+# convolutions (their algorithms tile otherwise): for each, the one of :data:`HALF_DIMS` whose median rate per
+# class explains the class's calls best (least log error). Then each compute class (matrix multiplies,
 # convolutions, their backward) gets the median of the rates that explain its calls; the peak is the fastest
 # class's, each class's fraction its rate over the peak, so none exceeds 1. Medians, so one call disturbed by a
 # neighbour moves nothing; every step inverts the same sum :func:`predict_seconds` takes, so timings a roofline
@@ -129,15 +130,23 @@ def fit_roofline(timings: Sequence[Timed], kernel_seconds: float, half_dims: Seq
     def rate_of(t: Timed, half_dim: float) -> float:
         return _solve(lambda r: predict_seconds(t, r, bandwidth, 1.0, half_dim, kernel_seconds), t.seconds)
 
-    best = (math.inf, 0.0)
-    for half_dim in half_dims:
-        rate = _median([rate_of(t, half_dim) for t in by_class["matmul"]], "matrix multiply")
-        error = float(np.mean([abs(math.log(predict_seconds(t, rate, bandwidth, 1.0, half_dim, kernel_seconds)
-                                            / t.seconds)) for t in by_class["matmul"]]))
-        best = min(best, (error, half_dim))
-    half_dim = best[1]
-    rates = {kind: _median([rate_of(t, half_dim) for t in by_class[kind]], kind)
-             for kind in ("matmul", "convolution", "convolution backward")}
+    def best_half_dim(kinds: tuple[str, ...]) -> float:
+        """The ``half_dim`` whose median rate per class explains the calls of ``kinds`` best."""
+        best = (math.inf, 0.0)
+        for half_dim in half_dims:
+            error = 0.0
+            for kind in kinds:
+                rate = _median([rate_of(t, half_dim) for t in by_class[kind]], kind)
+                error += sum(abs(math.log(predict_seconds(t, rate, bandwidth, 1.0, half_dim, kernel_seconds)
+                                          / t.seconds)) for t in by_class[kind])
+            best = min(best, (error, half_dim))
+        return best[1]
+
+    half_dim = best_half_dim(("matmul",))
+    conv_half_dim = best_half_dim(("convolution", "convolution backward"))
+    rates = {"matmul": _median([rate_of(t, half_dim) for t in by_class["matmul"]], "matmul")}
+    rates |= {kind: _median([rate_of(t, conv_half_dim) for t in by_class[kind]], kind)
+              for kind in ("convolution", "convolution backward")}
     peak = max(rates.values())
     return Fit(peak, bandwidth[0], bandwidth[1], rates["matmul"] / peak, rates["convolution"] / peak,
-               rates["convolution backward"] / peak, half_dim, kernel_seconds)
+               rates["convolution backward"] / peak, half_dim, kernel_seconds, conv_half_dim)

@@ -21,7 +21,7 @@ ROOF = Roofline({"fp32": 0.5}, {"fp32": 0.25}, memory=0.5, kernel_seconds=1e-6, 
                 convolution_backward={"fp32": 0.125}, vector_math=0.25)
 DEVICE = DeviceSpec("toy", {"fp32": 1e12}, 1e11, 2**30, roofline=ROOF)
 TRUE = Fit(peak=8e10, bandwidth=3e10, vector_bandwidth=6e9, matmul=1.0, convolution=0.7, convolution_backward=0.45,
-           half_dim=24.0, kernel_seconds=2e-6)
+           half_dim=24.0, kernel_seconds=2e-6, convolution_half_dim=8.0)
 
 
 def _gemm(kind: int, m: float, n: float, k: float) -> list[float]:
@@ -43,16 +43,19 @@ def _synthetic(true: Fit = TRUE) -> list[Timed]:
     out = []
     for kind, ops in calls:
         timed = Timed(kind, (0,), np.array(ops, dtype=np.float64), 1.0)
+        half_dim = true.convolution_half_dim if kind.startswith("convolution") else true.half_dim
         seconds = predict_seconds(timed, true.peak, (true.bandwidth, true.vector_bandwidth),
-                                  fractions.get(kind, 1.0), true.half_dim, true.kernel_seconds)
+                                  fractions.get(kind, 1.0), half_dim, true.kernel_seconds)
         out.append(replace(timed, seconds=seconds))
     return out
 
 
-@pytest.mark.parametrize("true", [TRUE, replace(TRUE, matmul=0.8, convolution=1.0, half_dim=8.0)])
+@pytest.mark.parametrize("true", [TRUE, replace(TRUE, matmul=0.8, convolution=1.0, half_dim=8.0,
+                                                 convolution_half_dim=32.0)])
 def test_fit_gives_back_the_roofline_that_made_the_timings(true: Fit) -> None:
     fit = fit_roofline(_synthetic(true), true.kernel_seconds)
-    assert fit.half_dim == true.half_dim and fit.kernel_seconds == true.kernel_seconds
+    assert fit.half_dim == true.half_dim and fit.convolution_half_dim == true.convolution_half_dim
+    assert fit.kernel_seconds == true.kernel_seconds
     for name in ("peak", "bandwidth", "vector_bandwidth", "matmul", "convolution", "convolution_backward"):
         assert getattr(fit, name) == pytest.approx(getattr(true, name), rel=1e-9), name
 
@@ -80,7 +83,7 @@ def test_fit_names_what_is_missing_or_wrong() -> None:
         Timed("matmul", (1,), timings[4].ops, 0.0)
 
 
-def test_backward_convolutions_take_their_own_fraction() -> None:
+def test_backward_convolutions_take_their_own_fraction_and_half_dim() -> None:
     model = nn.Sequential(nn.Identity(), nn.Conv2d(16, 16, 3, padding=1))
     profile = count_layers(model, torch.randn(2, 16, 8, 8))
     b = 4
@@ -90,12 +93,12 @@ def test_backward_convolutions_take_their_own_fraction() -> None:
     assert (kinds == CONVOLUTION).sum() == 2  # the input's and the filter's gradients
     rates = np.where(kinds == CONVOLUTION, 1e12 * 0.125, 1.0)
     expected = sum(max(f / (r * s), n / (1e11 * 0.5)) + 1e-6
-                   for f, n, r, s in zip(flops, nbytes, rates, shape_factor(dims, 16.0), strict=True))
-    costs = FlopCosts(profile, DEVICE, "fp32-sgd")
+                   for f, n, r, s in zip(flops, nbytes, rates, shape_factor(dims, 4.0), strict=True))
+    costs = FlopCosts(profile, replace(DEVICE, roofline=replace(ROOF, convolution_half_dim=4.0)), "fp32-sgd")
     assert costs.layer_seconds(b)[1][1] == pytest.approx(expected, rel=1e-12)
     forward = profile.layers[1].forward
     f, n = forward.flops_at(b)[0], forward.bytes_at(b)[0]
-    s = float(shape_factor((forward.dims[0, :, 0] + forward.dims[0, :, 1] * b)[None], 16.0)[0])
+    s = float(shape_factor((forward.dims[0, :, 0] + forward.dims[0, :, 1] * b)[None], 4.0)[0])
     assert costs.layer_seconds(b)[0][1] == pytest.approx(max(f / (1e12 * 0.25 * s), n / 5e10) + 1e-6, rel=1e-12)
 
 
