@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     roof = device.roofline
     assert roof is not None
     print(f"calibrated: {device.peak_flops['fp32'] / 1e9:.1f} GFLOP/s, half_dim {roof.half_dim:g}, convolution "
-          f"{roof.convolution['fp32']:.2f}, backward {roof.convolution_backward['fp32']:.2f}, memory-bound "
+          f"{roof.convolution['fp32']:.2f}, backward {roof.convolution_backward['fp32']:.2f}, half_dim "
+          f"{roof.half_dims()[2]:g}, memory-bound "
           f"{device.memory_bandwidth * roof.memory / 1e9:.1f} GB/s, vector math "
           f"{device.memory_bandwidth * (roof.vector_math or 0) / 1e9:.1f} GB/s, "
           f"{roof.kernel_seconds * 1e6:.2f} us/kernel")

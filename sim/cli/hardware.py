@@ -45,7 +45,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         assert roof is not None
         print(f"{dev.name}: matmul peak {dev.peak_flops['fp32'] / 1e9:.1f} GFLOP/s, half_dim {roof.half_dim:g}, "
               f"convolution fraction {roof.convolution['fp32']:.2f} (backward "
-              f"{roof.convolution_backward['fp32']:.2f}), memory-bound kernels "
+              f"{roof.convolution_backward['fp32']:.2f}, half_dim {roof.half_dims()[2]:g}), memory-bound kernels "
               f"{dev.memory_bandwidth * roof.memory / 1e9:.1f} GB/s (a large copy {dev.memory_bandwidth / 1e9:.1f}), "
               f"{roof.kernel_seconds * 1e6:.2f} us per kernel")
         print(f"{'kernel':<20} {'shape':<22} {'measured':>10} {'roofline':>10} {'error':>7}")
