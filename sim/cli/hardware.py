@@ -44,11 +44,13 @@ def _calibrate(args: argparse.Namespace) -> int:
         roof = dev.roofline
         assert roof is not None
         print(f"{dev.name}: matmul peak {dev.peak_flops['fp32'] / 1e9:.1f} GFLOP/s, half_dim {roof.half_dim:g}, "
-              f"convolution fraction {roof.convolution['fp32']:.2f}, bandwidth {dev.memory_bandwidth / 1e9:.1f} GB/s, "
+              f"convolution fraction {roof.convolution['fp32']:.2f} (backward "
+              f"{roof.convolution_backward['fp32']:.2f}, half_dim {roof.half_dims()[2]:g}), memory-bound kernels "
+              f"{dev.memory_bandwidth * roof.memory / 1e9:.1f} GB/s (a large copy {dev.memory_bandwidth / 1e9:.1f}), "
               f"{roof.kernel_seconds * 1e6:.2f} us per kernel")
-        print(f"{'kernel':<12} {'shape':<22} {'measured':>10} {'roofline':>10} {'error':>7}")
+        print(f"{'kernel':<20} {'shape':<22} {'measured':>10} {'roofline':>10} {'error':>7}")
         for m in result.measurements:
-            print(f"{m.kind:<12} {str(m.shape):<22} {m.seconds * 1e3:>7.3f} ms {m.predicted * 1e3:>7.3f} ms "
+            print(f"{m.kind:<20} {str(m.shape):<22} {m.seconds * 1e3:>7.3f} ms {m.predicted * 1e3:>7.3f} ms "
                   f"{100 * (m.predicted / m.seconds - 1):>+6.1f}%")
     if args.out:
         Path(args.out).write_text(json_text(dev.to_dict()))

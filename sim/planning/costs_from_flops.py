@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
-from sim.planning.counts import CONVOLUTION, MATMUL, MEMORY_BOUND
+from sim.planning.counts import CONVOLUTION, MATMUL, VECTOR_MATH
 from sim.planning.flops import ModelProfile, OpTable
 from sim.planning.hardware import DeviceSpec
-from sim.planning.roofline import KIND_NAMES, MissingDeviceParameterError, shape_factor
+from sim.planning.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
 
 __all__ = ["KERNEL_SECONDS", "TRAINING", "FlopCosts", "Training", "effective_efficiency", "training_policy"]
 
@@ -113,7 +113,7 @@ class _Flat:
     bytes: np.ndarray  # (ops, 2)
     starts: np.ndarray  # first operator of each layer
     empty: np.ndarray  # layers without operators
-    kinds: np.ndarray  # (ops,) MEMORY_BOUND, MATMUL or CONVOLUTION
+    kinds: np.ndarray  # (ops,) MEMORY_BOUND, MATMUL, CONVOLUTION or VECTOR_MATH
     dims: np.ndarray  # (ops, 3, 2) GEMM M, N, K as fixed + per-sample
 
 
@@ -148,8 +148,9 @@ class FlopCosts:
             training: a :class:`Training` or its name.
             kernel_seconds: fixed cost per kernel; ``None``: the roofline's, or :data:`KERNEL_SECONDS`
                 (Note [small micro-batches]).
-            memory_efficiency: the fraction of the datasheet bandwidth memory-bound work reaches;
-                ``None``: the roofline's, or the device's ``efficiency`` (Note [one efficiency]).
+            memory_efficiency: the fraction of the datasheet bandwidth memory-bound work reaches, vector-math
+                kernels included; ``None``: the roofline's (``memory`` and ``vector_math``), or the device's
+                ``efficiency`` (Note [one efficiency]).
 
         Raises:
             KeyError: the device has no peak for the policy's compute dtype, or an unknown policy;
@@ -169,6 +170,7 @@ class FlopCosts:
             raise ValueError(f"memory_efficiency is a fraction of the datasheet bandwidth in (0, 1], "
                              f"got {memory_efficiency!r}")
         self.kernel_seconds = kernel_seconds
+        memory_efficiency_given = memory_efficiency
         if memory_efficiency is None:
             memory_efficiency = device.efficiency if roofline is None else roofline.memory
         self.memory_efficiency = memory_efficiency
@@ -178,6 +180,12 @@ class FlopCosts:
         apart = [t.input_backward for t in profile.layers]
         self._bwd_in = None if any(t is None for t in apart) else _flatten([t for t in apart if t is not None])
         self.rate, self._kind_rate, self._half_dim = self._rates(device)
+        self._half_dims = np.full(4, self._half_dim) if roofline is None else roofline.half_dims()
+        self._backward_rate = self._backward_rates(device)
+        self._kind_bandwidth = np.full(4, self.bandwidth)  # Note [vector math] in sim.planning.operators
+        uses_vector_math = VECTOR_MATH in set(np.concatenate([self._fwd.kinds, self._bwd.kinds]).tolist())
+        if roofline is not None and uses_vector_math and memory_efficiency_given is None:
+            self._kind_bandwidth[VECTOR_MATH] = device.memory_bandwidth * roofline.vector_math_fraction(device.name)
         params = np.array([layer.parameters for layer in profile.layers], dtype=np.float64)
         tensors = np.array([layer.parameter_tensors for layer in profile.layers], dtype=np.float64)
         self._param_prefix = np.concatenate([[0.0], np.cumsum(params)])
@@ -188,7 +196,7 @@ class FlopCosts:
     def _rates(self, device: DeviceSpec) -> tuple[float, np.ndarray | None, float]:
         """The matrix-multiply rate, the rate per kind (roofline only) and the roofline's ``half_dim``."""
         dtype = self.training.compute
-        kinds = set(np.concatenate([self._fwd.kinds, self._bwd.kinds]).tolist()) - {MEMORY_BOUND}
+        kinds = set(np.concatenate([self._fwd.kinds, self._bwd.kinds]).tolist()) & {MATMUL, CONVOLUTION}
         if device.roofline is None:
             return device.achievable_flops(dtype), None, 0.0  # raises KeyError for a missing dtype
         if kinds and dtype.lower() not in device.peak_flops:
@@ -197,22 +205,35 @@ class FlopCosts:
                 f"{device.name!r} has no peak_flops[{dtype!r}] (it has {', '.join(device.dtypes)}); add that peak, "
                 f"or train in a dtype it has")
         peak = device.peak_flops.get(dtype.lower(), 0.0)
-        per_kind = np.ones(3)
+        per_kind = np.ones(4)
         for kind in (MATMUL, CONVOLUTION):
             if kind in kinds:
                 per_kind[kind] = peak * device.roofline.fraction(kind, dtype, device.name)
         rate = per_kind[MATMUL] if MATMUL in kinds else peak * device.roofline.matmul.get(dtype.lower(), 1.0)
         return rate, per_kind, device.roofline.half_dim
 
-    def _seconds(self, flat: _Flat, batch: int) -> np.ndarray:
+    def _backward_rates(self, device: DeviceSpec) -> np.ndarray | None:
+        """The rate per kind in the backward: its convolutions at their own fraction (Note [backward
+        convolutions] in :mod:`sim.planning.roofline`); ``None`` without a roofline."""
+        if self._kind_rate is None or device.roofline is None:
+            return None
+        per_kind = self._kind_rate.copy()
+        if CONVOLUTION in set(self._bwd.kinds.tolist()):
+            dtype = self.training.compute
+            per_kind[CONVOLUTION] = device.peak_flops[dtype.lower()] * device.roofline.fraction(
+                CONVOLUTION, dtype, device.name, backward=True)
+        return per_kind
+
+    def _seconds(self, flat: _Flat, batch: int, backward: bool = False) -> np.ndarray:
         flops = np.maximum(flat.flops[:, 0] + flat.flops[:, 1] * batch, 0.0)
         nbytes = np.maximum(flat.bytes[:, 0] + flat.bytes[:, 1] * batch, 0.0)
         if self._kind_rate is None:
-            compute = flops / self.rate
+            per_op = np.maximum(flops / self.rate, nbytes / self._kind_bandwidth[flat.kinds]) + self.kernel_seconds
         else:  # the roofline of each kernel's kind and GEMM shape (sim.planning.roofline)
+            rates = self._backward_rate if backward and self._backward_rate is not None else self._kind_rate
             dims = flat.dims[:, :, 0] + flat.dims[:, :, 1] * batch
-            compute = flops / (self._kind_rate[flat.kinds] * shape_factor(dims, self._half_dim))
-        per_op = np.maximum(compute, nbytes / self.bandwidth) + self.kernel_seconds
+            per_op = roofline_seconds(flops, nbytes, rates[flat.kinds], dims, self._half_dims[flat.kinds],
+                                      self._kind_bandwidth[flat.kinds], self.kernel_seconds)
         per_op[-1] = 0.0  # the padding row
         per_layer = np.add.reduceat(per_op, flat.starts)
         per_layer[flat.empty] = 0.0
@@ -223,7 +244,8 @@ class FlopCosts:
         if microbatch < 1:
             raise ValueError(f"a micro-batch needs at least one sample, got {microbatch}")
         if microbatch not in self._cache:
-            self._cache[microbatch] = (self._seconds(self._fwd, microbatch), self._seconds(self._bwd, microbatch))
+            self._cache[microbatch] = (self._seconds(self._fwd, microbatch),
+                                       self._seconds(self._bwd, microbatch, backward=True))
         return self._cache[microbatch]
 
     def split_backward_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -241,7 +263,7 @@ class FlopCosts:
                              "backward by; count the model with sim.planning.flops.count_layers")
         if microbatch not in self._split_cache:
             whole = self.layer_seconds(microbatch)[1]
-            inputs = self._seconds(self._bwd_in, microbatch)
+            inputs = self._seconds(self._bwd_in, microbatch, backward=True)
             self._split_cache[microbatch] = (inputs, np.maximum(whole - inputs, 0.0))
         return self._split_cache[microbatch]
 

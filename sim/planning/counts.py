@@ -11,11 +11,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["CONVOLUTION", "MATMUL", "MEMORY_BOUND", "LayerCount", "LayerProfile", "ModelProfile", "OpTable"]
+__all__ = ["CONVOLUTION", "MATMUL", "MEMORY_BOUND", "VECTOR_MATH", "LayerCount", "LayerProfile", "ModelProfile",
+           "OpTable"]
 
 #: What bounds a counted kernel (``OpTable.kinds``): memory-bound (bytes at bandwidth), a matrix multiply
-#: (``mm``, ``addmm``, ``bmm``, ...) or a convolution (an implicit GEMM), both compute-bound by their shape.
-MEMORY_BOUND, MATMUL, CONVOLUTION = 0, 1, 2
+#: (``mm``, ``addmm``, ``bmm``, ...) or a convolution (an implicit GEMM), both compute-bound by their shape, or a
+#: memory-bound kernel with arithmetic per element (activations such as GELU, softmax, normalisations, pooling,
+#: losses), priced by its bytes at its own fraction of the bandwidth (Note [vector math] in
+#: :mod:`sim.planning.operators`).
+MEMORY_BOUND, MATMUL, CONVOLUTION, VECTOR_MATH = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,7 +29,8 @@ class OpTable:
     Attributes:
         flops: shape ``(ops, 2)``: fixed and per-sample FLOPs of each operator.
         bytes: shape ``(ops, 2)``: fixed and per-sample bytes each operator reads and writes.
-        kinds: shape ``(ops,)``: :data:`MEMORY_BOUND`, :data:`MATMUL` or :data:`CONVOLUTION`; ``None`` (a table
+        kinds: shape ``(ops,)``: :data:`MEMORY_BOUND`, :data:`MATMUL`, :data:`CONVOLUTION` or
+            :data:`VECTOR_MATH`; ``None`` (a table
             built by hand): an operator with FLOPs is a matrix multiply, one without is memory-bound.
         dims: shape ``(ops, 3, 2)``: fixed and per-sample GEMM dimensions ``M, N, K`` of each compute-bound
             operator (a convolution's implicit GEMM); 0 where unknown or not a GEMM. ``None``: all unknown.

@@ -151,13 +151,19 @@ class DeviceSpec:
 # datasheet bandwidth, 128-wide tensor-core tiles; calibrate them on the device (gpipe-sim hardware) before trusting
 # an absolute number.
 _PASCAL = Roofline({"fp32": 0.859}, {"fp32": 0.859}, memory=0.8, kernel_seconds=5e-6, half_dim=64,
-                   source="matmul/convolution: solved once from torchgpipe's ResNet-101 P40 baseline; memory 0.8: a "
-                          "priori (GDDR5 copy rate); half_dim 64: a priori (cuBLAS SGEMM tiles 128x64); 5 us "
-                          "per kernel: a priori (Note [small micro-batches])")
+                   convolution_backward={"fp32": 0.859}, vector_math=0.8,
+                   source="matmul/convolution/convolution_backward: one fraction solved once from torchgpipe's "
+                          "ResNet-101 P40 baseline (a whole training step, forward and backward together); memory "
+                          "and vector_math 0.8: a priori (GDDR5 copy rate); half_dim 64: a priori (cuBLAS SGEMM "
+                          "tiles 128x64); 5 us per kernel: a priori (Note [small micro-batches])")
 _TENSOR_CORE = Roofline({"fp64": 0.85, "fp32": 0.85, "tf32": 0.7, "fp16": 0.7, "bf16": 0.7, "fp8": 0.6},
                         {"fp64": 0.75, "fp32": 0.75, "tf32": 0.6, "fp16": 0.6, "bf16": 0.6, "fp8": 0.5},
                         memory=0.9, kernel_seconds=5e-6, half_dim=128,
-                        source="assumed, not measured (Note [roofline sources] in sim/planning/hardware.py)")
+                        convolution_backward={"fp64": 0.75, "fp32": 0.75, "tf32": 0.6, "fp16": 0.6, "bf16": 0.6,
+                                              "fp8": 0.5}, vector_math=0.9,
+                        source="assumed, not measured (Note [roofline sources] in sim/planning/hardware.py); the "
+                               "backward's convolutions assumed at the forward's fraction, vector-math kernels at "
+                               "the memory fraction")
 _DEVICE_LIST = (
     # NVIDIA Tesla P40 datasheet (2016): 12 TFLOPS single precision, 47 TOPS INT8, 24 GB GDDR5,
     # 346 GB/s. Pascal GP102 has no fast fp16 path; the datasheet lists none, so neither do we.

@@ -6,7 +6,7 @@ The counter runs each layer under :class:`_Recorder`, a
     flops   torch.utils.flop_counter's formula (mm, addmm, bmm, baddbmm, convolution and their
             backward); 0 for everything else
     bytes   bytes read and written: every tensor argument plus every output (views are free)
-    kind    what bounds it (sim.planning.counts: MATMUL, CONVOLUTION or MEMORY_BOUND)
+    kind    what bounds it (sim.planning.counts: MATMUL, CONVOLUTION, MEMORY_BOUND or VECTOR_MATH)
     M N K   the GEMM shape of a compute-bound operator (Note [GEMM shape]); 0 otherwise
 
 An operator that is neither free, nor has a FLOP formula, nor is known to be memory-bound stops the count
@@ -27,9 +27,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from sim.planning.counts import CONVOLUTION, MATMUL, MEMORY_BOUND
+from sim.planning.counts import CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
 
-__all__ = ["MEMORY_BOUND_OPERATORS", "UnknownOperatorError"]
+__all__ = ["MEMORY_BOUND_OPERATORS", "VECTOR_MATH_OPERATORS", "UnknownOperatorError"]
 
 #: One counted kernel: FLOPs, bytes, kind, and GEMM dimensions M, N, K (0 where not a GEMM).
 Op = tuple[float, float, float, float, float, float]
@@ -89,7 +89,7 @@ class _Recorder(TorchDispatchMode):
                 return out  # returns an alias of an input: no kernel
         if not (torch.Tag.pointwise in func.tags or name in MEMORY_BOUND_OPERATORS or name in self.memory_bound):
             raise UnknownOperatorError(name)
-        self.ops.append((0.0, traffic, MEMORY_BOUND, 0.0, 0.0, 0.0))
+        self.ops.append((0.0, traffic, VECTOR_MATH if name in VECTOR_MATH_OPERATORS else MEMORY_BOUND, 0.0, 0.0, 0.0))
         return out
 
 
@@ -119,6 +119,25 @@ MEMORY_BOUND_OPERATORS = frozenset({
     "hardtanh_backward", "softplus_backward", "hardswish_backward", "hardsigmoid_backward", "mish_backward",
     "log_sigmoid_forward", "log_sigmoid_backward", "mse_loss", "mse_loss_backward", "relu_", "scalar_tensor",
     "_safe_softmax", "logical_not", "bitwise_not", "expand_copy", "_to_dtype", "lift_fresh_copy",
+})
+
+
+# Note [vector math]: a memory-bound operator moves its bytes once, but some do arithmetic per element that one CPU
+# core cannot finish at memory speed (GELU's erf, softmax's exp, a normalisation's two passes and division,
+# pooling's window): on this machine they reach a fifth of what an add does. So the counter marks them VECTOR_MATH,
+# priced by their bytes at the roofline's own fraction of the bandwidth; a GPU streams them like any other
+# memory-bound kernel (the catalog gives both fractions the same value).
+#: Memory-bound ATen operators with arithmetic per element (counted as :data:`~sim.planning.counts.VECTOR_MATH`).
+VECTOR_MATH_OPERATORS = frozenset({
+    "gelu", "gelu_backward", "silu", "silu_backward", "tanh", "tanh_backward", "sigmoid", "sigmoid_backward",
+    "elu", "elu_backward", "softplus", "softplus_backward", "mish", "mish_backward", "log_sigmoid_forward",
+    "log_sigmoid_backward", "exp", "log", "erf", "_softmax", "_softmax_backward_data", "_safe_softmax",
+    "_log_softmax", "_log_softmax_backward_data", "native_layer_norm", "native_layer_norm_backward",
+    "native_batch_norm", "native_batch_norm_backward", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional", "native_group_norm", "native_group_norm_backward",
+    "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "max_pool3d_with_indices", "avg_pool2d",
+    "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "mse_loss", "mse_loss_backward",
+    "nll_loss_forward", "nll_loss_backward",
 })
 
 
@@ -216,12 +235,12 @@ def _kernels(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> list[O
     single_pass = sum(map(_tensor_bytes, _tensors((args, kwargs)))) + sum(map(_tensor_bytes, _tensors(out)))
     if packet in _BATCH_NORM and _arg(args, kwargs, 5, "training"):
         x = _arg(args, kwargs, 0, "input")
-        return [(0.0, float(_tensor_bytes(x)), MEMORY_BOUND, 0.0, 0.0, 0.0),  # statistics, then normalisation
-                (0.0, float(single_pass), MEMORY_BOUND, 0.0, 0.0, 0.0)]
+        return [(0.0, float(_tensor_bytes(x)), VECTOR_MATH, 0.0, 0.0, 0.0),  # statistics, then normalisation
+                (0.0, float(single_pass), VECTOR_MATH, 0.0, 0.0, 0.0)]
     if packet is _aten.native_batch_norm_backward and _arg(args, kwargs, 7, "train"):
         grad_out, x = _arg(args, kwargs, 0, "grad_out"), _arg(args, kwargs, 1, "input")
-        return [(0.0, float(_tensor_bytes(grad_out) + _tensor_bytes(x)), MEMORY_BOUND, 0.0, 0.0, 0.0),
-                (0.0, float(single_pass), MEMORY_BOUND, 0.0, 0.0, 0.0)]
+        return [(0.0, float(_tensor_bytes(grad_out) + _tensor_bytes(x)), VECTOR_MATH, 0.0, 0.0, 0.0),
+                (0.0, float(single_pass), VECTOR_MATH, 0.0, 0.0, 0.0)]
     return None
 
 

@@ -6,8 +6,10 @@ One counted kernel (:mod:`sim.planning.operators`) of ``flops`` FLOPs moving ``b
                   bytes / (memory_bandwidth * memory)) + kernel_seconds
     shape(M, N, K) = M / (M + half_dim) * N / (N + half_dim) * K / (K + half_dim)
 
-``kind`` is a matrix multiply or a convolution (an implicit GEMM; Note [GEMM shape] in
-:mod:`sim.planning.operators`); a memory-bound kernel has no FLOPs and only the second term. A :class:`Roofline`
+``kind`` is a matrix multiply, a convolution (an implicit GEMM; Note [GEMM shape] in :mod:`sim.planning.operators`)
+or one of the backward's convolutions (input and filter gradients); a memory-bound kernel has no FLOPs and only
+the second term (:func:`roofline_seconds`), at ``memory`` or, for one with arithmetic per element (GELU, softmax,
+normalisations; Note [vector math] in :mod:`sim.planning.operators`), at ``vector_math``. A :class:`Roofline`
 holds a device family's few named parameters, each with the source or measurement that set it
 (Note [GEMM shape factor]); :class:`~sim.planning.hardware.DeviceSpec` carries one, and
 :class:`~sim.planning.costs_from_flops.FlopCosts` times every kernel by it.
@@ -25,11 +27,14 @@ import numpy as np
 
 from sim.planning.counts import CONVOLUTION, MATMUL
 
-__all__ = ["KIND_NAMES", "MissingDeviceParameterError", "Roofline", "shape_factor"]
+__all__ = ["BACKWARD_CONVOLUTION_NAME", "KIND_NAMES", "MissingDeviceParameterError", "Roofline", "roofline_seconds",
+           "shape_factor"]
 
 #: What each kind of compute-bound kernel is, for messages.
 KIND_NAMES = {MATMUL: "matrix multiplies (aten::mm, addmm, bmm, ...)",
-              CONVOLUTION: "convolutions (aten::convolution and its backward)"}
+              CONVOLUTION: "convolutions (aten::convolution)"}
+#: What the backward's convolution kernels are, for messages.
+BACKWARD_CONVOLUTION_NAME = "the backward's convolutions (input and filter gradients of aten::convolution_backward)"
 
 
 class MissingDeviceParameterError(KeyError):
@@ -48,14 +53,31 @@ def _fraction(what: str, value: Any) -> float:
 # Note [GEMM shape factor]: a GEMM runs in tiles (a GPU's thread blocks, a CPU's register blocks); a dimension
 # much larger than a tile costs nothing extra, one near it leaves tiles and units part-empty. Each of M, N and K
 # therefore scales the rate by d / (d + half_dim), saturating to 1 for large d, so a narrow 64-channel convolution
-# or a small micro-batch reaches less of the peak than a wide one. One ``half_dim`` per device family, not per
+# or a small micro-batch reaches less of the peak than a wide one. One ``half_dim`` per device family (and one for
+# its convolutions where their algorithms tile otherwise than its matrix multiplies), not per
 # model; an unknown dimension (0) leaves the factor 1.
-def shape_factor(dims: np.ndarray, half_dim: float) -> np.ndarray:
-    """Rate factor of GEMMs with ``dims`` of shape ``(ops, 3)`` (Note [GEMM shape factor])."""
+def shape_factor(dims: np.ndarray, half_dim: float | np.ndarray) -> np.ndarray:
+    """Rate factor of GEMMs with ``dims`` of shape ``(ops, 3)`` (Note [GEMM shape factor]); ``half_dim`` one for
+    all or one per GEMM."""
     d = np.maximum(dims, 0.0)
-    return np.prod(np.where(d > 0, d / np.maximum(d + half_dim, 1e-300), 1.0), axis=-1)
+    h = np.asarray(half_dim, dtype=np.float64)[..., None]
+    return np.prod(np.where(d > 0, d / np.maximum(d + h, 1e-300), 1.0), axis=-1)
 
 
+def roofline_seconds(flops: np.ndarray, nbytes: np.ndarray, rates: np.ndarray, dims: np.ndarray,
+                     half_dim: float | np.ndarray, bandwidth: float | np.ndarray, kernel_seconds: float) -> np.ndarray:
+    """Seconds of each kernel (the module docstring's formula): ``rates`` is ``peak * fraction`` of each kernel's
+    kind (any positive number where ``flops`` is 0), ``dims`` its ``(M, N, K)``, ``bandwidth`` the bytes/s it
+    reaches and ``half_dim`` its shape's (each one for all, or one per kernel)."""
+    compute = np.where(flops > 0, flops / (rates * shape_factor(dims, half_dim)), 0.0)
+    return np.maximum(compute, nbytes / bandwidth) + kernel_seconds
+
+
+# Note [backward convolutions]: a convolution's backward runs other kernels than its forward: the input gradient is
+# a transposed convolution (for a strided one, mostly zeros to skip), the filter gradient a GEMM whose K runs over
+# batch x pixels, and oneDNN and cuDNN pick different algorithms for each. On this machine's CPU they reach markedly
+# less of the peak than the forward at the same channels, so a roofline carries their fraction apart. Devices whose
+# fraction was solved from whole training steps (the catalog's GPUs) give both the same value.
 @dataclass(frozen=True)
 class Roofline:
     """A device family's achievable fractions, one set for every model.
@@ -64,6 +86,13 @@ class Roofline:
         matmul: fraction of ``peak_flops[dtype]`` a large matrix multiply reaches, per dtype path.
         convolution: the same for a convolution's implicit GEMM (cuDNN, oneDNN); a dtype absent here cannot
             time a convolution (:class:`MissingDeviceParameterError`).
+        convolution_backward: the same for the backward's convolutions, whose implicit GEMMs have other shapes
+            and other kernels than the forward's (Note [backward convolutions]); needed by a model whose backward
+            runs convolutions.
+        vector_math: fraction of the datasheet memory bandwidth that memory-bound kernels with arithmetic per
+            element reach (Note [vector math] in :mod:`sim.planning.operators`); ``None``: not known, and a model
+            that runs such kernels cannot be timed (:class:`MissingDeviceParameterError`).
+        convolution_half_dim: ``half_dim`` of convolutions, forward and backward; ``None``: ``half_dim``.
         memory: fraction of the datasheet memory bandwidth memory-bound kernels reach.
         kernel_seconds: fixed cost of one kernel (launch, ramp-up and tail), seconds.
         half_dim: the GEMM dimension at which that dimension alone halves the rate (Note [GEMM shape factor]).
@@ -76,41 +105,78 @@ class Roofline:
     kernel_seconds: float
     half_dim: float
     source: str = ""
+    convolution_backward: Mapping[str, float] = field(default_factory=dict, hash=False)
+    vector_math: float | None = None
+    convolution_half_dim: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("matmul", "convolution"):
+        for name in ("matmul", "convolution", "convolution_backward"):
             table = {k.lower(): _fraction(f"roofline {name} fraction for {k}", v)
                      for k, v in getattr(self, name).items()}
             object.__setattr__(self, name, MappingProxyType(table))
         _fraction("roofline memory fraction", self.memory)
+        if self.vector_math is not None:
+            _fraction("roofline vector_math fraction", self.vector_math)
         if not (isinstance(self.kernel_seconds, (int, float)) and 0 <= self.kernel_seconds < math.inf):
             raise ValueError(f"roofline kernel_seconds must be a finite number >= 0, got {self.kernel_seconds!r}")
         if not (isinstance(self.half_dim, (int, float)) and 0 <= self.half_dim < math.inf):
             raise ValueError(f"roofline half_dim must be a finite number >= 0, got {self.half_dim!r}")
+        conv = self.convolution_half_dim
+        if conv is not None and not (isinstance(conv, (int, float)) and 0 <= conv < math.inf):
+            raise ValueError(f"roofline convolution_half_dim must be a finite number >= 0 or None, got {conv!r}")
 
-    def fraction(self, kind: int, dtype: str, device: str = "this device") -> float:
-        """The fraction of peak kernels of ``kind`` reach in ``dtype``.
+    def fraction(self, kind: int, dtype: str, device: str = "this device", backward: bool = False) -> float:
+        """The fraction of peak kernels of ``kind`` reach in ``dtype`` (``backward``: in the backward pass).
 
         Raises:
             MissingDeviceParameterError: the roofline has no fraction for that kind and dtype.
         """
-        table, field_name = (self.convolution, "convolution") if kind == CONVOLUTION else (self.matmul, "matmul")
+        what = KIND_NAMES[kind]
+        table, field_name = self.matmul, "matmul"
+        if kind == CONVOLUTION and backward:
+            table, field_name, what = self.convolution_backward, "convolution_backward", BACKWARD_CONVOLUTION_NAME
+        elif kind == CONVOLUTION:
+            table, field_name = self.convolution, "convolution"
         try:
             return table[dtype.lower()]
         except KeyError:
             raise MissingDeviceParameterError(
-                f"the model runs {KIND_NAMES[kind]} in {dtype}, but device {device!r} has no "
+                f"the model runs {what} in {dtype}, but device {device!r} has no "
                 f"Roofline.{field_name}[{dtype.lower()!r}] (it has {', '.join(table) or 'none'}); add that fraction "
                 f"to the device's roofline (measure it: gpipe-sim hardware --calibrate-cpu does so for a CPU), "
                 f"or count the model in a dtype it has") from None
 
+    def half_dims(self) -> np.ndarray:
+        """``half_dim`` per counted kind (:mod:`sim.planning.counts`: memory-bound, matmul, convolution, vector
+        math), for indexing by a kernel's kind."""
+        conv = self.half_dim if self.convolution_half_dim is None else self.convolution_half_dim
+        return np.array([self.half_dim, self.half_dim, conv, self.half_dim])
+
+    def vector_math_fraction(self, device: str = "this device") -> float:
+        """:attr:`vector_math`.
+
+        Raises:
+            MissingDeviceParameterError: the roofline has none.
+        """
+        if self.vector_math is None:
+            raise MissingDeviceParameterError(
+                f"the model runs memory-bound kernels with arithmetic per element (GELU, softmax, normalisations, "
+                f"pooling, losses: sim.planning.operators.VECTOR_MATH_OPERATORS), but device {device!r} has no "
+                f"Roofline.vector_math; add the fraction of its memory bandwidth they reach (measure it: gpipe-sim "
+                f"hardware --calibrate-cpu does so for a CPU; a GPU streams them like other kernels, its memory "
+                f"fraction)")
+        return self.vector_math
+
     def to_dict(self) -> dict[str, Any]:
-        return {"matmul": dict(self.matmul), "convolution": dict(self.convolution), "memory": self.memory,
+        return {"matmul": dict(self.matmul), "convolution": dict(self.convolution),
+                "convolution_backward": dict(self.convolution_backward), "memory": self.memory,
+                "vector_math": self.vector_math, "convolution_half_dim": self.convolution_half_dim,
                 "kernel_seconds": self.kernel_seconds, "half_dim": self.half_dim, "source": self.source}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Roofline:
-        """The inverse of :meth:`to_dict`.
+        """The inverse of :meth:`to_dict`; a description saved without ``convolution_backward`` or
+        ``vector_math`` has none.
 
         Raises:
             ValueError: a field is missing or out of range (the message names it).
@@ -119,4 +185,7 @@ class Roofline:
         if missing:
             raise ValueError(f"a roofline needs {', '.join(missing)}; see sim.planning.roofline.Roofline")
         return cls(dict(data["matmul"]), dict(data["convolution"]), float(data["memory"]),
-                   float(data["kernel_seconds"]), float(data["half_dim"]), str(data.get("source", "")))
+                   float(data["kernel_seconds"]), float(data["half_dim"]), str(data.get("source", "")),
+                   dict(data.get("convolution_backward", {})),
+                   None if data.get("vector_math") is None else float(data["vector_math"]),
+                   None if data.get("convolution_half_dim") is None else float(data["convolution_half_dim"]))

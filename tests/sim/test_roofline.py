@@ -18,7 +18,8 @@ from sim.planning.flops import UnknownOperatorError, count_layers
 from sim.planning.hardware import DeviceSpec, get_device, load_device
 from sim.planning.roofline import MissingDeviceParameterError, Roofline, shape_factor
 
-ROOF = Roofline({"fp32": 0.5}, {"fp32": 0.25}, memory=0.5, kernel_seconds=1e-6, half_dim=16.0)
+ROOF = Roofline({"fp32": 0.5}, {"fp32": 0.25}, memory=0.5, kernel_seconds=1e-6, half_dim=16.0,
+                convolution_backward={"fp32": 0.125}, vector_math=0.25)
 DEVICE = DeviceSpec("toy", {"fp32": 1e12}, 1e11, 2**30, roofline=ROOF)
 
 
