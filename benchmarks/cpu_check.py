@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpipe import GPipe  # noqa: E402
 from gpipe.schedule import gpipe  # noqa: E402
 from sim.calibration.experiment import demo_model  # noqa: E402
+from sim.calibration.machine import keep_freed_memory  # noqa: E402
 from sim.core.config import SimConfig  # noqa: E402
 from sim.core.engine import simulate  # noqa: E402
 from sim.planning.calibrate_device import calibrate_cpu  # noqa: E402
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    keep_freed_memory()  # as gpipe-sim's commands do (Note [allocator] in sim.calibration.machine)
     demo, demo_x = demo_model()
     cfg = GPTConfig(n_layer=2, n_head=4, d_model=256, seq_len=128, vocab_size=1024, dropout=0.0)
     small_gpt = gpt(cfg)
@@ -162,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     note = (f"Measured: the executor's step, median process CPU seconds (wall-clock beside it); predicted: the "
             f"simulated step from counts and this CPU's roofline, calibrated on generic kernels in the same run: "
             f"{args.rounds} passes over the calibration's kernels, each followed by one step of every case; medians "
-            f"over them; system: the step's kernel-mode CPU seconds (page faults of freshly mapped activations, "
-            f"which the roofline does not model). Load average "
+            f"over them; system: the step's kernel-mode CPU seconds (page faults of freshly mapped activations, which "
+            f"the roofline does not model; glibc keeps freed memory here, as in gpipe-sim's commands). Load average "
             f"{load[0]:.2f} before and {load[1]:.2f} after (other work on the same {os.cpu_count()} cores). "
             f"Within {TOLERANCE:.0%}: {'yes' if within else 'no'}.")
     out.write_text(json.dumps({
