@@ -1,44 +1,51 @@
 """Predicted against measured on several processes: ``gpipe-sim demo --processes N`` and ``compare --processes N``.
 
-:func:`run_processes` balances and calibrates the model in this process (each stage's seconds, as the
-single-process experiment does: :func:`sim.calibration.experiment.stage_costs`), then spawns ``N`` ranks on this
-machine (gloo on loopback, no torchrun). The ranks time the link between them by a short ping-pong
-(:func:`measure_link`) and train with :class:`gpipe.distributed.DistributedGPipe`, each recorded step gathered
-to rank 0 on one clock (Note [one time base] in :mod:`gpipe.distributed.clock`). The simulator predicts the same
-schedule from the stage seconds and that link alone; the step of median makespan is compared with it.
+:func:`run_processes` balances the model and sizes its stages in this process (:func:`stage_costs`: bytes, and
+seconds the ranks then replace), then spawns ``N`` ranks on this machine (gloo on loopback, no torchrun). The ranks
+time the link between them by a short ping-pong (:func:`measure_link`) and train with
+:class:`gpipe.distributed.DistributedGPipe`, each recorded step gathered to rank 0 on one clock (Note [one time
+base] in :mod:`gpipe.distributed.clock`); after every step each rank profiles its own stages
+(Note [calibrated in the ranks]). The simulator predicts the same schedule from those seconds and the link; the
+step of median makespan is compared with it.
 
-Note [what the prediction leaves out]: the executor's own costs (Python per task, the wire's bookkeeping) are
-calibrated for the threaded executor only; here they are not in the cost model, so the prediction is of the
-stages' compute and the link. A gap between the two is those costs, shown per kind of task in the table.
+Note [what the prediction models]: each task's seconds as the ranks run them (their processes computing at once,
+gloo's threads beside them, the recorder's hooks), and every copy as the ping-pong link prices it. Not modelled:
+the interpreter's own host seconds around a task and the wire's bookkeeping per message (Note [no host seconds
+per task]); a gap between the two is those, shown per kind of task in the table.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import queue
 import socket
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gpipe.profile import RecordedSeconds
 from gpipe.schedule import SCHEDULES, Schedule
 from gpipe.timeline import Timeline
+from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
 from sim.calibration.experiment import Batch, loss_of, microbatch_sizes, stage_costs
 from sim.calibration.machine import intra_op_threads
+from sim.calibration.outcome import halves, interleaved_cost, median_paired_error, pass_predictions
+from sim.calibration.rank_passes import RankPass, gathered_passes, rank_pass, stage_inputs
 from sim.calibration.setup import Setup
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 
-__all__ = ["ProcessOutcome", "measure_link", "run_processes"]
+__all__ = ["ProcessOutcome", "measure_link", "process_config", "run_processes"]
 
 Build = Callable[[], tuple[nn.Sequential, Batch]]
 """Builds the model and one mini-batch alike in every process (a module-level function, or a partial of one)."""
@@ -59,6 +66,25 @@ class ProcessOutcome:
     chosen_step: int
     comparison: Comparison
     description: str = ""
+    passes: tuple[tuple[RecordedSeconds, ...], ...] = field(default=(), repr=False, compare=False)
+
+    @functools.cached_property
+    def step_predictions(self) -> tuple[float, ...]:
+        """Per recorded step, the makespan predicted from the ranks' passes right after it alone (Note [paired
+        error] in :mod:`sim.calibration.outcome`)."""
+        return pass_predictions(self.schedule, self.cost, process_config(self.link), self.passes)
+
+    @property
+    def paired_error(self) -> float | None:
+        """The median over steps of each step's error against its own passes' prediction (Note [paired error])."""
+        return median_paired_error(self.step_predictions, self.step_makespans)
+
+    @property
+    def drift(self) -> float | None:
+        """How far the machine moved while the steps ran (Note [drift] in :mod:`sim.calibration.outcome`)."""
+        if len(self.step_makespans) < 2:
+            return None
+        return max((halves(self.step_makespans), halves(self.step_predictions)), key=abs)
 
     def report(self) -> dict[str, Any]:
         c = self.comparison
@@ -69,7 +95,9 @@ class ProcessOutcome:
                 "clock_residual": self.measured.meta["clock"]["residual"],
                 "predicted_makespan": c.predicted_makespan, "measured_makespan": c.measured_makespan,
                 "makespan_error": c.makespan_error, "order_agreement": c.order_agreement,
-                "step_makespans": list(self.step_makespans), "chosen_step": self.chosen_step, "comparison": c.to_dict()}
+                "step_makespans": list(self.step_makespans), "step_predictions": list(self.step_predictions),
+                "paired_error": self.paired_error, "drift": self.drift, "chosen_step": self.chosen_step,
+                "comparison": c.to_dict()}
 
 
 def measure_link(group: Any, rank: int, payload: int = 1 << 20, rounds: int = 10) -> LinkSpec | None:
@@ -100,28 +128,55 @@ def measure_link(group: Any, rank: int, payload: int = 1 << 20, rounds: int = 10
                     f"{backend} between two processes on this machine, timed by ping-pong")
 
 
+# Note [no host seconds per task]: a rank runs its tasks with the threaded executor's interpreter
+# (gpipe.interpreter.Worker), but on its main thread, never started fresh nor woken by a queue, and its
+# hand-offs are the wire's (priced by the link). Of the threaded experiment's executor costs only the host
+# seconds around a task could carry over (sim.calibration.experiment.with_executor_costs); measured on the demo
+# (gpipe, 4 micro-batches) they moved the prediction by 0.8% (215.9 to 217.7 ms) while the ranks' tasks differed
+# from their passes by -0.4 to +8.4 ms a kind of task, signs mixed, on a machine other processes kept busy. Below
+# what a run here resolves, and seconds of probe pipelines per run: left out; the recorder's hooks are in the
+# passes' seconds (gpipe.profile.time_recorded).
+def process_config(link: LinkSpec) -> SimConfig:
+    """The simulator's switches for :class:`gpipe.distributed.DistributedGPipe` on CPU ranks: copies on their own
+    streams priced by ``link``; one phase (``step``); an overlapped pair's tasks in turn, as the interpreter runs
+    them (Note [a pair in turn] in :mod:`gpipe.interpreter`)."""
+    return SimConfig(link=link, copy_streams=True, overlap_pairs=False)
+
+
 def _loss(output: Batch, _target: Tensor) -> Tensor:
     return loss_of(output)
 
 
+# Note [calibrated in the ranks]: a task's seconds depend on where it runs: in a rank, beside the other ranks
+# computing on the same cores and gloo's threads, the demo's tasks took ~20% longer than profiled in the launcher
+# alone. So, as the single-process experiment interleaves its passes (Note [interleaved calibration] in
+# sim.calibration.experiment), every rank profiles its own stages after every step, warm-ups included, all ranks
+# at once (a barrier first), as their stages run at once in a step; rank 0 gathers the passes and the stage
+# seconds are their means (sim.calibration.rank_passes). The prediction uses nothing the steps measured.
 def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance: tuple[int, ...],
           results: Any) -> None:
-    """One spawned rank: time the link (rank 0 and 1), train, gather each recorded step to rank 0."""
+    """One spawned rank: time the link (rank 0 and 1), train, and after each step profile its own stages (Note
+    [calibrated in the ranks]); rank 0 gets every recorded step and every rank's passes."""
     from gpipe.distributed import DistributedGPipe
 
     try:
-        torch.set_num_threads(1)
+        torch.set_num_threads(setup.threads or 1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
         torch.manual_seed(setup.seed)
         model, batch = build()
-        size = (batch if isinstance(batch, Tensor) else batch[0]).shape[0]
-        target = torch.zeros(size)
+        tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
+        target = torch.zeros(tensors[0].shape[0])
         link = measure_link(dist.group.WORLD, rank)
         pipe = DistributedGPipe(model, list(balance), chunks=setup.chunks, checkpoint=setup.checkpoint,
                                 schedule=setup.schedule, timeout=120)
         first, last = pipe.placement[0], pipe.placement[-1]
-        steps = []
+        parts = partitions_of(model, balance)
+        rows = microbatch_sizes(tensors[0].shape[0], setup.chunks)[0]
+        sample = tensors[0][:rows] if isinstance(batch, Tensor) else tuple(t[:rows] for t in tensors)
+        inputs = stage_inputs(parts, sample, pipe.stages)
+        split = pipe.schedule_for(len(microbatch_sizes(tensors[0].shape[0], setup.chunks))).splits_weight_gradient
+        steps, passes = [], []
         for k in range(setup.warmup_steps + setup.steps):
             pipe.record = k >= setup.warmup_steps
             pipe.step(batch if rank == first else None, target if rank == last else None, _loss)
@@ -131,9 +186,13 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
                 timeline = pipe.gather_timeline()
                 if timeline is not None:
                     steps.append(timeline.to_dict())
+            dist.barrier()  # Note [calibrated in the ranks]: every rank profiles at once
+            passes.append(rank_pass(parts, inputs, streak=setup.repeats_per_pass, split=split))
         pipe.close()
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(passes, gathered, dst=0)
         if rank == 0:
-            results.put(("ok", link, steps))
+            results.put(("ok", link, steps, gathered))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the launcher reports it
         results.put(("error", rank, traceback.format_exc()))
@@ -166,19 +225,21 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
             balance = tuple(balance_by_time(n, model, first, timeout=setup.balance_timeout, device="cpu"))
         cost = stage_costs(model, batch, balance, setup.chunks, ["cpu"] * n, warmup=setup.warmup,
                            repeats=setup.repeats, split=schedule.splits_weight_gradient)
-    link, steps = _spawn(build, replace(setup, balance=tuple(balance), stages=None), tuple(balance), processes,
-                         timeout)
+    link, steps, gathered = _spawn(build, replace(setup, balance=tuple(balance), stages=None), tuple(balance),
+                                   processes, timeout)
     measured = [Timeline.from_dict(d) for d in steps]
     makespans = tuple(t.makespan for t in measured)
     chosen = sorted(range(len(makespans)), key=lambda k: makespans[k])[(len(makespans) - 1) // 2]
-    cost = replace(cost, copy_seconds=None)  # copies priced by the measured link
-    predicted = simulate(schedule, cost, SimConfig(link=link, copy_streams=True))
+    passes = gathered_passes(gathered, schedule.placement)  # Note [calibrated in the ranks]
+    cost = replace(interleaved_cost(cost, passes, []), copy_seconds=None)  # copies priced by the measured link
+    predicted = simulate(schedule, cost, process_config(link))
     return ProcessOutcome(processes, schedule, tuple(balance), link, cost, predicted, measured[chosen], makespans,
-                          chosen, compare(predicted, measured[chosen]), description)
+                          chosen, compare(predicted, measured[chosen]), description,
+                          tuple(tuple(p) for p in passes[setup.warmup_steps:]))
 
 
 def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
-           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]]]:
+           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]], list[list[RankPass]]]:
     """Run :func:`_rank` on ``world`` spawned processes; every one is stopped on the way out, Ctrl-C included."""
     import torch.multiprocessing as mp
 
@@ -200,7 +261,7 @@ def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
             raise RuntimeError(f"rank {got[1]} failed:\n{got[2]}")
         for p in procs:
             p.join(timeout=30)
-        return got[1], got[2]
+        return got[1], got[2], got[3]
     finally:
         for p in procs:  # the launcher's exit, however it comes (Ctrl-C too), ends every rank
             if p.is_alive():
