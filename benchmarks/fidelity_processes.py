@@ -14,8 +14,9 @@ median makespan against the prediction. The grid::
 Errors as in ``benchmarks/fidelity.py`` (``error``: the median step against the prediction from the means of the
 passes; ``paired``: each step against its own passes, the median; ``trimmed``: trimmed means), summarised by its
 own code. The goal (issue 23): mean |error| <= 5%. Each row records the cores other processes used while it ran
-(``background``) and the load average after it: the machine may be shared. Rows run back to back, no waiting for a
-quiet machine and no re-runs (``fidelity.py``'s gate is for its 3% goal). Writes
+(``background``) and the load average after it: the machine may be shared. Before each row the script waits up to
+``QUIET_WAIT`` seconds for a quiet machine (``fidelity.wait_until_quiet``), and runs it whatever it found; no re-runs
+(``fidelity.py``'s gate is for its 3% goal). Writes
 ``benchmarks/results/fidelity_processes.json``::
 
     .venv/bin/python benchmarks/fidelity_processes.py            # about 10 minutes on two cores
@@ -46,7 +47,7 @@ from sim.calibration.machine import BackgroundLoad, cpu_count  # noqa: E402
 from sim.calibration.processes import run_processes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity import BATCH, _summary, refusal, stages_for, trimmed_mean  # noqa: E402
+from fidelity import BATCH, _summary, refusal, stages_for, trimmed_mean, wait_until_quiet  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fidelity_processes.json"
 PROCESSES = 2
@@ -54,6 +55,7 @@ CHUNKS = (2, 4, 8)
 CHECKPOINT = "except_last"
 STEPS = 21  # recorded steps a row, after two warm-up steps; the median one is compared
 GOAL_MEAN = 0.05
+QUIET_WAIT = 20.0  # seconds a row waits, at most, for other processes to use under fidelity.QUIET cores
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
 def measure(schedule: str, chunks: int, balance: tuple[int, ...], steps: int) -> dict[str, Any]:
     """One row: the experiment on :data:`PROCESSES` ranks, and what other processes did meanwhile."""
     setup = Setup(chunks=chunks, checkpoint=CHECKPOINT, schedule=schedule, balance=balance, steps=steps, threads=1)
-    meter, began = BackgroundLoad(), time.perf_counter()
+    began = time.perf_counter()
+    wait_until_quiet(QUIET_WAIT)
+    meter = BackgroundLoad()
     outcome = run_processes(functools.partial(demo_model, 0), setup, PROCESSES)
     c = outcome.comparison
     return {

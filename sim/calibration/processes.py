@@ -16,13 +16,16 @@ per task]); a gap between the two is those, shown per kind of task in the table.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import queue
 import socket
+import statistics
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -100,32 +103,61 @@ class ProcessOutcome:
                 "comparison": c.to_dict()}
 
 
-def measure_link(group: Any, rank: int, payload: int = 1 << 20, rounds: int = 10) -> LinkSpec | None:
+# Note [a busy link]: during a step every rank computes while its messages move, and on a CPU gloo's threads then
+# wait for a core: a copy of the demo's 1 MB activations (1F1B, 8 micro-batches) took 0.7 to 3.5 ms in the steps
+# of two runs, where an idle ping-pong's fastest round prices it at 0.4 ms. So the ranks time the ping-pong with a
+# thread of each computing beside it (``busy``), and a size's one-way seconds are the mean over its rounds, the
+# scheduler's delays included (as Note [mean task seconds] in sim.calibration.outcome takes means); a 2 MB copy
+# was then priced 2.8 ms against 2.2 measured. Idle: the shortest round, the wire's own speed.
+def measure_link(group: Any, rank: int, payload: int = 1 << 20, rounds: int = 10, *,
+                 busy: bool = False) -> LinkSpec | None:
     """Time the link between ranks 0 and 1 of ``group`` by ping-pong (each size's shortest of ``rounds`` round
-    trips, after one untimed): the latency is half an 8-byte round trip, the bandwidth the slope between
-    ``payload`` and ``8 * payload`` bytes (a constant cost of each message cancels). Ranks 0 and 1 take part
-    (every rank may call it); rank 0 returns the :class:`LinkSpec`, the others ``None``."""
+    trips, after one untimed; with ``busy``, the mean, each rank computing beside it: Note [a busy link]): the
+    latency is half an 8-byte round trip, the bandwidth the slope between ``payload`` and ``8 * payload`` bytes (a
+    constant cost of each message cancels). Ranks 0 and 1 take part (every rank may call it); rank 0 returns the
+    :class:`LinkSpec`, the others ``None``."""
     trips = {}
-    for size in (8, payload, 8 * payload):
-        buffer = torch.zeros(size // 8, dtype=torch.float64)
-        best = float("inf")
-        for k in range(rounds + 1):
-            if rank == 0:
-                start = time.perf_counter()
-                dist.send(buffer, group=group, group_dst=1)
-                dist.recv(buffer, group=group, group_src=1)
-                best = min(best, time.perf_counter() - start) if k else best
-            elif rank == 1:
-                dist.recv(buffer, group=group, group_src=0)
-                dist.send(buffer, group=group, group_dst=0)
-        trips[size] = best / 2
+    with _computing() if busy else contextlib.nullcontext():
+        for size in (8, payload, 8 * payload):
+            buffer = torch.zeros(size // 8, dtype=torch.float64)
+            times = []
+            for k in range(rounds + 1):
+                if rank == 0:
+                    start = time.perf_counter()
+                    dist.send(buffer, group=group, group_dst=1)
+                    dist.recv(buffer, group=group, group_src=1)
+                    times += [time.perf_counter() - start] if k else []
+                elif rank == 1:
+                    dist.recv(buffer, group=group, group_src=0)
+                    dist.send(buffer, group=group, group_dst=0)
+            trips[size] = (statistics.fmean(times) if busy else min(times)) / 2 if times else 0.0
     if rank != 0:
         return None
     slope = trips[8 * payload] - trips[payload]
     bandwidth = 7 * payload / slope if slope > 0 else 8 * payload / trips[8 * payload]
     backend = dist.get_backend(group)
     return LinkSpec(f"{backend}-loopback", trips[8], bandwidth,
-                    f"{backend} between two processes on this machine, timed by ping-pong")
+                    f"{backend} between two processes on this machine, timed by ping-pong"
+                    + (" while each computes" if busy else ""))
+
+
+@contextlib.contextmanager
+def _computing() -> Iterator[None]:
+    """A thread that computes (small matrix products, which release Python's lock) until the block ends."""
+    stop = threading.Event()
+
+    def work() -> None:
+        a = torch.randn(128, 128)
+        while not stop.is_set():
+            a = torch.tanh(a @ a * 1e-2)
+
+    thread = threading.Thread(target=work, name="busy-link", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 # Note [no host seconds per task]: a rank runs its tasks with the threaded executor's interpreter
@@ -167,7 +199,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         model, batch = build()
         tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
         target = torch.zeros(tensors[0].shape[0])
-        link = measure_link(dist.group.WORLD, rank)
+        link = measure_link(dist.group.WORLD, rank, rounds=20, busy=True)  # Note [a busy link]
         pipe = DistributedGPipe(model, list(balance), chunks=setup.chunks, checkpoint=setup.checkpoint,
                                 schedule=setup.schedule, timeout=120)
         first, last = pipe.placement[0], pipe.placement[-1]
