@@ -9,9 +9,11 @@ base] in :mod:`gpipe.distributed.clock`); after every step each rank profiles it
 step of median makespan is compared with it.
 
 Note [what the prediction models]: each task's seconds as the ranks run them (their processes computing at once,
-gloo's threads beside them, the recorder's hooks), and every copy as the ping-pong link prices it. Not modelled:
-the interpreter's own host seconds around a task and the wire's bookkeeping per message (Note [no host seconds
-per task]); a gap between the two is those, shown per kind of task in the table.
+the recorder's hooks), and every copy as a ping-pong timed while the ranks compute prices it (Note [a busy
+link]), and the host seconds between two tasks, from a probe pipeline (Note [gap between tasks] in
+:mod:`sim.calibration.rank_passes`). Not modelled: the interpreter's host seconds around a task (Note [no host
+seconds per task]) and the wire's flow control (receives posted a few messages ahead), which holds a message back
+while many are in flight.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ from gpipe.timeline import Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
 from sim.calibration.experiment import Batch, loss_of, microbatch_sizes, stage_costs
+from sim.calibration.host import Overheads, with_overheads
 from sim.calibration.machine import intra_op_threads
 from sim.calibration.outcome import halves, interleaved_cost, median_paired_error, pass_predictions
-from sim.calibration.rank_passes import RankPass, gathered_passes, rank_pass, stage_inputs
+from sim.calibration.rank_passes import RankPass, gathered_passes, local_gaps, rank_pass, stage_inputs
 from sim.calibration.setup import Setup
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
@@ -161,18 +164,36 @@ def _computing() -> Iterator[None]:
 
 
 # Note [no host seconds per task]: a rank runs its tasks with the threaded executor's interpreter
-# (gpipe.interpreter.Worker), but on its main thread, never started fresh nor woken by a queue, and its
-# hand-offs are the wire's (priced by the link). Of the threaded experiment's executor costs only the host
-# seconds around a task could carry over (sim.calibration.experiment.with_executor_costs); measured on the demo
-# (gpipe, 4 micro-batches) they moved the prediction by 0.8% (215.9 to 217.7 ms) while the ranks' tasks differed
-# from their passes by -0.4 to +8.4 ms a kind of task, signs mixed, on a machine other processes kept busy. Below
-# what a run here resolves, and seconds of probe pipelines per run: left out; the recorder's hooks are in the
-# passes' seconds (gpipe.profile.time_recorded).
+# (gpipe.interpreter.Worker), but on its main thread, never started fresh nor woken by a queue, and its hand-offs
+# are the wire's (priced by the link). The threaded experiment's host seconds around a task
+# (sim.calibration.experiment.with_executor_costs) moved the demo's prediction (gpipe, 4 micro-batches) by 0.8%,
+# 215.9 to 217.7 ms, and its looped-bfs (8) by 5%, where the ranks' task spans matched their passes to within
+# 0.5 ms; they are left out. What the spans leave out, the host seconds between two tasks (the wire's sends, the
+# next task's inputs), is measured in the ranks (Note [gap between tasks] in sim.calibration.rank_passes).
 def process_config(link: LinkSpec) -> SimConfig:
     """The simulator's switches for :class:`gpipe.distributed.DistributedGPipe` on CPU ranks: copies on their own
     streams priced by ``link``; one phase (``step``); an overlapped pair's tasks in turn, as the interpreter runs
     them (Note [a pair in turn] in :mod:`gpipe.interpreter`)."""
     return SimConfig(link=link, copy_streams=True, overlap_pairs=False)
+
+
+def _probe_gap(setup: Setup, n: int, rank: int, rows: int, steps: int = 6) -> float:
+    """Note [gap between tasks]: a probe pipeline of ``n`` one-Linear stages with ``setup``'s schedule, chunks and
+    checkpoint, ``steps`` recorded steps after two others; every rank calls it, rank 0 returns the median gap (the
+    others 0)."""
+    from gpipe.distributed import DistributedGPipe
+
+    probe = DistributedGPipe(nn.Sequential(*[nn.Linear(4, 4) for _ in range(n)]), [1] * n, chunks=setup.chunks,
+                             checkpoint=setup.checkpoint, schedule=setup.schedule, timeout=120)
+    x, target = torch.randn(rows, 4), torch.zeros(rows)
+    gaps: list[float] = []
+    for k in range(2 + steps):
+        probe.record = k >= 2
+        probe.step(x if rank == probe.placement[0] else None, target if rank == probe.placement[-1] else None, _loss)
+        timeline = probe.gather_timeline() if probe.record else None
+        gaps += local_gaps(timeline) if timeline is not None else []
+    probe.close()
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def _loss(output: Batch, _target: Tensor) -> Tensor:
@@ -200,6 +221,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
         target = torch.zeros(tensors[0].shape[0])
         link = measure_link(dist.group.WORLD, rank, rounds=20, busy=True)  # Note [a busy link]
+        gap = _probe_gap(setup, len(balance), rank, tensors[0].shape[0])  # Note [gap between tasks]
         pipe = DistributedGPipe(model, list(balance), chunks=setup.chunks, checkpoint=setup.checkpoint,
                                 schedule=setup.schedule, timeout=120)
         first, last = pipe.placement[0], pipe.placement[-1]
@@ -224,7 +246,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(passes, gathered, dst=0)
         if rank == 0:
-            results.put(("ok", link, steps, gathered))
+            results.put(("ok", link, steps, gathered, gap))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the launcher reports it
         results.put(("error", rank, traceback.format_exc()))
@@ -257,13 +279,14 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
             balance = tuple(balance_by_time(n, model, first, timeout=setup.balance_timeout, device="cpu"))
         cost = stage_costs(model, batch, balance, setup.chunks, ["cpu"] * n, warmup=setup.warmup,
                            repeats=setup.repeats, split=schedule.splits_weight_gradient)
-    link, steps, gathered = _spawn(build, replace(setup, balance=tuple(balance), stages=None), tuple(balance),
+    link, steps, gathered, gap = _spawn(build, replace(setup, balance=tuple(balance), stages=None), tuple(balance),
                                    processes, timeout)
     measured = [Timeline.from_dict(d) for d in steps]
     makespans = tuple(t.makespan for t in measured)
     chosen = sorted(range(len(makespans)), key=lambda k: makespans[k])[(len(makespans) - 1) // 2]
     passes = gathered_passes(gathered, schedule.placement)  # Note [calibrated in the ranks]
     cost = replace(interleaved_cost(cost, passes, []), copy_seconds=None)  # copies priced by the measured link
+    cost = with_overheads(cost, Overheads(gap=gap))  # Note [gap between tasks] in sim.calibration.rank_passes
     predicted = simulate(schedule, cost, process_config(link))
     return ProcessOutcome(processes, schedule, tuple(balance), link, cost, predicted, measured[chosen], makespans,
                           chosen, compare(predicted, measured[chosen]), description,
@@ -271,7 +294,7 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
 
 
 def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
-           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]], list[list[RankPass]]]:
+           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]], list[list[RankPass]], float]:
     """Run :func:`_rank` on ``world`` spawned processes; every one is stopped on the way out, Ctrl-C included."""
     import torch.multiprocessing as mp
 
@@ -293,7 +316,7 @@ def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
             raise RuntimeError(f"rank {got[1]} failed:\n{got[2]}")
         for p in procs:
             p.join(timeout=30)
-        return got[1], got[2], got[3]
+        return got[1], got[2], got[3], got[4]
     finally:
         for p in procs:  # the launcher's exit, however it comes (Ctrl-C too), ends every rank
             if p.is_alive():

@@ -5,19 +5,23 @@ every training step, while the other ranks profile theirs (Note [calibrated in t
 gives each of its stages the input that stage sees, :func:`rank_pass` times them as the recording interpreter runs
 them (:func:`gpipe.profile.time_recorded`). Rank 0 gathers every rank's passes and :func:`gathered_passes` puts
 them in the single-process experiment's order, per step and per stage, for its own aggregation
-(:func:`sim.calibration.outcome.interleaved_cost`, Note [mean task seconds] there).
+(:func:`sim.calibration.outcome.interleaved_cost`, Note [mean task seconds] there). :func:`local_gaps` reads the
+host seconds between a rank's tasks off a probe pipeline's timeline (Note [gap between tasks]).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from gpipe.profile import RecordedSeconds, preserved, time_recorded
+from gpipe.schedule import Op
+from gpipe.timeline import Timeline
 
-__all__ = ["RankPass", "gathered_passes", "rank_pass", "stage_inputs"]
+__all__ = ["RankPass", "gathered_passes", "local_gaps", "rank_pass", "stage_inputs"]
 
 Batch = Tensor | tuple[Tensor, ...]
 RankPass = dict[int, RecordedSeconds]
@@ -78,3 +82,21 @@ def gathered_passes(gathered: Sequence[Sequence[RankPass]], placement: Sequence[
                 raise ValueError(f"rank {r}'s pass {k} has stages {sorted(one)}; the placement {tuple(placement)} "
                                  f"gives it stages {own}")
     return [[gathered[d][k][j] for j, d in enumerate(placement)] for k in range(counts.pop())]
+
+
+# Note [gap between tasks]: between two tasks a rank's main thread sends the results of the first (the wire's
+# flush), checks for failures elsewhere and takes the inputs of the next: host seconds outside both spans, the
+# simulator's ``Overheads.gap``. The demo's looped-bfs with 8 micro-batches lost 20 ms of a 210 ms step to them
+# (0.37 ms a task, median) that the prediction did not have. So before training, the ranks run a probe pipeline of
+# tiny stages (one Linear each, the same schedule and chunks) and the gap is the median idle time before a task
+# whose inputs are this rank's own (an ``R``, a ``W``, the first stage's ``F``), where nothing was waited for.
+def local_gaps(timeline: Timeline) -> list[float]:
+    """Seconds each device sat idle right before a task whose inputs it held already (Note [gap between tasks])."""
+    gaps = []
+    for d in sorted({s.device for s in timeline.spans}):
+        spans = sorted((s for s in timeline.spans if s.device == d and s.stream == "compute"), key=lambda s: s.start)
+        for before, after in itertools.pairwise(spans):
+            op = after.task.op
+            if op is Op.R or op is Op.W or (op is Op.F and after.task.stage == 0):
+                gaps.append(max(0.0, after.start - before.end))
+    return gaps

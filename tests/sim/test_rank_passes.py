@@ -1,6 +1,7 @@
 """The ranks' profiling passes of a multi-process run: gathered to rank 0, each stage's seconds land in that stage
 of the cost model (means over the passes, exactly), a rank with several stages included; each stage is fed the
-input the model's chain gives it; a gather that does not match the placement is refused, naming the fix."""
+input the model's chain gives it; a gather that does not match the placement is refused, naming the fix; the gap
+between tasks is read only where a rank waited for nothing."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import torch
 from torch import nn
 
 from gpipe.profile import RecordedSeconds
+from gpipe.schedule import Op, Task
+from gpipe.timeline import Span, Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.host import ExecutorCosts, ExecutorStage, executor_costs
 from sim.calibration.outcome import interleaved_cost
-from sim.calibration.rank_passes import RankPass, gathered_passes, rank_pass, stage_inputs
+from sim.calibration.rank_passes import RankPass, gathered_passes, local_gaps, rank_pass, stage_inputs
 from sim.core.cost import CostModel, StageCost
 
 
@@ -89,3 +92,13 @@ def test_a_rank_s_pass_times_its_own_stages_only() -> None:
     one = rank_pass(parts, inputs, streak=2, split=True)
     assert sorted(one) == [0, 2] and all(isinstance(s, RecordedSeconds) for s in one.values())
     assert all(p.grad is None for p in model.parameters())  # left as found
+
+
+def test_the_gap_is_read_before_tasks_whose_inputs_are_local() -> None:
+    # rank 0 runs stage 0, rank 1 stage 1 (times in ms, exact in binary): only the idle time before an R, a W or
+    # the first stage's F counts; before a B or a later stage's F the rank may have waited for a message
+    f, r, b, w = Op.F, Op.R, Op.B, Op.W
+    spans = [(0, f, 0, 0, 0, 1), (0, f, 1, 0, 1.25, 2), (0, r, 0, 0, 9, 10), (0, b, 0, 0, 10.5, 12),
+             (1, f, 0, 1, 2, 3), (1, f, 1, 1, 3.5, 4), (1, b, 1, 1, 4, 5), (1, w, 1, 1, 5.125, 6)]
+    timeline = Timeline(tuple(Span(d, "compute", Task(op, i, j), s / 1e3, e / 1e3) for d, op, i, j, s, e in spans))
+    assert [g * 1e3 for g in local_gaps(timeline)] == pytest.approx([0.25, 7.0, 0.125])
