@@ -131,7 +131,10 @@ def intra_op_threads(threads: int | None) -> Iterator[None]:
 
 
 class BackgroundLoad:
-    """CPU time that processes other than this one used since it was made (Linux: ``/proc``)."""
+    """CPU time that processes other than this one and its children used since it was made (Linux: ``/proc``).
+
+    A child counts once it has ended and been waited for (``cutime`` and ``cstime``): the ranks a multi-process
+    experiment spawns and joins are its own work, not the machine's background."""
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
@@ -147,7 +150,8 @@ class BackgroundLoad:
         except (OSError, ValueError, IndexError):
             return None
         busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
-        return busy, int(mine[11]) + int(mine[12])  # utime + stime of this process, all its threads
+        # utime + stime of this process (all its threads) and cutime + cstime of its children waited for
+        return busy, int(mine[11]) + int(mine[12]) + int(mine[13]) + int(mine[14])
 
     def cores(self) -> float | None:
         """Average cores the other processes kept busy; ``None`` where ``/proc`` is not there."""

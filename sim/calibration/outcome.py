@@ -37,7 +37,8 @@ from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.files import OutputFolder
 
-__all__ = ["DRIFT_LIMIT", "OUTPUT_FILES", "Outcome", "halves", "interleaved_cost", "write_outputs"]
+__all__ = ["DRIFT_LIMIT", "OUTPUT_FILES", "Outcome", "halves", "interleaved_cost", "median_paired_error",
+           "pass_predictions", "write_outputs"]
 
 #: Note [drift]: a run whose machine moved more than this while it ran cannot tell an error of this size
 #: (the fidelity benchmark's max-error goal) from the machine's
@@ -96,8 +97,7 @@ class Outcome:
     def step_predictions(self) -> tuple[float, ...]:
         """Per recorded step, the makespan predicted from the profiling pass that ran right after it alone
         (Note [paired error]); the pairs stay the medians over all rounds."""
-        return tuple(simulate(self.schedule, interleaved_cost(self.cost, [p], []), self.config).makespan
-                     for p in self.passes)
+        return pass_predictions(self.schedule, self.cost, self.config, self.passes)
 
     # Note [block errors]: how much of an experiment's error is the machine's. The recorded steps are cut
     # into runs of consecutive steps (blocks); each block gives a prediction of its own, from the profiling
@@ -133,9 +133,7 @@ class Outcome:
     def paired_error(self) -> float | None:
         """Note [paired error]: the median over steps of (predicted - measured) / measured, each step
         against the prediction from its own calibration pass; ``None`` without step predictions."""
-        if not self.step_predictions:
-            return None
-        return statistics.median((p - m) / m for p, m in zip(self.step_predictions, self.step_makespans, strict=True))
+        return median_paired_error(self.step_predictions, self.step_makespans)
 
     # Note [drift]: how far the machine itself moved while an experiment ran. ``halves`` of a sample in time order is
     # the median of its last half against its first half's, relative to the median of all; ``Outcome.drift`` is the
@@ -185,6 +183,21 @@ class Outcome:
             "environment": {"torch": torch.__version__, "python": platform.python_version(),
                             "machine": platform.machine(), "cpus": cpu_count()},
         }
+
+
+def pass_predictions(schedule: Schedule, cost: CostModel, config: SimConfig,
+                     passes: Sequence[Sequence[RecordedSeconds]]) -> tuple[float, ...]:
+    """Note [paired error]: per profiling pass (its seconds per stage), the makespan predicted from that pass
+    alone, everything else as in ``cost``."""
+    return tuple(simulate(schedule, interleaved_cost(cost, [p], []), config).makespan for p in passes)
+
+
+def median_paired_error(predictions: Sequence[float], makespans: Sequence[float]) -> float | None:
+    """Note [paired error]: the median over steps of (predicted - measured) / measured; ``None`` without
+    predictions."""
+    if not predictions:
+        return None
+    return statistics.median((p - m) / m for p, m in zip(predictions, makespans, strict=True))
 
 
 def halves(values: Sequence[float]) -> float:

@@ -1,44 +1,57 @@
 """Predicted against measured on several processes: ``gpipe-sim demo --processes N`` and ``compare --processes N``.
 
-:func:`run_processes` balances and calibrates the model in this process (each stage's seconds, as the
-single-process experiment does: :func:`sim.calibration.experiment.stage_costs`), then spawns ``N`` ranks on this
-machine (gloo on loopback, no torchrun). The ranks time the link between them by a short ping-pong
-(:func:`measure_link`) and train with :class:`gpipe.distributed.DistributedGPipe`, each recorded step gathered
-to rank 0 on one clock (Note [one time base] in :mod:`gpipe.distributed.clock`). The simulator predicts the same
-schedule from the stage seconds and that link alone; the step of median makespan is compared with it.
+:func:`run_processes` balances the model and sizes its stages in this process (:func:`stage_costs`: bytes, and
+seconds the ranks then replace), then spawns ``N`` ranks on this machine (gloo on loopback, no torchrun). The ranks
+time the link between them by a short ping-pong (:func:`measure_link`) and train with
+:class:`gpipe.distributed.DistributedGPipe`, each recorded step gathered to rank 0 on one clock (Note [one time
+base] in :mod:`gpipe.distributed.clock`); after every step each rank profiles its own stages
+(Note [calibrated in the ranks]). The simulator predicts the same schedule from those seconds and the link; the
+step of median makespan is compared with it.
 
-Note [what the prediction leaves out]: the executor's own costs (Python per task, the wire's bookkeeping) are
-calibrated for the threaded executor only; here they are not in the cost model, so the prediction is of the
-stages' compute and the link. A gap between the two is those costs, shown per kind of task in the table.
+Note [what the prediction models]: each task's seconds as the ranks run them (their processes computing at once,
+the recorder's hooks), and every copy as a ping-pong timed while the ranks compute prices it (Note [a busy
+link]), and the host seconds between two tasks, from a probe pipeline (Note [gap between tasks] in
+:mod:`sim.calibration.rank_passes`). Not modelled: the interpreter's host seconds around a task (Note [no host
+seconds per task]), nor what makes schedules of two stages per rank come out 9-23% under (a rank's tasks longer in
+the steps than in its per-stage passes; copies with many in flight several times the link's price).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import queue
 import socket
+import statistics
+import threading
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gpipe.profile import RecordedSeconds
 from gpipe.schedule import SCHEDULES, Schedule
 from gpipe.timeline import Timeline
+from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
 from sim.calibration.experiment import Batch, loss_of, microbatch_sizes, stage_costs
+from sim.calibration.host import Overheads, with_overheads
 from sim.calibration.machine import intra_op_threads
+from sim.calibration.outcome import halves, interleaved_cost, median_paired_error, pass_predictions
+from sim.calibration.rank_passes import RankPass, gathered_passes, local_gaps, rank_pass, stage_inputs
 from sim.calibration.setup import Setup
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 
-__all__ = ["ProcessOutcome", "measure_link", "run_processes"]
+__all__ = ["ProcessOutcome", "measure_link", "process_config", "run_processes"]
 
 Build = Callable[[], tuple[nn.Sequential, Batch]]
 """Builds the model and one mini-batch alike in every process (a module-level function, or a partial of one)."""
@@ -59,6 +72,25 @@ class ProcessOutcome:
     chosen_step: int
     comparison: Comparison
     description: str = ""
+    passes: tuple[tuple[RecordedSeconds, ...], ...] = field(default=(), repr=False, compare=False)
+
+    @functools.cached_property
+    def step_predictions(self) -> tuple[float, ...]:
+        """Per recorded step, the makespan predicted from the ranks' passes right after it alone (Note [paired
+        error] in :mod:`sim.calibration.outcome`)."""
+        return pass_predictions(self.schedule, self.cost, process_config(self.link), self.passes)
+
+    @property
+    def paired_error(self) -> float | None:
+        """The median over steps of each step's error against its own passes' prediction (Note [paired error])."""
+        return median_paired_error(self.step_predictions, self.step_makespans)
+
+    @property
+    def drift(self) -> float | None:
+        """How far the machine moved while the steps ran (Note [drift] in :mod:`sim.calibration.outcome`)."""
+        if len(self.step_makespans) < 2:
+            return None
+        return max((halves(self.step_makespans), halves(self.step_predictions)), key=abs)
 
     def report(self) -> dict[str, Any]:
         c = self.comparison
@@ -69,59 +101,136 @@ class ProcessOutcome:
                 "clock_residual": self.measured.meta["clock"]["residual"],
                 "predicted_makespan": c.predicted_makespan, "measured_makespan": c.measured_makespan,
                 "makespan_error": c.makespan_error, "order_agreement": c.order_agreement,
-                "step_makespans": list(self.step_makespans), "chosen_step": self.chosen_step, "comparison": c.to_dict()}
+                "step_makespans": list(self.step_makespans), "step_predictions": list(self.step_predictions),
+                "paired_error": self.paired_error, "drift": self.drift, "chosen_step": self.chosen_step,
+                "comparison": c.to_dict()}
 
 
-def measure_link(group: Any, rank: int, payload: int = 1 << 20, rounds: int = 10) -> LinkSpec | None:
+# Note [a busy link]: during a step every rank computes while its messages move, and on a CPU gloo's threads then
+# wait for a core: a copy of the demo's 1 MB activations (1F1B, 8 micro-batches) took 0.7 to 3.5 ms in the steps
+# of two runs, where an idle ping-pong's fastest round prices it at 0.4 ms. So the ranks time the ping-pong with a
+# thread of each computing beside it (``busy``), and a size's one-way seconds are the mean over its rounds, the
+# scheduler's delays included (as Note [mean task seconds] in sim.calibration.outcome takes means); a 2 MB copy
+# was then priced 2.8 ms against 2.2 measured. Idle: the shortest round, the wire's own speed.
+def measure_link(group: Any, rank: int, payload: int = 1 << 20, rounds: int = 10, *,
+                 busy: bool = False) -> LinkSpec | None:
     """Time the link between ranks 0 and 1 of ``group`` by ping-pong (each size's shortest of ``rounds`` round
-    trips, after one untimed): the latency is half an 8-byte round trip, the bandwidth the slope between
-    ``payload`` and ``8 * payload`` bytes (a constant cost of each message cancels). Ranks 0 and 1 take part
-    (every rank may call it); rank 0 returns the :class:`LinkSpec`, the others ``None``."""
+    trips, after one untimed; with ``busy``, the mean, each rank computing beside it: Note [a busy link]): the
+    latency is half an 8-byte round trip, the bandwidth the slope between ``payload`` and ``8 * payload`` bytes (a
+    constant cost of each message cancels). Ranks 0 and 1 take part (every rank may call it); rank 0 returns the
+    :class:`LinkSpec`, the others ``None``."""
     trips = {}
-    for size in (8, payload, 8 * payload):
-        buffer = torch.zeros(size // 8, dtype=torch.float64)
-        best = float("inf")
-        for k in range(rounds + 1):
-            if rank == 0:
-                start = time.perf_counter()
-                dist.send(buffer, group=group, group_dst=1)
-                dist.recv(buffer, group=group, group_src=1)
-                best = min(best, time.perf_counter() - start) if k else best
-            elif rank == 1:
-                dist.recv(buffer, group=group, group_src=0)
-                dist.send(buffer, group=group, group_dst=0)
-        trips[size] = best / 2
+    with _computing() if busy else contextlib.nullcontext():
+        for size in (8, payload, 8 * payload):
+            buffer = torch.zeros(size // 8, dtype=torch.float64)
+            times = []
+            for k in range(rounds + 1):
+                if rank == 0:
+                    start = time.perf_counter()
+                    dist.send(buffer, group=group, group_dst=1)
+                    dist.recv(buffer, group=group, group_src=1)
+                    times += [time.perf_counter() - start] if k else []
+                elif rank == 1:
+                    dist.recv(buffer, group=group, group_src=0)
+                    dist.send(buffer, group=group, group_dst=0)
+            trips[size] = (statistics.fmean(times) if busy else min(times)) / 2 if times else 0.0
     if rank != 0:
         return None
     slope = trips[8 * payload] - trips[payload]
     bandwidth = 7 * payload / slope if slope > 0 else 8 * payload / trips[8 * payload]
     backend = dist.get_backend(group)
     return LinkSpec(f"{backend}-loopback", trips[8], bandwidth,
-                    f"{backend} between two processes on this machine, timed by ping-pong")
+                    f"{backend} between two processes on this machine, timed by ping-pong"
+                    + (" while each computes" if busy else ""))
+
+
+@contextlib.contextmanager
+def _computing() -> Iterator[None]:
+    """A thread that computes (small matrix products, which release Python's lock) until the block ends."""
+    stop = threading.Event()
+
+    def work() -> None:
+        a = torch.randn(128, 128)
+        while not stop.is_set():
+            a = torch.tanh(a @ a * 1e-2)
+
+    thread = threading.Thread(target=work, name="busy-link", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+# Note [no host seconds per task]: a rank runs its tasks with the threaded executor's interpreter
+# (gpipe.interpreter.Worker), but on its main thread, never started fresh nor woken by a queue, and its hand-offs
+# are the wire's (priced by the link). The threaded experiment's host seconds around a task
+# (sim.calibration.experiment.with_executor_costs) moved the demo's prediction (gpipe, 4 micro-batches) by 0.8%,
+# 215.9 to 217.7 ms, and its looped-bfs (8) by 5%, where the ranks' task spans matched their passes to within
+# 0.5 ms; they are left out. What the spans leave out, the host seconds between two tasks (the wire's sends, the
+# next task's inputs), is measured in the ranks (Note [gap between tasks] in sim.calibration.rank_passes).
+def process_config(link: LinkSpec) -> SimConfig:
+    """The simulator's switches for :class:`gpipe.distributed.DistributedGPipe` on CPU ranks: copies on their own
+    streams priced by ``link``; one phase (``step``); an overlapped pair's tasks in turn, as the interpreter runs
+    them (Note [a pair in turn] in :mod:`gpipe.interpreter`)."""
+    return SimConfig(link=link, copy_streams=True, overlap_pairs=False)
+
+
+def _probe_gap(setup: Setup, n: int, rank: int, rows: int, steps: int = 6) -> float:
+    """Note [gap between tasks]: a probe pipeline of ``n`` one-Linear stages with ``setup``'s schedule, chunks and
+    checkpoint, ``steps`` recorded steps after two others; every rank calls it, rank 0 returns the median gap (the
+    others 0)."""
+    from gpipe.distributed import DistributedGPipe
+
+    probe = DistributedGPipe(nn.Sequential(*[nn.Linear(4, 4) for _ in range(n)]), [1] * n, chunks=setup.chunks,
+                             checkpoint=setup.checkpoint, schedule=setup.schedule, timeout=120)
+    x, target = torch.randn(rows, 4), torch.zeros(rows)
+    gaps: list[float] = []
+    for k in range(2 + steps):
+        probe.record = k >= 2
+        probe.step(x if rank == probe.placement[0] else None, target if rank == probe.placement[-1] else None, _loss)
+        timeline = probe.gather_timeline() if probe.record else None
+        gaps += local_gaps(timeline) if timeline is not None else []
+    probe.close()
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def _loss(output: Batch, _target: Tensor) -> Tensor:
     return loss_of(output)
 
 
+# Note [calibrated in the ranks]: a task's seconds depend on where it runs: in a rank, beside the other ranks
+# computing on the same cores and gloo's threads, the demo's tasks took ~20% longer than profiled in the launcher
+# alone. So, as the single-process experiment interleaves its passes (Note [interleaved calibration] in
+# sim.calibration.experiment), every rank profiles its own stages after every step, warm-ups included, all ranks
+# at once (a barrier first), as their stages run at once in a step; rank 0 gathers the passes and the stage
+# seconds are their means (sim.calibration.rank_passes). The prediction uses nothing the steps measured.
 def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance: tuple[int, ...],
           results: Any) -> None:
-    """One spawned rank: time the link (rank 0 and 1), train, gather each recorded step to rank 0."""
+    """One spawned rank: time the link (rank 0 and 1), train, and after each step profile its own stages (Note
+    [calibrated in the ranks]); rank 0 gets every recorded step and every rank's passes."""
     from gpipe.distributed import DistributedGPipe
 
     try:
-        torch.set_num_threads(1)
+        torch.set_num_threads(setup.threads or 1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
         torch.manual_seed(setup.seed)
         model, batch = build()
-        size = (batch if isinstance(batch, Tensor) else batch[0]).shape[0]
-        target = torch.zeros(size)
-        link = measure_link(dist.group.WORLD, rank)
+        tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
+        target = torch.zeros(tensors[0].shape[0])
+        link = measure_link(dist.group.WORLD, rank, rounds=20, busy=True)  # Note [a busy link]
+        gap = _probe_gap(setup, len(balance), rank, tensors[0].shape[0])  # Note [gap between tasks]
         pipe = DistributedGPipe(model, list(balance), chunks=setup.chunks, checkpoint=setup.checkpoint,
                                 schedule=setup.schedule, timeout=120)
         first, last = pipe.placement[0], pipe.placement[-1]
-        steps = []
+        parts = partitions_of(model, balance)
+        rows = microbatch_sizes(tensors[0].shape[0], setup.chunks)[0]
+        sample = tensors[0][:rows] if isinstance(batch, Tensor) else tuple(t[:rows] for t in tensors)
+        inputs = stage_inputs(parts, sample, pipe.stages)
+        split = pipe.schedule_for(len(microbatch_sizes(tensors[0].shape[0], setup.chunks))).splits_weight_gradient
+        steps, passes = [], []
         for k in range(setup.warmup_steps + setup.steps):
             pipe.record = k >= setup.warmup_steps
             pipe.step(batch if rank == first else None, target if rank == last else None, _loss)
@@ -131,9 +240,13 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
                 timeline = pipe.gather_timeline()
                 if timeline is not None:
                     steps.append(timeline.to_dict())
+            dist.barrier()  # Note [calibrated in the ranks]: every rank profiles at once
+            passes.append(rank_pass(parts, inputs, streak=setup.repeats_per_pass, split=split))
         pipe.close()
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(passes, gathered, dst=0)
         if rank == 0:
-            results.put(("ok", link, steps))
+            results.put(("ok", link, steps, gathered, gap))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the launcher reports it
         results.put(("error", rank, traceback.format_exc()))
@@ -166,19 +279,22 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
             balance = tuple(balance_by_time(n, model, first, timeout=setup.balance_timeout, device="cpu"))
         cost = stage_costs(model, batch, balance, setup.chunks, ["cpu"] * n, warmup=setup.warmup,
                            repeats=setup.repeats, split=schedule.splits_weight_gradient)
-    link, steps = _spawn(build, replace(setup, balance=tuple(balance), stages=None), tuple(balance), processes,
-                         timeout)
+    link, steps, gathered, gap = _spawn(build, replace(setup, balance=tuple(balance), stages=None), tuple(balance),
+                                   processes, timeout)
     measured = [Timeline.from_dict(d) for d in steps]
     makespans = tuple(t.makespan for t in measured)
     chosen = sorted(range(len(makespans)), key=lambda k: makespans[k])[(len(makespans) - 1) // 2]
-    cost = replace(cost, copy_seconds=None)  # copies priced by the measured link
-    predicted = simulate(schedule, cost, SimConfig(link=link, copy_streams=True))
+    passes = gathered_passes(gathered, schedule.placement)  # Note [calibrated in the ranks]
+    cost = replace(interleaved_cost(cost, passes, []), copy_seconds=None)  # copies priced by the measured link
+    cost = with_overheads(cost, Overheads(gap=gap))  # Note [gap between tasks] in sim.calibration.rank_passes
+    predicted = simulate(schedule, cost, process_config(link))
     return ProcessOutcome(processes, schedule, tuple(balance), link, cost, predicted, measured[chosen], makespans,
-                          chosen, compare(predicted, measured[chosen]), description)
+                          chosen, compare(predicted, measured[chosen]), description,
+                          tuple(tuple(p) for p in passes[setup.warmup_steps:]))
 
 
 def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
-           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]]]:
+           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]], list[list[RankPass]], float]:
     """Run :func:`_rank` on ``world`` spawned processes; every one is stopped on the way out, Ctrl-C included."""
     import torch.multiprocessing as mp
 
@@ -200,7 +316,7 @@ def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
             raise RuntimeError(f"rank {got[1]} failed:\n{got[2]}")
         for p in procs:
             p.join(timeout=30)
-        return got[1], got[2]
+        return got[1], got[2], got[3], got[4]
     finally:
         for p in procs:  # the launcher's exit, however it comes (Ctrl-C too), ends every rank
             if p.is_alive():

@@ -67,9 +67,10 @@ def _print(outcome: ProcessOutcome, files: dict[str, str]) -> None:
           f"clocks aligned to within {outcome.measured.meta['clock']['residual'] * 1e6:.0f} us")
     print(f"measured: step {outcome.chosen_step + 1} of {len(outcome.step_makespans)} (median makespan; all: "
           + ", ".join(f"{t * 1e3:.1f}" for t in outcome.step_makespans) + " ms)")
-    print("predicted from each stage's seconds timed in this process and the link alone (the distributed "
-          "executor's own costs are not modelled: Note [what the prediction leaves out] in "
-          "sim.calibration.processes)")
+    paired = outcome.paired_error
+    print("predicted from each stage's seconds profiled in its rank after every step, and the link (Note [what "
+          "the prediction models] in sim.calibration.processes)"
+          + ("" if paired is None else f"; each step against its own ranks' passes: {paired:+.1%} (median)"))
     print()
     print(outcome.comparison.table())
     print()

@@ -1,5 +1,6 @@
 """``gpipe-sim demo --processes 2`` and ``compare --processes 2``: ranks spawned by the command, predicted vs
-measured in one report (end to end, slow); bad values of ``--processes`` refused in one line."""
+measured in one report (end to end, slow), the stage seconds profiled in the ranks; bad values of ``--processes``
+refused in one line."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def _gpipe_sim(cwd: Path, *args: str) -> dict:
     assert report["order_agreement"] == 1.0 and report["processes"] == 2
     assert report["link"]["name"] == "gloo-loopback" and report["link"]["bandwidth"] > 0
     assert report["clock_residual"] >= 0
+    # the ranks' passes after every recorded step: one prediction each (Note [calibrated in the ranks])
+    assert len(report["step_predictions"]) == len(report["step_makespans"]) and report["paired_error"] is not None
     trace = json.loads((cwd / "out" / "trace.json").read_text())
     assert any(e["ph"] == "X" for e in trace["traceEvents"])
     assert json.loads((cwd / "out" / "report.json").read_text())["makespan_error"] == report["makespan_error"]
