@@ -44,7 +44,7 @@ from sim.calibration.machine import (
     shares_cores,
     worker_affinity,
 )
-from sim.calibration.outcome import Outcome, interleaved_cost
+from sim.calibration.outcome import Outcome, interleaved_cost, median_step
 from sim.calibration.pairs import PHASE_PAIRS, PairMeter, measure_pairs, rebased
 from sim.calibration.setup import Setup
 from sim.core.config import SimConfig
@@ -284,7 +284,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         tick("simulate")
 
     makespans = tuple(t.makespan for t in measured_steps)
-    chosen = sorted(range(len(makespans)), key=lambda k: makespans[k])[(len(makespans) - 1) // 2]
+    chosen = median_step(makespans)  # Note [median step]
     comparison = compare(predicted, measured_steps[chosen])
     tick("compare")
     return Outcome(setup, schedule, cost, config, predicted, measured_steps[chosen], makespans, chosen,

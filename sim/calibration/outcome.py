@@ -37,8 +37,8 @@ from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.files import OutputFolder
 
-__all__ = ["DRIFT_LIMIT", "OUTPUT_FILES", "Outcome", "halves", "interleaved_cost", "median_paired_error",
-           "pass_predictions", "write_outputs"]
+__all__ = ["DRIFT_LIMIT", "OUTPUT_FILES", "Outcome", "drift_of", "halves", "interleaved_cost", "median_paired_error",
+           "median_step", "pass_predictions", "write_outputs"]
 
 #: Note [drift]: a run whose machine moved more than this while it ran cannot tell an error of this size
 #: (the fidelity benchmark's max-error goal) from the machine's
@@ -145,9 +145,7 @@ class Outcome:
     def drift(self) -> float | None:
         """Note [drift]: the larger in size of :func:`halves` of the recorded steps and of the per-step
         predictions, signed; ``None`` with fewer than two recorded steps."""
-        if len(self.step_makespans) < 2:
-            return None
-        return max((halves(self.step_makespans), halves(self.step_predictions)), key=abs)
+        return drift_of(self.step_makespans, self.step_predictions)
 
     def report(self) -> dict[str, Any]:
         """The report as plain data (what ``report.json`` holds)."""
@@ -198,6 +196,20 @@ def median_paired_error(predictions: Sequence[float], makespans: Sequence[float]
     if not predictions:
         return None
     return statistics.median((p - m) / m for p, m in zip(predictions, makespans, strict=True))
+
+
+def median_step(makespans: Sequence[float]) -> int:
+    """Note [median step] in :mod:`sim.calibration.experiment`: the index of the step of median makespan (the lower
+    median for an even count)."""
+    return sorted(range(len(makespans)), key=lambda k: makespans[k])[(len(makespans) - 1) // 2]
+
+
+def drift_of(makespans: Sequence[float], predictions: Sequence[float]) -> float | None:
+    """Note [drift]: the larger in size of :func:`halves` of the recorded steps and of the per-step predictions,
+    signed; ``None`` with fewer than two recorded steps."""
+    if len(makespans) < 2:
+        return None
+    return max((halves(makespans), halves(predictions)), key=abs)
 
 
 def halves(values: Sequence[float]) -> float:

@@ -43,7 +43,7 @@ from sim.calibration.compare import Comparison, compare
 from sim.calibration.experiment import Batch, loss_of, microbatch_sizes, stage_costs
 from sim.calibration.host import Overheads, with_overheads
 from sim.calibration.machine import intra_op_threads
-from sim.calibration.outcome import halves, interleaved_cost, median_paired_error, pass_predictions
+from sim.calibration.outcome import drift_of, interleaved_cost, median_paired_error, median_step, pass_predictions
 from sim.calibration.rank_passes import RankPass, gathered_passes, local_gaps, rank_pass, stage_inputs
 from sim.calibration.setup import Setup
 from sim.core.config import SimConfig
@@ -88,9 +88,7 @@ class ProcessOutcome:
     @property
     def drift(self) -> float | None:
         """How far the machine moved while the steps ran (Note [drift] in :mod:`sim.calibration.outcome`)."""
-        if len(self.step_makespans) < 2:
-            return None
-        return max((halves(self.step_makespans), halves(self.step_predictions)), key=abs)
+        return drift_of(self.step_makespans, self.step_predictions)
 
     def report(self) -> dict[str, Any]:
         c = self.comparison
@@ -283,7 +281,7 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
                                    processes, timeout)
     measured = [Timeline.from_dict(d) for d in steps]
     makespans = tuple(t.makespan for t in measured)
-    chosen = sorted(range(len(makespans)), key=lambda k: makespans[k])[(len(makespans) - 1) // 2]
+    chosen = median_step(makespans)
     passes = gathered_passes(gathered, schedule.placement)  # Note [calibrated in the ranks]
     cost = replace(interleaved_cost(cost, passes, []), copy_seconds=None)  # copies priced by the measured link
     cost = with_overheads(cost, Overheads(gap=gap))  # Note [gap between tasks] in sim.calibration.rank_passes
