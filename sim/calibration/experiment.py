@@ -139,8 +139,8 @@ def progress_labels(setup: Setup) -> list[str]:
 # Note [interleaved calibration]: a shared machine's speed drifts over seconds, so a calibration made before the
 # executor runs can describe another machine than the one its steps see. After every training step, warm-ups
 # included, one profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: an untimed run, then
-# ``Setup.pass_repeats`` timed runs in a streak); the stage seconds are the means over the passes (Note [mean task
-# seconds] in :mod:`sim.calibration.outcome`). On shared cores ``Setup.pair_rounds`` rounds of pair measurements
+# ``Setup.pass_repeats`` timed runs in a streak); the stage seconds are the medians over the passes (Note [median
+# pass] in :mod:`sim.calibration.outcome`). On shared cores ``Setup.pair_rounds`` rounds of pair measurements
 # follow passes spread over the steps, and the pairs are their medians, each rebased on the pass before it (Note
 # [pair baselines] in :mod:`sim.calibration.pairs`). The prediction still uses nothing the executor measured:
 # profiling and stepping only sample the same machine. A schedule whose tasks never run two at once

@@ -6,7 +6,7 @@ step's makespan and every calibration sample taken among the steps (the profilin
 pair rounds, Note [interleaved calibration] in :mod:`sim.calibration.experiment`). From those samples alone an
 outcome derives how the prediction holds step by step (:attr:`Outcome.paired_error`), block by block
 (:meth:`Outcome.block_errors`), and how far the machine itself moved while it ran
-(:attr:`Outcome.drift`); :func:`interleaved_cost` makes a cost model of the samples (Note [mean task seconds]),
+(:attr:`Outcome.drift`); :func:`interleaved_cost` makes a cost model of the samples (Note [median pass]),
 and :func:`write_outputs` writes the picture, the trace and the report.
 """
 
@@ -222,37 +222,37 @@ def halves(values: Sequence[float]) -> float:
     return (statistics.median(values[-half:]) - statistics.median(values[:half])) / middle
 
 
-# Note [mean task seconds]: a step's makespan is a sum of many tasks, so its centre is the sum of the tasks'
-# means, and the median step (Note [median step] in :mod:`sim.calibration.experiment`) is near it. On a loaded
-# machine a task's time is skewed to the right (a run that another process preempts takes a time slice
-# longer), so the median of the profiling passes is below the mean, and a prediction summed from medians
-# comes out short of the median step whenever other processes run. The stage seconds are therefore the
-# means over the passes (:func:`interleaved_cost`); on a quiet machine the two agree. The pairs stay
-# medians: a slowdown is a ratio of two short timings, whose mean the rounds with a fast denominator
-# dominate. ``benchmarks/demo_repeat.py`` measures the demo run after run on a loaded machine.
+# Note [median pass]: the measured step is the step of median makespan (Note [median step] in
+# :mod:`sim.calibration.experiment`), and a profiling pass samples the machine over a stretch of time as a step
+# does; so a task's seconds are the median over the passes, each pass's own the median of its streak. A slow
+# stretch (another process, the host) that makes a pass slow makes the steps beside it slow too, and the median
+# step leaves those out as the median pass does; a mean let one such pass raise every task (ten quiet demo runs
+# read +0.9..+12.2% with means, -3.3..-0.4% with medians; ``benchmarks/demo_repeat.py``). The pairs are medians
+# of their rounds for the same reason.
 def interleaved_cost(cost: CostModel, passes: Sequence[Sequence[RecordedSeconds]],
-                 rounds: Sequence[dict[tuple[str, int, str, int], float]]) -> CostModel:
-    """``cost`` with the means of interleaved profiling ``passes`` (Note [mean task seconds]) and the medians of pair
+                     rounds: Sequence[dict[tuple[str, int, str, int], float]]) -> CostModel:
+    """``cost`` with the medians of interleaved profiling ``passes`` (Note [median pass]) and the medians of pair
     ``rounds`` (if any)."""
     executor = executor_costs(cost)
     stages, extras = [], []
     for j, (stage, extra) in enumerate(zip(cost.stages, executor.stages, strict=True)):
-        stage, extra = _mean_seconds(stage, extra, [p[j] for p in passes])
+        stage, extra = _median_seconds(stage, extra, [p[j] for p in passes])
         stages.append(stage)
         extras.append(extra)
     overheads = replace(executor.overheads, pairs=median_pairs(rounds)) if rounds else executor.overheads
     return replace(cost, stages=tuple(stages), runner=ExecutorCosts(overheads, tuple(extras)))
 
 
-def _mean_seconds(stage: StageCost, extra: ExecutorStage,
-                  profiles: Sequence[RecordedSeconds]) -> tuple[StageCost, ExecutorStage]:
-    """``stage`` and ``extra`` with the seconds a recording executor's tasks take replaced by the means over
-    ``profiles`` (Note [mean task seconds]); its plain seconds, which such an executor never runs, stay those of
-    the first calibration."""
-    weight = None if extra.weight_recorded is None else statistics.fmean(p.weight for p in profiles)  # split: W
-    return (replace(stage, forward_checkpointed=statistics.fmean(p.forward_nograd for p in profiles)),
-            replace(extra, forward_recorded=statistics.fmean(p.forward for p in profiles),
-                    backward_recorded=statistics.fmean(p.backward for p in profiles), weight_recorded=weight))
+def _median_seconds(stage: StageCost, extra: ExecutorStage,
+                    profiles: Sequence[RecordedSeconds]) -> tuple[StageCost, ExecutorStage]:
+    """``stage`` and ``extra`` with the seconds a recording executor's tasks take replaced by the medians over
+    ``profiles`` (Note [median pass]); its plain seconds, which such an executor never runs, stay those of the
+    first calibration."""
+    median = statistics.median
+    weight = None if extra.weight_recorded is None else median(p.weight for p in profiles)  # split: W
+    return (replace(stage, forward_checkpointed=median(p.forward_nograd for p in profiles)),
+            replace(extra, forward_recorded=median(p.forward for p in profiles),
+                    backward_recorded=median(p.backward for p in profiles), weight_recorded=weight))
 
 
 def _cost_dict(cost: CostModel) -> dict[str, Any]:

@@ -108,7 +108,7 @@ class ProcessOutcome:
 # wait for a core: a copy of the demo's 1 MB activations (1F1B, 8 micro-batches) took 0.7 to 3.5 ms in the steps
 # of two runs, where an idle ping-pong's fastest round prices it at 0.4 ms. So the ranks time the ping-pong with a
 # thread of each computing beside it (``busy``), and a size's one-way seconds are the mean over its rounds, the
-# scheduler's delays included (as Note [mean task seconds] in sim.calibration.outcome takes means); a 2 MB copy
+# scheduler's delays included (a step's copies pay them too, one after another); a 2 MB copy
 # was then priced 2.8 ms against 2.2 measured. Idle: the shortest round, the wire's own speed.
 def measure_link(group: Any, rank: int, payload: int = 1 << 20, rounds: int = 10, *,
                  busy: bool = False) -> LinkSpec | None:

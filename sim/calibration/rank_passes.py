@@ -5,7 +5,7 @@ every training step, while the other ranks profile theirs (Note [calibrated in t
 gives each of its stages the input that stage sees, :func:`rank_pass` times them as the recording interpreter runs
 them (:func:`gpipe.profile.time_recorded`). Rank 0 gathers every rank's passes and :func:`gathered_passes` puts
 them in the single-process experiment's order, per step and per stage, for its own aggregation
-(:func:`sim.calibration.outcome.interleaved_cost`, Note [mean task seconds] there). :func:`local_gaps` reads the
+(:func:`sim.calibration.outcome.interleaved_cost`, Note [median pass] there). :func:`local_gaps` reads the
 host seconds between a rank's tasks off a probe pipeline's timeline (Note [gap between tasks]).
 """
 

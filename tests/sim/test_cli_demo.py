@@ -228,15 +228,15 @@ def test_halves_is_a_sample_against_itself() -> None:
     assert halves((10.0,)) == 0.0 and halves(()) == 0.0 and halves((0.0, 0.0)) == 0.0
 
 
-def test_stage_seconds_are_the_means_of_the_passes() -> None:
-    """Note [mean task seconds]: a pass a preempted run made slow moves the stage's seconds by its share, as it moves
-    the steps' sum; the plain seconds stay those of the first calibration."""
+def test_stage_seconds_are_the_medians_of_the_passes() -> None:
+    """Note [median pass]: a pass that a slow stretch of the machine made slow moves no stage's seconds, as the
+    median step leaves such a step out; the plain seconds stay those of the first calibration."""
     cost = CostModel.uniform(2, 1.0, 2.0)
-    runs = [RecordedSeconds(1.0, 2.0, 0.5), RecordedSeconds(1.0, 2.0, 0.5), RecordedSeconds(4.0, 5.0, 2.0)]
-    means = interleaved_cost(cost, [[r, r] for r in runs], [])
-    stages, extras = means.stages, executor_costs(means).stages
+    runs = [RecordedSeconds(1.0, 2.0, 0.5), RecordedSeconds(1.5, 2.5, 0.75), RecordedSeconds(40.0, 50.0, 20.0)]
+    medians = interleaved_cost(cost, [[r, r] for r in runs], [])
+    stages, extras = medians.stages, executor_costs(medians).stages
     assert [(e.forward_recorded, e.backward_recorded, s.forward_checkpointed)
-            for s, e in zip(stages, extras, strict=True)] == [(2.0, 3.0, 1.0)] * 2
+            for s, e in zip(stages, extras, strict=True)] == [(1.5, 2.5, 0.75)] * 2
     assert [(s.forward, s.backward) for s in stages] == [(1.0, 2.0)] * 2
 
 

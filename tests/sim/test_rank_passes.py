@@ -1,5 +1,5 @@
 """The ranks' profiling passes of a multi-process run: gathered to rank 0, each stage's seconds land in that stage
-of the cost model (means over the passes, exactly), a rank with several stages included; each stage is fed the
+of the cost model (medians over the passes, exactly), a rank with several stages included; each stage is fed the
 input the model's chain gives it; a gather that does not match the placement is refused, naming the fix; the gap
 between tasks is read only where a rank waited for nothing."""
 
@@ -43,9 +43,9 @@ def test_each_rank_s_seconds_land_in_its_stages(placement: tuple[int, ...]) -> N
     cost = interleaved_cost(_cost(len(placement)), passes, [])
     extras = executor_costs(cost).stages
     for j, (stage, extra) in enumerate(zip(cost.stages, extras, strict=True)):
-        mean = 10.0 * (j + 1) + 1  # the mean of steps 0, 1, 2
-        assert (extra.forward_recorded, extra.backward_recorded) == (mean, mean + 0.5)
-        assert stage.forward_checkpointed == mean + 0.25
+        median = 10.0 * (j + 1) + 1  # the median of steps 0, 1, 2
+        assert (extra.forward_recorded, extra.backward_recorded) == (median, median + 0.5)
+        assert stage.forward_checkpointed == median + 0.25
         assert extra.weight_recorded is None  # not a split schedule
         assert stage.send_bytes == 64 * (j + 1)  # what the passes do not measure stays the launcher's
 
