@@ -39,6 +39,7 @@ from gpipe.distributed.group import Ranks, join
 from gpipe.distributed.materialize import Init, materialize_layer
 from gpipe.distributed.routes import loss_key
 from gpipe.distributed.shapes import check_boundaries
+from gpipe.distributed.start import Told, exchange, fingerprint, seed_from, structure_from
 from gpipe.distributed.structure import Structure, structure_of
 from gpipe.distributed.wire import Links, Wire
 from gpipe.gradients import Gradients
@@ -114,7 +115,7 @@ class DistributedGPipe(nn.Module):
             k += size
         self.partitions = nn.ModuleList(partitions)
         self._layers = [layer for _, layer in named]  # the whole model, for the dry run (Note [a step's start])
-        self._checked: set[Structure] = set()
+        self._checked: set[int] = set()  # fingerprints of input structures checked (Note [one exchange a step])
         self.check_shapes = check_shapes
         self.pipeline = Pipeline.of(partitions, [self.device] * n, self.skip_layout)
         alarm = Alarm(self.ranks.store, self.ranks.watcher, rank, timeout)
@@ -181,48 +182,49 @@ class DistributedGPipe(nn.Module):
         first, last = self.placement[0], self.placement[n - 1]
         batches: list[tuple[Tensor, ...]] = []
         targets: list[tuple[Tensor, ...]] = []
-        mine: dict[str, Any] = {"rows": None, "target_rows": None, "error": None}
-        own: Exception | None = None
+        rows_here: list[int] | None = None
+        structure: Structure | None = None
+        is_tuple, target_rows_here, error, own = False, None, None, None
         try:
             if not torch.is_grad_enabled():
                 raise RuntimeError("pipe.step trains: call it with grad enabled (not under torch.no_grad())")
             if rank == first:
-                was_tuple, tensors = as_tensors(input, "the input")
+                is_tuple, tensors = as_tensors(input, "the input")
                 batches = [tuple(t.to(self.device) for t in b) for b in scatter(tensors, self.chunks)]
-                mine["rows"] = [b[0].size(0) for b in batches]
-                mine["input_is_tuple"] = was_tuple
-                mine["structure"] = structure_of(list(batches[0]), was_tuple)
+                rows_here = [b[0].size(0) for b in batches]
+                structure = structure_of(list(batches[0]), is_tuple)
             if rank == last:
                 _, whole = as_tensors(target, "the target")
-                mine["target_rows"] = whole[0].size(0)
+                target_rows_here = whole[0].size(0)
                 targets = [tuple(t.to(self.device) for t in b) for b in scatter(whole, self.chunks)]
-        except (TypeError, ValueError, RuntimeError) as error:
-            own, mine["error"] = error, f"{type(error).__name__}: {error}"
-        mine["may_draw"] = any(p is None or p for p in self.pipeline.draws.plan())
-        told: list[Any] = [None] * self.ranks.world
-        dist.all_gather_object(told, mine, group=self.ranks.control)
-        for r, info in enumerate(told):
-            if info["error"] is not None:
+        except (TypeError, ValueError, RuntimeError) as rejected:
+            own, error = rejected, f"{type(rejected).__name__}: {rejected}"
+        mine = Told(rejected=error is not None, may_draw=any(p is None or p for p in self.pipeline.draws.plan()),
+                    rows=rows_here, fingerprint=0 if structure is None else fingerprint(structure),
+                    input_is_tuple=is_tuple, target_rows=target_rows_here)
+        control = self.ranks.control
+        told, texts = exchange(mine, error, self.chunks, control, self.ranks.world)  # Note [one exchange a step]
+        for r, text in enumerate(texts):
+            if text is not None:
                 if own is not None:
                     raise own
-                raise ValueError(f"rank {r} rejected the step's input: {info['error']}")
-        rows, target_rows = told[first]["rows"], told[last]["target_rows"]
+                raise ValueError(f"rank {r} rejected the step's input: {text}")
+        rows, target_rows = told[first].rows, told[last].target_rows
+        assert rows is not None and target_rows is not None
         if target_rows != sum(rows):
             raise ValueError(f"the target's batch size {target_rows} (rank {last}) differs from the input's "
                              f"{sum(rows)} (rank {first})")
-        structure = told[first]["structure"]
-        if self.check_shapes and structure not in self._checked:  # Note [a dry run on fake tensors]
-            check_boundaries(self._layers, self.balance, structure)
-            self._checked.add(structure)
+        if self.check_shapes and told[first].fingerprint not in self._checked:  # Note [a dry run on fake tensors]
+            check_boundaries(self._layers, self.balance, structure_from(first, structure, control))
+            self._checked.add(told[first].fingerprint)
         schedule = self.schedule_for(len(rows), self.checkpoint if self.training else "never")
-        seed = [0]
-        if any(info["may_draw"] for info in told):
-            seed = [rng.step_seed() if rank == first else 0]
-            dist.broadcast_object_list(seed, group=self.ranks.control, group_src=first)
+        seed = 0
+        if any(t.may_draw for t in told):
+            seed = seed_from(first, rng.step_seed() if rank == first else 0, control)
         summed = getattr(loss_fn, "reduction", "mean") == "sum"
         self._weights = [1.0 if summed else r / sum(rows) for r in rows]
-        self._input_is_tuple = bool(told[first].get("input_is_tuple"))
-        return schedule, batches, targets, rows, seed[0]
+        self._input_is_tuple = told[first].input_is_tuple
+        return schedule, batches, targets, rows, seed
 
     def _run(self, schedule: Schedule, batches: list[tuple[Tensor, ...]], targets: list[tuple[Tensor, ...]],
              rows: list[int], seed: int, loss_fn: Callable[..., Tensor]) -> Tensor:

@@ -50,6 +50,7 @@ OTHER: dict[str, Case] = {
     "target-rows": functools.partial(cases.bad_input, what="target"),
     "input-type": functools.partial(cases.bad_input, what="type"),
     "shape-mismatch": cases.shape_mismatch,
+    "new-structures": cases.new_structures,
 }
 
 
@@ -133,3 +134,15 @@ def test_bad_input_is_refused_on_every_rank_before_anything_is_sent(results: dic
         assert result.endswith("AFTER: stepped"), result
 
 
+
+
+def test_a_new_input_structure_is_checked_on_every_rank_and_a_known_one_is_not(
+        results: dict[str, list[str | None]]) -> None:
+    """Two structures stepped (2 rows of 6, 3 rows of 2 x 3), one refused on every rank before anything is sent (5
+    features into stage 1's Linear(6, 3)), and the pipeline steps on after the refusal."""
+    for result in results["new-structures"]:
+        assert result is not None
+        steps = result.split(" | ")
+        assert steps[:3] == ["stepped"] * 3 and steps[4:] == ["stepped", "checked 2"], result
+        assert steps[3].startswith("ValueError: shape mismatch between stages 0 and 1: stage 0 outputs "
+                                   "(float32[2, 5])"), result
