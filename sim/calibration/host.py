@@ -104,6 +104,10 @@ class ExecutorStage:
             next task waits for while the stream runs the kernels' seconds. Ignored on a synchronous device.
         issue_nograd: the same for a checkpointed (no-grad) ``F``.
         issue_backward: the same for ``B`` (and ``W``).
+        wire_forward: seconds each ``F`` of this stage spends on its messages to and from other processes: the
+            activation it receives and the one it sends (Note [a message's CPU] in
+            :mod:`sim.calibration.processes`); an ``R`` sends and receives nothing.
+        wire_backward: the same for each ``B`` and the gradients (a ``W`` sends and receives nothing).
     """
 
     saved_tensors: int = 0
@@ -117,10 +121,12 @@ class ExecutorStage:
     issue_forward: float = 0.0
     issue_nograd: float = 0.0
     issue_backward: float = 0.0
+    wire_forward: float = 0.0
+    wire_backward: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("saved_tensors", "thread_start", "host_forward", "host_nograd", "host_backward",
-                     "issue_forward", "issue_nograd", "issue_backward"):
+                     "issue_forward", "issue_nograd", "issue_backward", "wire_forward", "wire_backward"):
             check_cost(name, getattr(self, name))
         for name in ("forward_recorded", "backward_recorded", "weight_recorded"):
             if getattr(self, name) is not None:
@@ -139,6 +145,7 @@ class ExecutorCosts:
 
         overheads.task
         + the stage's host_forward (F not checkpointed, R), host_nograd (checkpointed F), host_backward (B, W)
+        + the stage's wire_forward (F) or wire_backward (B): its messages between processes
         + for a grad-enabled forward: overheads.recording
           + saved_tensors * overheads.per_saved_tensor (unless forward_recorded)
         + for a backward: saved_tensors * overheads.per_unpacked_tensor (unless backward_recorded)
@@ -186,7 +193,7 @@ class ExecutorCosts:
 
     def host_seconds(self, op: Op, stage: int, checkpointed: bool) -> float:
         o, s = self.overheads, self.stage(stage)
-        seconds = o.task
+        seconds = o.task + (s.wire_forward if op is Op.F else s.wire_backward if op is Op.B else 0.0)
         if op is Op.R or (op is Op.F and not checkpointed):  # a grad-enabled forward: recorded through hooks
             seconds += o.recording + s.host_forward
             if s.forward_recorded is None:  # else the hooks are in the measured seconds (stage_seconds)

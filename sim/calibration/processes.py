@@ -27,7 +27,7 @@ import statistics
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,8 +41,8 @@ from gpipe.timeline import Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
 from sim.calibration.experiment import Batch, loss_of, microbatch_sizes, stage_costs
-from sim.calibration.host import Overheads, with_overheads
-from sim.calibration.machine import intra_op_threads
+from sim.calibration.host import Overheads, executor_costs, with_overheads
+from sim.calibration.machine import intra_op_threads, keep_freed_memory
 from sim.calibration.outcome import drift_of, interleaved_cost, median_paired_error, median_step, pass_predictions
 from sim.calibration.rank_passes import RankPass, gathered_passes, local_gaps, rank_pass, stage_inputs
 from sim.calibration.setup import Setup
@@ -168,6 +168,25 @@ def _computing() -> Iterator[None]:
 # 215.9 to 217.7 ms, and its looped-bfs (8) by 5%, where the ranks' task spans matched their passes to within
 # 0.5 ms; they are left out. What the spans leave out, the host seconds between two tasks (the wire's sends, the
 # next task's inputs), is measured in the ranks (Note [gap between tasks] in sim.calibration.rank_passes).
+# Note [a message's CPU]: between processes on one machine, gloo moves a message with the ranks' own cores: the
+# sender's copies it into the kernel's socket buffers, the receiver's out of them, while each rank would compute.
+# An idle ping-pong's bandwidth is that copying, so each end of a message of b bytes costs its rank b / bandwidth
+# seconds of compute, charged to the task that sends or receives it (ExecutorStage.wire_forward, wire_backward);
+# when it arrives is still priced by the busy link (Note [a busy link]). A cost per byte fitted to each of seven
+# 2-process rows of the demo's model came out 0.1 to 0.6 ns; an idle 2.6 GB/s link gives 0.38. Skip tensors'
+# messages are not counted.
+def with_wire(cost: CostModel, placement: Sequence[int], idle: LinkSpec) -> CostModel:
+    """``cost`` with each stage's messages to and from other ranks priced on its tasks (Note [a message's CPU])."""
+    executor, n = executor_costs(cost), len(placement)
+    stages = []
+    for j, extra in enumerate(executor.stages):
+        received = cost.stages[j - 1].send_bytes if j > 0 and placement[j - 1] != placement[j] else 0
+        sent = cost.stages[j].send_bytes if j < n - 1 and placement[j + 1] != placement[j] else 0
+        seconds = (received + sent) / idle.bandwidth  # F: activations in and out; B: their gradients
+        stages.append(replace(extra, wire_forward=seconds, wire_backward=seconds))
+    return replace(cost, runner=replace(executor, stages=tuple(stages)))
+
+
 def process_config(link: LinkSpec) -> SimConfig:
     """The simulator's switches for :class:`gpipe.distributed.DistributedGPipe` on CPU ranks: copies on their own
     streams priced by ``link``; one phase (``step``); an overlapped pair's tasks in turn, as the interpreter runs
@@ -203,7 +222,8 @@ def _loss(output: Batch, _target: Tensor) -> Tensor:
 # alone. So, as the single-process experiment interleaves its passes (Note [interleaved calibration] in
 # sim.calibration.experiment), every rank profiles its own stages after every step, warm-ups included, all ranks
 # at once (a barrier first), as their stages run at once in a step; rank 0 gathers the passes and the stage
-# seconds are their means (sim.calibration.rank_passes). The prediction uses nothing the steps measured.
+# seconds are their medians (Note [median pass] in sim.calibration.outcome). The prediction uses nothing the
+# steps measured.
 def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance: tuple[int, ...],
           results: Any) -> None:
     """One spawned rank: time the link (rank 0 and 1), train, and after each step profile its own stages (Note
@@ -212,6 +232,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
 
     try:
         torch.set_num_threads(setup.threads or 1)
+        keep_freed_memory()  # as the launcher's own process keeps it (Note [allocator] in sim.calibration.machine)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
         torch.manual_seed(setup.seed)
@@ -219,6 +240,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
         target = torch.zeros(tensors[0].shape[0])
         link = measure_link(dist.group.WORLD, rank, rounds=20, busy=True)  # Note [a busy link]
+        idle = measure_link(dist.group.WORLD, rank, rounds=20)  # Note [a message's CPU]
         gap = _probe_gap(setup, len(balance), rank, tensors[0].shape[0])  # Note [gap between tasks]
         pipe = DistributedGPipe(model, list(balance), chunks=setup.chunks, checkpoint=setup.checkpoint,
                                 schedule=setup.schedule, timeout=120)
@@ -244,7 +266,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(passes, gathered, dst=0)
         if rank == 0:
-            results.put(("ok", link, steps, gathered, gap))
+            results.put(("ok", link, steps, gathered, gap, idle))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the launcher reports it
         results.put(("error", rank, traceback.format_exc()))
@@ -277,14 +299,15 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
             balance = tuple(balance_by_time(n, model, first, timeout=setup.balance_timeout, device="cpu"))
         cost = stage_costs(model, batch, balance, setup.chunks, ["cpu"] * n, warmup=setup.warmup,
                            repeats=setup.repeats, split=schedule.splits_weight_gradient)
-    link, steps, gathered, gap = _spawn(build, replace(setup, balance=tuple(balance), stages=None), tuple(balance),
-                                   processes, timeout)
+    link, steps, gathered, gap, idle = _spawn(build, replace(setup, balance=tuple(balance), stages=None),
+                                              tuple(balance), processes, timeout)
     measured = [Timeline.from_dict(d) for d in steps]
     makespans = tuple(t.makespan for t in measured)
     chosen = median_step(makespans)
     passes = gathered_passes(gathered, schedule.placement)  # Note [calibrated in the ranks]
     cost = replace(interleaved_cost(cost, passes, []), copy_seconds=None)  # copies priced by the measured link
     cost = with_overheads(cost, Overheads(gap=gap))  # Note [gap between tasks] in sim.calibration.rank_passes
+    cost = with_wire(cost, schedule.placement, idle)  # Note [a message's CPU]
     predicted = simulate(schedule, cost, process_config(link))
     return ProcessOutcome(processes, schedule, tuple(balance), link, cost, predicted, measured[chosen], makespans,
                           chosen, compare(predicted, measured[chosen]), description,
@@ -292,7 +315,7 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
 
 
 def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
-           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]], list[list[RankPass]], float]:
+           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]], list[list[RankPass]], float, LinkSpec]:
     """Run :func:`_rank` on ``world`` spawned processes; every one is stopped on the way out, Ctrl-C included."""
     import torch.multiprocessing as mp
 
@@ -314,7 +337,7 @@ def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
             raise RuntimeError(f"rank {got[1]} failed:\n{got[2]}")
         for p in procs:
             p.join(timeout=30)
-        return got[1], got[2], got[3], got[4]
+        return got[1], got[2], got[3], got[4], got[5]
     finally:
         for p in procs:  # the launcher's exit, however it comes (Ctrl-C too), ends every rank
             if p.is_alive():
