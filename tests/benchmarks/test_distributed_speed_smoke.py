@@ -29,10 +29,7 @@ def test_distributed_speed_quick(tmp_path: Path) -> None:
     assert rows["interleaved-1f1b"]["placement"] == [0, 1, 0, 1] and rows["1f1b"]["placement"] == [0, 1]
     for row in rows.values():
         assert row["distributed_ms"] > 0 and row["pipelining_ms"] > 0 and row["threaded_ms"] > 0
-        assert row["floor_ms"] > 0
-        assert row["pipelining_vs_floor"] == pytest.approx(row["pipelining_ms"] / row["floor_ms"], rel=0.02)
-    assert set(doc["goal_below_floor"]) <= set(rows)
-    assert "goal: DistributedGPipe's step <= 0.9x" in done.stdout and "below the floor" in done.stdout
+    assert "goal: DistributedGPipe's step <= 0.9x" in done.stdout
 
 
 def test_a_schedule_torch_lacks_is_refused() -> None:
