@@ -11,12 +11,13 @@ stage, or several as the schedule's layout places them) over :class:`gpipe.distr
 only those stages' layers (Note [materialised weights] in :mod:`gpipe.distributed.materialize`); the others are
 empty placeholders. ``parameters()`` are this rank's, for its own optimizer.
 
-Note [a step's start]: before anything is sent, the ranks exchange what each checked of its own inputs: the
-first stage's rank the micro-batch rows and structure of ``x``, the last stage's the rows of ``y``, each rank
-whether its stages may draw random numbers, and any error. Every rank then raises the same error (a shape
-mismatch between stages too: Note [a dry run on fake tensors] in :mod:`gpipe.distributed.shapes`), or builds the
-same schedule; where a stage may draw, the first stage's rank draws the step's seed (as one process would) and
-sends it to all, so checkpointed draws are exact across processes (Note [random state] in :mod:`gpipe.rng`).
+Note [a step's start]: before anything is sent, the ranks exchange what each checked of its own inputs (one row of
+integers each, Note [one exchange a step] in :mod:`gpipe.distributed.start`): the first stage's rank the
+micro-batch rows and structure of ``x``, the last stage's the rows of ``y``, each rank whether its stages may draw
+random numbers, and any error. Every rank then raises the same error (a shape mismatch between stages too: Note
+[a dry run on fake tensors] in :mod:`gpipe.distributed.shapes`), or builds the same schedule; where a stage may
+draw, the first stage's rank draws the step's seed (as one process would) and sends it to all, so checkpointed
+draws are exact across processes (Note [random state] in :mod:`gpipe.rng`).
 """
 
 from __future__ import annotations
