@@ -55,7 +55,7 @@ def _row(told: Told, chunks: int) -> Tensor:
     return torch.tensor(head + rows + [0] * (chunks - len(rows)), dtype=torch.int64)
 
 
-def _told(row: Tensor, chunks: int) -> Told:
+def _told(row: Tensor) -> Told:
     values = row.tolist()
     count = values[4]
     return Told(rejected=bool(values[0]), may_draw=bool(values[1]),
@@ -76,7 +76,7 @@ def exchange(mine: Told, error: str | None, chunks: int, group: Any,
     row = _row(mine, chunks)
     rows = [torch.empty_like(row) for _ in range(world)]
     dist.all_gather(rows, row, group=group)
-    told = [_told(r, chunks) for r in rows]
+    told = [_told(r) for r in rows]
     texts: list[str | None] = [None] * world
     if any(t.rejected for t in told):
         dist.all_gather_object(texts, error, group=group)

@@ -21,7 +21,7 @@ MIDDLE = Told(rejected=False, may_draw=False)
 def test_what_a_rank_told_survives_its_row(told: Told) -> None:
     row = _row(told, chunks=4)
     assert row.dtype == torch.int64 and row.shape == (6 + 4,)  # the same size on every rank
-    assert _told(row, chunks=4) == told
+    assert _told(row) == told
 
 
 def test_fingerprints_tell_structures_apart_and_agree_across_processes() -> None:
