@@ -106,7 +106,7 @@ class ExecutorStage:
         issue_backward: the same for ``B`` (and ``W``).
         wire_forward: seconds each ``F`` of this stage spends on its messages to and from other processes: the
             activation it receives and the one it sends (Note [a message's CPU] in
-            :mod:`sim.calibration.processes`); an ``R`` sends and receives nothing.
+            :mod:`sim.calibration.wire_cost`); an ``R`` sends and receives nothing.
         wire_backward: the same for each ``B`` and the gradients (a ``W`` sends and receives nothing).
     """
 

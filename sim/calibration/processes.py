@@ -10,10 +10,11 @@ step of median makespan is compared with it.
 
 Note [what the prediction models]: each task's seconds as the ranks run them (their processes computing at once,
 the recorder's hooks), and every copy as a ping-pong timed while the ranks compute prices it (Note [a busy
-link]), and the host seconds between two tasks, from a probe pipeline (Note [gap between tasks] in
-:mod:`sim.calibration.rank_passes`). Not modelled: the interpreter's host seconds around a task (Note [no host
-seconds per task]), nor what makes schedules of two stages per rank come out 9-23% under (a rank's tasks longer in
-the steps than in its per-stage passes; copies with many in flight several times the link's price).
+link]), the CPU a message takes from the ranks at both ends (Note [a message's CPU] in
+:mod:`sim.calibration.wire_cost`), and the host seconds between two tasks, from a probe pipeline (Note [gap
+between tasks] in :mod:`sim.calibration.rank_passes`). Not modelled: the interpreter's host seconds around a task
+(Note [no host seconds per task]), nor what makes schedules of two stages per rank with many micro-batches come
+out 9-16% under.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import statistics
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,11 +42,12 @@ from gpipe.timeline import Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
 from sim.calibration.experiment import Batch, loss_of, microbatch_sizes, stage_costs
-from sim.calibration.host import Overheads, executor_costs, with_overheads
+from sim.calibration.host import Overheads, with_overheads
 from sim.calibration.machine import intra_op_threads, keep_freed_memory
 from sim.calibration.outcome import drift_of, interleaved_cost, median_paired_error, median_step, pass_predictions
 from sim.calibration.rank_passes import RankPass, gathered_passes, local_gaps, rank_pass, stage_inputs
 from sim.calibration.setup import Setup
+from sim.calibration.wire_cost import MessageCpu, measure_message_cpu, message_sizes, with_wire
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
@@ -168,23 +170,6 @@ def _computing() -> Iterator[None]:
 # 215.9 to 217.7 ms, and its looped-bfs (8) by 5%, where the ranks' task spans matched their passes to within
 # 0.5 ms; they are left out. What the spans leave out, the host seconds between two tasks (the wire's sends, the
 # next task's inputs), is measured in the ranks (Note [gap between tasks] in sim.calibration.rank_passes).
-# Note [a message's CPU]: between processes on one machine, gloo moves a message with the ranks' own cores: the
-# sender's copies it into the kernel's socket buffers, the receiver's out of them, while each rank would compute.
-# An idle ping-pong's bandwidth is that copying, so each end of a message of b bytes costs its rank b / bandwidth
-# seconds of compute, charged to the task that sends or receives it (ExecutorStage.wire_forward, wire_backward);
-# when it arrives is still priced by the busy link (Note [a busy link]). A cost per byte fitted to each of seven
-# 2-process rows of the demo's model came out 0.1 to 0.6 ns; an idle 2.6 GB/s link gives 0.38. Skip tensors'
-# messages are not counted.
-def with_wire(cost: CostModel, placement: Sequence[int], idle: LinkSpec) -> CostModel:
-    """``cost`` with each stage's messages to and from other ranks priced on its tasks (Note [a message's CPU])."""
-    executor, n = executor_costs(cost), len(placement)
-    stages = []
-    for j, extra in enumerate(executor.stages):
-        received = cost.stages[j - 1].send_bytes if j > 0 and placement[j - 1] != placement[j] else 0
-        sent = cost.stages[j].send_bytes if j < n - 1 and placement[j + 1] != placement[j] else 0
-        seconds = (received + sent) / idle.bandwidth  # F: activations in and out; B: their gradients
-        stages.append(replace(extra, wire_forward=seconds, wire_backward=seconds))
-    return replace(cost, runner=replace(executor, stages=tuple(stages)))
 
 
 def process_config(link: LinkSpec) -> SimConfig:
@@ -225,7 +210,7 @@ def _loss(output: Batch, _target: Tensor) -> Tensor:
 # seconds are their medians (Note [median pass] in sim.calibration.outcome). The prediction uses nothing the
 # steps measured.
 def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance: tuple[int, ...],
-          results: Any) -> None:
+          sizes: tuple[int, ...], results: Any) -> None:
     """One spawned rank: time the link (rank 0 and 1), train, and after each step profile its own stages (Note
     [calibrated in the ranks]); rank 0 gets every recorded step and every rank's passes."""
     from gpipe.distributed import DistributedGPipe
@@ -240,7 +225,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
         target = torch.zeros(tensors[0].shape[0])
         link = measure_link(dist.group.WORLD, rank, rounds=20, busy=True)  # Note [a busy link]
-        idle = measure_link(dist.group.WORLD, rank, rounds=20)  # Note [a message's CPU]
+        price = measure_message_cpu(dist.group.WORLD, rank, sizes)  # Note [a message's CPU]
         gap = _probe_gap(setup, len(balance), rank, tensors[0].shape[0])  # Note [gap between tasks]
         pipe = DistributedGPipe(model, list(balance), chunks=setup.chunks, checkpoint=setup.checkpoint,
                                 schedule=setup.schedule, timeout=120)
@@ -266,7 +251,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(passes, gathered, dst=0)
         if rank == 0:
-            results.put(("ok", link, steps, gathered, gap, idle))
+            results.put(("ok", link, steps, gathered, gap, price))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the launcher reports it
         results.put(("error", rank, traceback.format_exc()))
@@ -299,23 +284,24 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
             balance = tuple(balance_by_time(n, model, first, timeout=setup.balance_timeout, device="cpu"))
         cost = stage_costs(model, batch, balance, setup.chunks, ["cpu"] * n, warmup=setup.warmup,
                            repeats=setup.repeats, split=schedule.splits_weight_gradient)
-    link, steps, gathered, gap, idle = _spawn(build, replace(setup, balance=tuple(balance), stages=None),
-                                              tuple(balance), processes, timeout)
+    link, steps, gathered, gap, price = _spawn(build, replace(setup, balance=tuple(balance), stages=None),
+                                               tuple(balance), message_sizes(cost, schedule.placement), processes,
+                                               timeout)
     measured = [Timeline.from_dict(d) for d in steps]
     makespans = tuple(t.makespan for t in measured)
     chosen = median_step(makespans)
     passes = gathered_passes(gathered, schedule.placement)  # Note [calibrated in the ranks]
     cost = replace(interleaved_cost(cost, passes, []), copy_seconds=None)  # copies priced by the measured link
     cost = with_overheads(cost, Overheads(gap=gap))  # Note [gap between tasks] in sim.calibration.rank_passes
-    cost = with_wire(cost, schedule.placement, idle)  # Note [a message's CPU]
+    cost = with_wire(cost, schedule.placement, price)  # Note [a message's CPU] in sim.calibration.wire_cost
     predicted = simulate(schedule, cost, process_config(link))
     return ProcessOutcome(processes, schedule, tuple(balance), link, cost, predicted, measured[chosen], makespans,
                           chosen, compare(predicted, measured[chosen]), description,
                           tuple(tuple(p) for p in passes[setup.warmup_steps:]))
 
 
-def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
-           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]], list[list[RankPass]], float, LinkSpec]:
+def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], sizes: tuple[int, ...], world: int,
+           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]], list[list[RankPass]], float, MessageCpu]:
     """Run :func:`_rank` on ``world`` spawned processes; every one is stopped on the way out, Ctrl-C included."""
     import torch.multiprocessing as mp
 
@@ -324,7 +310,7 @@ def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], world: int,
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    procs = [context.Process(target=_rank, args=(r, world, port, build, setup, balance, results), daemon=True)
+    procs = [context.Process(target=_rank, args=(r, world, port, build, setup, balance, sizes, results), daemon=True)
              for r in range(world)]
     try:
         for p in procs:
