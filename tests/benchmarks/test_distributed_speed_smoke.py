@@ -29,6 +29,8 @@ def test_distributed_speed_quick(tmp_path: Path) -> None:
     assert rows["interleaved-1f1b"]["placement"] == [0, 1, 0, 1] and rows["1f1b"]["placement"] == [0, 1]
     for row in rows.values():
         assert row["distributed_ms"] > 0 and row["pipelining_ms"] > 0 and row["threaded_ms"] > 0
+        # each round's floor is at most that round's recorded step (Note [a floor for any executor]), so their medians
+        assert 0 < row["floor_ms"] <= row["recorded_ms"]
     assert "goal: DistributedGPipe's step <= 0.9x" in done.stdout
 
 
