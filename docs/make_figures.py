@@ -601,7 +601,7 @@ def _sibling(name: str) -> Any:
 
 
 BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "executor_speed_wide", "schedule_speed",
-              "distributed_speed", "rng_cost",
+              "distributed_speed", "gloo_directions", "rng_cost",
               "fidelity", "fidelity_quick", "fidelity_schedules", "fidelity_processes", "switch_interval", "pair_probes", "gpu_check",
               "fidelity_cuda", "published", "unet_memory", "cpu_check", "plan_speed")
 

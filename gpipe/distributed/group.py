@@ -5,6 +5,13 @@ rank, as ``torchrun --nproc-per-node`` numbers them) and on the CPU otherwise; t
 uses NCCL for a CUDA device and gloo for the CPU. Small objects (the step's batch sizes, the random seed, input
 errors) always go through a gloo group, the tensor group itself on CPU or one made beside NCCL.
 
+Note [a group per direction]: on gloo each pair of ranks talks over one connection per group, and posting a send
+or receive takes locks of that connection that gloo's own thread also takes to move bytes. With every core busy,
+that thread is descheduled holding them and the post waits for its next time slice: two computing processes
+exchanging 128 KB each way a round saw 12% of their posts take over 1 ms (up to 6 ms) on one group, 0.4% with a
+group for messages to a higher rank and one for messages to a lower (``benchmarks/gloo_directions.py``). So
+tensors travel on those two groups. NCCL keeps one group: unmeasured, no GPU here.
+
 Note [a group per pipeline]: a step that fails leaves messages in flight; without ``group=``, each pipeline
 talks on a new group of the default one's ranks, so a pipeline built after a failure starts clean. A caller's
 group is used as given: after a failure, give the next pipeline a new one.
@@ -29,7 +36,8 @@ __all__ = ["Ranks", "default_device", "join"]
 @dataclass(frozen=True)
 class Ranks:
     """Attributes: ``group`` (tensors), ``control`` (gloo, objects), this ``rank`` of ``world``, its ``device``,
-    ``store`` and ``watcher``: two clients of the rendezvous store under this pipeline's own prefix."""
+    ``store`` and ``watcher``: two clients of the rendezvous store under this pipeline's own prefix; ``up`` and
+    ``down``: the groups tensors travel on to a higher and to a lower rank (Note [a group per direction])."""
 
     group: Any
     control: Any
@@ -38,6 +46,12 @@ class Ranks:
     device: torch.device
     store: Any
     watcher: Any
+    up: Any = None
+    down: Any = None
+
+    def carrying(self, src: int, dst: int) -> Any:
+        """The group a tensor from rank ``src`` to rank ``dst`` travels on (Note [a group per direction])."""
+        return (self.up if dst > src else self.down) or self.group
 
 
 def default_device() -> torch.device:
@@ -72,7 +86,10 @@ def join(group: Any, device: torch.device | str | None, timeout: float) -> Ranks
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = dist.get_backend(group)
-    control = group if backend == "gloo" else dist.new_group(dist.get_process_group_ranks(group), backend="gloo")
+    members = dist.get_process_group_ranks(group)
+    control = group if backend == "gloo" else dist.new_group(members, backend="gloo")
+    up, down = (dist.new_group(members, backend="gloo"), dist.new_group(members, backend="gloo")) \
+        if backend == "gloo" else (group, group)  # Note [a group per direction]
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     name = [uuid.uuid4().hex if rank == 0 else None]
     dist.broadcast_object_list(name, group=control, group_src=0)
@@ -80,4 +97,4 @@ def join(group: Any, device: torch.device | str | None, timeout: float) -> Ranks
     prefix = f"gpipe/{name[0]}/"
     # two clients of the same server under one prefix: one for this thread, one for the alarm's
     return Ranks(group, control, rank, world, device, dist.PrefixStore(prefix, store_client(base, timeout)),
-                 dist.PrefixStore(prefix, store_client(base, timeout)))
+                 dist.PrefixStore(prefix, store_client(base, timeout)), up, down)

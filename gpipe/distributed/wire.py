@@ -26,7 +26,6 @@ import time
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,6 +33,7 @@ from torch import Tensor
 
 from gpipe.distributed.clock import Transfers
 from gpipe.distributed.faults import Alarm, Pending, Waiter
+from gpipe.distributed.group import Ranks
 from gpipe.distributed.routes import LOSS, Route, incoming, loss_key, outgoing
 from gpipe.distributed.structure import HEADER, Structure, decode, describe, encode, structure_of
 from gpipe.schedule import Op, Schedule, Task
@@ -47,9 +47,9 @@ Kind = tuple[Op, int, Hashable, int]  # the producing op, stage and channel, and
 
 @dataclass
 class Links:
-    """What outlives a step: the process group, a waiter per peer and direction, the structures exchanged."""
+    """What outlives a step: the ranks' groups, a waiter per peer and direction, the structures exchanged."""
 
-    group: Any
+    ranks: Ranks
     rank: int
     device: torch.device
     alarm: Alarm
@@ -189,7 +189,7 @@ class Wire(Transport):
                 self._isend(dst, t.detach().contiguous(), what)
 
     def _isend(self, dst: int, tensor: Tensor, what: str) -> None:
-        work = dist.isend(tensor, group=self.links.group, group_dst=dst)
+        work = dist.isend(tensor, group=self.links.ranks.carrying(self.rank, dst), group_dst=dst)
         self.sends.append((self.links.waiter(dst, send=True).add(work), tensor, f"rank {dst} to take {what}"))
 
     def finish(self) -> None:
@@ -250,7 +250,7 @@ class Wire(Transport):
             entry.works.append(self._irecv(src, buffer))
 
     def _irecv(self, src: int, buffer: Tensor) -> Pending:
-        work = dist.irecv(buffer, group=self.links.group, group_src=src)
+        work = dist.irecv(buffer, group=self.links.ranks.carrying(src, self.rank), group_src=src)
         return self.links.waiter(src, send=False).add(work)
 
     def _on_this_stream(self, pending: Pending) -> None:

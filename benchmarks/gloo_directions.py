@@ -1,0 +1,123 @@
+"""How long posting a gloo send or receive blocks the posting thread, with one group or a group per direction.
+
+Two spawned gloo processes on this machine each run rounds of compute (one intra-op thread) and, every round,
+post a receive of the other's next message and send one of ``--kb`` KB, as a rank of
+:class:`gpipe.distributed.DistributedGPipe` does between its tasks. ``one``: every message on one group (as
+``torch.distributed.pipelining`` posts them); ``two``: messages to the higher rank on one group and to the lower
+on another (Note [a group per direction] in :mod:`gpipe.distributed.group`). The two ways alternate in blocks
+in one spawn, so a busy moment of the machine weighs on both. Reported per way: the median post, the share of
+posts over 1 ms and the longest, over both ranks.
+
+Run: ``.venv/bin/python benchmarks/gloo_directions.py`` (``--quick``: few rounds). Writes
+``benchmarks/results/gloo_directions.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gloo_directions.json"
+WAYS = ("one", "two")
+
+
+def _rank(rank: int, port: int, kb: int, blocks: int, rounds: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    peer = 1 - rank
+    up, down = dist.new_group([0, 1], backend="gloo"), dist.new_group([0, 1], backend="gloo")
+    groups = {"one": (None, None), "two": ((up, down) if rank == 0 else (down, up))}  # (to peer, from peer)
+    generator = torch.Generator().manual_seed(rank)
+    a, w = torch.randn(256, 256, generator=generator), torch.randn(256, 256, generator=generator) * 0.01
+    message = torch.ones(kb * 256)
+    posts: dict[str, list[float]] = {way: [] for way in WAYS}
+    for block in range(blocks + 1):  # the first block of each way is a warm-up
+        for way in (WAYS if block % 2 == 0 else WAYS[::-1]):
+            send_group, receive_group = groups[way]
+            dist.barrier()
+            sends = []
+            for _ in range(rounds):
+                start = time.perf_counter()
+                receive = dist.irecv(torch.empty_like(message), group=receive_group, group_src=peer)
+                middle = time.perf_counter()
+                x = a
+                for _ in range(4):
+                    x = torch.tanh(x @ w)
+                before = time.perf_counter()
+                sends.append(dist.isend(message, group=send_group, group_dst=peer))
+                end = time.perf_counter()
+                if block:
+                    posts[way] += [middle - start, end - before]
+                if receive is not None:  # None only on a rank outside the group
+                    receive.wait()  # once: a gloo work waited twice waits for a second completion
+            for send in sends:
+                if send is not None:
+                    send.wait()
+    gathered: list[Any] = [None, None]
+    dist.all_gather_object(gathered, posts)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--kb", type=int, default=128, help="KB per message (default 128, the speed benchmark's)")
+    parser.add_argument("--blocks", type=int, default=None, help="timed blocks per way (default 6; --quick 2)")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds per block (default 100)")
+    parser.add_argument("--quick", action="store_true", help="few blocks")
+    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the results (default {RESULTS})")
+    args = parser.parse_args(argv)
+    if min(args.kb, args.rounds) < 1 or (args.blocks is not None and args.blocks < 1):
+        parser.error("need positive --kb, --blocks and --rounds")
+    blocks = args.blocks if args.blocks is not None else (2 if args.quick else 6)
+    import torch.multiprocessing as mp
+
+    print(f"2 gloo processes, {args.kb} KB each way a round, {blocks} blocks of {args.rounds} rounds per way; "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "posts.json")
+        mp.spawn(_rank, args=(_free_port(), args.kb, blocks, args.rounds, out), nprocs=2, join=True)
+        both = json.loads(Path(out).read_text())
+    rows = []
+    for way in WAYS:
+        posts = sorted(p for rank in both for p in rank[way])
+        rows.append({"way": way, "posts": len(posts), "median_ms": round(statistics.median(posts) * 1e3, 3),
+                     "over_1ms": round(sum(1 for p in posts if p > 1e-3) / len(posts), 4),
+                     "max_ms": round(posts[-1] * 1e3, 3)})
+    print(f"{'way':5s} {'posts':>6s} {'median ms':>10s} {'over 1 ms':>10s} {'max ms':>8s}")
+    for r in rows:
+        print(f"{r['way']:5s} {r['posts']:6d} {r['median_ms']:10.3f} {r['over_1ms']:10.2%} {r['max_ms']:8.2f}")
+    doc = {"command": "python benchmarks/gloo_directions.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                       "threads_per_rank": 1, "load": os.getloadavg()[0]},
+           "workload": {"kb": args.kb, "blocks": blocks, "rounds": args.rounds, "processes": 2, "backend": "gloo"},
+           "rows": rows}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return doc
+
+
+if __name__ == "__main__":
+    main()
