@@ -1,14 +1,14 @@
-"""How long posting a gloo send or receive blocks the posting thread, with one group or a group per direction.
+"""How long posting a gloo send or receive blocks the posting thread: one group, or groups per direction.
 
-Two spawned gloo processes on this machine each run rounds of compute (one intra-op thread) and, every round,
-post a receive of the other's next message and send one of ``--kb`` KB, as a rank of
+Two spawned gloo processes on this machine each run rounds of compute (one intra-op thread) and every round send
+the other one message of ``--kb`` KB, with receives posted two messages ahead, as a rank of
 :class:`gpipe.distributed.DistributedGPipe` does between its tasks. ``one``: every message on one group (as
 ``torch.distributed.pipelining`` posts them); ``two``: messages to the higher rank on one group and to the lower
-on another (Note [a group per direction] in :mod:`gpipe.distributed.group`). The two ways alternate in blocks
-in one spawn, so a busy moment of the machine weighs on both. Reported per way: the median post, the share of
-posts over 1 ms and the longest, over both ranks.
+on another; ``four``: two groups per direction, a direction's messages taking them in turn (Note [a group per
+direction] in :mod:`gpipe.distributed.group`). The ways alternate in blocks in one spawn, so a busy moment of
+the machine weighs on all. Reported per way, over both ranks: the median post, the share over 1 ms, the longest.
 
-Run: ``.venv/bin/python benchmarks/gloo_directions.py`` (``--quick``: few rounds). Writes
+Run: ``.venv/bin/python benchmarks/gloo_directions.py`` (``--quick``: few blocks). Writes
 ``benchmarks/results/gloo_directions.json``.
 """
 
@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gloo_directions.json"
-WAYS = ("one", "two")
+WAYS = ("one", "two", "four")
+AHEAD = 2  # receives posted ahead, as DistributedGPipe's default lookahead
 
 
 def _rank(rank: int, port: int, kb: int, blocks: int, rounds: int, out: str) -> None:
@@ -38,34 +39,44 @@ def _rank(rank: int, port: int, kb: int, blocks: int, rounds: int, out: str) -> 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     peer = 1 - rank
-    up, down = dist.new_group([0, 1], backend="gloo"), dist.new_group([0, 1], backend="gloo")
-    groups = {"one": (None, None), "two": ((up, down) if rank == 0 else (down, up))}  # (to peer, from peer)
+    up = [dist.new_group([0, 1], backend="gloo") for _ in range(2)]
+    down = [dist.new_group([0, 1], backend="gloo") for _ in range(2)]
+    mine, theirs = (up, down) if rank == 0 else (down, up)  # the groups of messages to the peer and from it
+    lanes = {"one": ([None], [None]), "two": (mine[:1], theirs[:1]), "four": (mine, theirs)}
     generator = torch.Generator().manual_seed(rank)
     a, w = torch.randn(256, 256, generator=generator), torch.randn(256, 256, generator=generator) * 0.01
     message = torch.ones(kb * 256)
     posts: dict[str, list[float]] = {way: [] for way in WAYS}
     for block in range(blocks + 1):  # the first block of each way is a warm-up
         for way in (WAYS if block % 2 == 0 else WAYS[::-1]):
-            send_group, receive_group = groups[way]
+            to_peer, from_peer = lanes[way]
             dist.barrier()
-            sends = []
-            for _ in range(rounds):
+            receives, sends = [], []
+
+            def post_receive(k: int, from_peer: list[Any] = from_peer, receives: list[Any] = receives) -> float:
                 start = time.perf_counter()
-                receive = dist.irecv(torch.empty_like(message), group=receive_group, group_src=peer)
-                middle = time.perf_counter()
+                receives.append(dist.irecv(torch.empty_like(message), group=from_peer[k % len(from_peer)],
+                                           group_src=peer))
+                return time.perf_counter() - start
+
+            timed = [post_receive(k) for k in range(min(AHEAD, rounds))]
+            for k in range(rounds):
                 x = a
                 for _ in range(4):
                     x = torch.tanh(x @ w)
-                before = time.perf_counter()
-                sends.append(dist.isend(message, group=send_group, group_dst=peer))
-                end = time.perf_counter()
-                if block:
-                    posts[way] += [middle - start, end - before]
+                start = time.perf_counter()
+                sends.append(dist.isend(message, group=to_peer[k % len(to_peer)], group_dst=peer))
+                timed.append(time.perf_counter() - start)
+                receive = receives[k]
                 if receive is not None:  # None only on a rank outside the group
                     receive.wait()  # once: a gloo work waited twice waits for a second completion
+                if k + AHEAD < rounds:
+                    timed.append(post_receive(k + AHEAD))
             for send in sends:
                 if send is not None:
                     send.wait()
+            if block:
+                posts[way] += timed
     gathered: list[Any] = [None, None]
     dist.all_gather_object(gathered, posts)
     if rank == 0:

@@ -8,9 +8,9 @@ errors) always go through a gloo group, the tensor group itself on CPU or one ma
 Note [a group per direction]: on gloo each pair of ranks talks over one connection per group, and posting a send
 or receive takes locks of that connection that gloo's own thread also takes to move bytes. With every core busy,
 that thread is descheduled holding them and the post waits for its next time slice: two computing processes
-exchanging 128 KB each way a round saw 12% of their posts take over 1 ms (up to 6 ms) on one group, 0.4% with a
-group for messages to a higher rank and one for messages to a lower (``benchmarks/gloo_directions.py``). So
-tensors travel on those two groups. NCCL keeps one group: unmeasured, no GPU here.
+exchanging 128 KB each way a round saw 16% of their posts take over 1 ms (up to 6 ms) on one group, 0.04% with a
+group for messages to a higher rank and one for messages to a lower (``benchmarks/gloo_directions.py``; two per
+direction, taken in turn, did no better). NCCL keeps one group: unmeasured, no GPU here.
 
 Note [a group per pipeline]: a step that fails leaves messages in flight; without ``group=``, each pipeline
 talks on a new group of the default one's ranks, so a pipeline built after a failure starts clean. A caller's
