@@ -13,8 +13,8 @@ the recorder's hooks), and every copy as a ping-pong timed while the ranks compu
 link]), the CPU a message takes from the ranks at both ends (Note [a message's CPU] in
 :mod:`sim.calibration.wire_cost`), and the host seconds between two tasks, from a probe pipeline (Note [gap
 between tasks] in :mod:`sim.calibration.rank_passes`). Not modelled: the interpreter's host seconds around a task
-(Note [no host seconds per task]), nor what makes looped-bfs and dualpipe-v with 8 micro-batches (the steps that
-send the most messages) come out 10-16% under.
+(Note [no host seconds per task]), nor what makes some of the steps that send the most messages (looped-bfs and
+dualpipe-v with 8 micro-batches) come out 10-16% under.
 """
 
 from __future__ import annotations
