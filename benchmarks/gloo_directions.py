@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from schedule_speed import _free_port  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gloo_directions.json"
 WAYS = ("one", "two", "four")
@@ -82,12 +84,6 @@ def _rank(rank: int, port: int, kb: int, blocks: int, rounds: int, out: str) -> 
     if rank == 0:
         Path(out).write_text(json.dumps(gathered))
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
