@@ -120,7 +120,7 @@ class DistributedGPipe(nn.Module):
         self.check_shapes = check_shapes
         self.pipeline = Pipeline.of(partitions, [self.device] * n, self.skip_layout)
         alarm = Alarm(self.ranks.store, self.ranks.watcher, rank, timeout)
-        self.links = Links(self.ranks, rank, self.device, alarm, lookahead)
+        self.links = Links(self.ranks, alarm, lookahead)
         self.timeline: Timeline | None = None
         self.failure: str | None = None
         self._schedules: dict[tuple[int, str], Schedule] = {}

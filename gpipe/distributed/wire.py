@@ -50,8 +50,6 @@ class Links:
     """What outlives a step: the ranks' groups, a waiter per peer and direction, the structures exchanged."""
 
     ranks: Ranks
-    rank: int
-    device: torch.device
     alarm: Alarm
     lookahead: int = 2
     receivers: dict[int, Waiter] = field(default_factory=dict)
@@ -59,6 +57,14 @@ class Links:
     sent: dict[tuple[int, Kind], Structure] = field(default_factory=dict)  # per destination rank
     known: dict[tuple[int, Kind], Structure] = field(default_factory=dict)  # per source rank
     routes: dict[int, tuple[Schedule, dict[int, list[Route]]]] = field(default_factory=dict)  # by id(schedule)
+
+    @property
+    def rank(self) -> int:
+        return self.ranks.rank
+
+    @property
+    def device(self) -> torch.device:
+        return self.ranks.device
 
     def incoming(self, schedule: Schedule, layout: SkipLayout) -> dict[int, list[Route]]:
         """What each other rank sends this one in a step of ``schedule``, derived once per schedule (the pipeline
