@@ -10,19 +10,34 @@ onto this project's tasks one for one::
 Their rank is our device, their stage our stage. Our ``R`` (recompute) has no counterpart: export drops it,
 import puts one right before each backward of a micro-batch the caller's checkpoint policy checkpoints.
 Pure Python (no torch): pass their ``pipeline_order`` straight in, each action reads as its ``str``.
+
+Note [indices before tasks]: a schedule's shape comes from the largest indices its actions name, and every
+stage runs one forward of each micro-batch; so a valid file of ``k`` actions has at most ``k`` stages and
+``k`` micro-batches. Import checks that, on the words alone, before it builds a task or a list as long as a
+stage or micro-batch count: every stage ``0..n-1`` has a rank, and every stage names as many forwards as
+there are micro-batches (``0F99999999999999999999`` is refused at once, not after building every task up to
+it). Then the schedule holds at most a few tasks per action, and a file of at most :data:`MAX_CSV_BYTES`
+(8 MiB, about a million actions: ``gpipe(4096, 64)``'s 524,288 take 3.8 MiB) reads in seconds.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed
 
-__all__ = ["COMMUNICATION", "from_pipelining", "read_pipelining_csv", "to_pipelining", "write_pipelining_csv"]
+__all__ = ["COMMUNICATION", "MAX_CSV_BYTES", "from_pipelining", "read_pipelining_csv", "to_pipelining",
+           "write_pipelining_csv"]
+
+#: The largest CSV :func:`read_pipelining_csv` reads, in bytes (Note [indices before tasks]).
+MAX_CSV_BYTES = 8 * 2**20
+_MAX_DIGITS = 100  # an index longer than this is refused as it is read (Python's int() stops at 4,300 digits)
+_SHOWN = 40  # characters of an action a message shows
 
 #: Their action types that move or reduce data rather than compute; import skips them. Our copies follow from
 #: the dependencies (the simulator and the executor place them), and we model no FSDP or data-parallel step.
@@ -67,7 +82,8 @@ def from_pipelining(actions: Actions, checkpoint: Checkpoint = "never", name: st
 
     Raises:
         ValueError: an action this project cannot express or read (the message names it and its rank), a
-            rank missing or running no stage, a stage on two ranks.
+            rank missing or running no stage, a stage on two ranks or on none, a forward missing (checked on
+            the actions before any task is built: Note [indices before tasks]).
         ScheduleError: the actions do not make a valid schedule (a task missing or twice, a deadlock).
     """
     checkpointed(checkpoint, 0, 1)  # rejects an unknown policy before any work
@@ -83,18 +99,48 @@ def from_pipelining(actions: Actions, checkpoint: Checkpoint = "never", name: st
     elif largest >= m:
         r, (stage, kind, i) = next((r, w) for r, row in enumerate(words) for w in row if w[2] >= m)
         raise ValueError(f"rank {r}: action '{stage}{kind}{i}' is outside m={m} micro-batches (0..{m - 1})")
-    placement = [-1] * n
+    ranks_of: dict[int, int] = {}  # stage -> rank; a dict, as n is not checked yet (Note [indices before tasks])
     for r, row in enumerate(words):
         if not row:
             raise ValueError(f"rank {r} runs no compute action; every rank 0..{len(words) - 1} needs a stage")
         for stage, _, _ in row:
-            if placement[stage] not in (-1, r):
-                raise ValueError(f"stage {stage} runs on ranks {placement[stage]} and {r}; a stage lives on one rank")
-            placement[stage] = r
-    if -1 in placement:
-        raise ValueError(f"no rank runs stage {placement.index(-1)} of stages 0..{n - 1}")
+            if ranks_of.setdefault(stage, r) != r:
+                raise ValueError(f"stage {stage} runs on ranks {ranks_of[stage]} and {r}; a stage lives on one rank")
+    if len(ranks_of) < n:
+        raise ValueError(f"no rank runs stage {_first_absent(ranks_of)} of stages 0..{_show(str(n - 1))}")
+    _check_forwards(words, m, largest)
+    placement = tuple(ranks_of[j] for j in range(n))
     tasks = [_tasks(row, split, checkpoint, m) for row in words]
-    return Schedule(m, n, checkpoint, tuple(placement), tuple(map(tuple, tasks)), name=name).validate()
+    return Schedule(m, n, checkpoint, placement, tuple(map(tuple, tasks)), name=name).validate()
+
+
+def _first_absent(present: Collection[int]) -> int:
+    """The smallest index ``>= 0`` not in ``present`` (looks at ``len(present) + 1`` numbers at most)."""
+    return next(k for k in range(len(present) + 1) if k not in present)
+
+
+def _check_forwards(words: list[list[tuple[int, str, int]]], m: int, largest: int) -> None:
+    """Note [indices before tasks]: every stage names a forward of each micro-batch ``0..m-1``; else the
+    first missing one is named, in a time linear in the words, whatever ``m`` is."""
+    forwards: dict[int, set[int]] = {}
+    for row in words:
+        for stage, kind, i in row:
+            forwards.setdefault(stage, set())
+            if kind == "F":
+                forwards[stage].add(i)
+    for stage in sorted(forwards):
+        if len(forwards[stage]) < m:
+            why = ""
+            if largest == m - 1:  # m was read off the actions: name the one that set it
+                r, w = next((r, w) for r, row in enumerate(words) for w in row if w[2] == largest)
+                why = f", as rank {r}'s action '{w[0]}{w[1]}{_show(str(w[2]))}' names the largest"
+            raise ValueError(f"no action runs the forward '{stage}F{_first_absent(forwards[stage])}': every stage "
+                             f"runs one forward of each micro-batch 0..{_show(str(m - 1))}{why}")
+
+
+def _show(text: str) -> str:
+    """``text`` as a message shows it: cut to :data:`_SHOWN` characters."""
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN - 3]}..."
 
 
 # Note [full backward among split ones]: their schedules may mix full backwards (B) with split ones (I, W),
@@ -142,32 +188,37 @@ def _compute(action: object, rank: int) -> list[tuple[int, str, int]]:
     text = "" if action is None else str(action).strip()
     if not text:
         return []
+    shown = repr(_show(text))
     overlap = _OVERLAP.match(text)
     if overlap:
         inner, kind = overlap.groups()
         if kind != "OVERLAP_F_B":
-            raise ValueError(f"rank {rank}: action {text!r}: sub-actions come with OVERLAP_F_B only, not {kind}")
-        words = [_word(sub.strip(), rank, text) for sub in inner.split(";") if sub.strip()]
+            raise ValueError(f"rank {rank}: action {shown}: sub-actions come with OVERLAP_F_B only, not "
+                             f"{_show(kind)}")
+        words = [_word(sub.strip(), rank, shown) for sub in inner.split(";") if sub.strip()]
         if not words or any(w is None for w in words):
-            raise ValueError(f"rank {rank}: action {text!r}: an OVERLAP_F_B holds compute actions (F, I, W, B) only")
+            raise ValueError(f"rank {rank}: action {shown}: an OVERLAP_F_B holds compute actions (F, I, W, B) only")
         return [w for w in words if w is not None]
-    word = _word(text, rank, text)
+    word = _word(text, rank, shown)
     return [] if word is None else [word]
 
 
 def _word(text: str, rank: int, whole: str) -> tuple[int, str, int] | None:
-    """``(stage, type, micro-batch)`` of one plain action; ``None`` for communication."""
+    """``(stage, type, micro-batch)`` of one plain action; ``None`` for communication. ``whole``: the action as
+    messages show it (its ``repr``, cut by :func:`_show`)."""
     match = _ACTION.match(text)
     if match is None:
-        raise ValueError(f"rank {rank}: not an action: {whole!r} (expected e.g. '0F1': stage, type, micro-batch)")
+        raise ValueError(f"rank {rank}: not an action: {whole} (expected e.g. '0F1': stage, type, micro-batch)")
     stage, kind, microbatch = match.groups()
     if kind in COMMUNICATION:
         return None
     if kind not in _COMPUTE:
-        raise ValueError(f"rank {rank}: action {whole!r}: type {kind} has no counterpart here; this project runs "
-                         f"{', '.join(_COMPUTE)} and OVERLAP_F_B, and skips {', '.join(sorted(COMMUNICATION))}")
+        raise ValueError(f"rank {rank}: action {whole}: type {_show(kind)} has no counterpart here; this project "
+                         f"runs {', '.join(_COMPUTE)} and OVERLAP_F_B, and skips {', '.join(sorted(COMMUNICATION))}")
     if not microbatch:
-        raise ValueError(f"rank {rank}: action {whole!r} names no micro-batch (expected e.g. '{stage}{kind}0')")
+        raise ValueError(f"rank {rank}: action {whole} names no micro-batch (expected e.g. '{_show(stage)}{kind}0')")
+    if max(len(stage), len(microbatch)) > _MAX_DIGITS:
+        raise ValueError(f"rank {rank}: action {whole}: an index of more than {_MAX_DIGITS} digits")
     return int(stage), kind, int(microbatch)
 
 
@@ -191,9 +242,27 @@ def write_pipelining_csv(schedule: Schedule, path: str | Path, *, overwrite: boo
 def read_pipelining_csv(path: str | Path, checkpoint: Checkpoint = "never", name: str | None = None) -> Schedule:
     """The schedule in their CSV at ``path`` (one row per rank; empty cells idle), by :func:`from_pipelining`.
 
-    ``name``: the schedule's name; default the file's name without its suffix.
+    ``name``: the schedule's name; default the file's name without its suffix. A file of more than
+    :data:`MAX_CSV_BYTES` (8 MiB) is refused before it is parsed (Note [indices before tasks]).
+
+    Raises:
+        ValueError: the file is larger than :data:`MAX_CSV_BYTES`, is not UTF-8 CSV, or its actions cannot
+            be read (see :func:`from_pipelining`); ``ScheduleError`` among them.
+        OSError: the file cannot be opened.
     """
     source = Path(path)
-    with open(source, newline="") as f:
-        rows = [row for row in csv.reader(f)]
+    with open(source, "rb") as f:
+        data = f.read(MAX_CSV_BYTES + 1)  # a read bounded however large the file (or a device) is
+    if len(data) > MAX_CSV_BYTES:
+        raise ValueError(f"the file is larger than {MAX_CSV_BYTES // 2**20} MiB, the most a schedule CSV may be "
+                         "(MAX_CSV_BYTES in gpipe.schedule.pipelining); a schedule of a million actions fits")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not UTF-8 text (byte {error.start} cannot be read): expected a CSV of actions") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        rows = list(reader)
+    except csv.Error as error:
+        raise ValueError(f"line {reader.line_num}: not CSV: {error}") from None
     return from_pipelining(rows, checkpoint, name=source.stem if name is None else name)

@@ -21,7 +21,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="simulate the schedule in this torch.distributed.pipelining CSV (one row per rank, "
                              "actions such as 0F1, 1I0, 2W3) instead of --schedule: its stages, micro-batches "
                              "and placement replace --stages and --chunks; --checkpoint adds recomputes "
-                             "(default: never)")
+                             "(default: never); at most 8 MiB")
     parser.add_argument("--export-schedule", default=None, metavar="FILE.csv",
                         help="write the simulated schedule as a torch.distributed.pipelining CSV, recomputes "
                              "left out; an existing file is refused unless --force")
@@ -52,6 +52,8 @@ def imported(args: argparse.Namespace) -> Schedule | None:
         return read_pipelining_csv(path, args.checkpoint or "never")
     except ValueError as exc:  # ScheduleError too: the message shows the grid
         raise CommandError(f"--import-schedule {path}: {exc}") from None
+    except OSError as exc:
+        raise CommandError(f"--import-schedule {path}: {exc.strerror or exc}") from None
 
 
 def export(args: argparse.Namespace, schedule: Schedule) -> str | None:

@@ -125,8 +125,9 @@ def test_a_micro_batch_outside_the_given_count_is_named() -> None:
     actions = [["0F1", "0F2", "0B1", "0B2"]]
     with pytest.raises(ValueError, match=r"rank 0: action '0F2' is outside m=2 micro-batches \(0..1\)"):
         from_pipelining(actions, m=2)
-    with pytest.raises(ScheduleError, match="missing B0@0, F0@0"):  # m=3 from the actions: 0 is missing
-        from_pipelining(actions)
+    with pytest.raises(ValueError, match="no action runs the forward '0F0': every stage runs one forward of each "
+                                         r"micro-batch 0..2, as rank 0's action '0F2' names the largest"):
+        from_pipelining(actions)  # m=3 from the actions: 0 is missing
 
 
 def test_invalid_actions_are_a_schedule_error_with_the_grid() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpipe.schedule import gpipe, one_f_one_b, to_pipelining
+from gpipe.schedule.pipelining import MAX_CSV_BYTES
 from sim.cli import main
 
 COSTS = ["--forward-time", "1", "--backward-time", "2"]
@@ -75,4 +76,41 @@ def test_bad_files_are_named(make: Callable[[Path], list[str]], message: str, ca
     (tmp_path / "stuck.csv").write_text("0F0,0B0\n1B0,1F0\n")
     err = fails(capsys, *make(tmp_path), "--out", str(tmp_path / "out"))
     assert message.format(d=tmp_path) in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(("text", "message"), [
+    ("0F99999999999999999999,0B0\n1F0,1B0\n",
+     "no action runs the forward '0F0': every stage runs one forward of each micro-batch 0..99999999999999999999, "
+     "as rank 0's action '0F99999999999999999999' names the largest"),
+    ("0F100000000,0B0\n1F0,1B0\n", "no action runs the forward '0F0'"),
+    ("0F0,0B0\n1000000000000F0,1000000000000B0\n", "no rank runs stage 1 of stages 0..1000000000000"),
+    ("0F" + "9" * 5000 + "\n", "rank 0: action '0F" + "9" * 35 + "...': an index of more than 100 digits"),
+])
+def test_an_index_beyond_what_the_file_holds_is_refused_before_any_task(
+        text: str, message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Note [indices before tasks] in gpipe.schedule.pipelining: once, every task up to the largest index was
+    built before the file was checked (0F99999999999999999999 ran for minutes, 0F100000000 took 2.7 GB)."""
+    (tmp_path / "h.csv").write_text(text)
+    err = fails(capsys, "--import-schedule", str(tmp_path / "h.csv"), "--out", str(tmp_path / "out"))
+    assert err.startswith(f"gpipe-sim simulate: error: --import-schedule {tmp_path}/h.csv: ") and message in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.timeout(20)
+def test_a_file_over_the_size_limit_or_not_text_is_refused_in_one_line(capsys: pytest.CaptureFixture[str],
+                                                                       tmp_path: Path) -> None:
+    big = tmp_path / "big.csv"
+    with big.open("w") as f:  # valid actions, one byte past the limit
+        f.write("0F0," * (MAX_CSV_BYTES // 4) + "\n")
+    err = fails(capsys, "--import-schedule", str(big), "--out", str(tmp_path / "out"))
+    assert "the file is larger than 8 MiB, the most a schedule CSV may be" in err
+    assert len(err.strip().splitlines()) == 1
+    (tmp_path / "binary.csv").write_bytes(b"0F0,\xff\xfe\n")
+    err = fails(capsys, "--import-schedule", str(tmp_path / "binary.csv"), "--out", str(tmp_path / "out"))
+    assert "not UTF-8 text (byte 4 cannot be read)" in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "long.csv").write_text("0F0," + "x" * 200_000 + "\n")  # past the csv module's field limit
+    err = fails(capsys, "--import-schedule", str(tmp_path / "long.csv"), "--out", str(tmp_path / "out"))
+    assert "line 1: not CSV: field larger than field limit" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
