@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from gpipe.gradients import Gradients
+from gpipe.loss import LossPlan
 from gpipe.microbatch import as_tensors
 from gpipe.phase import checkpointing, recomputing
 from gpipe.pipeline import Pipeline
@@ -57,7 +58,8 @@ class Step:
         recorder: records the measured timeline, or ``None``.
         draw_plan, step_seed, drew: Note [random state] in :mod:`gpipe.rng`.
         gradients: where parameter gradients go (Note [gradients the caller asked for] in :mod:`gpipe.gradients`).
-        loss: :meth:`gpipe.GPipe.step`'s loss function and each micro-batch's weight; ``None`` for ``forward()``.
+        loss: what :meth:`gpipe.GPipe.step`'s last stage computes on each micro-batch (:mod:`gpipe.loss`);
+            ``None`` for ``forward()``.
     """
 
     pipeline: Pipeline
@@ -68,7 +70,7 @@ class Step:
     step_seed: int
     drew: list[set[int]]
     gradients: Gradients
-    loss: tuple[Callable[..., Tensor], list[float]] | None
+    loss: LossPlan | None
 
 
 class Worker:
@@ -146,19 +148,20 @@ class Worker:
         return outputs, was_tuple
 
     def _loss(self, task: Task, output: Any) -> Tensor:
-        """The weighted loss of micro-batch ``task.microbatch`` (:meth:`GPipe.step`), computed inside the task."""
-        assert self.step.loss is not None
+        """The scaled loss of micro-batch ``task.microbatch`` (:meth:`GPipe.step`; Note [an exact loss] in
+        :mod:`gpipe.loss`), computed inside the task."""
+        plan = self.step.loss
+        assert plan is not None
         i = task.microbatch
         was_tuple, outputs = as_tensors(output, f"the output of partition {task.stage}")
-        loss_fn, weights = self.step.loss
         if i not in self.targets:  # kept for a recompute
             self.targets[i] = self.transport.receive(task.stage, (task, "target"))
         target, target_is_tuple = self.targets[i]
-        loss = loss_fn(outputs[0] if not was_tuple else outputs, target if target_is_tuple else target[0]) * weights[i]
+        loss = plan.fn(outputs[0] if not was_tuple else outputs, target if target_is_tuple else target[0])
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             raise TypeError("loss_fn must return a scalar tensor (a reduced loss), got "
                             f"{type(loss).__name__ if not isinstance(loss, Tensor) else tuple(loss.shape)}")
-        return loss
+        return loss * plan.scales[i]
 
     def _forward(self, task: Task) -> None:
         step = self.step

@@ -50,6 +50,7 @@ from gpipe.affinity import Cores, check_affinity
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.checks import check_balance, check_count, check_devices, check_unique
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
+from gpipe.loss import loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
 from gpipe.parking import Parked
 from gpipe.pipeline import Pipeline
@@ -244,17 +245,33 @@ class GPipe(nn.Module):
             raise
         return outputs if run.output_is_tuple else outputs[0]
 
-    def step(self, input: Any, target: Any, loss_fn: Callable[..., Tensor]) -> Tensor:
-        """Forward and backward of one mini-batch in one call, by this pipeline's schedule (GPipe or 1F1B).
+    def step(self, input: Any, target: Any, loss_fn: Callable[..., Tensor], *,
+             loss_reduction: str | None = None) -> Tensor:
+        """Forward and backward of one mini-batch in one call, by this pipeline's schedule (GPipe, 1F1B, ...).
 
         The last partition computes ``loss_fn(output, target)`` on each micro-batch as soon as its forward ends,
-        so a schedule may start a micro-batch's backward before the others' forwards: 1F1B needs this. Each
-        micro-batch's loss is weighted by its share of the batch (``size_i / batch``), which reproduces a
-        mean-reduced loss over the whole batch; a loss module with ``reduction="sum"`` is summed instead.
-        Gradients accumulate into the parameters, as after ``loss.backward()``.
+        so a schedule may start a micro-batch's backward before the others' forwards: 1F1B needs this. The
+        micro-batches' losses are scaled so that they add up to the plain model's loss on the whole batch, and
+        the gradients with them (Note [an exact loss] in :mod:`gpipe.loss`): a ``torch.nn`` loss module's
+        ``reduction`` decides (cross entropy and NLL divide by the class weight of the targets that count, as
+        with ``ignore_index`` padding); any other callable is taken as a mean over rows unless
+        ``loss_reduction="sum"``. Gradients accumulate into the parameters, and into an input that requires
+        grad, as after ``loss.backward()``.
+
+        Args:
+            input: a tensor or a tuple of tensors, split along dim 0 into micro-batches.
+            target: the same for the loss, split alike.
+            loss_fn: ``loss_fn(output, target)`` returns a scalar tensor for one micro-batch.
+            loss_reduction: ``"mean"`` (over rows) or ``"sum"``: how a callable that is not a ``torch.nn`` loss
+                module combines its micro-batch losses; default ``"mean"``.
 
         Returns:
             The mini-batch's loss (detached), on the last device.
+
+        Raises:
+            ValueError: the target's batch size differs from the input's; a loss module with
+                ``reduction="none"``; a ``loss_reduction`` other than ``"mean"`` or ``"sum"``, or one that
+                contradicts the module's own.
         """
         was_tuple, tensors = as_tensors(input, "GPipe's input")
         _, targets = as_tensors(target, "the target")
@@ -266,13 +283,18 @@ class GPipe(nn.Module):
         if not torch.is_grad_enabled():
             raise RuntimeError("pipe.step trains: call it with grad enabled (not under torch.no_grad())")
         mode = self.checkpoint if self.training else "never"
-        total = tensors[0].size(0)
-        summed = getattr(loss_fn, "reduction", "mean") == "sum"
-        loss = (loss_fn, target_batches, [1.0 if summed else b[0].size(0) / total for b in batches])
-        run = Run(self.pipeline, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record, loss)
+        plan = loss_plan(loss_fn, reduction_of(loss_fn, loss_reduction), targets, [b[0].size(0) for b in batches])
+        run = Run(self.pipeline, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record,
+                  (plan, target_batches))
+        run.input_requires_grad = [t.requires_grad for t in tensors]
         run.execute_all()
         self._keep_timeline(run)
-        return torch.stack([run.losses[i] for i in range(len(batches))]).sum()
+        leaves = [t for t in tensors if t.requires_grad]
+        if leaves:  # the input's gradient, as loss.backward() leaves it (into x.grad, or on into x's own graph)
+            grads = run.input_grads()
+            torch.autograd.backward([t for t, g in zip(leaves, grads, strict=True) if g is not None],
+                                    [g for g in grads if g is not None])
+        return plan.total([run.losses[i] for i in range(len(batches))])
 
     def _nodes(self, leaves: Sequence[Tensor], params: Sequence[Tensor]) -> list[Any]:
         """The autograd nodes that receive the gradients of ``leaves`` and ``params`` (the parameters' kept from

@@ -25,7 +25,7 @@ worker in turn (each join woke it, to take the lock, while the next worker compu
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.gradients import Gradients
 from gpipe.handoff import InProcess, device_context
 from gpipe.interpreter import Step, Worker
+from gpipe.loss import LossPlan
 from gpipe.microbatch import gather
 from gpipe.parking import Gate
 from gpipe.pipeline import Pipeline
@@ -47,8 +48,8 @@ from gpipe.transport import DRIVER, Message, Stopped
 
 __all__ = ["Loss", "Run"]
 
-Loss = tuple[Callable[..., Tensor], list[tuple[Tensor, ...]], list[float]]
-""":meth:`gpipe.GPipe.step`'s loss function, each micro-batch's target tensors and weight."""
+Loss = tuple[LossPlan, list[tuple[Tensor, ...]]]
+""":meth:`gpipe.GPipe.step`'s loss (what the last stage computes: :mod:`gpipe.loss`) and each micro-batch's target."""
 
 
 class Run:
@@ -93,7 +94,7 @@ class Run:
         self.losses: dict[int, Tensor] = {}
         self.transport = InProcess(pipeline, schedule, self.recorder)
         step = Step(pipeline, schedule, train, self.recorder, self.draw_plan, self.step_seed, self.drew,
-                    self.gradients, None if loss is None else (loss[0], loss[2]))
+                    self.gradients, None if loss is None else loss[0])
         self.workers = [Worker(step, d, device, self.transport) for d, device in enumerate(devices)]
 
     # -- phases -----------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from gpipe.distributed.structure import Structure, structure_of
 from gpipe.distributed.wire import Links, Wire
 from gpipe.gradients import Gradients
 from gpipe.interpreter import Step, Worker
+from gpipe.loss import LossPlan, loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
 from gpipe.pipeline import Pipeline
 from gpipe.recorder import Recorder
@@ -153,11 +154,14 @@ class DistributedGPipe(nn.Module):
 
     # -- a step -----------------------------------------------------------------------------------------
 
-    def step(self, input: Any, target: Any, loss_fn: Callable[..., Tensor]) -> Tensor:
+    def step(self, input: Any, target: Any, loss_fn: Callable[..., Tensor], *,
+             loss_reduction: str | None = None) -> Tensor:
         """Forward and backward of one mini-batch on every rank, by the schedule (as :meth:`gpipe.GPipe.step`).
 
         Every rank calls it: ``input`` is read on the first stage's rank and ``target`` on the last stage's (the
-        other ranks may pass ``None``). Gradients accumulate into this rank's parameters.
+        other ranks may pass ``None``). The loss is the plain model's on the whole batch, as in
+        :meth:`gpipe.GPipe.step` (``loss_reduction`` too; Note [an exact loss] in :mod:`gpipe.loss`). Gradients
+        accumulate into this rank's parameters, and into an input that requires grad on the first stage's rank.
 
         Returns:
             The mini-batch's loss (detached), on every rank, on its device.
@@ -170,14 +174,15 @@ class DistributedGPipe(nn.Module):
         if self.failure is not None:
             raise PipelineFailed(f"this pipeline failed in an earlier step, so its ranks are out of step: build a "
                                  f"new DistributedGPipe (the failure: {self.failure.splitlines()[0]})")
-        schedule, batches, targets, rows, seed = self._start(input, target, loss_fn)
+        schedule, batches, targets, rows, seed, plan = self._start(input, target, loss_fn, loss_reduction)
         try:
-            return self._run(schedule, batches, targets, rows, seed, loss_fn)
+            return self._run(schedule, batches, targets, rows, seed, plan)
         except PipelineFailed as failed:
             self.failure = str(failed)
             raise
 
-    def _start(self, input: Any, target: Any, loss_fn: Callable[..., Tensor]) -> tuple[Any, ...]:
+    def _start(self, input: Any, target: Any, loss_fn: Callable[..., Tensor],
+               loss_reduction: str | None) -> tuple[Any, ...]:
         """Note [a step's start]: check, exchange, then the same schedule or the same error on every rank."""
         n, rank = len(self.balance), self.rank
         first, last = self.placement[0], self.placement[n - 1]
@@ -186,9 +191,11 @@ class DistributedGPipe(nn.Module):
         rows_here: list[int] | None = None
         structure: Structure | None = None
         is_tuple, target_rows_here, error, own = False, None, None, None
+        plan: LossPlan | None = None  # on the last stage's rank, which computes the loss
         try:
             if not torch.is_grad_enabled():
                 raise RuntimeError("pipe.step trains: call it with grad enabled (not under torch.no_grad())")
+            reduction = reduction_of(loss_fn, loss_reduction)
             if rank == first:
                 is_tuple, tensors = as_tensors(input, "the input")
                 batches = [tuple(t.to(self.device) for t in b) for b in scatter(tensors, self.chunks)]
@@ -198,6 +205,7 @@ class DistributedGPipe(nn.Module):
                 _, whole = as_tensors(target, "the target")
                 target_rows_here = whole[0].size(0)
                 targets = [tuple(t.to(self.device) for t in b) for b in scatter(whole, self.chunks)]
+                plan = loss_plan(loss_fn, reduction, whole, [b[0].size(0) for b in targets])
         except (TypeError, ValueError, RuntimeError) as rejected:
             own, error = rejected, f"{type(rejected).__name__}: {rejected}"
         mine = Told(rejected=error is not None, may_draw=any(p is None or p for p in self.pipeline.draws.plan()),
@@ -222,23 +230,21 @@ class DistributedGPipe(nn.Module):
         seed = 0
         if any(t.may_draw for t in told):
             seed = seed_from(first, rng.step_seed() if rank == first else 0, control)
-        summed = getattr(loss_fn, "reduction", "mean") == "sum"
-        self._weights = [1.0 if summed else r / sum(rows) for r in rows]
         self._input_is_tuple = told[first].input_is_tuple
-        return schedule, batches, targets, rows, seed
+        return schedule, batches, targets, rows, seed, plan
 
     def _run(self, schedule: Schedule, batches: list[tuple[Tensor, ...]], targets: list[tuple[Tensor, ...]],
-             rows: list[int], seed: int, loss_fn: Callable[..., Tensor]) -> Tensor:
+             rows: list[int], seed: int, plan: LossPlan | None) -> Tensor:
         rank, n, alarm = self.rank, schedule.n, self.links.alarm
         pipeline = self.pipeline
-        plan = pipeline.draws.plan()
+        draw_plan = pipeline.draws.plan()
         drew: list[set[int]] = [set() for _ in range(n)]
         recorder = Recorder(pipeline, schedule, torch.get_num_threads(), [self.device] * schedule.num_devices) \
             if self.record else None
         clock = (time.time(), time.perf_counter())
         wire = Wire(self.links, schedule, self.skip_layout, rows, record=recorder is not None)
-        step = Step(pipeline, schedule, True, recorder, plan, seed, drew, Gradients(list(self.partitions)),
-                    (loss_fn, self._weights))
+        step = Step(pipeline, schedule, True, recorder, draw_plan, seed, drew, Gradients(list(self.partitions)),
+                    plan)
         worker = Worker(step, rank, self.device, wire)
         for i, batch in enumerate(batches):
             wire.send(0, (Task(Op.F, i, 0), "input"), Message(batch, self._input_is_tuple))
@@ -255,14 +261,20 @@ class DistributedGPipe(nn.Module):
                 wire.flush(task)
             where = "the end of the step"
             if self.placement[n - 1] == rank:
+                assert plan is not None
                 losses = [wire.receive(DRIVER, (Task(Op.F, i, n - 1), "loss")).tensors[0]
                           for i in range(schedule.m)]
-                loss = torch.stack(cast(list[Tensor], losses)).sum()
+                loss = plan.total(cast(list[Tensor], losses))
                 wire.send_loss(loss)
             else:
                 got = wire.receive(self.stages[0], loss_key(schedule)).tensors[0]
                 assert got is not None
                 loss = got
+            if any(t.requires_grad for b in batches for t in b):  # the input's gradient, as loss.backward() leaves it
+                pairs = [(t, g) for i, b in enumerate(batches)
+                         for t, g in zip(b, wire.receive(DRIVER, (Task(Op.B, i, 0), "input-grad")).tensors, strict=True)
+                         if g is not None and t.requires_grad]
+                torch.autograd.backward([t for t, _ in pairs], [cast(Tensor, g) for _, g in pairs])
             wire.finish()
             if outside is not None:
                 rng.check_outside(outside)
@@ -276,7 +288,7 @@ class DistributedGPipe(nn.Module):
             worker.release()
         for partition in self.partitions:
             DeferredBatchNorm.commit_all(partition)
-        pipeline.draws.learn(plan, drew)
+        pipeline.draws.learn(draw_plan, drew)
         if recorder is not None:
             timeline = recorder.timeline()
             timeline.meta.update(rank=rank, world_size=self.ranks.world,

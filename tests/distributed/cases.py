@@ -19,6 +19,9 @@ from gpipe import GPipe
 from gpipe.distributed import DistributedGPipe, materialize
 from gpipe.schedule import SCHEDULES, Checkpoint
 from gpipe.timeline import COPY
+from tests.gpipe.losses import CASES as LOSSES
+from tests.gpipe.losses import data as loss_data
+from tests.gpipe.losses import model as loss_model
 from tests.gpipe.models import convnet, dropnet, mlp, skipnet, tuple_input, tuplenet
 
 
@@ -93,6 +96,30 @@ def like_gpipe(rank: int, world: int, model: str, checkpoint: Checkpoint, batch_
     for name, b in buffers.items():
         torch.testing.assert_close(b, all_buffers[name], msg=lambda m, name=name: f"{name}: {m}")
     assert params
+    return "ok"
+
+
+def loss(rank: int, world: int, name: str, schedule: str) -> str:
+    """A step's loss and gradients are the plain model's for one of :data:`tests.gpipe.losses.CASES` (padding in
+    the targets, class weights, sums, uneven micro-batches); the input's gradient reaches ``x.grad``."""
+    case = LOSSES[name]
+    torch.manual_seed(0)
+    module = loss_model(case)
+    reference = copy.deepcopy(module)
+    x, t = loss_data(case)
+    want = x.clone().requires_grad_()
+    expected = case.loss()(reference(want), t)
+    expected.backward()
+    pipe = DistributedGPipe(module, [2, len(module) - 2], chunks=4, schedule=schedule, timeout=30)
+    first, last = pipe.placement[0], pipe.placement[-1]
+    got = x.clone().requires_grad_()
+    options = {} if case.loss_reduction is None else {"loss_reduction": case.loss_reduction}
+    step_loss = pipe.step(got if rank == first else None, t if rank == last else None, case.loss(), **options)
+    torch.testing.assert_close(step_loss, expected.detach(), equal_nan=True)
+    _check_grads(pipe, reference)
+    if rank == first:
+        torch.testing.assert_close(got.grad, want.grad)
+    pipe.close()
     return "ok"
 
 

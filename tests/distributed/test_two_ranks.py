@@ -13,6 +13,7 @@ import pytest
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
 from tests.distributed import cases
 from tests.distributed.ranks import Case, run
+from tests.gpipe.losses import CASES as LOSSES
 
 WORLD = 2
 
@@ -30,6 +31,11 @@ TRAIN["gpipe-tuple"] = functools.partial(cases.train, schedule="gpipe", checkpoi
                                          balance=[2, 2], m=4)
 TRAIN["1f1b-tuple"] = functools.partial(cases.train, schedule="1f1b", checkpoint="except_last", model="tuple",
                                         balance=[2, 2], m=4)
+# every loss of tests/gpipe/losses.py under 1F1B (a backward before the last forward), a few under GPipe too
+LOSS: dict[str, Case] = {f"loss-1f1b-{name}": functools.partial(cases.loss, name=name, schedule="1f1b")
+                         for name in LOSSES}
+LOSS.update({f"loss-gpipe-{name}": functools.partial(cases.loss, name=name, schedule="gpipe")
+             for name in ("cross-entropy-smoothing-weight-ignore", "nll-sum", "callable-sum")})
 OTHER: dict[str, Case] = {
     "draws-always": functools.partial(cases.like_gpipe, model="drop", checkpoint="always", batch_norm=False),
     "draws-except_last": functools.partial(cases.like_gpipe, model="drop", checkpoint="except_last",
@@ -56,11 +62,16 @@ OTHER: dict[str, Case] = {
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[str | None]]:
-    return run(WORLD, [*TRAIN.items(), *OTHER.items()])
+    return run(WORLD, [*TRAIN.items(), *LOSS.items(), *OTHER.items()])
 
 
 @pytest.mark.parametrize("case", list(TRAIN) + ["draws-always", "draws-except_last", "deferred-batch-norm", "meta"])
 def test_trains_like_one_process(results: dict[str, list[str | None]], case: str) -> None:
+    assert results[case] == ["ok"] * WORLD
+
+
+@pytest.mark.parametrize("case", list(LOSS))
+def test_the_step_loss_is_the_plain_models_on_two_ranks(results: dict[str, list[str | None]], case: str) -> None:
     assert results[case] == ["ok"] * WORLD
 
 
