@@ -16,6 +16,14 @@ stage, views of one batch that share a version counter, do not invalidate each o
 Whether it writes is learnt on a copy in its first training task; the others get an identity node
 (``_Enter``), a non-leaf alias of the leaf, since autograd refuses in-place writes to a leaf that
 requires grad. A partition that starts writing later, when checkpointed, is refused.
+
+Note [batch norm in a recompute]: a plain ``nn.BatchNorm*`` layer in training mode updates its running statistics
+on every call, so a checkpointed micro-batch would count twice (its forward, then its recompute). During a ``R``
+task each such layer of the partition stops tracking (``track_running_stats`` off: it still normalises with the
+micro-batch's own statistics, so the recompute's output is the forward's), and starts again after. Each
+micro-batch then moves the running statistics once, whatever the checkpoint mode, as without a pipeline on
+micro-batches; :class:`gpipe.DeferredBatchNorm` asks :func:`gpipe.phase.is_recomputing` itself and moves them once
+per mini-batch.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
+from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.gradients import Gradients
 from gpipe.loss import LossPlan
 from gpipe.microbatch import as_tensors
@@ -85,6 +95,7 @@ class Worker:
         self.split = {(t.microbatch, t.stage) for t in step.schedule.tasks[d] if t.op is Op.W}
         self.out_grads: dict[int, Grads] = {}  # step(): the gradient of the last stage's loss
         self.targets: dict[int, Message] = {}
+        self.norms: dict[int, list[_BatchNorm]] = {}  # Note [batch norm in a recompute]
         self.skips = Portals(step.pipeline.skip_layout, step.train, transport)
 
     def run(self, task: Task) -> None:
@@ -201,10 +212,25 @@ class Worker:
         recorder = self.step.recorder
         start = recorder.now(self.d) if recorder else 0.0
         leaves, is_tuple = self.leaves[(i, j)]
-        with torch.enable_grad(), recomputing(), (recorder.saved(self.d, i, j) if recorder else _nothing()):
-            self.graphs[(i, j)] = self._call(task, leaves, is_tuple, recompute=True)[0]
+        norms = self._tracking_norms(j)  # Note [batch norm in a recompute]
+        for norm in norms:
+            norm.track_running_stats = False
+        try:
+            with torch.enable_grad(), recomputing(), (recorder.saved(self.d, i, j) if recorder else _nothing()):
+                self.graphs[(i, j)] = self._call(task, leaves, is_tuple, recompute=True)[0]
+        finally:
+            for norm in norms:
+                norm.track_running_stats = True
         if recorder:
             recorder.span(self.d, COMPUTE, task, start)
+
+    def _tracking_norms(self, j: int) -> list[_BatchNorm]:
+        """Partition ``j``'s plain batch-norm layers that update running statistics now (found once a step)."""
+        if j not in self.norms:
+            self.norms[j] = [m for m in self.step.pipeline.partitions[j].modules()
+                             if isinstance(m, _BatchNorm) and not isinstance(m, DeferredBatchNorm)
+                             and m.training and m.track_running_stats]
+        return self.norms[j]
 
     def _backward(self, task: Task) -> None:
         step = self.step
