@@ -20,6 +20,10 @@ task would trade the lock with the thread starts that follow (a small-layer forw
 Parked workers (Note [parked workers] in :mod:`gpipe.parking`) are woken in the same order.
 The main thread then waits for one event, set by the last worker to end, rather than joining each
 worker in turn (each join woke it, to take the lock, while the next worker computed).
+
+Note [where a fault happened]: an exception raised in a task reaches the caller as itself (same type, message
+and traceback), with a note (``BaseException.add_note``, Python 3.11+) naming the task, its stage, micro-batch
+and device and the worker's thread, as the distributed executor's report names rank, stage and task.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class Run:
         self.error: BaseException | None = None
         self.error_lock = threading.Lock()
         self.threads: list[threading.Thread] = []
+        self.current: list[Task | None] = [None] * len(devices)  # each worker's task now (where it failed, or hangs)
         self.interval: float | None = None  # the switch interval this run holds while its workers run
         self.running = 0  # workers of the current phase still running
         self.finished = threading.Event()  # set by the last of them
@@ -201,6 +206,12 @@ class Run:
             rng.check_outside(self.outside)
         self.draws.learn(self.draw_plan, self.drew)
 
+    def _place(self, d: int, task: Task | None) -> str:
+        """Where worker ``d`` is: its task (stage, micro-batch), device and thread."""
+        doing = "between tasks" if task is None else \
+            f"task {task} (stage {task.stage}, micro-batch {task.microbatch})"
+        return f"{doing} on {self.workers[d].device}, worker thread gpipe-worker-{d}"
+
     def gathered_tensors(self) -> tuple[Tensor, ...]:
         return gather([self.outputs[i] for i in range(self.schedule.m)])
 
@@ -286,10 +297,15 @@ class Run:
                     for task in tasks:
                         if self.error is not None:
                             return
+                        self.current[d] = task
                         worker.run(task)
+                    self.current[d] = None
         except Stopped:
             pass
         except BaseException as error:
+            failed = self.current[d]
+            if failed is not None:  # Note [where a fault happened]
+                _note(error, f"raised in {self._place(d, failed)}")
             self._fail(error)
         finally:
             if not counted:
@@ -308,3 +324,9 @@ class Run:
                 self.error = error
         self.transport.stop()
         self.gate.release()  # parked workers leave too
+
+
+def _note(error: BaseException, text: str) -> None:
+    """Add ``text`` to ``error``'s notes, once (Python 3.11+; before, ``error`` is left as it is)."""
+    if hasattr(error, "add_note") and text not in getattr(error, "__notes__", ()):
+        error.add_note(text)
