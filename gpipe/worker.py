@@ -21,6 +21,12 @@ Parked workers (Note [parked workers] in :mod:`gpipe.parking`) are woken in the 
 The main thread then waits for one event, set by the last worker to end, rather than joining each
 worker in turn (each join woke it, to take the lock, while the next worker computed).
 
+Note [interrupts]: a Ctrl-C while the caller waits for the workers stops them (:meth:`Run._fail`: waiting
+workers leave at once, busy ones after their current task) and waits at most :data:`STOP_SECONDS` in all for
+them. A worker still in a task then (a layer that hangs) cannot be stopped from outside: it is abandoned, a
+daemon thread that ends after its task returns, and the ``KeyboardInterrupt`` that reaches the caller names
+its thread, device and task. Everything the step set is restored without it (the switch interval).
+
 Note [where a fault happened]: an exception raised in a task reaches the caller as itself (same type, message
 and traceback), with a note (``BaseException.add_note``, Python 3.11+) naming the task, its stage, micro-batch
 and device and the worker's thread, as the distributed executor's report names rank, stage and task.
@@ -29,6 +35,7 @@ and device and the worker's thread, as the distributed executor's report names r
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,7 +57,10 @@ from gpipe.schedule import Op, Schedule, Task
 from gpipe.timeline import Timeline
 from gpipe.transport import DRIVER, Message, Stopped
 
-__all__ = ["Loss", "Run"]
+__all__ = ["STOP_SECONDS", "Loss", "Run"]
+
+STOP_SECONDS = 1.0
+"""After an interrupt, how long in all the caller waits for the workers to stop (Note [interrupts])."""
 
 Loss = tuple[LossPlan, list[tuple[Tensor, ...]]]
 """:meth:`gpipe.GPipe.step`'s loss (what the last stage computes: :mod:`gpipe.loss`) and each micro-batch's target."""
@@ -181,7 +191,9 @@ class Run:
         self.gate.cancel()
 
     def join(self) -> None:
-        """Wait for the phase's workers: one wake-up when the last one ends or parks (Note [launch order])."""
+        """Wait for the phase's workers: one wake-up when the last one ends or parks (Note [launch order]).
+        Interrupted, it stops them, waits a bounded time, and re-raises naming any left running
+        (Note [interrupts])."""
         try:
             while not self.finished.wait(timeout=0.1):
                 pass
@@ -190,12 +202,12 @@ class Run:
                     thread.join()
         except BaseException as interrupt:  # KeyboardInterrupt while waiting: stop the workers, then re-raise
             self._fail(interrupt)
-            for thread in self.threads:
-                thread.join()
+            self._abandon(interrupt)
             raise
         finally:
-            # parked workers wait idle, so the caller's code between the phases runs with its own interval
-            if self.interval is not None and (self.finished.is_set() or not any(t.is_alive() for t in self.threads)):
+            # the workers ended, parked (they wait idle: the caller's code between the phases runs with its own
+            # interval) or were abandoned (Note [interrupts]): the interval is the caller's again
+            if self.interval is not None:
                 gil.leave(self.interval)
                 self.interval = None
         if self.error is not None or not self.gate.parked:
@@ -205,6 +217,29 @@ class Run:
         if self.outside is not None:
             rng.check_outside(self.outside)
         self.draws.learn(self.draw_plan, self.drew)
+
+    def _abandon(self, interrupt: BaseException) -> None:
+        """Wait at most :data:`STOP_SECONDS` in all for the stopped workers; name those still running in
+        ``interrupt`` (Note [interrupts])."""
+        deadline = time.monotonic() + STOP_SECONDS
+        for thread in self.threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [d for d, thread in enumerate(self.threads) if thread.is_alive()]
+        if not stuck:
+            return
+        places = "; ".join(self._place(d, self.current[d]) for d in stuck)
+        within = f"within {STOP_SECONDS:g} s"
+        if len(stuck) == 1:
+            left = (f"a worker did not stop {within} and is left running (a daemon thread, which ends when its task "
+                    "returns)")
+        else:
+            left = (f"{len(stuck)} workers did not stop {within} and are left running (daemon threads, which end when "
+                    "their tasks return)")
+        text = f"the step was interrupted, but {left}: {places}"
+        if isinstance(interrupt, KeyboardInterrupt) and not interrupt.args:
+            interrupt.args = (text,)
+        else:
+            _note(interrupt, text)
 
     def _place(self, d: int, task: Task | None) -> str:
         """Where worker ``d`` is: its task (stage, micro-batch), device and thread."""

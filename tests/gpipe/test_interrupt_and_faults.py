@@ -1,10 +1,13 @@
-"""A fault on a worker says where it happened: the original exception, with a note naming its task."""
+"""A Ctrl-C stops a step within a second even when a stage hangs; a fault on a worker says where it happened."""
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -56,6 +59,111 @@ class _OnBackward(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         ctx.action()
         return grad, None
+
+
+# -- one Ctrl-C stops a step whose stage hangs -----------------------------------------------------
+
+WATCHDOG_SECONDS = 8.0  # releases a hung layer that nothing else released (the executor before the fix)
+BOUND_SECONDS = 3.0  # from the signal to the caller's KeyboardInterrupt: ~1 s expected, generous on a busy machine
+
+
+class Hang(nn.Module):
+    """Hangs (waits on ``release``) in the forward or the backward of micro-batch ``at``, once."""
+
+    def __init__(self, release: threading.Event, at: int, in_backward: bool = False) -> None:
+        super().__init__()
+        self.release, self.at, self.in_backward = release, at, in_backward
+        self.entered = threading.Event()
+
+    def _hang(self) -> None:
+        if self.entered.is_set():
+            return
+        self.entered.set()
+        self.release.wait(timeout=WATCHDOG_SECONDS * 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if threading.current_thread() is threading.main_thread() or _microbatch(x) != self.at:
+            return x * 1.0
+        if self.in_backward:
+            return _OnBackward.apply(x, self._hang)
+        self._hang()
+        return x * 1.0
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """The event a hung layer waits on; set at the end, so no worker is left behind."""
+    event = threading.Event()
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield event
+    finally:
+        event.set()
+        signal.signal(signal.SIGINT, before)
+        assert _no_workers_soon()
+
+
+def _interrupt_when(entered: threading.Event, release: threading.Event, sent: list[float]) -> threading.Thread:
+    """A thread that sends SIGINT 0.3 s after the layer hangs, and releases the layer after the watchdog."""
+
+    def send() -> None:
+        if not entered.wait(timeout=30.0):
+            return
+        time.sleep(0.3)
+        sent.append(time.monotonic())
+        signal.raise_signal(signal.SIGINT)
+        release.wait(timeout=WATCHDOG_SECONDS)
+        release.set()
+
+    thread = threading.Thread(target=send, daemon=True, name="test-interrupter")
+    thread.start()
+    return thread
+
+
+def _hung_pipe(hang: Hang, schedule: str = "gpipe") -> GPipe:
+    model = nn.Sequential(_identity_linear(), hang, _identity_linear())
+    return GPipe(model, [1, 2], devices=["cpu", "cpu"], chunks=2, schedule=schedule)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["step", "forward", "backward"])
+def test_one_ctrl_c_stops_a_step_whose_stage_hangs(release: threading.Event, how: str) -> None:
+    interval = sys.getswitchinterval()
+    hang = Hang(release, at=1, in_backward=how == "backward")
+    pipe = _hung_pipe(hang)
+    x = _marked(2)
+    sent: list[float] = []
+    interrupter = _interrupt_when(hang.entered, release, sent)
+    with pytest.raises(KeyboardInterrupt) as info:
+        if how == "step":
+            pipe.step(x, torch.zeros(4, 3), nn.functional.mse_loss)
+        else:
+            out = pipe(x)
+            out.sum().backward()
+    caught = time.monotonic()
+    assert sent, "the interrupt was never sent: the layer did not hang"
+    assert caught - sent[0] < BOUND_SECONDS, f"the caller waited {caught - sent[0]:.1f} s after Ctrl-C"
+    message = str(info.value)
+    task = "B1@1" if how == "backward" else "F1@1"
+    assert "gpipe-worker-1" in message and task in message and "cpu" in message, message
+    assert sys.getswitchinterval() == interval  # restored, with the hung worker still running
+    assert not release.is_set()  # the layer was still hung when the caller got its interrupt
+    release.set()
+    interrupter.join(timeout=10.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_step_after_an_abandoned_one_trains(release: threading.Event) -> None:
+    hang = Hang(release, at=1)
+    pipe = _hung_pipe(hang)
+    sent: list[float] = []
+    _interrupt_when(hang.entered, release, sent)
+    with pytest.raises(KeyboardInterrupt):
+        pipe.step(_marked(2), torch.zeros(4, 3), nn.functional.mse_loss)
+    release.set()
+    assert _no_workers_soon()
+    loss = pipe.step(_marked(2), torch.zeros(4, 3), nn.functional.mse_loss)  # the hang happens only once
+    assert torch.isfinite(loss)
 
 
 # -- a fault on a worker names its place ----------------------------------------------------------
