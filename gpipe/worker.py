@@ -21,11 +21,13 @@ Parked workers (Note [parked workers] in :mod:`gpipe.parking`) are woken in the 
 The main thread then waits for one event, set by the last worker to end, rather than joining each
 worker in turn (each join woke it, to take the lock, while the next worker computed).
 
-Note [interrupts]: a Ctrl-C while the caller waits for the workers stops them (:meth:`Run._fail`: waiting
-workers leave at once, busy ones after their current task) and waits at most :data:`STOP_SECONDS` in all for
-them. A worker still in a task then (a layer that hangs) cannot be stopped from outside: it is abandoned, a
-daemon thread that ends after its task returns, and the ``KeyboardInterrupt`` that reaches the caller names
-its thread, device and task. Everything the step set is restored without it (the switch interval).
+Note [interrupts]: a Ctrl-C while the caller starts a phase's workers or waits for them stops them
+(:meth:`Run._fail`: waiting workers leave at once, busy ones after their current task; :meth:`Run.join` takes
+the start, so an interrupt in the middle of it stops the workers already started) and waits at most
+:data:`STOP_SECONDS` in all for them. A worker still in a task then (a layer that hangs) cannot be stopped from
+outside: it is abandoned, a daemon thread that ends after its task returns, and the ``KeyboardInterrupt`` that
+reaches the caller names its thread, device and task. Everything the step set is restored without it (the
+switch interval).
 
 Note [where a fault happened]: an exception raised in a task reaches the caller as itself (same type, message
 and traceback), with a note (``BaseException.add_note``, Python 3.11+) naming the task, its stage, micro-batch
@@ -34,9 +36,10 @@ and device and the worker's thread, as the distributed executor's report names r
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -133,8 +136,7 @@ class Run:
         last = self.n - 1
         for i, target in enumerate(self.loss[1]):
             self.transport.send(last, (Task(Op.F, i, last), "target"), Message(target, len(target) > 1))
-        self.launch(self.schedule.tasks, first=self.schedule.device_of(0))
-        self.finish()
+        self.finish(functools.partial(self.launch, self.schedule.tasks, self.schedule.device_of(0)))
         for i in range(self.schedule.m):
             self.losses[i] = self.transport.receive(DRIVER, (Task(Op.F, i, last), "loss")).tensors[0]  # type: ignore[assignment]
 
@@ -144,8 +146,7 @@ class Run:
         self._send_inputs()
         phases = self.phases
         later = [tasks[1] for tasks in phases] if self.train else None
-        self.launch([tasks[0] for tasks in phases], first=self.schedule.device_of(0), later=later)
-        self.join()
+        self.join(functools.partial(self.launch, [tasks[0] for tasks in phases], self.schedule.device_of(0), later))
         last = self.n - 1
         for i in range(self.schedule.m):
             tensors, self.output_is_tuple = self.transport.receive(DRIVER, (Task(Op.F, i, last), "output"))
@@ -190,19 +191,26 @@ class Run:
         """Send parked workers away: their backward will not come (Note [parked workers]). Safe from any thread."""
         self.gate.cancel()
 
-    def join(self) -> None:
-        """Wait for the phase's workers: one wake-up when the last one ends or parks (Note [launch order]).
-        Interrupted, it stops them, waits a bounded time, and re-raises naming any left running
-        (Note [interrupts])."""
+    def join(self, start: Callable[[], None]) -> None:
+        """Start a phase's workers (``start``: :meth:`launch` or :meth:`resume`) and wait for them: one wake-up when
+        the last one ends or parks (Note [launch order]). An interrupt from the first thread start on, or a failure,
+        stops them all (Note [interrupts])."""
         try:
+            start()
             while not self.finished.wait(timeout=0.1):
                 pass
             if self.error is not None or not self.gate.parked:
                 for thread in self.threads:
                     thread.join()
-        except BaseException as interrupt:  # KeyboardInterrupt while waiting: stop the workers, then re-raise
-            self._fail(interrupt)
-            self._abandon(interrupt)
+                self.threads = []
+            if self.error is not None:
+                raise self.error
+            if self.outside is not None:
+                rng.check_outside(self.outside)
+        except BaseException as error:
+            if error is not self.error:  # raised on the caller's thread (a Ctrl-C, a check): stop the workers
+                self._fail(error)
+                self._abandon(error)
             raise
         finally:
             # the workers ended, parked (they wait idle: the caller's code between the phases runs with its own
@@ -210,12 +218,6 @@ class Run:
             if self.interval is not None:
                 gil.leave(self.interval)
                 self.interval = None
-        if self.error is not None or not self.gate.parked:
-            self.threads = []
-        if self.error is not None:
-            raise self.error
-        if self.outside is not None:
-            rng.check_outside(self.outside)
         self.draws.learn(self.draw_plan, self.drew)
 
     def _abandon(self, interrupt: BaseException) -> None:
@@ -223,7 +225,8 @@ class Run:
         ``interrupt`` (Note [interrupts])."""
         deadline = time.monotonic() + STOP_SECONDS
         for thread in self.threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if thread.ident is not None:  # started (an interrupt may come in the middle of launch())
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
         stuck = [d for d, thread in enumerate(self.threads) if thread.is_alive()]
         if not stuck:
             return
@@ -275,16 +278,16 @@ class Run:
         self.backward_done = True
         if self.recorder is not None:
             self.recorder.resume()
+        first = self.schedule.device_of(self.n - 1)
         if self.gate.parked:
-            self.resume(first=self.schedule.device_of(self.n - 1))
+            self.finish(functools.partial(self.resume, first))
         else:
-            self.launch([tasks[1] for tasks in self.phases], first=self.schedule.device_of(self.n - 1))
-        self.finish()
+            self.finish(functools.partial(self.launch, [tasks[1] for tasks in self.phases], first))
 
-    def finish(self) -> None:
-        """Wait for the workers, commit deferred batch norm, make the timeline, drop the step's tensors."""
+    def finish(self, start: Callable[[], None]) -> None:
+        """Run a phase (:meth:`join`), commit deferred batch norm, make the timeline, drop the step's tensors."""
         try:
-            self.join()
+            self.join(start)
         finally:
             for partition in self.partitions:
                 DeferredBatchNorm.commit_all(partition)

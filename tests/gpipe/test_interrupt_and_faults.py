@@ -120,7 +120,7 @@ def _interrupt_when(entered: threading.Event, release: threading.Event, sent: li
     return thread
 
 
-def _hung_pipe(hang: Hang, schedule: str = "gpipe") -> GPipe:
+def _hung_pipe(hang: nn.Module, schedule: str = "gpipe") -> GPipe:
     model = nn.Sequential(_identity_linear(), hang, _identity_linear())
     return GPipe(model, [1, 2], devices=["cpu", "cpu"], chunks=2, schedule=schedule)
 
@@ -164,6 +164,32 @@ def test_a_step_after_an_abandoned_one_trains(release: threading.Event) -> None:
     assert _no_workers_soon()
     loss = pipe.step(_marked(2), torch.zeros(4, 3), nn.functional.mse_loss)  # the hang happens only once
     assert torch.isfinite(loss)
+
+
+def test_a_ctrl_c_while_the_workers_start_stops_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interrupt lands after the first worker started, before the caller waits: they stop all the same."""
+    interval = sys.getswitchinterval()
+    start = threading.Thread.start
+    started: list[str] = []
+
+    def start_then_interrupt(thread: threading.Thread) -> None:
+        start(thread)
+        if thread.name.startswith("gpipe-worker"):
+            started.append(thread.name)
+            if len(started) == 1:
+                raise KeyboardInterrupt
+
+    pipe = _hung_pipe(nn.Identity())
+    for call in (lambda: pipe.step(_marked(2), torch.zeros(4, 3), nn.functional.mse_loss), lambda: pipe(_marked(2))):
+        started.clear()
+        monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            call()
+        monkeypatch.setattr(threading.Thread, "start", start)
+        assert started == ["gpipe-worker-1"]  # the other one never started
+        assert sys.getswitchinterval() == interval
+        assert _no_workers_soon()  # none left waiting for a stage that never started
+    pipe(_marked(2)).sum().backward()  # and the pipeline trains afterwards
 
 
 # -- a fault on a worker names its place ----------------------------------------------------------
