@@ -102,7 +102,7 @@ def loss_plan(loss_fn: Callable[..., Tensor], reduction: str, target: Sequence[T
     if reduction == "class-weighted" and not target[0].is_floating_point():
         counted = _counted_weight(cast(nn.Module, loss_fn), target[0])
         summed = copy.copy(loss_fn)  # shares the class weights; only its reduction differs
-        cast(nn.Module, summed).reduction = "sum"
+        setattr(summed, "reduction", "sum")  # noqa: B010 - a loss module's plain attribute
         return LossPlan(summed, (1.0 / counted if counted else 0.0,) * len(rows), undefined=not counted)
     total = sum(rows)
     return LossPlan(loss_fn, tuple(r / total for r in rows))

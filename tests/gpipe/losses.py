@@ -84,7 +84,8 @@ CASES: dict[str, LossCase] = {
     "cross-entropy-probabilities": LossCase(lambda: nn.CrossEntropyLoss(label_smoothing=0.1), _linear,
                                             _probabilities),
     "cross-entropy-per-position": LossCase(  # (N, C, L) logits, (N, L) targets, some positions ignored
-        lambda: nn.CrossEntropyLoss(weight=_weights()), lambda: [nn.Linear(8, CLASSES * 3), nn.Unflatten(1, (CLASSES, 3))],
+        lambda: nn.CrossEntropyLoss(weight=_weights()),
+        lambda: [nn.Linear(8, CLASSES * 3), nn.Unflatten(1, (CLASSES, 3))],
         lambda g: torch.where(torch.rand(BATCH, 3, generator=g) < 0.3, -100,
                               torch.randint(0, CLASSES, (BATCH, 3), generator=g))),
     "nll-weight-ignore": LossCase(lambda: nn.NLLLoss(weight=_weights()),

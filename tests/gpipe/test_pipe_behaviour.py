@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from gpipe import DeferredBatchNorm, GPipe, is_checkpointing, is_recomputing
+from gpipe.loss import LossPlan
 from gpipe.microbatch import scatter
 from gpipe.pipeline import Pipeline
 from gpipe.schedule import CHECKPOINT_MODES, Op
@@ -190,7 +191,7 @@ def test_a_run_is_given_the_pipeline_description_not_the_gpipe() -> None:
         description.devices = (torch.device("cpu"),)  # type: ignore[misc]
     x = torch.randn(4, 6)
     run = Run(description, pipe.schedule_for(2, "except_last"), scatter((x,), 2), False, train=True, record=True,
-              loss=(lambda out, target: (out - target).sum(), [(torch.zeros(2, 3),)] * 2, [1.0, 1.0]))
+              loss=(LossPlan(lambda out, target: (out - target).sum(), (1.0, 1.0)), [(torch.zeros(2, 3),)] * 2))
     run.execute_all()
     assert pipe.timeline is None and run.timeline is not None  # the run's own: it knows no GPipe to keep it in
     assert run.timeline.meta["m"] == 2 and description.writes_input == [False, False]
