@@ -3,7 +3,7 @@
 Layers (pre-LayerNorm, as GPT-2 and GPT-3)::
 
     Embedding     token ids (B, T) -> (B, T, C): token + position embedding, dropout
-    Block x L     x + Attention(LN(x)), then x + MLP(LN(x)); MLP is C -> 4C -> GELU -> C
+    Block x L     x + Attention(LN(x)), then x + MLP(LN(x)); MLP is C -> F -> GELU -> C (F = 4C by default)
     Head          LN, then a linear layer to the vocabulary: (B, T, C) -> (B, T, V)
 
 Note [attention]: ``attention="math"`` (the default) writes attention out as Megatron-LM did in
@@ -43,6 +43,7 @@ class GPTConfig:
         d_model: hidden size (C).
         seq_len: context length in tokens; 2048 as in GPT-3.
         vocab_size: 50257, GPT-2's byte-level BPE that GPT-3 kept.
+        ffn: the MLP's inner width (F); ``None`` for ``4 * d_model``, GPT-3's at every size.
         dropout: 0.1 as in GPT-2; the dropout masks are part of what training keeps.
         attention: ``"math"`` or ``"sdpa"`` (see Note [attention]).
     """
@@ -52,6 +53,7 @@ class GPTConfig:
     d_model: int = 768
     seq_len: int = 2048
     vocab_size: int = 50257
+    ffn: int | None = None
     dropout: float = 0.1
     attention: Literal["math", "sdpa"] = "math"
 
@@ -59,16 +61,24 @@ class GPTConfig:
         for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GPTConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.ffn is not None and self.ffn < 1:
+            raise ValueError(f"GPTConfig.ffn must be >= 1, got {self.ffn}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} does not divide into n_head={self.n_head} heads")
         if self.attention not in ("math", "sdpa"):
             raise ValueError(f"attention must be 'math' or 'sdpa', got {self.attention!r}")
 
     @property
+    def d_ff(self) -> int:
+        """The MLP's inner width: ``ffn``, or ``4 * d_model`` where it is ``None``."""
+        return 4 * self.d_model if self.ffn is None else self.ffn
+
+    @property
     def block_parameters(self) -> int:
-        """Parameters of one block: 12·C² weights plus 13·C biases and LayerNorm gains."""
-        c = self.d_model
-        return 12 * c * c + 13 * c
+        """Parameters of one block: 4·C² + 2·C·F weights plus 9·C + F biases and LayerNorm gains
+        (12·C² + 13·C with F = 4C)."""
+        c, f = self.d_model, self.d_ff
+        return 4 * c * c + 2 * c * f + 9 * c + f
 
     @property
     def parameters(self) -> int:
@@ -164,9 +174,9 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(OrderedDict([
-            ("fc", nn.Linear(cfg.d_model, 4 * cfg.d_model)),
+            ("fc", nn.Linear(cfg.d_model, cfg.d_ff)),
             ("act", nn.GELU()),
-            ("proj", nn.Linear(4 * cfg.d_model, cfg.d_model)),
+            ("proj", nn.Linear(cfg.d_ff, cfg.d_model)),
             ("drop", nn.Dropout(cfg.dropout)),
         ]))
 
