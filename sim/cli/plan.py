@@ -15,9 +15,9 @@ reaches the target and fits (``sim.planning.buyer``)::
 One published configuration is evaluated exactly with ``--balance`` (the partition), ``--replicas`` and
 ``--optimizer``; ``--json`` gives each row's memory per device part by part.
 
-``--model`` takes a built-in (``gpt:SIZE``, ``resnet101``, ``unet:B,C``, ``amoebanet:L,D``) or a
-user's ``MODULE:FUNCTION`` (a dotted module, or ``path/to/file.py``), whose function takes no
-arguments and returns an ``nn.Sequential`` and a sample input (batch in dimension 0).
+``--model`` takes a built-in (``gpt:SIZE``, ``llama:SIZE``, ``gpt:layers=...``, ``llama:layers=...``, ``resnet101``,
+``unet:B,C``, ``amoebanet:L,D``; ``--help`` has them) or a user's ``MODULE:FUNCTION`` (a dotted module or a file),
+whose function takes no arguments and returns an ``nn.Sequential`` and a sample input (batch in dimension 0).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from sim.planning.plan import VIRTUAL, Plan, PlanRow, check_request, default_tra
 
 __all__ = ["add_parser", "load_model", "run"]
 
-BUILTIN_FAMILIES = ("gpt", "resnet101", "resnet", "unet", "amoebanet")
-BUILTINS = "gpt:SIZE, resnet101, unet:B,C, amoebanet:L,D"
+BUILTIN_FAMILIES = ("gpt", "llama", "resnet101", "resnet", "unet", "amoebanet")
+BUILTINS = "gpt:SIZE, llama:SIZE, gpt:layers=..., llama:layers=..., resnet101, unet:B,C, amoebanet:L,D"
 GiB = 2**30
 FILES = ("plan.json", "throughput.png", "memory.png")  # what --out receives
 BUYER_FILES = ("answer.json", "answer.png")  # what --out receives with --target-throughput
@@ -61,7 +61,10 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("plan", help="what-if capacity planning: sweep pipeline configurations of a model",
                               description=__doc__.split("\n\n", 1)[0].split(": ", 1)[1] if __doc__ else None)
     p.add_argument("--model", required=True, metavar="SPEC",
-                   help="gpt:SIZE, resnet101, unet:B,C, amoebanet:L,D, or MODULE:FUNCTION")
+                   help="gpt:SIZE (125m..175b), llama:SIZE (8b, 70b, 405b), "
+                        "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F], "
+                        "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V, "
+                        "resnet101, unet:B,C, amoebanet:L,D, or MODULE:FUNCTION")
     p.add_argument("--batch", type=int, default=None, metavar="N",
                    help=f"global batch, samples per step (required, but {BUYER_BATCH} with --target-throughput)")
     p.add_argument("--gpus", default=None, metavar="LIST",

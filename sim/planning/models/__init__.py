@@ -3,6 +3,11 @@
 Specs::
 
     gpt:1.3b          a GPT-3 size (125m, 350m, 760m, 1.3b, 2.7b, 6.7b, 13b, 175b)
+    gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F]
+                      a GPT of that shape (F, the MLP's inner width, is 4H unless given)
+    llama:8b          a Llama 3 size (8b, 70b, 405b), at 8192 tokens
+    llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V
+                      a Llama-style decoder of that shape (K key/value heads shared by A query heads)
     resnet101         ResNet-101 in torchgpipe's 370-layer flattening
     unet:B,C          U-Net (B, C): B convolutions per block, C channels at the top (unet = unet:5,64)
     amoebanet:L,D     AmoebaNet-D (L, D): L normal cells, D filters (amoebanet = amoebanet:18,256)
@@ -15,19 +20,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from sim.planning.models.amoebanet import amoebanet, amoebanet_sample, check_amoebanet
-from sim.planning.models.gpt import CONFIGS, gpt, gpt_config, gpt_sample
+from sim.planning.models.gpt import CONFIGS, GPTConfig, gpt, gpt_config, gpt_sample
+from sim.planning.models.llama import CONFIGS as LLAMA_CONFIGS
+from sim.planning.models.llama import LlamaConfig, llama, llama_config, llama_sample
 from sim.planning.models.resnet import resnet101, resnet_sample
 from sim.planning.models.unet import check_unet, unet, unet_sample
 
 __all__ = ["KNOWN", "ModelSpec", "get_model"]
 
+_C = TypeVar("_C")
+
 #: The spec forms :func:`get_model` understands, for messages and ``--help``.
-KNOWN = ("gpt:" + "|".join(CONFIGS), "resnet101", "unet:B,C", "amoebanet:L,D")
+KNOWN = ("gpt:" + "|".join(CONFIGS), "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F]",
+         "llama:" + "|".join(LLAMA_CONFIGS), "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V",
+         "resnet101", "unet:B,C", "amoebanet:L,D")
+
+# The keys of a shape spec, in their canonical order, each with the config field it sets.
+_GPT_KEYS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "ffn": "ffn", "seq": "seq_len",
+             "vocab": "vocab_size"}
+_LLAMA_KEYS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "kv-heads": "n_kv_head", "ffn": "ffn",
+               "seq": "seq_len", "vocab": "vocab_size"}
 
 
 @dataclass(frozen=True)
@@ -67,21 +85,81 @@ def _ints(spec: str, arg: str, names: tuple[str, str]) -> tuple[int, int]:
     return a, b
 
 
+def _shape(spec: str, arg: str, keys: dict[str, str], optional: tuple[str, ...] = ()) -> dict[str, int]:
+    """``key=value`` pairs after the ':' as config fields; every key of ``keys`` but ``optional`` is required."""
+    given: dict[str, int] = {}
+    for item in arg.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not key:
+            raise KeyError(f"model {spec!r}: expected key=value pairs, got {item.strip()!r}")
+        if key not in keys:
+            raise KeyError(f"model {spec!r}: unknown key {key!r}; keys: {', '.join(keys)}")
+        if key in given:
+            raise KeyError(f"model {spec!r}: {key} given twice")
+        try:
+            given[key] = int(value)
+        except ValueError:
+            raise KeyError(f"model {spec!r}: {key}={value!r} is not an integer") from None
+        if given[key] < 1:
+            raise ValueError(f"model {spec!r}: {key} must be >= 1, got {given[key]}")
+    required = [k for k in keys if k not in optional]
+    missing = [k for k in required if k not in given]
+    if missing:
+        raise KeyError(f"model {spec!r}: missing {', '.join(missing)} (needs {', '.join(required)})")
+    return {keys[k]: v for k, v in given.items()}
+
+
+def _canonical(family: str, cfg: object, keys: dict[str, str], skip: tuple[str, ...] = ()) -> str:
+    """The spec that builds ``cfg`` again: every key in canonical order, less ``skip``."""
+    return f"{family}:" + ",".join(f"{k}={getattr(cfg, f)}" for k, f in keys.items() if k not in skip)
+
+
+def _config(spec: str, kind: Callable[..., _C], fields: dict[str, int]) -> _C:
+    """``kind(**fields)``, its refusal prefixed with the spec."""
+    try:
+        return kind(**fields)
+    except ValueError as exc:
+        raise ValueError(f"model {spec!r}: {exc}") from None
+
+
+def _gpt(spec: str, arg: str) -> ModelSpec:
+    if "=" in arg:
+        cfg = _config(spec, GPTConfig, _shape(spec, arg, _GPT_KEYS, optional=("ffn",)))
+        name = _canonical("gpt", cfg, _GPT_KEYS, skip=("ffn",) if cfg.d_ff == 4 * cfg.d_model else ())
+        title = "GPT"
+    else:
+        key = arg or "125m"
+        cfg, name, title = gpt_config(key), f"gpt:{key}", f"GPT-3 {key.upper()}"
+    return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
+                     f"MLP {cfg.d_ff}, {cfg.seq_len} tokens)", lambda: gpt(cfg), lambda b, d: gpt_sample(cfg, b, d))
+
+
+def _llama(spec: str, arg: str) -> ModelSpec:
+    if "=" in arg:
+        cfg = _config(spec, LlamaConfig, _shape(spec, arg, _LLAMA_KEYS))
+        name, title = _canonical("llama", cfg, _LLAMA_KEYS), "Llama-style decoder"
+    else:
+        key = arg or "8b"
+        cfg, name, title = llama_config(key), f"llama:{key}", f"Llama 3 {key.upper()}"
+    return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
+                     f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens)",
+                     lambda: llama(cfg), lambda b, d: llama_sample(cfg, b, d))
+
+
 def get_model(spec: str) -> ModelSpec:
     """Parse a model spec (see the module docstring) into a :class:`ModelSpec`.
 
     Raises:
-        KeyError: an unknown model or size; the message lists the known specs.
-        ValueError: known model, invalid sizes (e.g. ``unet:0,64``).
+        KeyError: an unknown model or size, or a shape spec with an unknown, missing or non-integer key;
+            the message says which, or lists the known specs.
+        ValueError: known model, invalid sizes (e.g. ``unet:0,64``, ``gpt:...,hidden=100,heads=3``).
     """
     text = spec.strip().lower()
     family, _, arg = text.partition(":")
     if family == "gpt":
-        cfg = gpt_config(arg or "125m")
-        key = arg or "125m"
-        return ModelSpec(f"gpt:{key}", f"GPT-3 {key.upper()} ({cfg.n_layer} layers, d_model {cfg.d_model}, "
-                         f"{cfg.n_head} heads, {cfg.seq_len} tokens)",
-                         lambda: gpt(cfg), lambda b, d: gpt_sample(cfg, b, d))
+        return _gpt(spec, arg)
+    if family == "llama":
+        return _llama(spec, arg)
     if family in ("resnet101", "resnet") and arg in ("", "101"):
         return ModelSpec("resnet101", "ResNet-101, 370 layers (torchgpipe's flattening), 224x224 images",
                          resnet101, lambda b, d: resnet_sample(b, 224, d))

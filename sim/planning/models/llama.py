@@ -1,0 +1,257 @@
+"""A Llama-style decoder stack as an ``nn.Sequential``, with the Llama 3 model sizes.
+
+Layers (pre-RMSNorm, no biases anywhere)::
+
+    Embedding     token ids (B, T) -> (B, T, C); no position embedding (RoPE rotates q and k instead)
+    Block x L     x + Attention(RMSNorm(x)), then x + MLP(RMSNorm(x))
+                  Attention: grouped-query, A query heads share K key/value heads, RoPE on q and k
+                  MLP (SwiGLU): down(silu(gate(x)) * up(x)); gate and up are C -> F, down is F -> C
+    Head          RMSNorm, then a linear layer to the vocabulary: (B, T, C) -> (B, T, V); untied
+
+Note [grouped attention]: the ``G = A / K`` query heads of a group share one key and value head. The math form
+stacks a group's queries along the rows, (B, K, G·T, d) against (B, K, T, d) keys, so one matrix product per
+group serves all its heads and the keys and values are never copied G times; a fused kernel keeps them once
+too. The FLOPs are those of A full heads, 4·b·s²·C forward, as in :mod:`~sim.planning.models.gpt`.
+``attention="sdpa"`` calls ``F.scaled_dot_product_attention(..., enable_gqa=True)``.
+
+Note [RMSNorm on meta]: ``nn.RMSNorm`` has no single ATen operator on meta; it runs as its decomposition (a
+square, a mean, an add, a reciprocal square root and two products), so the counter sees six memory-bound
+kernels where a GPU may run one fused kernel, and what they save for backward.
+
+References: Dubey et al. (2024), "The Llama 3 Herd of Models", Table 3 (sizes) and section 3.1.1 (the
+architecture); Touvron et al. (2023), "LLaMA: Open and Efficient Foundation Language Models" (pre-norm RMSNorm,
+SwiGLU, RoPE); Ainslie et al. (2023), "GQA"; Su et al. (2021), "RoFormer" (rotary position embeddings).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["CONFIGS", "LlamaConfig", "llama", "llama_config", "llama_sample"]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Shape of a Llama-style decoder (the defaults are Llama 3 8B's).
+
+    Attributes:
+        n_layer: decoder blocks (L).
+        n_head: query heads (A); ``d_model`` must divide by it, into heads of an even width (RoPE rotates pairs).
+        n_kv_head: key/value heads (K); ``n_head`` must divide by it (see Note [grouped attention]).
+        d_model: hidden size (C).
+        ffn: the SwiGLU MLP's inner width (F).
+        seq_len: context length in tokens; 8192, Llama 3's pre-training length.
+        vocab_size: 128256, the released tokenizer's (128000 tokens, as Table 3 rounds it, and 256 special ones).
+        rope_theta: RoPE's base frequency; 500000 in Llama 3.
+        norm_eps: RMSNorm's epsilon; 1e-5 as in the released models.
+        attention: ``"math"`` or ``"sdpa"`` (see Note [grouped attention]).
+    """
+
+    n_layer: int = 32
+    n_head: int = 32
+    n_kv_head: int = 8
+    d_model: int = 4096
+    ffn: int = 14336
+    seq_len: int = 8192
+    vocab_size: int = 128256
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    attention: Literal["math", "sdpa"] = "math"
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_kv_head", "d_model", "ffn", "seq_len", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LlamaConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} does not divide into n_head={self.n_head} heads")
+        if (self.d_model // self.n_head) % 2:
+            raise ValueError(f"heads of d_model/n_head={self.d_model // self.n_head} are odd; RoPE needs an even width")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head={self.n_head} does not divide into n_kv_head={self.n_kv_head} groups")
+        if self.attention not in ("math", "sdpa"):
+            raise ValueError(f"attention must be 'math' or 'sdpa', got {self.attention!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one head (d = C / A)."""
+        return self.d_model // self.n_head
+
+    @property
+    def block_parameters(self) -> int:
+        """Parameters of one block: q and o (C² each), k and v (C·K·d each), the MLP (3·C·F), two RMSNorm gains."""
+        c, kv = self.d_model, self.n_kv_head * self.head_dim
+        return 2 * c * c + 2 * c * kv + 3 * c * self.ffn + 2 * c
+
+    @property
+    def parameters(self) -> int:
+        """All parameters: embedding, blocks, final RMSNorm and the untied head."""
+        c, v = self.d_model, self.vocab_size
+        return v * c + self.n_layer * self.block_parameters + c + v * c
+
+
+#: Llama 3's three sizes (Dubey et al., 2024, Table 3), at their 8192-token pre-training context.
+CONFIGS: dict[str, LlamaConfig] = {
+    "8b": LlamaConfig(n_layer=32, n_head=32, n_kv_head=8, d_model=4096, ffn=14336),
+    "70b": LlamaConfig(n_layer=80, n_head=64, n_kv_head=8, d_model=8192, ffn=28672),
+    "405b": LlamaConfig(n_layer=126, n_head=128, n_kv_head=8, d_model=16384, ffn=53248),
+}
+
+
+def llama_config(name: str) -> LlamaConfig:
+    """The named Llama 3 size (``"8b"``, ``"70B"``, ``"405b"``).
+
+    Raises:
+        KeyError: an unknown name; the message lists the known ones.
+    """
+    key = name.strip().lower()
+    if key not in CONFIGS:
+        raise KeyError(f"unknown Llama size {name!r}; known: {', '.join(CONFIGS)}")
+    return CONFIGS[key]
+
+
+class Embedding(nn.Module):
+    """Token ids (B, T) to hidden states (B, T, C)."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tokens(ids)  # (B, T, C)
+
+
+def _rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's angles, (T, d): pair i turns at ``rope_theta ** (-2i/d)`` per position."""
+    d = cfg.head_dim
+    inv_freq = cfg.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)  # (d/2,)
+    angles = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32), inv_freq)  # (T, d/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (T, d): the two halves of a head rotate as pairs
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on (B, heads, T, d): element i of the first half and element i of the second turn as one pair."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with rotary position embeddings (see Note [grouped attention])."""
+
+    future: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        kv = cfg.n_kv_head * cfg.head_dim
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.k = nn.Linear(cfg.d_model, kv, bias=False)
+        self.v = nn.Linear(cfg.d_model, kv, bias=False)
+        self.o = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.math = cfg.attention == "math"
+        # Buffers, so they are model state and follow the model's device; not saved with its weights.
+        cos, sin = _rope_tables(cfg)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        future = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1)  # what a token may not see
+        self.register_buffer("future", future, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        a, k_heads, d = self.n_head, self.n_kv_head, self.head_dim
+        g = a // k_heads
+        q = self.q(x).view(b, t, a, d).transpose(1, 2)  # (B, A, T, d)
+        k = self.k(x).view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
+        v = self.v(x).view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
+        cos, sin = self.cos[:t], self.sin[:t]
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if self.math:
+            q = q.reshape(b, k_heads, g * t, d)  # a group's query heads stacked along the rows
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # (B, K, G·T, T)
+            att = att.view(b, k_heads, g, t, t).masked_fill(self.future[:t, :t], float("-inf"))
+            att = F.softmax(att, dim=-1).view(b, k_heads, g * t, t)
+            y = (att @ v).view(b, a, t, d)  # (B, A, T, d): head h is group h // G
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, A, T, d)
+        y = y.transpose(1, 2).reshape(b, t, c)  # (B, T, C)
+        return self.o(y)
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, C -> F -> C with three matrices and no biases."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.ffn, bias=False)
+        self.up = nn.Linear(cfg.d_model, cfg.ffn, bias=False)
+        self.down = nn.Linear(cfg.ffn, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    """One pre-RMSNorm decoder block: attention and MLP, each inside a residual connection."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class Head(nn.Module):
+    """Final RMSNorm and the projection to vocabulary logits: (B, T, C) -> (B, T, V)."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+def llama(cfg: LlamaConfig | str = "8b", **overrides: object) -> nn.Sequential:
+    """A Llama-style decoder as ``nn.Sequential(embedding, block_0 .. block_{L-1}, head)``.
+
+    Build it under ``with torch.device("meta"):`` to count a large size without allocating.
+
+    Args:
+        cfg: a :class:`LlamaConfig` or the name of one of :data:`CONFIGS`.
+        overrides: fields of the config to replace (``seq_len=4096``, ``attention="sdpa"``).
+
+    Raises:
+        KeyError: an unknown size name.
+        ValueError: an invalid config.
+    """
+    config = llama_config(cfg) if isinstance(cfg, str) else cfg
+    if overrides:
+        config = replace(config, **overrides)  # type: ignore[arg-type]
+    layers: OrderedDict[str, nn.Module] = OrderedDict()
+    layers["embedding"] = Embedding(config)
+    for i in range(config.n_layer):
+        layers[f"block{i}"] = Block(config)
+    layers["head"] = Head(config)
+    return nn.Sequential(layers)
+
+
+def llama_sample(cfg: LlamaConfig, batch: int, device: torch.device | str = "meta") -> torch.Tensor:
+    """A batch of token ids, shape ``(batch, seq_len)`` (shapes only on meta, random on a real device)."""
+    if str(device) == "meta":
+        return torch.empty(batch, cfg.seq_len, dtype=torch.long, device="meta")
+    return torch.randint(cfg.vocab_size, (batch, cfg.seq_len), device=device)
