@@ -6,10 +6,11 @@ says how long a copy between two devices takes (``latency + bytes / bandwidth``)
 from FLOP counts (:mod:`sim.planning.flops`) divide by a device; the simulator prices copies by a link.
 
 Units: FLOP/s, bytes, bytes/s and seconds throughout. Bandwidths are decimal (1 GB/s = 1e9 bytes/s),
-as datasheets state them; link bandwidths are *per direction*. Memory capacities are the datasheet
-figure read as GiB (2**30 bytes), which is what ``nvidia-smi`` reports for these boards (give or take
-what the driver reserves). The catalog: :data:`DEVICES` and :data:`LINKS`, looked up by
-:func:`get_device` and :func:`get_link` (its sources: Notes [dense peaks], [fp64], [latencies]).
+as datasheets state them; link bandwidths are *per direction*. A memory capacity is the total the board
+reports (``nvidia-smi``, ``rocm-smi``), not the datasheet's "80 GB": an H100 SXM is 81,559 MiB, about
+79.6 GiB (Note [memory as reported]). The catalog: :data:`DEVICES` and :data:`LINKS`, looked up by
+:func:`get_device` and :func:`get_link` (its sources: Notes [dense peaks], [fp64], [memory as reported],
+[latencies]).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sim.planning.roofline import Roofline
 __all__ = ["DEVICES", "LINKS", "DeviceSpec", "get_device", "get_link", "load_device"]
 
 GiB = 2**30  # bytes
+MiB = 2**20  # bytes (nvidia-smi's unit)
 GB = 10**9  # bytes (bandwidths)
 TFLOPS = 1e12  # FLOP/s
 
@@ -143,6 +145,17 @@ class DeviceSpec:
 # Note [fp64]: ``fp64`` is the tensor-core FP64 rate where the device has one (A100, H100, H200),
 # the plain FP64 rate otherwise.
 #
+# Note [memory as reported]: ``memory_bytes`` is the board's memory as its own tool reports it: the "Total" of
+# ``nvidia-smi`` (the wide table of recent drivers counts the driver's reserve in it; the narrow one of older
+# drivers left it out) or ``rocm-smi``'s "VRAM Total Memory", with ECC as the board runs in the reports (ECC costs
+# HBM nothing; on GDDR boards it holds back 1/16). The datasheet's "80 GB" is neither GB nor GiB: an H100 SXM
+# reports 81,559 MiB (79.6 GiB), an A100 80GB 81,920 MiB (80 GiB), a B200's "180 GB" 183,359 MiB. Every entry cites
+# its report; where none was found, the datasheet figure is read as decimal bytes (a lower bound: every report found
+# is above it). CUDA itself sees less again: ``torch.cuda.get_device_properties(0).total_memory`` leaves out the
+# driver's reserve (H100 SXM 81,082-81,090 MiB, A100 SXM4 80GB 81,051-81,158 MiB, H200 143,156 MiB, B200
+# 182,631-182,642 MiB, by driver version), and a process's CUDA context takes a few hundred MiB of that. Neither is
+# in the catalog: a plan within about 1 GiB of the limit is optimistic by that much.
+#
 # Note [roofline sources]: each family's Roofline (sim.planning.roofline) says what set each number. Pascal's
 # convolution and matrix fractions were solved ONCE, from torchgpipe's single-P40 ResNet-101 baseline (95.862
 # samples/s, benchmarks/published.py), with its memory fraction, half_dim and kernel cost fixed before: they
@@ -167,34 +180,38 @@ _TENSOR_CORE = Roofline({"fp64": 0.85, "fp32": 0.85, "tf32": 0.7, "fp16": 0.7, "
 _DEVICE_LIST = (
     # NVIDIA Tesla P40 datasheet (2016): 12 TFLOPS single precision, 47 TOPS INT8, 24 GB GDDR5,
     # 346 GB/s. Pascal GP102 has no fast fp16 path; the datasheet lists none, so neither do we.
-    DeviceSpec("tesla-p40", {"fp32": 12 * TFLOPS}, 346 * GB, 24 * GiB,
+    # Memory: nvidia-smi 24,451 MiB with ECC off, as in every P40 report found but one (22,919 MiB with ECC on;
+    # both from older drivers, which leave the driver's reserve out: Note [memory as reported]).
+    DeviceSpec("tesla-p40", {"fp32": 12 * TFLOPS}, 346 * GB, 24451 * MiB,
                description="NVIDIA Tesla P40 (Pascal, PCIe)", roofline=_PASCAL),
     # NVIDIA Tesla V100 datasheet / Volta architecture whitepaper (2017), SXM2: 15.7 TFLOPS fp32,
     # 7.8 TFLOPS fp64, 125 TFLOPS tensor (fp16 in, fp32 accumulate); 16 or 32 GB HBM2 at 900 GB/s.
+    # Memory: nvidia-smi 16,384 MiB (V100 16GB, PCIe and SXM2 report alike) and 32,768 MiB (V100-SXM2-32GB).
     DeviceSpec("v100-sxm2-16gb", {"fp64": 7.8 * TFLOPS, "fp32": 15.7 * TFLOPS, "fp16": 125 * TFLOPS},
-               900 * GB, 16 * GiB, description="NVIDIA Tesla V100 SXM2 16 GB (Volta)", roofline=_TENSOR_CORE),
+               900 * GB, 16384 * MiB, description="NVIDIA Tesla V100 SXM2 16 GB (Volta)", roofline=_TENSOR_CORE),
     DeviceSpec("v100-sxm2-32gb", {"fp64": 7.8 * TFLOPS, "fp32": 15.7 * TFLOPS, "fp16": 125 * TFLOPS},
-               900 * GB, 32 * GiB, description="NVIDIA Tesla V100 SXM2 32 GB (Volta)", roofline=_TENSOR_CORE),
+               900 * GB, 32768 * MiB, description="NVIDIA Tesla V100 SXM2 32 GB (Volta)", roofline=_TENSOR_CORE),
     # NVIDIA A100 Tensor Core GPU datasheet (2020/2021): fp64 9.7 (tensor 19.5), fp32 19.5, TF32 156,
     # BF16/FP16 312 TFLOPS dense (312/624 with sparsity); 40 GB HBM2 at 1,555 GB/s, 80 GB HBM2e (SXM)
-    # at 2,039 GB/s.
+    # at 2,039 GB/s. Memory: nvidia-smi 40,960 MiB and 81,920 MiB (modal-labs/modal-client PR 2797, 2025).
     DeviceSpec("a100-40gb", {"fp64": 19.5 * TFLOPS, "fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
                              "fp16": 312 * TFLOPS, "bf16": 312 * TFLOPS},
-               1555 * GB, 40 * GiB, description="NVIDIA A100 40 GB SXM (Ampere)", roofline=_TENSOR_CORE),
+               1555 * GB, 40960 * MiB, description="NVIDIA A100 40 GB SXM (Ampere)", roofline=_TENSOR_CORE),
     DeviceSpec("a100-80gb", {"fp64": 19.5 * TFLOPS, "fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS,
                              "fp16": 312 * TFLOPS, "bf16": 312 * TFLOPS},
-               2039 * GB, 80 * GiB, description="NVIDIA A100 80 GB SXM (Ampere)", roofline=_TENSOR_CORE),
+               2039 * GB, 81920 * MiB, description="NVIDIA A100 80 GB SXM (Ampere)", roofline=_TENSOR_CORE),
     # NVIDIA H100 Tensor Core GPU datasheet (2022/2023), SXM: fp64 34 (tensor 67), fp32 67, TF32 989,
     # BF16/FP16 1,979, FP8 3,958 TFLOPS *with sparsity* (dense: half, Note [dense peaks]);
-    # 80 GB HBM3 at 3.35 TB/s.
+    # 80 GB HBM3 at 3.35 TB/s. Memory: nvidia-smi 81,559 MiB (NVIDIA/nccl issue 1264, 2024; modal PR 2797).
     DeviceSpec("h100-sxm", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                             "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
-               3350 * GB, 80 * GiB, description="NVIDIA H100 SXM 80 GB (Hopper)", roofline=_TENSOR_CORE),
+               3350 * GB, 81559 * MiB, description="NVIDIA H100 SXM 80 GB (Hopper)", roofline=_TENSOR_CORE),
     # NVIDIA H200 product page / datasheet (2023/2024), SXM: same compute as H100 SXM (fp32 67,
     # TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS with sparsity); 141 GB HBM3e at 4.8 TB/s.
+    # Memory: nvidia-smi 143,771 MiB (public nvidia-smi outputs, 2025-2026).
     DeviceSpec("h200", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                         "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
-               4800 * GB, 141 * GiB, description="NVIDIA H200 SXM 141 GB (Hopper)", roofline=_TENSOR_CORE),
+               4800 * GB, 143771 * MiB, description="NVIDIA H200 SXM 141 GB (Hopper)", roofline=_TENSOR_CORE),
     # A placeholder for a small x86 host, not a product: ~100 GFLOP/s fp32 (a few cores with AVX2 FMA:
     # 32 FLOP/cycle/core at ~3 GHz), one DDR4-3200 channel (JEDEC: 3200 MT/s x 8 bytes = 25.6 GB/s),
     # 16 GiB. Calibrate before trusting it.

@@ -11,6 +11,7 @@ from sim.planning.hardware import DEVICES, LINKS, DeviceSpec, get_device, get_li
 
 GB = 1e9
 GiB = 2**30
+MiB = 2**20
 
 
 def test_catalog_has_the_promised_entries() -> None:
@@ -23,9 +24,9 @@ def test_catalog_has_the_promised_entries() -> None:
 
 def test_datasheet_figures() -> None:
     p40 = get_device("tesla-p40")
-    assert p40.peak_flops["fp32"] == 12e12 and p40.memory_bytes == 24 * GiB and p40.memory_bandwidth == 346 * GB
+    assert p40.peak_flops["fp32"] == 12e12 and p40.memory_bytes == 24451 * MiB and p40.memory_bandwidth == 346 * GB
     h200 = get_device("h200")
-    assert h200.memory_bytes == 141 * GiB and h200.memory_bandwidth == 4.8e12
+    assert h200.memory_bytes == 143771 * MiB and h200.memory_bandwidth == 4.8e12  # as nvidia-smi reports it
     assert get_device("v100-sxm2-32gb").memory_bytes == 32 * GiB
     assert get_device("a100-80gb").peak_flops["bf16"] == 312e12
     assert get_link("pcie3-x16").bandwidth == pytest.approx(15.75 * GB)
