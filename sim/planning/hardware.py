@@ -140,10 +140,12 @@ class DeviceSpec:
 
 # Note [dense peaks]: NVIDIA datasheets since Ampere quote tensor-core figures "with sparsity" (2:4
 # structured sparsity), twice the dense rate. The catalog holds the *dense* figure (half the starred
-# number); training runs dense.
+# number); training runs dense. Where a datasheet prints the dense figure too (L40S; AMD's Instinct sheets),
+# the catalog takes it as printed (the L40S's starred 733 is not quite twice its dense 362.05).
 #
-# Note [fp64]: ``fp64`` is the tensor-core FP64 rate where the device has one (A100, H100, H200),
-# the plain FP64 rate otherwise.
+# Note [fp64]: ``fp64`` is the tensor-core (AMD: matrix-core) FP64 rate where the device has one (A100,
+# H100, H200, B200, GB200, MI300X, MI325X), the plain FP64 rate otherwise, and absent where the datasheet
+# gives none (L40S: its FP64 runs at 1/64 of FP32, no fast path).
 #
 # Note [memory as reported]: ``memory_bytes`` is the board's memory as its own tool reports it: the "Total" of
 # ``nvidia-smi`` (the wide table of recent drivers counts the driver's reserve in it; the narrow one of older
@@ -162,7 +164,8 @@ class DeviceSpec:
 # then serve every model. The tensor-core families are assumptions, not measurements (no GPU was available when
 # they were set): large cuBLAS GEMMs near 70% of the dense tensor peak, convolutions 60%, HBM streams 90% of the
 # datasheet bandwidth, 128-wide tensor-core tiles; calibrate them on the device (gpipe-sim hardware) before trusting
-# an absolute number.
+# an absolute number. _TENSOR_CORE serves every tensor-core family here, AMD's matrix cores (MI300X, MI325X) and
+# Ada's L40S (its GDDR6 at HBM's 90%) included: the same a-priori fractions for each, measured on none of them.
 _PASCAL = Roofline({"fp32": 0.859}, {"fp32": 0.859}, memory=0.8, kernel_seconds=5e-6, half_dim=64,
                    convolution_backward={"fp32": 0.859}, vector_math=0.8,
                    source="matmul/convolution/convolution_backward: one fraction solved once from torchgpipe's "
@@ -206,12 +209,57 @@ _DEVICE_LIST = (
     DeviceSpec("h100-sxm", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                             "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
                3350 * GB, 81559 * MiB, description="NVIDIA H100 SXM 80 GB (Hopper)", roofline=_TENSOR_CORE),
+    # The same datasheet, PCIe: fp64 26 (tensor 51), fp32 51, TF32 756, BF16/FP16 1,513, FP8 3,026 TFLOPS with
+    # sparsity; 80 GB HBM2e at 2 TB/s; NVLink bridge 600 GB/s. Memory: nvidia-smi 81,559 MiB (a public
+    # TensorRT-LLM test report).
+    DeviceSpec("h100-pcie", {"fp64": 51 * TFLOPS, "fp32": 51 * TFLOPS, "tf32": 378 * TFLOPS,
+                             "fp16": 756.5 * TFLOPS, "bf16": 756.5 * TFLOPS, "fp8": 1513 * TFLOPS},
+               2000 * GB, 81559 * MiB, description="NVIDIA H100 PCIe 80 GB (Hopper)", roofline=_TENSOR_CORE),
+    # NVIDIA H100 product page (2024; per GPU, where the 2023 NVL datasheet gave a pair): fp64 30 (tensor 60),
+    # fp32 60, TF32 835, BF16/FP16 1,671, FP8 3,341 TFLOPS with sparsity; 94 GB HBM3 at 3.9 TB/s; NVLink bridge
+    # 600 GB/s. Memory: nvidia-smi 95,830 MiB (public nvidia-smi output, 2026).
+    DeviceSpec("h100-nvl", {"fp64": 60 * TFLOPS, "fp32": 60 * TFLOPS, "tf32": 417.5 * TFLOPS,
+                            "fp16": 835.5 * TFLOPS, "bf16": 835.5 * TFLOPS, "fp8": 1670.5 * TFLOPS},
+               3900 * GB, 95830 * MiB, description="NVIDIA H100 NVL 94 GB (Hopper, PCIe with NVLink bridge)",
+               roofline=_TENSOR_CORE),
     # NVIDIA H200 product page / datasheet (2023/2024), SXM: same compute as H100 SXM (fp32 67,
     # TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS with sparsity); 141 GB HBM3e at 4.8 TB/s.
     # Memory: nvidia-smi 143,771 MiB (public nvidia-smi outputs, 2025-2026).
     DeviceSpec("h200", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                         "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
                4800 * GB, 143771 * MiB, description="NVIDIA H200 SXM 141 GB (Hopper)", roofline=_TENSOR_CORE),
+    # NVIDIA HGX B200 specifications (NVIDIA's HGX B200 / GB200 NVL72 table, 2024-2025), per GPU: FP64/FP64
+    # tensor 37, FP32 75 TFLOPS; TF32 2.2, FP16/BF16 4.5, FP8 9 PFLOPS with sparsity; 180 GB HBM3e at 7.7 TB/s;
+    # NVLink 5 1.8 TB/s.
+    # Memory: nvidia-smi 183,359 MiB (public nvidia-smi outputs, 2025-2026).
+    DeviceSpec("b200", {"fp64": 37 * TFLOPS, "fp32": 75 * TFLOPS, "tf32": 1100 * TFLOPS,
+                        "fp16": 2250 * TFLOPS, "bf16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS},
+               7700 * GB, 183359 * MiB, description="NVIDIA B200 180 GB (Blackwell, HGX)", roofline=_TENSOR_CORE),
+    # NVIDIA GB200 NVL72 specifications (same page, 2025), per Blackwell GPU of the superchip (two per Grace
+    # CPU): FP64/FP64 tensor 40, FP32 80 TFLOPS; TF32 2.5, FP16/BF16 5, FP8 10 PFLOPS with sparsity; 186 GB HBM3e
+    # at 8 TB/s; NVLink 5 1.8 TB/s. Memory: nvidia-smi 189,471 MiB (public nvidia-smi outputs, 2025-2026).
+    DeviceSpec("gb200", {"fp64": 40 * TFLOPS, "fp32": 80 * TFLOPS, "tf32": 1250 * TFLOPS,
+                         "fp16": 2500 * TFLOPS, "bf16": 2500 * TFLOPS, "fp8": 5000 * TFLOPS},
+               8000 * GB, 189471 * MiB, description="NVIDIA GB200, one Blackwell GPU of the superchip (NVL72)",
+               roofline=_TENSOR_CORE),
+    # NVIDIA L40S datasheet (2023): FP32 91.6; TF32 183 (366*), BF16/FP16 362.05 (733*), FP8 733 (1,466*)
+    # TFLOPS, * with sparsity; no FP64 figure; 48 GB GDDR6 with ECC at 864 GB/s; PCIe Gen4 x16, no NVLink.
+    # Memory: nvidia-smi 46,068 MiB, ECC on (modal PR 2797; public nvidia-smi outputs).
+    DeviceSpec("l40s", {"fp32": 91.6 * TFLOPS, "tf32": 183 * TFLOPS, "fp16": 362.05 * TFLOPS,
+                        "bf16": 362.05 * TFLOPS, "fp8": 733 * TFLOPS},
+               864 * GB, 46068 * MiB, description="NVIDIA L40S 48 GB (Ada Lovelace, PCIe)", roofline=_TENSOR_CORE),
+    # AMD Instinct MI300X datasheet (2023), dense: FP64 matrix 163.4 (vector 81.7), FP32 163.4, TF32 653.7,
+    # FP16/BF16 1,307.4, FP8 2,614.9 TFLOPS; 192 GB HBM3 at 5.3 TB/s. Memory: rocm-smi 206,141,652,992 bytes
+    # (196,592 MiB; ROCm issue 4750, 2025), torch.cuda's total_memory the same (ROCm issue 4203).
+    DeviceSpec("mi300x", {"fp64": 163.4 * TFLOPS, "fp32": 163.4 * TFLOPS, "tf32": 653.7 * TFLOPS,
+                          "fp16": 1307.4 * TFLOPS, "bf16": 1307.4 * TFLOPS, "fp8": 2614.9 * TFLOPS},
+               5300 * GB, 196592 * MiB, description="AMD Instinct MI300X 192 GB (CDNA 3)", roofline=_TENSOR_CORE),
+    # AMD Instinct MI325X datasheet (2024): the MI300X's compute (FP64 matrix 163.4, FP32 163.4, TF32 653.7,
+    # FP16/BF16 1,307.4, FP8 2,614.9 TFLOPS dense); 256 GB HBM3E at 6 TB/s. Memory: no rocm-smi report found,
+    # so 256 GB read as decimal bytes (Note [memory as reported]); by the MI300X's, it likely reports ~7% more.
+    DeviceSpec("mi325x", {"fp64": 163.4 * TFLOPS, "fp32": 163.4 * TFLOPS, "tf32": 653.7 * TFLOPS,
+                          "fp16": 1307.4 * TFLOPS, "bf16": 1307.4 * TFLOPS, "fp8": 2614.9 * TFLOPS},
+               6000 * GB, 256 * GB, description="AMD Instinct MI325X 256 GB (CDNA 3)", roofline=_TENSOR_CORE),
     # A placeholder for a small x86 host, not a product: ~100 GFLOP/s fp32 (a few cores with AVX2 FMA:
     # 32 FLOP/cycle/core at ~3 GHz), one DDR4-3200 channel (JEDEC: 3200 MT/s x 8 bytes = 25.6 GB/s),
     # 16 GiB. Calibrate before trusting it.
