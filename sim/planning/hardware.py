@@ -10,7 +10,7 @@ as datasheets state them; link bandwidths are *per direction*. A memory capacity
 reports (``nvidia-smi``, ``rocm-smi``), not the datasheet's "80 GB": an H100 SXM is 81,559 MiB, about
 79.6 GiB (Note [memory as reported]). The catalog: :data:`DEVICES` and :data:`LINKS`, looked up by
 :func:`get_device` and :func:`get_link` (its sources: Notes [dense peaks], [fp64], [memory as reported],
-[latencies]).
+[latencies], [NVSwitch]).
 """
 
 from __future__ import annotations
@@ -270,6 +270,12 @@ _DEVICE_LIST = (
 # Note [latencies]: datasheets give bandwidths, not copy latencies. The latencies below are order-of-
 # magnitude assumptions for one small copy as software sees it (launch and synchronisation included),
 # to be replaced by calibration; they matter only for small activations.
+#
+# Note [NVSwitch]: in an HGX/DGX board and an NVL72 rack every GPU's NVLinks go to NVSwitch chips, which
+# switch all-to-all without blocking: any two GPUs of the NVLink domain copy at the GPU's full NVLink rate,
+# so one link per NVLink generation serves every pair (nvlink2 to nvlink5). Without a switch a pair has only
+# its own links: a bridged pair of PCIe cards (nvlink4-bridge), AMD's Infinity Fabric mesh (xgmi-mi300: one
+# link per pair), DGX-1's cube mesh. A GPU copying to several peers at once shares its rate among them.
 _LINK_LIST = (
     # PCI Express Base Specification (PCI-SIG): 3.0 runs 8 GT/s per lane with 128b/130b encoding,
     # 16 lanes -> 8e9 * 16 * 128/130 / 8 = 15.75 GB/s per direction; 4.0 doubles it (16 GT/s,
@@ -285,8 +291,28 @@ _LINK_LIST = (
     LinkSpec("nvlink3", 5e-6, 300 * GB, "NVLink 3.0, A100 (12 links, 600 GB/s both directions)"),
     # H100 datasheet: NVLink 900 GB/s total (18 fourth-generation links) -> 450 GB/s per direction.
     LinkSpec("nvlink4", 5e-6, 450 * GB, "NVLink 4.0, H100/H200 (18 links, 900 GB/s both directions)"),
+    # H100 datasheet (PCIe) and product page (NVL): an NVLink bridge joins two cards at 600 GB/s total
+    # -> 300 GB/s per direction, between that pair only (Note [NVSwitch]).
+    LinkSpec("nvlink4-bridge", 5e-6, 300 * GB,
+             "NVLink 4.0 bridge, a pair of H100 PCIe/NVL (600 GB/s both directions)"),
+    # HGX B200 / GB200 NVL72 specifications (2025): fifth-generation NVLink 1.8 TB/s total per GPU
+    # (18 links x 100 GB/s) -> 900 GB/s per direction.
+    LinkSpec("nvlink5", 5e-6, 900 * GB, "NVLink 5, B200/GB200 (18 links, 1.8 TB/s both directions)"),
+    # AMD Instinct MI300X / MI325X datasheets (2023/2024): 7 Infinity Fabric links of 128 GB/s peak each (both
+    # directions), one to each other GPU of an 8-GPU board (a mesh, no switch): a pair gets one link, 64 GB/s
+    # per direction (896 GB/s is the sum over all 7 peers).
+    LinkSpec("xgmi-mi300", 5e-6, 64 * GB,
+             "AMD Infinity Fabric (xGMI), MI300X/MI325X: one link per GPU pair, 128 GB/s both directions"),
     # InfiniBand HDR (IBTA; NVIDIA ConnectX-6 product brief): 200 Gb/s per port = 25 GB/s.
     LinkSpec("infiniband-hdr", 5e-6, 200e9 / 8, "InfiniBand HDR, 200 Gb/s per port"),
+    # InfiniBand NDR (IBTA; NVIDIA ConnectX-7 product brief, 2022): 400 Gb/s per port = 50 GB/s.
+    LinkSpec("infiniband-ndr", 5e-6, 400e9 / 8, "InfiniBand NDR, 400 Gb/s per port"),
+    # InfiniBand XDR (NVIDIA ConnectX-8 SuperNIC and Quantum-X800 announcements, 2024): 800 Gb/s per port
+    # = 100 GB/s.
+    LinkSpec("infiniband-xdr", 5e-6, 800e9 / 8, "InfiniBand XDR, 800 Gb/s per port"),
+    # IEEE 802.3bs-2017 400 Gigabit Ethernet with RoCE v2 (RDMA; e.g. ConnectX-7, BlueField-3): 400 Gb/s
+    # = 50 GB/s. Latency assumed as InfiniBand's (RDMA, no TCP stack; Note [latencies]).
+    LinkSpec("roce-400g", 5e-6, 400e9 / 8, "400 Gigabit Ethernet, RoCE v2 (RDMA)"),
     # IEEE 802.3 100 Gigabit Ethernet: 100 Gb/s = 12.5 GB/s; TCP adds tens of microseconds.
     LinkSpec("ethernet-100g", 30e-6, 100e9 / 8, "100 Gigabit Ethernet (TCP)"),
     # A copy inside one host's memory (CPU "devices"): a single-threaded memcpy reaches roughly
