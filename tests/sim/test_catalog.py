@@ -6,6 +6,7 @@ import pytest
 
 from sim.cli import main
 from sim.planning.hardware import DEVICES, LINKS, DeviceSpec, get_device, get_link
+from sim.planning.plan import resolve_link
 
 GB = 10**9
 GiB = 2**30
@@ -80,3 +81,19 @@ def test_gpipe_sim_hardware_lists_the_catalog(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     for name in (*NEW_DEVICES, *NEW_LINKS):
         assert f"\n{name} " in out
+
+
+@pytest.mark.parametrize(("device", "nvlink", "pcie"), [
+    ("h100-sxm", "nvlink4", "pcie5-x16"), ("h100-pcie", "nvlink4-bridge", "pcie5-x16"),
+    ("h100-nvl", "nvlink4-bridge", "pcie5-x16"), ("b200", "nvlink5", "pcie5-x16"), ("gb200", "nvlink5", "pcie5-x16"),
+    ("l40s", None, "pcie4-x16"), ("mi300x", None, "pcie5-x16"),
+])
+def test_a_link_family_names_the_generation_that_comes_with_the_device(device: str, nvlink: str | None,
+                                                                       pcie: str) -> None:
+    spec = get_device(device)
+    assert resolve_link("pcie", spec).name == pcie
+    if nvlink is None:
+        with pytest.raises(KeyError, match="has no nvlink"):
+            resolve_link("nvlink", spec)
+    else:
+        assert resolve_link("nvlink", spec).name == nvlink
