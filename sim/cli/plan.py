@@ -92,7 +92,8 @@ def add_parser(subparsers: Any) -> None:
                    help="stages per device to try, for a schedule that places several on each device "
                         f"(default: {','.join(map(str, VIRTUAL))}; a schedule without a layout runs one)")
     p.add_argument("--training", default=None, metavar="POLICY",
-                   help="precision and optimizer, e.g. bf16-adam, fp32-sgd (default: the device's 16-bit "
+                   help="precision and optimizer, e.g. bf16-adam, fp32-sgd, bf16-adam-fp32grad (Megatron-LM's 18 bytes "
+                        "per parameter; default: the device's 16-bit "
                         "dtype with Adam, else fp32-adam)")
     p.add_argument("--efficiency", type=float, default=None, metavar="F",
                    help="fraction of peak compute and bandwidth reached, replacing the catalog's")

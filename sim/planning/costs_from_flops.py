@@ -9,7 +9,8 @@ each at their own fraction). A device without one falls back to one ``efficiency
 
 Model state per parameter comes from a :class:`Training` policy: mixed-precision Adam keeps 16-bit
 weights and gradients, 32-bit master weights and two 32-bit moments: 2 + 2 + 4 + 4 + 4 = 16 bytes
-(Rajbhandari et al., 2020, ZeRO, section 3.1), 18 with 32-bit gradients.
+(Rajbhandari et al., 2020, ZeRO, section 3.1), 18 with 32-bit gradients (``bf16-adam-fp32grad``, as Megatron-LM
+accumulates and reduces its gradients).
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ for _dtype, _torch_dtype in (("fp32", torch.float32), ("tf32", torch.float32),
         _update = 4 + _g + 8 * _states + 4 + (2 if _mixed else 0)
         TRAINING[f"{_dtype}-{_opt}"] = Training(f"{_dtype}-{_opt}", _dtype, _torch_dtype, _w, _g, 4 * _states,
                                                  _update)
+# Megatron-LM's mixed precision: 16-bit weights for compute, gradients accumulated and reduced in 32 bits (its "main
+# grads"), 32-bit master weights and Adam's moments: 2 + 4 + 4 + 4 + 4 = 18 bytes per parameter (Narayanan et al.,
+# 2021; Korthikanti et al., 2022).
+for _dtype, _torch_dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+    _name = f"{_dtype}-adam-fp32grad"
+    TRAINING[_name] = Training(_name, _dtype, _torch_dtype, 2 + 4, 4, 8, 4 + 4 + 8 + 4 + 8 + 2)
 
 
 def training_policy(name: str) -> Training:

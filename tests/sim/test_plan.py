@@ -107,6 +107,10 @@ def test_mixed_precision_adam_keeps_16_to_18_bytes_per_parameter(policy: str) ->
 def test_training_policies() -> None:
     assert TRAINING["fp32-sgd"].model_state_bytes_per_parameter == 8
     assert TRAINING["fp32-adam"].model_state_bytes_per_parameter == 16
+    for name in ("fp16-adam-fp32grad", "bf16-adam-fp32grad"):  # Megatron-LM's: 2 + 4 + 4 + 4 + 4 bytes
+        policy = training_policy(name)
+        assert policy.model_state_bytes_per_parameter == 18 and policy.gradient_bytes == 4
+        assert policy.weight_bytes == 6 and policy.torch_dtype.itemsize == 2
     assert default_training(get_device("h100-sxm")).name == "bf16-adam"
     assert default_training(get_device("tesla-p40")).name == "fp32-adam"
     with pytest.raises(KeyError, match="known"):
