@@ -11,15 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["CONVOLUTION", "MATMUL", "MEMORY_BOUND", "VECTOR_MATH", "LayerCount", "LayerProfile", "ModelProfile",
-           "OpTable"]
+__all__ = ["COLLECTIVE", "CONVOLUTION", "MATMUL", "MEMORY_BOUND", "VECTOR_MATH", "LayerCount", "LayerProfile",
+           "ModelProfile", "OpTable"]
 
 #: What bounds a counted kernel (``OpTable.kinds``): memory-bound (bytes at bandwidth), a matrix multiply
 #: (``mm``, ``addmm``, ``bmm``, ...) or a convolution (an implicit GEMM), both compute-bound by their shape, or a
 #: memory-bound kernel with arithmetic per element (activations such as GELU, softmax, normalisations, pooling,
 #: losses), priced by its bytes at its own fraction of the bandwidth (Note [vector math] in
-#: :mod:`sim.planning.operators`).
-MEMORY_BOUND, MATMUL, CONVOLUTION, VECTOR_MATH = 0, 1, 2, 3
+#: :mod:`sim.planning.operators`), or a collective among tensor-parallel ranks (an all-reduce of its bytes, the
+#: message one rank holds), priced on the tensor-parallel link (:mod:`sim.planning.tensor_parallel`).
+MEMORY_BOUND, MATMUL, CONVOLUTION, VECTOR_MATH, COLLECTIVE = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,8 +30,8 @@ class OpTable:
     Attributes:
         flops: shape ``(ops, 2)``: fixed and per-sample FLOPs of each operator.
         bytes: shape ``(ops, 2)``: fixed and per-sample bytes each operator reads and writes.
-        kinds: shape ``(ops,)``: :data:`MEMORY_BOUND`, :data:`MATMUL`, :data:`CONVOLUTION` or
-            :data:`VECTOR_MATH`; ``None`` (a table
+        kinds: shape ``(ops,)``: :data:`MEMORY_BOUND`, :data:`MATMUL`, :data:`CONVOLUTION`,
+            :data:`VECTOR_MATH` or :data:`COLLECTIVE`; ``None`` (a table
             built by hand): an operator with FLOPs is a matrix multiply, one without is memory-bound.
         dims: shape ``(ops, 3, 2)``: fixed and per-sample GEMM dimensions ``M, N, K`` of each compute-bound
             operator (a convolution's implicit GEMM); 0 where unknown or not a GEMM. ``None``: all unknown.
@@ -148,10 +149,13 @@ class ModelProfile:
     Attributes:
         layers: one :class:`LayerProfile` per layer.
         dtype: the floating dtype of the parameters (``torch.float16`` for mixed precision).
+        tensor_parallel: the ranks the model's collectives run among (Note [group on the marker] in
+            :mod:`sim.planning.tensor_parallel`); 1: a model without them, counted whole.
     """
 
     layers: tuple[LayerProfile, ...]
     dtype: torch.dtype
+    tensor_parallel: int = 1
 
     def __len__(self) -> int:
         return len(self.layers)

@@ -96,8 +96,9 @@ class _Pass:
 # gradient, all W.
 def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep: list[Any],
                params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
-               shared_param_keys: set[int], memory_bound: frozenset[str]) -> _Pass:
-    """Forward and backward of one layer on meta inputs ``x``; ``seen`` maps saved storages to owners."""
+               shared_param_keys: set[int], memory_bound: frozenset[str], groups: set[int]) -> _Pass:
+    """Forward and backward of one layer on meta inputs ``x``; ``seen`` maps saved storages to owners, ``groups``
+    gathers the group sizes of the collectives it runs."""
     if first:
         x_in = x
     else:
@@ -129,7 +130,8 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
     bwd: list[Op] = []
     bwd_in: list[Op] = []
     state = {**params, **buffers}
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _GpuDropout(), _Recorder(fwd, memory_bound):
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with hooks, _GpuDropout(), _Recorder(fwd, memory_bound, groups):
         out = torch.func.functional_call(layer, state, (x_in,))
     outputs = _tensors(out)
     roots = [o for o in outputs if o.requires_grad]
@@ -138,9 +140,9 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
     if roots and wrt_in + wrt_params:
         grads = [torch.empty_like(o) for o in roots]
         if wrt_in and wrt_params:  # Note [split backward]: the input's gradient alone, then the whole backward
-            with _Recorder(bwd_in, memory_bound):
+            with _Recorder(bwd_in, memory_bound, groups):
                 torch.autograd.grad(roots, wrt_in, grads, retain_graph=True, allow_unused=True)
-        with _Recorder(bwd, memory_bound):
+        with _Recorder(bwd, memory_bound, groups):
             torch.autograd.grad(roots, wrt_in + wrt_params, grads, allow_unused=True)
         if wrt_in and not wrt_params:
             bwd_in = list(bwd)
@@ -163,8 +165,8 @@ def _meta_state(layer: nn.Module, dtype: torch.dtype | None
     return params, buffers
 
 
-def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None, memory_bound: frozenset[str]
-                ) -> list[tuple[_Pass, list[nn.Parameter]]]:
+def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None, memory_bound: frozenset[str],
+                groups: set[int]) -> list[tuple[_Pass, list[nn.Parameter]]]:
     seen: dict[int, int] = {}
     keep: list[Any] = []
     owners: set[int] = set()
@@ -175,7 +177,7 @@ def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None, m
         param_keys = {_storage_key(t) for t in (*params.values(), *buffers.values())}
         new = [p for p in layer.parameters() if id(p) not in owners]  # parameters() dedupes within a layer
         owners.update(id(p) for p in new)
-        step = _run_layer(layer, x, k == 0, seen, keep, params, buffers, param_keys, memory_bound)
+        step = _run_layer(layer, x, k == 0, seen, keep, params, buffers, param_keys, memory_bound, groups)
         keep.extend(params.values())
         result.append((step, new))
         x = step.output
@@ -214,11 +216,13 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
             besides those the counter knows (Note [no free operators] in :mod:`sim.planning.operators`).
 
     Returns:
-        A :class:`ModelProfile`, one :class:`LayerProfile` per layer.
+        A :class:`ModelProfile`, one :class:`LayerProfile` per layer; its ``tensor_parallel`` is the group size of
+        the tensor-parallel collectives the model runs (:mod:`sim.planning.tensor_parallel`), 1 without any.
 
     Raises:
         TypeError: ``module`` is not an ``nn.Sequential``.
-        ValueError: the sample has no batch dimension, or the module has no layers.
+        ValueError: the sample has no batch dimension, the module has no layers, or its collectives run among
+            groups of different sizes.
         RuntimeError: a layer fails on meta tensors (for instance a data-dependent operator).
         UnknownOperatorError: a layer runs an operator the counter does not know (the message names it).
     """
@@ -229,11 +233,12 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
     _check_batched(sample)
     b = _COUNT_BATCH
     passes = []
+    groups: set[int] = set()
     for k, batch in enumerate((b, 2 * b)):
         with torch.no_grad():
             meta_sample = _to_meta(sample, batch, dtype)
         try:
-            passes.append(_count_pass(module, meta_sample, dtype, frozenset(memory_bound)))
+            passes.append(_count_pass(module, meta_sample, dtype, frozenset(memory_bound), groups))
         except (RuntimeError, NotImplementedError) as exc:
             raise RuntimeError(f"counting on the meta device failed: {exc}") from exc
         if progress is not None:
@@ -255,4 +260,7 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
         ))
     floats = [p.dtype for p in module.parameters() if p.is_floating_point()]
     counted = dtype if dtype is not None else floats[0] if floats else torch.float32
-    return ModelProfile(tuple(layers), counted)
+    if len(groups) > 1:
+        raise ValueError(f"the model's collectives run among groups of {sorted(groups)} ranks; a count needs one "
+                         "tensor-parallel degree")
+    return ModelProfile(tuple(layers), counted, groups.pop() if groups else 1)

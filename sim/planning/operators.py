@@ -6,7 +6,7 @@ The counter runs each layer under :class:`_Recorder`, a
     flops   torch.utils.flop_counter's formula (mm, addmm, bmm, baddbmm, convolution and their
             backward); 0 for everything else
     bytes   bytes read and written: every tensor argument plus every output (views are free)
-    kind    what bounds it (sim.planning.counts: MATMUL, CONVOLUTION, MEMORY_BOUND or VECTOR_MATH)
+    kind    what bounds it (sim.planning.counts: MATMUL, CONVOLUTION, MEMORY_BOUND, VECTOR_MATH or COLLECTIVE)
     M N K   the GEMM shape of a compute-bound operator (Note [GEMM shape]); 0 otherwise
 
 An operator that is neither free, nor has a FLOP formula, nor is known to be memory-bound stops the count
@@ -14,7 +14,8 @@ An operator that is neither free, nor has a FLOP formula, nor is known to be mem
 
 An operator that a GPU runs as several kernels, or in several passes over its input, is recorded as
 those kernels (Note [one operator, several kernels]); dropout is counted as a GPU runs it (Note [dropout on meta]),
-attention in its math form (Note [attention on meta]).
+attention in its math form (Note [attention on meta]). A tensor-parallel all-reduce marker
+(:mod:`sim.planning.tensor_parallel`) is a COLLECTIVE whose bytes are the message one rank holds.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from sim.planning.counts import CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
+from sim.planning.counts import COLLECTIVE, CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
+from sim.planning.tensor_parallel import ALL_REDUCE
 
 __all__ = ["MEMORY_BOUND_OPERATORS", "VECTOR_MATH_OPERATORS", "UnknownOperatorError"]
 
@@ -56,16 +58,23 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 # for a flash kernel's.
 class _Recorder(TorchDispatchMode):
     """Appends an :data:`Op` for every non-free ATen operator to ``ops``; ``memory_bound``: names of operators
-    to count as memory-bound besides :data:`MEMORY_BOUND_OPERATORS` (Note [no free operators])."""
+    to count as memory-bound besides :data:`MEMORY_BOUND_OPERATORS` (Note [no free operators]); ``groups``
+    gathers the group size of every collective seen."""
 
-    def __init__(self, ops: list[Op], memory_bound: frozenset[str] = frozenset()) -> None:
+    def __init__(self, ops: list[Op], memory_bound: frozenset[str] = frozenset(),
+                 groups: set[int] | None = None) -> None:
         super().__init__()
         self.ops = ops
         self.memory_bound = memory_bound
+        self.groups = set() if groups is None else groups
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func is ALL_REDUCE:  # the message one rank holds; priced on the link (sim.planning.tensor_parallel)
+            self.groups.add(int(_arg(args, kwargs, 1, "group")))
+            self.ops.append((0.0, float(_tensor_bytes(out)), COLLECTIVE, 0.0, 0.0, 0.0))
+            return out
         name = func._schema.name.split("::")[-1]
         if func.is_view or name.startswith(_FREE_PREFIXES):
             return out

@@ -15,8 +15,19 @@ Note [untied head]: the output projection has its own weight, as pipelines keep 
 and the head live on different stages), so a model has ``V·C`` more parameters than the tied count
 the GPT-3 paper names it by.
 
+Note [tensor parallel]: ``tensor_parallel=t`` builds one rank's shard of Megatron-LM's split (Shoeybi et al.,
+2019): attention by heads (the QKV projection C -> 3C/t for A/t heads, the output projection C/t -> C), the MLP's
+first matrix by columns (C -> F/t) and its second by rows (F/t -> C), the vocabulary of the token embedding and
+the head by rows (ceil(V/t) each: Megatron pads the vocabulary so every rank holds as many). LayerNorms, position
+embeddings and the row-parallel layers' biases are replicated. The collectives are markers the counter sees
+(:mod:`sim.planning.tensor_parallel`): an all-reduce after the output projection and after the MLP (g), and one in
+the backward before QKV and before the MLP (f); the embedding all-reduces its partial lookups (g), the head
+all-reduces its input's gradient (f). A rank's saved activations per block are then Korthikanti et al.'s
+``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes. ``t`` must divide the heads and F.
+
 References: Brown et al. (2020), "Language Models are Few-Shot Learners", Table 2.1; Korthikanti et
-al. (2022), "Reducing Activation Recomputation in Large Transformer Models"; Karpathy's minGPT.
+al. (2022), "Reducing Activation Recomputation in Large Transformer Models"; Shoeybi et al. (2019),
+"Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism"; Karpathy's minGPT.
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sim.planning.tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
 
 __all__ = ["CONFIGS", "GPTConfig", "gpt", "gpt_config", "gpt_sample"]
 
@@ -46,6 +59,7 @@ class GPTConfig:
         ffn: the MLP's inner width (F); ``None`` for ``4 * d_model``, GPT-3's at every size.
         dropout: 0.1 as in GPT-2; the dropout masks are part of what training keeps.
         attention: ``"math"`` or ``"sdpa"`` (see Note [attention]).
+        tensor_parallel: ranks a layer is split over; the model built is one rank's shard (Note [tensor parallel]).
     """
 
     n_layer: int = 12
@@ -56,6 +70,7 @@ class GPTConfig:
     ffn: int | None = None
     dropout: float = 0.1
     attention: Literal["math", "sdpa"] = "math"
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
@@ -67,6 +82,18 @@ class GPTConfig:
             raise ValueError(f"d_model={self.d_model} does not divide into n_head={self.n_head} heads")
         if self.attention not in ("math", "sdpa"):
             raise ValueError(f"attention must be 'math' or 'sdpa', got {self.attention!r}")
+        t = self.tensor_parallel
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ValueError(f"tensor_parallel must be an integer >= 1, got {t!r}")
+        if self.n_head % t:
+            raise ValueError(f"tensor parallel {t} does not divide the {self.n_head} attention heads")
+        if self.d_ff % t:
+            raise ValueError(f"tensor parallel {t} does not divide the MLP's width {self.d_ff}")
+
+    @property
+    def shard_vocab(self) -> int:
+        """Rows of the token embedding and of the head on one rank: ``ceil(V / t)`` (Note [tensor parallel])."""
+        return -(-self.vocab_size // self.tensor_parallel)
 
     @property
     def d_ff(self) -> int:
@@ -85,6 +112,14 @@ class GPTConfig:
         """All parameters, with the untied head (see Note [untied head])."""
         c, v = self.d_model, self.vocab_size
         return self.n_layer * self.block_parameters + (v + self.seq_len) * c + 2 * c + v * c
+
+    @property
+    def shard_parameters(self) -> int:
+        """Parameters of one rank's shard (Note [tensor parallel]): each block's matrices and split biases over
+        ``t``, its LayerNorms and the projections' biases whole; the embedding's and head's vocabulary over ``t``."""
+        c, f, t, v = self.d_model, self.d_ff, self.tensor_parallel, self.shard_vocab
+        block = (4 * c * c + 2 * c * f + 3 * c + f) // t + 6 * c
+        return self.n_layer * block + (v + self.seq_len) * c + 2 * c + v * c
 
 
 #: The eight sizes of GPT-3 (Brown et al., 2020, Table 2.1). Two entries differ from the table, whose
@@ -119,14 +154,16 @@ class Embedding(nn.Module):
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tokens = nn.Embedding(cfg.shard_vocab, cfg.d_model)  # this rank's rows (Note [tensor parallel])
         self.positions = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
+        self.group = cfg.tensor_parallel
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
         pos = torch.arange(t, device=ids.device)
-        return self.drop(self.tokens(ids) + self.positions(pos))  # (B, T, C)
+        tokens = reduce_from_tensor_parallel(self.tokens(ids), self.group)  # every rank's rows summed
+        return self.drop(tokens + self.positions(pos))  # (B, T, C)
 
 
 class Attention(nn.Module):
@@ -136,9 +173,12 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.n_head = cfg.n_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.group = cfg.tensor_parallel
+        self.n_head = cfg.n_head // self.group  # this rank's heads
+        self.head_dim = cfg.d_model // cfg.n_head
+        width = self.n_head * self.head_dim  # C / t
+        self.qkv = nn.Linear(cfg.d_model, 3 * width)  # column-parallel
+        self.proj = nn.Linear(width, cfg.d_model)  # row-parallel
         self.attn_drop = nn.Dropout(cfg.dropout)
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.p = cfg.dropout
@@ -148,9 +188,11 @@ class Attention(nn.Module):
         self.register_buffer("future", future, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        hd = c // self.n_head
-        q, k, v = self.qkv(x).split(c, dim=2)  # each (B, T, C)
+        b, t, _ = x.shape
+        hd = self.head_dim
+        c = self.n_head * hd  # C / t
+        x = copy_to_tensor_parallel(x, self.group)
+        q, k, v = self.qkv(x).split(c, dim=2)  # each (B, T, C/t)
         q = q.view(b, t, self.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
         k = k.view(b, t, self.n_head, hd).transpose(1, 2)
         v = v.view(b, t, self.n_head, hd).transpose(1, 2)
@@ -161,8 +203,8 @@ class Attention(nn.Module):
             y = att @ v  # (B, nh, T, hd)
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(b, t, c)  # (B, T, C)
-        return self.resid_drop(self.proj(y))
+        y = y.transpose(1, 2).contiguous().view(b, t, c)  # (B, T, C/t)
+        return self.resid_drop(reduce_from_tensor_parallel(self.proj(y), self.group))  # (B, T, C)
 
 
 class Block(nn.Module):
@@ -173,16 +215,27 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.attn = Attention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = nn.Sequential(OrderedDict([
-            ("fc", nn.Linear(cfg.d_model, cfg.d_ff)),
-            ("act", nn.GELU()),
-            ("proj", nn.Linear(cfg.d_ff, cfg.d_model)),
-            ("drop", nn.Dropout(cfg.dropout)),
-        ]))
+        self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+
+class MLP(nn.Module):
+    """C -> F/t -> GELU -> C on one rank (Note [tensor parallel]), then dropout."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.group = cfg.tensor_parallel
+        self.fc = nn.Linear(cfg.d_model, cfg.d_ff // self.group)  # column-parallel
+        self.act = nn.GELU()
+        self.proj = nn.Linear(cfg.d_ff // self.group, cfg.d_model)  # row-parallel
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.fc(copy_to_tensor_parallel(x, self.group)))  # (B, T, F/t)
+        return self.drop(reduce_from_tensor_parallel(self.proj(x), self.group))
 
 
 class Head(nn.Module):
@@ -191,10 +244,11 @@ class Head(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(cfg.d_model)
-        self.out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.out = nn.Linear(cfg.d_model, cfg.shard_vocab, bias=False)  # this rank's logits: (B, T, V/t)
+        self.group = cfg.tensor_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
+        return self.out(copy_to_tensor_parallel(self.ln(x), self.group))
 
 
 def gpt(cfg: GPTConfig | str = "125m", **overrides: object) -> nn.Sequential:

@@ -18,6 +18,14 @@ Note [RMSNorm on meta]: ``nn.RMSNorm`` has no single ATen operator on meta; it r
 square, a mean, an add, a reciprocal square root and two products), so the counter sees six memory-bound
 kernels where a GPU may run one fused kernel, and what they save for backward.
 
+Note [tensor parallel]: ``tensor_parallel=t`` builds one rank's shard, split as Megatron-LM splits a layer: A/t
+query heads and K/t key/value heads (q: C -> C/t; k and v: C -> K·d/t; o: C/t -> C), SwiGLU's gate and up by columns
+(C -> F/t) and down by rows (F/t -> C), the vocabulary of the embedding and the head (ceil(V/t) rows each).
+``t`` must divide the KV heads, as Megatron-LM requires of its query groups, so every rank keeps whole groups and
+no KV head is replicated (Llama 3's 8 KV heads allow up to t = 8, a node). RMSNorms are replicated. The
+collectives are :mod:`sim.planning.tensor_parallel`'s markers, as in :mod:`sim.planning.models.gpt`: g after o and
+after down, f before q/k/v and before gate/up, g after the embedding, f before the head.
+
 References: Dubey et al. (2024), "The Llama 3 Herd of Models", Table 3 (sizes) and section 3.1.1 (the
 architecture); Touvron et al. (2023), "LLaMA: Open and Efficient Foundation Language Models" (pre-norm RMSNorm,
 SwiGLU, RoPE); Ainslie et al. (2023), "GQA"; Su et al. (2021), "RoFormer" (rotary position embeddings).
@@ -33,6 +41,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sim.planning.tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
 
 __all__ = ["CONFIGS", "LlamaConfig", "llama", "llama_config", "llama_sample"]
 
@@ -52,6 +62,7 @@ class LlamaConfig:
         rope_theta: RoPE's base frequency; 500000 in Llama 3.
         norm_eps: RMSNorm's epsilon; 1e-5 as in the released models.
         attention: ``"math"`` or ``"sdpa"`` (see Note [grouped attention]).
+        tensor_parallel: ranks a layer is split over; the model built is one rank's shard (Note [tensor parallel]).
     """
 
     n_layer: int = 32
@@ -64,6 +75,7 @@ class LlamaConfig:
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
     attention: Literal["math", "sdpa"] = "math"
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_kv_head", "d_model", "ffn", "seq_len", "vocab_size"):
@@ -77,6 +89,27 @@ class LlamaConfig:
             raise ValueError(f"n_head={self.n_head} does not divide into n_kv_head={self.n_kv_head} groups")
         if self.attention not in ("math", "sdpa"):
             raise ValueError(f"attention must be 'math' or 'sdpa', got {self.attention!r}")
+        t = self.tensor_parallel
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ValueError(f"tensor_parallel must be an integer >= 1, got {t!r}")
+        if self.n_kv_head % t:
+            raise ValueError(f"tensor parallel {t} does not divide the {self.n_kv_head} key/value heads "
+                             f"(each rank keeps whole groups of query heads)")
+        if self.ffn % t:
+            raise ValueError(f"tensor parallel {t} does not divide the MLP's width {self.ffn}")
+
+    @property
+    def shard_vocab(self) -> int:
+        """Rows of the embedding and of the head on one rank: ``ceil(V / t)`` (Note [tensor parallel])."""
+        return -(-self.vocab_size // self.tensor_parallel)
+
+    @property
+    def shard_parameters(self) -> int:
+        """Parameters of one rank's shard: each block's matrices over ``t``, its RMSNorms whole, and the
+        vocabulary of the embedding and head over ``t`` (Note [tensor parallel])."""
+        c, kv, t = self.d_model, self.n_kv_head * self.head_dim, self.tensor_parallel
+        block = (2 * c * c + 2 * c * kv + 3 * c * self.ffn) // t + 2 * c
+        return 2 * self.shard_vocab * c + self.n_layer * block + c
 
     @property
     def head_dim(self) -> int:
@@ -121,10 +154,11 @@ class Embedding(nn.Module):
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tokens = nn.Embedding(cfg.shard_vocab, cfg.d_model)  # this rank's rows (Note [tensor parallel])
+        self.group = cfg.tensor_parallel
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.tokens(ids)  # (B, T, C)
+        return reduce_from_tensor_parallel(self.tokens(ids), self.group)  # (B, T, C): every rank's rows summed
 
 
 def _rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,12 +185,13 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        kv = cfg.n_kv_head * cfg.head_dim
-        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.group = t = cfg.tensor_parallel
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head // t, cfg.n_kv_head // t, cfg.head_dim  # this rank's
+        width, kv = self.n_head * cfg.head_dim, self.n_kv_head * cfg.head_dim
+        self.q = nn.Linear(cfg.d_model, width, bias=False)  # column-parallel
         self.k = nn.Linear(cfg.d_model, kv, bias=False)
         self.v = nn.Linear(cfg.d_model, kv, bias=False)
-        self.o = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.o = nn.Linear(width, cfg.d_model, bias=False)  # row-parallel
         self.math = cfg.attention == "math"
         # Buffers, so they are model state and follow the model's device; not saved with its weights.
         cos, sin = _rope_tables(cfg)
@@ -166,9 +201,10 @@ class Attention(nn.Module):
         self.register_buffer("future", future, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
+        b, t, _ = x.shape
         a, k_heads, d = self.n_head, self.n_kv_head, self.head_dim
-        g = a // k_heads
+        g, c = a // k_heads, a * d  # c: C / t
+        x = copy_to_tensor_parallel(x, self.group)
         q = self.q(x).view(b, t, a, d).transpose(1, 2)  # (B, A, T, d)
         k = self.k(x).view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
         v = self.v(x).view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
@@ -182,21 +218,24 @@ class Attention(nn.Module):
             y = (att @ v).view(b, a, t, d)  # (B, A, T, d): head h is group h // G
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, A, T, d)
-        y = y.transpose(1, 2).reshape(b, t, c)  # (B, T, C)
-        return self.o(y)
+        y = y.transpose(1, 2).reshape(b, t, c)  # (B, T, C/t)
+        return reduce_from_tensor_parallel(self.o(y), self.group)  # (B, T, C)
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``, C -> F -> C with three matrices and no biases."""
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, C -> F/t -> C with three matrices and no biases."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
-        self.gate = nn.Linear(cfg.d_model, cfg.ffn, bias=False)
-        self.up = nn.Linear(cfg.d_model, cfg.ffn, bias=False)
-        self.down = nn.Linear(cfg.ffn, cfg.d_model, bias=False)
+        self.group = cfg.tensor_parallel
+        width = cfg.ffn // self.group
+        self.gate = nn.Linear(cfg.d_model, width, bias=False)  # column-parallel
+        self.up = nn.Linear(cfg.d_model, width, bias=False)
+        self.down = nn.Linear(width, cfg.d_model, bias=False)  # row-parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        x = copy_to_tensor_parallel(x, self.group)
+        return reduce_from_tensor_parallel(self.down(F.silu(self.gate(x)) * self.up(x)), self.group)
 
 
 class Block(nn.Module):
@@ -220,10 +259,11 @@ class Head(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.out = nn.Linear(cfg.d_model, cfg.shard_vocab, bias=False)  # this rank's logits: (B, T, V/t)
+        self.group = cfg.tensor_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.norm(x))
+        return self.out(copy_to_tensor_parallel(self.norm(x), self.group))
 
 
 def llama(cfg: LlamaConfig | str = "8b", **overrides: object) -> nn.Sequential:
