@@ -11,6 +11,10 @@ Model state per parameter comes from a :class:`Training` policy: mixed-precision
 weights and gradients, 32-bit master weights and two 32-bit moments: 2 + 2 + 4 + 4 + 4 = 16 bytes
 (Rajbhandari et al., 2020, ZeRO, section 3.1), 18 with 32-bit gradients (``bf16-adam-fp32grad``, as Megatron-LM
 accumulates and reduces its gradients).
+
+A tensor-parallel shard's collectives (:data:`~sim.planning.counts.COLLECTIVE`, :mod:`sim.planning.tensor_parallel`)
+are priced on the link given for tensor parallelism, as a ring all-reduce among the profile's ``tensor_parallel``
+ranks (Note [collectives in the stage]).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import numpy as np
 import torch
 
 from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
-from sim.planning.counts import CONVOLUTION, MATMUL, VECTOR_MATH
+from sim.core.link import LinkSpec
+from sim.planning.counts import COLLECTIVE, CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
 from sim.planning.flops import ModelProfile, OpTable
 from sim.planning.hardware import DeviceSpec
+from sim.planning.replicas import allreduce_seconds
 from sim.planning.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
 
 __all__ = ["KERNEL_SECONDS", "TRAINING", "FlopCosts", "Training", "effective_efficiency", "training_policy"]
@@ -120,7 +126,8 @@ class _Flat:
     bytes: np.ndarray  # (ops, 2)
     starts: np.ndarray  # first operator of each layer
     empty: np.ndarray  # layers without operators
-    kinds: np.ndarray  # (ops,) MEMORY_BOUND, MATMUL, CONVOLUTION or VECTOR_MATH
+    kinds: np.ndarray  # (ops,) MEMORY_BOUND, MATMUL, CONVOLUTION or VECTOR_MATH (COLLECTIVE: in collective)
+    collective: np.ndarray  # (ops,) True where a tensor-parallel collective
     dims: np.ndarray  # (ops, 3, 2) GEMM M, N, K as fixed + per-sample
 
 
@@ -129,9 +136,18 @@ def _flatten(tables: Sequence[OpTable]) -> _Flat:
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     flops = np.concatenate([t.flops for t in tables] + [np.zeros((1, 2))])
     nbytes = np.concatenate([t.bytes for t in tables] + [np.zeros((1, 2))])
-    kinds = np.concatenate([t.kinds_or_default() for t in tables] + [np.zeros(1, dtype=np.int8)])
+    kinds = np.concatenate([t.kinds_or_default() for t in tables] + [np.zeros(1, dtype=np.int8)]).astype(np.int64)
     dims = np.concatenate([t.dims_or_default() for t in tables] + [np.zeros((1, 3, 2))])
-    return _Flat(flops, nbytes, starts, counts == 0, kinds.astype(np.int64), dims)
+    collective = kinds == COLLECTIVE
+    kinds[collective] = MEMORY_BOUND  # for indexing the roofline's tables; priced apart (Note [collectives ...])
+    return _Flat(flops, nbytes, starts, counts == 0, kinds, collective, dims)
+
+
+# Note [collectives in the stage]: a tensor-parallel all-reduce runs between the GEMMs it joins, on the critical
+# path of its rank (Megatron-LM does not overlap them with compute), so it is priced into its layer's forward or
+# backward seconds: ``2 (t - 1) / t * bytes / bandwidth + 2 (t - 1) * latency`` on the tensor-parallel link, with
+# ``bytes`` the message one rank holds. The ranks of a group run the same shapes at the same time, so one rank's
+# stage time stands for the group's. Collectives as tasks of their own on the timeline are a later step.
 
 
 # Note [one efficiency]: applying ``efficiency`` to the bandwidth too is a modelling assumption, not a
@@ -148,7 +164,8 @@ class FlopCosts:
     """
 
     def __init__(self, profile: ModelProfile, device: DeviceSpec, training: Training | str = "fp32-adam",
-                 kernel_seconds: float | None = None, memory_efficiency: float | None = None) -> None:
+                 kernel_seconds: float | None = None, memory_efficiency: float | None = None,
+                 tensor_link: LinkSpec | None = None) -> None:
         """Args:
             profile: the counts (:func:`sim.planning.flops.count_layers`).
             device: the hardware: its roofline times each kernel; without one its ``efficiency`` scales every rate.
@@ -158,12 +175,15 @@ class FlopCosts:
             memory_efficiency: the fraction of the datasheet bandwidth memory-bound work reaches, vector-math
                 kernels included; ``None``: the roofline's (``memory`` and ``vector_math``), or the device's
                 ``efficiency`` (Note [one efficiency]).
+            tensor_link: what the tensor-parallel collectives run over (Note [collectives in the stage]); needed
+                by a profile counted with ``tensor_parallel > 1``.
 
         Raises:
             KeyError: the device has no peak for the policy's compute dtype, or an unknown policy;
                 :class:`~sim.planning.roofline.MissingDeviceParameterError` (a ``KeyError``) when the model runs
                 an operator whose fraction the device's roofline lacks (the message names both).
-            ValueError: a negative ``kernel_seconds``, or a ``memory_efficiency`` outside (0, 1].
+            ValueError: a negative ``kernel_seconds``, a ``memory_efficiency`` outside (0, 1], or a tensor-parallel
+                profile without ``tensor_link``.
         """
         self.profile = profile
         self.device = device
@@ -176,6 +196,10 @@ class FlopCosts:
         if memory_efficiency is not None and not 0 < memory_efficiency <= 1:
             raise ValueError(f"memory_efficiency is a fraction of the datasheet bandwidth in (0, 1], "
                              f"got {memory_efficiency!r}")
+        if profile.tensor_parallel > 1 and tensor_link is None:
+            raise ValueError(f"the model was counted as a shard of {profile.tensor_parallel} tensor-parallel ranks; "
+                             "give the link their all-reduces run over (tensor_link)")
+        self.tensor_link = tensor_link
         self.kernel_seconds = kernel_seconds
         memory_efficiency_given = memory_efficiency
         if memory_efficiency is None:
@@ -241,6 +265,10 @@ class FlopCosts:
             dims = flat.dims[:, :, 0] + flat.dims[:, :, 1] * batch
             per_op = roofline_seconds(flops, nbytes, rates[flat.kinds], dims, self._half_dims[flat.kinds],
                                       self._kind_bandwidth[flat.kinds], self.kernel_seconds)
+        if flat.collective.any():  # Note [collectives in the stage]
+            assert self.tensor_link is not None
+            group = self.profile.tensor_parallel
+            per_op[flat.collective] = [allreduce_seconds(x, group, self.tensor_link) for x in nbytes[flat.collective]]
         per_op[-1] = 0.0  # the padding row
         per_layer = np.add.reduceat(per_op, flat.starts)
         per_layer[flat.empty] = 0.0
