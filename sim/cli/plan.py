@@ -13,7 +13,12 @@ reaches the target and fits (``sim.planning.buyer``)::
         --price h100-sxm=2.5,a100-80gb=1.4
 
 One published configuration is evaluated exactly with ``--balance`` (the partition), ``--replicas`` and
-``--optimizer``; ``--json`` gives each row's memory per device part by part.
+``--optimizer``; ``--json`` gives each row's memory per device part by part. ``--tensor-parallel`` splits every layer
+of a ``gpt`` or ``llama`` model over ranks inside a node (Megatron-LM's tensor parallelism; its all-reduces run over
+``--link``), each configuration then using ``t x stages x replicas`` GPUs::
+
+    gpipe-sim plan --model gpt:175b --batch 1536 --gpus 64 --hardware a100-80gb --link nvlink3 \
+        --tensor-parallel 8 --stages 8 --schedule 1f1b --chunks 64 --checkpoint always
 
 ``--model`` takes a built-in (``gpt:SIZE``, ``llama:SIZE``, ``gpt:layers=...``, ``llama:layers=...``, ``resnet101``,
 ``unet:B,C``, ``amoebanet:L,D``; ``--help`` has them) or a user's ``MODULE:FUNCTION`` (a dotted module or a file),
@@ -41,7 +46,17 @@ from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.hardware import get_device
 from sim.planning.memory import COPY_STREAMS
 from sim.planning.models import get_model
-from sim.planning.plan import VIRTUAL, Plan, PlanRow, check_request, default_training, plan, resolve_link
+from sim.planning.plan import (
+    GPUS_PER_NODE,
+    VIRTUAL,
+    Plan,
+    PlanRow,
+    check_request,
+    check_tensor_parallel,
+    default_training,
+    plan,
+    resolve_link,
+)
 
 __all__ = ["add_parser", "load_model", "run"]
 
@@ -76,10 +91,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--balance", default=None, metavar="LIST",
                    help="layers per stage, pinned (a published partition); only that many stages run")
     p.add_argument("--replicas", default=None, metavar="LIST", help="data-parallel copies to allow, e.g. 1")
+    p.add_argument("--stages", default=None, metavar="LIST", help="pipeline depths to allow, e.g. 8 (default: all)")
+    p.add_argument("--tensor-parallel", default="1", metavar="LIST",
+                   help="tensor-parallel degrees to try (gpt and llama models; each divides the heads, the KV heads "
+                        "and every GPU count, at most --gpus-per-node; default: 1)")
+    p.add_argument("--gpus-per-node", type=int, default=GPUS_PER_NODE, metavar="N",
+                   help=f"GPUs in a node, the most a tensor-parallel group spans (default: {GPUS_PER_NODE})")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="optimizer, with the device's default precision (or name both with --training)")
     p.add_argument("--link", default="pcie", metavar="NAME",
-                   help="catalog link, or nvlink/pcie for the generation of the device (default: pcie)")
+                   help="catalog link, or nvlink/pcie for the generation of the device (default: pcie); the link "
+                        "inside a node, which the tensor-parallel all-reduces use too")
     p.add_argument("--price", default=None, metavar="USD",
                    help="price per GPU-hour, to cost each row; per device as NAME=USD,NAME=USD")
     p.add_argument("--chunks", default=None, metavar="LIST",
@@ -170,10 +192,11 @@ def _bytes(n: float) -> str:
     return f"{n / GiB:.1f}"
 
 
-def _row_line(r: PlanRow, price: bool, width: int) -> str:
+def _row_line(r: PlanRow, price: bool, width: int, tp: bool = False) -> str:
     balance = ",".join(map(str, r.balance))
     balance = balance if len(balance) <= 28 else balance[:25] + "..."
-    line = (f"{'*' if r.best else ' '} {r.gpus:>4} {r.stages:>3}x{r.replicas:<3} {r.chunks:>6} {r.microbatch:>5} "
+    shape = f"{r.tensor_parallel:>2}x{r.stages:>3}x{r.replicas:<3}" if tp else f"{r.stages:>3}x{r.replicas:<3}"
+    line = (f"{'*' if r.best else ' '} {r.gpus:>4} {shape} {r.chunks:>6} {r.microbatch:>5} "
             f"{r.checkpoint:>11} {r.schedule:>{width}} {r.virtual:>2} {r.throughput:>11.2f} {r.step_seconds:>9.4g} "
             f"{r.bubble_fraction:>6.1%} {_bytes(r.peak_memory_bytes):>8} {'yes' if r.fits else 'OOM':>4}")
     if price:
@@ -191,11 +214,13 @@ def print_table(result: Plan, top: int) -> None:
     print(f"{result.model}: batch {result.batch} on {result.device} ({_bytes(result.device_memory_bytes)} GiB), "
           f"link {result.link}, training {result.training}; {len(result.rows)} configurations")
     width = max(5, *(len(r.schedule) for r in shown))
-    head = (f"  {'gpus':>4} {'pp x dp':<7} {'chunks':>6} {'mb':>5} {'checkpoint':>11} {'sched':>{width}} {'v':>2} "
+    tp = any(r.tensor_parallel > 1 for r in result.rows)  # the table of a plan without one keeps its columns
+    shape = f"{'tp x pp x dp':<10}" if tp else f"{'pp x dp':<7}"
+    head = (f"  {'gpus':>4} {shape} {'chunks':>6} {'mb':>5} {'checkpoint':>11} {'sched':>{width}} {'v':>2} "
             f"{'samples/s':>11} {'step (s)':>9} {'bubble':>6} {'GiB/dev':>8} {'fits':>4}")
     print(head + (f" {'$/M samp':>9}" if price else "") + "  balance")
     for r in shown:
-        print(_row_line(r, price, width))
+        print(_row_line(r, price, width, tp))
     if len(shown) < len(rows):
         print(f"  ... {len(rows) - len(shown)} more (--top 0 shows all, --json gives every row)")
     for name, why in result.missing.items():
@@ -205,8 +230,10 @@ def print_table(result: Plan, top: int) -> None:
         print("nothing fits in device memory: try more GPUs, more chunks with checkpointing, or a smaller batch")
     else:
         virtual = f" ({best.virtual} stages per device)" if best.virtual > 1 else ""
-        print(f"best: {best.gpus} GPUs as {best.stages} stages x {best.replicas} replicas, {best.chunks} chunks, "
-              f"{best.schedule}{virtual}, checkpoint {best.checkpoint}: {best.throughput:.2f} samples/s")
+        split = f"tensor parallel {best.tensor_parallel} x " if best.tensor_parallel > 1 else ""
+        print(f"best: {best.gpus} GPUs as {split}{best.stages} stages x {best.replicas} replicas, "
+              f"{best.chunks} chunks, {best.schedule}{virtual}, checkpoint {best.checkpoint}: "
+              f"{best.throughput:.2f} samples/s")
 
 
 def _prices(text: str | None, devices: list[str]) -> dict[str, float | None]:
@@ -298,6 +325,9 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     chunks = _ints("--chunks", args.chunks) if args.chunks is not None else None
     balance = _ints("--balance", args.balance) if args.balance is not None else None
     replicas = _ints("--replicas", args.replicas) if args.replicas is not None else None
+    stages = _ints("--stages", args.stages) if args.stages is not None else None
+    degrees = _ints("--tensor-parallel", args.tensor_parallel)
+    integer("--gpus-per-node", args.gpus_per_node, 1)
     checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINT_MODES)
     schedules = _words("--schedule", args.schedule, tuple(SCHEDULES))
     virtual = _ints("--virtual", args.virtual)
@@ -313,16 +343,46 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     if args.objective == "cost" and price is None:
         raise CommandError("--objective cost needs --price")
     check_request(args.batch, gpus, chunks)  # before the (seconds-long) count
+    check_tensor_parallel(degrees, gpus, args.gpus_per_node)
+    if stages is not None and min(stages) < 1:
+        raise CommandError(f"--stages lists pipeline depths, each at least 1, got {args.stages!r}")
     link = resolve_link(args.link, device)
+    shards = _shards(args.model, degrees)  # refuses a degree the model's heads do not take, before counting
     out = output_folder(args, FILES) if args.out is not None and args.target_throughput is None else None
-    name, module, sample, target = _load(args.model)
-    with blame(target) if target is not None else nullcontext():  # the user's layers run on meta here
-        profile: ModelProfile = count_layers(module, sample, dtype=training.torch_dtype)
-    result = plan(profile, args.batch, device, gpus, link, training=training, chunks=chunks,
+    profiles: dict[int, ModelProfile] = {}
+    if shards is None:
+        name, module, sample, target = _load(args.model)
+        with blame(target) if target is not None else nullcontext():  # the user's layers run on meta here
+            profiles[1] = count_layers(module, sample, dtype=training.torch_dtype)
+    else:
+        name = shards[1].name
+        for t in dict.fromkeys(degrees):  # each shard counted once
+            profiles[t] = count_layers(shards[t].module("meta"), shards[t].sample(2, "meta"),
+                                       dtype=training.torch_dtype)
+    result = plan(profiles, args.batch, device, gpus, link, training=training, chunks=chunks,
                   checkpoints=checkpoints, schedules=schedules, virtual=virtual, price_per_gpu_hour=price,
                   objective=args.objective, model_name=name, balance=balance, replicas=replicas,
-                  progress=not args.no_progress and sys.stderr.isatty(), copy_streams=args.copy_streams)
+                  progress=not args.no_progress and sys.stderr.isatty(), copy_streams=args.copy_streams,
+                  tensor_parallel=degrees, gpus_per_node=args.gpus_per_node, stages=stages)
     return result, out
+
+
+def _shards(spec: str, degrees: list[int]) -> dict[int, Any] | None:
+    """The spec of one rank's shard per degree, for a built-in decoder; ``None`` for one degree of 1 (the model
+    is loaded as it always was).
+
+    Raises:
+        CommandError: tensor parallelism asked of a user's model.
+        ValueError: a degree the model's heads do not take.
+    """
+    if degrees == [1]:
+        return None
+    family = spec.strip().lower().partition(":")[0]
+    if family not in BUILTIN_FAMILIES:
+        raise CommandError(f"--tensor-parallel {max(degrees)} needs a built-in gpt or llama model, whose layers it "
+                           f"splits; {spec} is the user's")
+    entry = get_model(spec)
+    return {t: entry.tensor_parallel(t) for t in sorted(set(degrees) | {1})}
 
 
 def _run_one(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """Capacity planning: sweep pipeline configurations of a counted model on a hardware entry and rank them.
 
-For every GPU count ``g`` the planner tries each pipeline depth ``p`` that divides it (``g / p``
-data-parallel replicas of the pipeline), each number of micro-batches (chunks), each checkpoint
+For every GPU count ``g`` and tensor-parallel degree ``t`` the planner tries each pipeline depth ``p`` that divides
+``g / t`` (``g / (t p)`` data-parallel replicas of the pipeline; Note [tensor parallel ranks]), each number of
+micro-batches (chunks), each checkpoint
 policy and each registered schedule (:data:`gpipe.schedule.SCHEDULES`), and for a schedule that
 places several stages per device each number ``v`` of stages per device (Note [virtual stages]).
 Each configuration is balanced by cost (:mod:`sim.planning.partition`), priced with the backward
@@ -40,11 +41,12 @@ from sim.planning.memory import (
 from sim.planning.partition import block_partition
 from sim.planning.replicas import step_seconds
 
-__all__ = ["VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request", "default_training", "plan",
-           "resolve_link"]
+__all__ = ["GPUS_PER_NODE", "VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request",
+           "check_tensor_parallel", "default_training", "plan", "resolve_link"]
 
 MAX_CHUNKS = 128  # default sweep: powers of two up to this (a simulation grows with chunks x stages)
 VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages])
+GPUS_PER_NODE = 8  # a tensor-parallel group stays inside a node (Note [tensor parallel ranks])
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class PlanRow:
     """One simulated configuration.
 
     Attributes:
-        gpus: devices used (``stages * replicas``).
+        gpus: devices used (``tensor_parallel * stages * replicas``).
         stages: pipeline depth: devices per replica.
         replicas: data-parallel copies of the pipeline.
         chunks: micro-batches per replica per step.
@@ -71,8 +73,10 @@ class PlanRow:
         best: the configuration the planner recommends.
         virtual: stages per device (Note [virtual stages]); 1 for a schedule without a layout.
         memory_parts: per device, its peak part by part (:class:`~sim.planning.memory.MemoryParts`).
-        parameters: the model's parameter count.
+        parameters: the parameters one device holds a share of: the model's, or one tensor-parallel rank's shard.
         allreduce_exposed_seconds: of the step, the gradient all-reduce the backward did not hide.
+        tensor_parallel: ranks each layer is split over (Note [tensor parallel ranks]); memory and model state
+            are per rank.
     """
 
     gpus: int
@@ -96,6 +100,7 @@ class PlanRow:
     memory_parts: tuple[MemoryParts, ...] = ()
     parameters: int = 0
     allreduce_exposed_seconds: float = 0.0
+    tensor_parallel: int = 1
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -192,6 +197,7 @@ class _Point:
     checkpoint: str
     schedule: str
     virtual: int = 1
+    tensor_parallel: int = 1
 
 
 # Note [virtual stages]: a schedule registered with a layout (``ScheduleKind.place``: several stages per device)
@@ -218,12 +224,14 @@ def _virtuals(kind: ScheduleKind, depth: int, layers: int, virtual: Sequence[int
 def _points(gpus: Sequence[int], batch: int, layers: int, chunks: Sequence[int] | None,
             checkpoints: Sequence[str], schedules: Sequence[str], stages: Sequence[int] | None,
             virtual: Sequence[int], why: dict[str, str], replicas: Sequence[int] | None = None,
-            pinned: int | None = None) -> list[_Point]:
+            pinned: int | None = None, tensor_parallel: Sequence[int] = (1,)) -> list[_Point]:
     out: list[_Point] = []
     kinds = [schedule_kind(s) for s in schedules]
-    for g in gpus:
-        for n in (s for s in range(1, min(g, layers) + 1) if g % s == 0 and (stages is None or s in stages)):
-            r = g // n
+    for t, g in ((t, g) for t in tensor_parallel for g in gpus):
+        pipelines = g // t  # devices per tensor-parallel rank
+        for n in (s for s in range(1, min(pipelines, layers) + 1)
+                  if pipelines % s == 0 and (stages is None or s in stages)):
+            r = pipelines // n
             if r > batch or (replicas is not None and r not in replicas):
                 continue
             per_replica = math.ceil(batch / r)
@@ -234,7 +242,7 @@ def _points(gpus: Sequence[int], batch: int, layers: int, chunks: Sequence[int] 
                 if m > per_replica:
                     continue
                 for ck in checkpoints:
-                    out.extend(_Point(g, n, r, m, ck, s, v) for s, each in vs for v in each)
+                    out.extend(_Point(g, n, r, m, ck, s, v, t) for s, each in vs for v in each)
     return out
 
 
@@ -253,6 +261,33 @@ def check_request(batch: int, gpus: Sequence[int], chunks: Sequence[int] | None 
             raise ValueError(f"chunks must be >= 1, got {list(chunks)}")
         if min(chunks) > batch:
             raise ValueError(f"batch {batch} is smaller than the number of chunks ({min(chunks)})")
+
+
+# Note [tensor parallel ranks]: ``t`` ranks split every layer (Megatron-LM's tensor parallelism), each running its
+# shard of the model (its own count: :mod:`sim.planning.tensor_parallel`) with the shard's all-reduces inside its
+# stages, priced on the link. They work in lockstep, so one rank's pipeline is simulated and stands for all ``t``;
+# a configuration uses ``t * stages * replicas`` GPUs. The group stays inside a node (``t <= gpus_per_node``),
+# where the link is; the pipeline's transfers and the data-parallel all-reduce are priced on the same link as
+# without tensor parallelism (nodes and the network between them come later).
+def check_tensor_parallel(tensor_parallel: Sequence[int], gpus: Sequence[int],
+                          gpus_per_node: int = GPUS_PER_NODE) -> None:
+    """Reject tensor-parallel degrees below 1, above a node, or not dividing a GPU count (Note [tensor parallel
+    ranks]).
+
+    Raises:
+        ValueError: with a one-line message.
+    """
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise ValueError(f"GPUs per node must be an integer >= 1, got {gpus_per_node!r}")
+    if not tensor_parallel or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tensor_parallel):
+        raise ValueError(f"tensor parallel degrees are integers >= 1, got {list(tensor_parallel)}")
+    for t in tensor_parallel:
+        if t > gpus_per_node:
+            raise ValueError(f"tensor parallel {t} spans more than a node of {gpus_per_node} GPUs; a tensor-parallel "
+                             "group stays inside a node")
+        bad = [g for g in gpus if g % t]
+        if bad:
+            raise ValueError(f"tensor parallel {t} does not divide {bad[0]} GPUs")
 
 
 def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Sequence[int] | None,
@@ -287,7 +322,7 @@ def _per_device(values: Sequence[float], placement: Sequence[int], devices: int)
 
 
 def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimConfig,
-         balances: dict[tuple[int, int, str, int], tuple[int, ...]], price: float | None,
+         balances: dict[tuple[int, int, int, str, int], tuple[int, ...]], price: float | None,
          why: dict[str, str], pinned: tuple[int, ...] | None = None, copy_streams: str = "shared") -> PlanRow | None:
     try:
         schedule = _make_schedule(p)
@@ -299,7 +334,7 @@ def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimCon
     mb = q + (1 if rem else 0)
     scale = [(q + (1 if i < rem else 0)) / mb for i in range(p.chunks)] if rem else []
     n = p.stages * p.virtual
-    key = (n, mb, p.checkpoint, p.chunks if p.checkpoint == "except_last" else 0)
+    key = (p.tensor_parallel, n, mb, p.checkpoint, p.chunks if p.checkpoint == "except_last" else 0)
     if pinned is not None:
         balances[key] = pinned
     elif key not in balances:
@@ -325,7 +360,8 @@ def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimCon
     return PlanRow(p.gpus, p.stages, p.replicas, p.chunks, mb, p.checkpoint, p.schedule, balance, step, throughput,
                    timeline.bubble_fraction(), tuple(memory), tuple(state), tuple(activations),
                    all(x <= costs.device.memory_bytes for x in memory), dollars, virtual=p.virtual,
-                   memory_parts=tuple(parts), parameters=costs.profile.parameters, allreduce_exposed_seconds=exposed)
+                   memory_parts=tuple(parts), parameters=costs.profile.parameters, allreduce_exposed_seconds=exposed,
+                   tensor_parallel=p.tensor_parallel)
 
 
 def _mark_best(rows: list[PlanRow], objective: str) -> list[PlanRow]:
@@ -340,7 +376,7 @@ def _mark_best(rows: list[PlanRow], objective: str) -> list[PlanRow]:
     return rows
 
 
-def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequence[int],
+def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device: DeviceSpec | str, gpus: Sequence[int],
          link: LinkSpec | str = "pcie", *, training: Training | str | None = None,
          chunks: Sequence[int] | None = None, checkpoints: Sequence[str] = CHECKPOINT_MODES,
          schedules: Sequence[str] | None = None, stages: Sequence[int] | None = None,
@@ -348,11 +384,13 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
          replicas: Sequence[int] | None = None,
          price_per_gpu_hour: float | None = None, objective: str = "throughput",
          kernel_seconds: float | None = None, model_name: str = "", progress: bool = False,
-         copy_streams: str = "shared") -> Plan:
+         copy_streams: str = "shared", tensor_parallel: Sequence[int] | None = None,
+         gpus_per_node: int = GPUS_PER_NODE) -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
 
     Args:
-        profile: the counted model (:func:`sim.planning.flops.count_layers`, in the policy's dtype).
+        profile: the counted model (:func:`sim.planning.flops.count_layers`, in the policy's dtype), or for each
+            tensor-parallel degree the count of one rank's shard (``{1: whole, 2: shard, ...}``).
         batch: global batch, samples per step.
         device: a :class:`~sim.planning.hardware.DeviceSpec` or catalog name.
         gpus: GPU counts to try.
@@ -375,6 +413,9 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
         progress: show a ``tqdm`` progress bar on stderr.
         copy_streams: ``shared`` (this project's executor) or ``per_microbatch`` (torchgpipe's copy streams; Note
             [a copy stream per micro-batch] in :mod:`sim.planning.memory`).
+        tensor_parallel: tensor-parallel degrees to try (Note [tensor parallel ranks]); default the degrees of
+            ``profile`` (1 for one count). Their all-reduces run over ``link``.
+        gpus_per_node: GPUs in a node, the most a tensor-parallel group spans.
 
     Returns:
         A :class:`Plan`; its ``best`` row is the fastest (or cheapest) configuration that fits.
@@ -383,7 +424,8 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
         KeyError: unknown device, link or training policy.
         ValueError: a batch below 1 or below the chunks asked for, fewer than one GPU, an unknown
             checkpoint mode, schedule, objective or copy streams, a price below 0, a balance that does not
-            cover the model's layers, or nothing to sweep.
+            cover the model's layers, a tensor-parallel degree above a node, not dividing a GPU count or without
+            its shard's count, or nothing to sweep.
     """
     dev = get_device(device) if isinstance(device, str) else device
     policy = default_training(dev) if training is None else training_policy(training) \
@@ -391,7 +433,17 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
     lk = resolve_link(link, dev)
     # by default every registered schedule, several stages per device where it has a layout (Note [virtual stages])
     schedules = tuple(SCHEDULES) if schedules is None else tuple(schedules)
-    _check(profile, batch, gpus, chunks, checkpoints, schedules, policy)
+    profiles = {profile.tensor_parallel: profile} if isinstance(profile, ModelProfile) else dict(profile)
+    degrees = tuple(profiles) if tensor_parallel is None else tuple(dict.fromkeys(tensor_parallel))
+    check_tensor_parallel(degrees, gpus, gpus_per_node)
+    for t in degrees:
+        if t not in profiles or profiles[t].tensor_parallel != t:
+            raise ValueError(f"tensor parallel {t} needs the count of one rank's shard (a model built with "
+                             f"tensor_parallel={t}); got counts for {sorted(profiles)}")
+        _check(profiles[t], batch, gpus, chunks, checkpoints, schedules, policy)
+    layers = len(profiles[degrees[0]])
+    if any(len(profiles[t]) != layers for t in degrees):
+        raise ValueError("the counts of the tensor-parallel shards have different numbers of layers")
     if copy_streams not in COPY_STREAMS:
         raise ValueError(f"copy_streams must be one of {', '.join(COPY_STREAMS)}, got {copy_streams!r}")
     if objective not in ("throughput", "cost"):
@@ -400,22 +452,22 @@ def plan(profile: ModelProfile, batch: int, device: DeviceSpec | str, gpus: Sequ
         raise ValueError(f"the price per GPU-hour must be a finite number >= 0, got {price_per_gpu_hour}")
     if not virtual or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in virtual):
         raise ValueError(f"virtual lists stages per device, integers >= 1, got {list(virtual)}")
-    pinned = _check_pins(balance, replicas, len(profile))
+    pinned = _check_pins(balance, replicas, layers)
     why: dict[str, str] = {}
-    points = _points(gpus, batch, len(profile), chunks, checkpoints, schedules, stages, virtual, why, replicas,
-                     len(pinned) if pinned is not None else None)
-    costs = FlopCosts(profile, dev, policy, kernel_seconds)
+    points = _points(gpus, batch, layers, chunks, checkpoints, schedules, stages, virtual, why, replicas,
+                     len(pinned) if pinned is not None else None, degrees)
+    costs = {t: FlopCosts(profiles[t], dev, policy, kernel_seconds, tensor_link=lk) for t in degrees}
     config = SimConfig(link=lk)
-    balances: dict[tuple[int, int, str, int], tuple[int, ...]] = {}
-    run = [_run(p, costs, batch, lk, config, balances, price_per_gpu_hour, why, pinned, copy_streams)
-           for p in _progress(points, progress)]
+    balances: dict[tuple[int, int, int, str, int], tuple[int, ...]] = {}
+    run = [_run(p, costs[p.tensor_parallel], batch, lk, config, balances, price_per_gpu_hour, why, pinned,
+                copy_streams) for p in _progress(points, progress)]
     rows = [r for r in run if r is not None]
     if not rows:
         reasons = "".join(f"; {s}: {w}" for s, w in why.items())
         pins = (f" with balance {list(pinned)}" if pinned is not None else "") + \
             (f" and replicas {list(replicas)}" if replicas is not None else "")
         raise ValueError(f"nothing to sweep: no configuration of {list(gpus)} GPUs fits batch {batch} "
-                         f"and {len(profile)} layers{pins}{reasons}")
+                         f"and {layers} layers{pins}{reasons}")
     ran = {r.schedule for r in rows}
     missing = {s: why.get(s, "no configuration") for s in schedules if s not in ran}
     return Plan(model_name, batch, dev.name, dev.memory_bytes, lk.name, policy.name, price_per_gpu_hour,

@@ -13,13 +13,14 @@ Specs::
     amoebanet:L,D     AmoebaNet-D (L, D): L normal cells, D filters (amoebanet = amoebanet:18,256)
 
 :func:`get_model` returns a :class:`ModelSpec`, which builds the module (on the meta device by
-default, so a 175B model costs nothing) and a sample input of any batch size.
+default, so a 175B model costs nothing) and a sample input of any batch size; for the decoders,
+:meth:`ModelSpec.tensor_parallel` names one rank's shard of a tensor-parallel split.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import torch
@@ -57,12 +58,31 @@ class ModelSpec:
         description: for display.
         builder: builds the module under the current default device.
         sampler: ``(batch, device) -> input``.
+        shard: ``t -> `` the spec of one rank's shard over ``t`` tensor-parallel ranks; ``None``: the model has
+            no tensor-parallel split.
     """
 
     name: str
     description: str
     builder: Callable[[], nn.Sequential]
     sampler: Callable[[int, str], torch.Tensor]
+    shard: Callable[[int], ModelSpec] | None = None
+
+    def tensor_parallel(self, t: int) -> ModelSpec:
+        """The spec of one rank's shard over ``t`` ranks (itself for ``t = 1``); cheap: nothing is built.
+
+        Raises:
+            ValueError: the model has no tensor-parallel split, or ``t`` does not divide its heads (the message
+                says which).
+        """
+        if t == 1:
+            return self
+        if self.shard is None:
+            raise ValueError(f"model {self.name} has no tensor-parallel split (gpt and llama have)")
+        try:
+            return self.shard(t)
+        except ValueError as exc:
+            raise ValueError(f"model {self.name}: {exc}") from None
 
     def module(self, device: str | torch.device = "meta", dtype: torch.dtype | None = None) -> nn.Sequential:
         """Build the model on ``device`` (meta by default: nothing is allocated), in ``dtype`` if given."""
@@ -130,8 +150,15 @@ def _gpt(spec: str, arg: str) -> ModelSpec:
     else:
         key = arg or "125m"
         cfg, name, title = gpt_config(key), f"gpt:{key}", f"GPT-3 {key.upper()}"
+    return _gpt_spec(name, title, cfg)
+
+
+def _gpt_spec(name: str, title: str, cfg: GPTConfig) -> ModelSpec:
+    shard = f", tensor-parallel shard of {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
     return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
-                     f"MLP {cfg.d_ff}, {cfg.seq_len} tokens)", lambda: gpt(cfg), lambda b, d: gpt_sample(cfg, b, d))
+                     f"MLP {cfg.d_ff}, {cfg.seq_len} tokens{shard})", lambda: gpt(cfg),
+                     lambda b, d: gpt_sample(cfg, b, d),
+                     lambda t: _gpt_spec(name, title, replace(cfg, tensor_parallel=t)))
 
 
 def _llama(spec: str, arg: str) -> ModelSpec:
@@ -141,9 +168,15 @@ def _llama(spec: str, arg: str) -> ModelSpec:
     else:
         key = arg or "8b"
         cfg, name, title = llama_config(key), f"llama:{key}", f"Llama 3 {key.upper()}"
+    return _llama_spec(name, title, cfg)
+
+
+def _llama_spec(name: str, title: str, cfg: LlamaConfig) -> ModelSpec:
+    shard = f", tensor-parallel shard of {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
     return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
-                     f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens)",
-                     lambda: llama(cfg), lambda b, d: llama_sample(cfg, b, d))
+                     f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens{shard})",
+                     lambda: llama(cfg), lambda b, d: llama_sample(cfg, b, d),
+                     lambda t: _llama_spec(name, title, replace(cfg, tensor_parallel=t)))
 
 
 def get_model(spec: str) -> ModelSpec:
