@@ -13,6 +13,11 @@ meta included: a marker. The counter (:mod:`sim.planning.operators`) records it 
 backward's for ``f``; :mod:`sim.planning.costs_from_flops` prices it as a ring all-reduce over the tensor-parallel
 link (:func:`sim.planning.replicas.allreduce_seconds`), not by the device's memory roofline.
 
+Where this goes next: sequence parallelism replaces each all-reduce by a reduce-scatter and an all-gather of the same
+volume around the LayerNorms and dropouts (a marker per collective kind, and those activations split by ``t``); and a
+collective becomes a task of its own on the device's timeline (Note [collectives in the stage] in
+:mod:`sim.planning.costs_from_flops` prices it inside its layer for now).
+
 Note [group on the marker]: the marker carries the group size ``t``, so a counted profile knows the degree it was
 split by (:attr:`~sim.planning.counts.ModelProfile.tensor_parallel`) and a cost model cannot price it at another.
 
