@@ -57,6 +57,7 @@ from sim.planning.plan import (
     plan,
     resolve_link,
 )
+from sim.planning.recompute import CHECKPOINTS
 
 __all__ = ["add_parser", "load_model", "run"]
 
@@ -107,7 +108,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--chunks", default=None, metavar="LIST",
                    help="micro-batch counts to try (default: powers of two up to the batch, at most 128)")
     p.add_argument("--checkpoint", default=",".join(CHECKPOINT_MODES), metavar="LIST",
-                   help=f"checkpoint policies to try (default: {','.join(CHECKPOINT_MODES)})")
+                   help=f"checkpoint policies to try, of {','.join(CHECKPOINTS)}: torchgpipe's per stage, "
+                        "layers (each layer keeps its input and recomputes itself) or selective (the attention "
+                        f"core alone recomputed) (default: {','.join(CHECKPOINT_MODES)})")
     p.add_argument("--schedule", default=",".join(SCHEDULES), metavar="LIST",
                    help=f"schedules to try, of {schedules_help()} (default: {','.join(SCHEDULES)})")
     p.add_argument("--virtual", default=",".join(map(str, VIRTUAL)), metavar="LIST",
@@ -328,7 +331,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     stages = _ints("--stages", args.stages) if args.stages is not None else None
     degrees = _ints("--tensor-parallel", args.tensor_parallel)
     integer("--gpus-per-node", args.gpus_per_node, 1)
-    checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINT_MODES)
+    checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINTS)
     schedules = _words("--schedule", args.schedule, tuple(SCHEDULES))
     virtual = _ints("--virtual", args.virtual)
     if min(virtual) < 1:
@@ -354,11 +357,18 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
         name, module, sample, target = _load(args.model)
         with blame(target) if target is not None else nullcontext():  # the user's layers run on meta here
             profiles[1] = count_layers(module, sample, dtype=training.torch_dtype)
+        family = args.model.strip().lower().partition(":")[0]
+        core = get_model(args.model).attention_core if family in BUILTIN_FAMILIES else None
+        if core is not None:  # selective recompute finds the blocks' attention core (sim.planning.recompute)
+            profiles[1] = replace(profiles[1], attention_core=core(training.torch_dtype.itemsize))
     else:
         name = shards[1].name
         for t in dict.fromkeys(degrees):  # each shard counted once
             profiles[t] = count_layers(shards[t].module("meta"), shards[t].sample(2, "meta"),
                                        dtype=training.torch_dtype)
+            core = shards[t].attention_core
+            if core is not None:
+                profiles[t] = replace(profiles[t], attention_core=core(training.torch_dtype.itemsize))
     result = plan(profiles, args.batch, device, gpus, link, training=training, chunks=chunks,
                   checkpoints=checkpoints, schedules=schedules, virtual=virtual, price_per_gpu_hour=price,
                   objective=args.objective, model_name=name, balance=balance, replicas=replicas,

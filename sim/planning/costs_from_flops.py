@@ -31,6 +31,7 @@ from sim.core.link import LinkSpec
 from sim.planning.counts import COLLECTIVE, CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
 from sim.planning.flops import ModelProfile, OpTable
 from sim.planning.hardware import DeviceSpec
+from sim.planning.recompute import core_table
 from sim.planning.replicas import allreduce_seconds
 from sim.planning.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
 
@@ -221,6 +222,9 @@ class FlopCosts:
         tensors = np.array([layer.parameter_tensors for layer in profile.layers], dtype=np.float64)
         self._param_prefix = np.concatenate([[0.0], np.cumsum(params)])
         self._tensor_prefix = np.concatenate([[0.0], np.cumsum(tensors)])
+        core = profile.attention_core
+        self._core = None if core is None else _flatten([core_table(t.forward, core) for t in profile.layers])
+        self._core_cache: dict[int, np.ndarray] = {}
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._split_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -283,6 +287,19 @@ class FlopCosts:
                                        self._seconds(self._bwd, microbatch, backward=True))
         return self._cache[microbatch]
 
+    def core_seconds(self, microbatch: int) -> np.ndarray:
+        """Forward seconds of every layer's attention core for one micro-batch (0 for a layer without one).
+
+        Raises:
+            ValueError: the profile has no :attr:`~sim.planning.counts.ModelProfile.attention_core`.
+        """
+        if self._core is None:
+            raise ValueError("selective recompute needs the model's attention core (a built-in gpt or llama with "
+                             "the math attention)")
+        if microbatch not in self._core_cache:
+            self._core_cache[microbatch] = self._seconds(self._core, microbatch)
+        return self._core_cache[microbatch]
+
     def split_backward_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
         """Input-gradient (``B``) and weight-gradient (``W``) seconds of every layer, for a split backward.
 
@@ -318,11 +335,16 @@ class FlopCosts:
                              + kernels * self.kernel_seconds))
         return out
 
-    def stages(self, balance: Sequence[int], microbatch: int, split: bool = False) -> tuple[StageCost, ...]:
+    def stages(self, balance: Sequence[int], microbatch: int, split: bool = False,
+               recompute: str = "never") -> tuple[StageCost, ...]:
         """One :class:`~sim.core.cost.StageCost` per stage of ``balance`` (layers per stage, in order).
 
         ``split``: for a schedule with ``W`` tasks, ``backward`` is the input gradient and ``weight`` the weight
         gradient (:meth:`split_backward_seconds`); otherwise ``backward`` is the whole backward.
+        ``recompute``: a policy of :data:`sim.planning.recompute.CHECKPOINTS`; ``layers`` keeps each layer's input
+        as ``checkpoint_bytes`` and one layer's saved bytes as ``saved_bytes``, ``selective`` takes the attention
+        core's bytes out of ``saved_bytes`` and adds its forward to ``backward`` (Note [per-layer recompute] in
+        :mod:`sim.planning.recompute`); the others change nothing here (the schedule recomputes).
 
         Raises:
             ValueError: the balance does not cover the model's layers exactly, or has an empty stage.
@@ -333,6 +355,12 @@ class FlopCosts:
         if split:
             bwd, wgt = self.split_backward_seconds(microbatch)
         layers, tr = self.profile.layers, self.training
+        core = self.profile.attention_core
+        if recompute == "selective":
+            assert core is not None  # core_seconds raises first
+            bwd = bwd + self.core_seconds(microbatch)
+            cores = np.array([core.saved_bytes * microbatch * bool(core_table(x.forward, core).kernels)
+                              for x in layers])
         out = []
         start = 0
         for size in balance:
@@ -341,6 +369,13 @@ class FlopCosts:
             saved = sum(layer.saved_bytes[0] + layer.saved_bytes[1] * microbatch for layer in layers[start:stop])
             if start > 0:  # what the first layer saves of its input was counted at the previous layer
                 saved += first.input_saved_bytes[0] + first.input_saved_bytes[1] * microbatch
+            kept = _bytes(first.input_bytes, microbatch)
+            if recompute == "selective":
+                saved -= float(cores[start:stop].sum())
+            elif recompute == "layers":  # Note [per-layer recompute]
+                saved = max(x.saved_bytes[0] + x.saved_bytes[1] * microbatch - _bytes(x.input_bytes, microbatch)
+                            for x in layers[start:stop])
+                kept = sum(_bytes(x.input_bytes, microbatch) for x in layers[start:stop])
             params = int(self._param_prefix[stop] - self._param_prefix[start])
             out.append(StageCost(
                 forward=float(fwd[start:stop].sum()),
@@ -348,7 +383,7 @@ class FlopCosts:
                 weight=float(wgt[start:stop].sum()),
                 send_bytes=_bytes(last.output_bytes, microbatch),
                 saved_bytes=int(round(max(saved, 0.0))),
-                checkpoint_bytes=_bytes(first.input_bytes, microbatch),
+                checkpoint_bytes=kept,
                 parameter_bytes=params * tr.weight_bytes,
                 gradient_bytes=params * tr.gradient_bytes,
                 optimizer_bytes=params * tr.optimizer_bytes,
@@ -358,14 +393,15 @@ class FlopCosts:
 
     def cost_model(self, balance: Sequence[int], microbatch: int,
                    microbatch_scale: Sequence[float] = (), runner: RunnerCosts = IDEAL_RUNNER,
-                   split: bool = False) -> CostModel:
+                   split: bool = False, recompute: str = "never") -> CostModel:
         """A :class:`~sim.core.cost.CostModel` for ``balance`` at ``microbatch`` samples per micro-batch.
 
         Copies are priced by the link the simulator is given (``copy_seconds=None``); ``runner``: what the
         program that runs the pipeline adds (:class:`~sim.core.cost.RunnerCosts`; nothing by default);
-        ``split``: price ``B`` and ``W`` apart, for a schedule with ``W`` tasks (:meth:`stages`).
+        ``split``: price ``B`` and ``W`` apart, for a schedule with ``W`` tasks; ``recompute``: the planner's policy
+        (:meth:`stages`).
         """
-        return CostModel(self.stages(balance, microbatch, split), copy_seconds=None,
+        return CostModel(self.stages(balance, microbatch, split, recompute), copy_seconds=None,
                          runner=runner, microbatch_scale=tuple(microbatch_scale))
 
 

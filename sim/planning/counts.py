@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["COLLECTIVE", "CONVOLUTION", "MATMUL", "MEMORY_BOUND", "VECTOR_MATH", "LayerCount", "LayerProfile",
-           "ModelProfile", "OpTable"]
+__all__ = ["COLLECTIVE", "CONVOLUTION", "MATMUL", "MEMORY_BOUND", "VECTOR_MATH", "AttentionCore", "LayerCount",
+           "LayerProfile", "ModelProfile", "OpTable"]
 
 #: What bounds a counted kernel (``OpTable.kinds``): memory-bound (bytes at bandwidth), a matrix multiply
 #: (``mm``, ``addmm``, ``bmm``, ...) or a convolution (an implicit GEMM), both compute-bound by their shape, or a
@@ -143,6 +143,24 @@ class LayerProfile:
 
 
 @dataclass(frozen=True)
+class AttentionCore:
+    """What a decoder block's attention core is, for selective recompute (:mod:`sim.planning.recompute`).
+
+    The core is ``QK^T``, scale, causal mask, softmax, dropout and ``@ V`` on one rank's heads.
+
+    Attributes:
+        heads: attention heads of one rank (``a / t``).
+        seq: tokens per sample (``s``).
+        saved_bytes: bytes per sample the core saves for backward in one block: softmax output, dropout mask and
+            dropout output, ``5 a s^2 / t`` in 16 bits with dropout (Korthikanti et al., 2022).
+    """
+
+    heads: int
+    seq: int
+    saved_bytes: float
+
+
+@dataclass(frozen=True)
 class ModelProfile:
     """The per-layer profiles of a whole sequential, in layer order.
 
@@ -151,11 +169,14 @@ class ModelProfile:
         dtype: the floating dtype of the parameters (``torch.float16`` for mixed precision).
         tensor_parallel: the ranks the model's collectives run among (Note [group on the marker] in
             :mod:`sim.planning.tensor_parallel`); 1: a model without them, counted whole.
+        attention_core: the blocks' attention core, for selective recompute; ``None``: the model has none the
+            planner can find (a user's model, a fused attention).
     """
 
     layers: tuple[LayerProfile, ...]
     dtype: torch.dtype
     tensor_parallel: int = 1
+    attention_core: AttentionCore | None = None
 
     def __len__(self) -> int:
         return len(self.layers)

@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, Schedule, ScheduleKind, schedule_kind
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Schedule, ScheduleKind, schedule_kind
 from sim.core.config import SimConfig
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
@@ -39,6 +39,7 @@ from sim.planning.memory import (
     workspace_bytes,
 )
 from sim.planning.partition import block_partition
+from sim.planning.recompute import CHECKPOINTS, recompute_fraction, schedule_checkpoint
 from sim.planning.replicas import step_seconds
 
 __all__ = ["GPUS_PER_NODE", "VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request",
@@ -59,7 +60,8 @@ class PlanRow:
         replicas: data-parallel copies of the pipeline.
         chunks: micro-batches per replica per step.
         microbatch: samples in the largest micro-batch.
-        checkpoint: ``never``, ``except_last`` or ``always``.
+        checkpoint: ``never``, ``except_last`` or ``always`` (torchgpipe's, per stage), ``layers`` or
+            ``selective`` (per layer; :mod:`sim.planning.recompute`).
         schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`).
         balance: layers per stage (``stages * virtual`` stages).
         step_seconds: one training step (see the module docstring).
@@ -294,8 +296,11 @@ def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Seque
            checkpoints: Sequence[str], schedules: Sequence[str], training: Training) -> None:
     check_request(batch, gpus, chunks)
     for ck in checkpoints:
-        if ck not in CHECKPOINT_MODES:
-            raise ValueError(f"unknown checkpoint mode {ck!r}; use {', '.join(CHECKPOINT_MODES)}")
+        if ck not in CHECKPOINTS:
+            raise ValueError(f"unknown checkpoint mode {ck!r}; use {', '.join(CHECKPOINTS)}")
+        if ck == "selective" and profile.attention_core is None:
+            raise ValueError("checkpoint selective recomputes the attention core, which this model has not "
+                             "(a built-in gpt or llama with the math attention has)")
     for s in schedules:
         schedule_kind(s)  # unknown: a ValueError that lists the registered names
     size = {2: "16-bit", 4: "32-bit"}
@@ -308,7 +313,7 @@ def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Seque
 def _make_schedule(p: _Point) -> Schedule:
     """The point's schedule: ``v * p`` stages placed by the schedule's layout, or one stage per device."""
     kind = schedule_kind(p.schedule)
-    checkpoint = cast(Checkpoint, p.checkpoint)
+    checkpoint = schedule_checkpoint(p.checkpoint)  # Note [per-layer recompute] in sim.planning.recompute
     if kind.place is None:
         return kind(p.chunks, p.stages, checkpoint)
     return kind(p.chunks, p.stages * p.virtual, checkpoint, devices=p.stages)
@@ -339,10 +344,11 @@ def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimCon
         balances[key] = pinned
     elif key not in balances:
         fwd, bwd = costs.layer_seconds(mb)
-        recompute = {"never": 0.0, "always": 1.0, "except_last": (p.chunks - 1) / p.chunks}[p.checkpoint]
-        balances[key] = block_partition(fwd * (1 + recompute) + bwd, n)
+        if p.checkpoint == "selective":
+            bwd = bwd + costs.core_seconds(mb)
+        balances[key] = block_partition(fwd * (1 + recompute_fraction(p.checkpoint, p.chunks)) + bwd, n)
     balance = balances[key]
-    cost = costs.cost_model(balance, mb, scale, split=schedule.splits_weight_gradient)
+    cost = costs.cost_model(balance, mb, scale, split=schedule.splits_weight_gradient, recompute=p.checkpoint)
     timeline = simulate(schedule, cost, config)
     devices, placement = schedule.num_devices, schedule.placement
     state = [int(x) for x in _per_device([s.model_state_bytes for s in cost.stages], placement, devices)]
@@ -399,7 +405,7 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
         training: precision and optimizer (:data:`sim.planning.costs_from_flops.TRAINING`); default
             :func:`default_training`.
         chunks: micro-batch counts to try; default powers of two up to the batch per replica (at most 128).
-        checkpoints: checkpoint policies to try.
+        checkpoints: checkpoint policies to try (:data:`sim.planning.recompute.CHECKPOINTS`).
         schedules: schedule names to try; default every registered one (:data:`gpipe.schedule.SCHEDULES`).
         stages: pipeline depths (devices per replica) to allow; default every divisor of each GPU count.
         virtual: stages per device to try for a schedule registered with a layout (Note [virtual stages]).

@@ -26,6 +26,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from sim.planning.counts import AttentionCore
 from sim.planning.models.amoebanet import amoebanet, amoebanet_sample, check_amoebanet
 from sim.planning.models.gpt import CONFIGS, GPTConfig, gpt, gpt_config, gpt_sample
 from sim.planning.models.llama import CONFIGS as LLAMA_CONFIGS
@@ -60,6 +61,8 @@ class ModelSpec:
         sampler: ``(batch, device) -> input``.
         shard: ``t -> `` the spec of one rank's shard over ``t`` tensor-parallel ranks; ``None``: the model has
             no tensor-parallel split.
+        attention_core: ``itemsize -> `` its blocks' attention core in a dtype of ``itemsize`` bytes, for
+            selective recompute (:mod:`sim.planning.recompute`); ``None``: none (a fused attention, not a decoder).
     """
 
     name: str
@@ -67,6 +70,7 @@ class ModelSpec:
     builder: Callable[[], nn.Sequential]
     sampler: Callable[[int, str], torch.Tensor]
     shard: Callable[[int], ModelSpec] | None = None
+    attention_core: Callable[[int], AttentionCore] | None = None
 
     def tensor_parallel(self, t: int) -> ModelSpec:
         """The spec of one rank's shard over ``t`` ranks (itself for ``t = 1``); cheap: nothing is built.
@@ -158,7 +162,9 @@ def _gpt_spec(name: str, title: str, cfg: GPTConfig) -> ModelSpec:
     return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
                      f"MLP {cfg.d_ff}, {cfg.seq_len} tokens{shard})", lambda: gpt(cfg),
                      lambda b, d: gpt_sample(cfg, b, d),
-                     lambda t: _gpt_spec(name, title, replace(cfg, tensor_parallel=t)))
+                     lambda t: _gpt_spec(name, title, replace(cfg, tensor_parallel=t)),
+                     _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, cfg.dropout > 0)
+                     if cfg.attention == "math" else None)
 
 
 def _llama(spec: str, arg: str) -> ModelSpec:
@@ -176,7 +182,13 @@ def _llama_spec(name: str, title: str, cfg: LlamaConfig) -> ModelSpec:
     return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
                      f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens{shard})",
                      lambda: llama(cfg), lambda b, d: llama_sample(cfg, b, d),
-                     lambda t: _llama_spec(name, title, replace(cfg, tensor_parallel=t)))
+                     lambda t: _llama_spec(name, title, replace(cfg, tensor_parallel=t)),
+                     _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, False) if cfg.attention == "math" else None)
+
+
+def _core(heads: int, seq: int, dropout: bool) -> Callable[[int], AttentionCore]:
+    """The core saves its softmax output, and with dropout the mask (one byte an element) and the dropped output."""
+    return lambda itemsize: AttentionCore(heads, seq, heads * seq * seq * (itemsize + (1 + itemsize) * dropout))
 
 
 def get_model(spec: str) -> ModelSpec:
