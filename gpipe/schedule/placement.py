@@ -61,11 +61,14 @@ def merge_stages(
     done: set[Task] = set()
     heads = [0] * n
     merged: list[list[Task]] = [[] for _ in range(devices)]
+    stages_of: list[list[int]] = [[] for _ in range(devices)]  # each device's stages, found once, not each step
+    for s, d in enumerate(placement):
+        stages_of[d].append(s)
     remaining = sum(len(ts) for ts in per_stage)
     while remaining:
         ran: list[Task] = []
         for d in range(devices):
-            for j in (s for s in range(n) if placement[s] == d):
+            for j in stages_of[d]:
                 if heads[j] < len(per_stage[j]):
                     t = per_stage[j][heads[j]]
                     # an R waits until its B could follow at once, so the two stay adjacent

@@ -65,7 +65,15 @@ class Schedule:
 
     def stages_on(self, device: int) -> tuple[int, ...]:
         """The stages placed on ``device``, in stage order."""
-        return tuple(j for j, d in enumerate(self.placement) if d == device)
+        return self._stages_by_device.get(device, ())
+
+    @cached_property
+    def _stages_by_device(self) -> dict[int, tuple[int, ...]]:
+        """Each device's stages, grouped once: asking every device by a scan of the placement is quadratic."""
+        grouped: dict[int, list[int]] = {}
+        for j, d in enumerate(self.placement):
+            grouped.setdefault(d, []).append(j)
+        return {d: tuple(stages) for d, stages in grouped.items()}
 
     def is_checkpointed(self, microbatch: int) -> bool:
         return checkpointed(self.checkpoint, microbatch, self.m)

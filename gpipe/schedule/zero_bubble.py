@@ -93,36 +93,40 @@ def zb_v(m: int, n: int, checkpoint: Checkpoint = "never", placement: Sequence[i
 
 
 def _v_device(m: int, p: int, d: int, checkpoint: Checkpoint) -> list[Task]:
-    """Device ``d``'s list of ZB-V (Note [V phases]), for ``max(m, 2p - 1)`` micro-batches less those past ``m``."""
+    """Device ``d``'s list of ZB-V (Note [V phases]), for ``max(m, 2p - 1)`` micro-batches less those past ``m``.
+
+    A step past micro-batch ``m - 1`` only counts (:func:`run`'s ``times``): a few micro-batches on many stages
+    cost their tasks, not ``p`` steps per device (``p**2`` in all, minutes for 20,000 stages)."""
     total = max(m, 2 * p - 1)
     a, b = d, 2 * p - 1 - d
     done = {(op, s): 0 for op in (Op.F, Op.B, Op.W) for s in (a, b)}  # tasks issued per (op, stage)
     out: list[Task] = []
 
-    def run(*steps: tuple[Op, int]) -> None:
-        for op, s in steps:
-            i = done[op, s]
-            done[op, s] = i + 1
-            if i < m:
-                out.extend(_input_gradient(checkpoint, i, s, m) if op is Op.B else [unchecked_task(op, i, s)])
+    def run(*steps: tuple[Op, int], times: int = 1) -> None:
+        for k in range(times):
+            if all(done[step] >= m for step in steps):  # the rest issue nothing: count them at once
+                for step in steps:
+                    done[step] += times - k
+                return
+            for op, s in steps:
+                i = done[op, s]
+                done[op, s] = i + 1
+                if i < m:
+                    out.extend(_input_gradient(checkpoint, i, s, m) if op is Op.B else [unchecked_task(op, i, s)])
 
-    for _ in range(2 * (p - d) - 1):  # (1)
-        run((Op.F, a))
-    for _ in range(d):  # (2)
-        run((Op.F, b), (Op.F, a))
-    for _ in range(p - d):  # (3)
-        run((Op.F, b), (Op.B, b), (Op.W, b))
+    run((Op.F, a), times=2 * (p - d) - 1)  # (1)
+    run((Op.F, b), (Op.F, a), times=d)  # (2)
+    run((Op.F, b), (Op.B, b), (Op.W, b), times=p - d)  # (3)
     while done[Op.F, a] < total or done[Op.F, b] < done[Op.F, a]:  # (4)
+        if min(done.values()) >= m:  # every task issued: the steps left issue none
+            return out
         if done[Op.F, a] < total:
             run((Op.F, a))
         run((Op.B, a), (Op.W, a), (Op.F, b), (Op.B, b), (Op.W, b))
-    for _ in range(d):  # (5)
-        run((Op.B, a), (Op.B, b))
-    while done[Op.B, a] < total:
-        run((Op.B, a), (Op.W, a))
+    run((Op.B, a), (Op.B, b), times=d)  # (5)
+    run((Op.B, a), (Op.W, a), times=max(0, total - done[Op.B, a]))
     for s in (b, a):
-        while done[Op.W, s] < total:
-            run((Op.W, s))
+        run((Op.W, s), times=max(0, total - done[Op.W, s]))
     return out
 
 

@@ -37,8 +37,9 @@ class Copies:
 
     def __init__(self, env: simpy.Environment, cost: CostModel, link: LinkSpec | None, scales: Sequence[float],
                  slots: int, stride: int, devices: int, asynchronous: frozenset[int], host_end: list[float],
-                 streams: list[simpy.Resource] | None) -> None:
+                 streams: list[simpy.Resource] | None, stage_links: Sequence[LinkSpec] | None = None) -> None:
         self.env, self.cost, self.link, self.scales, self.stride = env, cost, link, scales, stride
+        self.stage_links = stage_links  # the link after each stage, else ``link`` for all (SimConfig.stage_links)
         self.scaled = bool(cost.microbatch_scale)
         self.handoff = cost.runner.handoff
         self.asynchronous, self.host_end, self.streams = asynchronous, host_end, streams
@@ -48,16 +49,19 @@ class Copies:
         self.host_arrival = [0.0] * slots  # when the consumer's host has it (Note [asynchronous devices])
         self.issued = [0.0] * slots  # when that copy was issued (Note [local clocks])
         self.waiting: dict[int, simpy.Event] = {}  # slot -> event of a consumer that already waits for it
-        self.link_free = [[0.0] * devices for _ in range(devices)]  # [src][dst]: when its last copy ends
+        # [src][dst]: when the pair's last copy ends; a dict per sender, as a device sends to a few others only
+        # (a list of lists took devices**2 floats: 2 GB for 16,000 stages, one per device)
+        self.link_free: list[dict[int, float]] = [{} for _ in range(devices)]
         self.spans: list[list[Span]] = [[] for _ in range(devices)]  # per sending device, in issue order
-        self.free = (cost.copy_seconds == 0.0 or (cost.copy_seconds is None and link is None)) and not self.handoff
+        self.free = (cost.copy_seconds == 0.0 or (cost.copy_seconds is None and link is None and stage_links is None)
+                     ) and not self.handoff
 
     def seconds(self, op: int, i: int, j: int, scale: float | None = None) -> float:
         """Seconds of a copy of the result of ``(op, i, j)`` (Note [copies])."""
         cost, link = self.cost, self.link
         if cost.copy_seconds is not None:
             return cost.copy_seconds
-        if link is None:
+        if link is None and self.stage_links is None:
             return 0.0
         if scale is None:
             if not self.scaled:
@@ -65,6 +69,10 @@ class Copies:
             scale = self.scales[i]
         # the activation of F(i, j) is stages[j].send_bytes; the gradient of B(i, j) as large as stage j-1's
         stage = j if op == F else j - 1 if op == B and j > 0 else -1
+        if self.stage_links is not None and stage >= 0:
+            link = self.stage_links[stage]
+        if link is None:
+            return 0.0
         return link.transfer_seconds(cost.stages[stage].send_bytes * scale if stage >= 0 else 0)
 
     def hand_off(self, src: int) -> tuple[float, float | None]:
@@ -99,7 +107,7 @@ class Copies:
         seconds = self.seconds(op, i, j) if self.scaled else self.table[op][j]
         free = self.link_free[src]
         for dst, offset in dsts:
-            start = free[dst]
+            start = free.get(dst, 0.0)
             if start < now:
                 start = now
             end = free[dst] = start + seconds
