@@ -9,7 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["TooFewDevices", "check_balance", "check_count", "check_devices", "check_positive", "check_unique"]
+from gpipe.schedule.size import Available, check_schedule_size
+
+__all__ = ["TooFewDevices", "check_balance", "check_chunks", "check_count", "check_devices", "check_positive",
+           "check_unique"]
 
 Device = torch.device | str | int
 
@@ -28,6 +31,15 @@ def check_count(name: str, value: Any) -> int:
     if isinstance(value, bool) or count is None or count < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return count
+
+
+def check_chunks(value: Any, stages: int, available: Available | None = None) -> int:
+    """``chunks`` as an ``int``: a positive integer (:func:`check_count`) whose schedule on ``stages`` stages fits in
+    this machine's memory (:func:`gpipe.schedule.check_schedule_size`; ``available``: its memory source), checked
+    before any task is built: ``chunks=10**9`` is refused at once, not after a minute of building tasks."""
+    chunks = check_count("chunks (micro-batches per mini-batch)", value)
+    check_schedule_size(chunks, stages, "chunks=", available)
+    return chunks
 
 
 def check_unique(module: nn.Sequential) -> None:

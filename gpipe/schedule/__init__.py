@@ -30,6 +30,7 @@ One concept per module, each importing only those above it::
     virtual_stages.py   interleaved_one_f_one_b(), looped_bfs(): several stages per device, placed looped
     zero_bubble.py      zb_h1(), zb_v(): zero-bubble schedules (B and W split)
     dualpipe.py         dualpipe_v(): DeepSeek's DualPipeV, overlapped pairs in a V
+    size.py             schedule_bytes(), check_schedule_size(): a shape's memory, checked before it is built
 
 A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`)::
 
@@ -48,6 +49,7 @@ from gpipe.schedule.pipelining import from_pipelining, read_pipelining_csv, to_p
 from gpipe.schedule.placement import v_shape
 from gpipe.schedule.registry import SCHEDULES, Layout, ScheduleKind, looped, register, schedule_kind, unregister
 from gpipe.schedule.schedule import Schedule
+from gpipe.schedule.size import available_bytes, check_schedule_size, schedule_bytes
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
 from gpipe.schedule.validator import ScheduleError
 from gpipe.schedule.virtual_stages import interleaved_one_f_one_b, looped_bfs
@@ -66,6 +68,8 @@ __all__ = [
     "ScheduleError",
     "ScheduleKind",
     "Task",
+    "available_bytes",
+    "check_schedule_size",
     "checkpointed",
     "clock_cycles",
     "collector_paused",
@@ -79,6 +83,7 @@ __all__ = [
     "parse_tasks",
     "read_pipelining_csv",
     "register",
+    "schedule_bytes",
     "schedule_kind",
     "step_grid",
     "to_pipelining",

@@ -32,6 +32,7 @@ from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
+from sim.core.size import SPANS_PER_PAIR, check_simulation_size
 from sim.files import OutputFolder, json_text
 from sim.planning.hardware import DeviceSpec, get_device, get_link
 
@@ -136,6 +137,7 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
     Raises:
         CommandError: a bad number (the message names the flag).
         KeyError: an unknown link or device (the message lists the known ones).
+        ValueError: a run that would not fit in this machine's memory (:func:`check_size`).
     """
     integer("--stages", args.stages, 1)
     integer("--chunks", args.chunks, 1)
@@ -153,7 +155,15 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
         raise CommandError(f"a copy of --activation-bytes {args.activation_bytes} over {by} takes "
                            f"{link.transfer_seconds(args.activation_bytes):.3g} s, more than {MAX_SECONDS:g}")
     schedule_files.check_export(args)
+    priced = bool(args.copy_time) or link is not None
+    if args.import_schedule is None:  # Note [bytes of a simulation] in sim.core.size: refused before it is built
+        check_size(args, args.chunks, args.stages, args.devices or args.stages, priced,
+                   f"--chunks {args.chunks} on --stages {args.stages}", "lower --chunks or --stages")
     schedule = schedule_files.imported(args) or _schedule(args)
+    if args.import_schedule is not None:  # a file of at most 8 MiB: its shape is known once it is read
+        check_size(args, schedule.m, schedule.n, schedule.num_devices, priced,
+                   f"--import-schedule {args.import_schedule} (m={schedule.m}, n={schedule.n})",
+                   "import a schedule of fewer micro-batches or stages")
     # a schedule that does not split the backward runs its input and weight gradient as one task
     backward = args.backward_time if schedule.splits_weight_gradient else args.backward_time + args.weight_time
     stage = StageCost(args.forward_time, backward, args.recompute_time, weight=args.weight_time,
@@ -164,6 +174,24 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
     config = SimConfig(link=link, copy_streams=not args.no_copy_streams,
                        enforce_backward_order=not args.no_fork_join, lockstep_forward=args.lockstep)
     return schedule, cost, config, device
+
+
+def check_size(args: argparse.Namespace, m: int, n: int, devices: int, priced: bool, given: str, fix: str) -> None:
+    """Refuse a run of ``m`` micro-batches on ``n`` stages that would not fit in memory, the files it writes
+    included (Note [bytes of a simulation] in :mod:`sim.core.size`): ``given`` names what set the shape, ``fix``
+    what would shrink it. ``priced``: copies take time, so each device may draw two more rows (its copy streams).
+
+    Raises:
+        ValueError: one line (exit status 2).
+    """
+    check_simulation_size(m, n, given=given, fix=fix)
+    spans = SPANS_PER_PAIR * m * n  # at most
+    written = spans if args.all_files else min(spans, TRACE_SPAN_LIMIT)
+    plotted = args.all_files or 2 * m * n <= PLOT_SPAN_LIMIT  # every pair has an F and a B span at least
+    rows = devices * (3 if priced else 1)
+    check_simulation_size(m, n, given=given, fix="leave out --all-files" if args.all_files else fix,
+                          written_spans=written, plot_rows=rows if plotted else 0,
+                          plot_spans=(spans if args.all_files else min(spans, PLOT_SPAN_LIMIT)) if plotted else 0)
 
 
 def _copies(cost: CostModel, config: SimConfig) -> str:

@@ -157,3 +157,37 @@ def test_hardware_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(capsys.readouterr().out)
     assert {d["name"] for d in doc["devices"]} >= {"a100-40gb", "h100-sxm"}
     assert next(link for link in doc["links"] if link["name"] == "infiniband-hdr")["bandwidth"] == 25e9
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("args", "message"), [
+    (["--chunks", "1000000000"], "--chunks 1000000000 on --stages 4: the simulation (4,000,000,000 micro-batch-stage "
+                                 "pairs) needs about 7.28 TiB of memory, more than the "),
+    (["--stages", "1000000000000", "--chunks", "1"], "lower --chunks or --stages"),
+])
+def test_a_run_too_large_for_this_machine_is_refused_before_it_is_built(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], message: str) -> None:
+    """``--chunks 1000000000`` once ended in a MemoryError traceback, ``--stages 100000`` in the kernel's kill."""
+    assert main([*BASE, *args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpipe-sim simulate: error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_memory_limit_counts_the_stages_the_files_and_an_imported_schedule(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 256 MiB said to be available (Note [bytes of a simulation] in sim.core.size)."""
+    monkeypatch.setattr("gpipe.schedule.size.available_bytes", lambda: 256 * 2**20)
+    assert main([*BASE, "--stages", "20000", "--chunks", "1", "--out", str(tmp_path / "a")]) == 2
+    assert "--chunks 1 on --stages 20000: the simulation (20,000 micro-batch-stage pairs)" in capsys.readouterr().err
+    assert main([*BASE, "--chunks", "20000", "--all-files", "--out", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.endswith("available on this machine: leave out --all-files\n")
+    assert main([*BASE, "--chunks", "2000", "--export-schedule", str(tmp_path / "s.csv"),
+                 "--out", str(tmp_path / "c")]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("gpipe.schedule.size.available_bytes", lambda: 16 * 2**20)
+    assert main([*BASE, "--import-schedule", str(tmp_path / "s.csv"), "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert f"--import-schedule {tmp_path / 's.csv'} (m=2000, n=4): the simulation" in err
+    assert err.endswith("import a schedule of fewer micro-batches or stages\n")
+    assert not any((tmp_path / x).exists() for x in "abd")
