@@ -56,6 +56,7 @@ from sim.planning.plan import (
     default_training,
     plan,
     resolve_link,
+    resolve_network,
 )
 from sim.planning.recompute import CHECKPOINTS
 
@@ -98,6 +99,12 @@ def add_parser(subparsers: Any) -> None:
                         "and every GPU count, at most --gpus-per-node; default: 1)")
     p.add_argument("--gpus-per-node", type=int, default=GPUS_PER_NODE, metavar="N",
                    help=f"GPUs in a node, the most a tensor-parallel group spans (default: {GPUS_PER_NODE})")
+    p.add_argument("--network", default=None, metavar="NAME",
+                   help="catalog link between nodes, one port (infiniband-hdr, infiniband-ndr, roce-400g, ...); "
+                        "stage copies and data-parallel all-reduces that cross nodes use it (default: none, "
+                        "everything on --link)")
+    p.add_argument("--network-ports", type=int, default=None, metavar="K",
+                   help="network ports per node (default: one per GPU, as in DGX A100/H100)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="optimizer, with the device's default precision (or name both with --training)")
     p.add_argument("--link", default="pcie", metavar="NAME",
@@ -215,7 +222,8 @@ def print_table(result: Plan, top: int) -> None:
     if result.best is not None and result.best not in shown:
         shown.append(result.best)
     print(f"{result.model}: batch {result.batch} on {result.device} ({_bytes(result.device_memory_bytes)} GiB), "
-          f"link {result.link}, training {result.training}; {len(result.rows)} configurations")
+          f"link {result.link}{f', network {result.network}' if result.network else ''}, training {result.training}; "
+          f"{len(result.rows)} configurations")
     width = max(5, *(len(r.schedule) for r in shown))
     tp = any(r.tensor_parallel > 1 for r in result.rows)  # the table of a plan without one keeps its columns
     shape = f"{'tp x pp x dp':<10}" if tp else f"{'pp x dp':<7}"
@@ -350,6 +358,9 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     if stages is not None and min(stages) < 1:
         raise CommandError(f"--stages lists pipeline depths, each at least 1, got {args.stages!r}")
     link = resolve_link(args.link, device)
+    network = resolve_network(args.network) if args.network is not None else None
+    if args.network_ports is not None:
+        integer("--network-ports", args.network_ports, 1)
     shards = _shards(args.model, degrees)  # refuses a degree the model's heads do not take, before counting
     out = output_folder(args, FILES) if args.out is not None and args.target_throughput is None else None
     profiles: dict[int, ModelProfile] = {}
@@ -373,7 +384,8 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
                   checkpoints=checkpoints, schedules=schedules, virtual=virtual, price_per_gpu_hour=price,
                   objective=args.objective, model_name=name, balance=balance, replicas=replicas,
                   progress=not args.no_progress and sys.stderr.isatty(), copy_streams=args.copy_streams,
-                  tensor_parallel=degrees, gpus_per_node=args.gpus_per_node, stages=stages)
+                  tensor_parallel=degrees, gpus_per_node=args.gpus_per_node, stages=stages, network=network,
+                  network_ports=args.network_ports)
     return result, out
 
 

@@ -28,6 +28,9 @@ class SimConfig:
             devices): their host and their stream keep two clocks.
         shared_streams: one id per device, the compute stream it issues to: devices with the same id
             (partitions on one GPU) run their tasks one at a time; ``None``: a stream each.
+        stage_links: the link after each stage, which its activations cross to the next stage and the next stage's
+            gradients cross back (a pipeline that spans nodes: the network between them); ``None``: ``link`` for
+            every copy.
         overlap_pairs: a schedule's overlapped pairs (DualPipeV's forward beside a backward) run together,
             sharing their device (:mod:`sim.core.overlap`); ``False``: each pair's two tasks run in turn, in
             list order, as this executor's workers run them (Note [a pair in turn] in :mod:`gpipe.interpreter`).
@@ -41,10 +44,15 @@ class SimConfig:
     asynchronous: frozenset[int] = frozenset()
     shared_streams: tuple[int, ...] | None = None
     overlap_pairs: bool = True
+    stage_links: tuple[LinkSpec, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.link is not None and not isinstance(self.link, LinkSpec):
             raise TypeError(f"SimConfig.link must be a LinkSpec or None, got {type(self.link).__name__}")
+        if self.stage_links is not None:
+            object.__setattr__(self, "stage_links", tuple(self.stage_links))
+            if any(not isinstance(x, LinkSpec) for x in self.stage_links):
+                raise TypeError("SimConfig.stage_links must hold a LinkSpec per stage")
         object.__setattr__(self, "asynchronous", frozenset(self.asynchronous))
         if any(not isinstance(d, int) or d < 0 for d in self.asynchronous):
             raise ValueError(f"SimConfig.asynchronous holds device indices, got {sorted(self.asynchronous)}")

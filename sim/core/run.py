@@ -55,7 +55,7 @@ class Run:
         # slots run op by op, and only the ops up to the last whose results travel (F and B) need them
         travelling = 1 + max((op for c in (0, 1) for op in range(4) if any(outputs[c][op])), default=-1)
         self.copies = Copies(self.env, cost, config.link, self.scales, travelling * m * n * fanout, self.stride,
-                             devices, config.asynchronous, self.host_end, self.streams)
+                             devices, config.asynchronous, self.host_end, self.streams, config.stage_links)
         self.clock = [0.0] * devices  # Note [local clocks]: each device's time when it last blocked or finished
         # a compute stream shared by several devices (Note [asynchronous devices])
         self.shared: list[simpy.Resource | None] = [None] * devices

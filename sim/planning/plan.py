@@ -27,6 +27,7 @@ from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Schedule, ScheduleKind, 
 from sim.core.config import SimConfig
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
+from sim.planning.cluster import Cluster
 from sim.planning.costs_from_flops import FlopCosts, Training, training_policy
 from sim.planning.flops import ModelProfile
 from sim.planning.hardware import LINKS, DeviceSpec, get_device, get_link
@@ -43,7 +44,7 @@ from sim.planning.recompute import CHECKPOINTS, recompute_fraction, schedule_che
 from sim.planning.replicas import step_seconds
 
 __all__ = ["GPUS_PER_NODE", "VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request",
-           "check_tensor_parallel", "default_training", "plan", "resolve_link"]
+           "check_tensor_parallel", "default_training", "plan", "resolve_link", "resolve_network"]
 
 MAX_CHUNKS = 128  # default sweep: powers of two up to this (a simulation grows with chunks x stages)
 VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages])
@@ -131,6 +132,7 @@ class Plan:
     price_per_gpu_hour: float | None
     rows: tuple[PlanRow, ...]
     missing: Mapping[str, str] = field(default_factory=dict)
+    network: str | None = None
 
     @property
     def best(self) -> PlanRow | None:
@@ -143,7 +145,7 @@ class Plan:
                 "device_memory_bytes": self.device_memory_bytes, "link": self.link,
                 "training": self.training, "price_per_gpu_hour": self.price_per_gpu_hour,
                 "best": best.to_dict() if best else None, "rows": [r.to_dict() for r in self.rows],
-                "missing": dict(self.missing)}
+                "missing": dict(self.missing), "network": self.network}
 
 
 # -- inputs ------------------------------------------------------------------------------------------
@@ -177,6 +179,20 @@ def resolve_link(name: str | LinkSpec, device: DeviceSpec) -> LinkSpec:
                 return get_link(link)
         raise KeyError(f"device {device.name!r} has no {key}; name a link: {', '.join(LINKS)}")
     raise KeyError(f"unknown link {name!r}; known: {', '.join([*_LINK_FAMILIES, *LINKS])}")
+
+
+def resolve_network(name: str | LinkSpec) -> LinkSpec:
+    """A catalog link for the network between nodes (``infiniband-ndr``, ``roce-400g``, ...), one port of it.
+
+    Raises:
+        KeyError: an unknown name (the message lists the catalog's links).
+    """
+    if isinstance(name, LinkSpec):
+        return name
+    key = name.strip().lower()
+    if key not in LINKS:
+        raise KeyError(f"unknown network {name!r}; known: {', '.join(LINKS)}")
+    return get_link(key)
 
 
 def default_training(device: DeviceSpec, optimizer: str = "adam") -> Training:
@@ -326,7 +342,7 @@ def _per_device(values: Sequence[float], placement: Sequence[int], devices: int)
     return out
 
 
-def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimConfig,
+def _run(p: _Point, costs: FlopCosts, batch: int, cluster: Cluster, config: SimConfig,
          balances: dict[tuple[int, int, int, str, int], tuple[int, ...]], price: float | None,
          why: dict[str, str], pinned: tuple[int, ...] | None = None, copy_streams: str = "shared") -> PlanRow | None:
     try:
@@ -349,7 +365,8 @@ def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimCon
         balances[key] = block_partition(fwd * (1 + recompute_fraction(p.checkpoint, p.chunks)) + bwd, n)
     balance = balances[key]
     cost = costs.cost_model(balance, mb, scale, split=schedule.splits_weight_gradient, recompute=p.checkpoint)
-    timeline = simulate(schedule, cost, config)
+    links = cluster.stage_links(schedule.placement, p.tensor_parallel, p.stages, p.replicas)
+    timeline = simulate(schedule, cost, config if links is None else replace(config, stage_links=links))
     devices, placement = schedule.num_devices, schedule.placement
     state = [int(x) for x in _per_device([s.model_state_bytes for s in cost.stages], placement, devices)]
     activations = [timeline.peak_memory(d) for d in range(devices)]
@@ -359,8 +376,10 @@ def _run(p: _Point, costs: FlopCosts, batch: int, link: LinkSpec, config: SimCon
                           copy_streams)
     memory = [x.total for x in parts]
     updates = _per_device(costs.update_seconds(balance), placement, devices)
+    allreduce = None if cluster.network is None else \
+        (lambda nbytes, d: cluster.allreduce_seconds(nbytes, p.tensor_parallel, p.stages, p.replicas, d))
     step, exposed = step_seconds(schedule, timeline, [s.gradient_bytes for s in cost.stages], updates,
-                                 p.replicas, link)
+                                 p.replicas, cluster.link, allreduce)
     throughput = batch / step if step > 0 else math.inf
     dollars = p.gpus * price / 3600 * 1e6 / throughput if price is not None else None
     return PlanRow(p.gpus, p.stages, p.replicas, p.chunks, mb, p.checkpoint, p.schedule, balance, step, throughput,
@@ -391,7 +410,8 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
          price_per_gpu_hour: float | None = None, objective: str = "throughput",
          kernel_seconds: float | None = None, model_name: str = "", progress: bool = False,
          copy_streams: str = "shared", tensor_parallel: Sequence[int] | None = None,
-         gpus_per_node: int = GPUS_PER_NODE) -> Plan:
+         gpus_per_node: int = GPUS_PER_NODE, network: LinkSpec | str | None = None,
+         network_ports: int | None = None) -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
 
     Args:
@@ -422,6 +442,11 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
         tensor_parallel: tensor-parallel degrees to try (Note [tensor parallel ranks]); default the degrees of
             ``profile`` (1 for one count). Their all-reduces run over ``link``.
         gpus_per_node: GPUs in a node, the most a tensor-parallel group spans.
+        network: one port of the network between nodes (a catalog name or a LinkSpec); ``None``: every transfer
+            on ``link``, as in one node. With it, stages and replicas are laid out on nodes
+            (:mod:`sim.planning.cluster`): a stage copy that crosses nodes and a data-parallel all-reduce that
+            spans them use the network.
+        network_ports: network ports per node; default one per GPU.
 
     Returns:
         A :class:`Plan`; its ``best`` row is the fastest (or cheapest) configuration that fits.
@@ -464,8 +489,12 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
                      len(pinned) if pinned is not None else None, degrees)
     costs = {t: FlopCosts(profiles[t], dev, policy, kernel_seconds, tensor_link=lk) for t in degrees}
     config = SimConfig(link=lk)
+    if network_ports is not None and (isinstance(network_ports, bool) or not isinstance(network_ports, int)
+                                      or network_ports < 1):
+        raise ValueError(f"network ports per node must be an integer >= 1, got {network_ports!r}")
+    cluster = Cluster(lk, gpus_per_node, None if network is None else resolve_network(network), network_ports)
     balances: dict[tuple[int, int, int, str, int], tuple[int, ...]] = {}
-    run = [_run(p, costs[p.tensor_parallel], batch, lk, config, balances, price_per_gpu_hour, why, pinned,
+    run = [_run(p, costs[p.tensor_parallel], batch, cluster, config, balances, price_per_gpu_hour, why, pinned,
                 copy_streams) for p in _progress(points, progress)]
     rows = [r for r in run if r is not None]
     if not rows:
@@ -477,7 +506,7 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
     ran = {r.schedule for r in rows}
     missing = {s: why.get(s, "no configuration") for s in schedules if s not in ran}
     return Plan(model_name, batch, dev.name, dev.memory_bytes, lk.name, policy.name, price_per_gpu_hour,
-                tuple(_mark_best(rows, objective)), missing)
+                tuple(_mark_best(rows, objective)), missing, cluster.network.name if cluster.network else None)
 
 
 def _check_pins(balance: Sequence[int] | None, replicas: Sequence[int] | None,
