@@ -1,4 +1,4 @@
-"""Output folders: checked before a run, written file by file, never overwritten unasked, never left stale.
+"""Output folders and files: checked before a run, written whole, never overwritten unasked, never left stale.
 
 Every ``gpipe-sim`` command that writes files goes through one :class:`OutputFolder`, made before any
 work (so a bad ``--out`` costs no calibration) and written after it (which files are whose: Note [ours]; a
@@ -8,6 +8,10 @@ default folder is a fresh one: Note [fresh folder]; JSON is written by :func:`js
     ...                                                                           # the work
     out.write_json("trace.json", doc)     # each file written whole, then moved into place
     out.finish()                          # earlier runs' stale files removed; the manifest written
+
+A command that writes one file the user names (``hardware --out cpu.json``, ``--export-schedule s.csv``) goes
+through an :class:`OutputFile` by the same rules: checked before the work, an existing file replaced only with
+``--force``, written whole and moved into place (Note [no links]).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MANIFEST", "FolderError", "OutputFolder", "check_folder", "fresh_folder", "json_text"]
+__all__ = ["MANIFEST", "FolderError", "OutputFile", "OutputFolder", "check_folder", "fresh_folder", "json_text"]
 
 #: The file that lists what the last run wrote into a folder (Note [ours]).
 MANIFEST = ".gpipe-sim.json"
@@ -72,11 +76,16 @@ def check_folder(path: str | Path, flag: str = "--out") -> Path:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        FolderError: ``path`` is a file, lies under a file or under ``/proc`` or ``/sys``, or its nearest
-            existing folder is not writable; the message starts with ``flag`` and ``path``.
+        FolderError: ``path`` is empty, a file or a link to nothing, lies under a file, a link to nothing or
+            under ``/proc`` or ``/sys``, or its nearest existing folder is not writable; the message starts with
+            ``flag`` and ``path``.
     """
+    if not str(path):
+        raise FolderError(f"{flag} '' names no folder (it would write into the current one): name a folder, e.g. "
+                          f"{flag} out")
     folder = Path(path)
     where = f"{flag} {path}"
+    _refuse_dangling(folder, where)
     resolved = folder.resolve()
     for kernel in KERNEL_FOLDERS:
         if resolved == kernel or kernel in resolved.parents:
@@ -87,6 +96,71 @@ def check_folder(path: str | Path, flag: str = "--out") -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise FolderError(f"{where}: {existing} is not writable")
     return folder
+
+
+def _refuse_dangling(path: Path, where: str) -> None:
+    """Refuse a path that is, or lies under, a symbolic link to nothing: nothing can be made there."""
+    for p in (path, *path.parents):
+        if p.is_symlink() and not p.exists():
+            raise FolderError(f"{where}: {p} is a symbolic link to {os.readlink(p)}, which does not exist; name "
+                              "another path, or remove the link")
+
+
+# Note [no links]: a file gpipe-sim writes is written beside its final name and moved into place
+# (os.replace), so a symbolic link of that name is replaced by the file, never written through: a link
+# planted where a file goes cannot make a run overwrite the file it points to. A single file the user names
+# (OutputFile) that is a link is refused before the run, with or without --force.
+class OutputFile:
+    """One file a run writes, named by the user (Note [no links]); checked when made, before any work.
+
+    Args:
+        path: the file.
+        force: replace an existing file.
+        flag: the option that named it, for messages.
+        example: a file name to suggest when ``path`` is a folder (``"cpu.json"``).
+
+    Raises:
+        FolderError: ``path`` is empty, a folder or a symbolic link; it exists and ``force`` is not set; its
+            folder does not exist, is not writable or is under ``/proc`` or ``/sys``.
+    """
+
+    def __init__(self, path: str | Path, *, force: bool = False, flag: str = "--out", example: str = "out.json"
+                 ) -> None:
+        if not str(path):
+            raise FolderError(f"{flag} '' names no file: name one, e.g. {flag} {example}")
+        target = Path(path)
+        where = f"{flag} {path}"
+        if target.is_symlink():
+            raise FolderError(f"{where} is a symbolic link (to {os.readlink(target)}); gpipe-sim does not write "
+                              "through links: name the file itself")
+        if target.is_dir():
+            raise FolderError(f"{where} is a folder; name a file such as {target / example}")
+        if target.exists() and not force:
+            raise FolderError(f"{where} exists; choose another name, or add --force to replace it")
+        if not target.parent.is_dir():
+            _refuse_dangling(target.parent, where)
+            raise FolderError(f"{where}: folder {target.parent} does not exist")
+        check_folder(target.parent, flag)
+        self.path = target
+
+    def write_text(self, text: str) -> str:
+        """Write ``text``; return the file's path."""
+        return self.write_with(lambda tmp: tmp.write_text(text))
+
+    def write_with(self, write: Callable[[Path], object]) -> str:
+        """Call ``write`` with a temporary path beside the file (same suffix), then move it into place."""
+        _replace(self.path, write)
+        return str(self.path)
+
+
+def _replace(final: Path, write: Callable[[Path], object]) -> None:
+    """``write`` a temporary file beside ``final``, then move it onto ``final`` (Note [no links])."""
+    tmp = final.with_name(f".{final.stem}.partial{final.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # Note [fresh folder]: a command run twice with its default folder must not fail the second time, nor
@@ -160,21 +234,16 @@ class OutputFolder:
     def write_with(self, name: str, write: Callable[[Path], object]) -> str:
         """Call ``write`` with a temporary path beside ``name`` (same suffix), then move it into place.
 
-        A file is never seen half written, and one the user may not write to is replaced, not edited.
+        A file is never seen half written, one the user may not write to is replaced, not edited, and a link of
+        that name is replaced, not written through (Note [no links]).
         """
         if name not in self.names:
             raise ValueError(f"{name!r} is not among the files this run declared: {', '.join(self.names)}")
         self._make()
-        final = self.path / name
-        tmp = self.path / f".{final.stem}.partial{final.suffix}"
-        try:
-            write(tmp)
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
+        _replace(self.path / name, write)
         if name not in self.written:
             self.written.append(name)
-        return str(final)
+        return str(self.path / name)
 
     def finish(self) -> None:
         """Remove the files of ours an earlier run left that this one did not write, and write the manifest."""
@@ -183,7 +252,8 @@ class OutputFolder:
             stale = self.path / name
             if name not in self.written and (stale.is_file() or stale.is_symlink()):
                 stale.unlink()
-        (self.path / MANIFEST).write_text(json_text({"written_by": "gpipe-sim", "files": self.written}, indent=1))
+        manifest = json_text({"written_by": "gpipe-sim", "files": self.written}, indent=1)
+        _replace(self.path / MANIFEST, lambda tmp: tmp.write_text(manifest))  # Note [no links]
 
     def _make(self) -> None:
         """Make the folder, at the first write; a fresh one taken meanwhile by another run is chosen again."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sim.files import json_text
+from sim.cli import CommandError
+from sim.cli.options import integer
+from sim.files import OutputFile, json_text
 from sim.planning.hardware import DEVICES, LINKS
 
 __all__ = ["add_parser", "run"]
@@ -25,17 +27,17 @@ def add_parser(subparsers: Any) -> None:
                         "worker runs) and fit its roofline")
     p.add_argument("--threads", type=int, default=1, help="threads for --calibrate-cpu (default 1)")
     p.add_argument("--out", metavar="PATH", help="with --calibrate-cpu: save the device as JSON, for "
-                                                 "gpipe-sim plan --hardware PATH")
+                                                 "gpipe-sim plan --hardware PATH; checked before calibrating, and an "
+                                                 "existing file is refused unless --force")
+    p.add_argument("--force", action="store_true", help="with --out: replace an existing file")
     p.set_defaults(func=run)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from sim.planning.calibrate_device import calibrate_cpu
 
-    if args.threads < 1:
-        raise SystemExit(f"gpipe-sim hardware: error: --threads must be >= 1, got {args.threads}")
+    integer("--threads", args.threads, 1)
+    out = OutputFile(args.out, force=args.force, example="cpu.json") if args.out is not None else None  # before
     result = calibrate_cpu(threads=args.threads)
     dev = result.device
     if args.json:
@@ -52,8 +54,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         for m in result.measurements:
             print(f"{m.kind:<20} {str(m.shape):<22} {m.seconds * 1e3:>7.3f} ms {m.predicted * 1e3:>7.3f} ms "
                   f"{100 * (m.predicted / m.seconds - 1):>+6.1f}%")
-    if args.out:
-        Path(args.out).write_text(json_text(dev.to_dict()))
+    if out is not None:
+        out.write_text(json_text(dev.to_dict()))
         if not args.json:
             print(f"wrote {args.out} (use it as gpipe-sim plan --hardware {args.out})")
     return 0
@@ -63,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     """Print the catalog, or calibrate this CPU; return the exit status."""
     if args.calibrate_cpu:
         return _calibrate(args)
-    if args.out:
-        raise SystemExit("gpipe-sim hardware: error: --out saves a calibration; add --calibrate-cpu")
+    if args.out is not None or args.force:
+        raise CommandError("--out saves a calibration; add --calibrate-cpu")
     if args.json:
         print(json_text({"devices": [d.to_dict() for d in DEVICES.values()],
                           "links": [link.to_dict() for link in LINKS.values()]}))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpipe.schedule import Schedule, read_pipelining_csv, write_pipelining_csv
 from sim.cli import CommandError
+from sim.files import OutputFile
 
 __all__ = ["add_options", "check_export", "export", "imported"]
 
@@ -24,21 +25,15 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "(default: never); at most 8 MiB")
     parser.add_argument("--export-schedule", default=None, metavar="FILE.csv",
                         help="write the simulated schedule as a torch.distributed.pipelining CSV, recomputes "
-                             "left out; an existing file is refused unless --force")
+                             "left out; an existing file (or a link) is refused unless --force (a link always)")
 
 
-def check_export(args: argparse.Namespace) -> None:
-    """Refuse, before any work, an ``--export-schedule`` file that exists (without ``--force``) or whose folder
-    does not."""
+def check_export(args: argparse.Namespace) -> OutputFile | None:
+    """The ``--export-schedule`` file, checked before any work (:class:`sim.files.OutputFile`: not a folder or a
+    link, not an existing file without ``--force``, in a folder that exists); ``None`` without the option."""
     if args.export_schedule is None:
-        return
-    path = Path(args.export_schedule)
-    if path.is_dir():
-        raise CommandError(f"--export-schedule {path} is a folder; name a file such as {path / 'schedule.csv'}")
-    if path.exists() and not args.force:
-        raise CommandError(f"--export-schedule {path} exists; choose another name, or add --force to replace it")
-    if not path.parent.is_dir():
-        raise CommandError(f"--export-schedule {path}: folder {path.parent} does not exist")
+        return None
+    return OutputFile(args.export_schedule, force=args.force, flag="--export-schedule", example="schedule.csv")
 
 
 def imported(args: argparse.Namespace) -> Schedule | None:
@@ -56,8 +51,8 @@ def imported(args: argparse.Namespace) -> Schedule | None:
         raise CommandError(f"--import-schedule {path}: {exc.strerror or exc}") from None
 
 
-def export(args: argparse.Namespace, schedule: Schedule) -> str | None:
-    """Write ``schedule`` where ``--export-schedule`` says (checked by :func:`check_export`); the path written."""
-    if args.export_schedule is None:
+def export(out: OutputFile | None, schedule: Schedule) -> str | None:
+    """Write ``schedule`` into ``out`` (from :func:`check_export`); the path written."""
+    if out is None:
         return None
-    return str(write_pipelining_csv(schedule, args.export_schedule, overwrite=args.force))
+    return out.write_with(lambda tmp: write_pipelining_csv(schedule, tmp, overwrite=True))

@@ -154,7 +154,6 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
         by = "--bandwidth" if args.bandwidth is not None else f"--link {link.name}"
         raise CommandError(f"a copy of --activation-bytes {args.activation_bytes} over {by} takes "
                            f"{link.transfer_seconds(args.activation_bytes):.3g} s, more than {MAX_SECONDS:g}")
-    schedule_files.check_export(args)
     priced = bool(args.copy_time) or link is not None
     if args.import_schedule is None:  # Note [bytes of a simulation] in sim.core.size: refused before it is built
         check_size(args, args.chunks, args.stages, args.devices or args.stages, priced,
@@ -237,13 +236,14 @@ def skipped_note(files: dict[str, str], spans: int, plot_limit: int, trace_limit
 
 def run(args: argparse.Namespace) -> int:
     """Simulate, print the summary (or one JSON object) and write the files; return the exit status."""
+    export = schedule_files.check_export(args)  # the files, checked before any work
     schedule, cost, config, device = build(args)
     out = output_folder(args, FILES)
     timeline = simulate(schedule, cost, config)
     limits = (None, None) if args.all_files else (PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
     files = write_files(timeline, out, plot_limit=limits[0], trace_limit=limits[1])
-    if args.export_schedule is not None:
-        files["schedule"] = str(schedule_files.export(args, schedule))
+    if export is not None:
+        files["schedule"] = str(schedule_files.export(export, schedule))
     note = None if args.all_files else skipped_note(files, len(timeline.spans), PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
     summary = timeline.summary()  # Note [metrics in one pass] in gpipe.timeline
     model_state = timeline.meta["model_state_bytes"]

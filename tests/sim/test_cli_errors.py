@@ -110,6 +110,24 @@ def test_a_bad_out_is_one_line_before_any_work(case: str, command: str, tmp_path
     _one_line(capsys, command, "--out", message)
 
 
+@pytest.mark.parametrize("command", ["simulate", "demo", "compare", "plan"])
+def test_a_link_to_nothing_or_an_empty_out_is_one_line(command: str, tmp_path: Path, no_experiment: None,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dangling link once ended in a FileExistsError traceback, and ``--out ''`` wrote into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sim.cli.plan.count_layers", lambda *a, **k: pytest.fail("the model was counted"))
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    argv = {"simulate": SIMULATE, "demo": ["demo"], "compare": ["compare", "nosuchmodule:build"],
+            "plan": PLAN}[command]
+    for out, needles in ((str(tmp_path / "dangling"), ("is a symbolic link to", "which does not exist")),
+                         (str(tmp_path / "dangling" / "sub"), ("is a symbolic link to",)),
+                         ("", ("--out '' names no folder",))):
+        assert main([*argv, "--out", out]) == 2
+        _one_line(capsys, command, *needles)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"]
+
+
 def test_an_unwritable_out_is_refused(tmp_path: Path, no_experiment: None, capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     locked = tmp_path / "locked"
@@ -284,6 +302,64 @@ def test_compare_shows_the_users_traceback(user_code: Path, target: str, needles
 def test_plan_shows_the_users_traceback(user_code: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--model", "usercode:broken", "--batch", "8", "--gpus", "1", "--hardware", "h100-sxm"]) == 1
     _users_traceback(capsys, "plan", "usercode:broken", "KeyError: 'encoder'")
+
+
+# -- hardware --calibrate-cpu --out: one file, by the same rules -------------------------------------------
+
+
+@pytest.fixture
+def calibration(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``hardware --calibrate-cpu`` gets a catalog device at once; the list counts the calibrations."""
+    from types import SimpleNamespace
+
+    from sim.planning.hardware import DEVICES
+
+    calls: list[int] = []
+
+    def calibrate_cpu(threads: int = 1) -> SimpleNamespace:
+        calls.append(threads)
+        return SimpleNamespace(device=next(iter(DEVICES.values())), measurements=[])
+
+    monkeypatch.setattr("sim.planning.calibrate_device.calibrate_cpu", calibrate_cpu)
+    return calls
+
+
+def test_hardware_out_is_checked_before_calibrating_and_never_overwritten_unasked(
+        tmp_path: Path, calibration: list[int], capsys: pytest.CaptureFixture[str]) -> None:
+    """It once overwrote a file, wrote through a link, and calibrated before an IsADirectoryError traceback."""
+    mine = tmp_path / "mine.json"
+    mine.write_text("my notes")
+    link = tmp_path / "link.json"
+    link.symlink_to(mine)
+    cases = [(mine, (), f"--out {mine} exists; choose another name, or add --force to replace it"),
+             (link, (), "is a symbolic link"), (link, ("--force",), "does not write through links"),
+             (tmp_path, (), f"--out {tmp_path} is a folder; name a file such as {tmp_path / 'cpu.json'}"),
+             (tmp_path / "no" / "cpu.json", (), f"folder {tmp_path / 'no'} does not exist"),
+             (tmp_path / "dangling", (), "is a symbolic link")]
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for out, extra, message in cases:
+        assert main(["hardware", "--calibrate-cpu", "--json", "--out", str(out), *extra]) == 2
+        _one_line(capsys, "hardware", message)
+    assert main(["hardware", "--calibrate-cpu", "--json", "--out", ""]) == 2
+    _one_line(capsys, "hardware", "--out '' names no file")
+    assert calibration == [] and mine.read_text() == "my notes"  # refused before any work, nothing touched
+    assert main(["hardware", "--calibrate-cpu", "--json", "--out", str(mine), "--force"]) == 0
+    assert json.loads(mine.read_text()) == json.loads(capsys.readouterr().out) and link.is_symlink()
+    new = tmp_path / "cpu.json"
+    assert main(["hardware", "--calibrate-cpu", "--json", "--out", str(new)]) == 0
+    assert json.loads(new.read_text())["name"] and calibration == [1, 1]
+    assert main(["hardware", "--out", str(new)]) == 2
+    _one_line(capsys, "hardware", "--out saves a calibration; add --calibrate-cpu")
+
+
+def test_an_export_file_is_never_a_link(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mine = tmp_path / "mine.csv"
+    mine.write_text("my notes")
+    (tmp_path / "link.csv").symlink_to(mine)
+    assert main([*SIMULATE, "--export-schedule", str(tmp_path / "link.csv"), "--force",
+                 "--out", str(tmp_path / "out")]) == 2
+    _one_line(capsys, "simulate", "does not write through links")
+    assert mine.read_text() == "my notes" and not (tmp_path / "out").exists()
 
 
 # -- pipes, ranges and numbers ------------------------------------------------------------------------
