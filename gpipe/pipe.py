@@ -48,7 +48,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from gpipe.affinity import Cores, check_affinity
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.checks import check_balance, check_count, check_devices, check_unique
+from gpipe.checks import check_balance, check_chunks, check_devices, check_unique
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.loss import loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
@@ -108,7 +108,7 @@ class GPipe(nn.Module):
                             "nn.Sequential(...) (one child per layer)")
         check_unique(module)
         self.balance = check_balance(balance, len(module))
-        chunks = check_count("chunks (micro-batches per mini-batch)", chunks)
+        chunks = check_chunks(chunks, len(self.balance))  # a size this machine can build: gpipe.schedule.size
         if checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
         kind = schedule_kind(schedule)  # a registered name (gpipe.schedule.SCHEDULES), else a ValueError listing them

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from gpipe import rng
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.checks import check_balance, check_count, check_unique
+from gpipe.checks import check_balance, check_chunks, check_unique
 from gpipe.distributed.clock import measure_offsets, merge
 from gpipe.distributed.faults import Alarm, PipelineFailed, report
 from gpipe.distributed.group import Ranks, join
@@ -90,7 +90,7 @@ class DistributedGPipe(nn.Module):
             raise TypeError(f"DistributedGPipe partitions an nn.Sequential, got {type(module).__name__}")
         check_unique(module)
         self.balance = check_balance(balance, len(module))
-        self.chunks = check_count("chunks (micro-batches per mini-batch)", chunks)
+        self.chunks = check_chunks(chunks, len(self.balance))  # a size this machine can build: gpipe.schedule.size
         if checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
         self.checkpoint, self.schedule_name, self.record = checkpoint, schedule, record

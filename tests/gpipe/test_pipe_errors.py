@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from gpipe import GPipe
+from gpipe.distributed import DistributedGPipe
 from gpipe.schedule import CHECKPOINT_MODES
 from gpipe.skip import skippable, stash
 from tests.gpipe.models import mlp
@@ -135,6 +136,9 @@ def _two() -> nn.Sequential:
     (lambda: GPipe(_two(), [1, 2]), ValueError, "sums to 3 but the module has 2 layers"),
     (lambda: GPipe(_two(), [2], chunks=0), ValueError, "positive integer"),
     (lambda: GPipe(_two(), [2], chunks=-2), ValueError, "positive integer"),
+    # a size whose schedule the machine cannot hold: refused at once, before a task is built (gpipe.schedule.size)
+    (lambda: GPipe(_two(), [1, 1], chunks=10**12), ValueError, r"chunks=1000000000000 on 2 stages: .*lower chunks=$"),
+    (lambda: DistributedGPipe(_two(), [1, 1], chunks=10**12), ValueError, "chunks=1000000000000 on 2 stages"),
     (lambda: GPipe(_two(), [2], checkpoint="sometimes"), ValueError, "always, except_last, never"),
     (lambda: GPipe(_two(), [1, 1], devices=["cpu"]), ValueError, "too few devices"),
     (lambda: GPipe(_two(), [1, 1], devices=["cpu", "cuda:7"]), ValueError, "does not exist"),
