@@ -9,8 +9,8 @@ Each configuration is balanced by cost (:mod:`sim.planning.partition`), priced w
 split into B and W where the schedule has W tasks, simulated (:func:`sim.core.engine.simulate`) and
 checked against device memory as the allocator sees it; :func:`plan` runs the sweep::
 
-    step seconds  = simulated pipeline, the all-reduce across replicas overlapped (sim.planning.replicas),
-                    then the optimizer step
+    step seconds  = simulated pipeline, the all-reduce across replicas overlapped (sim.planning.replicas;
+                    hierarchical across nodes: sim.planning.cluster), then the optimizer step
     throughput    = global batch / step seconds                              (samples/s)
     memory        = per device, the peak the allocator reserves: model state, saved bytes, the running
                     task's working set, workspace, rounding (sim.planning.memory)      (fits or out of memory)
@@ -285,8 +285,8 @@ def check_request(batch: int, gpus: Sequence[int], chunks: Sequence[int] | None 
 # shard of the model (its own count: :mod:`sim.planning.tensor_parallel`) with the shard's all-reduces inside its
 # stages, priced on the link. They work in lockstep, so one rank's pipeline is simulated and stands for all ``t``;
 # a configuration uses ``t * stages * replicas`` GPUs. The group stays inside a node (``t <= gpus_per_node``),
-# where the link is; the pipeline's transfers and the data-parallel all-reduce are priced on the same link as
-# without tensor parallelism (nodes and the network between them come later).
+# where the link is. With a network, the pipeline's copies and the data-parallel all-reduce that cross nodes use
+# it (:mod:`sim.planning.cluster`); without one, they are priced on the link as in one node.
 def check_tensor_parallel(tensor_parallel: Sequence[int], gpus: Sequence[int],
                           gpus_per_node: int = GPUS_PER_NODE) -> None:
     """Reject tensor-parallel degrees below 1, above a node, or not dividing a GPU count (Note [tensor parallel
