@@ -21,14 +21,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sim.calibration.experiment import Batch, Setup
+from sim.calibration.experiment import Batch, Setup, microbatch_sizes
 from sim.calibration.machine import default_devices
 from sim.cli import CommandError, processes
 from sim.cli.demo import add_common_options, check_common, execute
 from sim.cli.options import integer
-from sim.cli.user_code import Target, blame, call, load_target
+from sim.cli.user_code import Target, blame, call, layer_failure, load_target
 
-__all__ = ["add_parser", "load", "run"]
+__all__ = ["add_parser", "check_runs", "load", "run"]
 
 
 def add_parser(subparsers: Any) -> None:
@@ -111,6 +111,33 @@ def load(target: str | Target) -> tuple[nn.Sequential, Batch]:
     return model, batch
 
 
+def check_runs(target: Target, model: nn.Sequential, batch: Batch, chunks: int) -> None:
+    """Run one micro-batch of ``batch`` through the layers in turn, before any work, so that a layer whose input
+    does not fit is named at once (:func:`sim.cli.user_code.layer_failure`: one line, or the user's traceback
+    where their code raised). Without gradients, in eval mode (a batch norm takes one sample) and on a copy of
+    the random state: the model, its statistics and the run's seeds are as they were.
+
+    Raises:
+        CommandError: a layer fails inside a library (the message names it).
+        UserCodeError: a layer fails in the user's own code.
+    """
+    tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
+    rows = microbatch_sizes(tensors[0].shape[0], chunks)[0]
+    x: Any = tensors[0][:rows] if isinstance(batch, Tensor) else tuple(t[:rows] for t in tensors)
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            for k, layer in enumerate(model):
+                try:
+                    x = layer(x)
+                except Exception as error:  # noqa: BLE001 - the user's layer: theirs, or named in one line
+                    raise layer_failure(target, k, layer, error) from None
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def _kind(value: object) -> str:
     if isinstance(value, tuple):
         return f"a tuple of {len(value)}"
@@ -131,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     target = load_target(args.target)
     model, batch = load(target)
+    check_runs(target, model, batch, args.chunks)
     if balance is not None and sum(balance) != len(model):
         raise CommandError(f"--balance {args.balance} sums to {sum(balance)}, but the model has {len(model)} layers")
     partitions = len(balance) if balance is not None else args.stages if args.stages is not None \

@@ -38,16 +38,18 @@ from torch import nn
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
 from sim.cli import CommandError
 from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedules_help
-from sim.cli.user_code import Target, blame, call, load_target
+from sim.cli.user_code import Target, blame, call, layer_failure, load_target
+from sim.core.size import check_simulation_size
 from sim.files import json_text
 from sim.planning.buyer import Answer, answer
 from sim.planning.costs_from_flops import training_policy
-from sim.planning.flops import ModelProfile, count_layers
+from sim.planning.flops import CountError, ModelProfile, count_layers
 from sim.planning.hardware import get_device
 from sim.planning.memory import COPY_STREAMS
 from sim.planning.models import get_model
 from sim.planning.plan import (
     GPUS_PER_NODE,
+    MAX_CHUNKS,
     VIRTUAL,
     Plan,
     PlanRow,
@@ -366,8 +368,13 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     profiles: dict[int, ModelProfile] = {}
     if shards is None:
         name, module, sample, target = _load(args.model)
-        with blame(target) if target is not None else nullcontext():  # the user's layers run on meta here
-            profiles[1] = count_layers(module, sample, dtype=training.torch_dtype)
+        try:
+            with blame(target) if target is not None else nullcontext():  # the user's layers run on meta here
+                profiles[1] = count_layers(module, sample, dtype=training.torch_dtype)
+        except CountError as error:
+            if target is None:
+                raise
+            raise layer_failure(target, error.layer, module[error.layer], error.error) from None
         family = args.model.strip().lower().partition(":")[0]
         core = get_model(args.model).attention_core if family in BUILTIN_FAMILIES else None
         if core is not None:  # selective recompute finds the blocks' attention core (sim.planning.recompute)
@@ -380,6 +387,11 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
             core = shards[t].attention_core
             if core is not None:
                 profiles[t] = replace(profiles[t], attention_core=core(training.torch_dtype.itemsize))
+    # the sweep's largest simulation, refused before the first if it would not fit (sim.core.size)
+    m = min(max(chunks) if chunks is not None else MAX_CHUNKS, args.batch)
+    n = len(balance) if balance is not None else min(max(map(len, profiles.values())), max(gpus) * max(virtual))
+    check_simulation_size(m, n, given=f"{'--chunks ' if chunks is not None else 'up to '}{m} micro-batches on up to "
+                          f"{n} stages", fix="lower --chunks or --gpus")
     result = plan(profiles, args.batch, device, gpus, link, training=training, chunks=chunks,
                   checkpoints=checkpoints, schedules=schedules, virtual=virtual, price_per_gpu_hour=price,
                   objective=args.objective, model_name=name, balance=balance, replicas=replicas,

@@ -12,6 +12,13 @@ command prints its traceback, from the user's first frame on, under a line that 
         return layers["encoder"], torch.randn(8, 4)
     KeyError: 'encoder'
 
+A layer of the user's model that fails inside a library's code (its input shape does not match the layer before
+it: ``torch`` raises in ``F.linear``) is the user's model, but no frame of theirs: one line names the layer and
+the error, exit status 2 (:func:`layer_failure`)::
+
+    gpipe-sim compare: error: models:build: layer 2 of your model, Linear(in_features=16, out_features=2, bias=True),
+    fails on the output of the layers before it: RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x8 and 16x2)
+
 Note [whose frame]: a frame is the user's when its file is the target's own module file, or is none
 of this project's packages (``gpipe``, ``sim``), of Python's library or of the installed packages
 (``torch`` among them): so a layer the user defines in a sibling module counts, a shape error that
@@ -36,7 +43,7 @@ from typing import Any
 
 from sim.cli import CommandError
 
-__all__ = ["Target", "UserCodeError", "blame", "call", "load_target"]
+__all__ = ["Target", "UserCodeError", "blame", "call", "layer_failure", "load_target"]
 
 
 class UserCodeError(Exception):
@@ -112,6 +119,20 @@ def blame(target: Target, *, always: bool = False) -> Iterator[None]:
         if tb is None and not always:
             raise
         raise UserCodeError(target.spec, exc, tb if tb is not None else exc.__traceback__) from None
+
+
+def layer_failure(target: Target, k: int, layer: object, error: BaseException) -> Exception:
+    """What to raise when layer ``k`` (``layer``) of the user's model raised ``error``: a :class:`UserCodeError`
+    where a frame of its traceback is the user's (Note [whose frame]), else a one-line :class:`CommandError` that
+    names the layer and the error (its first line)."""
+    tb = _users_traceback(error.__traceback__, target.file)
+    if tb is not None:
+        return UserCodeError(target.spec, error, tb)
+    text = repr(layer).splitlines()[0] if repr(layer) else type(layer).__name__
+    lines = str(error).strip().splitlines()
+    return CommandError(f"{target.spec}: layer {k} of your model, {text if len(text) <= 100 else text[:97] + '...'}, "
+                        f"fails on the output of the layers before it: {type(error).__name__}"
+                        + (f": {lines[0]}" if lines else ""))
 
 
 def _import(module_name: str, spec: str, what: str) -> ModuleType:

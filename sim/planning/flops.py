@@ -40,7 +40,8 @@ from sim.planning.operators import (
     _tensors,
 )
 
-__all__ = ["LayerCount", "LayerProfile", "ModelProfile", "OpTable", "UnknownOperatorError", "count_layers"]
+__all__ = ["CountError", "LayerCount", "LayerProfile", "ModelProfile", "OpTable", "UnknownOperatorError",
+           "count_layers"]
 
 _COUNT_BATCH = 2  # counts at 2 and 4 samples (see Note [affine in the batch])
 
@@ -73,6 +74,20 @@ def _check_batched(x: Any) -> None:
     ts = _tensors(x)
     if not ts or any(t.dim() == 0 for t in ts):
         raise ValueError("the sample input needs tensors with a batch dimension (dimension 0)")
+
+
+class CountError(RuntimeError):
+    """A layer failed while it was counted on the meta device (its shapes do not chain with the layer before it,
+    or it runs a data-dependent operator).
+
+    Attributes:
+        layer: the layer's index in the ``nn.Sequential``.
+        error: what it raised, with its traceback.
+    """
+
+    def __init__(self, layer: int, name: str, error: BaseException) -> None:
+        super().__init__(f"counting on the meta device failed at layer {name}: {error}")
+        self.layer, self.error = layer, error
 
 
 @dataclass
@@ -177,7 +192,10 @@ def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None, m
         param_keys = {_storage_key(t) for t in (*params.values(), *buffers.values())}
         new = [p for p in layer.parameters() if id(p) not in owners]  # parameters() dedupes within a layer
         owners.update(id(p) for p in new)
-        step = _run_layer(layer, x, k == 0, seen, keep, params, buffers, param_keys, memory_bound, groups)
+        try:
+            step = _run_layer(layer, x, k == 0, seen, keep, params, buffers, param_keys, memory_bound, groups)
+        except (RuntimeError, NotImplementedError) as exc:
+            raise CountError(k, next(name for name, child in module.named_children() if child is layer), exc) from exc
         keep.extend(params.values())
         result.append((step, new))
         x = step.output
@@ -223,7 +241,8 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
         TypeError: ``module`` is not an ``nn.Sequential``.
         ValueError: the sample has no batch dimension, the module has no layers, or its collectives run among
             groups of different sizes.
-        RuntimeError: a layer fails on meta tensors (for instance a data-dependent operator).
+        CountError: a layer fails on meta tensors (its shapes do not chain, or a data-dependent operator); a
+            ``RuntimeError`` that names the layer and holds its index.
         UnknownOperatorError: a layer runs an operator the counter does not know (the message names it).
     """
     if not isinstance(module, nn.Sequential):
@@ -239,6 +258,8 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
             meta_sample = _to_meta(sample, batch, dtype)
         try:
             passes.append(_count_pass(module, meta_sample, dtype, frozenset(memory_bound), groups))
+        except CountError:
+            raise
         except (RuntimeError, NotImplementedError) as exc:
             raise RuntimeError(f"counting on the meta device failed: {exc}") from exc
         if progress is not None:

@@ -264,6 +264,10 @@ def broken():
 
 def picky():
     return nn.Sequential(nn.Linear(4, 4), Picky()), torch.randn(8, 4)
+
+
+def mismatched():
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(16, 2)), torch.randn(8, 4)
 '''
 
 
@@ -302,6 +306,28 @@ def test_compare_shows_the_users_traceback(user_code: Path, target: str, needles
 def test_plan_shows_the_users_traceback(user_code: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--model", "usercode:broken", "--batch", "8", "--gpus", "1", "--hardware", "h100-sxm"]) == 1
     _users_traceback(capsys, "plan", "usercode:broken", "KeyError: 'encoder'")
+
+
+@pytest.mark.parametrize("command", ["compare", "plan"])
+def test_a_model_whose_shapes_do_not_chain_is_one_line_naming_the_layer(
+        command: str, user_code: Path, no_experiment: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch raises the error inside its own Linear, so no frame is the user's: once 82 lines of our traceback
+    (plan) and 43 (compare); now the layer and the error, exit status 2, before any work."""
+    argv = {"compare": ["compare", "usercode:mismatched", "--no-progress"],
+            "plan": ["plan", "--model", "usercode:mismatched", "--batch", "8", "--gpus", "1",
+                     "--hardware", "h100-sxm"]}[command]
+    assert main([*argv, "--out", str(user_code / "out")]) == 2
+    line = _one_line(capsys, command, "usercode:mismatched: layer 2 of your model, Linear(in_features=16, "
+                     "out_features=2, bias=True), fails on the output of the layers before it: RuntimeError: ")
+    assert "Traceback" not in line and not (user_code / "out").exists()
+
+
+def test_plan_refuses_a_sweep_too_large_for_this_machine_before_its_first_simulation(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``plan --chunks 1000000000`` once ran until the kernel killed it (sim.core.size)."""
+    assert main([*PLAN[:4], "1000000000", *PLAN[5:], "--chunks", "1000000000", "--no-progress"]) == 2
+    _one_line(capsys, "plan", "--chunks 1000000000 micro-batches on up to 4 stages: the simulation "
+              "(4,000,000,000 micro-batch-stage pairs) needs about", "lower --chunks or --gpus")
 
 
 # -- hardware --calibrate-cpu --out: one file, by the same rules -------------------------------------------
