@@ -18,7 +18,12 @@ of a ``gpt`` or ``llama`` model over ranks inside a node (Megatron-LM's tensor p
 ``--link``), each configuration then using ``t x stages x replicas`` GPUs::
 
     gpipe-sim plan --model gpt:175b --batch 1536 --gpus 64 --hardware a100-80gb --link nvlink3 \
-        --tensor-parallel 8 --stages 8 --schedule 1f1b --chunks 64 --checkpoint always
+        --network infiniband-hdr --tensor-parallel 8 --stages 8 --schedule 1f1b --chunks 1536 \
+        --checkpoint layers,selective
+
+``--checkpoint layers`` and ``selective`` recompute per layer (:mod:`sim.planning.recompute`); ``--network`` (and
+``--network-ports``) puts the nodes of ``--gpus-per-node`` GPUs on a network, which stage copies and data-parallel
+all-reduces that cross nodes use (:mod:`sim.planning.cluster`).
 
 ``--model`` takes a built-in (``gpt:SIZE``, ``llama:SIZE``, ``gpt:layers=...``, ``llama:layers=...``, ``resnet101``,
 ``unet:B,C``, ``amoebanet:L,D``; ``--help`` has them) or a user's ``MODULE:FUNCTION`` (a dotted module or a file),
