@@ -477,6 +477,10 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
         raise ValueError("the counts of the tensor-parallel shards have different numbers of layers")
     if copy_streams not in COPY_STREAMS:
         raise ValueError(f"copy_streams must be one of {', '.join(COPY_STREAMS)}, got {copy_streams!r}")
+    if copy_streams == "per_microbatch" and "layers" in checkpoints:
+        # Note [a copy stream per micro-batch] counts a stage's checkpoint as the input it received
+        raise ValueError("checkpoint layers (Megatron-LM's) runs with one copy stream; per_microbatch copy streams "
+                         "are torchgpipe's, whose checkpoint is a stage's input")
     if objective not in ("throughput", "cost"):
         raise ValueError(f"objective must be 'throughput' or 'cost', got {objective!r}")
     if price_per_gpu_hour is not None and not 0 <= price_per_gpu_hour < math.inf:

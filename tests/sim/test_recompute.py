@@ -115,6 +115,12 @@ def test_a_plan_fits_under_selective_and_not_under_never() -> None:
     assert not _plan("never", small, batch=64).rows[0].fits  # type: ignore[attr-defined]
 
 
+def test_layers_refuses_torchgpipes_copy_streams() -> None:
+    with pytest.raises(ValueError, match="checkpoint layers .* runs with one copy stream"):
+        plan(_profile(1), 8, "a100-80gb", [2], "nvlink3", training="fp16-adam", checkpoints=["layers"],
+             copy_streams="per_microbatch")
+
+
 def test_selective_needs_an_attention_core() -> None:
     bare = replace(_profile(1), attention_core=None)
     with pytest.raises(ValueError, match="checkpoint selective recomputes the attention core"):
