@@ -73,7 +73,7 @@ def demo_model(seed: int = 0) -> tuple[nn.Sequential, Tensor]:
     """The demo's model and mini-batch: a small convolutional classifier, seconds per step on a CPU.
 
     Eight 3x3 convolutions (32 channels, on 32x32 images, two of them halving the size) and a linear
-    head, as one ``nn.Sequential`` of 19 layers; a mini-batch of 64 images. One training step of it
+    head, as one ``nn.Sequential`` of 20 layers; a mini-batch of 64 images. One training step of it
     takes a few tens of milliseconds per stage on one core, so the demo, calibration included,
     finishes in well under a minute on two.
 

@@ -258,8 +258,11 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
 
 
 def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float = 600.0,
-                  description: str = "") -> ProcessOutcome:
+                  description: str = "", on_spawn: Callable[[], None] | None = None) -> ProcessOutcome:
     """Balance and calibrate here, measure on ``processes`` spawned ranks, simulate, compare (module docstring).
+
+    ``on_spawn`` is called once the setup is checked and balanced, right before the ranks start (a command's
+    "spawning" line: not printed for a setup refused here).
 
     Raises:
         ValueError: fewer than two processes, or stages the schedule cannot place on them.
@@ -284,6 +287,8 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
             balance = tuple(balance_by_time(n, model, first, timeout=setup.balance_timeout, device="cpu"))
         cost = stage_costs(model, batch, balance, setup.chunks, ["cpu"] * n, warmup=setup.warmup,
                            repeats=setup.repeats, split=schedule.splits_weight_gradient)
+    if on_spawn is not None:
+        on_spawn()
     link, steps, gathered, gap, price = _spawn(build, replace(setup, balance=tuple(balance), stages=None),
                                                tuple(balance), message_sizes(cost, schedule.placement), processes,
                                                timeout)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from sim.calibration.experiment import Batch, Setup, microbatch_sizes
 from sim.calibration.machine import default_devices
 from sim.cli import CommandError, processes
-from sim.cli.demo import add_common_options, check_common, execute
+from sim.cli.demo import add_common_options, check_chunks, check_common, execute
 from sim.cli.options import integer
 from sim.cli.user_code import Target, blame, call, layer_failure, load_target
 
@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     target = load_target(args.target)
     model, batch = load(target)
+    check_chunks(args.chunks, batch)
     check_runs(target, model, batch, args.chunks)
     if balance is not None and sum(balance) != len(model):
         raise CommandError(f"--balance {args.balance} sums to {sum(balance)}, but the model has {len(model)} layers")

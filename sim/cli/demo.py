@@ -42,7 +42,7 @@ from sim.cli import CommandError, processes  # noqa: E402
 from sim.cli.options import add_out, integer, output_folder, schedules_help, seed  # noqa: E402
 from sim.files import OutputFolder, json_text  # noqa: E402
 
-__all__ = ["add_common_options", "add_parser", "execute", "run_command"]
+__all__ = ["add_common_options", "add_parser", "check_chunks", "describe", "execute", "run_command"]
 
 
 def add_parser(subparsers: Any) -> None:
@@ -105,15 +105,33 @@ def run_command(args: argparse.Namespace) -> int:
     if stages is not None and stages > len(model):
         raise CommandError(f"--stages {stages} is more than the {len(model)} layers of the demo's model")
     processes.check(args, args.devices)
+    if args.processes is not None and stages is None and args.processes > len(model):
+        raise CommandError(f"--processes {args.processes} runs a stage on each rank, more than the {len(model)} "
+                           f"layers of the demo's model: use at most --processes {len(model)}")
+    check_chunks(args.chunks, batch)
+    description = f"demo: {len(model)}-layer convolutional classifier, batch {describe(batch)}"
     if args.processes is not None:
         setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
                       seed=args.seed, stages=stages)
-        return processes.execute(functools.partial(demo_model, args.seed), setup, args,
-                                 "demo: 19-layer convolutional classifier, batch 64 of 3x32x32", out)
+        return processes.execute(functools.partial(demo_model, args.seed), setup, args, description, out)
     devices = default_devices(args.devices) if args.devices is not None else None
     setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
                   seed=args.seed, stages=stages, devices=devices)
-    return execute(model, batch, setup, args, "demo: 19-layer convolutional classifier, batch 64 of 3x32x32", out)
+    return execute(model, batch, setup, args, description, out)
+
+
+def describe(batch: Batch) -> str:
+    """``64 of 3x32x32``: the samples of a mini-batch and the shape of one (of the first tensor's)."""
+    first = batch if isinstance(batch, torch.Tensor) else batch[0]
+    return f"{first.shape[0]} of {'x'.join(map(str, first.shape[1:])) or 'scalars'}"
+
+
+def check_chunks(chunks: int, batch: Batch) -> None:
+    """Refuse more micro-batches than the mini-batch has samples, before any work (threads or processes)."""
+    size = (batch if isinstance(batch, torch.Tensor) else batch[0]).shape[0]
+    if chunks > size:
+        raise CommandError(f"--chunks {chunks} is more than the {size} samples of the mini-batch: every "
+                           "micro-batch needs at least one")
 
 
 def execute(model: nn.Sequential, batch: Batch, setup: Setup, args: argparse.Namespace, description: str,
@@ -121,10 +139,7 @@ def execute(model: nn.Sequential, batch: Batch, setup: Setup, args: argparse.Nam
     """Run the experiment with a progress bar, write the files into ``out``, print the table (or the report)."""
     from tqdm import tqdm
 
-    size = (batch if isinstance(batch, torch.Tensor) else batch[0]).shape[0]
-    if setup.chunks > size:
-        raise CommandError(f"--chunks {setup.chunks} is more than the {size} samples of the mini-batch: every "
-                           "micro-batch needs at least one")
+    check_chunks(setup.chunks, batch)
     keep_freed_memory()  # sim.calibration.machine, Note [allocator]
     labels = progress_labels(setup)
     with tqdm(total=len(labels), desc="starting", unit="step", file=sys.stderr, leave=False,

@@ -42,10 +42,13 @@ def check(args: argparse.Namespace, devices: object = None) -> None:
 
 
 def execute(build: Build, setup: Setup, args: argparse.Namespace, description: str, out: OutputFolder) -> int:
-    """Run on ``args.processes`` ranks, write the files into ``out``, print the table (or the report)."""
-    print(f"spawning {args.processes} processes (gloo on loopback) ...", file=sys.stderr)
+    """Run on ``args.processes`` ranks, write the files into ``out``, print the table (or the report); "spawning"
+    is printed once the launcher has checked the setup and is about to start the ranks."""
+    def spawning() -> None:
+        print(f"spawning {args.processes} processes (gloo on loopback) ...", file=sys.stderr)
+
     try:
-        outcome = run_processes(build, setup, args.processes, description=description)
+        outcome = run_processes(build, setup, args.processes, description=description, on_spawn=spawning)
     except ValueError as error:
         raise CommandError(str(error)) from None
     files = write_outputs(outcome, out, measured_by=f"{args.processes} processes")

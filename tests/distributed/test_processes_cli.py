@@ -66,6 +66,10 @@ def test_compare_on_two_processes_places_four_stages_by_the_layout(tmp_path: Pat
 @pytest.mark.parametrize(("args", "message"), [
     (["--processes", "1"], "--processes must be >= 2, got 1"),
     (["--processes", "2", "--devices", "2"], "--processes runs a rank per schedule device"),
+    # refused before "spawning N processes" is printed, and before any rank starts
+    (["--processes", "64"], "--processes 64 runs a stage on each rank, more than the 20 layers of the demo's model"),
+    (["--processes", "2", "--schedule", "zb-v"], "a V places two stages on each device"),
+    (["--processes", "2", "--chunks", "1000"], "--chunks 1000 is more than the 64 samples of the mini-batch"),
 ])
 def test_bad_processes_are_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                args: list[str], message: str) -> None:

@@ -271,3 +271,21 @@ def test_the_default_output_is_short_and_verbose_adds_the_internals(
     assert [needle for needle in INTERNALS if needle not in verbose] == []
     assert outcome.comparison.table() in verbose and "wrote demo-2/timeline.png" in verbose
     assert set(lines[:3] + lines[4:-1]) <= set(verbose.splitlines())  # the rest as by default
+
+
+def test_the_demo_says_how_many_layers_its_model_has(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """It once said "19-layer" of its 20 layers; the description is now read off the model it builds."""
+    from sim.calibration.experiment import demo_model
+
+    seen: list[str] = []
+
+    def run(*args: object, description: str = "", **kwargs: object) -> Outcome:
+        seen.append(description)
+        return _outcome()
+
+    monkeypatch.setattr("sim.cli.demo.run", run)
+    assert main(["demo", "--no-progress", "--out", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    model, batch = demo_model()
+    assert seen == [f"demo: {len(model)}-layer convolutional classifier, batch 64 of 3x32x32"] and len(model) == 20
