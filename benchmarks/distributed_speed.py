@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import json
 import os
 import platform
@@ -46,10 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from executor_speed import THREADS, Runner, Workload, interleaved, ms, pipe_step, ratio, train_step  # noqa: E402
-from schedule_speed import SINGLE_STAGE, TORCH_SCHEDULES, _free_port, balance_of, layout  # noqa: E402
+from schedule_speed import SINGLE_STAGE, TORCH_SCHEDULES, balance_of, layout  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from gpipe import GPipe  # noqa: E402
+from gpipe.distributed.loopback import free_port, init_loopback_group  # noqa: E402
 from gpipe.schedule import Schedule, Task, schedule_kind  # noqa: E402
 from gpipe.timeline import COMPUTE, Timeline  # noqa: E402
 from sim.calibration.calibrate import partitions_of  # noqa: E402
@@ -69,7 +71,7 @@ def _rank(rank: int, world: int, port: int, workload: Workload, plans: dict[str,
     from gpipe.distributed import DistributedGPipe
 
     torch.set_num_threads(THREADS)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init_loopback_group(rank, world, port, datetime.timedelta(minutes=30))
     try:
         x, y = workload.data()
         result: dict[str, Any] = {}
@@ -161,7 +163,7 @@ def run_distributed(workload: Workload, plans: dict[str, tuple[list[int], list[i
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "distributed.json")
-        mp.spawn(_rank, args=(WORLD, _free_port(), workload, plans, warmup, repeats, out), nprocs=WORLD, join=True)
+        mp.spawn(_rank, args=(WORLD, free_port(), workload, plans, warmup, repeats, out), nprocs=WORLD, join=True)
         return json.loads(Path(out).read_text())
 
 

@@ -15,6 +15,7 @@ Run: ``.venv/bin/python benchmarks/gloo_directions.py`` (``--quick``: few blocks
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -28,7 +29,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from schedule_speed import _free_port  # noqa: E402
+
+from gpipe.distributed.loopback import free_port, init_loopback_group  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gloo_directions.json"
 WAYS = ("one", "two", "four")
@@ -39,7 +41,7 @@ def _rank(rank: int, port: int, kb: int, blocks: int, rounds: int, out: str) -> 
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    init_loopback_group(rank, 2, port, datetime.timedelta(minutes=30))
     peer = 1 - rank
     up = [dist.new_group([0, 1], backend="gloo") for _ in range(2)]
     down = [dist.new_group([0, 1], backend="gloo") for _ in range(2)]
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "posts.json")
-        mp.spawn(_rank, args=(_free_port(), args.kb, blocks, args.rounds, out), nprocs=2, join=True)
+        mp.spawn(_rank, args=(free_port(), args.kb, blocks, args.rounds, out), nprocs=2, join=True)
         both = json.loads(Path(out).read_text())
     rows = []
     for way in WAYS:

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import json
 import os
 import platform
-import socket
 import sys
 import tempfile
 import time
@@ -55,6 +55,7 @@ from executor_speed import (  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from gpipe import GPipe  # noqa: E402
+from gpipe.distributed.loopback import free_port, init_loopback_group  # noqa: E402
 from gpipe.schedule import SCHEDULES, schedule_kind  # noqa: E402
 from sim.calibration.calibrate import partitions_of  # noqa: E402
 
@@ -92,12 +93,6 @@ def balance_of(workload: Workload, stages: int) -> list[int]:
 # -- torch.distributed.pipelining ----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank(rank: int, world: int, port: int, workload: Workload, plans: dict[str, tuple[list[int], list[int]]],
           warmup: int, repeats: int, out: str) -> None:
     """One rank: for each schedule, the stages its layout puts here, timed between barriers; rank 0 writes."""
@@ -105,8 +100,7 @@ def _rank(rank: int, world: int, port: int, workload: Workload, plans: dict[str,
     from torch.distributed import pipelining
 
     torch.set_num_threads(THREADS)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init_loopback_group(rank, world, port, datetime.timedelta(minutes=30))
     try:
         x, y = workload.data()
         result: dict[str, Any] = {}
@@ -149,7 +143,7 @@ def run_pipelining(workload: Workload, plans: dict[str, tuple[list[int], list[in
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "pipelining.json")
-        mp.spawn(_rank, args=(DEVICES, _free_port(), workload, plans, warmup, repeats, out), nprocs=DEVICES,
+        mp.spawn(_rank, args=(DEVICES, free_port(), workload, plans, warmup, repeats, out), nprocs=DEVICES,
                  join=True)
         return {k: list(v) for k, v in json.loads(Path(out).read_text()).items()}
 

@@ -10,6 +10,7 @@
       shapes.py       a dry run on fake tensors: a shape mismatch between stages refused before a step
       clock.py        one time base: clock offsets by ping-pong, the ranks' timelines merged on rank 0
       group.py        the process group, this rank's device, the store
+      loopback.py     ranks all on this machine: a group listening on the loopback interface only
       materialize.py  meta layers made real, the same weights whatever the ranks
       pipe.py         DistributedGPipe: this rank's stages, step()
 """

@@ -1,12 +1,12 @@
 """Predicted against measured on several processes: ``gpipe-sim demo --processes N`` and ``compare --processes N``.
 
 :func:`run_processes` balances the model and sizes its stages in this process (:func:`stage_costs`: bytes, and
-seconds the ranks then replace), then spawns ``N`` ranks on this machine (gloo on loopback, no torchrun). The ranks
-time the link between them by a short ping-pong (:func:`measure_link`) and train with
-:class:`gpipe.distributed.DistributedGPipe`, each recorded step gathered to rank 0 on one clock (Note [one time
-base] in :mod:`gpipe.distributed.clock`); after every step each rank profiles its own stages
-(Note [calibrated in the ranks]). The simulator predicts the same schedule from those seconds and the link; the
-step of median makespan is compared with it.
+seconds the ranks then replace), then spawns ``N`` ranks on this machine (gloo on loopback and listening nowhere
+else, Note [loopback only] in :mod:`gpipe.distributed.loopback`; no torchrun). The ranks time the link between
+them by a short ping-pong (:func:`measure_link`) and train with :class:`gpipe.distributed.DistributedGPipe`, each
+recorded step gathered to rank 0 on one clock (Note [one time base] in :mod:`gpipe.distributed.clock`); after
+every step each rank profiles its own stages (Note [calibrated in the ranks]). The simulator predicts the same
+schedule from those seconds and the link; the step of median makespan is compared with it.
 
 Note [what the prediction models]: each task's seconds as the ranks run them (their processes computing at once,
 the recorder's hooks), and every copy as a ping-pong timed while the ranks compute prices it (Note [a busy
@@ -23,7 +23,6 @@ import contextlib
 import datetime
 import functools
 import queue
-import socket
 import statistics
 import threading
 import time
@@ -36,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gpipe.distributed.loopback import free_port, init_loopback_group
 from gpipe.profile import RecordedSeconds
 from gpipe.schedule import SCHEDULES, Schedule
 from gpipe.timeline import Timeline
@@ -218,8 +218,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
     try:
         torch.set_num_threads(setup.threads or 1)
         keep_freed_memory()  # as the launcher's own process keeps it (Note [allocator] in sim.calibration.machine)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=120))
+        init_loopback_group(rank, world, port, datetime.timedelta(seconds=120))  # gpipe.distributed.loopback
         torch.manual_seed(setup.seed)
         model, batch = build()
         tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
@@ -312,9 +311,7 @@ def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], sizes: tuple[in
 
     context = mp.get_context("spawn")
     results = context.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     procs = [context.Process(target=_rank, args=(r, world, port, build, setup, balance, sizes, results), daemon=True)
              for r in range(world)]
     try:

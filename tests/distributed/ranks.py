@@ -1,7 +1,8 @@
 """A pool of ranks for the distributed tests: spawn ``world`` processes once, run many cases in each, collect.
 
 Each case is a function ``case(rank, world) -> str`` run on every rank, in the same order on all; what it
-returns (or the error it raised, as ``"raised Type: message"``) comes back per rank. Gloo on loopback.
+returns (or the error it raised, as ``"raised Type: message"``) comes back per rank. Gloo on loopback, listening
+nowhere else (:mod:`gpipe.distributed.loopback`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import datetime
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -19,19 +19,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gpipe.distributed.loopback import free_port, init_loopback_group
+
 Case = Callable[[int, int], str]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(rank: int, world: int, port: int, cases: Sequence[tuple[str, Case]], results: Any) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    init_loopback_group(rank, world, port, datetime.timedelta(seconds=60))
     for name, case in cases:
         try:
             out = case(rank, world)
