@@ -27,6 +27,7 @@ from sim.cli import CommandError, processes
 from sim.cli.demo import add_common_options, check_chunks, check_common, execute
 from sim.cli.options import integer
 from sim.cli.user_code import Target, blame, call, layer_failure, load_target
+from sim.core.size import check_simulation_size
 
 __all__ = ["add_parser", "check_runs", "load", "run"]
 
@@ -166,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
         else len(devices) if devices is not None else 2
     if partitions > len(model):
         raise CommandError(f"{partitions} partitions for a model of {len(model)} layers")
+    stages = max(partitions, args.processes or 0)  # --processes without --stages runs a stage per rank
+    check_simulation_size(args.chunks, stages, given=f"--chunks {args.chunks} on {stages} stages",
+                          fix="lower --chunks or --stages")  # sim.core.size: before any work
     if args.processes is not None:
         setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
                       seed=args.seed, balance=balance, stages=args.stages if balance is None else None)

@@ -461,3 +461,15 @@ def test_the_json_writer_refuses_what_json_cannot_hold() -> None:
         json_text({"rows": [{"cost": 1.0}, {"cost": float("nan")}]})
     with pytest.raises(ValueError, match="makespan is inf"):
         json_text({"makespan": float("inf")})
+
+
+def test_compare_refuses_a_run_too_large_for_this_machine_before_any_work(
+        tmp_path: Path, no_experiment: None, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "wide.py").write_text("import torch\nfrom torch import nn\n\n\ndef build():\n    return "
+                                      "nn.Sequential(*[nn.Identity() for _ in range(64)]), torch.zeros(4096, 1)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("gpipe.schedule.size.available_bytes", lambda: 64 * 2**20)
+    assert main(["compare", "wide:build", "--chunks", "4096", "--stages", "64", "--out", str(tmp_path / "out")]) == 2
+    _one_line(capsys, "compare", "--chunks 4096 on 64 stages: the simulation (262,144 micro-batch-stage pairs)",
+              "lower --chunks or --stages")
