@@ -1,13 +1,11 @@
 """Ranks spawned on this machine listen on the loopback interface and nowhere else (Note [loopback only] in
-gpipe.distributed.loopback): their store once listened on every interface, IPv4 and IPv6, unauthenticated."""
+gpipe.distributed.loopback): their store once listened on every interface, IPv4 and IPv6, unauthenticated. The
+commands that spawn ranks (``demo``/``compare --processes 2``) are watched alike in test_processes_cli.py."""
 
 from __future__ import annotations
 
 import datetime
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gpipe.distributed.loopback import free_port, init_loopback_group, loopback_interface
-from tests.distributed.listening import children, is_loopback, listening
+from tests.distributed.listening import is_loopback, listening
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net/tcp")
@@ -57,27 +55,3 @@ def test_the_ranks_store_and_pairs_listen_on_loopback_only() -> None:
 
 def test_the_loopback_interface_is_found() -> None:
     assert loopback_interface().startswith("lo")
-
-
-@pytest.mark.slow
-def test_demo_on_two_processes_listens_on_loopback_only(tmp_path: Path) -> None:
-    """``gpipe-sim demo --processes 2``, its ranks' listening sockets read while it runs."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    demo = subprocess.Popen([sys.executable, "-m", "sim", "demo", "--processes", "2", "--steps", "1", "--json",
-                             "--no-progress", "--out", "out"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    seen: set[tuple[int, str, int]] = set()
-    ranks: set[int] = set()
-    try:
-        while demo.poll() is None:
-            found = children(demo.pid)
-            ranks |= found
-            seen |= set(listening(found))
-            time.sleep(0.05)
-        out, err = demo.communicate(timeout=60)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-    assert demo.returncode == 0, err
-    assert seen, f"no listening socket seen among processes {sorted(ranks)}"
-    assert all(is_loopback(address) for _, address, _ in seen), sorted(seen)

@@ -1,6 +1,6 @@
-"""``gpipe-sim demo --processes 2`` and ``compare --processes 2``: ranks spawned by the command, predicted vs
-measured in one report (end to end, slow), the stage seconds profiled in the ranks; bad values of ``--processes``
-refused in one line."""
+"""``gpipe-sim demo --processes 2`` and ``compare --processes 2``: ranks spawned by the command, listening on
+loopback only, predicted vs measured in one report (end to end, slow), the stage seconds profiled in the ranks; bad
+values of ``--processes`` refused in one line."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from sim.cli import main
+from tests.distributed.listening import children, is_loopback, listening
 
 ROOT = Path(__file__).resolve().parents[2]
+READS_SOCKETS = Path("/proc/net/tcp").exists()  # Linux's table of sockets
 MODEL = '''
 import torch
 from torch import nn
@@ -26,12 +29,26 @@ def build():
 
 
 def _gpipe_sim(cwd: Path, *args: str) -> dict:
+    """Run the command; while it runs, read its ranks' listening sockets: loopback only (Note [loopback only] in
+    :mod:`gpipe.distributed.loopback`; the store once listened on every interface, unauthenticated)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-m", "sim", *args, "--json", "--no-progress", "--out", "out"],
-                            capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 1, result.stdout
+    command = subprocess.Popen([sys.executable, "-m", "sim", *args, "--json", "--no-progress", "--out", "out"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+    seen: set[tuple[int, str, int]] = set()
+    try:
+        while command.poll() is None and READS_SOCKETS:
+            seen |= set(listening(children(command.pid)))
+            time.sleep(0.05)
+        stdout, stderr = command.communicate(timeout=300)
+    finally:
+        if command.poll() is None:
+            command.kill()
+    assert command.returncode == 0, stderr
+    if READS_SOCKETS:
+        assert seen, "no listening socket seen among the ranks"
+        assert all(is_loopback(address) for _, address, _ in seen), sorted(seen)
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1, stdout
     report = json.loads(lines[0])
     assert report["predicted_makespan"] > 0 and report["measured_makespan"] > 0
     error = (report["predicted_makespan"] - report["measured_makespan"]) / report["measured_makespan"]
