@@ -267,16 +267,24 @@ def gpt(cfg: GPTConfig | str = "125m", **overrides: object) -> nn.Sequential:
     config = gpt_config(cfg) if isinstance(cfg, str) else cfg
     if overrides:
         config = replace(config, **overrides)  # type: ignore[arg-type]
-    layers: OrderedDict[str, nn.Module] = OrderedDict()
-    layers["embedding"] = Embedding(config)
-    for i in range(config.n_layer):
-        layers[f"block{i}"] = Block(config)
-    layers["head"] = Head(config)
+    return decoder(Embedding(config), [Block(config) for _ in range(config.n_layer)], Head(config))
+
+
+def decoder(embedding: nn.Module, blocks: list[nn.Module], head: nn.Module) -> nn.Sequential:
+    """A decoder stack as the planner counts it, one layer per child: ``embedding, block0 .. block{L-1}, head``."""
+    layers: OrderedDict[str, nn.Module] = OrderedDict(embedding=embedding)
+    layers.update((f"block{i}", block) for i, block in enumerate(blocks))
+    layers["head"] = head
     return nn.Sequential(layers)
 
 
-def gpt_sample(cfg: GPTConfig, batch: int, device: torch.device | str = "meta") -> torch.Tensor:
-    """A batch of token ids, shape ``(batch, seq_len)`` (zeros on meta or random on a real device)."""
+def token_ids(batch: int, seq_len: int, vocab_size: int, device: torch.device | str = "meta") -> torch.Tensor:
+    """A batch of token ids, shape ``(batch, seq_len)`` (shapes only on meta, random on a real device)."""
     if str(device) == "meta":
-        return torch.empty(batch, cfg.seq_len, dtype=torch.long, device="meta")
-    return torch.randint(cfg.vocab_size, (batch, cfg.seq_len), device=device)
+        return torch.empty(batch, seq_len, dtype=torch.long, device="meta")
+    return torch.randint(vocab_size, (batch, seq_len), device=device)
+
+
+def gpt_sample(cfg: GPTConfig, batch: int, device: torch.device | str = "meta") -> torch.Tensor:
+    """A batch of token ids, shape ``(batch, seq_len)`` (shapes only on meta, random on a real device)."""
+    return token_ids(batch, cfg.seq_len, cfg.vocab_size, device)

@@ -34,7 +34,6 @@ SwiGLU, RoPE); Ainslie et al. (2023), "GQA"; Su et al. (2021), "RoFormer" (rotar
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -42,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sim.planning.models.gpt import decoder, token_ids
 from sim.planning.tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
 
 __all__ = ["CONFIGS", "LlamaConfig", "llama", "llama_config", "llama_sample"]
@@ -282,16 +282,9 @@ def llama(cfg: LlamaConfig | str = "8b", **overrides: object) -> nn.Sequential:
     config = llama_config(cfg) if isinstance(cfg, str) else cfg
     if overrides:
         config = replace(config, **overrides)  # type: ignore[arg-type]
-    layers: OrderedDict[str, nn.Module] = OrderedDict()
-    layers["embedding"] = Embedding(config)
-    for i in range(config.n_layer):
-        layers[f"block{i}"] = Block(config)
-    layers["head"] = Head(config)
-    return nn.Sequential(layers)
+    return decoder(Embedding(config), [Block(config) for _ in range(config.n_layer)], Head(config))
 
 
 def llama_sample(cfg: LlamaConfig, batch: int, device: torch.device | str = "meta") -> torch.Tensor:
     """A batch of token ids, shape ``(batch, seq_len)`` (shapes only on meta, random on a real device)."""
-    if str(device) == "meta":
-        return torch.empty(batch, cfg.seq_len, dtype=torch.long, device="meta")
-    return torch.randint(cfg.vocab_size, (batch, cfg.seq_len), device=device)
+    return token_ids(batch, cfg.seq_len, cfg.vocab_size, device)
