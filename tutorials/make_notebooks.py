@@ -799,8 +799,8 @@ plot_memory(result13, best);""",
 **1.** On 8 A100s, what is the shallowest pipeline that fits the 13B model? Explain it with a back-of-the-envelope
 count of model state alone (16 bytes per parameter).""",
     "md:" + _answer("""Four stages. Model state alone is `13e9 × 16 B ≈ 208 GB ≈ 194 GiB`: two stages would need
-about 97 GiB each, more than the 80 GB (74.5 GiB) of an A100, before a single activation. Three stages would hold
-it (about 65 GiB each), but a pipeline's depth must divide the GPU count, so that every replica gets the same
+about 97 GiB each, more than the 80 GiB an A100 80GB reports (81,920 MiB), before a single activation. Three
+stages would hold it (about 65 GiB each), but a pipeline's depth must divide the GPU count, so that every replica gets the same
 pipeline: on 8 GPUs the depths are 1, 2, 4 and 8, and the planner tries only those. Four stages need about 48 GiB
 each, which leaves room for the activations:
 
