@@ -29,12 +29,12 @@ import json
 import platform
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.planning.flops import ModelProfile, count_layers  # noqa: E402
+import torch  # noqa: E402
+
 from sim.planning.hardware import get_device  # noqa: E402
 from sim.planning.models import get_model  # noqa: E402
 from sim.planning.plan import plan  # noqa: E402
@@ -56,15 +56,6 @@ def model_flops(batch: int, layers: int, hidden: int) -> float:
     return 96 * batch * SEQ * layers * hidden**2 * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden))
 
 
-def _profile(spec_text: str, t: int, dtype_size: int) -> ModelProfile:
-    import torch
-
-    dtype = {2: torch.float16, 4: torch.float32}[dtype_size]
-    shard = get_model(spec_text).tensor_parallel(t)
-    profile = count_layers(shard.module("meta"), shard.sample(2, "meta"), dtype=dtype)
-    return replace(profile, attention_core=shard.attention_core(dtype_size)) if shard.attention_core else profile
-
-
 def main() -> int:
     device = get_device("a100-80gb")
     training = "fp16-adam-fp32grad"
@@ -74,7 +65,7 @@ def main() -> int:
     for name, hidden, layers, heads, t, gpus, batch, tflops in ROWS:
         spec = f"gpt:layers={layers},hidden={hidden},heads={heads},seq={SEQ},vocab={VOCAB}"
         start = time.perf_counter()
-        profile = _profile(spec, t, 2)
+        profile = get_model(spec).tensor_parallel(t).count(torch.float16)
         result = plan({t: profile}, batch, device, [gpus], "nvlink3", training=training, checkpoints=["layers"],
                       schedules=["gpipe"], stages=[1], replicas=[gpus // t], tensor_parallel=[t], gpus_per_node=8,
                       network="infiniband-hdr", network_ports=8, model_name=spec)

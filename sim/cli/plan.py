@@ -387,11 +387,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     else:
         name = shards[1].name
         for t in dict.fromkeys(degrees):  # each shard counted once
-            profiles[t] = count_layers(shards[t].module("meta"), shards[t].sample(2, "meta"),
-                                       dtype=training.torch_dtype)
-            core = shards[t].attention_core
-            if core is not None:
-                profiles[t] = replace(profiles[t], attention_core=core(training.torch_dtype.itemsize))
+            profiles[t] = shards[t].count(training.torch_dtype)
     # the sweep's largest simulation, refused before the first if it would not fit (sim.core.size)
     m = min(max(chunks) if chunks is not None else MAX_CHUNKS, args.batch)
     n = len(balance) if balance is not None else min(max(map(len, profiles.values())), max(gpus) * max(virtual))

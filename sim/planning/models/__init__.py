@@ -26,7 +26,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from sim.planning.counts import AttentionCore
+from sim.planning.counts import AttentionCore, ModelProfile
+from sim.planning.flops import count_layers
 from sim.planning.models.amoebanet import amoebanet, amoebanet_sample, check_amoebanet
 from sim.planning.models.gpt import CONFIGS, GPTConfig, gpt, gpt_config, gpt_sample
 from sim.planning.models.llama import CONFIGS as LLAMA_CONFIGS
@@ -99,6 +100,13 @@ class ModelSpec:
         if batch < 1:
             raise ValueError(f"a batch needs at least one sample, got {batch}")
         return self.sampler(batch, str(device))
+
+    def count(self, dtype: torch.dtype) -> ModelProfile:
+        """The model counted on meta in ``dtype`` (:func:`sim.planning.flops.count_layers`), with its attention core
+        where it has one (for selective recompute, :mod:`sim.planning.recompute`)."""
+        profile = count_layers(self.module("meta"), self.sample(2, "meta"), dtype=dtype)
+        core = self.attention_core
+        return profile if core is None else replace(profile, attention_core=core(dtype.itemsize))
 
 
 def _ints(spec: str, arg: str, names: tuple[str, str]) -> tuple[int, int]:
