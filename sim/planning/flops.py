@@ -11,6 +11,17 @@ Per layer: parameters (count, bytes; a shared parameter counts once, at its firs
 bytes (what a stage boundary after this layer sends), and the bytes saved for backward, parameters
 excluded, each storage counted once (at the first layer that saves it).
 
+Note [identical layers]: a decoder's blocks are one module repeated, so counting each of them (96 in GPT-3 175B)
+repeats the same work. A caller that knows which layers are the same computation (same class, parameter shapes and
+code path: the built-in decoders' blocks) names them in ``identical``; a member is then counted once per distinct
+input and the others take that count. A layer's count depends on itself and on its input: the input's tree, each
+tensor's shape, strides, dtype and storage, and which of those storages earlier layers saved already (what it
+saves again is not new). That is the key a count is reused under, so a repeat whose input differs (the first block
+after an embedding that saves its output) is counted afresh. A reused layer's output is made again (fresh tensors
+of the same layout, marked saved where the counted layer's were), which needs outputs that are fresh storages of
+their own; a layer whose output is an input's storage or shares one is always counted. Nothing is reused for layers
+the caller does not name: a user's module may read state the counter cannot see.
+
 Note [affine in the batch]: every count is taken at batch sizes 2 and 4 (the sample's other dimensions
 kept) and stored as ``fixed + per_sample * batch``, so one count serves every micro-batch size of a
 sweep. The fixed part holds what does not grow with the batch (reading weights, accumulating weight
@@ -20,14 +31,14 @@ operators a layer runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from sim.planning.counts import LayerCount, LayerProfile, ModelProfile, OpTable
 from sim.planning.operators import (
@@ -180,26 +191,128 @@ def _meta_state(layer: nn.Module, dtype: torch.dtype | None
     return params, buffers
 
 
+@dataclass(frozen=True)
+class _Fresh:
+    """An output tensor to make again: its layout, and the bytes saved of its storage (``None``: not saved)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    saved: int | None
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """A counted layer, for a repeat of it (Note [identical layers]): its pass and how to make its output again."""
+
+    step: _Pass
+    spec: TreeSpec
+    leaves: tuple[Any, ...]  # non-tensors as they are, tensors as _Fresh
+
+
+def _signature(x: Any, seen: dict[int, int]) -> tuple[Any, ...] | None:
+    """What a layer's count depends on in its input (Note [identical layers]); ``None``: not comparable. Not
+    ``requires_grad``: every layer but the first takes a detached input that requires a gradient."""
+    leaves, spec = tree_flatten(x)
+    first: dict[int, int] = {}
+    key: list[Any] = [spec]
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            storage = _storage_key(leaf)
+            key.append((tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype, leaf.device.type,
+                        int(leaf.untyped_storage().nbytes()), first.setdefault(storage, i), seen.get(storage)))
+        else:
+            try:
+                hash(leaf)
+            except TypeError:
+                return None
+            key.append((type(leaf), leaf))
+    return tuple(key)
+
+
+def _replayable(step: _Pass, x: Any, seen: dict[int, int]) -> _Counted | None:
+    """The record that makes ``step``'s output again; ``None`` if an output is not a fresh storage of its own."""
+    inputs = {_storage_key(t) for t in _tensors(x)}
+    leaves, spec = tree_flatten(step.output)
+    storages: set[int] = set()
+    record: list[Any] = []
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            record.append(leaf)
+            continue
+        storage = _storage_key(leaf)
+        again = torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device="meta")
+        if (storage in inputs or storage in storages or leaf.device.type != "meta" or leaf.storage_offset()
+                or again.untyped_storage().nbytes() != leaf.untyped_storage().nbytes()):
+            return None
+        storages.add(storage)
+        record.append(_Fresh(tuple(leaf.shape), leaf.stride(), leaf.dtype, seen.get(storage)))
+    return _Counted(step, spec, tuple(record))
+
+
+def _replay(counted: _Counted, seen: dict[int, int], keep: list[Any]) -> _Pass:
+    """``counted``'s pass with its output made again, each tensor saved where the counted layer's was."""
+    leaves = []
+    for leaf in counted.leaves:
+        if not isinstance(leaf, _Fresh):
+            leaves.append(leaf)
+            continue
+        t = torch.empty_strided(leaf.shape, leaf.stride, dtype=leaf.dtype, device="meta")
+        if leaf.saved is not None:
+            seen[_storage_key(t)] = leaf.saved
+        keep.append(t)  # alive, so no later storage takes its key
+        leaves.append(t)
+    return replace(counted.step, output=tree_unflatten(leaves, counted.spec))
+
+
 def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None, memory_bound: frozenset[str],
-                groups: set[int]) -> list[tuple[_Pass, list[nn.Parameter]]]:
+                groups: set[int], group_of: dict[int, int]) -> list[tuple[_Pass, list[nn.Parameter], int]]:
+    """Each layer's pass, its new parameters, and the index of the layer whose count it is (itself, or the
+    identical layer it repeats: Note [identical layers])."""
     seen: dict[int, int] = {}
     keep: list[Any] = []
     owners: set[int] = set()
+    counted: dict[tuple[int, tuple[Any, ...]], tuple[_Counted, int]] = {}
     x = sample
     result = []
     for k, layer in enumerate(module):
-        params, buffers = _meta_state(layer, dtype)
-        param_keys = {_storage_key(t) for t in (*params.values(), *buffers.values())}
         new = [p for p in layer.parameters() if id(p) not in owners]  # parameters() dedupes within a layer
         owners.update(id(p) for p in new)
+        signature = _signature(x, seen) if k in group_of and k > 0 else None
+        key = None if signature is None else (group_of[k], signature)
+        if key is not None and key in counted:
+            record, source = counted[key]
+            step = _replay(record, seen, keep)
+            result.append((step, new, source))
+            x = step.output
+            continue
+        params, buffers = _meta_state(layer, dtype)
+        param_keys = {_storage_key(t) for t in (*params.values(), *buffers.values())}
         try:
             step = _run_layer(layer, x, k == 0, seen, keep, params, buffers, param_keys, memory_bound, groups)
         except (RuntimeError, NotImplementedError) as exc:
             raise CountError(k, next(name for name, child in module.named_children() if child is layer), exc) from exc
         keep.extend(params.values())
-        result.append((step, new))
+        if key is not None:
+            record_ = _replayable(step, x, seen)
+            if record_ is not None:
+                counted[key] = (record_, k)
+        result.append((step, new, k))
         x = step.output
     return result
+
+
+def _groups_of(identical: Iterable[Collection[int]], layers: int) -> dict[int, int]:
+    """Layer index -> its group's number, for the groups of ``identical`` (Note [identical layers])."""
+    group_of: dict[int, int] = {}
+    for g, members in enumerate(identical):
+        for k in members:
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < layers:
+                raise ValueError(f"identical names layer {k!r}; the sequential has layers 0 to {layers - 1}")
+            if k in group_of:
+                raise ValueError(f"identical names layer {k} in two groups")
+            group_of[k] = g
+    return group_of
 
 
 def _table(ops1: Sequence[Op], ops2: Sequence[Op], b: int, what: str) -> OpTable:
@@ -217,7 +330,7 @@ def _table(ops1: Sequence[Op], ops2: Sequence[Op], b: int, what: str) -> OpTable
 
 def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None = None,
                  progress: Callable[[int, int], None] | None = None,
-                 memory_bound: Collection[str] = ()) -> ModelProfile:
+                 memory_bound: Collection[str] = (), identical: Iterable[Collection[int]] = ()) -> ModelProfile:
     """Count every layer of ``module`` on the meta device (see the module docstring).
 
     The module may live anywhere (its parameters are only looked at, never copied or changed); the
@@ -232,6 +345,10 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
         progress: optional callback ``(done, total)`` called after each of the two counting passes.
         memory_bound: names of ATen operators (``"my_op"`` for ``aten::my_op``) to count as memory-bound,
             besides those the counter knows (Note [no free operators] in :mod:`sim.planning.operators`).
+        identical: groups of layer indices that are the same computation given the same input (the built-in
+            decoders' blocks, :attr:`sim.planning.models.ModelSpec.identical`): each group is counted once per
+            distinct input and the count reused, exactly (Note [identical layers]). Name only layers you know to be
+            identical: the counter trusts it.
 
     Returns:
         A :class:`ModelProfile`, one :class:`LayerProfile` per layer; its ``tensor_parallel`` is the group size of
@@ -240,7 +357,7 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
     Raises:
         TypeError: ``module`` is not an ``nn.Sequential``.
         ValueError: the sample has no batch dimension, the module has no layers, or its collectives run among
-            groups of different sizes.
+            groups of different sizes, or ``identical`` names a layer out of range or twice.
         CountError: a layer fails on meta tensors (its shapes do not chain, or a data-dependent operator); a
             ``RuntimeError`` that names the layer and holds its index.
         UnknownOperatorError: a layer runs an operator the counter does not know (the message names it).
@@ -250,6 +367,7 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
     if len(module) == 0:
         raise ValueError("the sequential has no layers")
     _check_batched(sample)
+    group_of = _groups_of(identical, len(module))
     b = _COUNT_BATCH
     passes = []
     groups: set[int] = set()
@@ -257,7 +375,7 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
         with torch.no_grad():
             meta_sample = _to_meta(sample, batch, dtype)
         try:
-            passes.append(_count_pass(module, meta_sample, dtype, frozenset(memory_bound), groups))
+            passes.append(_count_pass(module, meta_sample, dtype, frozenset(memory_bound), groups, group_of))
         except CountError:
             raise
         except (RuntimeError, NotImplementedError) as exc:
@@ -266,18 +384,21 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
             progress(k + 1, 2)
     names = [name for name, _ in module.named_children()]
     layers = []
-    for k, ((p1, new), (p2, _)) in enumerate(zip(*passes, strict=True)):
+    tables: dict[tuple[int, int], tuple[OpTable, OpTable, OpTable]] = {}  # a repeat shares its source's tables
+    for k, ((p1, new, s1), (p2, _, s2)) in enumerate(zip(*passes, strict=True)):
         what = f"layer {names[k]}"
+        if (s1, s2) not in tables:
+            tables[s1, s2] = (_table(p1.forward, p2.forward, b, what + " (forward)"),
+                              _table(p1.backward, p2.backward, b, what + " (backward)"),
+                              _table(p1.input_backward, p2.input_backward, b, what + " (input gradient)"))
+        forward, backward, input_backward = tables[s1, s2]
         layers.append(LayerProfile(
-            names[k], type(module[k]).__name__,
-            _table(p1.forward, p2.forward, b, what + " (forward)"),
-            _table(p1.backward, p2.backward, b, what + " (backward)"),
+            names[k], type(module[k]).__name__, forward, backward,
             _affine(p1.output_bytes, p2.output_bytes, b), _affine(p1.input_bytes, p2.input_bytes, b),
             _affine(p1.saved_bytes, p2.saved_bytes, b), _affine(p1.input_saved_bytes, p2.input_saved_bytes, b),
             sum(p.numel() for p in new),
             sum(p.numel() * torch.empty((), dtype=_dtype(p, dtype)).element_size() for p in new), len(new),
-            _table(p1.input_backward, p2.input_backward, b, what + " (input gradient)"),
-            _affine(p1.new_output_bytes, p2.new_output_bytes, b),
+            input_backward, _affine(p1.new_output_bytes, p2.new_output_bytes, b),
         ))
     floats = [p.dtype for p in module.parameters() if p.is_floating_point()]
     counted = dtype if dtype is not None else floats[0] if floats else torch.float32

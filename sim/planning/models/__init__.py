@@ -19,7 +19,7 @@ default, so a 175B model costs nothing) and a sample input of any batch size; fo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -29,7 +29,7 @@ from torch import nn
 from sim.planning.counts import AttentionCore, ModelProfile
 from sim.planning.flops import count_layers
 from sim.planning.models.amoebanet import amoebanet, amoebanet_sample, check_amoebanet
-from sim.planning.models.gpt import CONFIGS, GPTConfig, gpt, gpt_config, gpt_sample
+from sim.planning.models.gpt import CONFIGS, GPTConfig, decoder_blocks, gpt, gpt_config, gpt_sample
 from sim.planning.models.llama import CONFIGS as LLAMA_CONFIGS
 from sim.planning.models.llama import LlamaConfig, llama, llama_config, llama_sample
 from sim.planning.models.resnet import resnet101, resnet_sample
@@ -64,6 +64,8 @@ class ModelSpec:
             no tensor-parallel split.
         attention_core: ``itemsize -> `` its blocks' attention core in a dtype of ``itemsize`` bytes, for
             selective recompute (:mod:`sim.planning.recompute`); ``None``: none (a fused attention, not a decoder).
+        identical: groups of layer indices the builder makes as the same computation (a decoder's blocks), for a
+            count to reuse (Note [identical layers] in :mod:`sim.planning.flops`); empty: none known.
     """
 
     name: str
@@ -72,6 +74,7 @@ class ModelSpec:
     sampler: Callable[[int, str], torch.Tensor]
     shard: Callable[[int], ModelSpec] | None = None
     attention_core: Callable[[int], AttentionCore] | None = None
+    identical: tuple[Collection[int], ...] = ()
 
     def tensor_parallel(self, t: int) -> ModelSpec:
         """The spec of one rank's shard over ``t`` ranks (itself for ``t = 1``); cheap: nothing is built.
@@ -104,7 +107,7 @@ class ModelSpec:
     def count(self, dtype: torch.dtype) -> ModelProfile:
         """The model counted on meta in ``dtype`` (:func:`sim.planning.flops.count_layers`), with its attention core
         where it has one (for selective recompute, :mod:`sim.planning.recompute`)."""
-        profile = count_layers(self.module("meta"), self.sample(2, "meta"), dtype=dtype)
+        profile = count_layers(self.module("meta"), self.sample(2, "meta"), dtype=dtype, identical=self.identical)
         core = self.attention_core
         return profile if core is None else replace(profile, attention_core=core(dtype.itemsize))
 
@@ -172,7 +175,7 @@ def _gpt_spec(name: str, title: str, cfg: GPTConfig) -> ModelSpec:
                      lambda b, d: gpt_sample(cfg, b, d),
                      lambda t: _gpt_spec(name, title, replace(cfg, tensor_parallel=t)),
                      _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, cfg.dropout > 0)
-                     if cfg.attention == "math" else None)
+                     if cfg.attention == "math" else None, (decoder_blocks(cfg.n_layer),))
 
 
 def _llama(spec: str, arg: str) -> ModelSpec:
@@ -191,7 +194,8 @@ def _llama_spec(name: str, title: str, cfg: LlamaConfig) -> ModelSpec:
                      f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens{shard})",
                      lambda: llama(cfg), lambda b, d: llama_sample(cfg, b, d),
                      lambda t: _llama_spec(name, title, replace(cfg, tensor_parallel=t)),
-                     _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, False) if cfg.attention == "math" else None)
+                     _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, False) if cfg.attention == "math" else None,
+                     (decoder_blocks(cfg.n_layer),))
 
 
 def _core(heads: int, seq: int, dropout: bool) -> Callable[[int], AttentionCore]:

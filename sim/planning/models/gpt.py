@@ -278,6 +278,12 @@ def decoder(embedding: nn.Module, blocks: list[nn.Module], head: nn.Module) -> n
     return nn.Sequential(layers)
 
 
+def decoder_blocks(n_layer: int) -> range:
+    """The indices :func:`decoder` puts its ``n_layer`` blocks at: the layers a count may treat as identical
+    (:func:`sim.planning.flops.count_layers`, Note [identical layers])."""
+    return range(1, n_layer + 1)
+
+
 def token_ids(batch: int, seq_len: int, vocab_size: int, device: torch.device | str = "meta") -> torch.Tensor:
     """A batch of token ids, shape ``(batch, seq_len)`` (shapes only on meta, random on a real device)."""
     if str(device) == "meta":
