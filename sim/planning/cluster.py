@@ -9,16 +9,25 @@ Layout (Note [layout]): a GPU's index is ``replica * (p * t) + device * t + rank
 Tensor-parallel groups stay in a node, consecutive stages fill a node before crossing, replicas are outermost. A
 stage-to-stage copy between nodes goes on the network at one GPU's share of its node's ports
 (``ports * port bandwidth / gpus_per_node``), inside a node on the link. The data-parallel all-reduce of a stage is
-hierarchical when its group spans nodes (:func:`sim.planning.replicas.hierarchical_allreduce_seconds`).
+hierarchical when its group spans nodes (:func:`sim.planning.replicas.hierarchical_allreduce_seconds`), and so are
+ZeRO's reduce-scatter and all-gather (:mod:`sim.planning.zero`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.core.link import LinkSpec
-from sim.planning.replicas import allreduce_seconds, hierarchical_allreduce_seconds
+from sim.planning.replicas import (
+    allgather_seconds,
+    allreduce_seconds,
+    hierarchical_allgather_seconds,
+    hierarchical_allreduce_seconds,
+    hierarchical_reduce_scatter_seconds,
+    reduce_scatter_seconds,
+)
 
 __all__ = ["Cluster"]
 
@@ -85,8 +94,26 @@ class Cluster:
 
         A ring on ``link`` when the group is in one node (or there is no network); otherwise hierarchical.
         """
+        return self._collective(allreduce_seconds, hierarchical_allreduce_seconds, nbytes, tensor_parallel, stages,
+                                replicas, device)
+
+    def reduce_scatter_seconds(self, nbytes: float, tensor_parallel: int, stages: int, replicas: int,
+                               device: int) -> float:
+        """As :meth:`allreduce_seconds`, a reduce-scatter of ``nbytes`` (ZeRO's gradients)."""
+        return self._collective(reduce_scatter_seconds, hierarchical_reduce_scatter_seconds, nbytes, tensor_parallel,
+                                stages, replicas, device)
+
+    def allgather_seconds(self, nbytes: float, tensor_parallel: int, stages: int, replicas: int,
+                          device: int) -> float:
+        """As :meth:`allreduce_seconds`, an all-gather of ``nbytes``, the gathered whole (ZeRO's parameters)."""
+        return self._collective(allgather_seconds, hierarchical_allgather_seconds, nbytes, tensor_parallel, stages,
+                                replicas, device)
+
+    def _collective(self, ring: Callable[[float, int, LinkSpec], float],
+                    hierarchical: Callable[[float, int, int, LinkSpec, LinkSpec], float], nbytes: float,
+                    tensor_parallel: int, stages: int, replicas: int, device: int) -> float:
         nic = self.nic
         nodes = Counter(self.node(tensor_parallel, stages, r, device) for r in range(replicas))
         if nic is None or len(nodes) == 1:
-            return allreduce_seconds(nbytes, replicas, self.link)
-        return hierarchical_allreduce_seconds(nbytes, max(nodes.values()), len(nodes), self.link, nic)
+            return ring(nbytes, replicas, self.link)
+        return hierarchical(nbytes, max(nodes.values()), len(nodes), self.link, nic)

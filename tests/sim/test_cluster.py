@@ -1,5 +1,6 @@
 """Nodes and their network: the layout of ``t x p x d`` GPUs on nodes, stage copies across nodes, and the
-hierarchical data-parallel all-reduce (reduce-scatter in the node, all-reduce across nodes, all-gather)."""
+hierarchical data-parallel collectives (the all-reduce: reduce-scatter in the node, all-reduce across nodes,
+all-gather; ZeRO's reduce-scatter and all-gather its halves)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,14 @@ def test_a_group_across_nodes_is_reduced_hierarchically(t: int, p: int, r: int, 
     cluster, nbytes = Cluster(LINK, 8, PORT), 1e9
     expected = hierarchical_allreduce_seconds(nbytes, inside, nodes, LINK, cluster.nic)  # type: ignore[arg-type]
     assert all(cluster.allreduce_seconds(nbytes, t, p, r, d) == expected for d in range(p))
+
+
+@pytest.mark.parametrize(("t", "p", "r"), [(1, 2, 8), (8, 1, 4), (2, 8, 2), (1, 2, 4)])
+def test_a_groups_all_reduce_is_its_reduce_scatter_and_all_gather(t: int, p: int, r: int) -> None:
+    for cluster in (Cluster(LINK, 8, PORT), Cluster(LINK, 8)):
+        for d in range(p):
+            assert cluster.reduce_scatter_seconds(3e9, t, p, r, d) + cluster.allgather_seconds(3e9, t, p, r, d) \
+                == cluster.allreduce_seconds(3e9, t, p, r, d)
 
 
 def test_a_group_inside_a_node_is_a_ring_on_the_link() -> None:
