@@ -209,36 +209,73 @@ def _bytes(n: float) -> str:
     return f"{n / GiB:.1f}"
 
 
-def _row_line(r: PlanRow, price: bool, width: int, tp: bool = False) -> str:
-    balance = ",".join(map(str, r.balance))
-    balance = balance if len(balance) <= 28 else balance[:25] + "..."
-    shape = f"{r.tensor_parallel:>2}x{r.stages:>3}x{r.replicas:<3}" if tp else f"{r.stages:>3}x{r.replicas:<3}"
-    line = (f"{'*' if r.best else ' '} {r.gpus:>4} {shape} {r.chunks:>6} {r.microbatch:>5} "
-            f"{r.checkpoint:>11} {r.schedule:>{width}} {r.virtual:>2} {r.throughput:>11.2f} {r.step_seconds:>9.4g} "
-            f"{r.bubble_fraction:>6.1%} {_bytes(r.peak_memory_bytes):>8} {'yes' if r.fits else 'OOM':>4}")
-    if price:
-        line += f" {r.cost_per_million:>9.2f}" if r.cost_per_million is not None else f" {'':>9}"
-    return line + f"  {balance}"
+def _number(value: float | None, spec: str, width: int) -> str:
+    """``value`` formatted, or a dash for a configuration that was not simulated (Note [not simulated])."""
+    if value is None or value != value:  # None or NaN
+        return f"{'-':>{width}}"
+    return f"{value:>{width}{spec}}"
+
+
+def _columns(result: Plan, width: int) -> list[tuple[str, int, Any]]:
+    """The table's columns: (title, width, row -> text); a dimension the plan does not vary is left out."""
+    rows = result.rows
+    tp = any(r.tensor_parallel > 1 for r in rows)  # the table of a plan without one keeps its columns
+    cols: list[tuple[str, int, Any]] = [
+        ("gpus", 4, lambda r: f"{r.gpus:>4}"),
+        ("tp x pp x dp" if tp else "pp x dp", 10 if tp else 7,
+         (lambda r: f"{r.tensor_parallel:>2}x{r.stages:>3}x{r.replicas:<3}") if tp else
+         (lambda r: f"{r.stages:>3}x{r.replicas:<3}")),
+        ("chunks", 6, lambda r: f"{r.chunks:>6}"),
+        ("mb", 5, lambda r: f"{r.microbatch:>5}"),
+        ("checkpoint", 11, lambda r: f"{r.checkpoint:>11}"),
+        ("sched", width, lambda r: f"{r.schedule:>{width}}"),
+        ("v", 2, lambda r: f"{r.virtual:>2}"),
+    ]
+    if any(r.zero for r in rows):
+        cols.append(("zero", 4, lambda r: f"{r.zero:>4}"))
+    if any(r.sequence_parallel for r in rows):
+        cols.append(("sp", 3, lambda r: f"{'on' if r.sequence_parallel else 'off':>3}"))
+    cols.append(("samples/s", 11, lambda r: _number(r.throughput, ".2f", 11)))
+    if any(r.tokens_per_second for r in rows):
+        cols.append(("tokens/s", 10, lambda r: _number(r.tokens_per_second, ".4g", 10)))
+    if any(r.mfu for r in rows):
+        cols.append(("MFU", 5, lambda r: _number(None if r.mfu is None else 100 * r.mfu, ".1f", 5)))
+    cols += [("step (s)", 9, lambda r: _number(r.step_seconds, ".4g", 9)),
+             ("bubble", 6, lambda r: _number(r.bubble_fraction, ".1%", 6)),
+             ("GiB/dev", 8, lambda r: f"{_bytes(r.peak_memory_bytes):>8}"),
+             ("fits", 4, lambda r: f"{'yes' if r.fits else 'OOM':>4}")]
+    if any(r.bound for r in rows):
+        cols.append(("bound", 15, lambda r: f"{r.bound:>15}"))
+    if result.price_per_gpu_hour is not None:
+        cols.append(("$/M samp", 9, lambda r: _number(r.cost_per_million, ".2f", 9)))
+    return cols
+
+
+def _balance(r: PlanRow) -> str:
+    text = ",".join(map(str, r.balance))
+    return text if len(text) <= 28 else text[:25] + "..."
+
+
+def _order(r: PlanRow) -> tuple[bool, float]:
+    """Fitting rows first, fastest first; then the rest, smallest peak first (they have no speed)."""
+    return (not r.fits, -r.throughput if r.fits else float(r.peak_memory_bytes))
 
 
 def print_table(result: Plan, top: int) -> None:
     """Print the plan as a table, fastest first, ``top`` rows (the best row always among them)."""
-    price = result.price_per_gpu_hour is not None
-    rows = sorted(result.rows, key=lambda r: (-r.fits, -r.throughput))
+    rows = sorted(result.rows, key=_order)
     shown = rows if top <= 0 else rows[:top]
     if result.best is not None and result.best not in shown:
         shown.append(result.best)
+    fitting = sum(r.fits for r in result.rows)
     print(f"{result.model}: batch {result.batch} on {result.device} ({_bytes(result.device_memory_bytes)} GiB), "
           f"link {result.link}{f', network {result.network}' if result.network else ''}, training {result.training}; "
-          f"{len(result.rows)} configurations")
-    width = max(5, *(len(r.schedule) for r in shown))
-    tp = any(r.tensor_parallel > 1 for r in result.rows)  # the table of a plan without one keeps its columns
-    shape = f"{'tp x pp x dp':<10}" if tp else f"{'pp x dp':<7}"
-    head = (f"  {'gpus':>4} {shape} {'chunks':>6} {'mb':>5} {'checkpoint':>11} {'sched':>{width}} {'v':>2} "
-            f"{'samples/s':>11} {'step (s)':>9} {'bubble':>6} {'GiB/dev':>8} {'fits':>4}")
-    print(head + (f" {'$/M samp':>9}" if price else "") + "  balance")
+          f"{len(result.rows)} configurations, {fitting} fit")
+    cols = _columns(result, max(5, *(len(r.schedule) for r in shown)))
+    print("  " + " ".join(f"{title:>{w}}" if title not in ("tp x pp x dp", "pp x dp") else f"{title:<{w}}"
+                          for title, w, _ in cols) + "  balance")
     for r in shown:
-        print(_row_line(r, price, width, tp))
+        print(f"{'*' if r.best else ' '} " + " ".join(cell(r) for _, _, cell in cols) + f"  {_balance(r)}")
     if len(shown) < len(rows):
         print(f"  ... {len(rows) - len(shown)} more (--top 0 shows all, --json gives every row)")
     for name, why in result.missing.items():
@@ -247,11 +284,19 @@ def print_table(result: Plan, top: int) -> None:
     if best is None:
         print("nothing fits in device memory: try more GPUs, more chunks with checkpointing, or a smaller batch")
     else:
-        virtual = f" ({best.virtual} stages per device)" if best.virtual > 1 else ""
-        split = f"tensor parallel {best.tensor_parallel} x " if best.tensor_parallel > 1 else ""
-        print(f"best: {best.gpus} GPUs as {split}{best.stages} stages x {best.replicas} replicas, "
-              f"{best.chunks} chunks, {best.schedule}{virtual}, checkpoint {best.checkpoint}: "
-              f"{best.throughput:.2f} samples/s")
+        print(f"best: {describe(best)}")
+
+
+def describe(r: PlanRow) -> str:
+    """One configuration in words, with its speed."""
+    virtual = f" ({r.virtual} stages per device)" if r.virtual > 1 else ""
+    split = f"tensor parallel {r.tensor_parallel}{' with sequence parallelism' if r.sequence_parallel else ''} x " \
+        if r.tensor_parallel > 1 else ""
+    zero = f", ZeRO-{r.zero}" if r.zero else ""
+    tokens = f", {r.tokens_per_second:,.0f} tokens/s" if r.tokens_per_second else ""
+    mfu = f", MFU {r.mfu:.1%}" if r.mfu else ""
+    return (f"{r.gpus} GPUs as {split}{r.stages} stages x {r.replicas} replicas{zero}, {r.chunks} chunks, "
+            f"{r.schedule}{virtual}, checkpoint {r.checkpoint}: {r.throughput:.2f} samples/s{tokens}{mfu}")
 
 
 def _prices(text: str | None, devices: list[str]) -> dict[str, float | None]:
@@ -371,6 +416,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     shards = _shards(args.model, degrees)  # refuses a degree the model's heads do not take, before counting
     out = output_folder(args, FILES) if args.out is not None and args.target_throughput is None else None
     profiles: dict[int, ModelProfile] = {}
+    tokens = _tokens(args.model)
     if shards is None:
         name, module, sample, target = _load(args.model)
         try:
@@ -398,8 +444,15 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
                   objective=args.objective, model_name=name, balance=balance, replicas=replicas,
                   progress=not args.no_progress and sys.stderr.isatty(), copy_streams=args.copy_streams,
                   tensor_parallel=degrees, gpus_per_node=args.gpus_per_node, stages=stages, network=network,
-                  network_ports=args.network_ports)
+                  network_ports=args.network_ports, tokens_per_sample=tokens)
     return result, out
+
+
+def _tokens(spec: str) -> int | None:
+    """Tokens in one sample of a built-in decoder (its sequence), or ``None`` for another model."""
+    if spec.strip().lower().partition(":")[0] not in ("gpt", "llama"):
+        return None
+    return int(get_model(spec).sample(1, "meta").shape[1])
 
 
 def _shards(spec: str, degrees: list[int]) -> dict[int, Any] | None:

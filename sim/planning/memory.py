@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from gpipe.schedule import Op, Schedule
+import numpy as np
+
+from gpipe.schedule import Op, Schedule, Task
 from sim.core.cost import StageCost
-from sim.core.memory import Memory
 from sim.core.tables import B, F, R, W
 from sim.planning.counts import ModelProfile
 
@@ -209,36 +210,92 @@ def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
         # Note [a copy stream per micro-batch]: a received checkpointed input lives on its copy stream
         stages = [replace(s, checkpoint_bytes=0) if j > 0 and schedule.placement[j - 1] != schedule.placement[j]
                   else s for j, s in enumerate(stages)]
-    memory = Memory(stages, devices, checkpointed, list(scales) if scales else None, W if split else B)
-    grad_op = Op.W if split else Op.B
+    scale = np.asarray(scales, dtype=np.float64) if scales else None
+    saved = np.array([s.saved_bytes for s in stages], dtype=np.float64)
+    kept_for_weight = [s.weight_bytes for s in stages]  # Note [memory] in sim.core.memory: None keeps all
+    hold_f = np.where(np.array(checkpointed, dtype=bool)[:, None],
+                      np.array([s.checkpoint_bytes for s in stages], dtype=np.float64)[None, :], saved[None, :])
+    hold_r = np.broadcast_to(saved[None, :], hold_f.shape)
+    if scale is not None:  # Memory.hold rounds each scaled hold half to even, as numpy does
+        hold_f, hold_r = np.round(hold_f * scale[:, None]), np.round(hold_r * scale[:, None])
+    hold_f, hold_r = hold_f.astype(np.int64), hold_r.astype(np.int64)
+    working_a = np.asarray(working, dtype=np.float64)
+    accumulating_a = np.asarray(accumulating, dtype=np.float64)
+    grad_bytes = np.array([round_block(s.gradient_bytes) for s in stages], dtype=np.int64)
+    grad_code = W if split else B
     out = []
     for d in range(devices):
         mine = schedule.stages_on(d)
         params = sum(round_block(stages[j].parameter_bytes) for j in mine)
         optimizer = sum(round_block(stages[j].optimizer_bytes) for j in mine)
-        best = MemoryParts(params, optimizer, 0, 0, 0, 0, round_segment(params + optimizer) - params - optimizer,
-                           copies=copies[d])
-        grads: set[int] = set()
-        gradients = 0  # of the stages in grads, kept as they join (a sweep replays thousands of lists)
-        grad_bytes = {j: round_block(stages[j].gradient_bytes) for j in mine}
-        for k, task in enumerate(schedule.tasks[d]):
-            op, i, j = _OPCODE[task.op], task.microbatch, task.stage
-            if op == R:
-                memory.hold(d, i, j, stages[j].saved_bytes, float(k))
-            if op == F:
-                memory.after(d, op, i, j, float(k))
-            scale = scales[i] if scales else 1.0
-            # Note [accumulated weight gradients]: the stage's .grad exists, so its new weight gradient is extra
-            size = accumulating[j] if task.op is grad_op and j in grads else working[j]
-            if task.op is grad_op and j not in grads:
-                grads.add(j)
-                gradients += grad_bytes[j]
-            live = 0 if op == W else round_block(size * scale)
-            raw = params + optimizer + gradients + memory.current[d] + live + workspace
-            if raw > best.total - best.rounding - best.copies or not best.task:  # rounding is monotone
-                best = MemoryParts(params, optimizer, gradients, memory.current[d], live, workspace,
-                                   round_segment(raw) - raw, str(task), copies[d])
-            if op != F:
-                memory.after(d, op, i, j, float(k))
-        out.append(best)
+        tasks = schedule.tasks[d]
+        if not tasks:
+            rounding = round_segment(params + optimizer) - params - optimizer
+            out.append(MemoryParts(params, optimizer, 0, 0, 0, 0, rounding, copies=copies[d]))
+            continue
+        k = _replay(tasks, hold_f, hold_r, kept_for_weight, scale, split, working_a, accumulating_a, grad_bytes,
+                    grad_code)
+        raw = params + optimizer + k.gradients + k.saved + k.live + workspace
+        at = int(np.argmax(raw))  # the first of the largest, as the allocator first reaches it
+        total = int(raw[at])
+        out.append(MemoryParts(params, optimizer, int(k.gradients[at]), int(k.saved[at]), int(k.live[at]), workspace,
+                               round_segment(total) - total, str(tasks[at]), copies[d]))
     return out
+
+
+@dataclass(frozen=True)
+class _Replayed:
+    """Per task of one device, while it runs: gradients accumulated, bytes saved, its working set."""
+
+    gradients: np.ndarray
+    saved: np.ndarray
+    live: np.ndarray
+
+
+# Note [replay in arrays]: a device's bytes saved while task k runs are the sum of what the tasks before it held and
+# freed plus, for an F or an R, its own hold (Note [memory] in sim.core.memory: F holds at its end, R at its start,
+# and the peak is taken after either); a B (W when split) frees all that (i, j) held, its F's hold and its R's, and
+# with a split backward B first shrinks that to the stage's weight bytes, which W frees. A valid schedule runs F and
+# R of (i, j) before its B, so each free is known from the holds alone, and the whole replay is a cumulative sum.
+def _replay(tasks: Sequence[Task], hold_f: np.ndarray, hold_r: np.ndarray, kept_for_weight: Sequence[int | None],
+            scale: np.ndarray | None, split: bool, working: np.ndarray, accumulating: np.ndarray,
+            grad_bytes: np.ndarray, grad_code: int) -> _Replayed:
+    code = np.fromiter((_OPCODE[t.op] for t in tasks), dtype=np.int64, count=len(tasks))
+    i = np.fromiter((t.microbatch for t in tasks), dtype=np.int64, count=len(tasks))
+    j = np.fromiter((t.stage for t in tasks), dtype=np.int64, count=len(tasks))
+    is_f, is_r, is_b, is_w = code == F, code == R, code == B, code == W
+    holds = np.where(is_f, hold_f[i, j], 0) + np.where(is_r, hold_r[i, j], 0)
+    held = hold_f[i, j] + np.where(_has_r(i, j, is_r, hold_f.shape), hold_r[i, j], 0)  # what (i, j) holds at its B
+    frees = np.zeros(len(tasks), dtype=np.int64)
+    if split:
+        kept = np.array([held[x] if kept_for_weight[j[x]] is None else
+                         round(kept_for_weight[j[x]] * (scale[i[x]] if scale is not None else 1.0))  # type: ignore[operator]
+                         for x in np.flatnonzero(is_b | is_w)], dtype=np.int64)
+        kept = np.minimum(kept, held[is_b | is_w])
+        frees[is_b | is_w] = np.where(is_b[is_b | is_w], held[is_b | is_w] - kept, kept)
+    else:
+        frees[is_b] = held[is_b]
+    change = holds - frees
+    saved = np.cumsum(change) - change + holds  # before the task, plus its own hold
+    grad_op = code == grad_code
+    first = np.zeros(len(tasks), dtype=bool)
+    idx = np.flatnonzero(grad_op)
+    _, at = np.unique(j[idx], return_index=True)
+    first[idx[at]] = True
+    gradients = np.cumsum(np.where(first, grad_bytes[j], 0))
+    size = np.where(grad_op & ~first, accumulating[j], working[j]) * (scale[i] if scale is not None else 1.0)
+    live = np.where(is_w, 0, _round_blocks(size))
+    return _Replayed(gradients, saved, live)
+
+
+def _has_r(i: np.ndarray, j: np.ndarray, is_r: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Per task, whether its (micro-batch, stage) has an R task on this device."""
+    recomputed = np.zeros(shape, dtype=bool)
+    recomputed[i[is_r], j[is_r]] = True
+    return recomputed[i, j]
+
+
+def _round_blocks(nbytes: np.ndarray) -> np.ndarray:
+    """:func:`round_block` of each element."""
+    n = np.maximum(np.ceil(nbytes), 0).astype(np.int64)
+    return -(-n // BLOCK_BYTES) * BLOCK_BYTES

@@ -21,28 +21,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Schedule, ScheduleKind, schedule_kind
-from sim.core.config import SimConfig
-from sim.core.engine import simulate
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, schedule_kind
 from sim.core.link import LinkSpec
 from sim.planning.cluster import Cluster
 from sim.planning.costs_from_flops import FlopCosts, Training, training_policy
 from sim.planning.flops import ModelProfile
 from sim.planning.hardware import DeviceSpec, get_device
-from sim.planning.memory import (
-    COPY_STREAMS,
-    MemoryParts,
-    device_memory,
-    stage_backward_working_bytes,
-    stage_working_bytes,
-    workspace_bytes,
-)
+from sim.planning.memory import COPY_STREAMS
 from sim.planning.partition import block_partition
-from sim.planning.recompute import CHECKPOINTS, recompute_fraction, schedule_checkpoint
-from sim.planning.replicas import step_seconds
+from sim.planning.recompute import CHECKPOINTS
 from sim.planning.request import (
     GPUS_PER_NODE,
     check_request,
@@ -51,170 +40,13 @@ from sim.planning.request import (
     resolve_link,
     resolve_network,
 )
+from sim.planning.rows import Plan, PlanRow
+from sim.planning.sweep import MAX_CHUNKS, Configuration, Sweep, configurations
 
-__all__ = ["GPUS_PER_NODE", "VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request",
+__all__ = ["GPUS_PER_NODE", "MAX_CHUNKS", "VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request",
            "check_tensor_parallel", "default_training", "plan", "resolve_link", "resolve_network"]
 
-MAX_CHUNKS = 128  # default sweep: powers of two up to this (a simulation grows with chunks x stages)
 VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages])
-
-
-@dataclass(frozen=True)
-class PlanRow:
-    """One simulated configuration.
-
-    Attributes:
-        gpus: devices used (``tensor_parallel * stages * replicas``).
-        stages: pipeline depth: devices per replica.
-        replicas: data-parallel copies of the pipeline.
-        chunks: micro-batches per replica per step.
-        microbatch: samples in the largest micro-batch.
-        checkpoint: ``never``, ``except_last`` or ``always`` (torchgpipe's, per stage), ``layers`` or
-            ``selective`` (per layer; :mod:`sim.planning.recompute`).
-        schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`).
-        balance: layers per stage (``stages * virtual`` stages).
-        step_seconds: one training step (see the module docstring).
-        throughput: samples per second.
-        bubble_fraction: mean idle fraction of the simulated pipeline.
-        memory_bytes: per device, the peak the allocator reserves (``memory_parts``' totals).
-        model_state_bytes: per device, weights, gradients and optimizer state of its stages.
-        activation_bytes: per device, the peak bytes saved for backward (the simulator's).
-        fits: every device fits in its memory.
-        cost_per_million: dollars per million samples, if a price was given.
-        best: the configuration the planner recommends.
-        virtual: stages per device (Note [virtual stages]); 1 for a schedule without a layout.
-        memory_parts: per device, its peak part by part (:class:`~sim.planning.memory.MemoryParts`).
-        parameters: the parameters one device holds a share of: the model's, or one tensor-parallel rank's shard.
-        allreduce_exposed_seconds: of the step, the gradient all-reduce the backward did not hide.
-        tensor_parallel: ranks each layer is split over (Note [tensor parallel ranks]); memory and model state
-            are per rank.
-    """
-
-    gpus: int
-    stages: int
-    replicas: int
-    chunks: int
-    microbatch: int
-    checkpoint: str
-    schedule: str
-    balance: tuple[int, ...]
-    step_seconds: float
-    throughput: float
-    bubble_fraction: float
-    memory_bytes: tuple[int, ...]
-    model_state_bytes: tuple[int, ...]
-    activation_bytes: tuple[int, ...]
-    fits: bool
-    cost_per_million: float | None = None
-    best: bool = False
-    virtual: int = 1
-    memory_parts: tuple[MemoryParts, ...] = ()
-    parameters: int = 0
-    allreduce_exposed_seconds: float = 0.0
-    tensor_parallel: int = 1
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return max(self.memory_bytes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "balance": list(self.balance), "memory_bytes": list(self.memory_bytes),
-                "model_state_bytes": list(self.model_state_bytes), "activation_bytes": list(self.activation_bytes),
-                "memory_parts": [p.to_dict() for p in self.memory_parts]}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The result of a sweep: what was asked and one row per configuration, the best marked.
-
-    ``missing`` names each schedule asked for that got no row, with why (its layout or generator refused
-    every shape of the sweep).
-    """
-
-    model: str
-    batch: int
-    device: str
-    device_memory_bytes: int
-    link: str
-    training: str
-    price_per_gpu_hour: float | None
-    rows: tuple[PlanRow, ...]
-    missing: Mapping[str, str] = field(default_factory=dict)
-    network: str | None = None
-
-    @property
-    def best(self) -> PlanRow | None:
-        """The recommended row, or ``None`` when nothing fits."""
-        return next((r for r in self.rows if r.best), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        best = self.best
-        return {"model": self.model, "batch": self.batch, "device": self.device,
-                "device_memory_bytes": self.device_memory_bytes, "link": self.link,
-                "training": self.training, "price_per_gpu_hour": self.price_per_gpu_hour,
-                "best": best.to_dict() if best else None, "rows": [r.to_dict() for r in self.rows],
-                "missing": dict(self.missing), "network": self.network}
-
-
-# -- the sweep ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Point:
-    gpus: int
-    stages: int
-    replicas: int
-    chunks: int
-    checkpoint: str
-    schedule: str
-    virtual: int = 1
-    tensor_parallel: int = 1
-
-
-# Note [virtual stages]: a schedule registered with a layout (``ScheduleKind.place``: several stages per device)
-# runs ``v`` stages on each of the pipeline's ``p`` devices, ``n = v * p`` stages placed by ``layout(n, p)``; the
-# sweep tries each ``v`` of ``virtual`` whose ``n`` the model's layers cover and whose placement the layout
-# accepts (a V-shape takes ``v = 2`` only). A schedule without a layout runs one stage per device (``v = 1``).
-def _virtuals(kind: ScheduleKind, depth: int, layers: int, virtual: Sequence[int], why: dict[str, str]) -> list[int]:
-    if kind.place is None:
-        return [1]
-    out = []
-    for v in virtual:
-        if v * depth > layers:
-            why[kind.name] = f"{v} stages on each of {depth} devices need {v * depth} layers, the model has {layers}"
-            continue
-        try:
-            kind.layout(v * depth, depth)
-        except ValueError as exc:
-            why[kind.name] = str(exc)
-            continue
-        out.append(v)
-    return out
-
-
-def _points(gpus: Sequence[int], batch: int, layers: int, chunks: Sequence[int] | None,
-            checkpoints: Sequence[str], schedules: Sequence[str], stages: Sequence[int] | None,
-            virtual: Sequence[int], why: dict[str, str], replicas: Sequence[int] | None = None,
-            pinned: int | None = None, tensor_parallel: Sequence[int] = (1,)) -> list[_Point]:
-    out: list[_Point] = []
-    kinds = [schedule_kind(s) for s in schedules]
-    for t, g in ((t, g) for t in tensor_parallel for g in gpus):
-        pipelines = g // t  # devices per tensor-parallel rank
-        for n in (s for s in range(1, min(pipelines, layers) + 1)
-                  if pipelines % s == 0 and (stages is None or s in stages)):
-            r = pipelines // n
-            if r > batch or (replicas is not None and r not in replicas):
-                continue
-            per_replica = math.ceil(batch / r)
-            ms = chunks if chunks is not None else [2**k for k in range(8) if 2**k <= min(per_replica, MAX_CHUNKS)]
-            vs = [(k.name, [v for v in _virtuals(k, n, layers, virtual, why) if pinned in (None, v * n)])
-                  for k in kinds]
-            for m in ms:
-                if m > per_replica:
-                    continue
-                for ck in checkpoints:
-                    out.extend(_Point(g, n, r, m, ck, s, v, t) for s, each in vs for v in each)
-    return out
 
 
 def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Sequence[int] | None,
@@ -233,69 +65,6 @@ def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Seque
     if counted != training.torch_dtype.itemsize:
         raise ValueError(f"the model was counted in {size.get(counted, profile.dtype)} but the training policy "
                          f"{training.name!r} computes in {training.compute}; count it in {training.torch_dtype}")
-
-
-def _make_schedule(p: _Point) -> Schedule:
-    """The point's schedule: ``v * p`` stages placed by the schedule's layout, or one stage per device."""
-    kind = schedule_kind(p.schedule)
-    checkpoint = schedule_checkpoint(p.checkpoint)  # Note [per-layer recompute] in sim.planning.recompute
-    if kind.place is None:
-        return kind(p.chunks, p.stages, checkpoint)
-    return kind(p.chunks, p.stages * p.virtual, checkpoint, devices=p.stages)
-
-
-def _per_device(values: Sequence[float], placement: Sequence[int], devices: int) -> list[float]:
-    out = [0.0] * devices
-    for j, d in enumerate(placement):
-        out[d] += values[j]
-    return out
-
-
-def _run(p: _Point, costs: FlopCosts, batch: int, cluster: Cluster, config: SimConfig,
-         balances: dict[tuple[int, int, int, str, int], tuple[int, ...]], price: float | None,
-         why: dict[str, str], pinned: tuple[int, ...] | None = None, copy_streams: str = "shared") -> PlanRow | None:
-    try:
-        schedule = _make_schedule(p)
-    except ValueError as exc:  # a shape the generator does not take (e.g. chunks not a multiple of devices)
-        why[p.schedule] = str(exc)
-        return None
-    per_replica = math.ceil(batch / p.replicas)
-    q, rem = divmod(per_replica, p.chunks)
-    mb = q + (1 if rem else 0)
-    scale = [(q + (1 if i < rem else 0)) / mb for i in range(p.chunks)] if rem else []
-    n = p.stages * p.virtual
-    key = (p.tensor_parallel, n, mb, p.checkpoint, p.chunks if p.checkpoint == "except_last" else 0)
-    if pinned is not None:
-        balances[key] = pinned
-    elif key not in balances:
-        fwd, bwd = costs.layer_seconds(mb)
-        if p.checkpoint == "selective":
-            bwd = bwd + costs.core_seconds(mb)
-        balances[key] = block_partition(fwd * (1 + recompute_fraction(p.checkpoint, p.chunks)) + bwd, n)
-    balance = balances[key]
-    cost = costs.cost_model(balance, mb, scale, split=schedule.splits_weight_gradient, recompute=p.checkpoint)
-    links = cluster.stage_links(schedule.placement, p.tensor_parallel, p.stages, p.replicas)
-    timeline = simulate(schedule, cost, config if links is None else replace(config, stage_links=links))
-    devices, placement = schedule.num_devices, schedule.placement
-    state = [int(x) for x in _per_device([s.model_state_bytes for s in cost.stages], placement, devices)]
-    activations = [timeline.peak_memory(d) for d in range(devices)]
-    parts = device_memory(schedule, cost.stages, stage_working_bytes(costs.profile, balance, mb),
-                          workspace_bytes(costs.device.name), scale,
-                          stage_backward_working_bytes(costs.profile, balance, mb, costs.training.gradient_bytes),
-                          copy_streams)
-    memory = [x.total for x in parts]
-    updates = _per_device(costs.update_seconds(balance), placement, devices)
-    allreduce = None if cluster.network is None else \
-        (lambda nbytes, d: cluster.allreduce_seconds(nbytes, p.tensor_parallel, p.stages, p.replicas, d))
-    step, exposed = step_seconds(schedule, timeline, [s.gradient_bytes for s in cost.stages], updates,
-                                 p.replicas, cluster.link, allreduce)
-    throughput = batch / step if step > 0 else math.inf
-    dollars = p.gpus * price / 3600 * 1e6 / throughput if price is not None else None
-    return PlanRow(p.gpus, p.stages, p.replicas, p.chunks, mb, p.checkpoint, p.schedule, balance, step, throughput,
-                   timeline.bubble_fraction(), tuple(memory), tuple(state), tuple(activations),
-                   all(x <= costs.device.memory_bytes for x in memory), dollars, virtual=p.virtual,
-                   memory_parts=tuple(parts), parameters=costs.profile.parameters, allreduce_exposed_seconds=exposed,
-                   tensor_parallel=p.tensor_parallel)
 
 
 def _mark_best(rows: list[PlanRow], objective: str) -> list[PlanRow]:
@@ -320,7 +89,7 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
          kernel_seconds: float | None = None, model_name: str = "", progress: bool = False,
          copy_streams: str = "shared", tensor_parallel: Sequence[int] | None = None,
          gpus_per_node: int = GPUS_PER_NODE, network: LinkSpec | str | None = None,
-         network_ports: int | None = None) -> Plan:
+         network_ports: int | None = None, tokens_per_sample: int | None = None) -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
 
     Args:
@@ -356,6 +125,7 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
             (:mod:`sim.planning.cluster`): a stage copy that crosses nodes and a data-parallel all-reduce that
             spans them use the network.
         network_ports: network ports per node; default one per GPU.
+        tokens_per_sample: tokens in one sample (a decoder's sequence), for tokens per second; ``None``: none.
 
     Returns:
         A :class:`Plan`; its ``best`` row is the fastest (or cheapest) configuration that fits.
@@ -398,17 +168,16 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
         raise ValueError(f"virtual lists stages per device, integers >= 1, got {list(virtual)}")
     pinned = _check_pins(balance, replicas, layers)
     why: dict[str, str] = {}
-    points = _points(gpus, batch, layers, chunks, checkpoints, schedules, stages, virtual, why, replicas,
-                     len(pinned) if pinned is not None else None, degrees)
-    costs = {t: FlopCosts(profiles[t], dev, policy, kernel_seconds, tensor_link=lk) for t in degrees}
-    config = SimConfig(link=lk)
+    points = configurations(gpus, batch, layers, chunks, checkpoints, schedules, stages, virtual, why, replicas,
+                            len(pinned) if pinned is not None else None, degrees)
+    costs = {(t, False): FlopCosts(profiles[t], dev, policy, kernel_seconds, tensor_link=lk) for t in degrees}
     if network_ports is not None and (isinstance(network_ports, bool) or not isinstance(network_ports, int)
                                       or network_ports < 1):
         raise ValueError(f"network ports per node must be an integer >= 1, got {network_ports!r}")
     cluster = Cluster(lk, gpus_per_node, None if network is None else resolve_network(network), network_ports)
-    balances: dict[tuple[int, int, int, str, int], tuple[int, ...]] = {}
-    run = [_run(p, costs[p.tensor_parallel], batch, cluster, config, balances, price_per_gpu_hour, why, pinned,
-                copy_streams) for p in _progress(points, progress)]
+    sweep = Sweep(costs, batch, cluster, price_per_gpu_hour, pinned, copy_streams, tokens_per_sample)
+    run = [sweep.evaluate(p) for p in _progress(points, progress)]
+    why.update(sweep.why)
     rows = [r for r in run if r is not None]
     if not rows:
         reasons = "".join(f"; {s}: {w}" for s, w in why.items())
@@ -436,7 +205,7 @@ def _check_pins(balance: Sequence[int] | None, replicas: Sequence[int] | None,
     return pinned
 
 
-def _progress(points: list[_Point], show: bool) -> Iterator[_Point]:
+def _progress(points: list[Configuration], show: bool) -> Iterator[Configuration]:
     if not show:
         yield from points
         return

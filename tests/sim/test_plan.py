@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 import json
 from pathlib import Path
 
@@ -63,15 +65,21 @@ def test_planner_picks_the_fastest_configuration_that_fits(mlp_profile: ModelPro
         assert sum(r.balance) == len(mlp_profile) and len(r.balance) == r.stages * r.virtual
         assert r.gpus == r.stages * r.replicas
         assert r.fits == all(m <= SMALL.memory_bytes for m in r.memory_bytes)
-        assert r.throughput == pytest.approx(256 / r.step_seconds)
+        assert r.simulated == r.fits  # Note [not simulated]: a step that cannot run has no time
+        if r.fits:
+            assert r.throughput == pytest.approx(256 / r.step_seconds)
+        else:
+            assert math.isnan(r.throughput) and math.isnan(r.step_seconds) and r.bound == "memory"
     assert {r.schedule for r in result.rows} == set(SCHEDULES)  # every registered schedule
     assert {r.checkpoint for r in result.rows} == {"never", "except_last", "always"}
 
 
 def test_checkpointing_trades_time_for_memory(mlp_profile: ModelProfile) -> None:
-    result = plan(mlp_profile, 64, SMALL, [2], "pcie4-x16", training="fp32-adam", chunks=[8], stages=[2],
+    roomy = replace(SMALL, memory_bytes=64 * MiB)  # both fit, so both are simulated
+    result = plan(mlp_profile, 64, roomy, [2], "pcie4-x16", training="fp32-adam", chunks=[8], stages=[2],
                   schedules=["gpipe"])
     by = {r.checkpoint: r for r in result.rows}
+    assert by["always"].fits and by["never"].fits
     assert by["always"].step_seconds > by["never"].step_seconds
     assert max(by["always"].activation_bytes) < max(by["never"].activation_bytes)
 
@@ -79,8 +87,8 @@ def test_checkpointing_trades_time_for_memory(mlp_profile: ModelProfile) -> None
 def test_price_gives_cost_per_million_samples(mlp_profile: ModelProfile) -> None:
     result = plan(mlp_profile, 64, SMALL, [2, 4], "pcie4-x16", training="fp32-adam", price_per_gpu_hour=2.5,
                   chunks=[4], objective="cost")
-    for r in result.rows:
-        assert r.cost_per_million == pytest.approx(r.gpus * 2.5 / 3600 * 1e6 / r.throughput)
+    for r in result.rows:  # a configuration that does not fit has no speed, so no cost (Note [not simulated])
+        assert r.cost_per_million == (pytest.approx(r.gpus * 2.5 / 3600 * 1e6 / r.throughput) if r.fits else None)
     best = result.best
     assert best is not None
     assert best.cost_per_million == min(r.cost_per_million or 0 for r in result.rows if r.fits)

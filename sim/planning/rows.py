@@ -1,0 +1,138 @@
+"""What a capacity plan answers: one row per configuration (:class:`PlanRow`) and the plan itself (:class:`Plan`).
+
+Note [not simulated]: a configuration is checked for memory before it is simulated (its peak follows from the order
+of its tasks alone, Note [peak as the allocator sees it] in :mod:`sim.planning.memory`), and one that does not fit
+is not simulated: a step it cannot take has no time. Its row has ``fits`` false, ``simulated`` false, its memory
+part by part, and NaN for the step, the throughput and the bubble (``null`` in JSON). A configuration whose model
+state alone exceeds the device is not even replayed: its memory is that model state, a lower bound.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sim.planning.memory import MemoryParts
+
+__all__ = ["Plan", "PlanRow"]
+
+
+def _finite(value: Any) -> Any:
+    """NaN as ``None`` (JSON has no NaN)."""
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One simulated configuration.
+
+    Attributes:
+        gpus: devices used (``tensor_parallel * stages * replicas``).
+        stages: pipeline depth: devices per replica.
+        replicas: data-parallel copies of the pipeline.
+        chunks: micro-batches per replica per step.
+        microbatch: samples in the largest micro-batch.
+        checkpoint: ``never``, ``except_last`` or ``always`` (torchgpipe's, per stage), ``layers`` or
+            ``selective`` (per layer; :mod:`sim.planning.recompute`).
+        schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`).
+        balance: layers per stage (``stages * virtual`` stages).
+        step_seconds: one training step (see the module docstring).
+        throughput: samples per second.
+        bubble_fraction: mean idle fraction of the simulated pipeline.
+        memory_bytes: per device, the peak the allocator reserves (``memory_parts``' totals).
+        model_state_bytes: per device, weights, gradients and optimizer state of its stages.
+        activation_bytes: per device, the peak bytes saved for backward (the simulator's).
+        fits: every device fits in its memory.
+        cost_per_million: dollars per million samples, if a price was given.
+        best: the configuration the planner recommends.
+        virtual: stages per device (Note [virtual stages]); 1 for a schedule without a layout.
+        memory_parts: per device, its peak part by part (:class:`~sim.planning.memory.MemoryParts`).
+        parameters: the parameters one device holds a share of: the model's, or one tensor-parallel rank's shard.
+        allreduce_exposed_seconds: of the step, the gradient all-reduce the backward did not hide.
+        tensor_parallel: ranks each layer is split over (Note [tensor parallel ranks] in
+            :mod:`sim.planning.request`); memory and model state are per rank.
+        zero: the ZeRO stage of its data parallelism (:mod:`sim.planning.zero`); 0: plain replicas.
+        sequence_parallel: LayerNorms and dropouts split over the tensor-parallel ranks by tokens.
+        simulated: false for a configuration that does not fit (Note [not simulated]).
+        tokens_per_second: ``throughput`` times the tokens in a sample; ``None`` for a model without a sequence.
+        mfu: model FLOPs utilisation: the model's FLOPs per step (forward and backward, no recompute) per second,
+            over the dense peak of every GPU of the configuration in the compute dtype.
+        hfu: hardware FLOPs utilisation: as ``mfu`` with the recomputed forward FLOPs counted too.
+        bound: what bounds the step: the largest of ``compute``, ``bubble`` (devices idle inside the pipeline),
+            ``tensor-parallel`` (its collectives), ``data-parallel`` (traffic the backward left exposed) and
+            ``optimizer``; ``memory`` for a configuration that does not fit.
+    """
+
+    gpus: int
+    stages: int
+    replicas: int
+    chunks: int
+    microbatch: int
+    checkpoint: str
+    schedule: str
+    balance: tuple[int, ...]
+    step_seconds: float
+    throughput: float
+    bubble_fraction: float
+    memory_bytes: tuple[int, ...]
+    model_state_bytes: tuple[int, ...]
+    activation_bytes: tuple[int, ...]
+    fits: bool
+    cost_per_million: float | None = None
+    best: bool = False
+    virtual: int = 1
+    memory_parts: tuple[MemoryParts, ...] = ()
+    parameters: int = 0
+    allreduce_exposed_seconds: float = 0.0
+    tensor_parallel: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    simulated: bool = True
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    bound: str = ""
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(self.memory_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        flat = {k: _finite(v) for k, v in asdict(self).items()}
+        return {**flat, "balance": list(self.balance), "memory_bytes": list(self.memory_bytes),
+                "model_state_bytes": list(self.model_state_bytes), "activation_bytes": list(self.activation_bytes),
+                "memory_parts": [p.to_dict() for p in self.memory_parts]}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The result of a sweep: what was asked and one row per configuration, the best marked.
+
+    ``missing`` names each schedule asked for that got no row, with why (its layout or generator refused
+    every shape of the sweep).
+    """
+
+    model: str
+    batch: int
+    device: str
+    device_memory_bytes: int
+    link: str
+    training: str
+    price_per_gpu_hour: float | None
+    rows: tuple[PlanRow, ...]
+    missing: Mapping[str, str] = field(default_factory=dict)
+    network: str | None = None
+
+    @property
+    def best(self) -> PlanRow | None:
+        """The recommended row, or ``None`` when nothing fits."""
+        return next((r for r in self.rows if r.best), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best
+        return {"model": self.model, "batch": self.batch, "device": self.device,
+                "device_memory_bytes": self.device_memory_bytes, "link": self.link,
+                "training": self.training, "price_per_gpu_hour": self.price_per_gpu_hour,
+                "best": best.to_dict() if best else None, "rows": [r.to_dict() for r in self.rows],
+                "missing": dict(self.missing), "network": self.network}

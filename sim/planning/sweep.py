@@ -1,0 +1,275 @@
+"""The planner's sweep: the configurations a request spans, and one configuration evaluated.
+
+A configuration (:class:`Configuration`) is ``t x p x d`` GPUs (tensor-parallel ranks, pipeline devices, replicas),
+a number of micro-batches, a recompute policy, a schedule and its stages per device, a ZeRO stage and sequence
+parallelism on or off. :class:`Sweep` evaluates one: balance its stages by cost, price them, replay its task
+order for memory and, if it fits, simulate it (Note [not simulated] in :mod:`sim.planning.rows`).
+
+Note [reuse in a sweep]: what repeats across configurations is computed once per sweep: a balance per (degree,
+stages, micro-batch, policy), a stage pricing per balance, and a simulation per (schedule, shape, pricing, links),
+which configurations that differ only in how their data parallelism is sharded share. A large model's sweep is
+mostly configurations that do not fit; they cost a replay of their task order, or nothing at all when their model
+state alone is too large.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpipe.schedule import Schedule, ScheduleKind, schedule_kind
+from gpipe.timeline import Timeline
+from sim.core.config import SimConfig
+from sim.core.cost import CostModel, StageCost
+from sim.core.engine import simulate
+from sim.planning.cluster import Cluster
+from sim.planning.costs_from_flops import FlopCosts
+from sim.planning.counts import OpTable
+from sim.planning.memory import (
+    MemoryParts,
+    device_memory,
+    round_block,
+    round_segment,
+    stage_backward_working_bytes,
+    stage_working_bytes,
+    workspace_bytes,
+)
+from sim.planning.partition import block_partition
+from sim.planning.recompute import core_table, recompute_fraction, schedule_checkpoint
+from sim.planning.replicas import step_seconds
+from sim.planning.rows import PlanRow
+
+__all__ = ["MAX_CHUNKS", "Configuration", "Sweep", "configurations"]
+
+MAX_CHUNKS = 128  # default sweep: powers of two up to this (a simulation grows with chunks x stages)
+NAN = math.nan
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One point of a sweep (see the module docstring); ``gpus = tensor_parallel * stages * replicas``."""
+
+    gpus: int
+    stages: int
+    replicas: int
+    chunks: int
+    checkpoint: str
+    schedule: str
+    virtual: int = 1
+    tensor_parallel: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+
+
+# Note [virtual stages]: a schedule registered with a layout (``ScheduleKind.place``: several stages per device)
+# runs ``v`` stages on each of the pipeline's ``p`` devices, ``n = v * p`` stages placed by ``layout(n, p)``; the
+# sweep tries each ``v`` of ``virtual`` whose ``n`` the model's layers cover and whose placement the layout
+# accepts (a V-shape takes ``v = 2`` only). A schedule without a layout runs one stage per device (``v = 1``).
+def _virtuals(kind: ScheduleKind, depth: int, layers: int, virtual: Sequence[int], why: dict[str, str]) -> list[int]:
+    if kind.place is None:
+        return [1]
+    out = []
+    for v in virtual:
+        if v * depth > layers:
+            why[kind.name] = f"{v} stages on each of {depth} devices need {v * depth} layers, the model has {layers}"
+            continue
+        try:
+            kind.layout(v * depth, depth)
+        except ValueError as exc:
+            why[kind.name] = str(exc)
+            continue
+        out.append(v)
+    return out
+
+
+def configurations(gpus: Sequence[int], batch: int, layers: int, chunks: Sequence[int] | None,
+                   checkpoints: Sequence[str], schedules: Sequence[str], stages: Sequence[int] | None,
+                   virtual: Sequence[int], why: dict[str, str], replicas: Sequence[int] | None = None,
+                   pinned: int | None = None, tensor_parallel: Sequence[int] = (1,), zero: Sequence[int] = (0,),
+                   sequence_parallel: Sequence[bool] = (False,)) -> list[Configuration]:
+    """Every configuration of the request, under its constraints: ``t`` divides each GPU count, a pipeline has at
+    most one device per layer, a replica at least one sample and a micro-batch at least one; sequence parallelism
+    only with ``t > 1`` and ZeRO only with replicas to shard over (``why`` collects each schedule's refusals)."""
+    out: list[Configuration] = []
+    kinds = [schedule_kind(s) for s in schedules]
+    for t, g in ((t, g) for t in tensor_parallel for g in gpus):
+        pipelines = g // t  # devices per tensor-parallel rank
+        sps = [sp for sp in dict.fromkeys(sequence_parallel) if t > 1 or not sp] or [False]
+        for n in (s for s in range(1, min(pipelines, layers) + 1)
+                  if pipelines % s == 0 and (stages is None or s in stages)):
+            r = pipelines // n
+            if r > batch or (replicas is not None and r not in replicas):
+                continue
+            zs = [z for z in dict.fromkeys(zero) if r > 1 or z == 0] or [0]
+            per_replica = math.ceil(batch / r)
+            ms = chunks if chunks is not None else [2**k for k in range(8) if 2**k <= min(per_replica, MAX_CHUNKS)]
+            vs = [(k.name, [v for v in _virtuals(k, n, layers, virtual, why) if pinned in (None, v * n)])
+                  for k in kinds]
+            for m in ms:
+                if m > per_replica:
+                    continue
+                out.extend(Configuration(g, n, r, m, ck, s, v, t, z, sp)
+                           for ck in checkpoints for s, each in vs for v in each for sp in sps for z in zs)
+    return out
+
+
+def make_schedule(p: Configuration) -> Schedule:
+    """The configuration's schedule: ``v * p`` stages placed by the schedule's layout, or one stage per device."""
+    kind = schedule_kind(p.schedule)
+    checkpoint = schedule_checkpoint(p.checkpoint)  # Note [per-layer recompute] in sim.planning.recompute
+    if kind.place is None:
+        return kind(p.chunks, p.stages, checkpoint)
+    return kind(p.chunks, p.stages * p.virtual, checkpoint, devices=p.stages)
+
+
+def _per_device(values: Sequence[float], placement: Sequence[int], devices: int) -> list[float]:
+    out = [0.0] * devices
+    for j, d in enumerate(placement):
+        out[d] += values[j]
+    return out
+
+
+class Sweep:
+    """Evaluates the configurations of one plan, reusing what repeats (Note [reuse in a sweep]).
+
+    Args:
+        costs: the pricing of each ``(tensor_parallel, sequence_parallel)`` count.
+        batch: global batch, samples per step.
+        cluster: the machine (link, nodes, network).
+        price: dollars per GPU-hour, or ``None``.
+        pinned: a balance every configuration uses, or ``None`` to balance by cost.
+        copy_streams: :data:`sim.planning.memory.COPY_STREAMS`.
+        tokens_per_sample: tokens in a sample (a decoder's sequence), or ``None``.
+    """
+
+    def __init__(self, costs: Mapping[tuple[int, bool], FlopCosts], batch: int, cluster: Cluster,
+                 price: float | None = None, pinned: tuple[int, ...] | None = None, copy_streams: str = "shared",
+                 tokens_per_sample: int | None = None) -> None:
+        self.costs, self.batch, self.cluster, self.price = costs, batch, cluster, price
+        self.pinned, self.copy_streams, self.tokens = pinned, copy_streams, tokens_per_sample
+        self.config = SimConfig(link=cluster.link)
+        self.why: dict[str, str] = {}
+        self._balances: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self._stages: dict[tuple[object, ...], tuple[StageCost, ...]] = {}
+        self._timelines: dict[tuple[object, ...], Timeline] = {}
+        self._counted: dict[tuple[int, bool], tuple[tuple[float, float], ...]] = {}
+
+    def _balance(self, p: Configuration, costs: FlopCosts, mb: int) -> tuple[int, ...]:
+        if self.pinned is not None:
+            return self.pinned
+        n = p.stages * p.virtual
+        key = (p.tensor_parallel, p.sequence_parallel, n, mb, p.checkpoint,
+               p.chunks if p.checkpoint == "except_last" else 0)
+        if key not in self._balances:
+            fwd, bwd = costs.layer_seconds(mb)
+            if p.checkpoint == "selective":
+                bwd = bwd + costs.core_seconds(mb)
+            self._balances[key] = block_partition(fwd * (1 + recompute_fraction(p.checkpoint, p.chunks)) + bwd, n)
+        return self._balances[key]
+
+    def evaluate(self, p: Configuration) -> PlanRow | None:
+        """The row of ``p``, or ``None`` (its reason in :attr:`why`) where its schedule refuses the shape."""
+        try:
+            schedule = make_schedule(p)
+        except ValueError as exc:  # a shape the generator does not take (e.g. chunks not a multiple of devices)
+            self.why[p.schedule] = str(exc)
+            return None
+        costs = self.costs[(p.tensor_parallel, p.sequence_parallel)]
+        per_replica = math.ceil(self.batch / p.replicas)
+        q, rem = divmod(per_replica, p.chunks)
+        mb = q + (1 if rem else 0)
+        scale = tuple((q + (1 if i < rem else 0)) / mb for i in range(p.chunks)) if rem else ()
+        balance = self._balance(p, costs, mb)
+        split = schedule.splits_weight_gradient
+        key = (p.tensor_parallel, p.sequence_parallel, balance, mb, split, p.checkpoint)
+        if key not in self._stages:
+            self._stages[key] = costs.stages(balance, mb, split, p.checkpoint)
+        stages = self._stages[key]
+        devices, placement = schedule.num_devices, schedule.placement
+        state = [int(x) for x in _per_device([s.model_state_bytes for s in stages], placement, devices)]
+        limit = costs.device.memory_bytes
+        base: dict[str, Any] = dict(gpus=p.gpus, stages=p.stages, replicas=p.replicas, chunks=p.chunks, microbatch=mb,
+                    checkpoint=p.checkpoint, schedule=p.schedule, balance=balance, virtual=p.virtual,
+                    parameters=costs.profile.parameters, tensor_parallel=p.tensor_parallel, zero=p.zero,
+                    sequence_parallel=p.sequence_parallel, model_state_bytes=tuple(state))
+        if max(state) > limit:  # Note [not simulated]: the model state alone does not fit
+            parts = [_state_only(stages, schedule.stages_on(d)) for d in range(devices)]
+            return PlanRow(step_seconds=NAN, throughput=NAN, bubble_fraction=NAN,
+                           memory_bytes=tuple(x.total for x in parts), activation_bytes=(0,) * devices, fits=False,
+                           memory_parts=tuple(parts), simulated=False, bound="memory", **base)
+        parts = device_memory(schedule, stages, stage_working_bytes(costs.profile, balance, mb),
+                              workspace_bytes(costs.device.name), scale,
+                              stage_backward_working_bytes(costs.profile, balance, mb, costs.training.gradient_bytes),
+                              self.copy_streams)
+        memory = tuple(x.total for x in parts)
+        if max(memory) > limit:
+            return PlanRow(step_seconds=NAN, throughput=NAN, bubble_fraction=NAN, memory_bytes=memory,
+                           activation_bytes=tuple(x.saved for x in parts), fits=False, memory_parts=tuple(parts),
+                           simulated=False, bound="memory", **base)
+        links = self.cluster.stage_links(placement, p.tensor_parallel, p.stages, p.replicas)
+        sim_key = (p.schedule, p.chunks, p.stages, p.virtual, p.checkpoint, key, scale, links)
+        timeline = self._timelines.get(sim_key)
+        if timeline is None:
+            cost = CostModel(stages, copy_seconds=None, microbatch_scale=scale)
+            config = self.config if links is None else replace(self.config, stage_links=links)
+            timeline = self._timelines[sim_key] = simulate(schedule, cost, config)
+        updates = _per_device(costs.update_seconds(balance), placement, devices)
+        cluster = self.cluster
+        allreduce = None if cluster.network is None else \
+            (lambda nbytes, d: cluster.allreduce_seconds(nbytes, p.tensor_parallel, p.stages, p.replicas, d))
+        step, exposed = step_seconds(schedule, timeline, [s.gradient_bytes for s in stages], updates, p.replicas,
+                                     cluster.link, allreduce)
+        throughput = self.batch / step if step > 0 else math.inf
+        dollars = p.gpus * self.price / 3600 * 1e6 / throughput if self.price is not None else None
+        activations = tuple(timeline.peak_memory(d) for d in range(devices))
+        return PlanRow(step_seconds=step, throughput=throughput, bubble_fraction=timeline.bubble_fraction(),
+                       memory_bytes=memory, activation_bytes=activations, fits=True, cost_per_million=dollars,
+                       memory_parts=tuple(parts), allreduce_exposed_seconds=exposed,
+                       **self._utilisation(p, costs, step, throughput, max(updates, default=0.0), exposed, timeline),
+                       **base)
+
+    def _flops(self, p: Configuration, costs: FlopCosts) -> tuple[float, float]:
+        """A step's model FLOPs (forward and backward, every rank) and the FLOPs its recompute adds."""
+        profile = costs.profile
+        key = (p.tensor_parallel, p.sequence_parallel)
+        if key not in self._counted:
+            def per_step(tables: Sequence[OpTable]) -> tuple[float, float]:  # (fixed, per sample)
+                return (sum(float(t.flops[:, 0].sum()) for t in tables),
+                        sum(float(t.flops[:, 1].sum()) for t in tables))
+            core = profile.attention_core
+            self._counted[key] = (per_step([x.forward for x in profile.layers]),
+                                  per_step([x.backward for x in profile.layers]),
+                                  per_step([core_table(x.forward, core) for x in profile.layers] if core else []))
+        fwd, bwd, core_fwd = self._counted[key]
+        runs = p.chunks * p.replicas * p.tensor_parallel  # micro-batches of every rank in a step
+
+        def total(q: tuple[float, float]) -> float:
+            return q[0] * runs + q[1] * self.batch * p.tensor_parallel
+
+        recomputed = total(fwd) * recompute_fraction(p.checkpoint, p.chunks)
+        if p.checkpoint == "selective":
+            recomputed = total(core_fwd)
+        return total(fwd) + total(bwd), recomputed
+
+    def _utilisation(self, p: Configuration, costs: FlopCosts, step: float, throughput: float, update: float,
+                     exposed: float, timeline: Timeline) -> dict[str, Any]:
+        """``tokens_per_second``, ``mfu``, ``hfu`` and ``bound`` of a simulated configuration (:class:`PlanRow`)."""
+        model, recomputed = self._flops(p, costs)
+        peak = p.gpus * costs.device.peak_flops.get(costs.training.compute.lower(), NAN) * step
+        busy = max(timeline.busy(d) for d in range(timeline.num_devices))
+        parts = {"compute": busy, "bubble": timeline.end - timeline.start - busy, "data-parallel": exposed,
+                 "optimizer": update}
+        return {"tokens_per_second": throughput * self.tokens if self.tokens else None,
+                "mfu": model / peak if peak > 0 else None, "hfu": (model + recomputed) / peak if peak > 0 else None,
+                "bound": max(parts, key=lambda k: parts[k])}
+
+
+def _state_only(stages: Sequence[StageCost], mine: Sequence[int]) -> MemoryParts:
+    """A device's model state, rounded as the allocator rounds it, and nothing else (Note [not simulated])."""
+    params = sum(round_block(stages[j].parameter_bytes) for j in mine)
+    optimizer = sum(round_block(stages[j].optimizer_bytes) for j in mine)
+    gradients = sum(round_block(stages[j].gradient_bytes) for j in mine)
+    raw = params + optimizer + gradients
+    return MemoryParts(params, optimizer, gradients, 0, 0, 0, round_segment(raw) - raw)
