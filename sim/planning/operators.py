@@ -15,7 +15,8 @@ An operator that is neither free, nor has a FLOP formula, nor is known to be mem
 An operator that a GPU runs as several kernels, or in several passes over its input, is recorded as
 those kernels (Note [one operator, several kernels]); dropout is counted as a GPU runs it (Note [dropout on meta]),
 attention in its math form (Note [attention on meta]). A tensor-parallel all-reduce marker
-(:mod:`sim.planning.tensor_parallel`) is a COLLECTIVE whose bytes are the message one rank holds.
+(:mod:`sim.planning.tensor_parallel`) is a COLLECTIVE whose bytes are the message one rank holds; a fused kernel
+of the ``gpipe_sim`` namespace is one kernel (Note [fused kernels]).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from torch.utils.flop_counter import flop_registry
 from sim.planning.counts import COLLECTIVE, CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
 from sim.planning.tensor_parallel import ALL_REDUCE
 
-__all__ = ["MEMORY_BOUND_OPERATORS", "VECTOR_MATH_OPERATORS", "UnknownOperatorError"]
+__all__ = ["FUSED_KERNELS", "MEMORY_BOUND_OPERATORS", "VECTOR_MATH_OPERATORS", "UnknownOperatorError"]
 
 #: One counted kernel: FLOPs, bytes, kind, and GEMM dimensions M, N, K (0 where not a GEMM).
 Op = tuple[float, float, float, float, float, float]
@@ -75,11 +76,16 @@ class _Recorder(TorchDispatchMode):
             self.groups.add(int(_arg(args, kwargs, 1, "group")))
             self.ops.append((0.0, float(_tensor_bytes(out)), COLLECTIVE, 0.0, 0.0, 0.0))
             return out
-        name = func._schema.name.split("::")[-1]
+        qualified = func._schema.name
+        name = qualified.split("::")[-1]
         if func.is_view or name.startswith(_FREE_PREFIXES):
             return out
         inputs = _tensors((args, kwargs))
         outputs = _tensors(out)
+        if qualified in FUSED_KERNELS:  # Note [fused kernels]
+            traffic = float(sum(map(_tensor_bytes, inputs)) + sum(map(_tensor_bytes, outputs)))
+            self.ops.append((0.0, traffic, FUSED_KERNELS[qualified], 0.0, 0.0, 0.0))
+            return out
         packet = func._overloadpacket
         kernels = _kernels(packet, args, kwargs, out)
         if kernels is not None:  # Note [one operator, several kernels]
@@ -148,6 +154,19 @@ VECTOR_MATH_OPERATORS = frozenset({
     "avg_pool2d_backward", "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "mse_loss", "mse_loss_backward",
     "nll_loss_forward", "nll_loss_backward",
 })
+
+
+# Note [fused kernels]: a fused kernel (Megatron-LM's, Note [Megatron's kernels] in :mod:`sim.planning.models.gpt`)
+# is a custom operator, so the counter sees it whole: one kernel that reads each tensor argument and writes each
+# output once, whatever it computes inside (the scores' scale, mask and softmax in one pass). Its backward is
+# another such operator, or ATen's (dropout's backward, the bias gradient's sum). Each is named here with what bounds
+# it, as the ATen operators it replaces are.
+#: Fused kernels (qualified operator names) the counter knows, each with its kind.
+FUSED_KERNELS = {
+    "gpipe_sim::causal_softmax": VECTOR_MATH, "gpipe_sim::causal_softmax_backward": VECTOR_MATH,
+    "gpipe_sim::bias_gelu": VECTOR_MATH, "gpipe_sim::bias_gelu_backward": VECTOR_MATH,
+    "gpipe_sim::bias_dropout_add": MEMORY_BOUND,
+}
 
 
 class UnknownOperatorError(ValueError):

@@ -11,7 +11,7 @@ from torch import nn
 from sim.cli import main
 from sim.planning.flops import count_layers
 from sim.planning.models import get_model
-from sim.planning.models.gpt import CONFIGS, GPTConfig, gpt
+from sim.planning.models.gpt import CONFIGS, Block, GPTConfig, gpt
 from sim.planning.models.llama import CONFIGS as LLAMA
 from sim.planning.models.llama import LlamaConfig, _rope_tables, _rotate, llama, llama_sample
 
@@ -81,6 +81,8 @@ def test_gpt_175b_by_its_numbers() -> None:
      "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000"),
     ("gpt:ffn=512,layers=4,hidden=256,heads=4,seq=128,vocab=1000",
      "gpt:layers=4,hidden=256,heads=4,ffn=512,seq=128,vocab=1000"),
+    ("gpt:kernels=megatron,layers=4,hidden=256,heads=4,seq=128,vocab=1000",
+     "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000,kernels=megatron"),
     ("llama:vocab=100,seq=16,ffn=96,kv-heads=2,heads=4,hidden=32,layers=2",
      "llama:layers=2,hidden=32,heads=4,kv-heads=2,ffn=96,seq=16,vocab=100"),
     ("LLAMA:70B", "llama:70b"),
@@ -98,7 +100,9 @@ def test_gpt_ffn_sets_the_mlp_width() -> None:
     cfg = GPTConfig(n_layer=2, n_head=4, d_model=64, seq_len=16, vocab_size=100, ffn=96)
     with torch.device("meta"):
         model = gpt(cfg)
-    assert model[1].mlp.fc.out_features == 96 == model[1].mlp.proj.in_features
+    block0 = model[1]
+    assert isinstance(block0, Block)
+    assert block0.mlp.fc.out_features == 96 == block0.mlp.proj.in_features
     c, f = 64, 96
     block = 3 * c * c + 3 * c + c * c + c + c * f + f + f * c + c + 4 * c  # qkv, proj, fc, proj, two LayerNorms
     assert _params(model) == cfg.parameters == 2 * block + (100 + 16) * c + 2 * c + 100 * c
@@ -218,6 +222,7 @@ LLAMA_OK = "layers=2,hidden=32,heads=4,kv-heads=2,ffn=48,seq=8,vocab=50"
     ("gpt:layers=4,hidden=250,heads=4,seq=128,vocab=1000", ValueError, "does not divide"),
     ("gpt:layers=0,hidden=256,heads=4,seq=128,vocab=1000", ValueError, "layers must be >= 1"),
     ("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000,ffn=-1", ValueError, "ffn must be >= 1"),
+    ("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000,kernels=fused", KeyError, "is not one of eager, megatron"),
     ("llama:7b", KeyError, "unknown Llama size"),
     ("llama:" + LLAMA_OK.replace("kv-heads=2,", ""), KeyError, "missing kv-heads"),
     ("llama:" + LLAMA_OK.replace("kv-heads=2", "kv-heads=3"), ValueError, "does not divide into n_kv_head=3"),

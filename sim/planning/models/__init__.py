@@ -3,8 +3,9 @@
 Specs::
 
     gpt:1.3b          a GPT-3 size (125m, 350m, 760m, 1.3b, 2.7b, 6.7b, 13b, 175b)
-    gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F]
-                      a GPT of that shape (F, the MLP's inner width, is 4H unless given)
+    gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F][,kernels=megatron]
+                      a GPT of that shape (F, the MLP's inner width, is 4H unless given); kernels=megatron runs
+                      Megatron-LM's fused kernels (Note [Megatron's kernels] in sim.planning.models.gpt)
     llama:8b          a Llama 3 size (8b, 70b, 405b), at 8192 tokens
     llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V
                       a Llama-style decoder of that shape (K key/value heads shared by A query heads)
@@ -40,13 +41,15 @@ __all__ = ["KNOWN", "ModelSpec", "get_model"]
 _C = TypeVar("_C")
 
 #: The spec forms :func:`get_model` understands, for messages and ``--help``.
-KNOWN = ("gpt:" + "|".join(CONFIGS), "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F]",
+KNOWN = ("gpt:" + "|".join(CONFIGS), "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F][,kernels=megatron]",
          "llama:" + "|".join(LLAMA_CONFIGS), "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V",
          "resnet101", "unet:B,C", "amoebanet:L,D")
 
 # The keys of a shape spec, in their canonical order, each with the config field it sets.
 _GPT_KEYS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "ffn": "ffn", "seq": "seq_len",
-             "vocab": "vocab_size"}
+             "vocab": "vocab_size", "kernels": "kernels"}
+# The keys whose value is a word, with the words each takes (the first is the default, left out of a canonical name).
+_WORDS = {"kernels": ("eager", "megatron")}
 _LLAMA_KEYS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "kv-heads": "n_kv_head", "ffn": "ffn",
                "seq": "seq_len", "vocab": "vocab_size"}
 
@@ -120,9 +123,10 @@ def _ints(spec: str, arg: str, names: tuple[str, str]) -> tuple[int, int]:
     return a, b
 
 
-def _shape(spec: str, arg: str, keys: dict[str, str], optional: tuple[str, ...] = ()) -> dict[str, int]:
-    """``key=value`` pairs after the ':' as config fields; every key of ``keys`` but ``optional`` is required."""
-    given: dict[str, int] = {}
+def _shape(spec: str, arg: str, keys: dict[str, str], optional: tuple[str, ...] = ()) -> dict[str, int | str]:
+    """``key=value`` pairs after the ':' as config fields; every key of ``keys`` but ``optional`` is required. A key
+    of :data:`_WORDS` takes one of its words, every other key an integer >= 1."""
+    given: dict[str, int | str] = {}
     for item in arg.split(","):
         key, eq, value = (part.strip() for part in item.partition("="))
         if not eq or not key:
@@ -131,12 +135,18 @@ def _shape(spec: str, arg: str, keys: dict[str, str], optional: tuple[str, ...] 
             raise KeyError(f"model {spec!r}: unknown key {key!r}; keys: {', '.join(keys)}")
         if key in given:
             raise KeyError(f"model {spec!r}: {key} given twice")
+        if key in _WORDS:
+            if value not in _WORDS[key]:
+                raise KeyError(f"model {spec!r}: {key}={value!r} is not one of {', '.join(_WORDS[key])}")
+            given[key] = value
+            continue
         try:
-            given[key] = int(value)
+            number = int(value)
         except ValueError:
             raise KeyError(f"model {spec!r}: {key}={value!r} is not an integer") from None
-        if given[key] < 1:
-            raise ValueError(f"model {spec!r}: {key} must be >= 1, got {given[key]}")
+        if number < 1:
+            raise ValueError(f"model {spec!r}: {key} must be >= 1, got {number}")
+        given[key] = number
     required = [k for k in keys if k not in optional]
     missing = [k for k in required if k not in given]
     if missing:
@@ -145,11 +155,12 @@ def _shape(spec: str, arg: str, keys: dict[str, str], optional: tuple[str, ...] 
 
 
 def _canonical(family: str, cfg: object, keys: dict[str, str], skip: tuple[str, ...] = ()) -> str:
-    """The spec that builds ``cfg`` again: every key in canonical order, less ``skip``."""
-    return f"{family}:" + ",".join(f"{k}={getattr(cfg, f)}" for k, f in keys.items() if k not in skip)
+    """The spec that builds ``cfg`` again: every key in canonical order, less ``skip`` and words at their default."""
+    return f"{family}:" + ",".join(f"{k}={getattr(cfg, f)}" for k, f in keys.items()
+                                   if k not in skip and getattr(cfg, f) != _WORDS.get(k, (None,))[0])
 
 
-def _config(spec: str, kind: Callable[..., _C], fields: dict[str, int]) -> _C:
+def _config(spec: str, kind: Callable[..., _C], fields: dict[str, int | str]) -> _C:
     """``kind(**fields)``, its refusal prefixed with the spec."""
     try:
         return kind(**fields)
@@ -159,7 +170,7 @@ def _config(spec: str, kind: Callable[..., _C], fields: dict[str, int]) -> _C:
 
 def _gpt(spec: str, arg: str) -> ModelSpec:
     if "=" in arg:
-        cfg = _config(spec, GPTConfig, _shape(spec, arg, _GPT_KEYS, optional=("ffn",)))
+        cfg = _config(spec, GPTConfig, _shape(spec, arg, _GPT_KEYS, optional=("ffn", "kernels")))
         name = _canonical("gpt", cfg, _GPT_KEYS, skip=("ffn",) if cfg.d_ff == 4 * cfg.d_model else ())
         title = "GPT"
     else:
@@ -170,8 +181,9 @@ def _gpt(spec: str, arg: str) -> ModelSpec:
 
 def _gpt_spec(name: str, title: str, cfg: GPTConfig) -> ModelSpec:
     shard = f", tensor-parallel shard of {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
+    kernels = ", Megatron-LM's fused kernels" if cfg.kernels == "megatron" else ""
     return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
-                     f"MLP {cfg.d_ff}, {cfg.seq_len} tokens{shard})", lambda: gpt(cfg),
+                     f"MLP {cfg.d_ff}, {cfg.seq_len} tokens{kernels}{shard})", lambda: gpt(cfg),
                      lambda b, d: gpt_sample(cfg, b, d),
                      lambda t: _gpt_spec(name, title, replace(cfg, tensor_parallel=t)),
                      _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, cfg.dropout > 0)

@@ -11,6 +11,18 @@ Korthikanti et al. (2022): QK^T, scale, causal mask, softmax, dropout, times V. 
 backward is their ``s·b·h·(34 + 5·a·s/h)`` bytes per layer in 16-bit precision. ``attention="sdpa"``
 calls ``F.scaled_dot_product_attention`` (the fused kernel on a GPU); both count the same FLOPs.
 
+Note [Megatron's kernels]: ``kernels="megatron"`` runs the block as Megatron-LM (2021) did by default, with its fused
+kernels: the scale, causal mask and softmax of the scores in one kernel (its ``scaled_upper_triang_masked_softmax``),
+the MLP's bias and GELU in one (``bias_gelu``), and each residual branch's bias, dropout and residual add in one
+(``bias_dropout_add``), the linear layers before them skipping their bias. Each is a custom operator (``gpipe_sim::``)
+that the counter sees as one kernel forward and one backward, moving the bytes such a kernel reads and writes
+(:mod:`sim.planning.operators`, Note [fused kernels]). FLOPs are the default's, and so is what is saved for backward
+(the softmax's output, GELU's input, the dropouts' one-byte masks): Korthikanti et al.'s accounting is of these
+kernels. Two differences from Megatron's code that cost nothing here: GELU is the exact one (Megatron's kernel uses
+the tanh approximation), so both settings compute the same function; and activations stay (B, T, C), so q, k and v
+are copied to contiguous heads where Megatron's (T, B, C) layout lets the batched GEMMs read them in place.
+``kernels="eager"`` (the default) runs every operator as its own kernel, as PyTorch's eager mode runs the math form.
+
 Note [untied head]: the output projection has its own weight, as pipelines keep it (the embedding
 and the head live on different stages), so a model has ``V·C`` more parameters than the tied count
 the GPT-3 paper names it by.
@@ -27,7 +39,9 @@ all-reduces its input's gradient (f). A rank's saved activations per block are t
 
 References: Brown et al. (2020), "Language Models are Few-Shot Learners", Table 2.1; Korthikanti et
 al. (2022), "Reducing Activation Recomputation in Large Transformer Models"; Shoeybi et al. (2019),
-"Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism"; Karpathy's minGPT.
+"Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism"; Narayanan et al. (2021),
+"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", section 4.2 (the fused kernels);
+Karpathy's minGPT.
 """
 
 from __future__ import annotations
@@ -35,7 +49,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +73,8 @@ class GPTConfig:
         ffn: the MLP's inner width (F); ``None`` for ``4 * d_model``, GPT-3's at every size.
         dropout: 0.1 as in GPT-2; the dropout masks are part of what training keeps.
         attention: ``"math"`` or ``"sdpa"`` (see Note [attention]).
+        kernels: ``"eager"``, every operator its own kernel, or ``"megatron"``, Megatron-LM's fused kernels (Note
+            [Megatron's kernels]).
         tensor_parallel: ranks a layer is split over; the model built is one rank's shard (Note [tensor parallel]).
     """
 
@@ -70,6 +86,7 @@ class GPTConfig:
     ffn: int | None = None
     dropout: float = 0.1
     attention: Literal["math", "sdpa"] = "math"
+    kernels: Literal["eager", "megatron"] = "eager"
     tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
@@ -82,6 +99,8 @@ class GPTConfig:
             raise ValueError(f"d_model={self.d_model} does not divide into n_head={self.n_head} heads")
         if self.attention not in ("math", "sdpa"):
             raise ValueError(f"attention must be 'math' or 'sdpa', got {self.attention!r}")
+        if self.kernels not in ("eager", "megatron"):
+            raise ValueError(f"kernels must be 'eager' or 'megatron', got {self.kernels!r}")
         t = self.tensor_parallel
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise ValueError(f"tensor_parallel must be an integer >= 1, got {t!r}")
@@ -148,6 +167,115 @@ def gpt_config(name: str) -> GPTConfig:
         raise KeyError(f"unknown GPT size {name!r}; known: {', '.join(CONFIGS)}")
     return CONFIGS[key]
 
+# -- Megatron-LM's fused kernels (Note [Megatron's kernels]) -------------------------------------------------------
+
+
+@torch.library.custom_op("gpipe_sim::causal_softmax", mutates_args=())
+def causal_softmax(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``softmax(scale * x)`` over the last dimension with the upper triangle of the last two masked, one kernel."""
+    future = torch.ones(x.shape[-2:], dtype=torch.bool, device=x.device).triu(1)
+    return F.softmax((x * scale).masked_fill(future, float("-inf")), dim=-1)
+
+
+@torch.library.custom_op("gpipe_sim::causal_softmax_backward", mutates_args=())
+def causal_softmax_backward(grad: torch.Tensor, probs: torch.Tensor, scale: float) -> torch.Tensor:
+    """The gradient of :func:`causal_softmax`'s input from its output's gradient and its output, one kernel."""
+    return scale * probs * (grad - (grad * probs).sum(-1, keepdim=True))
+
+
+@torch.library.custom_op("gpipe_sim::bias_gelu", mutates_args=())
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``gelu(x + bias)``, one kernel."""
+    return F.gelu(x + bias)
+
+
+@torch.library.custom_op("gpipe_sim::bias_gelu_backward", mutates_args=())
+def bias_gelu_backward(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The gradient of :func:`bias_gelu`'s ``x`` (and, summed, its bias), one kernel."""
+    y = x + bias
+    cdf = 0.5 * (1.0 + torch.erf(y * math.sqrt(0.5)))
+    return grad * (cdf + y * torch.exp(-0.5 * y * y) / math.sqrt(2 * math.pi))
+
+
+@torch.library.custom_op("gpipe_sim::bias_dropout_add", mutates_args=())
+def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+                     p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual + dropout(x + bias)`` and the dropout's mask (one byte an element), one kernel."""
+    keep = torch.rand(x.shape, device=x.device) >= p
+    return residual + (x + bias) * keep * _dropout_scale(p), keep
+
+
+def _dropout_scale(p: float) -> float:
+    return 1.0 / (1.0 - p) if p < 1 else 0.0
+
+
+@causal_softmax.register_fake
+def _(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@causal_softmax_backward.register_fake
+def _(grad: torch.Tensor, probs: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.empty_like(grad)
+
+
+@bias_gelu.register_fake
+def _(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@bias_gelu_backward.register_fake
+def _(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@bias_dropout_add.register_fake
+def _(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(residual), torch.empty_like(x, dtype=torch.bool)
+
+
+def _softmax_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.scale = inputs[1]
+    ctx.save_for_backward(output)  # the probabilities, 2 a s^2 b / t bytes in 16 bits (as the math form's softmax)
+
+
+def _softmax_grad(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    (probs,) = ctx.saved_tensors
+    return causal_softmax_backward(grad, probs, ctx.scale), None
+
+
+def _gelu_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs)  # GELU's input (without its bias, which is a parameter)
+
+
+def _gelu_grad(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x, bias = ctx.saved_tensors
+    grad_x = bias_gelu_backward(grad, x, bias)
+    return grad_x, grad_x.sum(tuple(range(grad_x.dim() - 1)))  # the bias gradient: a reduction, as Megatron's
+
+
+def _dropout_add_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    ctx.scale = _dropout_scale(inputs[3])
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)  # no zero gradient made for the mask
+    ctx.save_for_backward(output[1])  # the mask alone
+
+
+def _dropout_add_grad(ctx: Any, grad: torch.Tensor | None, _: Any) -> tuple[torch.Tensor | None, ...]:
+    if grad is None:  # the sum unused (gradients are not materialised, for the mask's sake)
+        return None, None, None, None
+    (keep,) = ctx.saved_tensors
+    grad_x = torch.ops.aten.native_dropout_backward(grad, keep, ctx.scale)
+    return grad_x, grad_x.sum(tuple(range(grad_x.dim() - 1))), grad, None
+
+
+causal_softmax.register_autograd(_softmax_grad, setup_context=_softmax_context)
+bias_gelu.register_autograd(_gelu_grad, setup_context=_gelu_context)
+bias_dropout_add.register_autograd(_dropout_add_grad, setup_context=_dropout_add_context)
+
+
+# -- the decoder ---------------------------------------------------------------------------------------------------
+
 
 class Embedding(nn.Module):
     """Token ids (B, T) to hidden states (B, T, C): token plus learned position embedding."""
@@ -183,11 +311,13 @@ class Attention(nn.Module):
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.p = cfg.dropout
         self.math = cfg.attention == "math"
+        self.fused = cfg.kernels == "megatron"
         # True above the diagonal: the future a token may not see. A buffer, so it is model state.
         future = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1)
         self.register_buffer("future", future, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual`` plus the attention of ``x`` (the block's normalised input)."""
         b, t, _ = x.shape
         hd = self.head_dim
         c = self.n_head * hd  # C / t
@@ -196,7 +326,10 @@ class Attention(nn.Module):
         q = q.view(b, t, self.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
         k = k.view(b, t, self.n_head, hd).transpose(1, 2)
         v = v.view(b, t, self.n_head, hd).transpose(1, 2)
-        if self.math:
+        if self.math and self.fused:
+            att = self.attn_drop(causal_softmax(q @ k.transpose(-2, -1), 1.0 / math.sqrt(hd)))  # (B, nh, T, T)
+            y = att @ v  # (B, nh, T, hd)
+        elif self.math:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, nh, T, T)
             att = att.masked_fill(self.future[:t, :t], float("-inf"))
             att = self.attn_drop(F.softmax(att, dim=-1))
@@ -204,7 +337,10 @@ class Attention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # (B, T, C/t)
-        return self.resid_drop(reduce_from_tensor_parallel(self.proj(y), self.group))  # (B, T, C)
+        if self.fused:  # the bias after the all-reduce, in bias_dropout_add
+            out = reduce_from_tensor_parallel(F.linear(y, self.proj.weight), self.group)
+            return bias_dropout_add(out, self.proj.bias, residual, self.p if self.training else 0.0)[0]
+        return residual + self.resid_drop(reduce_from_tensor_parallel(self.proj(y), self.group))  # (B, T, C)
 
 
 class Block(nn.Module):
@@ -218,12 +354,12 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = self.attn(self.ln1(x), x)
+        return self.mlp(self.ln2(x), x)
 
 
 class MLP(nn.Module):
-    """C -> F/t -> GELU -> C on one rank (Note [tensor parallel]), then dropout."""
+    """C -> F/t -> GELU -> C on one rank (Note [tensor parallel]), then dropout and the residual."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -232,10 +368,18 @@ class MLP(nn.Module):
         self.act = nn.GELU()
         self.proj = nn.Linear(cfg.d_ff // self.group, cfg.d_model)  # row-parallel
         self.drop = nn.Dropout(cfg.dropout)
+        self.p = cfg.dropout
+        self.fused = cfg.kernels == "megatron"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.act(self.fc(copy_to_tensor_parallel(x, self.group)))  # (B, T, F/t)
-        return self.drop(reduce_from_tensor_parallel(self.proj(x), self.group))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual`` plus the MLP of ``x`` (the block's normalised input)."""
+        x = copy_to_tensor_parallel(x, self.group)
+        if self.fused:  # Note [Megatron's kernels]
+            x = bias_gelu(F.linear(x, self.fc.weight), self.fc.bias)  # (B, T, F/t)
+            out = reduce_from_tensor_parallel(F.linear(x, self.proj.weight), self.group)
+            return bias_dropout_add(out, self.proj.bias, residual, self.p if self.training else 0.0)[0]
+        x = self.act(self.fc(x))  # (B, T, F/t)
+        return residual + self.drop(reduce_from_tensor_parallel(self.proj(x), self.group))
 
 
 class Head(nn.Module):

@@ -1,0 +1,148 @@
+"""Megatron-LM's fused kernels (Note [Megatron's kernels] in sim.planning.models.gpt): each counted as one kernel with
+the bytes it reads and writes, gradients that are the math form's, and a block with the default's FLOPs and saved
+activations (Korthikanti et al.'s ``s·b·h·(34 + 5·a·s/h)`` in 16 bits, plus the LayerNorms' fp32 statistics, 16·s·b)
+that moves fewer bytes in fewer kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+
+import pytest
+import torch
+from torch import nn
+
+from sim.planning.counts import MEMORY_BOUND, VECTOR_MATH, ModelProfile
+from sim.planning.flops import count_layers
+from sim.planning.models import get_model
+from sim.planning.models.gpt import GPTConfig, bias_dropout_add, bias_gelu, causal_softmax, gpt, gpt_sample
+from sim.planning.recompute import core_table
+
+H, A, S, V = 256, 8, 128, 1000
+SPEC = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V}"
+
+
+class _Op(nn.Module):
+    """One fused operator as a layer; ``bias`` and ``residual`` stand in as a parameter and a second input."""
+
+    def __init__(self, op: Callable[..., torch.Tensor], width: int = 0) -> None:
+        super().__init__()
+        self.op = op
+        self.bias = nn.Parameter(torch.zeros(width)) if width else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x, self.bias) if self.bias is not None else self.op(x)
+
+
+def _one_op(op: Callable[..., torch.Tensor], shape: tuple[int, ...], width: int = 0) -> ModelProfile:
+    """The op counted as the second layer (after a linear, so its input needs a gradient), in 16 bits."""
+    model = nn.Sequential(nn.Linear(shape[-1], shape[-1]), _Op(op, width))
+    return count_layers(model, torch.empty(shape, device="meta"), dtype=torch.float16)
+
+
+def test_the_causal_softmax_is_one_kernel_each_way() -> None:
+    b, heads, s = 2, 4, 16
+    layer = _one_op(lambda x: causal_softmax(x, 0.25), (b, heads, s, s)).layers[1]
+    scores = 2 * heads * s * s  # bytes per sample of the scores in 16 bits
+    assert layer.forward.kinds_or_default().tolist() == [VECTOR_MATH]
+    assert layer.forward.bytes[0].tolist() == [0, 2 * scores]  # reads the scores, writes the probabilities
+    assert layer.backward.kinds_or_default().tolist() == [VECTOR_MATH]
+    assert layer.backward.bytes[0].tolist() == [0, 3 * scores]  # reads the output and its gradient, writes one
+    assert layer.saved_bytes == (0, scores)  # its output, as the math form's softmax
+
+
+def test_bias_gelu_is_one_kernel_forward_and_one_and_the_bias_sum_backward() -> None:
+    b, s, f = 2, 16, 64
+    layer = _one_op(bias_gelu, (b, s, f), width=f).layers[1]
+    x = 2 * s * f  # bytes per sample
+    assert layer.forward.kinds_or_default().tolist() == [VECTOR_MATH]
+    assert layer.forward.bytes.tolist() == [[2 * f, 2 * x]]  # reads x and the bias, writes the output
+    assert layer.backward.kinds_or_default().tolist()[:2] == [VECTOR_MATH, MEMORY_BOUND]  # then accumulations
+    assert layer.backward.bytes[:2].tolist() == [[2 * f, 3 * x], [2 * f, x]]  # the kernel; the bias gradient's sum
+    assert layer.saved_bytes == (0, x)  # GELU's input; the bias is a parameter
+
+
+def test_bias_dropout_add_is_one_kernel_that_keeps_a_one_byte_mask() -> None:
+    b, s, h = 2, 16, 64
+
+    def op(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return bias_dropout_add(x, bias, x, 0.1)[0]  # the layer's input as the residual
+
+    layer = _one_op(op, (b, s, h), width=h).layers[1]
+    x = 2 * s * h
+    assert layer.forward.kinds_or_default().tolist() == [MEMORY_BOUND]
+    assert layer.forward.bytes.tolist() == [[2 * h, 3 * x + x // 2]]  # x, bias and residual; the sum and its mask
+    assert layer.backward.bytes[:2].tolist() == [[0, 2 * x + x // 2], [2 * h, x]]  # dropout's backward; the bias's sum
+    assert layer.saved_bytes == (0, x // 2)  # the mask alone
+
+
+def test_gradients_are_the_math_forms() -> None:
+    torch.manual_seed(0)
+    scores = torch.randn(2, 3, 5, 5, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda y: causal_softmax(y, 0.3), (scores,))
+    assert torch.autograd.gradcheck(bias_gelu, (x, bias))
+    assert torch.autograd.gradcheck(lambda a, c, r: bias_dropout_add(a, c, r, 0.0)[0], (x, bias, x.detach() + 1))
+    out, keep = bias_dropout_add(x, bias, x, 0.5)
+    out.sum().backward()
+    torch.testing.assert_close(bias.grad, (keep * 2.0).sum((0, 1)).to(torch.float64))
+
+
+def test_the_fused_gpt_computes_the_math_gpt_and_trains() -> None:
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=4, d_model=32, seq_len=8, vocab_size=50)
+    plain, fused = gpt(cfg).eval(), gpt(cfg, kernels="megatron").eval()
+    fused.load_state_dict(plain.state_dict())
+    ids = gpt_sample(cfg, 3, "cpu")
+    torch.testing.assert_close(fused(ids), plain(ids))
+    fused.train()(ids).pow(2).mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in fused.parameters())
+
+
+@cache
+def _profile(kernels: str, t: int) -> ModelProfile:
+    return get_model(SPEC + kernels).tensor_parallel(t).count(torch.float16)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_the_fused_block_has_the_math_blocks_flops(t: int) -> None:
+    for eager, fused in zip(_profile("", t).at(3), _profile(",kernels=megatron", t).at(3), strict=True):
+        assert (fused.forward_flops, fused.backward_flops) == (eager.forward_flops, eager.backward_flops)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+@pytest.mark.parametrize("b", [2, 3])
+def test_saved_activations_are_korthikantis(t: int, b: int) -> None:
+    block = _profile(",kernels=megatron", t).at(b)[1]
+    formula = S * b * H * (34 + 5 * A * S / H) if t == 1 else S * b * H * (10 + 24 / t + 5 * A * S / (H * t))
+    assert block.saved_bytes == formula + 16 * S * b
+    profile = _profile(",kernels=megatron", t)
+    assert profile.attention_core is not None  # selective recompute finds the core and drops its 5·a·s²·b/t bytes
+    assert core_table(profile.layers[1].forward, profile.attention_core).kernels == 5  # QK^T, softmax, dropout, V, @V
+    assert profile.attention_core.saved_bytes * b == 5 * A * S * S * b / t
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_the_fused_block_moves_fewer_bytes_in_fewer_kernels(t: int) -> None:
+    """Forward: the scale and the mask no longer pass over the ``E = b·a·s²/t`` scores (4E bytes each, and the s×s
+    mask), and each residual branch's dropout and add (5N + 6N bytes, ``N = b·s·h``) become one kernel (7N), its
+    bias read there instead of in the GEMM. Backward: the scale's and mask's gradients go (8E + s²), and the bias-GELU
+    kernel reads the bias (2F/t) that the GELU's backward did not."""
+    b = 3
+    eager, fused = _profile("", t).at(b)[1], _profile(",kernels=megatron", t).at(b)[1]
+    e, n, f = b * A * S * S // t, b * S * H, 4 * H // t
+    assert eager.forward_bytes - fused.forward_bytes == 8 * e + S * S + 8 * n
+    assert eager.backward_bytes - fused.backward_bytes == 8 * e + S * S - 2 * f
+    assert eager.forward_kernels - fused.forward_kernels == 4  # mul and masked_fill; two dropout-and-add pairs
+    assert eager.backward_kernels - fused.backward_kernels == 2
+
+
+def test_the_spec_names_the_kernels() -> None:
+    spec = get_model(f"gpt:kernels=megatron,vocab={V},seq={S},heads={A},hidden={H},layers=2")
+    assert spec.name == SPEC + ",kernels=megatron" and "Megatron-LM's fused kernels" in spec.description
+    assert get_model(SPEC + ",kernels=eager").name == SPEC  # the default, left out
+    with pytest.raises(KeyError, match="kernels='fast' is not one of eager, megatron"):
+        get_model(SPEC + ",kernels=fast")
+    with pytest.raises(ValueError, match="kernels must be 'eager' or 'megatron'"):
+        GPTConfig(kernels="fast")  # type: ignore[arg-type]
