@@ -44,6 +44,8 @@ __all__ = [
     "write_chrome_trace",
 ]
 
+_START_END = attrgetter("start", "end")  # spans in time order, ties by end
+
 COMPUTE = "compute"
 COPY = "copy"
 
@@ -164,11 +166,11 @@ class Timeline:
     def compute_spans(self, device: int | None = None) -> list[Span]:
         """Compute spans (of ``device``, or all), sorted by start."""
         spans = [s for s in self._spans_of(device) if s.stream == COMPUTE]
-        return sorted(spans, key=lambda s: (s.start, s.end))
+        return sorted(spans, key=_START_END)
 
     def copy_spans(self, device: int | None = None) -> list[Span]:
         spans = [s for s in self._spans_of(device) if s.stream != COMPUTE]
-        return sorted(spans, key=lambda s: (s.start, s.end))
+        return sorted(spans, key=_START_END)
 
     def task_order(self, device: int) -> list[Task]:
         """The tasks ``device`` computed, in the order they started."""

@@ -78,7 +78,7 @@ class Schedule:
     def is_checkpointed(self, microbatch: int) -> bool:
         return checkpointed(self.checkpoint, microbatch, self.m)
 
-    @property
+    @cached_property
     def splits_weight_gradient(self) -> bool:
         """True when the schedule has ``W`` tasks (backward split into input and weight gradient)."""
         return any(t.op is Op.W for ts in self.tasks for t in ts)

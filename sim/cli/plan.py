@@ -66,6 +66,7 @@ from sim.planning.plan import (
     resolve_network,
 )
 from sim.planning.recompute import CHECKPOINTS
+from sim.planning.zero import ZERO_STAGES
 
 __all__ = ["add_parser", "load_model", "run"]
 
@@ -100,7 +101,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--balance", default=None, metavar="LIST",
                    help="layers per stage, pinned (a published partition); only that many stages run")
     p.add_argument("--replicas", default=None, metavar="LIST", help="data-parallel copies to allow, e.g. 1")
-    p.add_argument("--stages", default=None, metavar="LIST", help="pipeline depths to allow, e.g. 8 (default: all)")
+    p.add_argument("--stages", "--pipeline", dest="stages", default=None, metavar="LIST",
+                   help="pipeline depths (devices per replica) to allow, e.g. 8 (default: every divisor)")
+    p.add_argument("--zero", default="0", metavar="LIST",
+                   help="ZeRO stages of the data parallelism to try, of 0,1,2,3: 1 shards the optimizer state (and "
+                        "32-bit master weights) over the replicas, 2 also the gradients, 3 also the weights "
+                        "(default: 0)")
     p.add_argument("--tensor-parallel", default="1", metavar="LIST",
                    help="tensor-parallel degrees to try (gpt and llama models; each divides the heads, the KV heads "
                         "and every GPU count, at most --gpus-per-node; default: 1)")
@@ -390,6 +396,9 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     replicas = _ints("--replicas", args.replicas) if args.replicas is not None else None
     stages = _ints("--stages", args.stages) if args.stages is not None else None
     degrees = _ints("--tensor-parallel", args.tensor_parallel)
+    zero = _ints("--zero", args.zero)
+    if any(z not in ZERO_STAGES for z in zero):
+        raise CommandError(f"--zero lists ZeRO stages, of {','.join(map(str, ZERO_STAGES))}; got {args.zero!r}")
     integer("--gpus-per-node", args.gpus_per_node, 1)
     checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINTS)
     schedules = _words("--schedule", args.schedule, tuple(SCHEDULES))
@@ -444,7 +453,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
                   objective=args.objective, model_name=name, balance=balance, replicas=replicas,
                   progress=not args.no_progress and sys.stderr.isatty(), copy_streams=args.copy_streams,
                   tensor_parallel=degrees, gpus_per_node=args.gpus_per_node, stages=stages, network=network,
-                  network_ports=args.network_ports, tokens_per_sample=tokens)
+                  network_ports=args.network_ports, tokens_per_sample=tokens, zero=zero)
     return result, out
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 from sim.core.link import LinkSpec
 from sim.planning.replicas import (
@@ -59,7 +60,7 @@ class Cluster:
         if self.ports is not None and self.ports < 1:
             raise ValueError(f"network ports per node must be >= 1, got {self.ports}")
 
-    @property
+    @cached_property
     def nic(self) -> LinkSpec | None:
         """One GPU's share of its node's network ports, or ``None`` without a network."""
         if self.network is None:
@@ -71,7 +72,7 @@ class Cluster:
 
     def node(self, tensor_parallel: int, stages: int, replica: int, device: int) -> int:
         """The node of the first rank of pipeline device ``device`` of ``replica`` (Note [layout])."""
-        return (replica * stages + device) * tensor_parallel // self.gpus_per_node
+        return _node(self.gpus_per_node, tensor_parallel, stages, replica, device)
 
     def stage_links(self, placement: tuple[int, ...], tensor_parallel: int, stages: int,
                     replicas: int) -> tuple[LinkSpec, ...] | None:
@@ -113,7 +114,18 @@ class Cluster:
                     hierarchical: Callable[[float, int, int, LinkSpec, LinkSpec], float], nbytes: float,
                     tensor_parallel: int, stages: int, replicas: int, device: int) -> float:
         nic = self.nic
-        nodes = Counter(self.node(tensor_parallel, stages, r, device) for r in range(replicas))
-        if nic is None or len(nodes) == 1:
+        inside, nodes = _group(self.gpus_per_node, tensor_parallel, stages, replicas, device)
+        if nic is None or nodes == 1:
             return ring(nbytes, replicas, self.link)
-        return hierarchical(nbytes, max(nodes.values()), len(nodes), self.link, nic)
+        return hierarchical(nbytes, inside, nodes, self.link, nic)
+
+
+@lru_cache(maxsize=4096)
+def _group(gpus_per_node: int, tensor_parallel: int, stages: int, replicas: int, device: int) -> tuple[int, int]:
+    """The data-parallel group of pipeline device ``device``: the most of its GPUs in one node, and its nodes."""
+    nodes = Counter(_node(gpus_per_node, tensor_parallel, stages, r, device) for r in range(replicas))
+    return max(nodes.values()), len(nodes)
+
+
+def _node(gpus_per_node: int, tensor_parallel: int, stages: int, replica: int, device: int) -> int:
+    return (replica * stages + device) * tensor_parallel // gpus_per_node

@@ -257,12 +257,29 @@ class _Replayed:
 # and the peak is taken after either); a B (W when split) frees all that (i, j) held, its F's hold and its R's, and
 # with a split backward B first shrinks that to the stage's weight bytes, which W frees. A valid schedule runs F and
 # R of (i, j) before its B, so each free is known from the holds alone, and the whole replay is a cumulative sum.
-def _replay(tasks: Sequence[Task], hold_f: np.ndarray, hold_r: np.ndarray, kept_for_weight: Sequence[int | None],
+_ARRAYS: dict[int, tuple[tuple[Task, ...], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+_ARRAYS_KEPT = 256  # task lists whose arrays are kept (a sweep asks the same schedule once per sharding and policy)
+
+
+def _task_arrays(tasks: tuple[Task, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Op code, micro-batch and stage of each task, built once per task list (kept by identity, with the list)."""
+    hit = _ARRAYS.get(id(tasks))
+    if hit is not None and hit[0] is tasks:
+        return hit[1]
+    n = len(tasks)
+    arrays = (np.fromiter((_OPCODE[t.op] for t in tasks), dtype=np.int64, count=n),
+              np.fromiter((t.microbatch for t in tasks), dtype=np.int64, count=n),
+              np.fromiter((t.stage for t in tasks), dtype=np.int64, count=n))
+    if len(_ARRAYS) >= _ARRAYS_KEPT:
+        _ARRAYS.pop(next(iter(_ARRAYS)))
+    _ARRAYS[id(tasks)] = (tasks, arrays)
+    return arrays
+
+
+def _replay(tasks: tuple[Task, ...], hold_f: np.ndarray, hold_r: np.ndarray, kept_for_weight: Sequence[int | None],
             scale: np.ndarray | None, split: bool, working: np.ndarray, accumulating: np.ndarray,
             grad_bytes: np.ndarray, grad_code: int) -> _Replayed:
-    code = np.fromiter((_OPCODE[t.op] for t in tasks), dtype=np.int64, count=len(tasks))
-    i = np.fromiter((t.microbatch for t in tasks), dtype=np.int64, count=len(tasks))
-    j = np.fromiter((t.stage for t in tasks), dtype=np.int64, count=len(tasks))
+    code, i, j = _task_arrays(tasks)
     is_f, is_r, is_b, is_w = code == F, code == R, code == B, code == W
     holds = np.where(is_f, hold_f[i, j], 0) + np.where(is_r, hold_r[i, j], 0)
     held = hold_f[i, j] + np.where(_has_r(i, j, is_r, hold_f.shape), hold_r[i, j], 0)  # what (i, j) holds at its B

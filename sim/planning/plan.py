@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, schedule_kind
 from sim.core.link import LinkSpec
@@ -42,6 +43,7 @@ from sim.planning.request import (
 )
 from sim.planning.rows import Plan, PlanRow
 from sim.planning.sweep import MAX_CHUNKS, Configuration, Sweep, configurations
+from sim.planning.zero import ZERO_STAGES
 
 __all__ = ["GPUS_PER_NODE", "MAX_CHUNKS", "VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request",
            "check_tensor_parallel", "default_training", "plan", "resolve_link", "resolve_network"]
@@ -79,7 +81,7 @@ def _mark_best(rows: list[PlanRow], objective: str) -> list[PlanRow]:
     return rows
 
 
-def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device: DeviceSpec | str, gpus: Sequence[int],
+def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device: DeviceSpec | str, gpus: Sequence[int],
          link: LinkSpec | str = "pcie", *, training: Training | str | None = None,
          chunks: Sequence[int] | None = None, checkpoints: Sequence[str] = CHECKPOINT_MODES,
          schedules: Sequence[str] | None = None, stages: Sequence[int] | None = None,
@@ -89,12 +91,14 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
          kernel_seconds: float | None = None, model_name: str = "", progress: bool = False,
          copy_streams: str = "shared", tensor_parallel: Sequence[int] | None = None,
          gpus_per_node: int = GPUS_PER_NODE, network: LinkSpec | str | None = None,
-         network_ports: int | None = None, tokens_per_sample: int | None = None) -> Plan:
+         network_ports: int | None = None, tokens_per_sample: int | None = None, zero: Sequence[int] = (0,),
+         sequence_parallel: Sequence[bool] = (False,)) -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
 
     Args:
         profile: the counted model (:func:`sim.planning.flops.count_layers`, in the policy's dtype), or for each
-            tensor-parallel degree the count of one rank's shard (``{1: whole, 2: shard, ...}``).
+            tensor-parallel degree the count of one rank's shard (``{1: whole, 2: shard, ...}``; a key
+            ``(t, True)`` for a sequence-parallel shard).
         batch: global batch, samples per step.
         device: a :class:`~sim.planning.hardware.DeviceSpec` or catalog name.
         gpus: GPU counts to try.
@@ -126,6 +130,9 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
             spans them use the network.
         network_ports: network ports per node; default one per GPU.
         tokens_per_sample: tokens in one sample (a decoder's sequence), for tokens per second; ``None``: none.
+        zero: ZeRO stages to try (:mod:`sim.planning.zero`); a configuration with one replica runs stage 0 only.
+        sequence_parallel: sequence parallelism off and/or on, for tensor-parallel degrees above 1; ``on`` needs the
+            counts of the sequence-parallel shards (keys ``(t, True)`` of ``profile``).
 
     Returns:
         A :class:`Plan`; its ``best`` row is the fastest (or cheapest) configuration that fits.
@@ -143,16 +150,22 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
     lk = resolve_link(link, dev)
     # by default every registered schedule, several stages per device where it has a layout (Note [virtual stages])
     schedules = tuple(SCHEDULES) if schedules is None else tuple(schedules)
-    profiles = {profile.tensor_parallel: profile} if isinstance(profile, ModelProfile) else dict(profile)
-    degrees = tuple(profiles) if tensor_parallel is None else tuple(dict.fromkeys(tensor_parallel))
+    counts = _counts(profile)
+    degrees = tuple(dict.fromkeys(t for t, _ in counts)) if tensor_parallel is None else \
+        tuple(dict.fromkeys(tensor_parallel))
     check_tensor_parallel(degrees, gpus, gpus_per_node)
-    for t in degrees:
-        if t not in profiles or profiles[t].tensor_parallel != t:
-            raise ValueError(f"tensor parallel {t} needs the count of one rank's shard (a model built with "
-                             f"tensor_parallel={t}); got counts for {sorted(profiles)}")
-        _check(profiles[t], batch, gpus, chunks, checkpoints, schedules, policy)
-    layers = len(profiles[degrees[0]])
-    if any(len(profiles[t]) != layers for t in degrees):
+    splits = tuple(dict.fromkeys(bool(x) for x in sequence_parallel))
+    check_zero_stages(zero)
+    wanted = [(t, sp) for t in degrees for sp in splits if t > 1 or not sp] or [(t, False) for t in degrees]
+    for t, sp in wanted:
+        if (t, sp) not in counts or counts[(t, sp)].tensor_parallel != t:
+            what = " with sequence parallelism" if sp else ""
+            raise ValueError(f"tensor parallel {t}{what} needs the count of one rank's shard (a model built with "
+                             f"tensor_parallel={t}{', sequence_parallel=True' if sp else ''}); got counts for "
+                             f"{sorted(counts)}")
+        _check(counts[(t, sp)], batch, gpus, chunks, checkpoints, schedules, policy)
+    layers = len(counts[wanted[0]])
+    if any(len(counts[k]) != layers for k in wanted):
         raise ValueError("the counts of the tensor-parallel shards have different numbers of layers")
     if copy_streams not in COPY_STREAMS:
         raise ValueError(f"copy_streams must be one of {', '.join(COPY_STREAMS)}, got {copy_streams!r}")
@@ -169,8 +182,8 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
     pinned = _check_pins(balance, replicas, layers)
     why: dict[str, str] = {}
     points = configurations(gpus, batch, layers, chunks, checkpoints, schedules, stages, virtual, why, replicas,
-                            len(pinned) if pinned is not None else None, degrees)
-    costs = {(t, False): FlopCosts(profiles[t], dev, policy, kernel_seconds, tensor_link=lk) for t in degrees}
+                            len(pinned) if pinned is not None else None, degrees, zero, splits)
+    costs = {k: FlopCosts(counts[k], dev, policy, kernel_seconds, tensor_link=lk) for k in wanted}
     if network_ports is not None and (isinstance(network_ports, bool) or not isinstance(network_ports, int)
                                       or network_ports < 1):
         raise ValueError(f"network ports per node must be an integer >= 1, got {network_ports!r}")
@@ -189,6 +202,19 @@ def plan(profile: ModelProfile | Mapping[int, ModelProfile], batch: int, device:
     missing = {s: why.get(s, "no configuration") for s in schedules if s not in ran}
     return Plan(model_name, batch, dev.name, dev.memory_bytes, lk.name, policy.name, price_per_gpu_hour,
                 tuple(_mark_best(rows, objective)), missing, cluster.network.name if cluster.network else None)
+
+
+def check_zero_stages(zero: Sequence[int]) -> None:
+    """Raise ``ValueError`` unless ``zero`` lists ZeRO stages (:data:`sim.planning.zero.ZERO_STAGES`)."""
+    if not zero or any(isinstance(z, bool) or z not in ZERO_STAGES for z in zero):
+        raise ValueError(f"zero lists ZeRO stages, of {', '.join(map(str, ZERO_STAGES))}; got {list(zero)}")
+
+
+def _counts(profile: ModelProfile | Mapping[Any, ModelProfile]) -> dict[tuple[int, bool], ModelProfile]:
+    """The counts keyed ``(tensor_parallel, sequence_parallel)``: a key ``t`` is ``(t, False)``."""
+    if isinstance(profile, ModelProfile):
+        return {(profile.tensor_parallel, False): profile}
+    return {(k, False) if isinstance(k, int) else (int(k[0]), bool(k[1])): v for k, v in profile.items()}
 
 
 def _check_pins(balance: Sequence[int] | None, replicas: Sequence[int] | None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gpipe.schedule import Op, Schedule
-from gpipe.timeline import Timeline
+from gpipe.timeline import COMPUTE, Timeline
 from sim.core.link import LinkSpec
 from sim.planning.zero import Collective, Kind, When, check_zero, stage_traffic
 
@@ -135,8 +135,8 @@ def step_seconds(schedule: Schedule, timeline: Timeline, gradient_bytes: Sequenc
     if replicas > 1:
         last = Op.W if schedule.splits_weight_gradient else Op.B
         ready: list[list[float]] = [[] for _ in range(schedule.n)]
-        for span in timeline.compute_spans():
-            if span.task.op is last:
+        for span in timeline.spans:  # in any order: each stage's ends are sorted or maxed below
+            if span.stream == COMPUTE and span.task.op is last:
                 ready[span.task.stage].append(span.end)
         for d in range(schedule.num_devices):
             queued: list[tuple[float, Collective]] = []

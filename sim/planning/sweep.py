@@ -6,16 +6,18 @@ parallelism on or off. :class:`Sweep` evaluates one: balance its stages by cost,
 order for memory and, if it fits, simulate it (Note [not simulated] in :mod:`sim.planning.rows`).
 
 Note [reuse in a sweep]: what repeats across configurations is computed once per sweep: a balance per (degree,
-stages, micro-batch, policy), a stage pricing per balance, and a simulation per (schedule, shape, pricing, links),
-which configurations that differ only in how their data parallelism is sharded share. A large model's sweep is
-mostly configurations that do not fit; they cost a replay of their task order, or nothing at all when their model
-state alone is too large.
+stages, micro-batch, policy), a stage pricing per balance, a schedule per (name, shape, recompute), which the
+per-layer policies share with the schedule's own (``layers`` runs ``always``), and a simulation per (schedule, shape,
+pricing, links), which configurations that differ only in how their data parallelism is sharded share (but ZeRO-3,
+whose tasks last as long as their gathers). A large model's sweep is mostly configurations that do not fit; they
+cost a replay of their task order, or nothing at all when their model state alone is too large.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,6 +42,15 @@ from sim.planning.partition import block_partition
 from sim.planning.recompute import core_table, recompute_fraction, schedule_checkpoint
 from sim.planning.replicas import step_seconds
 from sim.planning.rows import PlanRow
+from sim.planning.zero import (
+    Collective,
+    Kind,
+    compute_copy_bytes,
+    sharded_state,
+    stage_traffic,
+    stretched,
+    transient_bytes,
+)
 
 __all__ = ["MAX_CHUNKS", "Configuration", "Sweep", "configurations"]
 
@@ -152,6 +163,7 @@ class Sweep:
         self.config = SimConfig(link=cluster.link)
         self.why: dict[str, str] = {}
         self._balances: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self._schedules: dict[tuple[object, ...], Schedule | str] = {}  # a schedule, or why its generator refused
         self._stages: dict[tuple[object, ...], tuple[StageCost, ...]] = {}
         self._timelines: dict[tuple[object, ...], Timeline] = {}
         self._counted: dict[tuple[int, bool], tuple[tuple[float, float], ...]] = {}
@@ -171,10 +183,15 @@ class Sweep:
 
     def evaluate(self, p: Configuration) -> PlanRow | None:
         """The row of ``p``, or ``None`` (its reason in :attr:`why`) where its schedule refuses the shape."""
-        try:
-            schedule = make_schedule(p)
-        except ValueError as exc:  # a shape the generator does not take (e.g. chunks not a multiple of devices)
-            self.why[p.schedule] = str(exc)
+        shape = (p.schedule, p.chunks, p.stages, p.virtual, schedule_checkpoint(p.checkpoint))
+        if shape not in self._schedules:
+            try:
+                self._schedules[shape] = make_schedule(p)
+            except ValueError as exc:  # a shape the generator does not take (e.g. chunks not a multiple of devices)
+                self._schedules[shape] = str(exc)
+        schedule = self._schedules[shape]
+        if isinstance(schedule, str):
+            self.why[p.schedule] = schedule
             return None
         costs = self.costs[(p.tensor_parallel, p.sequence_parallel)]
         per_replica = math.ceil(self.batch / p.replicas)
@@ -186,22 +203,25 @@ class Sweep:
         key = (p.tensor_parallel, p.sequence_parallel, balance, mb, split, p.checkpoint)
         if key not in self._stages:
             self._stages[key] = costs.stages(balance, mb, split, p.checkpoint)
-        stages = self._stages[key]
+        whole = self._stages[key]  # each stage's model state unsharded
         devices, placement = schedule.num_devices, schedule.placement
+        working = stage_working_bytes(costs.profile, balance, mb)
+        backward = stage_backward_working_bytes(costs.profile, balance, mb, costs.training.gradient_bytes)
+        stages: Sequence[StageCost] = whole
+        if p.zero and p.replicas > 1:
+            stages, working, backward = self._sharded(p, costs, balance, whole, working, backward, placement, split)
         state = [int(x) for x in _per_device([s.model_state_bytes for s in stages], placement, devices)]
         limit = costs.device.memory_bytes
         base: dict[str, Any] = dict(gpus=p.gpus, stages=p.stages, replicas=p.replicas, chunks=p.chunks, microbatch=mb,
-                    checkpoint=p.checkpoint, schedule=p.schedule, balance=balance, virtual=p.virtual,
-                    parameters=costs.profile.parameters, tensor_parallel=p.tensor_parallel, zero=p.zero,
-                    sequence_parallel=p.sequence_parallel, model_state_bytes=tuple(state))
+                                    checkpoint=p.checkpoint, schedule=p.schedule, balance=balance, virtual=p.virtual,
+                                    parameters=costs.profile.parameters, tensor_parallel=p.tensor_parallel,
+                                    zero=p.zero, sequence_parallel=p.sequence_parallel, model_state_bytes=tuple(state))
         if max(state) > limit:  # Note [not simulated]: the model state alone does not fit
             parts = [_state_only(stages, schedule.stages_on(d)) for d in range(devices)]
             return PlanRow(step_seconds=NAN, throughput=NAN, bubble_fraction=NAN,
                            memory_bytes=tuple(x.total for x in parts), activation_bytes=(0,) * devices, fits=False,
                            memory_parts=tuple(parts), simulated=False, bound="memory", **base)
-        parts = device_memory(schedule, stages, stage_working_bytes(costs.profile, balance, mb),
-                              workspace_bytes(costs.device.name), scale,
-                              stage_backward_working_bytes(costs.profile, balance, mb, costs.training.gradient_bytes),
+        parts = device_memory(schedule, stages, working, workspace_bytes(costs.device.name), scale, backward,
                               self.copy_streams)
         memory = tuple(x.total for x in parts)
         if max(memory) > limit:
@@ -209,18 +229,21 @@ class Sweep:
                            activation_bytes=tuple(x.saved for x in parts), fits=False, memory_parts=tuple(parts),
                            simulated=False, bound="memory", **base)
         links = self.cluster.stage_links(placement, p.tensor_parallel, p.stages, p.replicas)
-        sim_key = (p.schedule, p.chunks, p.stages, p.virtual, p.checkpoint, key, scale, links)
+        stretched = p.zero == 3 and p.replicas > 1  # its tasks last as long as their gathers (sim.planning.zero)
+        sim_key = (p.schedule, p.chunks, p.stages, p.virtual, p.checkpoint, key, scale, links,
+                   p.replicas if stretched else 0)
         timeline = self._timelines.get(sim_key)
         if timeline is None:
-            cost = CostModel(stages, copy_seconds=None, microbatch_scale=scale)
+            cost = CostModel(tuple(stages), copy_seconds=None, microbatch_scale=scale)
             config = self.config if links is None else replace(self.config, stage_links=links)
             timeline = self._timelines[sim_key] = simulate(schedule, cost, config)
         updates = _per_device(costs.update_seconds(balance), placement, devices)
-        cluster = self.cluster
-        allreduce = None if cluster.network is None else \
-            (lambda nbytes, d: cluster.allreduce_seconds(nbytes, p.tensor_parallel, p.stages, p.replicas, d))
-        step, exposed = step_seconds(schedule, timeline, [s.gradient_bytes for s in stages], updates, p.replicas,
-                                     cluster.link, allreduce)
+        step, exposed = step_seconds(
+            schedule, timeline, [s.gradient_bytes for s in whole], updates, p.replicas, self.cluster.link,
+            self._collective(p, "allreduce_seconds"), zero=p.zero,
+            parameter_bytes=[compute_copy_bytes(n, costs.training) for n in costs.stage_parameters(balance)],
+            reduce_scatter=self._collective(p, "reduce_scatter_seconds"),
+            allgather=self._collective(p, "allgather_seconds"))
         throughput = self.batch / step if step > 0 else math.inf
         dollars = p.gpus * self.price / 3600 * 1e6 / throughput if self.price is not None else None
         activations = tuple(timeline.peak_memory(d) for d in range(devices))
@@ -229,6 +252,43 @@ class Sweep:
                        memory_parts=tuple(parts), allreduce_exposed_seconds=exposed,
                        **self._utilisation(p, costs, step, throughput, max(updates, default=0.0), exposed, timeline),
                        **base)
+
+    def _collective(self, p: Configuration, name: str) -> Callable[[float, int], float]:
+        """``(bytes, device) -> seconds`` of the cluster's collective ``name`` in ``p``'s data-parallel groups."""
+        method = getattr(self.cluster, name)
+        return lambda nbytes, device: method(nbytes, p.tensor_parallel, p.stages, p.replicas, device)
+
+    def _in_task(self, p: Configuration, device: int) -> Callable[[Collective], float]:
+        """Seconds of one of ZeRO-3's collectives inside a task on pipeline device ``device``."""
+        rs, ag = self._collective(p, "reduce_scatter_seconds"), self._collective(p, "allgather_seconds")
+
+        def seconds(c: Collective) -> float:
+            return (rs if c.kind is Kind.REDUCE_SCATTER else ag)(c.nbytes, device)
+        return seconds
+
+    def _sharded(self, p: Configuration, costs: FlopCosts, balance: tuple[int, ...], whole: Sequence[StageCost],
+                 working: Sequence[int], backward: Sequence[int], placement: Sequence[int],
+                 split: bool) -> tuple[list[StageCost], list[int], list[int]]:
+        """Stages, working sets and backward working sets under ``p``'s ZeRO stage (:mod:`sim.planning.zero`): the
+        model state a device holds of each stage, what the stage's tasks hold besides (a gathered layer, a gradient
+        bucket; unscaled by an uneven micro-batch, a bound), and under ZeRO-3 each task as long as its gathers."""
+        training, layers = costs.training, costs.profile.layers
+        bounds = [0, *itertools.accumulate(balance)]
+        stages, work, back = [], [], []
+        for j, stage in enumerate(whole):
+            own = [x.parameters for x in layers[bounds[j]:bounds[j + 1]]]
+            held = sharded_state(stage, sum(own), training, p.zero, p.replicas)
+            extra = transient_bytes(own, training, p.zero, p.replicas)
+            stage = replace(stage, parameter_bytes=held.parameters, gradient_bytes=held.gradients,
+                            optimizer_bytes=held.optimizer)
+            if p.zero == 3:
+                traffic = stage_traffic(whole[j].gradient_bytes, compute_copy_bytes(sum(own), training), p.zero,
+                                        p.replicas)
+                stage = stretched(stage, traffic, split, self._in_task(p, placement[j]))
+            stages.append(stage)
+            work.append(working[j] + extra.forward)
+            back.append(backward[j] + extra.backward)
+        return stages, work, back
 
     def _flops(self, p: Configuration, costs: FlopCosts) -> tuple[float, float]:
         """A step's model FLOPs (forward and backward, every rank) and the FLOPs its recompute adds."""
