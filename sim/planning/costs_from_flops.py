@@ -13,8 +13,8 @@ weights and gradients, 32-bit master weights and two 32-bit moments: 2 + 2 + 4 +
 accumulates and reduces its gradients).
 
 A tensor-parallel shard's collectives (:data:`~sim.planning.counts.COLLECTIVE`, :mod:`sim.planning.tensor_parallel`)
-are priced on the link given for tensor parallelism, as a ring all-reduce among the profile's ``tensor_parallel``
-ranks (Note [collectives in the stage]).
+are priced on the link given for tensor parallelism, each as a ring of its kind (all-reduce, reduce-scatter,
+all-gather) among the profile's ``tensor_parallel`` ranks (Note [collectives in the stage]).
 """
 
 from __future__ import annotations
@@ -28,11 +28,20 @@ import torch
 
 from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
 from sim.core.link import LinkSpec
-from sim.planning.counts import COLLECTIVE, CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
+from sim.planning.counts import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    COLLECTIVE,
+    CONVOLUTION,
+    MATMUL,
+    MEMORY_BOUND,
+    REDUCE_SCATTER,
+    VECTOR_MATH,
+)
 from sim.planning.flops import ModelProfile, OpTable
 from sim.planning.hardware import DeviceSpec
 from sim.planning.recompute import core_table
-from sim.planning.replicas import allreduce_seconds
+from sim.planning.replicas import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
 from sim.planning.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
 
 __all__ = ["KERNEL_SECONDS", "TRAINING", "FlopCosts", "Training", "effective_efficiency", "training_policy"]
@@ -128,7 +137,7 @@ class _Flat:
     starts: np.ndarray  # first operator of each layer
     empty: np.ndarray  # layers without operators
     kinds: np.ndarray  # (ops,) MEMORY_BOUND, MATMUL, CONVOLUTION or VECTOR_MATH (COLLECTIVE: in collective)
-    collective: np.ndarray  # (ops,) True where a tensor-parallel collective
+    collective: np.ndarray  # (ops,) ALL_REDUCE, REDUCE_SCATTER or ALL_GATHER where a tensor-parallel collective, else 0
     dims: np.ndarray  # (ops, 3, 2) GEMM M, N, K as fixed + per-sample
 
 
@@ -139,16 +148,23 @@ def _flatten(tables: Sequence[OpTable]) -> _Flat:
     nbytes = np.concatenate([t.bytes for t in tables] + [np.zeros((1, 2))])
     kinds = np.concatenate([t.kinds_or_default() for t in tables] + [np.zeros(1, dtype=np.int8)]).astype(np.int64)
     dims = np.concatenate([t.dims_or_default() for t in tables] + [np.zeros((1, 3, 2))])
-    collective = kinds == COLLECTIVE
-    kinds[collective] = MEMORY_BOUND  # for indexing the roofline's tables; priced apart (Note [collectives ...])
+    collective = np.concatenate([t.collectives_or_default() for t in tables] + [np.zeros(1, dtype=np.int8)])
+    collective = np.where(kinds == COLLECTIVE, collective, 0).astype(np.int64)
+    kinds[kinds == COLLECTIVE] = MEMORY_BOUND  # to index the roofline's tables; priced apart
     return _Flat(flops, nbytes, starts, counts == 0, kinds, collective, dims)
 
 
-# Note [collectives in the stage]: a tensor-parallel all-reduce runs between the GEMMs it joins, on the critical
-# path of its rank (Megatron-LM does not overlap them with compute), so it is priced into its layer's forward or
-# backward seconds: ``2 (t - 1) / t * bytes / bandwidth + 2 (t - 1) * latency`` on the tensor-parallel link, with
-# ``bytes`` the message one rank holds. The ranks of a group run the same shapes at the same time, so one rank's
-# stage time stands for the group's. Collectives as tasks of their own on the timeline are a later step.
+#: The ring that prices each collective: ``(bytes, ranks, link) -> seconds`` (:mod:`sim.planning.replicas`).
+_RING = {ALL_REDUCE: allreduce_seconds, REDUCE_SCATTER: reduce_scatter_seconds, ALL_GATHER: allgather_seconds}
+
+
+# Note [collectives in the stage]: a tensor-parallel collective runs between the GEMMs it joins, on the critical
+# path of its rank (Megatron-LM overlaps few of them with compute), so it is priced into its layer's forward or
+# backward seconds, as a ring on the tensor-parallel link with ``bytes`` its whole message: an all-reduce
+# ``2 (t - 1) / t * bytes / bandwidth + 2 (t - 1) * latency``, a reduce-scatter or an all-gather (sequence
+# parallelism's) half of that, ``(t - 1) / t * bytes / bandwidth + (t - 1) * latency``. The ranks of a group run
+# the same shapes at the same time, so one rank's stage time stands for the group's. Collectives as tasks of their
+# own on the timeline, which could overlap, are a later step.
 
 
 # Note [one efficiency]: applying ``efficiency`` to the bandwidth too is a modelling assumption, not a
@@ -199,7 +215,7 @@ class FlopCosts:
                              f"got {memory_efficiency!r}")
         if profile.tensor_parallel > 1 and tensor_link is None:
             raise ValueError(f"the model was counted as a shard of {profile.tensor_parallel} tensor-parallel ranks; "
-                             "give the link their all-reduces run over (tensor_link)")
+                             "give the link their collectives run over (tensor_link)")
         self.tensor_link = tensor_link
         self.kernel_seconds = kernel_seconds
         memory_efficiency_given = memory_efficiency
@@ -271,8 +287,9 @@ class FlopCosts:
                                       self._kind_bandwidth[flat.kinds], self.kernel_seconds)
         if flat.collective.any():  # Note [collectives in the stage]
             assert self.tensor_link is not None
-            group = self.profile.tensor_parallel
-            per_op[flat.collective] = [allreduce_seconds(x, group, self.tensor_link) for x in nbytes[flat.collective]]
+            group, link = self.profile.tensor_parallel, self.tensor_link
+            where = np.flatnonzero(flat.collective)
+            per_op[where] = [_RING[int(flat.collective[i])](nbytes[i], group, link) for i in where]
         per_op[-1] = 0.0  # the padding row
         per_layer = np.add.reduceat(per_op, flat.starts)
         per_layer[flat.empty] = 0.0

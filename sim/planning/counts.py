@@ -11,16 +11,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["COLLECTIVE", "CONVOLUTION", "MATMUL", "MEMORY_BOUND", "VECTOR_MATH", "AttentionCore", "LayerCount",
-           "LayerProfile", "ModelProfile", "OpTable"]
+__all__ = ["ALL_GATHER", "ALL_REDUCE", "COLLECTIVE", "COLLECTIVE_NAMES", "CONVOLUTION", "MATMUL", "MEMORY_BOUND",
+           "REDUCE_SCATTER", "VECTOR_MATH", "AttentionCore", "LayerCount", "LayerProfile", "ModelProfile", "OpTable"]
 
 #: What bounds a counted kernel (``OpTable.kinds``): memory-bound (bytes at bandwidth), a matrix multiply
 #: (``mm``, ``addmm``, ``bmm``, ...) or a convolution (an implicit GEMM), both compute-bound by their shape, or a
 #: memory-bound kernel with arithmetic per element (activations such as GELU, softmax, normalisations, pooling,
 #: losses), priced by its bytes at its own fraction of the bandwidth (Note [vector math] in
-#: :mod:`sim.planning.operators`), or a collective among tensor-parallel ranks (an all-reduce of its bytes, the
-#: message one rank holds), priced on the tensor-parallel link (:mod:`sim.planning.tensor_parallel`).
+#: :mod:`sim.planning.operators`), or a collective among tensor-parallel ranks (which one: ``OpTable.collectives``),
+#: priced on the tensor-parallel link (:mod:`sim.planning.tensor_parallel`).
 MEMORY_BOUND, MATMUL, CONVOLUTION, VECTOR_MATH, COLLECTIVE = 0, 1, 2, 3, 4
+
+#: Which collective a :data:`COLLECTIVE` operator is (``OpTable.collectives``; 0 for every other operator). Its bytes
+#: are the whole message: the tensor an all-reduce sums, a reduce-scatter's input, an all-gather's output.
+ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = 1, 2, 3
+#: Each collective's name, for messages.
+COLLECTIVE_NAMES = {ALL_REDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALL_GATHER: "all-gather"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,12 +41,15 @@ class OpTable:
             built by hand): an operator with FLOPs is a matrix multiply, one without is memory-bound.
         dims: shape ``(ops, 3, 2)``: fixed and per-sample GEMM dimensions ``M, N, K`` of each compute-bound
             operator (a convolution's implicit GEMM); 0 where unknown or not a GEMM. ``None``: all unknown.
+        collectives: shape ``(ops,)``: :data:`ALL_REDUCE`, :data:`REDUCE_SCATTER` or :data:`ALL_GATHER` for each
+            :data:`COLLECTIVE` operator, 0 for the others; ``None``: every collective an all-reduce.
     """
 
     flops: np.ndarray
     bytes: np.ndarray
     kinds: np.ndarray | None = None
     dims: np.ndarray | None = None
+    collectives: np.ndarray | None = None
 
     def kinds_or_default(self) -> np.ndarray:
         """:attr:`kinds`, or for a table built by hand: matrix multiply where it has FLOPs, else memory-bound."""
@@ -51,6 +60,12 @@ class OpTable:
     def dims_or_default(self) -> np.ndarray:
         """:attr:`dims`, or zeros (every dimension unknown)."""
         return self.dims if self.dims is not None else np.zeros((self.kernels, 3, 2))
+
+    def collectives_or_default(self) -> np.ndarray:
+        """:attr:`collectives`, or :data:`ALL_REDUCE` for every :data:`COLLECTIVE` operator and 0 for the others."""
+        if self.collectives is not None:
+            return self.collectives
+        return np.where(self.kinds_or_default() == COLLECTIVE, ALL_REDUCE, 0).astype(np.int8)
 
     @property
     def kernels(self) -> int:
@@ -169,6 +184,8 @@ class ModelProfile:
         dtype: the floating dtype of the parameters (``torch.float16`` for mixed precision).
         tensor_parallel: the ranks the model's collectives run among (Note [group on the marker] in
             :mod:`sim.planning.tensor_parallel`); 1: a model without them, counted whole.
+        sequence_parallel: the shard splits the tokens between its tensor-parallel regions over the ranks too
+            (Korthikanti et al., 2022): it runs reduce-scatters and all-gathers, not all-reduces.
         attention_core: the blocks' attention core, for selective recompute; ``None``: the model has none the
             planner can find (a user's model, a fused attention).
     """
@@ -177,6 +194,7 @@ class ModelProfile:
     dtype: torch.dtype
     tensor_parallel: int = 1
     attention_core: AttentionCore | None = None
+    sequence_parallel: bool = False
 
     def __len__(self) -> int:
         return len(self.layers)

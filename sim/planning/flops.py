@@ -40,7 +40,16 @@ import torch
 from torch import nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
-from sim.planning.counts import LayerCount, LayerProfile, ModelProfile, OpTable
+from sim.planning.counts import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    COLLECTIVE,
+    REDUCE_SCATTER,
+    LayerCount,
+    LayerProfile,
+    ModelProfile,
+    OpTable,
+)
 from sim.planning.operators import (
     Op,
     UnknownOperatorError,
@@ -324,8 +333,10 @@ def _table(ops1: Sequence[Op], ops2: Sequence[Op], b: int, what: str) -> OpTable
     slope = (a2 - a1) / b
     fixed = a1 - slope * b
     dims = np.stack([fixed[:, 3:6], slope[:, 3:6]], axis=2)  # (ops, 3, 2): M, N, K as fixed + per-sample
+    kinds = a1[:, 2].astype(np.int8)  # a collective's says which one (operators.collective_kind)
+    collectives = np.where(kinds >= COLLECTIVE, kinds - COLLECTIVE + ALL_REDUCE, 0).astype(np.int8)
     return OpTable(np.stack([fixed[:, 0], slope[:, 0]], axis=1), np.stack([fixed[:, 1], slope[:, 1]], axis=1),
-                   a1[:, 2].astype(np.int8), dims)
+                   np.minimum(kinds, COLLECTIVE).astype(np.int8), dims, collectives)
 
 
 def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None = None,
@@ -352,7 +363,8 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
 
     Returns:
         A :class:`ModelProfile`, one :class:`LayerProfile` per layer; its ``tensor_parallel`` is the group size of
-        the tensor-parallel collectives the model runs (:mod:`sim.planning.tensor_parallel`), 1 without any.
+        the tensor-parallel collectives the model runs (:mod:`sim.planning.tensor_parallel`), 1 without any, and its
+        ``sequence_parallel`` whether they include reduce-scatters or all-gathers.
 
     Raises:
         TypeError: ``module`` is not an ``nn.Sequential``.
@@ -405,4 +417,6 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
     if len(groups) > 1:
         raise ValueError(f"the model's collectives run among groups of {sorted(groups)} ranks; a count needs one "
                          "tensor-parallel degree")
-    return ModelProfile(tuple(layers), counted, groups.pop() if groups else 1)
+    split = any(np.isin(t.collectives_or_default(), (REDUCE_SCATTER, ALL_GATHER)).any()
+                for layer in layers for t in (layer.forward, layer.backward))
+    return ModelProfile(tuple(layers), counted, groups.pop() if groups else 1, sequence_parallel=split)

@@ -14,8 +14,8 @@ An operator that is neither free, nor has a FLOP formula, nor is known to be mem
 
 An operator that a GPU runs as several kernels, or in several passes over its input, is recorded as
 those kernels (Note [one operator, several kernels]); dropout is counted as a GPU runs it (Note [dropout on meta]),
-attention in its math form (Note [attention on meta]). A tensor-parallel all-reduce marker
-(:mod:`sim.planning.tensor_parallel`) is a COLLECTIVE whose bytes are the message one rank holds; a fused kernel
+attention in its math form (Note [attention on meta]). A tensor-parallel collective's marker
+(:mod:`sim.planning.tensor_parallel`) is a COLLECTIVE whose bytes are its whole message; a fused kernel
 of the ``gpipe_sim`` namespace is one kernel (Note [fused kernels]).
 """
 
@@ -29,12 +29,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from sim.planning.counts import COLLECTIVE, CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
-from sim.planning.tensor_parallel import ALL_REDUCE
+from sim.planning.counts import ALL_REDUCE, COLLECTIVE, CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
+from sim.planning.tensor_parallel import MARKERS
 
 __all__ = ["FUSED_KERNELS", "MEMORY_BOUND_OPERATORS", "VECTOR_MATH_OPERATORS", "UnknownOperatorError"]
 
-#: One counted kernel: FLOPs, bytes, kind, and GEMM dimensions M, N, K (0 where not a GEMM).
+#: One counted kernel: FLOPs, bytes, kind, and GEMM dimensions M, N, K (0 where not a GEMM). A collective's kind is
+#: :func:`collective_kind` of which one it is (:func:`sim.planning.flops.count_layers` splits it into the table's
+#: ``kinds`` and ``collectives``).
 Op = tuple[float, float, float, float, float, float]
 
 _FREE_PREFIXES = ("empty", "new_empty", "detach", "alias", "lift_fresh", "_unsafe_view", "set_")
@@ -42,6 +44,12 @@ _FREE_PREFIXES = ("empty", "new_empty", "detach", "alias", "lift_fresh", "_unsaf
 
 def _storage_key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
+
+
+def collective_kind(which: int) -> float:
+    """An :data:`Op`'s kind for a collective: :data:`~sim.planning.counts.COLLECTIVE` for an all-reduce, one more
+    for each later kind of :data:`~sim.planning.counts.COLLECTIVE_NAMES` (so an all-reduce reads as before)."""
+    return float(COLLECTIVE + which - ALL_REDUCE)
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
@@ -72,9 +80,10 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func is ALL_REDUCE:  # the message one rank holds; priced on the link (sim.planning.tensor_parallel)
+        if func in MARKERS:  # the whole message; priced on the link (sim.planning.tensor_parallel)
             self.groups.add(int(_arg(args, kwargs, 1, "group")))
-            self.ops.append((0.0, float(_tensor_bytes(out)), COLLECTIVE, 0.0, 0.0, 0.0))
+            message = max(_tensor_bytes(_arg(args, kwargs, 0, "x")), _tensor_bytes(out))
+            self.ops.append((0.0, float(message), collective_kind(MARKERS[func]), 0.0, 0.0, 0.0))
             return out
         qualified = func._schema.name
         name = qualified.split("::")[-1]
@@ -95,8 +104,8 @@ class _Recorder(TorchDispatchMode):
         if packet in flop_registry:
             flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
             conv = "conv" in name
-            self.ops.append((flops, traffic, CONVOLUTION if conv else MATMUL,
-                             *_gemm_dims(outputs[0] if outputs else None, flops, conv, _groups(args, kwargs, conv))))
+            dims = _gemm_dims(outputs[0] if outputs else None, flops, conv, _groups(args, kwargs, conv))
+            self.ops.append((flops, traffic, CONVOLUTION if conv else MATMUL, *dims))
             return out
         if not func._schema.is_mutable:
             in_keys = {_storage_key(t) for t in inputs}

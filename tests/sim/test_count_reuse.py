@@ -22,14 +22,14 @@ LLAMA = "llama:layers=3,hidden=128,heads=8,kv-heads=2,ffn=256,seq=16,vocab=100"
 
 def assert_same_profile(a: ModelProfile, b: ModelProfile) -> None:
     """Every field of both profiles equal, tables element by element."""
-    assert (a.dtype, a.tensor_parallel, a.attention_core, len(a)) == (b.dtype, b.tensor_parallel, b.attention_core,
-                                                                      len(b))
+    assert (a.dtype, a.tensor_parallel, a.sequence_parallel, a.attention_core, len(a)) == \
+        (b.dtype, b.tensor_parallel, b.sequence_parallel, b.attention_core, len(b))
     for x, y in zip(a.layers, b.layers, strict=True):
         for field in fields(x):
             u, v = getattr(x, field.name), getattr(y, field.name)
             if isinstance(u, OpTable):
                 assert isinstance(v, OpTable)
-                for array in ("flops", "bytes", "kinds", "dims"):
+                for array in ("flops", "bytes", "kinds", "dims", "collectives"):
                     assert np.array_equal(getattr(u, array), getattr(v, array)), (x.name, field.name, array)
             else:
                 assert u == v, (x.name, field.name)
@@ -48,10 +48,10 @@ def _runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return runs
 
 
-@pytest.mark.parametrize("spec", [GPT, LLAMA])
-@pytest.mark.parametrize("t", [1, 2])
-def test_a_decoder_counted_with_its_blocks_reused_is_the_full_count(spec: str, t: int) -> None:
-    shard = get_model(spec).tensor_parallel(t)
+@pytest.mark.parametrize("spec", [GPT, LLAMA, GPT + ",kernels=megatron"])
+@pytest.mark.parametrize(("t", "sequence_parallel"), [(1, False), (2, False), (2, True)])
+def test_a_decoder_counted_with_its_blocks_reused_is_the_full_count(spec: str, t: int, sequence_parallel: bool) -> None:
+    shard = get_model(spec).tensor_parallel(t, sequence_parallel)
     full = count_layers(shard.module(), shard.sample(2), dtype=torch.float16)
     reused = shard.count(torch.float16)
     assert reused.attention_core is not None

@@ -15,7 +15,8 @@ Specs::
 
 :func:`get_model` returns a :class:`ModelSpec`, which builds the module (on the meta device by
 default, so a 175B model costs nothing) and a sample input of any batch size; for the decoders,
-:meth:`ModelSpec.tensor_parallel` names one rank's shard of a tensor-parallel split.
+:meth:`ModelSpec.tensor_parallel` names one rank's shard of a tensor-parallel split, with sequence parallelism or
+without.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ class ModelSpec:
         description: for display.
         builder: builds the module under the current default device.
         sampler: ``(batch, device) -> input``.
-        shard: ``t -> `` the spec of one rank's shard over ``t`` tensor-parallel ranks; ``None``: the model has
-            no tensor-parallel split.
+        shard: ``(t, sequence_parallel) -> `` the spec of one rank's shard over ``t`` tensor-parallel ranks;
+            ``None``: the model has no tensor-parallel split.
         attention_core: ``itemsize -> `` its blocks' attention core in a dtype of ``itemsize`` bytes, for
             selective recompute (:mod:`sim.planning.recompute`); ``None``: none (a fused attention, not a decoder).
         identical: groups of layer indices the builder makes as the same computation (a decoder's blocks), for a
@@ -75,23 +76,26 @@ class ModelSpec:
     description: str
     builder: Callable[[], nn.Sequential]
     sampler: Callable[[int, str], torch.Tensor]
-    shard: Callable[[int], ModelSpec] | None = None
+    shard: Callable[[int, bool], ModelSpec] | None = None
     attention_core: Callable[[int], AttentionCore] | None = None
     identical: tuple[Collection[int], ...] = ()
 
-    def tensor_parallel(self, t: int) -> ModelSpec:
+    def tensor_parallel(self, t: int, sequence_parallel: bool = False) -> ModelSpec:
         """The spec of one rank's shard over ``t`` ranks (itself for ``t = 1``); cheap: nothing is built.
 
+        ``sequence_parallel``: the tokens between the tensor-parallel regions split over the ranks too (Korthikanti
+        et al., 2022; Note [sequence parallel] in :mod:`sim.planning.models.gpt`); the description says so.
+
         Raises:
-            ValueError: the model has no tensor-parallel split, or ``t`` does not divide its heads (the message
-                says which).
+            ValueError: the model has no tensor-parallel split, or ``t`` does not divide its heads (or with sequence
+                parallelism its tokens; the message says which).
         """
         if t == 1:
             return self
         if self.shard is None:
             raise ValueError(f"model {self.name} has no tensor-parallel split (gpt and llama have)")
         try:
-            return self.shard(t)
+            return self.shard(t, sequence_parallel)
         except ValueError as exc:
             raise ValueError(f"model {self.name}: {exc}") from None
 
@@ -179,13 +183,20 @@ def _gpt(spec: str, arg: str) -> ModelSpec:
     return _gpt_spec(name, title, cfg)
 
 
+def _shard(t: int, sequence_parallel: bool) -> str:
+    """What a description adds for one rank's shard."""
+    if t == 1:
+        return ""
+    return f", tensor-parallel shard of {t}" + (", sequence parallel" if sequence_parallel else "")
+
+
 def _gpt_spec(name: str, title: str, cfg: GPTConfig) -> ModelSpec:
-    shard = f", tensor-parallel shard of {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
+    shard = _shard(cfg.tensor_parallel, cfg.sequence_parallel)
     kernels = ", Megatron-LM's fused kernels" if cfg.kernels == "megatron" else ""
     return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
                      f"MLP {cfg.d_ff}, {cfg.seq_len} tokens{kernels}{shard})", lambda: gpt(cfg),
                      lambda b, d: gpt_sample(cfg, b, d),
-                     lambda t: _gpt_spec(name, title, replace(cfg, tensor_parallel=t)),
+                     lambda t, sp: _gpt_spec(name, title, replace(cfg, tensor_parallel=t, sequence_parallel=sp)),
                      _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, cfg.dropout > 0)
                      if cfg.attention == "math" else None, (decoder_blocks(cfg.n_layer),))
 
@@ -201,11 +212,11 @@ def _llama(spec: str, arg: str) -> ModelSpec:
 
 
 def _llama_spec(name: str, title: str, cfg: LlamaConfig) -> ModelSpec:
-    shard = f", tensor-parallel shard of {cfg.tensor_parallel}" if cfg.tensor_parallel > 1 else ""
+    shard = _shard(cfg.tensor_parallel, cfg.sequence_parallel)
     return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
                      f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens{shard})",
                      lambda: llama(cfg), lambda b, d: llama_sample(cfg, b, d),
-                     lambda t: _llama_spec(name, title, replace(cfg, tensor_parallel=t)),
+                     lambda t, sp: _llama_spec(name, title, replace(cfg, tensor_parallel=t, sequence_parallel=sp)),
                      _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, False) if cfg.attention == "math" else None,
                      (decoder_blocks(cfg.n_layer),))
 

@@ -21,7 +21,9 @@ that the counter sees as one kernel forward and one backward, moving the bytes s
 kernels. Two differences from Megatron's code that cost nothing here: GELU is the exact one (Megatron's kernel uses
 the tanh approximation), so both settings compute the same function; and activations stay (B, T, C), so q, k and v
 are copied to contiguous heads where Megatron's (T, B, C) layout lets the batched GEMMs read them in place.
-``kernels="eager"`` (the default) runs every operator as its own kernel, as PyTorch's eager mode runs the math form.
+A split backward's ``B`` (the input's gradient alone) runs their bias gradients' sums too, one small reduction
+each: a custom operator computes every gradient its inputs require. ``kernels="eager"`` (the default) runs every
+operator as its own kernel, as PyTorch's eager mode runs the math form.
 
 Note [untied head]: the output projection has its own weight, as pipelines keep it (the embedding
 and the head live on different stages), so a model has ``V·C`` more parameters than the tied count
@@ -36,6 +38,15 @@ embeddings and the row-parallel layers' biases are replicated. The collectives a
 the backward before QKV and before the MLP (f); the embedding all-reduces its partial lookups (g), the head
 all-reduces its input's gradient (f). A rank's saved activations per block are then Korthikanti et al.'s
 ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes. ``t`` must divide the heads and F.
+
+Note [sequence parallel]: ``sequence_parallel=True`` adds Korthikanti et al.'s sequence parallelism to the shard:
+between the tensor-parallel regions each rank holds ``s/t`` of the tokens, so the LayerNorms, dropouts and residual
+adds run on ``(B, T/t, C)``. f becomes an all-gather of the tokens (a reduce-scatter of their gradient), g a
+reduce-scatter (an all-gather of the gradient), and a column-parallel GEMM keeps this rank's tokens for its weight
+gradient, gathering them again in the backward (:mod:`sim.planning.tensor_parallel`). The embedding all-reduces its
+lookups, adds the positions and keeps this rank's tokens (Megatron-LM's order where positions are learned); the head
+gathers the tokens before its GEMM. A rank's saved activations per block are ``s·b·h·(34 + 5·a·s/h) / t`` bytes, its
+FLOPs the shard's without it. ``t`` must divide the tokens ``s`` too.
 
 References: Brown et al. (2020), "Language Models are Few-Shot Learners", Table 2.1; Korthikanti et
 al. (2022), "Reducing Activation Recomputation in Large Transformer Models"; Shoeybi et al. (2019),
@@ -55,9 +66,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.planning.tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
+from sim.planning.tensor_parallel import column_parallel, reduce_from_tensor_parallel, scatter_to_sequence_parallel
 
 __all__ = ["CONFIGS", "GPTConfig", "gpt", "gpt_config", "gpt_sample"]
+
+
+def check_sequence_parallel(sequence_parallel: bool, t: int, seq_len: int) -> None:
+    """Refuse sequence parallelism without a tensor-parallel split, or over a degree that does not divide the tokens.
+
+    Raises:
+        ValueError: which of the two.
+    """
+    if not sequence_parallel:
+        return
+    if t == 1:
+        raise ValueError("sequence parallelism splits the tokens over the tensor-parallel ranks; it needs "
+                         "tensor_parallel > 1")
+    if seq_len % t:
+        raise ValueError(f"tensor parallel {t} does not divide the {seq_len} tokens (sequence parallelism)")
 
 
 @dataclass(frozen=True)
@@ -76,6 +102,8 @@ class GPTConfig:
         kernels: ``"eager"``, every operator its own kernel, or ``"megatron"``, Megatron-LM's fused kernels (Note
             [Megatron's kernels]).
         tensor_parallel: ranks a layer is split over; the model built is one rank's shard (Note [tensor parallel]).
+        sequence_parallel: split the tokens between the tensor-parallel regions over the ranks too (Note [sequence
+            parallel]); needs ``tensor_parallel > 1``.
     """
 
     n_layer: int = 12
@@ -88,6 +116,7 @@ class GPTConfig:
     attention: Literal["math", "sdpa"] = "math"
     kernels: Literal["eager", "megatron"] = "eager"
     tensor_parallel: int = 1
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
@@ -108,6 +137,7 @@ class GPTConfig:
             raise ValueError(f"tensor parallel {t} does not divide the {self.n_head} attention heads")
         if self.d_ff % t:
             raise ValueError(f"tensor parallel {t} does not divide the MLP's width {self.d_ff}")
+        check_sequence_parallel(self.sequence_parallel, t, self.seq_len)
 
     @property
     def shard_vocab(self) -> int:
@@ -286,12 +316,16 @@ class Embedding(nn.Module):
         self.positions = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.group = cfg.tensor_parallel
+        self.sequence_parallel = cfg.sequence_parallel
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
         pos = torch.arange(t, device=ids.device)
         tokens = reduce_from_tensor_parallel(self.tokens(ids), self.group)  # every rank's rows summed
-        return self.drop(tokens + self.positions(pos))  # (B, T, C)
+        x = tokens + self.positions(pos)  # (B, T, C)
+        if self.sequence_parallel:  # this rank's tokens (Note [sequence parallel])
+            x = scatter_to_sequence_parallel(x, self.group)  # (B, T/t, C)
+        return self.drop(x)
 
 
 class Attention(nn.Module):
@@ -312,17 +346,19 @@ class Attention(nn.Module):
         self.p = cfg.dropout
         self.math = cfg.attention == "math"
         self.fused = cfg.kernels == "megatron"
+        self.sequence_parallel = cfg.sequence_parallel
         # True above the diagonal: the future a token may not see. A buffer, so it is model state.
         future = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1)
         self.register_buffer("future", future, persistent=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``residual`` plus the attention of ``x`` (the block's normalised input)."""
-        b, t, _ = x.shape
+        """``residual`` plus the attention of ``x`` (the block's normalised input; this rank's tokens with sequence
+        parallelism, as ``residual``)."""
         hd = self.head_dim
         c = self.n_head * hd  # C / t
-        x = copy_to_tensor_parallel(x, self.group)
-        q, k, v = self.qkv(x).split(c, dim=2)  # each (B, T, C/t)
+        (qkv,) = column_parallel(x, [(self.qkv.weight, self.qkv.bias)], self.group, self.sequence_parallel)
+        b, t, _ = qkv.shape  # every token, with sequence parallelism too
+        q, k, v = qkv.split(c, dim=2)  # each (B, T, C/t)
         q = q.view(b, t, self.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
         k = k.view(b, t, self.n_head, hd).transpose(1, 2)
         v = v.view(b, t, self.n_head, hd).transpose(1, 2)
@@ -338,9 +374,10 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # (B, T, C/t)
         if self.fused:  # the bias after the all-reduce, in bias_dropout_add
-            out = reduce_from_tensor_parallel(F.linear(y, self.proj.weight), self.group)
+            out = reduce_from_tensor_parallel(F.linear(y, self.proj.weight), self.group, self.sequence_parallel)
             return bias_dropout_add(out, self.proj.bias, residual, self.p if self.training else 0.0)[0]
-        return residual + self.resid_drop(reduce_from_tensor_parallel(self.proj(y), self.group))  # (B, T, C)
+        out = reduce_from_tensor_parallel(self.proj(y), self.group, self.sequence_parallel)  # (B, T, C) or (B, T/t, C)
+        return residual + self.resid_drop(out)
 
 
 class Block(nn.Module):
@@ -370,16 +407,20 @@ class MLP(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.p = cfg.dropout
         self.fused = cfg.kernels == "megatron"
+        self.sequence_parallel = cfg.sequence_parallel
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``residual`` plus the MLP of ``x`` (the block's normalised input)."""
-        x = copy_to_tensor_parallel(x, self.group)
+        """``residual`` plus the MLP of ``x`` (the block's normalised input; this rank's tokens with sequence
+        parallelism, as ``residual``)."""
+        sp = self.sequence_parallel
         if self.fused:  # Note [Megatron's kernels]
-            x = bias_gelu(F.linear(x, self.fc.weight), self.fc.bias)  # (B, T, F/t)
-            out = reduce_from_tensor_parallel(F.linear(x, self.proj.weight), self.group)
+            (x,) = column_parallel(x, [(self.fc.weight, None)], self.group, sp)
+            x = bias_gelu(x, self.fc.bias)  # (B, T, F/t)
+            out = reduce_from_tensor_parallel(F.linear(x, self.proj.weight), self.group, sp)
             return bias_dropout_add(out, self.proj.bias, residual, self.p if self.training else 0.0)[0]
-        x = self.act(self.fc(x))  # (B, T, F/t)
-        return residual + self.drop(reduce_from_tensor_parallel(self.proj(x), self.group))
+        (x,) = column_parallel(x, [(self.fc.weight, self.fc.bias)], self.group, sp)
+        x = self.act(x)  # (B, T, F/t)
+        return residual + self.drop(reduce_from_tensor_parallel(self.proj(x), self.group, sp))
 
 
 class Head(nn.Module):
@@ -390,9 +431,10 @@ class Head(nn.Module):
         self.ln = nn.LayerNorm(cfg.d_model)
         self.out = nn.Linear(cfg.d_model, cfg.shard_vocab, bias=False)  # this rank's logits: (B, T, V/t)
         self.group = cfg.tensor_parallel
+        self.sequence_parallel = cfg.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(copy_to_tensor_parallel(self.ln(x), self.group))
+        return column_parallel(self.ln(x), [(self.out.weight, None)], self.group, self.sequence_parallel)[0]
 
 
 def gpt(cfg: GPTConfig | str = "125m", **overrides: object) -> nn.Sequential:

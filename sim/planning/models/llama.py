@@ -24,7 +24,10 @@ query heads and K/t key/value heads (q: C -> C/t; k and v: C -> K·d/t; o: C/t -
 ``t`` must divide the KV heads, as Megatron-LM requires of its query groups, so every rank keeps whole groups and
 no KV head is replicated (Llama 3's 8 KV heads allow up to t = 8, a node). RMSNorms are replicated. The
 collectives are :mod:`sim.planning.tensor_parallel`'s markers, as in :mod:`sim.planning.models.gpt`: g after o and
-after down, f before q/k/v and before gate/up, g after the embedding, f before the head.
+after down, f before q/k/v and before gate/up, g after the embedding, f before the head. ``sequence_parallel=True``
+splits the tokens between those regions over the ranks too, as in :mod:`sim.planning.models.gpt` (Note [sequence
+parallel] there): the RMSNorms run on ``s/t`` tokens, and the embedding, without positions to add, reduce-scatters
+its lookups.
 
 References: Dubey et al. (2024), "The Llama 3 Herd of Models", Table 3 (sizes) and section 3.1.1 (the
 architecture); Touvron et al. (2023), "LLaMA: Open and Efficient Foundation Language Models" (pre-norm RMSNorm,
@@ -41,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.planning.models.gpt import decoder, token_ids
-from sim.planning.tensor_parallel import copy_to_tensor_parallel, reduce_from_tensor_parallel
+from sim.planning.models.gpt import check_sequence_parallel, decoder, token_ids
+from sim.planning.tensor_parallel import column_parallel, reduce_from_tensor_parallel
 
 __all__ = ["CONFIGS", "LlamaConfig", "llama", "llama_config", "llama_sample"]
 
@@ -63,6 +66,8 @@ class LlamaConfig:
         norm_eps: RMSNorm's epsilon; 1e-5 as in the released models.
         attention: ``"math"`` or ``"sdpa"`` (see Note [grouped attention]).
         tensor_parallel: ranks a layer is split over; the model built is one rank's shard (Note [tensor parallel]).
+        sequence_parallel: split the tokens between the tensor-parallel regions over the ranks too (Note [tensor
+            parallel]); needs ``tensor_parallel > 1``.
     """
 
     n_layer: int = 32
@@ -76,6 +81,7 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     attention: Literal["math", "sdpa"] = "math"
     tensor_parallel: int = 1
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_kv_head", "d_model", "ffn", "seq_len", "vocab_size"):
@@ -97,6 +103,7 @@ class LlamaConfig:
                              f"(each rank keeps whole groups of query heads)")
         if self.ffn % t:
             raise ValueError(f"tensor parallel {t} does not divide the MLP's width {self.ffn}")
+        check_sequence_parallel(self.sequence_parallel, t, self.seq_len)
 
     @property
     def shard_vocab(self) -> int:
@@ -156,9 +163,11 @@ class Embedding(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(cfg.shard_vocab, cfg.d_model)  # this rank's rows (Note [tensor parallel])
         self.group = cfg.tensor_parallel
+        self.sequence_parallel = cfg.sequence_parallel
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return reduce_from_tensor_parallel(self.tokens(ids), self.group)  # (B, T, C): every rank's rows summed
+        # (B, T, C), or (B, T/t, C) with sequence parallelism: every rank's rows summed
+        return reduce_from_tensor_parallel(self.tokens(ids), self.group, self.sequence_parallel)
 
 
 def _rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,6 +202,7 @@ class Attention(nn.Module):
         self.v = nn.Linear(cfg.d_model, kv, bias=False)
         self.o = nn.Linear(width, cfg.d_model, bias=False)  # row-parallel
         self.math = cfg.attention == "math"
+        self.sequence_parallel = cfg.sequence_parallel
         # Buffers, so they are model state and follow the model's device; not saved with its weights.
         cos, sin = _rope_tables(cfg)
         self.register_buffer("cos", cos, persistent=False)
@@ -201,13 +211,14 @@ class Attention(nn.Module):
         self.register_buffer("future", future, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
         a, k_heads, d = self.n_head, self.n_kv_head, self.head_dim
         g, c = a // k_heads, a * d  # c: C / t
-        x = copy_to_tensor_parallel(x, self.group)
-        q = self.q(x).view(b, t, a, d).transpose(1, 2)  # (B, A, T, d)
-        k = self.k(x).view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
-        v = self.v(x).view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
+        q, k, v = column_parallel(x, [(self.q.weight, None), (self.k.weight, None), (self.v.weight, None)],
+                                  self.group, self.sequence_parallel)
+        b, t, _ = q.shape  # every token, with sequence parallelism too
+        q = q.view(b, t, a, d).transpose(1, 2)  # (B, A, T, d)
+        k = k.view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
+        v = v.view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
         cos, sin = self.cos[:t], self.sin[:t]
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if self.math:
@@ -219,7 +230,7 @@ class Attention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, A, T, d)
         y = y.transpose(1, 2).reshape(b, t, c)  # (B, T, C/t)
-        return reduce_from_tensor_parallel(self.o(y), self.group)  # (B, T, C)
+        return reduce_from_tensor_parallel(self.o(y), self.group, self.sequence_parallel)  # (B, T, C) or (B, T/t, C)
 
 
 class MLP(nn.Module):
@@ -232,10 +243,12 @@ class MLP(nn.Module):
         self.gate = nn.Linear(cfg.d_model, width, bias=False)  # column-parallel
         self.up = nn.Linear(cfg.d_model, width, bias=False)
         self.down = nn.Linear(width, cfg.d_model, bias=False)  # row-parallel
+        self.sequence_parallel = cfg.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tensor_parallel(x, self.group)
-        return reduce_from_tensor_parallel(self.down(F.silu(self.gate(x)) * self.up(x)), self.group)
+        sp = self.sequence_parallel
+        gate, up = column_parallel(x, [(self.gate.weight, None), (self.up.weight, None)], self.group, sp)
+        return reduce_from_tensor_parallel(self.down(F.silu(gate) * up), self.group, sp)
 
 
 class Block(nn.Module):
@@ -261,9 +274,10 @@ class Head(nn.Module):
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.out = nn.Linear(cfg.d_model, cfg.shard_vocab, bias=False)  # this rank's logits: (B, T, V/t)
         self.group = cfg.tensor_parallel
+        self.sequence_parallel = cfg.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(copy_to_tensor_parallel(self.norm(x), self.group))
+        return column_parallel(self.norm(x), [(self.out.weight, None)], self.group, self.sequence_parallel)[0]
 
 
 def llama(cfg: LlamaConfig | str = "8b", **overrides: object) -> nn.Sequential:
