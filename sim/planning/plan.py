@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, schedule_kind
+from gpipe.schedule.collector import collector_paused
 from sim.core.link import LinkSpec
 from sim.planning.cluster import Cluster
 from sim.planning.costs_from_flops import FlopCosts, Training, training_policy
@@ -189,7 +190,8 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
         raise ValueError(f"network ports per node must be an integer >= 1, got {network_ports!r}")
     cluster = Cluster(lk, gpus_per_node, None if network is None else resolve_network(network), network_ports)
     sweep = Sweep(costs, batch, cluster, price_per_gpu_hour, pinned, copy_streams, tokens_per_sample)
-    run = [sweep.evaluate(p) for p in _progress(points, progress)]
+    with collector_paused():  # Note [gc]: a sweep keeps thousands of schedules alive in its caches
+        run = [sweep.evaluate(p) for p in _progress(points, progress)]
     why.update(sweep.why)
     rows = [r for r in run if r is not None]
     if not rows:

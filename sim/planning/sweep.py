@@ -7,10 +7,11 @@ order for memory and, if it fits, simulate it (Note [not simulated] in :mod:`sim
 
 Note [reuse in a sweep]: what repeats across configurations is computed once per sweep: a balance per (degree,
 stages, micro-batch, policy), a stage pricing per balance, a schedule per (name, shape, recompute), which the
-per-layer policies share with the schedule's own (``layers`` runs ``always``), and a simulation per (schedule, shape,
-pricing, links), which configurations that differ only in how their data parallelism is sharded share (but ZeRO-3,
-whose tasks last as long as their gathers). A large model's sweep is mostly configurations that do not fit; they
-cost a replay of their task order, or nothing at all when their model state alone is too large.
+per-layer policies share with the schedule's own (``layers`` runs ``always``) and two schedules with the same tasks
+in the same places share with each other, and a simulation per (schedule, pricing, links), which configurations
+that differ only in how their data parallelism is sharded share (but ZeRO-3, whose tasks last as long as their
+gathers). A large model's sweep is mostly configurations that do not fit; they cost a replay of their task order,
+or nothing at all when their model state alone is too large.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ from sim.planning.zero import (
 __all__ = ["MAX_CHUNKS", "Configuration", "Sweep", "configurations"]
 
 MAX_CHUNKS = 128  # default sweep: powers of two up to this (a simulation grows with chunks x stages)
+# simulations kept: configurations that share one are close in the sweep's order (the schedules of one shape, then the
+# ZeRO stages of one schedule; :func:`configurations`), and a timeline holds a span per task
+TIMELINES_KEPT = 32
 NAN = math.nan
 
 
@@ -165,8 +169,20 @@ class Sweep:
         self._balances: dict[tuple[object, ...], tuple[int, ...]] = {}
         self._schedules: dict[tuple[object, ...], Schedule | str] = {}  # a schedule, or why its generator refused
         self._stages: dict[tuple[object, ...], tuple[StageCost, ...]] = {}
-        self._timelines: dict[tuple[object, ...], Timeline] = {}
+        self._timelines: dict[tuple[object, ...], Timeline] = {}  # the latest (Note [reuse in a sweep])
+        self._tasks: dict[tuple[object, ...], list[Schedule]] = {}  # schedules by (m, n, devices, checkpoint)
         self._counted: dict[tuple[int, bool], tuple[tuple[float, float], ...]] = {}
+
+    def _canonical(self, schedule: Schedule) -> Schedule:
+        """``schedule``, or an earlier one of this sweep with the same tasks in the same places (interleaved 1F1B
+        with one stage per device is 1F1B), so that they share one simulation (Note [reuse in a sweep])."""
+        shape = (schedule.m, schedule.n, schedule.num_devices, schedule.checkpoint)
+        same = self._tasks.setdefault(shape, [])
+        for other in same:
+            if other.placement == schedule.placement and other.tasks == schedule.tasks:
+                return other
+        same.append(schedule)
+        return schedule
 
     def _balance(self, p: Configuration, costs: FlopCosts, mb: int) -> tuple[int, ...]:
         if self.pinned is not None:
@@ -186,7 +202,7 @@ class Sweep:
         shape = (p.schedule, p.chunks, p.stages, p.virtual, schedule_checkpoint(p.checkpoint))
         if shape not in self._schedules:
             try:
-                self._schedules[shape] = make_schedule(p)
+                self._schedules[shape] = self._canonical(make_schedule(p))
             except ValueError as exc:  # a shape the generator does not take (e.g. chunks not a multiple of devices)
                 self._schedules[shape] = str(exc)
         schedule = self._schedules[shape]
@@ -230,13 +246,15 @@ class Sweep:
                            simulated=False, bound="memory", **base)
         links = self.cluster.stage_links(placement, p.tensor_parallel, p.stages, p.replicas)
         stretched = p.zero == 3 and p.replicas > 1  # its tasks last as long as their gathers (sim.planning.zero)
-        sim_key = (p.schedule, p.chunks, p.stages, p.virtual, p.checkpoint, key, scale, links,
-                   p.replicas if stretched else 0)
+        sim_key = (id(schedule), key, scale, links, p.replicas if stretched else 0)
         timeline = self._timelines.get(sim_key)
         if timeline is None:
             cost = CostModel(tuple(stages), copy_seconds=None, microbatch_scale=scale)
             config = self.config if links is None else replace(self.config, stage_links=links)
-            timeline = self._timelines[sim_key] = simulate(schedule, cost, config)
+            timeline = simulate(schedule, cost, config)
+            if len(self._timelines) >= TIMELINES_KEPT:
+                self._timelines.pop(next(iter(self._timelines)))
+            self._timelines[sim_key] = timeline
         updates = _per_device(costs.update_seconds(balance), placement, devices)
         step, exposed = step_seconds(
             schedule, timeline, [s.gradient_bytes for s in whole], updates, p.replicas, self.cluster.link,
