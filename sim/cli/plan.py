@@ -71,6 +71,7 @@ from sim.planning.zero import ZERO_STAGES
 __all__ = ["add_parser", "load_model", "run"]
 
 BUILTIN_FAMILIES = ("gpt", "llama", "resnet101", "resnet", "unet", "amoebanet")
+DECODERS = ("gpt", "llama")  # the built-ins with a tensor-parallel split
 BUILTINS = "gpt:SIZE, llama:SIZE, gpt:layers=..., llama:layers=..., resnet101, unet:B,C, amoebanet:L,D"
 GiB = 2**30
 FILES = ("plan.json", "throughput.png", "memory.png")  # what --out receives
@@ -103,6 +104,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--replicas", default=None, metavar="LIST", help="data-parallel copies to allow, e.g. 1")
     p.add_argument("--stages", "--pipeline", dest="stages", default=None, metavar="LIST",
                    help="pipeline depths (devices per replica) to allow, e.g. 8 (default: every divisor)")
+    p.add_argument("--sequence-parallel", default="off", metavar="LIST",
+                   help="sequence parallelism (Korthikanti et al., 2022) off, on, or off,on to try both; on splits "
+                        "the norms and dropouts over the tensor-parallel ranks by tokens (gpt and llama, with "
+                        "--tensor-parallel above 1; default: off)")
     p.add_argument("--zero", default="0", metavar="LIST",
                    help="ZeRO stages of the data parallelism to try, of 0,1,2,3: 1 shards the optimizer state (and "
                         "32-bit master weights) over the replicas, 2 also the gradients, 3 also the weights "
@@ -422,27 +427,24 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     network = resolve_network(args.network) if args.network is not None else None
     if args.network_ports is not None:
         integer("--network-ports", args.network_ports, 1)
-    shards = _shards(args.model, degrees)  # refuses a degree the model's heads do not take, before counting
+    splits = _words("--sequence-parallel", args.sequence_parallel, ("off", "on"))
+    shards = _shards(args.model, degrees, [w == "on" for w in splits])  # refuses a bad degree before counting
     out = output_folder(args, FILES) if args.out is not None and args.target_throughput is None else None
-    profiles: dict[int, ModelProfile] = {}
+    profiles: dict[tuple[int, bool], ModelProfile] = {}
     tokens = _tokens(args.model)
     if shards is None:
         name, module, sample, target = _load(args.model)
         try:
             with blame(target) if target is not None else nullcontext():  # the user's layers run on meta here
-                profiles[1] = count_layers(module, sample, dtype=training.torch_dtype)
+                profiles[(1, False)] = count_layers(module, sample, dtype=training.torch_dtype)
         except CountError as error:
             if target is None:
                 raise
             raise layer_failure(target, error.layer, module[error.layer], error.error) from None
-        family = args.model.strip().lower().partition(":")[0]
-        core = get_model(args.model).attention_core if family in BUILTIN_FAMILIES else None
-        if core is not None:  # selective recompute finds the blocks' attention core (sim.planning.recompute)
-            profiles[1] = replace(profiles[1], attention_core=core(training.torch_dtype.itemsize))
     else:
-        name = shards[1].name
-        for t in dict.fromkeys(degrees):  # each shard counted once
-            profiles[t] = shards[t].count(training.torch_dtype)
+        name = shards[(1, False)].name
+        for key, shard in shards.items():  # each shard counted once, its identical blocks once
+            profiles[key] = shard.count(training.torch_dtype)
     # the sweep's largest simulation, refused before the first if it would not fit (sim.core.size)
     m = min(max(chunks) if chunks is not None else MAX_CHUNKS, args.batch)
     n = len(balance) if balance is not None else min(max(map(len, profiles.values())), max(gpus) * max(virtual))
@@ -453,33 +455,43 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
                   objective=args.objective, model_name=name, balance=balance, replicas=replicas,
                   progress=not args.no_progress and sys.stderr.isatty(), copy_streams=args.copy_streams,
                   tensor_parallel=degrees, gpus_per_node=args.gpus_per_node, stages=stages, network=network,
-                  network_ports=args.network_ports, tokens_per_sample=tokens, zero=zero)
+                  network_ports=args.network_ports, tokens_per_sample=tokens, zero=zero,
+                  sequence_parallel=[w == "on" for w in splits])
     return result, out
 
 
 def _tokens(spec: str) -> int | None:
     """Tokens in one sample of a built-in decoder (its sequence), or ``None`` for another model."""
-    if spec.strip().lower().partition(":")[0] not in ("gpt", "llama"):
+    if spec.strip().lower().partition(":")[0] not in DECODERS:
         return None
     return int(get_model(spec).sample(1, "meta").shape[1])
 
 
-def _shards(spec: str, degrees: list[int]) -> dict[int, Any] | None:
-    """The spec of one rank's shard per degree, for a built-in decoder; ``None`` for one degree of 1 (the model
-    is loaded as it always was).
+def _shards(spec: str, degrees: list[int], splits: list[bool]) -> dict[tuple[int, bool], Any] | None:
+    """The spec of one rank's shard per ``(degree, sequence parallel)``, for a built-in decoder (counted with its
+    identical blocks once); ``None`` for another model without tensor parallelism (loaded as it always was).
 
     Raises:
-        CommandError: tensor parallelism asked of a user's model.
+        CommandError: tensor or sequence parallelism asked of a model without them.
         ValueError: a degree the model's heads do not take.
     """
-    if degrees == [1]:
-        return None
     family = spec.strip().lower().partition(":")[0]
-    if family not in BUILTIN_FAMILIES:
-        raise CommandError(f"--tensor-parallel {max(degrees)} needs a built-in gpt or llama model, whose layers it "
-                           f"splits; {spec} is the user's")
+    if family not in DECODERS:
+        if degrees != [1] and family in BUILTIN_FAMILIES:
+            get_model(spec).tensor_parallel(max(degrees))  # a ValueError: the model has no split
+        if degrees != [1] or any(splits):
+            what = f"--tensor-parallel {max(degrees)}" if degrees != [1] else "--sequence-parallel on"
+            whose = "the user's" if family not in BUILTIN_FAMILIES else "not a decoder"
+            raise CommandError(f"{what} needs a built-in gpt or llama model, whose layers it splits; {spec} is "
+                               f"{whose}")
+        return None
     entry = get_model(spec)
-    return {t: entry.tensor_parallel(t) for t in sorted(set(degrees) | {1})}
+    out = {(1, False): entry}
+    for t in sorted(set(degrees)):
+        for sp in dict.fromkeys(splits):
+            if t > 1 or not sp:
+                out[(t, sp)] = entry.tensor_parallel(t, sequence_parallel=sp)
+    return out
 
 
 def _run_one(args: argparse.Namespace) -> int:

@@ -243,6 +243,7 @@ class FlopCosts:
         self._core_cache: dict[int, np.ndarray] = {}
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._split_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._collective_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _rates(self, device: DeviceSpec) -> tuple[float, np.ndarray | None, float]:
         """The matrix-multiply rate, the rate per kind (roofline only) and the roofline's ``half_dim``."""
@@ -275,7 +276,17 @@ class FlopCosts:
                 CONVOLUTION, dtype, device.name, backward=True)
         return per_kind
 
-    def _seconds(self, flat: _Flat, batch: int, backward: bool = False) -> np.ndarray:
+    def _seconds(self, flat: _Flat, batch: int, backward: bool = False, collectives: bool = False) -> np.ndarray:
+        """Seconds of each layer of ``flat`` at ``batch``; ``collectives``: of its tensor-parallel collectives only."""
+        if collectives:
+            per_op = np.zeros(len(flat.collective))
+            if flat.collective.any():
+                assert self.tensor_link is not None  # the constructor refuses collectives without it
+                nbytes = np.maximum(flat.bytes[:, 0] + flat.bytes[:, 1] * batch, 0.0)
+                where = np.flatnonzero(flat.collective)
+                per_op[where] = [_RING[int(flat.collective[i])](nbytes[i], self.profile.tensor_parallel,
+                                                                self.tensor_link) for i in where]
+            return _per_layer(per_op, flat)
         flops = np.maximum(flat.flops[:, 0] + flat.flops[:, 1] * batch, 0.0)
         nbytes = np.maximum(flat.bytes[:, 0] + flat.bytes[:, 1] * batch, 0.0)
         if self._kind_rate is None:
@@ -290,10 +301,14 @@ class FlopCosts:
             group, link = self.profile.tensor_parallel, self.tensor_link
             where = np.flatnonzero(flat.collective)
             per_op[where] = [_RING[int(flat.collective[i])](nbytes[i], group, link) for i in where]
-        per_op[-1] = 0.0  # the padding row
-        per_layer = np.add.reduceat(per_op, flat.starts)
-        per_layer[flat.empty] = 0.0
-        return per_layer
+        return _per_layer(per_op, flat)
+
+    def collective_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Of :meth:`layer_seconds`, what each layer's tensor-parallel collectives take, forward and backward."""
+        if microbatch not in self._collective_cache:
+            self._collective_cache[microbatch] = (self._seconds(self._fwd, microbatch, collectives=True),
+                                                  self._seconds(self._bwd, microbatch, True, collectives=True))
+        return self._collective_cache[microbatch]
 
     def layer_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward seconds of every layer for one micro-batch of ``microbatch`` samples."""
@@ -420,6 +435,13 @@ class FlopCosts:
         """
         return CostModel(self.stages(balance, microbatch, split, recompute), copy_seconds=None,
                          runner=runner, microbatch_scale=tuple(microbatch_scale))
+
+
+def _per_layer(per_op: np.ndarray, flat: _Flat) -> np.ndarray:
+    per_op[-1] = 0.0  # the padding row
+    per_layer = np.add.reduceat(per_op, flat.starts)
+    per_layer[flat.empty] = 0.0
+    return per_layer
 
 
 def _bytes(q: tuple[float, float], batch: int) -> int:

@@ -20,10 +20,12 @@ checked against device memory as the allocator sees it; :func:`plan` runs the sw
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from gpipe.affinity import available_cores
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, schedule_kind
 from gpipe.schedule.collector import collector_paused
 from sim.core.link import LinkSpec
@@ -43,7 +45,7 @@ from sim.planning.request import (
     resolve_network,
 )
 from sim.planning.rows import Plan, PlanRow
-from sim.planning.sweep import MAX_CHUNKS, Configuration, Sweep, configurations
+from sim.planning.sweep import MAX_CHUNKS, Sweep, configurations, evaluate_all
 from sim.planning.zero import ZERO_STAGES
 
 __all__ = ["GPUS_PER_NODE", "MAX_CHUNKS", "VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request",
@@ -93,7 +95,7 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
          copy_streams: str = "shared", tensor_parallel: Sequence[int] | None = None,
          gpus_per_node: int = GPUS_PER_NODE, network: LinkSpec | str | None = None,
          network_ports: int | None = None, tokens_per_sample: int | None = None, zero: Sequence[int] = (0,),
-         sequence_parallel: Sequence[bool] = (False,)) -> Plan:
+         sequence_parallel: Sequence[bool] = (False,), workers: int | None = None) -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
 
     Args:
@@ -131,6 +133,8 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
             spans them use the network.
         network_ports: network ports per node; default one per GPU.
         tokens_per_sample: tokens in one sample (a decoder's sequence), for tokens per second; ``None``: none.
+        workers: processes to sweep with (Note [sweep workers] in :mod:`sim.planning.sweep`); default the cores
+            this process may use. The rows are the same for any number.
         zero: ZeRO stages to try (:mod:`sim.planning.zero`); a configuration with one replica runs stage 0 only.
         sequence_parallel: sequence parallelism off and/or on, for tensor-parallel degrees above 1; ``on`` needs the
             counts of the sequence-parallel shards (keys ``(t, True)`` of ``profile``).
@@ -159,7 +163,7 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
     check_zero_stages(zero)
     wanted = [(t, sp) for t in degrees for sp in splits if t > 1 or not sp] or [(t, False) for t in degrees]
     for t, sp in wanted:
-        if (t, sp) not in counts or counts[(t, sp)].tensor_parallel != t:
+        if (t, sp) not in counts or counts[(t, sp)].tensor_parallel != t or counts[(t, sp)].sequence_parallel != sp:
             what = " with sequence parallelism" if sp else ""
             raise ValueError(f"tensor parallel {t}{what} needs the count of one rank's shard (a model built with "
                              f"tensor_parallel={t}{', sequence_parallel=True' if sp else ''}); got counts for "
@@ -190,8 +194,8 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
         raise ValueError(f"network ports per node must be an integer >= 1, got {network_ports!r}")
     cluster = Cluster(lk, gpus_per_node, None if network is None else resolve_network(network), network_ports)
     sweep = Sweep(costs, batch, cluster, price_per_gpu_hour, pinned, copy_streams, tokens_per_sample)
-    with collector_paused():  # Note [gc]: a sweep keeps thousands of schedules alive in its caches
-        run = [sweep.evaluate(p) for p in _progress(points, progress)]
+    with collector_paused(), _progress(len(points), progress) as tick:  # Note [gc]: a sweep's caches stay alive
+        run = evaluate_all(sweep, points, workers if workers is not None else len(available_cores()), tick)
     why.update(sweep.why)
     rows = [r for r in run if r is not None]
     if not rows:
@@ -233,11 +237,12 @@ def _check_pins(balance: Sequence[int] | None, replicas: Sequence[int] | None,
     return pinned
 
 
-def _progress(points: list[Configuration], show: bool) -> Iterator[Configuration]:
+@contextmanager
+def _progress(total: int, show: bool) -> Iterator[Callable[[int], None] | None]:
     if not show:
-        yield from points
+        yield None
         return
     from tqdm import tqdm
 
-    yield from tqdm(points, desc="simulating", unit="config", leave=False)
-
+    with tqdm(total=total, desc="simulating", unit="config", leave=False) as bar:
+        yield bar.update

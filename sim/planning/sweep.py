@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,7 +55,7 @@ from sim.planning.zero import (
     transient_bytes,
 )
 
-__all__ = ["MAX_CHUNKS", "Configuration", "Sweep", "configurations"]
+__all__ = ["MAX_CHUNKS", "Configuration", "Sweep", "configurations", "evaluate_all"]
 
 MAX_CHUNKS = 128  # default sweep: powers of two up to this (a simulation grows with chunks x stages)
 # simulations kept: configurations that share one are close in the sweep's order (the schedules of one shape, then the
@@ -337,8 +339,12 @@ class Sweep:
         model, recomputed = self._flops(p, costs)
         peak = p.gpus * costs.device.peak_flops.get(costs.training.compute.lower(), NAN) * step
         busy = max(timeline.busy(d) for d in range(timeline.num_devices))
-        parts = {"compute": busy, "bubble": timeline.end - timeline.start - busy, "data-parallel": exposed,
-                 "optimizer": update}
+        mb = math.ceil(math.ceil(self.batch / p.replicas) / p.chunks)
+        fwd, bwd = costs.layer_seconds(mb)
+        collective = sum(float(x.sum()) for x in costs.collective_seconds(mb)) / max(float(fwd.sum() + bwd.sum()),
+                                                                                     1e-300)
+        parts = {"compute": busy * (1 - collective), "tensor-parallel": busy * collective,
+                 "bubble": timeline.end - timeline.start - busy, "data-parallel": exposed, "optimizer": update}
         return {"tokens_per_second": throughput * self.tokens if self.tokens else None,
                 "mfu": model / peak if peak > 0 else None, "hfu": (model + recomputed) / peak if peak > 0 else None,
                 "bound": max(parts, key=lambda k: parts[k])}
@@ -351,3 +357,47 @@ def _state_only(stages: Sequence[StageCost], mine: Sequence[int]) -> MemoryParts
     gradients = sum(round_block(stages[j].gradient_bytes) for j in mine)
     raw = params + optimizer + gradients
     return MemoryParts(params, optimizer, gradients, 0, 0, 0, round_segment(raw) - raw)
+
+
+# Note [sweep workers]: configurations are independent, so a sweep splits them into contiguous runs (configurations
+# that share a simulation stay together, Note [reuse in a sweep]) over worker processes forked from this one: a fork
+# starts in milliseconds with the counts already in memory, where a fresh interpreter would import torch again. The
+# rows come back in the sweep's order, the same as one process gives. Workers run no torch and no BLAS, so forking
+# after torch was imported is safe; below ``MIN_PER_WORKER`` configurations a worker costs more than it saves.
+MIN_PER_WORKER = 200
+_RUNS_PER_WORKER = 4  # runs per worker: a worker with slow runs hands over the rest
+_forked: Sweep | None = None  # the sweep a forked worker inherits
+
+
+def _evaluate_run(points: Sequence[Configuration]) -> tuple[list[PlanRow | None], dict[str, str]]:
+    assert _forked is not None
+    return [_forked.evaluate(p) for p in points], dict(_forked.why)
+
+
+def evaluate_all(sweep: Sweep, points: Sequence[Configuration], workers: int = 1,
+                 progress: Callable[[int], None] | None = None) -> list[PlanRow | None]:
+    """:meth:`Sweep.evaluate` of every configuration, in order, over ``workers`` processes (Note [sweep workers]);
+    ``progress(n)`` is told as each run of ``n`` configurations ends."""
+    global _forked
+    workers = max(1, min(workers, len(points) // MIN_PER_WORKER))
+    if workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
+        out = []
+        for p in points:
+            out.append(sweep.evaluate(p))
+            if progress is not None:
+                progress(1)
+        return out
+    size = -(-len(points) // (workers * _RUNS_PER_WORKER))
+    runs = [points[k:k + size] for k in range(0, len(points), size)]
+    _forked = sweep
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            out = []
+            for (rows, why), run in zip(pool.map(_evaluate_run, runs), runs, strict=True):
+                out.extend(rows)
+                sweep.why.update(why)
+                if progress is not None:
+                    progress(len(run))
+            return out
+    finally:
+        _forked = None

@@ -1,0 +1,59 @@
+"""A published configuration pinned from the command line, and sequence parallelism swept beside it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim.cli import main
+
+SMALL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
+BASE = ["plan", "--model", SMALL, "--batch", "32", "--hardware", "a100-80gb", "--link", "nvlink3", "--no-progress"]
+
+
+def _rows(capsys: pytest.CaptureFixture[str], *flags: str) -> list[dict[str, object]]:
+    assert main([*BASE, *flags, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["rows"]  # type: ignore[no-any-return]
+
+
+def test_every_dimension_pinned_gives_one_row(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _rows(capsys, "--gpus", "16", "--tensor-parallel", "2", "--pipeline", "2", "--replicas", "4",
+                 "--chunks", "4", "--schedule", "interleaved-1f1b", "--virtual", "2", "--checkpoint", "layers",
+                 "--zero", "1", "--sequence-parallel", "on")
+    assert len(rows) == 1
+    (row,) = rows
+    want = {"gpus": 16, "tensor_parallel": 2, "stages": 2, "replicas": 4, "chunks": 4,
+            "schedule": "interleaved-1f1b", "virtual": 2, "checkpoint": "layers", "zero": 1,
+            "sequence_parallel": True}
+    assert {k: row[k] for k in want} == want
+    assert row["fits"] and row["simulated"] and row["tokens_per_second"] and row["mfu"]
+
+
+def test_sequence_parallelism_saves_activations_at_the_same_flops(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _rows(capsys, "--gpus", "4", "--tensor-parallel", "4", "--pipeline", "1", "--chunks", "4",
+                 "--schedule", "gpipe", "--checkpoint", "never", "--sequence-parallel", "off,on")
+    by = {r["sequence_parallel"]: r for r in rows}
+    assert set(by) == {False, True}
+    assert max(by[True]["activation_bytes"]) < max(by[False]["activation_bytes"])  # type: ignore[call-overload]
+    assert by[True]["mfu"] == pytest.approx(by[False]["mfu"], rel=0.2)
+
+
+def test_sequence_parallelism_without_tensor_parallelism_is_plain(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _rows(capsys, "--gpus", "2", "--chunks", "2", "--schedule", "gpipe", "--checkpoint", "never",
+                 "--sequence-parallel", "off,on")
+    assert rows and not any(r["sequence_parallel"] for r in rows)
+
+
+@pytest.mark.parametrize(("model", "flags", "needle"), [
+    ("resnet101", ["--sequence-parallel", "on", "--tensor-parallel", "1"], "--sequence-parallel on needs a built-in"),
+    (SMALL, ["--sequence-parallel", "yes"], "--sequence-parallel: unknown value 'yes'"),
+    (SMALL, ["--tensor-parallel", "3"], "3"),
+    (SMALL, ["--tensor-parallel", "16", "--gpus", "16"], "node"),
+])
+def test_bad_input_is_one_line_before_any_work(capsys: pytest.CaptureFixture[str], model: str, flags: list[str],
+                                               needle: str) -> None:
+    args = ["plan", "--model", model, "--batch", "32", "--hardware", "a100-80gb", "--gpus", "4", *flags]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
