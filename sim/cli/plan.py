@@ -97,8 +97,9 @@ def add_parser(subparsers: Any) -> None:
                    help=f"GPU counts to try, e.g. 1,2,4,8 (required, but {BUYER_GPUS} with --target-throughput)")
     p.add_argument("--hardware", required=True, metavar="NAME",
                    help="catalog device (see gpipe-sim hardware); several, comma-separated, with --target-throughput")
-    p.add_argument("--target-throughput", type=float, default=None, metavar="SAMPLES",
-                   help="samples/s to reach: answer with the cheapest configuration per device that reaches it")
+    p.add_argument("--target-throughput", default=None, metavar="RATE",
+                   help="samples/s to reach (40, or 40samples), or tokens/s for a gpt or llama model (2e6tokens): "
+                        "answer with the cheapest configuration per device that reaches it")
     p.add_argument("--balance", default=None, metavar="LIST",
                    help="layers per stage, pinned (a published partition); only that many stages run")
     p.add_argument("--replicas", default=None, metavar="LIST", help="data-parallel copies to allow, e.g. 1")
@@ -342,9 +343,7 @@ def _training(args: argparse.Namespace, device: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Count the model, sweep, print the table (or JSON) and write the files; return the exit status."""
-    target = args.target_throughput
-    if target is not None:
-        number("--target-throughput", target, unit="samples/s", positive=True, maximum=MAX_PRICE)
+    target = _target(args.target_throughput, args.model) if args.target_throughput is not None else None
     if args.batch is None and target is None:
         raise CommandError("--batch is required (the global batch, samples per step)")
     if args.gpus is None and target is None:
@@ -375,10 +374,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _target(text: str, model: str) -> float:
+    """``--target-throughput`` in samples/s: a number of samples/s, or of tokens/s with the suffix ``tokens``."""
+    value = text.strip().lower().removesuffix("/s")
+    unit = "tokens" if value.endswith("tokens") else "samples"
+    try:
+        rate = float(value.removesuffix(unit).strip())
+    except ValueError:
+        raise CommandError(f"--target-throughput takes samples/s (40, 40samples) or tokens/s (2e6tokens), got "
+                           f"{text!r}") from None
+    number("--target-throughput", rate, unit=f"{unit}/s", positive=True, maximum=MAX_PRICE * 1e6)
+    if unit == "samples":
+        return rate
+    tokens = _tokens(model)
+    if tokens is None:
+        raise CommandError(f"--target-throughput in tokens/s needs a model with a sequence (gpt or llama); give "
+                           f"{model} a target in samples/s")
+    return rate / tokens
+
+
 def _print_answers(answers: list[Answer]) -> None:
     first = answers[0].plan
-    print(f"{first.model}: batch {first.batch}, target {answers[0].target:g} samples/s; the cheapest configuration "
-          "per device that reaches it and fits")
+    tokens = first.tokens_per_sample
+    goal = f"{answers[0].target * tokens:,.0f} tokens/s ({answers[0].target:g} samples/s)" if tokens else \
+        f"{answers[0].target:g} samples/s"
+    print(f"{first.model}: batch {first.batch}, target {goal}; the cheapest configuration per device that reaches it "
+          "and fits")
     for a in answers:
         r = a.row
         if r is None:
@@ -386,9 +407,7 @@ def _print_answers(answers: list[Answer]) -> None:
             continue
         cost = f", ${a.dollars_per_hour:.2f}/h, ${r.cost_per_million:.2f} per million samples" \
             if a.dollars_per_hour is not None and r.cost_per_million is not None else ""
-        print(f"  {a.plan.device}: {r.gpus} GPUs as {r.stages} stages x {r.replicas} replicas, {r.chunks} chunks, "
-              f"{r.schedule} (v={r.virtual}), checkpoint {r.checkpoint}: {r.throughput:.1f} samples/s, "
-              f"{_bytes(r.peak_memory_bytes)} GiB peak per device{cost}")
+        print(f"  {a.plan.device}: {describe(r)}, {_bytes(r.peak_memory_bytes)} GiB peak per device{cost}")
 
 
 def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tuple[Plan, Any]:

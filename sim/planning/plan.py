@@ -207,7 +207,8 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
     ran = {r.schedule for r in rows}
     missing = {s: why.get(s, "no configuration") for s in schedules if s not in ran}
     return Plan(model_name, batch, dev.name, dev.memory_bytes, lk.name, policy.name, price_per_gpu_hour,
-                tuple(_mark_best(rows, objective)), missing, cluster.network.name if cluster.network else None)
+                tuple(_mark_best(rows, objective)), missing, cluster.network.name if cluster.network else None,
+                tokens_per_sample)
 
 
 def check_zero_stages(zero: Sequence[int]) -> None:

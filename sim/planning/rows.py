@@ -123,6 +123,7 @@ class Plan:
     rows: tuple[PlanRow, ...]
     missing: Mapping[str, str] = field(default_factory=dict)
     network: str | None = None
+    tokens_per_sample: int | None = None
 
     @property
     def best(self) -> PlanRow | None:
@@ -135,4 +136,4 @@ class Plan:
                 "device_memory_bytes": self.device_memory_bytes, "link": self.link,
                 "training": self.training, "price_per_gpu_hour": self.price_per_gpu_hour,
                 "best": best.to_dict() if best else None, "rows": [r.to_dict() for r in self.rows],
-                "missing": dict(self.missing), "network": self.network}
+                "missing": dict(self.missing), "network": self.network, "tokens_per_sample": self.tokens_per_sample}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
-import json
 from pathlib import Path
 
 import numpy as np

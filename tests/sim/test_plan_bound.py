@@ -50,3 +50,13 @@ def test_a_deep_pipeline_of_one_micro_batch_is_bound_by_its_bubble() -> None:
                   schedules=["gpipe"], stages=[4])
     (row,) = result.rows
     assert row.bound == "bubble" and row.bubble_fraction > 0.5
+
+
+def test_workers_give_the_rows_of_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [sweep workers]: the sweep split over forked processes returns the same rows, in the same order."""
+    monkeypatch.setattr("sim.planning.sweep.MIN_PER_WORKER", 4)
+    kwargs = dict(training="fp16-adam", chunks=[1, 2, 4], checkpoints=["never", "always"], zero=[0, 1],
+                  tokens_per_sample=128)
+    one = plan(_profile(1), 16, "a100-80gb", [1, 2, 4], FAST, workers=1, **kwargs)  # type: ignore[arg-type]
+    two = plan(_profile(1), 16, "a100-80gb", [1, 2, 4], FAST, workers=2, **kwargs)  # type: ignore[arg-type]
+    assert len(one.rows) > 8 and one == two

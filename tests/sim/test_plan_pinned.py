@@ -57,3 +57,24 @@ def test_bad_input_is_one_line_before_any_work(capsys: pytest.CaptureFixture[str
     code = main(args)
     err = capsys.readouterr().err
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_target_in_tokens_is_a_target_in_samples_of_the_sequence(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["plan", "--model", SMALL, "--hardware", "a100-80gb,h100-sxm", "--gpus", "1,2", "--chunks", "2",
+             "--schedule", "gpipe", "--checkpoint", "never", "--no-progress", "--json", "--target-throughput"]
+    assert main([*flags, "12800tokens"]) == 0  # 128 tokens a sample
+    tokens = json.loads(capsys.readouterr().out)
+    assert main([*flags, "100"]) == 0
+    samples = json.loads(capsys.readouterr().out)
+    assert tokens == samples and tokens[0]["target_throughput"] == 100
+
+
+@pytest.mark.parametrize(("model", "target", "needle"), [
+    ("resnet101", "1000tokens", "needs a model with a sequence"),
+    (SMALL, "fast", "--target-throughput takes samples/s"),
+    (SMALL, "-5tokens", "--target-throughput"),
+])
+def test_a_bad_target_is_one_line(capsys: pytest.CaptureFixture[str], model: str, target: str, needle: str) -> None:
+    code = main(["plan", "--model", model, "--hardware", "a100-80gb", f"--target-throughput={target}"])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
