@@ -9,7 +9,7 @@ Layout (Note [layout]): a GPU's index is ``replica * (p * t) + device * t + rank
 Tensor-parallel groups stay in a node, consecutive stages fill a node before crossing, replicas are outermost. A
 stage-to-stage copy between nodes goes on the network at one GPU's share of its node's ports
 (``ports * port bandwidth / gpus_per_node``), inside a node on the link. The data-parallel all-reduce of a stage is
-hierarchical when its group spans nodes (:func:`sim.planning.replicas.hierarchical_allreduce_seconds`), and so are
+hierarchical when its group spans nodes (:func:`sim.planning.collectives.hierarchical_allreduce_seconds`), and so are
 ZeRO's reduce-scatter and all-gather (:mod:`sim.planning.zero`).
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from sim.core.link import LinkSpec
-from sim.planning.replicas import (
+from sim.planning.collectives import (
     allgather_seconds,
     allreduce_seconds,
     hierarchical_allgather_seconds,

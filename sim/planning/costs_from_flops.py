@@ -28,6 +28,7 @@ import torch
 
 from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
 from sim.core.link import LinkSpec
+from sim.planning.collectives import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
 from sim.planning.counts import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -41,7 +42,6 @@ from sim.planning.counts import (
 from sim.planning.flops import ModelProfile, OpTable
 from sim.planning.hardware import DeviceSpec
 from sim.planning.recompute import core_table
-from sim.planning.replicas import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
 from sim.planning.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
 
 __all__ = ["KERNEL_SECONDS", "TRAINING", "FlopCosts", "Training", "effective_efficiency", "training_policy"]

@@ -16,12 +16,12 @@ from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 from sim.planning.cluster import Cluster
+from sim.planning.collectives import allreduce_seconds, hierarchical_allreduce_seconds
 from sim.planning.counts import ModelProfile
 from sim.planning.flops import count_layers
 from sim.planning.hardware import get_link
 from sim.planning.models import get_model
 from sim.planning.plan import plan
-from sim.planning.replicas import allreduce_seconds, hierarchical_allreduce_seconds
 
 LINK = LinkSpec("in-node", 1e-6, 200e9)
 PORT = LinkSpec("port", 5e-6, 25e9)

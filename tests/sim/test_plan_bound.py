@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from sim.core.link import LinkSpec
+from sim.planning.collectives import allreduce_seconds
 from sim.planning.costs_from_flops import FlopCosts
 from sim.planning.counts import ModelProfile
 from sim.planning.hardware import get_device
 from sim.planning.models import get_model
 from sim.planning.plan import plan
-from sim.planning.replicas import allreduce_seconds
 
 SMALL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
 FAST = LinkSpec("fast", 1e-7, 1e13)

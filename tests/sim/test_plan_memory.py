@@ -15,11 +15,12 @@ from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 from sim.planning.buyer import answer, cheapest
+from sim.planning.collectives import allreduce_seconds
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.memory import SEGMENT_BYTES, device_memory, round_block, round_segment, workspace_bytes
 from sim.planning.models.unet import unet, unet_sample
 from sim.planning.plan import plan
-from sim.planning.replicas import allreduce_seconds, step_seconds
+from sim.planning.replicas import step_seconds
 
 S, C = 1000, 10
 

@@ -15,6 +15,7 @@ import torch
 
 from sim.cli import main
 from sim.core.link import LinkSpec
+from sim.planning.collectives import allreduce_seconds
 from sim.planning.costs_from_flops import FlopCosts
 from sim.planning.counts import COLLECTIVE, MATMUL, ModelProfile, OpTable
 from sim.planning.flops import count_layers
@@ -23,7 +24,6 @@ from sim.planning.models import get_model
 from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
 from sim.planning.models.llama import LlamaConfig, llama, llama_sample
 from sim.planning.plan import check_tensor_parallel, plan
-from sim.planning.replicas import allreduce_seconds
 from sim.planning.roofline import shape_factor
 
 H, A, S, V = 256, 8, 128, 1000  # hidden, heads, tokens, vocabulary of the small GPT

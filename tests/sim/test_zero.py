@@ -15,16 +15,16 @@ from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 from sim.planning.cluster import Cluster
-from sim.planning.costs_from_flops import TRAINING, Training, training_policy
-from sim.planning.replicas import (
+from sim.planning.collectives import (
     allgather_seconds,
     allreduce_seconds,
     hierarchical_allgather_seconds,
     hierarchical_allreduce_seconds,
     hierarchical_reduce_scatter_seconds,
     reduce_scatter_seconds,
-    step_seconds,
 )
+from sim.planning.costs_from_flops import TRAINING, Training, training_policy
+from sim.planning.replicas import step_seconds
 from sim.planning.zero import (
     ZERO_STAGES,
     Collective,
