@@ -154,7 +154,7 @@ def _flatten(tables: Sequence[OpTable]) -> _Flat:
     return _Flat(flops, nbytes, starts, counts == 0, kinds, collective, dims)
 
 
-#: The ring that prices each collective: ``(bytes, ranks, link) -> seconds`` (:mod:`sim.planning.replicas`).
+#: The ring that prices each collective: ``(bytes, ranks, link) -> seconds`` (:mod:`sim.planning.collectives`).
 _RING = {ALL_REDUCE: allreduce_seconds, REDUCE_SCATTER: reduce_scatter_seconds, ALL_GATHER: allgather_seconds}
 
 
