@@ -16,7 +16,8 @@ An operator that a GPU runs as several kernels, or in several passes over its in
 those kernels (Note [one operator, several kernels]); dropout is counted as a GPU runs it (Note [dropout on meta]),
 attention in its math form (Note [attention on meta]). A tensor-parallel collective's marker
 (:mod:`sim.planning.tensor_parallel`) is a COLLECTIVE whose bytes are its whole message; a fused kernel
-of the ``gpipe_sim`` namespace is one kernel (Note [fused kernels]).
+of the ``gpipe_sim`` namespace is one kernel (Note [fused kernels]), FlashAttention's a matrix multiply with the
+FLOPs it executes (Note [flash attention]).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 # decomposes into its math form, two ``bmm`` per head and a softmax, which the counter sees as matrix
 # products: 4·b·s²·h FLOPs forward, twice that backward, the same as a fused kernel does without
 # recomputation. What it saves for backward is the math form's (the s×s probabilities), an upper bound
-# for a flash kernel's.
+# for a flash kernel's; the decoders' ``attention="flash"`` is FlashAttention itself (Note [flash attention]).
 class _Recorder(TorchDispatchMode):
     """Appends an :data:`Op` for every non-free ATen operator to ``ops``; ``memory_bound``: names of operators
     to count as memory-bound besides :data:`MEMORY_BOUND_OPERATORS` (Note [no free operators]); ``groups``
@@ -93,7 +94,9 @@ class _Recorder(TorchDispatchMode):
         outputs = _tensors(out)
         if qualified in FUSED_KERNELS:  # Note [fused kernels]
             traffic = float(sum(map(_tensor_bytes, inputs)) + sum(map(_tensor_bytes, outputs)))
-            self.ops.append((0.0, traffic, FUSED_KERNELS[qualified], 0.0, 0.0, 0.0))
+            pass_ = _FLASH_PASSES.get(qualified)
+            work = (0.0, 0.0, 0.0, 0.0) if pass_ is None else _flash_attention(_arg(args, kwargs, 0, "q"), pass_)
+            self.ops.append((work[0], traffic, FUSED_KERNELS[qualified], *work[1:]))
             return out
         packet = func._overloadpacket
         kernels = _kernels(packet, args, kwargs, out)
@@ -175,7 +178,38 @@ FUSED_KERNELS = {
     "gpipe_sim::causal_softmax": VECTOR_MATH, "gpipe_sim::causal_softmax_backward": VECTOR_MATH,
     "gpipe_sim::bias_gelu": VECTOR_MATH, "gpipe_sim::bias_gelu_backward": VECTOR_MATH,
     "gpipe_sim::bias_dropout_add": MEMORY_BOUND,
+    "gpipe_sim::flash_attention": MATMUL, "gpipe_sim::flash_attention_backward": MATMUL,
 }
+
+
+# Note [flash attention]: FlashAttention (Dao et al., 2022; FlashAttention-2, Dao, 2023) computes causal attention
+# in tiles held on chip, one kernel each way (Note [flash attention] in :mod:`sim.planning.models.gpt`):
+#   FLOPs     the kernel's own: 4·b·a·s²·d forward for the s×s score and output products, halved, since the causal
+#             kernel skips the tiles above the diagonal; backward 2.5 times that (five s×s-sized products to the
+#             forward's two: the scores again, dV, dP, dQ, dK). FlashAttention's benchmarks count so
+#             (``flops`` in its benchmarks/benchmark_flash_attention.py). PaLM's and Megatron-LM's MFU count the full
+#             square, 4·b·s²·h forward, for a causal model too; the math form counts that. A decoder's counts then
+#             sum to 6·N + 7·l·h·s FLOPs per token (l·h·s of it the backward's second pass over the scores), where
+#             the math form's sum to PaLM's 6·N + 12·l·h·s.
+#   bytes     reads q, k, v (and o, its gradient and the logsumexp in the backward), writes o, the logsumexp and the
+#             dropout's seed (dq, dk, dv in the backward): no s×s tensor goes through memory.
+#   rate      a matrix multiply of shape M = b·a·s query rows, N = s keys, K = d, as the math form's Q K^T ``bmm``
+#             is recorded (Note [GEMM shape]), so the roofline prices it as those batched GEMMs per FLOP, no better.
+#             On the catalog's tensor-core roofline (half_dim 128; Note [GEMM shape factor] in sim.planning.roofline)
+#             a head width of 128 halves the rate: about 0.34 of peak, FlashAttention-2's on an H100 (35%, as
+#             Shah et al., 2024, FlashAttention-3, report it), below its 50-73% on an A100 (Dao, 2023) and
+#             FlashAttention-3's up to 75% on an H100. A lower bound for Hopper's own kernels, then; a roofline
+#             calibrated on the device moves it with the GEMMs. The gain over the math form is the FLOPs, bytes and
+#             kernels it skips.
+#: What each FlashAttention kernel executes, in multiples of the forward's FLOPs (Note [flash attention]).
+_FLASH_PASSES = {"gpipe_sim::flash_attention": 1.0, "gpipe_sim::flash_attention_backward": 2.5}
+
+
+def _flash_attention(q: torch.Tensor, multiple: float) -> tuple[float, float, float, float]:
+    """FLOPs and GEMM dimensions ``M, N, K`` of a FlashAttention kernel on ``q`` (B, T, A, d), ``multiple`` times
+    the causal forward's ``2·b·a·s²·d`` (Note [flash attention])."""
+    b, s, a, d = (int(n) for n in q.shape)
+    return multiple * 2.0 * b * a * s * s * d, float(b * a * s), float(s), float(d)
 
 
 class UnknownOperatorError(ValueError):

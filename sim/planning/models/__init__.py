@@ -3,12 +3,17 @@
 Specs::
 
     gpt:1.3b          a GPT-3 size (125m, 350m, 760m, 1.3b, 2.7b, 6.7b, 13b, 175b)
-    gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F][,kernels=megatron]
-                      a GPT of that shape (F, the MLP's inner width, is 4H unless given); kernels=megatron runs
-                      Megatron-LM's fused kernels (Note [Megatron's kernels] in sim.planning.models.gpt)
+    gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F]
+                      a GPT of that shape (F, the MLP's inner width, is 4H unless given)
     llama:8b          a Llama 3 size (8b, 70b, 405b), at 8192 tokens
     llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V
                       a Llama-style decoder of that shape (K key/value heads shared by A query heads)
+
+    options, after a size or among a shape's keys (gpt:175b,attention=flash; llama:70b,attention=flash):
+    attention=flash   FlashAttention, one kernel each way that keeps no s x s tensor (gpt and llama; Note [flash
+                      attention] in sim.planning.models.gpt); attention=math, the default, writes it out
+    kernels=megatron  Megatron-LM's fused kernels (gpt; Note [Megatron's kernels] in sim.planning.models.gpt);
+                      kernels=eager, the default, runs every operator as its own kernel
     resnet101         ResNet-101 in torchgpipe's 370-layer flattening
     unet:B,C          U-Net (B, C): B convolutions per block, C channels at the top (unet = unet:5,64)
     amoebanet:L,D     AmoebaNet-D (L, D): L normal cells, D filters (amoebanet = amoebanet:18,256)
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TypeVar
 
 import torch
@@ -42,17 +48,20 @@ __all__ = ["KNOWN", "ModelSpec", "get_model"]
 _C = TypeVar("_C")
 
 #: The spec forms :func:`get_model` understands, for messages and ``--help``.
-KNOWN = ("gpt:" + "|".join(CONFIGS), "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F][,kernels=megatron]",
-         "llama:" + "|".join(LLAMA_CONFIGS), "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V",
+KNOWN = ("gpt:" + "|".join(CONFIGS) + "[,kernels=megatron][,attention=flash]",
+         "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F][,kernels=megatron][,attention=flash]",
+         "llama:" + "|".join(LLAMA_CONFIGS) + "[,attention=flash]",
+         "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V[,attention=flash]",
          "resnet101", "unet:B,C", "amoebanet:L,D")
 
 # The keys of a shape spec, in their canonical order, each with the config field it sets.
 _GPT_KEYS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "ffn": "ffn", "seq": "seq_len",
-             "vocab": "vocab_size", "kernels": "kernels"}
-# The keys whose value is a word, with the words each takes (the first is the default, left out of a canonical name).
-_WORDS = {"kernels": ("eager", "megatron")}
+             "vocab": "vocab_size", "kernels": "kernels", "attention": "attention"}
+# The keys whose value is a word, with the words each takes (the first is the default, left out of a canonical name);
+# the options, which a size takes after it too.
+_WORDS = {"kernels": ("eager", "megatron"), "attention": ("math", "flash")}
 _LLAMA_KEYS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "kv-heads": "n_kv_head", "ffn": "ffn",
-               "seq": "seq_len", "vocab": "vocab_size"}
+               "seq": "seq_len", "vocab": "vocab_size", "attention": "attention"}
 
 
 @dataclass(frozen=True)
@@ -131,7 +140,7 @@ def _shape(spec: str, arg: str, keys: dict[str, str], optional: tuple[str, ...] 
     """``key=value`` pairs after the ':' as config fields; every key of ``keys`` but ``optional`` is required. A key
     of :data:`_WORDS` takes one of its words, every other key an integer >= 1."""
     given: dict[str, int | str] = {}
-    for item in arg.split(","):
+    for item in arg.split(",") if arg else ():
         key, eq, value = (part.strip() for part in item.partition("="))
         if not eq or not key:
             raise KeyError(f"model {spec!r}: expected key=value pairs, got {item.strip()!r}")
@@ -164,6 +173,39 @@ def _canonical(family: str, cfg: object, keys: dict[str, str], skip: tuple[str, 
                                    if k not in skip and getattr(cfg, f) != _WORDS.get(k, (None,))[0])
 
 
+def _options(keys: dict[str, str]) -> dict[str, str]:
+    """Of a family's ``keys``, the options (:data:`_WORDS`) a size takes after it."""
+    return {k: f for k, f in keys.items() if k in _WORDS}
+
+
+def _size(arg: str) -> tuple[str, str] | None:
+    """A size and the options after it (``"70b"``, ``"attention=flash"``); ``None`` for a shape spec."""
+    size, _, options = arg.partition(",")
+    return None if "=" in size else (size.strip(), options)
+
+
+def _size_options(spec: str, options: str, keys: dict[str, str]) -> dict[str, int | str]:
+    """The options after a size as config fields (:func:`_shape` of the family's options).
+
+    Raises:
+        KeyError: a key that is not an option (a shape's key: a shape is given whole, every key).
+    """
+    allowed = _options(keys)
+    for item in options.split(",") if options else ():
+        key = item.partition("=")[0].strip()
+        if key not in allowed:
+            raise KeyError(f"model {spec!r}: a size takes only {', '.join(allowed)} after it, not {key!r}; for "
+                           f"another shape, expected key=value pairs for every key ({', '.join(keys)})")
+    return _shape(spec, options, allowed, optional=tuple(_WORDS))
+
+
+def _sized_name(family: str, size: str, cfg: object, keys: dict[str, str]) -> str:
+    """The canonical name of a size with options: the size, then the options not at their default in canonical
+    order."""
+    words = [f"{k}={getattr(cfg, f)}" for k, f in _options(keys).items() if getattr(cfg, f) != _WORDS[k][0]]
+    return ",".join([f"{family}:{size}", *words])
+
+
 def _config(spec: str, kind: Callable[..., _C], fields: dict[str, int | str]) -> _C:
     """``kind(**fields)``, its refusal prefixed with the spec."""
     try:
@@ -173,13 +215,17 @@ def _config(spec: str, kind: Callable[..., _C], fields: dict[str, int | str]) ->
 
 
 def _gpt(spec: str, arg: str) -> ModelSpec:
-    if "=" in arg:
-        cfg = _config(spec, GPTConfig, _shape(spec, arg, _GPT_KEYS, optional=("ffn", "kernels")))
+    sized = _size(arg)
+    if sized is None:
+        cfg = _config(spec, GPTConfig, _shape(spec, arg, _GPT_KEYS, optional=("ffn", *_WORDS)))
         name = _canonical("gpt", cfg, _GPT_KEYS, skip=("ffn",) if cfg.d_ff == 4 * cfg.d_model else ())
         title = "GPT"
     else:
-        key = arg or "125m"
-        cfg, name, title = gpt_config(key), f"gpt:{key}", f"GPT-3 {key.upper()}"
+        key = sized[0] or "125m"
+        options = _size_options(spec, sized[1], _GPT_KEYS)
+        cfg = _config(spec, partial(replace, gpt_config(key)), options)
+        name = _sized_name("gpt", key, cfg, _GPT_KEYS)
+        title = f"GPT-3 {key.upper()}"
     return _gpt_spec(name, title, cfg)
 
 
@@ -192,7 +238,7 @@ def _shard(t: int, sequence_parallel: bool) -> str:
 
 def _gpt_spec(name: str, title: str, cfg: GPTConfig) -> ModelSpec:
     shard = _shard(cfg.tensor_parallel, cfg.sequence_parallel)
-    kernels = ", Megatron-LM's fused kernels" if cfg.kernels == "megatron" else ""
+    kernels = _flash(cfg.attention) + (", Megatron-LM's fused kernels" if cfg.kernels == "megatron" else "")
     return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
                      f"MLP {cfg.d_ff}, {cfg.seq_len} tokens{kernels}{shard})", lambda: gpt(cfg),
                      lambda b, d: gpt_sample(cfg, b, d),
@@ -202,19 +248,28 @@ def _gpt_spec(name: str, title: str, cfg: GPTConfig) -> ModelSpec:
 
 
 def _llama(spec: str, arg: str) -> ModelSpec:
-    if "=" in arg:
-        cfg = _config(spec, LlamaConfig, _shape(spec, arg, _LLAMA_KEYS))
+    sized = _size(arg)
+    if sized is None:
+        cfg = _config(spec, LlamaConfig, _shape(spec, arg, _LLAMA_KEYS, optional=tuple(_WORDS)))
         name, title = _canonical("llama", cfg, _LLAMA_KEYS), "Llama-style decoder"
     else:
-        key = arg or "8b"
-        cfg, name, title = llama_config(key), f"llama:{key}", f"Llama 3 {key.upper()}"
+        key = sized[0] or "8b"
+        options = _size_options(spec, sized[1], _LLAMA_KEYS)
+        cfg = _config(spec, partial(replace, llama_config(key)), options)
+        name = _sized_name("llama", key, cfg, _LLAMA_KEYS)
+        title = f"Llama 3 {key.upper()}"
     return _llama_spec(name, title, cfg)
+
+
+def _flash(attention: str) -> str:
+    """What a description adds for the attention."""
+    return ", FlashAttention" if attention == "flash" else ""
 
 
 def _llama_spec(name: str, title: str, cfg: LlamaConfig) -> ModelSpec:
     shard = _shard(cfg.tensor_parallel, cfg.sequence_parallel)
     return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
-                     f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens{shard})",
+                     f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens{_flash(cfg.attention)}{shard})",
                      lambda: llama(cfg), lambda b, d: llama_sample(cfg, b, d),
                      lambda t, sp: _llama_spec(name, title, replace(cfg, tensor_parallel=t, sequence_parallel=sp)),
                      _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, False) if cfg.attention == "math" else None,

@@ -9,7 +9,22 @@ Layers (pre-LayerNorm, as GPT-2 and GPT-3)::
 Note [attention]: ``attention="math"`` (the default) writes attention out as Megatron-LM did in
 Korthikanti et al. (2022): QK^T, scale, causal mask, softmax, dropout, times V. What it keeps for
 backward is their ``s·b·h·(34 + 5·a·s/h)`` bytes per layer in 16-bit precision. ``attention="sdpa"``
-calls ``F.scaled_dot_product_attention`` (the fused kernel on a GPU); both count the same FLOPs.
+calls ``F.scaled_dot_product_attention`` (the fused kernel on a GPU); both count the same FLOPs, and on meta the same
+bytes (Note [attention on meta] in :mod:`sim.planning.operators`). ``attention="flash"`` is FlashAttention.
+
+Note [flash attention]: ``attention="flash"`` runs attention as FlashAttention (Dao et al., 2022; Dao, 2023) does,
+one custom operator each way (``gpipe_sim::flash_attention`` and its backward) that the counter sees as one kernel
+(:mod:`sim.planning.operators`, Note [flash attention] there, for its FLOPs, bytes and rate). It takes q, k and v in
+the (B, T, heads, d) layout of ``flash_attn_func``, views of the QKV projection's output, and keeps for backward only
+q, k, v, its output (which is also the output projection's input, so one copy) and each row's logsumexp in float32:
+the backward computes the scores and probabilities again, so no ``s × s`` tensor is kept. Dropout on the
+probabilities runs inside the kernel from a seed it returns (FlashAttention's ``rng_state``, two int64s kept for the
+backward when there is dropout), so no mask is kept either. A block then keeps ``s·b·h·34 + 4·a·s·b`` bytes in 16 bits
+(``s·b·h·(10 + 24/t) + 4·a·s·b/t`` on one of t ranks, ``(34·s·b·h + 4·a·s·b)/t`` with sequence parallelism), plus
+16 bytes of seed: Korthikanti et al.'s form less its ``5·a·s²·b``, the probabilities (2 bytes each), the dropout's
+mask (1) and its output (2), plus the logsumexp. With no ``s × s`` core there is nothing for selective recompute to
+drop (the model has no attention core). With ``kernels="megatron"`` attention is this kernel and the other fusions
+are unchanged. On the CPU the operator computes exactly what the math form does, so the gradients agree.
 
 Note [Megatron's kernels]: ``kernels="megatron"`` runs the block as Megatron-LM (2021) did by default, with its fused
 kernels: the scale, causal mask and softmax of the scores in one kernel (its ``scaled_upper_triang_masked_softmax``),
@@ -49,7 +64,9 @@ gathers the tokens before its GEMM. A rank's saved activations per block are ``s
 FLOPs the shard's without it. ``t`` must divide the tokens ``s`` too.
 
 References: Brown et al. (2020), "Language Models are Few-Shot Learners", Table 2.1; Korthikanti et
-al. (2022), "Reducing Activation Recomputation in Large Transformer Models"; Shoeybi et al. (2019),
+al. (2022), "Reducing Activation Recomputation in Large Transformer Models"; Dao et al. (2022), "FlashAttention: Fast
+and Memory-Efficient Exact Attention with IO-Awareness"; Dao (2023), "FlashAttention-2: Faster Attention with Better
+Parallelism and Work Partitioning"; Shoeybi et al. (2019),
 "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model Parallelism"; Narayanan et al. (2021),
 "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", section 4.2 (the fused kernels);
 Karpathy's minGPT.
@@ -68,7 +85,10 @@ from torch import nn
 
 from sim.planning.tensor_parallel import column_parallel, reduce_from_tensor_parallel, scatter_to_sequence_parallel
 
-__all__ = ["CONFIGS", "GPTConfig", "gpt", "gpt_config", "gpt_sample"]
+__all__ = ["ATTENTIONS", "CONFIGS", "GPTConfig", "flash_attention", "gpt", "gpt_config", "gpt_sample"]
+
+#: The attention forms a decoder runs: the math form, PyTorch's fused one, FlashAttention (Note [attention]).
+ATTENTIONS = ("math", "sdpa", "flash")
 
 
 def check_sequence_parallel(sequence_parallel: bool, t: int, seq_len: int) -> None:
@@ -98,7 +118,7 @@ class GPTConfig:
         vocab_size: 50257, GPT-2's byte-level BPE that GPT-3 kept.
         ffn: the MLP's inner width (F); ``None`` for ``4 * d_model``, GPT-3's at every size.
         dropout: 0.1 as in GPT-2; the dropout masks are part of what training keeps.
-        attention: ``"math"`` or ``"sdpa"`` (see Note [attention]).
+        attention: ``"math"``, ``"sdpa"`` (see Note [attention]) or ``"flash"`` (Note [flash attention]).
         kernels: ``"eager"``, every operator its own kernel, or ``"megatron"``, Megatron-LM's fused kernels (Note
             [Megatron's kernels]).
         tensor_parallel: ranks a layer is split over; the model built is one rank's shard (Note [tensor parallel]).
@@ -113,7 +133,7 @@ class GPTConfig:
     vocab_size: int = 50257
     ffn: int | None = None
     dropout: float = 0.1
-    attention: Literal["math", "sdpa"] = "math"
+    attention: Literal["math", "sdpa", "flash"] = "math"
     kernels: Literal["eager", "megatron"] = "eager"
     tensor_parallel: int = 1
     sequence_parallel: bool = False
@@ -126,8 +146,8 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.ffn must be >= 1, got {self.ffn}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} does not divide into n_head={self.n_head} heads")
-        if self.attention not in ("math", "sdpa"):
-            raise ValueError(f"attention must be 'math' or 'sdpa', got {self.attention!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be 'math', 'sdpa' or 'flash', got {self.attention!r}")
         if self.kernels not in ("eager", "megatron"):
             raise ValueError(f"kernels must be 'eager' or 'megatron', got {self.kernels!r}")
         t = self.tensor_parallel
@@ -304,6 +324,117 @@ bias_gelu.register_autograd(_gelu_grad, setup_context=_gelu_context)
 bias_dropout_add.register_autograd(_dropout_add_grad, setup_context=_dropout_add_context)
 
 
+# -- FlashAttention (Note [flash attention]) -----------------------------------------------------------------------
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The logsumexp's dtype: float32 for 16-bit inputs, as FlashAttention keeps it, or the inputs' if wider."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _causal_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """The scaled scores (B, A, T, T) of ``q`` (B, T, A, d) against ``k`` (B, T, K, d), the future at -inf; query
+    head ``i`` reads key head ``i // (A/K)``."""
+    group = q.shape[2] // k.shape[2]
+    keys = k.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, A, T, d)
+    scores = (q.transpose(1, 2) @ keys.transpose(-2, -1)) * scale
+    future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(future, float("-inf"))
+
+
+def _dropout_keep(rng_state: torch.Tensor | None, shape: torch.Size, p: float, device: torch.device
+                  ) -> torch.Tensor | None:
+    """The dropout's keep-mask, drawn again from its seed (``rng_state[0]``); ``None`` without dropout."""
+    if rng_state is None or p <= 0:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(rng_state[0]))
+    return torch.rand(shape, generator=generator, device=device) >= p
+
+
+@torch.library.custom_op("gpipe_sim::flash_attention", mutates_args=())
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Causal attention of ``q`` (B, T, A, d) over ``k`` and ``v`` (B, T, K, d), K dividing A, one kernel.
+
+    Returns the output (B, T, A, d), each query row's logsumexp of its scaled scores (B, A, T; float32 for 16-bit
+    inputs) and the seed and offset of the dropout applied to the probabilities (two int64s, FlashAttention's
+    ``rng_state``; offset 0 here).
+    """
+    rng_state = torch.zeros(2, dtype=torch.int64, device=q.device)
+    if dropout_p > 0:
+        rng_state[0] = torch.randint(2**62, (), device=q.device)
+    scores = _causal_scores(q, k, scale)
+    lse = torch.logsumexp(scores.to(_lse_dtype(q.dtype)), dim=-1)  # (B, A, T)
+    probs = torch.exp(scores.to(lse.dtype) - lse.unsqueeze(-1)).to(q.dtype)
+    keep = _dropout_keep(rng_state, probs.shape, dropout_p, q.device)
+    if keep is not None:
+        probs = probs * keep * _dropout_scale(dropout_p)
+    values = v.transpose(1, 2).repeat_interleave(q.shape[2] // k.shape[2], dim=1)  # (B, A, T, d)
+    return (probs @ values).transpose(1, 2).contiguous(), lse, rng_state
+
+
+@torch.library.custom_op("gpipe_sim::flash_attention_backward", mutates_args=())
+def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                             lse: torch.Tensor, grad: torch.Tensor, rng_state: torch.Tensor | None, scale: float,
+                             dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of :func:`flash_attention`'s ``q``, ``k`` and ``v`` from its output's gradient, one kernel that
+    computes the probabilities again from the scores and ``lse`` (and the dropout's mask from its seed)."""
+    b, t, a, d = q.shape
+    heads = k.shape[2]
+    group = a // heads
+    probs = torch.exp(_causal_scores(q, k, scale).to(lse.dtype) - lse.unsqueeze(-1)).to(q.dtype)  # (B, A, T, T)
+    keep = _dropout_keep(rng_state, probs.shape, dropout_p, q.device)
+    kept = probs if keep is None else probs * keep * _dropout_scale(dropout_p)
+    grad_h = grad.transpose(1, 2)  # (B, A, T, d)
+    values = v.transpose(1, 2).repeat_interleave(group, dim=1)
+    grad_probs = grad_h @ values.transpose(-2, -1)  # (B, A, T, T)
+    if keep is not None:
+        grad_probs = grad_probs * keep * _dropout_scale(dropout_p)
+    rowsum = (grad_h * out.transpose(1, 2)).sum(-1, keepdim=True)  # = sum_j P_ij dP_ij, from o (FlashAttention-2)
+    grad_scores = probs * (grad_probs - rowsum) * scale
+    keys = k.transpose(1, 2).repeat_interleave(group, dim=1)
+    grad_q = grad_scores @ keys  # (B, A, T, d)
+    grad_k = (grad_scores.transpose(-2, -1) @ q.transpose(1, 2)).view(b, heads, group, t, d).sum(2)  # (B, K, T, d)
+    grad_v = (kept.transpose(-2, -1) @ grad_h).view(b, heads, group, t, v.shape[-1]).sum(2)
+    return (grad_q.transpose(1, 2).contiguous(), grad_k.transpose(1, 2).contiguous(),
+            grad_v.transpose(1, 2).contiguous())
+
+
+@flash_attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+      dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    b, t, a, _ = q.shape
+    return (q.new_empty(b, t, a, v.shape[-1]), q.new_empty(b, a, t, dtype=_lse_dtype(q.dtype)),
+            q.new_empty(2, dtype=torch.int64))
+
+
+@flash_attention_backward.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
+      rng_state: torch.Tensor | None, scale: float, dropout_p: float
+      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _flash_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    q, k, v, ctx.scale, ctx.p = inputs
+    out, lse, rng_state = output
+    ctx.mark_non_differentiable(lse, rng_state)
+    ctx.set_materialize_grads(False)  # no zero gradients made for lse and the seed
+    ctx.save_for_backward(q, k, v, out, lse, *((rng_state,) if ctx.p > 0 else ()))  # no s x s tensor
+
+
+def _flash_grad(ctx: Any, grad: torch.Tensor | None, _: Any, __: Any) -> tuple[torch.Tensor | None, ...]:
+    if grad is None:  # the output unused
+        return None, None, None, None, None
+    q, k, v, out, lse, *rng_state = ctx.saved_tensors
+    seed = rng_state[0] if rng_state else None
+    return (*flash_attention_backward(q, k, v, out, lse, grad, seed, ctx.scale, ctx.p), None, None)
+
+
+flash_attention.register_autograd(_flash_grad, setup_context=_flash_context)
+
+
 # -- the decoder ---------------------------------------------------------------------------------------------------
 
 
@@ -344,7 +475,7 @@ class Attention(nn.Module):
         self.attn_drop = nn.Dropout(cfg.dropout)
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.p = cfg.dropout
-        self.math = cfg.attention == "math"
+        self.attention = cfg.attention
         self.fused = cfg.kernels == "megatron"
         self.sequence_parallel = cfg.sequence_parallel
         # True above the diagonal: the future a token may not see. A buffer, so it is model state.
@@ -358,21 +489,23 @@ class Attention(nn.Module):
         c = self.n_head * hd  # C / t
         (qkv,) = column_parallel(x, [(self.qkv.weight, self.qkv.bias)], self.group, self.sequence_parallel)
         b, t, _ = qkv.shape  # every token, with sequence parallelism too
-        q, k, v = qkv.split(c, dim=2)  # each (B, T, C/t)
-        q = q.view(b, t, self.n_head, hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = k.view(b, t, self.n_head, hd).transpose(1, 2)
-        v = v.view(b, t, self.n_head, hd).transpose(1, 2)
-        if self.math and self.fused:
-            att = self.attn_drop(causal_softmax(q @ k.transpose(-2, -1), 1.0 / math.sqrt(hd)))  # (B, nh, T, T)
-            y = att @ v  # (B, nh, T, hd)
-        elif self.math:
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, nh, T, T)
-            att = att.masked_fill(self.future[:t, :t], float("-inf"))
-            att = self.attn_drop(F.softmax(att, dim=-1))
-            y = att @ v  # (B, nh, T, hd)
+        q, k, v = (z.view(b, t, self.n_head, hd) for z in qkv.split(c, dim=2))  # each (B, T, nh, hd), a view
+        p = self.p if self.training else 0.0
+        if self.attention == "flash":  # the output's layout is the projection's input (Note [flash attention])
+            y = flash_attention(q, k, v, 1.0 / math.sqrt(hd), p)[0].view(b, t, c)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(b, t, c)  # (B, T, C/t)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hd)
+            if self.attention == "sdpa":
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            elif self.fused:
+                att = self.attn_drop(causal_softmax(q @ k.transpose(-2, -1), 1.0 / math.sqrt(hd)))  # (B, nh, T, T)
+                y = att @ v  # (B, nh, T, hd)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # (B, nh, T, T)
+                att = att.masked_fill(self.future[:t, :t], float("-inf"))
+                att = self.attn_drop(F.softmax(att, dim=-1))
+                y = att @ v  # (B, nh, T, hd)
+            y = y.transpose(1, 2).contiguous().view(b, t, c)  # (B, T, C/t)
         if self.fused:  # the bias after the all-reduce, in bias_dropout_add
             out = reduce_from_tensor_parallel(F.linear(y, self.proj.weight), self.group, self.sequence_parallel)
             return bias_dropout_add(out, self.proj.bias, residual, self.p if self.training else 0.0)[0]

@@ -12,7 +12,10 @@ Note [grouped attention]: the ``G = A / K`` query heads of a group share one key
 stacks a group's queries along the rows, (B, K, G·T, d) against (B, K, T, d) keys, so one matrix product per
 group serves all its heads and the keys and values are never copied G times; a fused kernel keeps them once
 too. The FLOPs are those of A full heads, 4·b·s²·C forward, as in :mod:`~sim.planning.models.gpt`.
-``attention="sdpa"`` calls ``F.scaled_dot_product_attention(..., enable_gqa=True)``.
+``attention="sdpa"`` calls ``F.scaled_dot_product_attention(..., enable_gqa=True)``. ``attention="flash"`` runs
+:mod:`~sim.planning.models.gpt`'s FlashAttention operator (Note [flash attention] there) on the rotated q (A heads) and
+k and on v (K heads each), without dropout: it reads and keeps the keys and values once, and keeps q, its output and
+the logsumexp but no ``s × s`` probabilities (the math form's ``2·a·s²·b`` bytes less the logsumexp's ``4·a·s·b``).
 
 Note [RMSNorm on meta]: ``nn.RMSNorm`` has no single ATen operator on meta; it runs as its decomposition (a
 square, a mean, an add, a reciprocal square root and two products), so the counter sees six memory-bound
@@ -44,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.planning.models.gpt import check_sequence_parallel, decoder, token_ids
+from sim.planning.models.gpt import ATTENTIONS, check_sequence_parallel, decoder, flash_attention, token_ids
 from sim.planning.tensor_parallel import column_parallel, reduce_from_tensor_parallel
 
 __all__ = ["CONFIGS", "LlamaConfig", "llama", "llama_config", "llama_sample"]
@@ -64,7 +67,7 @@ class LlamaConfig:
         vocab_size: 128256, the released tokenizer's (128000 tokens, as Table 3 rounds it, and 256 special ones).
         rope_theta: RoPE's base frequency; 500000 in Llama 3.
         norm_eps: RMSNorm's epsilon; 1e-5 as in the released models.
-        attention: ``"math"`` or ``"sdpa"`` (see Note [grouped attention]).
+        attention: ``"math"``, ``"sdpa"`` or ``"flash"`` (see Note [grouped attention]).
         tensor_parallel: ranks a layer is split over; the model built is one rank's shard (Note [tensor parallel]).
         sequence_parallel: split the tokens between the tensor-parallel regions over the ranks too (Note [tensor
             parallel]); needs ``tensor_parallel > 1``.
@@ -79,7 +82,7 @@ class LlamaConfig:
     vocab_size: int = 128256
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
-    attention: Literal["math", "sdpa"] = "math"
+    attention: Literal["math", "sdpa", "flash"] = "math"
     tensor_parallel: int = 1
     sequence_parallel: bool = False
 
@@ -93,8 +96,8 @@ class LlamaConfig:
             raise ValueError(f"heads of d_model/n_head={self.d_model // self.n_head} are odd; RoPE needs an even width")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head={self.n_head} does not divide into n_kv_head={self.n_kv_head} groups")
-        if self.attention not in ("math", "sdpa"):
-            raise ValueError(f"attention must be 'math' or 'sdpa', got {self.attention!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be 'math', 'sdpa' or 'flash', got {self.attention!r}")
         t = self.tensor_parallel
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise ValueError(f"tensor_parallel must be an integer >= 1, got {t!r}")
@@ -201,7 +204,7 @@ class Attention(nn.Module):
         self.k = nn.Linear(cfg.d_model, kv, bias=False)
         self.v = nn.Linear(cfg.d_model, kv, bias=False)
         self.o = nn.Linear(width, cfg.d_model, bias=False)  # row-parallel
-        self.math = cfg.attention == "math"
+        self.attention = cfg.attention
         self.sequence_parallel = cfg.sequence_parallel
         # Buffers, so they are model state and follow the model's device; not saved with its weights.
         cos, sin = _rope_tables(cfg)
@@ -221,7 +224,10 @@ class Attention(nn.Module):
         v = v.view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
         cos, sin = self.cos[:t], self.sin[:t]
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        if self.math:
+        if self.attention == "flash":  # in flash_attn_func's layout, (B, T, heads, d): views
+            y = flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 1.0 / math.sqrt(d), 0.0)[0]
+            return reduce_from_tensor_parallel(self.o(y.view(b, t, c)), self.group, self.sequence_parallel)
+        if self.attention == "math":
             q = q.reshape(b, k_heads, g * t, d)  # a group's query heads stacked along the rows
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))  # (B, K, G·T, T)
             att = att.view(b, k_heads, g, t, t).masked_fill(self.future[:t, :t], float("-inf"))
