@@ -56,8 +56,9 @@ class PlanRow:
         sequence_parallel: LayerNorms and dropouts split over the tensor-parallel ranks by tokens.
         simulated: false for a configuration that does not fit (Note [not simulated]).
         tokens_per_second: ``throughput`` times the tokens in a sample; ``None`` for a model without a sequence.
-        mfu: model FLOPs utilisation: the model's FLOPs per step (forward and backward, no recompute) per second,
-            over the dense peak of every GPU of the configuration in the compute dtype.
+        mfu: model FLOPs utilisation: the model's FLOPs per step (forward and backward, no recompute, as its
+            counted kernels execute them: a causal FlashAttention counts the half of the scores it computes) per
+            second, over the dense peak of every GPU of the configuration in the compute dtype.
         hfu: hardware FLOPs utilisation: as ``mfu`` with the recomputed forward FLOPs counted too.
         bound: what bounds the step: the largest of ``compute``, ``bubble`` (devices idle inside the pipeline),
             ``tensor-parallel`` (its collectives), ``data-parallel`` (traffic the backward left exposed) and
