@@ -365,7 +365,7 @@ def _state_only(stages: Sequence[StageCost], mine: Sequence[int]) -> MemoryParts
 # rows come back in the sweep's order, the same as one process gives. Workers run no torch and no BLAS, so forking
 # after torch was imported is safe; below ``MIN_PER_WORKER`` configurations a worker costs more than it saves.
 MIN_PER_WORKER = 200
-_RUNS_PER_WORKER = 4  # runs per worker: a worker with slow runs hands over the rest
+_RUNS_PER_WORKER = 16  # runs per worker: a worker with slow runs hands over the rest
 _forked: Sweep | None = None  # the sweep a forked worker inherits
 
 
