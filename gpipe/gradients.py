@@ -7,7 +7,10 @@ summed per partition, and the pipeline's autograd node hands them to the engine,
 
 A split backward (``B`` then ``W``, Note [split backward] in :mod:`gpipe.split`) sends its parameters'
 gradients to the same places: ``W`` differentiates the parameters alone, so a tensor that requires grad inside a
-layer without being a parameter gets no ``.grad`` there.
+layer without being a parameter gets no ``.grad`` there. What its ``B`` tasks learn of each partition's graphs
+(Note [learnt split]) lives as long as this object, one run: a step learns each shape once, whatever its number of
+micro-batches, and the parameters a run differentiates (those that require grad, those the caller asked for) are
+fixed for it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from gpipe.split import WeightGrads, backward_input
+from gpipe.split import SplitPlans, WeightGrads, backward_input
 
 __all__ = ["Gradients"]
 
@@ -31,6 +34,7 @@ class Gradients:
         self.wanted: list[list[bool]] | None = None  # per partition, the parameters to differentiate (None: all)
         self.param_grads: list[list[tuple[Tensor, bool] | None]] = [[None] * len(ps) for ps in self.params]
         self.differentiable: list[Tensor] = []  # forward(): the input leaves, then every parameter (_Wait's inputs)
+        self.plans: list[SplitPlans | None] = [None] * len(partitions)  # per partition, made by its first B
 
     def asked(self, asked: Sequence[bool] | None) -> None:
         """Where the backward's parameter gradients go: ``asked`` says, per input leaf and parameter of
@@ -71,7 +75,10 @@ class Gradients:
         if not pairs:
             return [None] * len(leaves), None
         outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
-        return backward_input(outs, grads, leaves, self._wanted(j))
+        plans = self.plans[j]
+        if plans is None:  # asked() came before any backward
+            plans = self.plans[j] = SplitPlans(self._wanted(j))
+        return backward_input(outs, grads, leaves, plans.params, plans)
 
     def weight_grads(self, j: int, kept: WeightGrads | None) -> None:
         """``W`` of a split backward of partition ``j``: its parameters' gradients as the caller asked (Note

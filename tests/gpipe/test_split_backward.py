@@ -139,6 +139,37 @@ def test_shared_weights_and_in_place_layers_give_the_plain_gradients(shared: boo
     assert b.count + w.count == plain + (2 if shared else 0)
 
 
+class _Heads(nn.Module):
+    """Two Linears side by side on one input, summed (as a layer's q, k and v read one input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.a(x) + self.b(x)
+
+
+def test_side_by_side_weights_share_one_call_of_w() -> None:
+    """The heads' entries reach no parameter of each other, so W runs them in one engine call (Note [one call per
+    group]); the Linear below them, which both reach, gets its own. B + W still run one backward's matmuls."""
+    torch.manual_seed(0)
+    stage = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), _Heads())
+    x, grad = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8)
+    plain, expected, expected_x = _plain(stage, x, grad)
+    leaf = x.detach().requires_grad_()
+    out = stage(leaf)
+    with _Matmuls() as b:
+        (found,), kept = backward_input([out], [grad], [leaf], list(stage.parameters()))
+    assert len(kept.groups) == 2
+    with _Matmuls() as w:
+        kept.accumulate()
+    assert (b.count, w.count) == (3, 3) and plain == 6
+    torch.testing.assert_close(found, expected_x)
+    for p, q in zip(stage.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, q)
+
+
 def _counting(model: nn.Module) -> list[int]:
     """Count, on any thread, the matmuls each Linear's backward node computes: its input's and its weight's."""
     count = [0]
