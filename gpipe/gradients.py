@@ -8,9 +8,9 @@ summed per partition, and the pipeline's autograd node hands them to the engine,
 A split backward (``B`` then ``W``, Note [split backward] in :mod:`gpipe.split`) sends its parameters'
 gradients to the same places: ``W`` differentiates the parameters alone, so a tensor that requires grad inside a
 layer without being a parameter gets no ``.grad`` there. What its ``B`` tasks learn of each partition's graphs
-(Note [learnt split]) lives as long as this object, one run: a step learns each shape once, whatever its number of
-micro-batches, and the parameters a run differentiates (those that require grad, those the caller asked for) are
-fixed for it.
+(Note [learnt split]) lives in the :class:`gpipe.split.StagePlans` the caller gives, the pipeline's, across steps
+(Note [plans across steps]); a run picks each partition's plans once, at its first ``B``, for the parameters it
+differentiates (those that require grad, those the caller asked for), which are fixed for the run.
 """
 
 from __future__ import annotations
@@ -20,21 +20,28 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from gpipe.split import SplitPlans, WeightGrads, backward_input
+from gpipe.split import SplitPlans, StagePlans, WeightGrads, backward_input
 
 __all__ = ["Gradients"]
 
 
 class Gradients:
-    """One run's parameter gradients, per partition (Note [gradients the caller asked for])."""
+    """One run's parameter gradients, per partition (Note [gradients the caller asked for]).
 
-    def __init__(self, partitions: Sequence[nn.Module]) -> None:
+    Args:
+        partitions: the pipeline's.
+        learnt: per partition, the split plans of earlier runs (Note [plans across steps] in :mod:`gpipe.split`);
+            ``None``: this run's own, learnt afresh.
+    """
+
+    def __init__(self, partitions: Sequence[nn.Module], learnt: Sequence[StagePlans] | None = None) -> None:
         self.params = [[p for p in partition.parameters() if p.requires_grad] for partition in partitions]
         self.collect = False  # True: into param_grads for _Wait to return; False: into .grad
         self.wanted: list[list[bool]] | None = None  # per partition, the parameters to differentiate (None: all)
         self.param_grads: list[list[tuple[Tensor, bool] | None]] = [[None] * len(ps) for ps in self.params]
         self.differentiable: list[Tensor] = []  # forward(): the input leaves, then every parameter (_Wait's inputs)
-        self.plans: list[SplitPlans | None] = [None] * len(partitions)  # per partition, made by its first B
+        self.learnt = list(learnt) if learnt is not None else [StagePlans() for _ in partitions]
+        self.plans: list[SplitPlans | None] = [None] * len(partitions)  # per partition, picked by its first B
 
     def asked(self, asked: Sequence[bool] | None) -> None:
         """Where the backward's parameter gradients go: ``asked`` says, per input leaf and parameter of
@@ -77,7 +84,7 @@ class Gradients:
         outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
         plans = self.plans[j]
         if plans is None:  # asked() came before any backward
-            plans = self.plans[j] = SplitPlans(self._wanted(j))
+            plans = self.plans[j] = self.learnt[j].get(self._wanted(j))
         return backward_input(outs, grads, leaves, plans.params, plans)
 
     def weight_grads(self, j: int, kept: WeightGrads | None) -> None:

@@ -9,10 +9,11 @@ Note [what a run is given]: the schedule is not part of the description. Each st
 (``chunks`` micro-batches, or fewer for a small batch; ``forward()`` in eval mode and under ``no_grad`` runs
 without checkpoints), so the checkpoint policy reaches a run inside its :class:`gpipe.schedule.Schedule`.
 
-Note [learnt state]: ``draws`` and ``writes_input`` are the only fields whose contents change: runs learn,
-per partition, which layers draw random numbers (Note [learning which layers draw] in :mod:`gpipe.rng`) and
-whether the partition writes its input in place (Note [entering a partition] in :mod:`gpipe.interpreter`). What
-they learnt belongs to this pipeline: the description never swaps them for other objects.
+Note [learnt state]: ``draws``, ``writes_input`` and ``split_plans`` are the only fields whose contents change: runs
+learn, per partition, which layers draw random numbers (Note [learning which layers draw] in :mod:`gpipe.rng`),
+whether the partition writes its input in place (Note [entering a partition] in :mod:`gpipe.interpreter`) and how
+its backward splits (Note [plans across steps] in :mod:`gpipe.split`). What they learnt belongs to this pipeline:
+the description never swaps them for other objects.
 
 Note [placed stages]: a worker is one schedule device and runs every stage the schedule places there, each on
 its partition's device; the stages of one worker must share a torch device and CPU cores (one thread, one
@@ -32,6 +33,7 @@ from torch import nn
 from gpipe.rng import Draws
 from gpipe.schedule import Schedule
 from gpipe.skip.layout import SkipLayout
+from gpipe.split import StagePlans
 
 __all__ = ["Pipeline"]
 
@@ -53,6 +55,7 @@ class Pipeline:
         draws: which layers of each partition draw random numbers (Note [learnt state]).
         writes_input: per partition, whether it writes its input in place; ``None`` until a training
             task has learnt it (Note [learnt state]).
+        split_plans: per partition, how its split backwards split, by graph shape (Note [learnt state]).
     """
 
     partitions: tuple[nn.Sequential, ...]
@@ -63,6 +66,7 @@ class Pipeline:
     copy_streams: Mapping[torch.device, Any]
     draws: Draws
     writes_input: list[bool | None]
+    split_plans: tuple[StagePlans, ...]
 
     @classmethod
     def of(cls, partitions: Sequence[nn.Sequential], devices: Sequence[torch.device], skip_layout: SkipLayout, *,
@@ -73,7 +77,7 @@ class Pipeline:
         streams = {d: torch.cuda.Stream(d) for d in dict.fromkeys(devices) if d.type == "cuda"}
         return cls(tuple(partitions), tuple(devices), skip_layout,
                    None if cpu_affinity is None else tuple(cpu_affinity), switch_interval, MappingProxyType(streams),
-                   Draws(partitions), [None] * len(partitions))
+                   Draws(partitions), [None] * len(partitions), tuple(StagePlans() for _ in partitions))
 
     def workers(self, schedule: Schedule) -> tuple[list[torch.device], list[frozenset[int] | None] | None]:
         """The torch device and CPU cores of each of ``schedule``'s devices (Note [placed stages]).

@@ -19,6 +19,13 @@ data-dependent branch, an input shape that dispatches another operator, a parame
 is a function of the shape alone, so reusing it gives what learning again would. The walk is the only per-node
 Python left in ``B``.
 
+Note [plans across steps]: a shape names parameters by their place in :attr:`SplitPlans.params`, so a stage's plans
+hold for one set of parameters; :class:`StagePlans` keeps a stage's plans across steps, one :class:`SplitPlans` per
+set its steps differentiate (all that require grad; another after a weight is frozen or ``backward(inputs=...)``
+names a few), keyed by the parameters' identities, which stay unique while the :class:`SplitPlans` holds them. Both
+are bounded, the sets by :attr:`StagePlans.limit` and each set's shapes by :attr:`SplitPlans.limit`, so a graph that
+changes every step re-learns without growing.
+
 Note [one call per group]: ``W`` makes one engine call per group, or one for several groups where no root of one
 reaches a parameter of another (branches side by side, as a layer's q, k and v projections). The engine runs every
 node on a path from a root to a requested parameter, so one call from two entries of a chain would recompute the
@@ -39,7 +46,7 @@ from torch import Tensor
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from torch.autograd.variable import Variable
 
-__all__ = ["SplitPlans", "WeightGrads", "backward_input"]
+__all__ = ["SplitPlans", "StagePlans", "WeightGrads", "backward_input"]
 
 Edge = tuple[int, int]  # an edge into a node of the walk: its index and which of its inputs; -1: not in the graph
 Shape = tuple[tuple[type, ...], tuple[tuple[int, ...], ...], tuple[Edge, ...], tuple[Edge, ...], tuple[Edge, ...]]
@@ -99,7 +106,7 @@ class SplitPlans:
         limit: shapes kept; the oldest is dropped beyond (a stage whose graph alternates keeps both).
     """
 
-    def __init__(self, params: Sequence[Tensor], limit: int = 8) -> None:
+    def __init__(self, params: Sequence[Tensor], limit: int = 4) -> None:
         self.params = list(params)
         self.limit = limit
         self.plans: dict[Shape, _Plan] = {}
@@ -155,6 +162,29 @@ class SplitPlans:
                 del self.plans[next(iter(self.plans))]
             plan = self.plans[shape] = _learn(shape)
         return plan
+
+
+class StagePlans:
+    """One stage's :class:`SplitPlans` across steps, by the parameters they differentiate (Note [plans across steps]).
+
+    Args:
+        limit: parameter sets kept; the least recently asked for is dropped beyond.
+    """
+
+    def __init__(self, limit: int = 2) -> None:
+        self.limit = limit
+        self.sets: dict[tuple[int, ...], SplitPlans] = {}  # oldest first
+
+    def get(self, params: Sequence[Tensor]) -> SplitPlans:
+        """The plans of backwards that differentiate ``params`` (in this order): those learnt before, or new ones."""
+        key = tuple(map(id, params))
+        plans = self.sets.pop(key, None)
+        if plans is None:
+            if len(self.sets) >= self.limit:
+                del self.sets[next(iter(self.sets))]
+            plans = SplitPlans(params)
+        self.sets[key] = plans
+        return plans
 
 
 class WeightGrads:

@@ -91,7 +91,7 @@ class Run:
         self.step_seed = rng.step_seed() if any(p is None or p for p in self.draw_plan) else 0
         self.checkpoints = train and any(schedule.is_checkpointed(i) for i in range(schedule.m))
         self.outside: tuple[Any, ...] | None = None  # Python's and NumPy's random states when a phase starts
-        self.gradients = Gradients(self.partitions)  # Note [gradients the caller asked for] in gpipe.gradients
+        self.gradients = Gradients(self.partitions, pipeline.split_plans)  # Note [gradients the caller asked for]
         self.error: BaseException | None = None
         self.error_lock = threading.Lock()
         self.threads: list[threading.Thread] = []

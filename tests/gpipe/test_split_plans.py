@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 import gpipe.split
 from gpipe import GPipe
-from gpipe.split import SplitPlans, backward_input
+from gpipe.split import SplitPlans, StagePlans, backward_input
 
 
 def _counting_learns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -97,6 +97,26 @@ def test_a_static_stage_is_learnt_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert learns[0] == 1 and len(plans.plans) == 1
 
 
+def test_a_stage_keeps_a_few_parameter_sets_and_a_few_shapes_each() -> None:
+    """Note [plans across steps]: the plans of a set asked for again are the same object; beyond the limits the
+    least recently asked-for set, and the oldest shape of a set, are dropped."""
+    stage = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    every, first, last = list(stage.parameters()), list(stage[0].parameters()), list(stage[2].parameters())
+    kept = StagePlans(limit=2)
+    plans = kept.get(every)
+    assert kept.get(first) is not plans and kept.get(every) is plans
+    kept.get(last)  # drops ``first``, asked for before ``every``
+    assert len(kept.sets) == 2 and kept.get(every) is plans
+    for tanhs in range(6):  # six graphs of other shapes: 0 to 5 Tanh nodes on top
+        leaf = torch.randn(4, 8, requires_grad=True)
+        out = stage(leaf)
+        for _ in range(tanhs):
+            out = torch.tanh(out)
+        _, weights = backward_input([out], [torch.ones(4, 8)], [leaf], plans.params, plans)
+        weights.accumulate()
+    assert len(plans.plans) == plans.limit
+
+
 def test_a_branch_an_input_shape_and_a_python_function_are_learnt_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each graph gets its own plan, and each plan the plain gradients: the two branches differ in their parameters
     alone, a 3-d input runs the Linear as a matmul, and the Python function's node is an entry."""
@@ -154,7 +174,7 @@ def _signed(*shape: int) -> Tensor:
 @pytest.mark.parametrize(("schedule", "devices"), [("zb-h1", 2), ("zb-v", 2), ("dualpipe-v", 2)])
 def test_the_executor_follows_a_graph_that_changes_between_steps(schedule: str, devices: int) -> None:
     """Steps whose micro-batches take different branches, a step with 3-d inputs, and a step with a frozen weight:
-    each gives the plain model's gradients (the plans of one step are not trusted in the next)."""
+    each gives the plain model's gradients (the plans one step learnt serve the next only where its graphs match)."""
     model = _branchy()
     reference = copy.deepcopy(model)
     balance = [3, 3, 1, 1] if schedule != "zb-h1" else [4, 4]  # the branch in stage 1, which has inputs
@@ -175,6 +195,35 @@ def test_the_executor_follows_a_graph_that_changes_between_steps(schedule: str, 
             if q.grad is not None:
                 torch.testing.assert_close(p.grad, q.grad)
     assert all(model[4].taken) and model[4].taken == reference[4].taken  # both branches ran, alike
+
+
+@pytest.mark.parametrize(("schedule", "devices"), [("zb-h1", 2), ("zb-v", 2), ("dualpipe-v", 2)])
+def test_plans_last_across_steps_until_the_graph_changes(monkeypatch: pytest.MonkeyPatch, schedule: str,
+                                                        devices: int) -> None:
+    """Note [plans across steps]: two equal steps learn each stage's graph in the first alone; a third whose
+    micro-batches take the other branch learns that graph, and every step gives the plain model's gradients."""
+    learns = _counting_learns(monkeypatch)
+    model = _branchy()
+    reference = copy.deepcopy(model)
+    balance = [3, 3, 1, 1] if schedule != "zb-h1" else [4, 4]
+    pipe = GPipe(model, balance, devices=["cpu"] * devices, chunks=4, checkpoint="never", schedule=schedule)
+    torch.manual_seed(1)
+    x = _signed(8, 8).abs()  # every micro-batch positive
+    counts = []
+    for k in range(3):
+        step = x if k < 2 else -x
+        y = torch.randn(8, 8)
+        for m in (model, reference):
+            m.zero_grad(set_to_none=True)
+        _reference_step(reference, step, y, 4)
+        pipe.step(step, y, nn.functional.mse_loss)
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+        counts.append(learns[0])
+    # step 1 learns each stage with inputs (twice: its first micro-batch copies its input, Note [entering a
+    # partition] in gpipe.interpreter), step 2 nothing, step 3 the branch's stage alone
+    assert counts[0] == 2 * (len(balance) - 1) and counts[1:] == [counts[0], counts[0] + 1]
+    assert model[4].taken == [8, 4]
 
 
 class _Hooked(nn.Module):
