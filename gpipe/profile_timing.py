@@ -50,7 +50,7 @@ from gpipe.checks import check_positive
 from gpipe.phase import checkpointing
 from gpipe.profile_session import Device, TensorOrTensors, _call, _fresh, _session, _Step
 from gpipe.saved import SavedBytes
-from gpipe.split import backward_input
+from gpipe.split import SplitPlans, backward_input
 
 __all__ = ["RecordedSeconds", "time_recorded"]
 
@@ -129,20 +129,21 @@ def _timed_runs(steps: Sequence[_Step], cores: Sequence[Cores | None], warmup: i
     one kind of run over every block, then the next; ``streak`` runs of it in a row, Note [streaks]; ``split``:
     Note [split runs]); each with its ``..._issue`` seconds (Note [issue seconds])."""
     clocks = [_clock(step.device) for step in steps]
+    plans = [SplitPlans([p for p in step.block.parameters() if p.requires_grad]) for step in steps]  # Note [split runs]
     runs: list[list[list[dict[str, float]]]] = [[] for _ in steps]  # per block, per pass, per run of the streak
     for k in range(warmup + repeats):  # passes over all blocks, so a burst of noise hits one pass
         row = streak if k >= warmup else 1  # an untimed pass only warms up (Note [streaks])
         times: list[list[dict[str, float]]] = [[{} for _ in range(row)] for _ in steps]
         if plain:
-            for t, block in zip(times, _train_pass(steps, clocks, cores, streak=row, split=split), strict=True):
+            for t, block in zip(times, _train_pass(steps, clocks, cores, plans, streak=row, split=split), strict=True):
                 for s, (f, b, w, fi, bi, wi) in zip(t, block, strict=True):
                     s.update(forward=f, backward=b, weight=w, forward_issue=fi, backward_issue=bi, weight_issue=wi)
         for t, step, clock, where in zip(times, steps, clocks, cores, strict=True):
             for s, (n, ni) in zip(t, _nograd_runs(step, clock, where, row), strict=True):
                 s["nograd"], s["nograd_issue"] = n, ni
         if recorded:
-            for t, block in zip(times, _train_pass(steps, clocks, cores, recorded=True, streak=row, split=split),
-                                strict=True):
+            for t, block in zip(times, _train_pass(steps, clocks, cores, plans, recorded=True, streak=row,
+                                                   split=split), strict=True):
                 for s, (f, b, w, fi, bi, wi) in zip(t, block, strict=True):
                     s.update(forward_recorded=f, backward_recorded=b, weight_recorded=w, forward_recorded_issue=fi,
                              backward_recorded_issue=bi, weight_recorded_issue=wi)
@@ -161,10 +162,13 @@ Times = tuple[float, float, float, float, float, float]  # forward, backward, we
 # ``split=True`` times the two with the executor's own functions, one after the other on one graph: ``backward``
 # is the ``B`` part (0 for a block whose input needs no gradient, as the first stage's, whose ``B`` only hands
 # the outputs to ``W``) and ``weight`` the ``W`` part (0 for a block without trainable parameters); without it
-# ``weight`` is 0.
+# ``weight`` is 0. Each block keeps its split plans across passes, as the executor keeps a stage's across steps
+# (Note [plans across steps] in gpipe.split), and learns its graph's before its first ``B``, untimed: the times are
+# the executor's in steady state, where every ``B`` finds its plan.
 
 def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence[Cores | None],
-                recorded: bool = False, streak: int = 1, split: bool = False) -> list[list[Times]]:
+                plans: Sequence[SplitPlans], recorded: bool = False, streak: int = 1,
+                split: bool = False) -> list[list[Times]]:
     """Per block, ``streak`` times (Note [streaks]): the seconds of a grad-enabled forward, of its backward and
     of its weight gradient (``split``, Note [split runs]; else 0), in a step's order (Note [run order]), then
     the issue seconds of each (Note [issue seconds]).
@@ -187,9 +191,9 @@ def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence
                 built.append((forward, issue, tensors, [torch.ones_like(t) for t in tensors], inputs))
         graphs.append(built)
     times: list[list[Times]] = []
-    for step, clock, where, built in reversed(list(zip(steps, clocks, cores, graphs, strict=True))):
+    for step, clock, where, built, learnt in reversed(list(zip(steps, clocks, cores, graphs, plans, strict=True))):
         block: list[Times] = []
-        params = [p for p in step.block.parameters() if p.requires_grad]
+        params = learnt.params
         with pinned(where):
             for forward, issue, tensors, grads, inputs in reversed(built):
                 backward = backward_issue = weight = weight_issue = 0.0
@@ -197,8 +201,10 @@ def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence
                     backward, backward_issue, _ = clock(lambda: torch.autograd.backward(tensors, grads))  # noqa: B023
                 elif tensors:  # Note [split runs]: B then W, as the executor runs them (gpipe.split)
                     if inputs:
+                        if not learnt.plans:  # the block's first B: learns its plan untimed
+                            learnt.plan(learnt.walk(tensors, inputs)[0])
                         backward, backward_issue, (_, kept) = clock(
-                            lambda: backward_input(tensors, grads, inputs, params))  # noqa: B023
+                            lambda: backward_input(tensors, grads, inputs, params, learnt))  # noqa: B023
                     else:
                         _, kept = backward_input(tensors, grads, inputs, params)
                     if params:

@@ -11,8 +11,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+import gpipe.profile_timing
 import gpipe.split
 from gpipe import GPipe
+from gpipe.profile_timing import time_recorded
 from gpipe.split import SplitPlans, StagePlans, backward_input
 
 
@@ -224,6 +226,30 @@ def test_plans_last_across_steps_until_the_graph_changes(monkeypatch: pytest.Mon
     # partition] in gpipe.interpreter), step 2 nothing, step 3 the branch's stage alone
     assert counts[0] == 2 * (len(balance) - 1) and counts[1:] == [counts[0], counts[0] + 1]
     assert model[4].taken == [8, 4]
+
+
+def test_the_profiler_times_b_with_its_plan_learnt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [split runs] in gpipe.profile_timing: each block with an input to differentiate learns its plan once, in
+    its first B, outside the clock; every timed B finds it, as the executor's do after a stage's first step."""
+    learns = _counting_learns(monkeypatch)
+    clocked: list[int] = []
+    clock = gpipe.profile_timing._clock
+
+    def counting_clock(dev: torch.device) -> Any:
+        inner = clock(dev)
+
+        def timed(fn: Any) -> Any:
+            before = learns[0]
+            result = inner(fn)
+            clocked.append(learns[0] - before)
+            return result
+        return timed
+
+    monkeypatch.setattr(gpipe.profile_timing, "_clock", counting_clock)
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh())]
+    time_recorded(blocks, torch.randn(4, 8), warmup=0, repeats=3, streak=2, split=True)
+    assert learns[0] == 2 and clocked and not any(clocked)  # the ReLU's and the last block's, none while timed
 
 
 class _Hooked(nn.Module):
