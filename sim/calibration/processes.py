@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import os
 import queue
 import statistics
 import threading
@@ -215,6 +216,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
     [calibrated in the ranks]); rank 0 gets every recorded step and every rank's passes."""
     from gpipe.distributed import DistributedGPipe
 
+    _exit_with_parent()
     try:
         torch.set_num_threads(setup.threads or 1)
         keep_freed_memory()  # as the launcher's own process keeps it (Note [allocator] in sim.calibration.machine)
@@ -254,6 +256,20 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the launcher reports it
         results.put(("error", rank, traceback.format_exc()))
+
+
+# Note [orphaned ranks]: the launcher ends its ranks on its way out, Ctrl-C included (``_spawn``), but a launcher
+# killed outright (SIGKILL, the OOM killer) runs no code, and a rank training for many steps would go on alone,
+# holding a core. So each rank watches its parent and exits when it is gone (re-parented: ``getppid`` changes).
+def _exit_with_parent(every: float = 0.5) -> None:
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="gpipe-sim parent watch", daemon=True).start()
 
 
 def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float = 600.0,

@@ -3,6 +3,7 @@ stops every rank it spawned: SIGINT to the launcher alone, while the ranks train
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -61,8 +62,8 @@ def test_sigint_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     launcher = subprocess.Popen([sys.executable, "launch.py"], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
                                 text=True)
+    ranks: set[int] = set()
     try:
-        ranks: set[int] = set()
         deadline = time.monotonic() + 120
         while len(ranks) < 2 and time.monotonic() < deadline:  # the two ranks (and the queue's resource tracker)
             ranks = {p for p in _children(launcher.pid) if "spawn_main" in _command(p)}
@@ -77,5 +78,38 @@ def test_sigint_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert not any(_alive(p) for p in ranks)
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
+        _kill(launcher, ranks)
+
+
+def _kill(launcher: subprocess.Popen[str], ranks: set[int]) -> None:
+    """A failed test leaves no rank training (they run 100,000 steps)."""
+    if launcher.poll() is None:
+        launcher.kill()
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
+def test_a_killed_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
+    """Note [orphaned ranks]: SIGKILL runs none of the launcher's code; its ranks notice and exit."""
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    launcher = subprocess.Popen([sys.executable, "launch.py"], cwd=tmp_path, env=env, stderr=subprocess.DEVNULL,
+                                text=True)
+    ranks: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while len(ranks) < 2 and time.monotonic() < deadline:
+            ranks = {p for p in _children(launcher.pid) if "spawn_main" in _command(p)}
+            time.sleep(0.2)
+        assert len(ranks) == 2, f"the ranks never started: {launcher.poll()}"
+        time.sleep(1.0)
+        launcher.kill()
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 60  # a rank still importing torch watches once it starts
+        while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in ranks)
+    finally:
+        _kill(launcher, ranks)
