@@ -43,10 +43,11 @@ from torch import nn
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
 from sim.cli import CommandError
 from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedules_help
+from sim.cli.plan_table import print_answers, print_table
 from sim.cli.user_code import Target, blame, call, layer_failure, load_target
 from sim.core.size import check_simulation_size
 from sim.files import json_text
-from sim.planning.buyer import Answer, answer
+from sim.planning.buyer import answer
 from sim.planning.costs_from_flops import training_policy
 from sim.planning.flops import CountError, ModelProfile, count_layers
 from sim.planning.hardware import get_device
@@ -57,7 +58,6 @@ from sim.planning.plan import (
     MAX_CHUNKS,
     VIRTUAL,
     Plan,
-    PlanRow,
     check_request,
     check_tensor_parallel,
     default_training,
@@ -73,7 +73,6 @@ __all__ = ["add_parser", "load_model", "run"]
 BUILTIN_FAMILIES = ("gpt", "llama", "resnet101", "resnet", "unet", "amoebanet")
 DECODERS = ("gpt", "llama")  # the built-ins with a tensor-parallel split
 BUILTINS = "gpt:SIZE, llama:SIZE, gpt:layers=..., llama:layers=..., resnet101, unet:B,C, amoebanet:L,D"
-GiB = 2**30
 FILES = ("plan.json", "throughput.png", "memory.png")  # what --out receives
 BUYER_FILES = ("answer.json", "answer.png")  # what --out receives with --target-throughput
 BUYER_BATCH = 512  # the buyer's form without --batch: a common global batch for the GPT sizes
@@ -219,100 +218,6 @@ def _load(spec: str) -> tuple[str, nn.Sequential, Any, Target | None]:
     return spec, result[0], result[1], target
 
 
-def _bytes(n: float) -> str:
-    return f"{n / GiB:.1f}"
-
-
-def _number(value: float | None, spec: str, width: int) -> str:
-    """``value`` formatted, or a dash for a configuration that was not simulated (Note [not simulated])."""
-    if value is None or value != value:  # None or NaN
-        return f"{'-':>{width}}"
-    return f"{value:>{width}{spec}}"
-
-
-def _columns(result: Plan, width: int) -> list[tuple[str, int, Any]]:
-    """The table's columns: (title, width, row -> text); a dimension the plan does not vary is left out."""
-    rows = result.rows
-    tp = any(r.tensor_parallel > 1 for r in rows)  # the table of a plan without one keeps its columns
-    cols: list[tuple[str, int, Any]] = [
-        ("gpus", 4, lambda r: f"{r.gpus:>4}"),
-        ("tp x pp x dp" if tp else "pp x dp", 10 if tp else 7,
-         (lambda r: f"{r.tensor_parallel:>2}x{r.stages:>3}x{r.replicas:<3}") if tp else
-         (lambda r: f"{r.stages:>3}x{r.replicas:<3}")),
-        ("chunks", 6, lambda r: f"{r.chunks:>6}"),
-        ("mb", 5, lambda r: f"{r.microbatch:>5}"),
-        ("checkpoint", 11, lambda r: f"{r.checkpoint:>11}"),
-        ("sched", width, lambda r: f"{r.schedule:>{width}}"),
-        ("v", 2, lambda r: f"{r.virtual:>2}"),
-    ]
-    if any(r.zero for r in rows):
-        cols.append(("zero", 4, lambda r: f"{r.zero:>4}"))
-    if any(r.sequence_parallel for r in rows):
-        cols.append(("sp", 3, lambda r: f"{'on' if r.sequence_parallel else 'off':>3}"))
-    cols.append(("samples/s", 11, lambda r: _number(r.throughput, ".2f", 11)))
-    if any(r.tokens_per_second for r in rows):
-        cols.append(("tokens/s", 10, lambda r: _number(r.tokens_per_second, ".4g", 10)))
-    if any(r.mfu for r in rows):
-        cols.append(("MFU", 5, lambda r: _number(None if r.mfu is None else 100 * r.mfu, ".1f", 5)))
-    cols += [("step (s)", 9, lambda r: _number(r.step_seconds, ".4g", 9)),
-             ("bubble", 6, lambda r: _number(r.bubble_fraction, ".1%", 6)),
-             ("GiB/dev", 8, lambda r: f"{_bytes(r.peak_memory_bytes):>8}"),
-             ("fits", 4, lambda r: f"{'yes' if r.fits else 'OOM':>4}")]
-    if any(r.bound for r in rows):
-        cols.append(("bound", 15, lambda r: f"{r.bound:>15}"))
-    if result.price_per_gpu_hour is not None:
-        cols.append(("$/M samp", 9, lambda r: _number(r.cost_per_million, ".2f", 9)))
-    return cols
-
-
-def _balance(r: PlanRow) -> str:
-    text = ",".join(map(str, r.balance))
-    return text if len(text) <= 28 else text[:25] + "..."
-
-
-def _order(r: PlanRow) -> tuple[bool, float]:
-    """Fitting rows first, fastest first; then the rest, smallest peak first (they have no speed)."""
-    return (not r.fits, -r.throughput if r.fits else float(r.peak_memory_bytes))
-
-
-def print_table(result: Plan, top: int) -> None:
-    """Print the plan as a table, fastest first, ``top`` rows (the best row always among them)."""
-    rows = sorted(result.rows, key=_order)
-    shown = rows if top <= 0 else rows[:top]
-    if result.best is not None and result.best not in shown:
-        shown.append(result.best)
-    fitting = sum(r.fits for r in result.rows)
-    print(f"{result.model}: batch {result.batch} on {result.device} ({_bytes(result.device_memory_bytes)} GiB), "
-          f"link {result.link}{f', network {result.network}' if result.network else ''}, training {result.training}; "
-          f"{len(result.rows)} configurations, {fitting} fit")
-    cols = _columns(result, max(5, *(len(r.schedule) for r in shown)))
-    print("  " + " ".join(f"{title:>{w}}" if title not in ("tp x pp x dp", "pp x dp") else f"{title:<{w}}"
-                          for title, w, _ in cols) + "  balance")
-    for r in shown:
-        print(f"{'*' if r.best else ' '} " + " ".join(cell(r) for _, _, cell in cols) + f"  {_balance(r)}")
-    if len(shown) < len(rows):
-        print(f"  ... {len(rows) - len(shown)} more (--top 0 shows all, --json gives every row)")
-    for name, why in result.missing.items():
-        print(f"{name}: no configuration ran ({why})")
-    best = result.best
-    if best is None:
-        print("nothing fits in device memory: try more GPUs, more chunks with checkpointing, or a smaller batch")
-    else:
-        print(f"best: {describe(best)}")
-
-
-def describe(r: PlanRow) -> str:
-    """One configuration in words, with its speed."""
-    virtual = f" ({r.virtual} stages per device)" if r.virtual > 1 else ""
-    split = f"tensor parallel {r.tensor_parallel}{' with sequence parallelism' if r.sequence_parallel else ''} x " \
-        if r.tensor_parallel > 1 else ""
-    zero = f", ZeRO-{r.zero}" if r.zero else ""
-    tokens = f", {r.tokens_per_second:,.0f} tokens/s" if r.tokens_per_second else ""
-    mfu = f", MFU {r.mfu:.1%}" if r.mfu else ""
-    return (f"{r.gpus} GPUs as {split}{r.stages} stages x {r.replicas} replicas{zero}, {r.chunks} chunks, "
-            f"{r.schedule}{virtual}, checkpoint {r.checkpoint}: {r.throughput:.2f} samples/s{tokens}{mfu}")
-
-
 def _prices(text: str | None, devices: list[str]) -> dict[str, float | None]:
     """``--price``: one number for every device, or ``NAME=USD`` pairs."""
     out: dict[str, float | None] = dict.fromkeys(devices)
@@ -372,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json_text([a.to_dict() for a in answers]))
         return 0
-    _print_answers(answers)
+    print_answers(answers)
     return 0
 
 
@@ -393,23 +298,6 @@ def _target(text: str, model: str) -> float:
         raise CommandError(f"--target-throughput in tokens/s needs a model with a sequence (gpt or llama); give "
                            f"{model} a target in samples/s")
     return rate / tokens
-
-
-def _print_answers(answers: list[Answer]) -> None:
-    first = answers[0].plan
-    tokens = first.tokens_per_sample
-    goal = f"{answers[0].target * tokens:,.0f} tokens/s ({answers[0].target:g} samples/s)" if tokens else \
-        f"{answers[0].target:g} samples/s"
-    print(f"{first.model}: batch {first.batch}, target {goal}; the cheapest configuration per device that reaches it "
-          "and fits")
-    for a in answers:
-        r = a.row
-        if r is None:
-            print(f"  {a.plan.device}: nothing tried reaches the target and fits (try more --gpus)")
-            continue
-        cost = f", ${a.dollars_per_hour:.2f}/h, ${r.cost_per_million:.2f} per million samples" \
-            if a.dollars_per_hour is not None and r.cost_per_million is not None else ""
-        print(f"  {a.plan.device}: {describe(r)}, {_bytes(r.peak_memory_bytes)} GiB peak per device{cost}")
 
 
 def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tuple[Plan, Any]:
