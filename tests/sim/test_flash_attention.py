@@ -27,7 +27,8 @@ from torch import nn
 
 from sim.planning.counts import MATMUL, ModelProfile, OpTable
 from sim.planning.models import get_model
-from sim.planning.models.gpt import GPTConfig, flash_attention, gpt, gpt_sample
+from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
+from sim.planning.models.kernels import flash_attention
 from sim.planning.models.llama import LlamaConfig, llama, llama_sample
 from sim.planning.plan import plan
 

@@ -15,7 +15,8 @@ from torch import nn
 from sim.planning.counts import MEMORY_BOUND, VECTOR_MATH, ModelProfile
 from sim.planning.flops import count_layers
 from sim.planning.models import get_model
-from sim.planning.models.gpt import GPTConfig, bias_dropout_add, bias_gelu, causal_softmax, gpt, gpt_sample
+from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
+from sim.planning.models.kernels import bias_dropout_add, bias_gelu, causal_softmax
 from sim.planning.recompute import core_table
 
 H, A, S, V = 256, 8, 128, 1000

@@ -47,7 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.planning.models.gpt import ATTENTIONS, check_sequence_parallel, decoder, flash_attention, token_ids
+from sim.planning.models.gpt import ATTENTIONS, check_sequence_parallel, decoder, token_ids
+from sim.planning.models.kernels import flash_attention
 from sim.planning.tensor_parallel import column_parallel, reduce_from_tensor_parallel
 
 __all__ = ["CONFIGS", "LlamaConfig", "llama", "llama_config", "llama_sample"]
