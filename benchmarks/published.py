@@ -83,12 +83,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpipe.schedule import gpipe  # noqa: E402
 from sim.core.config import SimConfig  # noqa: E402
 from sim.core.engine import simulate  # noqa: E402
-from sim.planning.costs_from_flops import FlopCosts, training_policy  # noqa: E402
+from sim.planning.costs_from_flops import FlopCosts  # noqa: E402
 from sim.planning.flops import ModelProfile, count_layers  # noqa: E402
 from sim.planning.hardware import DeviceSpec, get_device, get_link  # noqa: E402
 from sim.planning.models.gpt import CONFIGS, gpt, gpt_sample  # noqa: E402
 from sim.planning.models.resnet import resnet101, resnet_sample  # noqa: E402
 from sim.planning.plan import block_partition  # noqa: E402
+from sim.planning.training import training_policy  # noqa: E402
 
 DATASET = 50_000  # samples per epoch in torchgpipe's benchmark
 BASELINE = 95.862  # samples/s, one P40, batch 118, no pipeline

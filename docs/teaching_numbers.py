@@ -63,8 +63,8 @@ def _memory(simulate: Callable[..., Any], table: Table) -> dict[str, str]:
 
 
 def _model_state(table: Table) -> dict[str, str]:
-    from sim.planning.costs_from_flops import TRAINING
     from sim.planning.models.gpt import gpt_config
+    from sim.planning.training import TRAINING
 
     params = gpt_config("13b").parameters
     rows = [[f"`{t.name}`", str(t.weight_bytes), str(t.gradient_bytes), str(t.optimizer_bytes),
@@ -95,9 +95,9 @@ def _activations(table: Table) -> dict[str, str]:
 
 def _traffic(plan_result: Any, table: Table) -> dict[str, str]:
     """Bytes one GPU sends per step in the planner's fastest configurations, by kind of parallelism."""
-    from sim.planning.costs_from_flops import TRAINING
     from sim.planning.hardware import get_link
     from sim.planning.models.gpt import gpt_config
+    from sim.planning.training import TRAINING
 
     cfg = gpt_config("13b")
     s, h, layers, word = cfg.seq_len, cfg.d_model, cfg.n_layer, 2  # bf16

@@ -48,7 +48,6 @@ from sim.cli.user_code import Target, blame, call, layer_failure, load_target
 from sim.core.size import check_simulation_size
 from sim.files import json_text
 from sim.planning.buyer import answer
-from sim.planning.costs_from_flops import training_policy
 from sim.planning.flops import CountError, ModelProfile, count_layers
 from sim.planning.hardware import get_device
 from sim.planning.memory import COPY_STREAMS
@@ -66,6 +65,7 @@ from sim.planning.plan import (
     resolve_network,
 )
 from sim.planning.recompute import CHECKPOINTS
+from sim.planning.training import training_policy
 from sim.planning.zero import ZERO_STAGES
 
 __all__ = ["add_parser", "load_model", "run"]

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
 from sim.core.link import LinkSpec
@@ -43,8 +42,9 @@ from sim.planning.flops import ModelProfile, OpTable
 from sim.planning.hardware import DeviceSpec
 from sim.planning.recompute import core_table
 from sim.planning.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
+from sim.planning.training import Training, training_policy
 
-__all__ = ["KERNEL_SECONDS", "TRAINING", "FlopCosts", "Training", "effective_efficiency", "training_policy"]
+__all__ = ["KERNEL_SECONDS", "FlopCosts", "effective_efficiency"]
 
 # Note [small micro-batches]: the fixed cost per kernel is what makes the efficiency fall for small micro-batches.
 # For a compute-bound operator of ``f`` FLOPs the fraction of peak reached is ``efficiency(f) = efficiency * f /
@@ -56,69 +56,6 @@ __all__ = ["KERNEL_SECONDS", "TRAINING", "FlopCosts", "Training", "effective_eff
 # tail. The default, 5 microseconds, is that order of magnitude, chosen a priori and not fitted.
 #: Default fixed cost of one kernel, seconds (Note [small micro-batches]).
 KERNEL_SECONDS = 5e-6
-
-
-@dataclass(frozen=True)
-class Training:
-    """How training stores and updates numbers: the compute dtype and bytes of model state per parameter.
-
-    Attributes:
-        name: for display (``"mixed-adam"``).
-        compute: the key of ``DeviceSpec.peak_flops`` the matrix products run at.
-        torch_dtype: the dtype to count the model in (activations take its size).
-        weight_bytes: bytes per parameter of weights (16-bit copy plus 32-bit master in mixed precision).
-        gradient_bytes: bytes per parameter of gradients.
-        optimizer_bytes: bytes per parameter of optimizer state (Adam: two moments).
-        update_bytes: bytes per parameter the optimizer step reads and writes.
-    """
-
-    name: str
-    compute: str
-    torch_dtype: torch.dtype
-    weight_bytes: int
-    gradient_bytes: int
-    optimizer_bytes: int
-    update_bytes: int
-
-    @property
-    def model_state_bytes_per_parameter(self) -> int:
-        return self.weight_bytes + self.gradient_bytes + self.optimizer_bytes
-
-
-# fp32 tensors per parameter: Adam's two moments, SGD's momentum buffer, RMSprop's running mean of squared
-# gradients (torch.optim.RMSprop without momentum and not centred; each of those adds one more)
-_OPTIMIZER_STATE = {"adam": 2, "momentum": 1, "rmsprop": 1, "sgd": 0}
-
-#: The named policies: ``{fp32, tf32, fp16, bf16}-{adam, momentum, rmsprop, sgd}``.
-TRAINING: dict[str, Training] = {}
-for _dtype, _torch_dtype in (("fp32", torch.float32), ("tf32", torch.float32),
-                             ("fp16", torch.float16), ("bf16", torch.bfloat16)):
-    for _opt, _states in _OPTIMIZER_STATE.items():
-        _mixed = _dtype in ("fp16", "bf16")
-        _w = 2 + 4 if _mixed else 4  # mixed: a 16-bit copy for compute plus the 32-bit master
-        _g = 2 if _mixed else 4
-        # the step reads master weights, gradients and state, and writes weights, state (and the copy)
-        _update = 4 + _g + 8 * _states + 4 + (2 if _mixed else 0)
-        TRAINING[f"{_dtype}-{_opt}"] = Training(f"{_dtype}-{_opt}", _dtype, _torch_dtype, _w, _g, 4 * _states,
-                                                 _update)
-# Megatron-LM's mixed precision: 16-bit weights for compute, gradients accumulated and reduced in 32 bits (its "main
-# grads"), 32-bit master weights and Adam's moments: 2 + 4 + 4 + 4 + 4 = 18 bytes per parameter (Narayanan et al.,
-# 2021; Korthikanti et al., 2022).
-for _dtype, _torch_dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
-    _name = f"{_dtype}-adam-fp32grad"
-    TRAINING[_name] = Training(_name, _dtype, _torch_dtype, 2 + 4, 4, 8, 4 + 4 + 8 + 4 + 8 + 2)
-
-
-def training_policy(name: str) -> Training:
-    """The named :class:`Training` policy (``"bf16-adam"``, ``"fp32-sgd"``, ...).
-
-    Raises:
-        KeyError: unknown name; the message lists the known ones.
-    """
-    key = name.strip().lower()
-    if key not in TRAINING:
-        raise KeyError(f"unknown training policy {name!r}; known: {', '.join(TRAINING)}")
-    return TRAINING[key]
 
 
 def effective_efficiency(device: DeviceSpec, flops: float, dtype: str = "fp32",

@@ -30,7 +30,7 @@ from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, schedule_kind
 from gpipe.schedule.collector import collector_paused
 from sim.core.link import LinkSpec
 from sim.planning.cluster import Cluster
-from sim.planning.costs_from_flops import FlopCosts, Training, training_policy
+from sim.planning.costs_from_flops import FlopCosts
 from sim.planning.flops import ModelProfile
 from sim.planning.hardware import DeviceSpec, get_device
 from sim.planning.memory import COPY_STREAMS
@@ -46,6 +46,7 @@ from sim.planning.request import (
 )
 from sim.planning.rows import Plan, PlanRow
 from sim.planning.sweep import MAX_CHUNKS, Sweep, configurations, evaluate_all
+from sim.planning.training import Training, training_policy
 from sim.planning.zero import ZERO_STAGES
 
 __all__ = ["GPUS_PER_NODE", "MAX_CHUNKS", "VIRTUAL", "Plan", "PlanRow", "block_partition", "check_request",
@@ -107,7 +108,7 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
         gpus: GPU counts to try.
         link: a :class:`~sim.core.link.LinkSpec`, a catalog name, or ``nvlink``/``pcie`` (the
             generation that comes with the device).
-        training: precision and optimizer (:data:`sim.planning.costs_from_flops.TRAINING`); default
+        training: precision and optimizer (:data:`sim.planning.training.TRAINING`); default
             :func:`default_training`.
         chunks: micro-batch counts to try; default powers of two up to the batch per replica (at most 128).
         checkpoints: checkpoint policies to try (:data:`sim.planning.recompute.CHECKPOINTS`).

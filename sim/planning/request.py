@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.core.link import LinkSpec
-from sim.planning.costs_from_flops import Training, training_policy
 from sim.planning.hardware import LINKS, DeviceSpec, get_link
+from sim.planning.training import Training, training_policy
 
 __all__ = ["GPUS_PER_NODE", "check_request", "check_tensor_parallel", "default_training", "resolve_link",
            "resolve_network"]

@@ -37,7 +37,7 @@ from gpipe.schedule import Op
 from sim.core.cost import StageCost
 
 if TYPE_CHECKING:
-    from sim.planning.costs_from_flops import Training
+    from sim.planning.training import Training
 
 __all__ = ["REDUCE_BUCKET_ELEMENTS", "ZERO_STAGES", "Collective", "Kind", "ModelState", "StageBytes", "Transient",
            "When", "check_zero", "compute_copy_bytes", "sharded_state", "stage_traffic", "stretched", "task_seconds",

@@ -15,11 +15,12 @@ from torch import nn
 from gpipe.balance.blockpartition import solve
 from gpipe.schedule import SCHEDULES
 from sim.cli import main
-from sim.planning.costs_from_flops import TRAINING, FlopCosts, effective_efficiency, training_policy
+from sim.planning.costs_from_flops import FlopCosts, effective_efficiency
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.hardware import DeviceSpec, get_device, get_link
 from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
 from sim.planning.plan import block_partition, default_training, plan, resolve_link
+from sim.planning.training import TRAINING, training_policy
 
 MiB = 2**20
 

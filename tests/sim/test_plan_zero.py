@@ -14,13 +14,13 @@ import torch
 from sim.cli import main
 from sim.core.cost import StageCost
 from sim.planning.cluster import Cluster
-from sim.planning.costs_from_flops import training_policy
 from sim.planning.counts import ModelProfile
 from sim.planning.hardware import get_device, get_link
 from sim.planning.memory import round_block
 from sim.planning.models import get_model
 from sim.planning.plan import plan
 from sim.planning.rows import Plan, PlanRow
+from sim.planning.training import training_policy
 from sim.planning.zero import sharded_state
 
 SMALL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"

@@ -23,8 +23,8 @@ from sim.planning.collectives import (
     hierarchical_reduce_scatter_seconds,
     reduce_scatter_seconds,
 )
-from sim.planning.costs_from_flops import TRAINING, Training, training_policy
 from sim.planning.replicas import step_seconds
+from sim.planning.training import TRAINING, Training, training_policy
 from sim.planning.zero import (
     ZERO_STAGES,
     Collective,
