@@ -33,29 +33,22 @@ upper one's input-gradient half to reach the lower one's weights; and each call 
 its roots (the engine's own preparation), so a chain of ``L`` weighted layers costs ``L`` calls whose walks add up as
 ``L**2``: on small layers more than the weight gradients themselves (``benchmarks/split_cost.py``). The calls go to
 the engine directly, as ``B``'s does: ``torch.autograd.backward``'s checks would add their cost to every call, for
-gradients that autograd itself captured.
-
-Note [direct weight gradients]: a Linear's entry (``AddmmBackward0``, or ``MmBackward0`` without a bias, also below
-a 3-d input's view) whose parameters no other node reaches makes no engine call: ``W`` applies the node's own formula
-(``mm_mat2_backward``, ``alpha`` and ``beta`` 1) to the input it saved, and one call for all such entries starts at
-their parameters' accumulators, so the engine walks two nodes per Linear, not the graph below each, and still runs
-the parameters' hooks (C++ ones, as a data-parallel reducer's, too) into ``.grad`` or returned; it sums a bias's
-gradient to its shape as after the node, and skips ``TBackward0`` (a transpose). The formula takes the gradient the
-entry's pre-hooks leave (``B`` keeps it with a pre-hook of its own, last; a hook on the Linear's output then runs
-once, in ``B``). An entry with a post-hook, a pre-hook after ``B``'s, ``alpha`` or ``beta`` not 1, or tensors not
-dense, real, CPU and of one dtype makes its own call. The gradients are the engine's bit for bit.
+gradients that autograd itself captured. The weight gradients stay the engine's work, done without Python's
+interpreter lock: computed in Python from a Linear's saved input, ``W`` alone took half the time, but each torch call
+from Python releases and retakes the lock, as would the pre-hook per entry that ``B`` then needs (to see the gradient
+the entry's own hooks leave), and with two workers of small layers ZB-V's and DualPipeV's steps came out slower
+(commit 2d546b8 and its revert hold the code and the measurements).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from torch.autograd.variable import Variable
-from torch.utils.hooks import RemovableHandle
 
 __all__ = ["SplitPlans", "StagePlans", "WeightGrads", "backward_input"]
 
@@ -74,17 +67,6 @@ class _Call:
     outputs: tuple[int, ...]  # the outputs that root it with their own gradients (they lead to no input)
     params: tuple[int, ...]  # the parameters it reaches
     clamps: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]  # several entries: (node, ((slot, capture), ...))
-
-
-@dataclass(frozen=True)
-class _Direct:
-    """A Linear entry whose ``W`` is computed directly (Note [direct weight gradients]), as indices into its ``B``."""
-
-    entry: int  # the AddmmBackward0 or MmBackward0 node
-    saved: str  # the attribute of its saved input
-    weight: tuple[int, int] | None  # its weight's AccumulateGrad node and parameter; None: frozen or not asked for
-    bias: tuple[int, int] | None  # its bias's AccumulateGrad node and parameter; None: none, frozen or not asked for
-    fallback: _Call  # the engine call it makes where the direct one does not hold
 
 
 @dataclass
@@ -114,7 +96,6 @@ class _Plan:
 
     captures: tuple[Edge, ...]  # the entries' slots whose gradient B returns beside the inputs'
     calls: tuple[_Call, ...]
-    directs: tuple[_Direct, ...]  # entries that need no call of their own (Note [direct weight gradients])
     reaches_input: bool  # some output leads to an input: B has something to compute
     foreign: bool  # an entry is a Python autograd.Function's node, which its Python object does not keep alive
     clamped: bool  # a call has several entries (W then needs their nodes)
@@ -215,85 +196,40 @@ class WeightGrads:
 
     Attributes:
         groups: the calls ``W`` has still to make (empty once it ran).
-        directs: the entries whose weight gradients ``W`` computes itself (Note [direct weight gradients]; empty once
-            it ran).
     """
 
     def __init__(self, params: Sequence[Tensor], groups: Sequence[_Call], edges: Sequence[GradientEdge] = (),
                  kept: Sequence[Tensor | None] = (), outputs: Sequence[GradientEdge | Tensor] = (),
-                 grads: Sequence[Tensor] = (), nodes: Sequence[Node] = (), owners: Sequence[object] = (),
-                 directs: Sequence[_Direct] = (), boxes: Sequence[list[tuple[Tensor | None, ...]]] = (),
-                 handles: Sequence[RemovableHandle] = ()) -> None:
+                 grads: Sequence[Tensor] = (), nodes: Sequence[Node] = (), owners: Sequence[object] = ()) -> None:
         self.params = list(params)
         self.groups = list(groups)
-        self.directs = list(directs)
         self.edges, self.kept = edges, kept  # B's captures: the entries' slots and the gradients that reached them
         self.outputs, self.grads = outputs, grads  # the roots that lead to no input, with their own gradients
-        self.nodes = nodes  # the walk's nodes, where a call has several entries to clamp or an entry is direct
+        self.nodes = nodes  # the walk's nodes, where a call has several entries to clamp
         self.owners = owners  # keeps a graph of Python-function entries alive until W (_Plan.foreign)
-        self.boxes, self.handles = boxes, handles  # per direct entry: what its pre-hook in B saw, and that hook
 
     def accumulate(self) -> None:
         """``W`` into ``.grad``, as ``loss.backward()`` would; frees what ``B`` kept."""
-        for _ in self._runs(True):
-            pass
+        for call in self._take():
+            self._run(call, True)
+        self._free()
 
     def collect(self) -> list[Tensor | None]:
         """``W`` as ``torch.autograd.grad`` would: each parameter's gradient (``None`` if unreached), in order;
         frees what ``B`` kept."""
         found: list[Tensor | None] = [None] * len(self.params)
-        for params, grads in self._runs(False):
-            for k, grad in zip(params, grads, strict=True):
+        for call in self._take():
+            for k, grad in zip(call.params, self._run(call, False), strict=True):
                 found[k] = grad
+        self._free()
         return found
 
-    def _runs(self, accumulate: bool) -> Iterator[tuple[tuple[int, ...], tuple[Tensor | None, ...]]]:
-        """Each engine call of ``W`` (its parameters' indices, what it returned): the groups', then one for the
-        direct entries and one for each whose direct computation does not hold (Note [direct weight gradients]);
-        then frees what ``B`` kept."""
+    def _take(self) -> list[_Call]:
         groups, self.groups = self.groups, []
-        directs, self.directs = self.directs, []
-        for call in groups:
-            yield call.params, self._run(call, accumulate)
-        if directs:
-            roots, grads, params, fallbacks = self._direct(directs)
-            if roots:
-                yield params, _ENGINE.run_backward(tuple(roots), tuple(grads), True, False,
-                                                   tuple(self.params[k] for k in params), True, accumulate)
-            for call in fallbacks:
-                yield call.params, self._run(call, accumulate)
-        self.edges = self.kept = self.outputs = self.grads = self.nodes = self.owners = self.boxes = self.handles = ()
+        return groups
 
-    def _direct(self, directs: Sequence[_Direct]) -> tuple[list[GradientEdge], list[Tensor], tuple[int, ...],
-                                                            list[_Call]]:
-        """Note [direct weight gradients]: the roots of the direct entries' engine call (their weight sides), their
-        gradients and parameters, and the calls of the entries whose direct computation does not hold."""
-        nodes = self.nodes
-        roots: list[GradientEdge] = []
-        grads: list[Tensor] = []
-        params: list[int] = []
-        fallbacks: list[_Call] = []
-        with torch.no_grad():  # the node's own formula, on tensors that may require grad (its saved input)
-            for direct, box, handle in zip(directs, self.boxes, self.handles, strict=True):
-                node = nodes[direct.entry]
-                grad = box[0][0] if box else None
-                if grad is None:  # no gradient reached the entry: nothing to compute, as its engine call would
-                    continue
-                saved = _saved_input(node, direct.saved, grad, handle)
-                if saved is None:
-                    fallbacks.append(direct.fallback)
-                    continue
-                if direct.weight is not None:
-                    sizes, strides = node._saved_mat2_sym_sizes, node._saved_mat2_sym_strides  # type: ignore[attr-defined]
-                    column_major = strides[0] == 1 and strides[1] == sizes[0]  # a Linear's weight.t() is
-                    roots.append(GradientEdge(nodes[direct.weight[0]], 0))
-                    grads.append(grad.t().mm(saved) if column_major else saved.t().mm(grad).t())
-                    params.append(direct.weight[1])
-                if direct.bias is not None:  # beta is 1; the engine sums it to the bias's shape, as after the node
-                    roots.append(GradientEdge(nodes[direct.bias[0]], 0))
-                    grads.append(grad)
-                    params.append(direct.bias[1])
-        return roots, grads, tuple(params), fallbacks
+    def _free(self) -> None:
+        self.edges = self.kept = self.outputs = self.grads = self.nodes = self.owners = ()
 
     def _run(self, call: _Call, accumulate: bool) -> tuple[Tensor | None, ...]:
         """One engine call of ``W`` (Note [one call per group]): into ``.grad`` or returned. While a group of several
@@ -317,28 +253,6 @@ class WeightGrads:
                 handle.remove()
 
 
-def _saved_input(node: Node, saved: str, grad: Tensor, handle: RemovableHandle) -> Tensor | None:
-    """The input a direct entry saved, where its direct computation holds (Note [direct weight gradients]): no
-    post-hook, ``B``'s pre-hook the last, ``alpha`` and ``beta`` 1, dense real CPU tensors of one dtype."""
-    hooks = handle.hooks_dict_ref()
-    if hooks is None or next(reversed(hooks)) != handle.id:
-        return None
-    probe = node.register_hook(_nothing)
-    posts = len(probe.hooks_dict_ref() or ())
-    probe.remove()
-    if posts > 1 or getattr(node, "_saved_alpha", 1) != 1 or getattr(node, "_saved_beta", 1) != 1:
-        return None
-    tensor: Tensor = getattr(node, saved)
-    if (grad.device.type != "cpu" or grad.layout != torch.strided or tensor.layout != torch.strided
-            or tensor.device != grad.device or tensor.dtype != grad.dtype or grad.is_complex()):
-        return None
-    return tensor
-
-
-def _nothing(*_: object) -> None:
-    return None
-
-
 def backward_input(outputs: Sequence[Tensor], grads: Sequence[Tensor], inputs: Sequence[Tensor],
                    params: Sequence[Tensor],
                    plans: SplitPlans | None = None) -> tuple[list[Tensor | None], WeightGrads]:
@@ -357,20 +271,14 @@ def backward_input(outputs: Sequence[Tensor], grads: Sequence[Tensor], inputs: S
     shape, nodes = plans.walk(outputs, inputs)
     plan = plans.plan(shape)
     edges = [GradientEdge(nodes[k], nr) for k, nr in plan.captures]
-    calls, directs = plan.calls, plan.directs
-    if directs and not outputs[0].is_cpu:  # Note [direct weight gradients]: CPU alone
-        calls, directs = (*calls, *(direct.fallback for direct in directs)), ()
-    boxes: list[list[tuple[Tensor | None, ...]]] = [[] for _ in directs]
-    handles = [nodes[direct.entry].register_prehook(box.append) for direct, box in zip(directs, boxes, strict=True)]
     got: tuple[Tensor | None, ...] = (None,) * (len(inputs) + len(edges))
     if plan.reaches_input:  # Note [one call per group]: the engine itself, for gradients shaped like the outputs
         got = _ENGINE.run_backward(tuple(outputs), tuple(grads), bool(edges), False, (*inputs, *edges), True, False)
     kept = got[len(inputs):]
-    owners = [get_gradient_edge(o) for o in outputs] if plan.foreign and calls else []
+    owners = [get_gradient_edge(o) for o in outputs] if plan.foreign and plan.calls else []
     rooted = plan.rooted  # else W needs neither the outputs nor their gradients: B's activations can go
-    return list(got[:len(inputs)]), WeightGrads(params, calls, edges, kept, outputs if rooted else (),
-                                                grads if rooted else (), nodes if plan.clamped or boxes else (),
-                                                owners, directs, boxes, handles)
+    return list(got[:len(inputs)]), WeightGrads(params, plan.calls, edges, kept, outputs if rooted else (),
+                                                grads if rooted else (), nodes if plan.clamped else (), owners)
 
 
 def _learn(shape: Shape) -> _Plan:
@@ -432,20 +340,10 @@ def _learn(shape: Shape) -> _Plan:
         if node in parent:
             groups.setdefault(find(node), _Group()).params.append(k)
     # Note [one call per group]: groups share a call where no root of one reaches a parameter of another; the engine
-    # then runs nothing there that B ran. Note [direct weight gradients]: a Linear's group runs in none.
-    linears: list[tuple[_Group, tuple[str, tuple[int, int] | None, tuple[int, int] | None]]] = []
-    parents = [0] * len(types)
-    for row in children:
-        for child, _ in row:
-            if child >= 0:
-                parents[child] += 1
+    # then runs nothing there that B ran
     shared: list[_Group] = []
     for group in groups.values():
         if not group.params or not (group.entries or group.outputs):
-            continue
-        linear = _linear(group, types, children, slots, into_param, parents)
-        if linear is not None:
-            linears.append((group, linear))
             continue
         group.bits = sum(1 << k for k in group.params)
         group.below = 0
@@ -476,55 +374,9 @@ def _learn(shape: Shape) -> _Plan:
             if node in call.clamped:
                 clamps.append((node, tuple(mine)))
         calls.append(_Call(tuple(captured), tuple(call.outputs), tuple(call.params), tuple(clamps)))
-    directs: list[_Direct] = []
-    for group, (saved, weight, bias) in linears:
-        (node,) = group.entries
-        captures.append((node, 0))
-        fallback = _Call((len(captures) - 1,), (), tuple(group.params), ())
-        directs.append(_Direct(node, saved, weight, bias, fallback))
     foreign = any(issubclass(types[node], torch._C._FunctionBase) for node, _ in captures)
-    return _Plan(tuple(captures), tuple(calls), tuple(directs), any(to_input[k] for k, _ in roots), foreign,
+    return _Plan(tuple(captures), tuple(calls), any(to_input[k] for k, _ in roots), foreign,
                  any(call.clamps for call in calls), any(call.outputs for call in calls))
-
-
-# Note [direct weight gradients]: per recognised node, the slots of its input, its bias (None: it has none) and its
-# weight (behind TBackward0), and the attribute of the input it saved
-_LINEARS = {"AddmmBackward0": (1, 0, 2, "_saved_mat1"), "MmBackward0": (0, None, 1, "_saved_self")}
-
-
-def _linear(group: _Group, types: tuple[type, ...], children: list[list[tuple[int, int]]],
-            slots: dict[int, set[int]], into_param: dict[Edge, int],
-            parents: list[int]) -> tuple[str, tuple[int, int] | None, tuple[int, int] | None] | None:
-    """Whether ``group`` is one Linear's entry and its own weight side (Note [direct weight gradients]): the
-    attribute of its saved input, its weight's and its bias's (AccumulateGrad node, parameter), each None where not
-    differentiated; None if the group is anything else."""
-    if len(group.entries) != 1 or group.outputs:
-        return None
-    (node,) = group.entries
-    layout = _LINEARS.get(types[node].__name__)
-    if layout is None or slots[node] != {0}:
-        return None
-    input_slot, bias_slot, weight_slot, saved = layout
-    row = children[node]
-    if len(row) != 3 - (bias_slot is None) or row[input_slot][0] < 0:
-        return None
-    sides: list[Edge | None] = [None, None]  # the edges into the bias's and the weight's accumulators
-    if bias_slot is not None and row[bias_slot][0] >= 0:
-        sides[0] = row[bias_slot]
-    transpose = row[weight_slot][0]
-    if transpose >= 0:
-        if types[transpose].__name__ != "TBackward0" or parents[transpose] != 1 or len(children[transpose]) != 1:
-            return None
-        sides[1] = children[transpose][0]
-    found: list[tuple[int, int] | None] = []
-    for edge in sides:
-        if edge is not None and (edge[0] < 0 or types[edge[0]] is not _ACCUMULATE or parents[edge[0]] != 1):
-            return None
-        found.append((edge[0], into_param[edge]) if edge in into_param else None)  # None: none, frozen, not asked
-    bias, weight = found
-    if sorted(side[1] for side in found if side is not None) != sorted(group.params):
-        return None
-    return saved, weight, bias
 
 
 def _post_order(children: list[list[tuple[int, int]]], roots: list[int]) -> list[int]:

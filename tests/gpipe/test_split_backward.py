@@ -12,7 +12,6 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import gpipe.split
 from gpipe import GPipe
 from gpipe.schedule import CHECKPOINT_MODES
 from gpipe.split import backward_input
@@ -141,20 +140,19 @@ def test_shared_weights_and_in_place_layers_give_the_plain_gradients(shared: boo
 
 
 class _Heads(nn.Module):
-    """Two projections side by side on one input, summed (as a layer's q, k and v read one input); ``x @ weight``
-    rather than Linears, whose W Note [direct weight gradients] computes without a call of their own."""
+    """Two Linears side by side on one input, summed (as a layer's q, k and v read one input)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.a, self.b = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.randn(8, 8))
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x @ self.a + x @ self.b
+        return self.a(x) + self.b(x)
 
 
 def test_side_by_side_weights_share_one_call_of_w() -> None:
     """The heads' entries reach no parameter of each other, so W runs them in one engine call (Note [one call per
-    group]); the Linear below them, which both reach, is direct. B + W still run one backward's matmuls."""
+    group]); the Linear below them, which both reach, gets its own. B + W still run one backward's matmuls."""
     torch.manual_seed(0)
     stage = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), _Heads())
     x, grad = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8)
@@ -163,7 +161,7 @@ def test_side_by_side_weights_share_one_call_of_w() -> None:
     out = stage(leaf)
     with _Matmuls() as b:
         (found,), kept = backward_input([out], [grad], [leaf], list(stage.parameters()))
-    assert len(kept.groups) == len(kept.directs) == 1
+    assert len(kept.groups) == 2
     with _Matmuls() as w:
         kept.accumulate()
     assert (b.count, w.count) == (3, 3) and plain == 6
@@ -207,140 +205,3 @@ def test_the_executor_runs_the_matmuls_of_one_backward(checkpoint: str, schedule
     assert count[0] == 4 * (2 * 8 - 1) + shared
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
-
-
-# -- Note [direct weight gradients] --------------------------------------------------------------------------------
-
-
-def _linears(layers: int, width: int, bias: bool, shared: bool = False) -> nn.Sequential:
-    torch.manual_seed(0)
-    modules: list[nn.Module] = []
-    for _ in range(layers):
-        modules += [nn.Linear(width, width, bias=bias), nn.ReLU()]
-    stage = nn.Sequential(*modules[:-1])
-    if shared:
-        stage[-1].weight = stage[0].weight
-    return stage
-
-
-def _b_and_w(stage: nn.Module, batches: list[tuple[Tensor, Tensor]], collect: bool,
-             calls: list[int]) -> tuple[list[Tensor | None], list[Any]]:
-    """B then W of ``stage`` on each (input, output gradient), with the plans of one stage: the inputs' gradients,
-    and per micro-batch the parameters' (``collect``) or, at the end, their ``.grad``; ``calls`` counts the
-    engine calls W makes for groups and fallbacks."""
-    plans = gpipe.split.SplitPlans(list(stage.parameters()))
-    found: list[Tensor | None] = []
-    collected: list[Any] = []
-    run = gpipe.split.WeightGrads._run
-
-    def counted(self: Any, call: Any, accumulate: bool) -> Any:
-        calls[0] += 1
-        return run(self, call, accumulate)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gpipe.split.WeightGrads, "_run", counted)
-        for x, grad in batches:
-            leaf = x.detach().requires_grad_()
-            (got,), kept = backward_input([stage(leaf)], [grad], [leaf], plans.params, plans)
-            found.append(got)
-            if collect:
-                collected.append(kept.collect())
-            else:
-                kept.accumulate()
-    return found, collected if collect else [None if p.grad is None else p.grad.clone() for p in stage.parameters()]
-
-
-def _engine_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plans learnt from here on know no Linear: every W is the engine's (Note [one call per group])."""
-    monkeypatch.setattr(gpipe.split, "_LINEARS", {})
-
-
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
-    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
-
-
-@pytest.mark.parametrize("collect", [False, True])
-@pytest.mark.parametrize(("shape", "bias", "shared", "held"), [
-    ((8, 64), True, False, False),  # fidelity.py's mlp: a stage of 32 Linear(64, 64) + ReLU
-    ((8, 64), False, False, True),  # no biases (MmBackward0), onto gradients already in .grad
-    ((2, 4, 64), True, False, True),  # 3-d: AddmmBackward0 below a view
-    ((2, 4, 64), False, False, False),  # 3-d without biases: MmBackward0 below a view
-    ((8, 64), True, True, False),  # a weight shared by the first and the last Linear: those two make a call
-])
-def test_direct_weight_gradients_are_the_engine_s_bit_for_bit(monkeypatch: pytest.MonkeyPatch, collect: bool,
-                                                             shape: tuple[int, ...], bias: bool, shared: bool,
-                                                             held: bool) -> None:
-    """Three micro-batches of one stage, B then W each: the direct W gives what the engine's calls give, to the bit,
-    into .grad (on top of what it held) or returned; every Linear but the shared pair makes no engine call."""
-    layers = 32
-    stage = _linears(layers, shape[-1], bias, shared)
-    torch.manual_seed(1)
-    batches = [(torch.randn(*shape), torch.randn(*shape)) for _ in range(3)]
-    start = [torch.randn_like(p) if held else None for p in stage.parameters()]
-    results = []
-    calls = []
-    for engine in (False, True):
-        if engine:
-            _engine_path(monkeypatch)
-        for p, g in zip(stage.parameters(), start, strict=True):
-            p.grad = None if g is None else g.clone()
-        calls.append([0])
-        results.append(_b_and_w(stage, batches, collect, calls[-1]))
-    assert _equal(results[0], results[1])
-    assert calls[0][0] == (len(batches) if shared else 0)  # the shared pair's group: one call a micro-batch
-    assert calls[1][0] == len(batches) * (layers - (1 if shared else 0))
-
-
-def test_hooks_on_parameters_run_as_in_the_engine_s_w(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A parameter's hook (doubling its gradient) and a post-accumulate hook run in the direct W's engine call, as
-    they run in the engine's W, once per micro-batch each."""
-    runs = []
-    for engine in (False, True):
-        if engine:
-            _engine_path(monkeypatch)
-        stage = _linears(3, 8, True)
-        seen = [0]
-        stage[0].weight.register_hook(lambda grad: 2 * grad)
-        stage[2].bias.register_post_accumulate_grad_hook(lambda _, seen=seen: seen.__setitem__(0, seen[0] + 1))
-        torch.manual_seed(1)
-        batches = [(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(2)]
-        runs.append((_b_and_w(stage, batches, False, [0]), seen[0]))
-    assert _equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1] == 2
-
-
-def test_a_linear_with_a_post_hook_makes_its_own_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A post-hook on a Linear's node sees what the node computes in W: that Linear runs its engine call, and the
-    others stay direct; the gradients are the engine path's."""
-    results = []
-    for engine in (False, True):
-        if engine:
-            _engine_path(monkeypatch)
-        stage = _linears(3, 8, True)
-        def post_hook(_: nn.Module, __: Any, out: Tensor) -> None:
-            out.grad_fn.register_hook(lambda *grads: None)
-
-        stage[2].register_forward_hook(post_hook)
-        torch.manual_seed(1)
-        calls = [0]
-        results.append((_b_and_w(stage, [(torch.randn(4, 8), torch.randn(4, 8))], False, calls), calls[0]))
-    assert _equal(results[0][0], results[1][0]) and (results[0][1], results[1][1]) == (1, 3)
-
-
-@pytest.mark.parametrize(("schedule", "devices"), [("zb-h1", 2), ("zb-v", 2)])
-def test_the_executor_s_direct_w_is_the_engine_s_bit_for_bit(monkeypatch: pytest.MonkeyPatch, schedule: str,
-                                                            devices: int) -> None:
-    """Two steps of a pipe of Linears, with direct W and with the engine's: the same gradients, to the bit."""
-    grads = []
-    for engine in (False, True):
-        if engine:
-            _engine_path(monkeypatch)
-        model = _linears(8, 16, True)
-        pipe = GPipe(model, [8, 7] if schedule == "zb-h1" else [4, 4, 4, 3], devices=["cpu"] * devices, chunks=4,
-                     checkpoint="never", schedule=schedule)
-        torch.manual_seed(1)
-        for _ in range(2):
-            pipe.step(torch.randn(8, 16), torch.randn(8, 16), nn.functional.mse_loss)
-        grads.append([p.grad for p in model.parameters()])
-    assert _equal(grads[0], grads[1])
