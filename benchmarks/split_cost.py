@@ -6,8 +6,8 @@ Two tables per model::
     split       each stage of a two-stage cut (ZB-H1's), one micro-batch (batch 64 / --chunks): the seconds of a
                 whole backward (``torch.autograd.backward``), and of ``B`` and ``W`` as the executor runs them once
                 the stage's plan is learnt (Note [learnt split] in gpipe.split); ``learning`` is the same with the plan
-                learnt afresh (the first micro-batch of each stage in a step). Ratio: (B + W) / backward, the median
-                of per-round ratios.
+                learnt afresh (a stage's first micro-batch, and the first after its graph changes: Note [plans across
+                steps]). Ratio: (B + W) / backward, the median of per-round ratios.
     schedules   every registered schedule's step (``GPipe.step``, MSE loss, two CPU devices, one worker each,
                 checkpoint never), as the median of per-round ratios to 1F1B's step; the split schedules also
                 against interleaved 1F1B's. Each pipe's gradients are checked equal to the plain model's first.
@@ -15,7 +15,9 @@ Two tables per model::
 Note [before and after]: ``--baseline REV`` loads ``gpipe/split.py`` as it was at git revision REV (it imports torch
 alone) and times it in the same rounds, as ``before`` rows: in the split table its ``B`` and ``W``; in the schedules
 table the split schedules' steps with it in the executor's place (``gpipe.gradients.backward_input`` swapped for that
-step, in this process only). Ratios within one run are what this shared machine can compare.
+step, in this process only). Its plans live as the executor of REV kept them: across steps where REV's module has
+``StagePlans``, for one step where it has ``SplitPlans`` alone, none (learnt every ``B``) before that. Ratios within
+one run are what this shared machine can compare.
 
 Note [the floor]: the ``unsplit`` rows run each split schedule with a ``B`` that is the whole backward and a ``W``
 that does nothing: the schedule's own step with a split that costs nothing, which bounds what any split can reach.
@@ -25,7 +27,7 @@ worker thread computes on one core (Note [one thread per worker] in executor_spe
 ``balance_by_time`` as ``fidelity.py`` cuts them; workers are not pinned.
 
 Run: ``.venv/bin/python benchmarks/split_cost.py --baseline REV`` (about two minutes on two cores) or ``--quick``;
-writes ``benchmarks/results/split_cost.json``.
+writes ``benchmarks/results/split_cost.json``, whose ``rows`` (the schedules tables, flat) the docs render.
 """
 
 from __future__ import annotations
@@ -102,10 +104,32 @@ def unsplit(outputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], inpu
     return [t.grad for t in inputs], _Nothing()
 
 
-def old_split(module: ModuleType) -> Split:
-    def split(outputs: Any, grads: Any, inputs: Any, params: Any, plans: Any = None) -> Any:
-        return module.backward_input(outputs, grads, inputs, params)
-    return split
+class OldSplit:
+    """REV's ``backward_input`` in the executor's place, with its plans kept as REV's executor kept them (Note
+    [before and after]): one of REV's ``SplitPlans`` per one of ours, dropped at each step (:meth:`step`) where REV's
+    plans lasted one step."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+        self.learns = hasattr(module, "SplitPlans")
+        self.per_step = self.learns and not hasattr(module, "StagePlans")
+        self.theirs: dict[int, tuple[Any, Any]] = {}  # by id of our plans: (ours, kept so the id stays theirs; REV's)
+
+    def __call__(self, outputs: Any, grads: Any, inputs: Any, params: Any, plans: Any = None) -> Any:
+        if not self.learns or plans is None:
+            return self.module.backward_input(outputs, grads, inputs, params)
+        held = self.theirs.get(id(plans))
+        if held is None:
+            held = self.theirs[id(plans)] = (plans, self.module.SplitPlans(plans.params))
+        return self.module.backward_input(outputs, grads, inputs, params, held[1])
+
+    def step(self, step: Callable[[], object]) -> Callable[[], object]:
+        """``step``, after dropping REV's plans where they lasted one step."""
+        def run() -> object:
+            if self.per_step:
+                self.theirs.clear()
+            return step()
+        return run
 
 
 # -- B + W against one backward ----------------------------------------------------------------------------
@@ -150,7 +174,7 @@ def split_rows(model: nn.Sequential, batch: torch.Tensor, balance: Sequence[int]
         kinds: dict[str, Callable[[], tuple[float, float]]] = {
             "backward": whole, "split": timed(backward_input, False), "learning": timed(backward_input, True)}
         if before is not None:
-            kinds["before"] = timed(old_split(before), True)
+            kinds["before"] = timed(OldSplit(before), False)
         samples: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
         for run in kinds.values():  # warm-up; the plan is learnt here
             run()
@@ -216,7 +240,8 @@ def schedule_rows(model: nn.Sequential, batch: torch.Tensor, balances: dict[int,
         if pipe.schedule.splits_weight_gradient:
             runners.append(Runner(f"{name} unsplit", swapped(unsplit, stepped), []))
             if before is not None:
-                runners.append(Runner(f"{name} before", swapped(old_split(before), stepped), []))
+                old = OldSplit(before)
+                runners.append(Runner(f"{name} before", old.step(swapped(old, stepped)), []))
     interleaved(runners, 3, rounds)
     samples = {r.name: r.samples for r in runners}
 
@@ -259,6 +284,23 @@ def goals(model: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif model != "mlp" and row.get("vs_before") is not None:
             found.append({"goal": f"{name} <= before", "ratio": row["vs_before"], "met": row["vs_before"] <= 1.0})
     return found
+
+
+def flat_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
+    """The schedules tables of every model as one list of flat rows (the docs render it as a table)."""
+    rows = []
+    for model, found in models.items():
+        for row in found["schedules"]:
+            flat = {"model": model, "schedule": row["schedule"], "step_ms": row["ms"], "vs_1f1b": row["vs_1f1b"],
+                    "vs_interleaved": row["vs_interleaved"]}
+            for variant in ("before", "unsplit"):
+                if variant in row:
+                    flat[f"{variant}_vs_1f1b"] = row[variant]["vs_1f1b"]
+                    flat[f"{variant}_vs_interleaved"] = row[variant]["vs_interleaved"]
+            if "vs_before" in row:
+                flat["vs_before"] = row["vs_before"]
+            rows.append(flat)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -327,6 +369,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         doc["models"][name] = {"balances": {str(k): list(v) for k, v in balances.items()},
                                "rows_per_microbatch": rows_per_microbatch, "split": split,
                                "schedules": schedules, "notes": notes, "goals": met}
+    doc["rows"] = flat_rows(doc["models"])
+    doc["note"] = ("Each schedule's step and its ratios to 1F1B's and interleaved 1F1B's (medians of per-round "
+                   "ratios); before: gpipe/split.py at the baseline revision; unsplit: a split that costs nothing "
+                   "(Note [the floor]). B + W against a whole backward: models.<model>.split.")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.json}")
