@@ -243,8 +243,8 @@ class DistributedGPipe(nn.Module):
             if self.record else None
         clock = (time.time(), time.perf_counter())
         wire = Wire(self.links, schedule, self.skip_layout, rows, record=recorder is not None)
-        step = Step(pipeline, schedule, True, recorder, draw_plan, seed, drew, Gradients(list(self.partitions)),
-                    plan)
+        gradients = Gradients(list(self.partitions), pipeline.split_plans)  # plans learnt in earlier steps kept
+        step = Step(pipeline, schedule, True, recorder, draw_plan, seed, drew, gradients, plan)
         worker = Worker(step, rank, self.device, wire)
         for i, batch in enumerate(batches):
             wire.send(0, (Task(Op.F, i, 0), "input"), Message(batch, self._input_is_tuple))
