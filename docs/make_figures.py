@@ -793,8 +793,8 @@ def readme_figure(path: Path = README_FIGURE, *, measure: bool = True) -> str:
     """Draw the README's picture into ``path``; return what it shows (``"measured"`` or ``"simulated"``).
 
     With ``measure`` and the executor present, it runs what ``gpipe-sim demo`` runs
-    (:func:`sim.calibration.experiment.run` on :func:`sim.calibration.experiment.demo_model`) and keeps the demo's own picture,
-    predicted above measured. Otherwise it draws the simulator's timeline of the same schedule alone, from a
+    (:func:`sim.calibration.experiment.run` on :func:`sim.calibration.experiment.demo_model`) and keeps the demo's own
+    picture, predicted above measured. Otherwise it draws the simulator's timeline of the same schedule alone, from a
     teaching cost model.
     """
     import shutil
