@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# A shell without job control starts background commands with SIGINT ignored, and an ignored signal stays ignored
+# through exec: under such a runner the launcher would never see the Ctrl-C this test sends. A terminal's Ctrl-C
+# reaches a program with Python's default handler, so the launcher puts it back first.
 LAUNCHER = '''
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import functools, torch
 from torch import nn
 from sim.calibration.processes import run_processes
