@@ -270,7 +270,8 @@ class Sweep:
         return PlanRow(step_seconds=step, throughput=throughput, bubble_fraction=timeline.bubble_fraction(),
                        memory_bytes=memory, activation_bytes=activations, fits=True, cost_per_million=dollars,
                        memory_parts=tuple(parts), allreduce_exposed_seconds=exposed,
-                       **self._utilisation(p, costs, step, throughput, max(updates, default=0.0), exposed, timeline),
+                       **self._utilisation(p, costs, mb, step, throughput, max(updates, default=0.0), exposed,
+                                          timeline),
                        **base)
 
     def _collective(self, p: Configuration, name: str) -> Callable[[float, int], float]:
@@ -333,13 +334,12 @@ class Sweep:
             recomputed = total(core_fwd)
         return total(fwd) + total(bwd), recomputed
 
-    def _utilisation(self, p: Configuration, costs: FlopCosts, step: float, throughput: float, update: float,
+    def _utilisation(self, p: Configuration, costs: FlopCosts, mb: int, step: float, throughput: float, update: float,
                      exposed: float, timeline: Timeline) -> dict[str, Any]:
         """``tokens_per_second``, ``mfu``, ``hfu`` and ``bound`` of a simulated configuration (:class:`PlanRow`)."""
         model, recomputed = self._flops(p, costs)
         peak = p.gpus * costs.device.peak_flops.get(costs.training.compute.lower(), NAN) * step
         busy = max(timeline.busy(d) for d in range(timeline.num_devices))
-        mb = math.ceil(math.ceil(self.batch / p.replicas) / p.chunks)
         fwd, bwd = costs.layer_seconds(mb)
         collective = sum(float(x.sum()) for x in costs.collective_seconds(mb)) / max(float(fwd.sum() + bwd.sum()),
                                                                                      1e-300)

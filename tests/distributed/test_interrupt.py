@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,12 +62,13 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
-def test_sigint_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _launched(tmp_path: Path, stderr: int) -> Iterator[tuple[subprocess.Popen[str], set[int]]]:
+    """The launcher with its two ranks training; on the way out nothing it started is left (they run 100,000
+    steps)."""
     (tmp_path / "launch.py").write_text(LAUNCHER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    launcher = subprocess.Popen([sys.executable, "launch.py"], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
-                                text=True)
+    launcher = subprocess.Popen([sys.executable, "launch.py"], cwd=tmp_path, env=env, stderr=stderr, text=True)
     ranks: set[int] = set()
     try:
         deadline = time.monotonic() + 120
@@ -75,46 +77,35 @@ def test_sigint_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert len(ranks) == 2, f"the ranks never started: {launcher.poll()}"
         time.sleep(1.0)  # inside their steps
+        yield launcher, ranks
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _gone(ranks: set[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(_alive(p) for p in ranks)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
+def test_sigint_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
+    with _launched(tmp_path, subprocess.PIPE) as (launcher, ranks):
         launcher.send_signal(signal.SIGINT)
         _, err = launcher.communicate(timeout=30)
         assert "KeyboardInterrupt" in err
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(p) for p in ranks)
-    finally:
-        _kill(launcher, ranks)
-
-
-def _kill(launcher: subprocess.Popen[str], ranks: set[int]) -> None:
-    """A failed test leaves no rank training (they run 100,000 steps)."""
-    if launcher.poll() is None:
-        launcher.kill()
-    for pid in ranks:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        assert _gone(ranks, 10)
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
 def test_a_killed_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
     """Note [orphaned ranks]: SIGKILL runs none of the launcher's code; its ranks notice and exit."""
-    (tmp_path / "launch.py").write_text(LAUNCHER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    launcher = subprocess.Popen([sys.executable, "launch.py"], cwd=tmp_path, env=env, stderr=subprocess.DEVNULL,
-                                text=True)
-    ranks: set[int] = set()
-    try:
-        deadline = time.monotonic() + 120
-        while len(ranks) < 2 and time.monotonic() < deadline:
-            ranks = {p for p in _children(launcher.pid) if "spawn_main" in _command(p)}
-            time.sleep(0.2)
-        assert len(ranks) == 2, f"the ranks never started: {launcher.poll()}"
-        time.sleep(1.0)
+    with _launched(tmp_path, subprocess.DEVNULL) as (launcher, ranks):
         launcher.kill()
         launcher.wait(timeout=30)
-        deadline = time.monotonic() + 60  # a rank still importing torch watches once it starts
-        while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(p) for p in ranks)
-    finally:
-        _kill(launcher, ranks)
+        assert _gone(ranks, 60)  # a rank still importing torch watches once it starts
