@@ -49,7 +49,9 @@ def _calibrate(args: argparse.Namespace) -> int:
               f"convolution fraction {roof.convolution['fp32']:.2f} (backward "
               f"{roof.convolution_backward['fp32']:.2f}, half_dim {roof.half_dims()[2]:g}), memory-bound kernels "
               f"{dev.memory_bandwidth * roof.memory / 1e9:.1f} GB/s (a large copy {dev.memory_bandwidth / 1e9:.1f}), "
-              f"{roof.kernel_seconds * 1e6:.2f} us per kernel")
+              f"{roof.kernel_seconds * 1e6:.2f} us per kernel; a split backward adds "
+              f"{roof.split_input_seconds * 1e6:.2f} us to B and {roof.split_weight_seconds * 1e6:.2f} us to W per "
+              f"parameter tensor")
         print(f"{'kernel':<20} {'shape':<22} {'measured':>10} {'roofline':>10} {'error':>7}")
         for m in result.measurements:
             print(f"{m.kind:<20} {str(m.shape):<22} {m.seconds * 1e3:>7.3f} ms {m.predicted * 1e3:>7.3f} ms "

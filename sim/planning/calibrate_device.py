@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sim.planning.calibrate_split import measure_split, with_split_overhead
 from sim.planning.counts import VECTOR_MATH
 from sim.planning.flops import count_layers
 from sim.planning.hardware import DeviceSpec, GiB
@@ -285,8 +286,16 @@ def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-mach
     torch.set_num_threads(threads)
     try:
         dispatch, kernel, stream, timings = _measure(repeats, between)
+        fitted = _device(name, threads, dispatch, kernel, stream, timings)
+        device = with_split_overhead(fitted[0], measure_split(fitted[0], repeats=10 * repeats))
     finally:
         torch.set_num_threads(before)
+    return Calibration(device, *fitted[1:])
+
+
+def _device(name: str, threads: int, dispatch: float, kernel: float, stream: float,
+            timings: list[Timed]) -> tuple[DeviceSpec, tuple[Measurement, ...], Fit]:
+    """The fitted device (no split seconds yet), each measurement beside its prediction, and the fit."""
     fit = fit_roofline(timings, dispatch)  # the calls were timed alone: each pays the dispatch only
     bandwidth = max(stream, fit.bandwidth, fit.vector_bandwidth)
     roofline = Roofline({"fp32": fit.matmul}, {"fp32": fit.convolution}, memory=fit.bandwidth / bandwidth,
@@ -303,4 +312,4 @@ def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-mach
                         predict_seconds(t, fit.peak, (fit.bandwidth, fit.vector_bandwidth), fractions[t.kind],
                                         fit.half_dim if t.kind == "matmul" else fit.convolution_half_dim, dispatch))
             for t in timings]
-    return Calibration(device, tuple(rows), fit)
+    return device, tuple(rows), fit

@@ -175,6 +175,7 @@ class FlopCosts:
         tensors = np.array([layer.parameter_tensors for layer in profile.layers], dtype=np.float64)
         self._param_prefix = np.concatenate([[0.0], np.cumsum(params)])
         self._tensor_prefix = np.concatenate([[0.0], np.cumsum(tensors)])
+        self._tensors = tensors
         core = profile.attention_core
         self._core = None if core is None else _flatten([core_table(t.forward, core) for t in profile.layers])
         self._core_cache: dict[int, np.ndarray] = {}
@@ -273,7 +274,9 @@ class FlopCosts:
         """Input-gradient (``B``) and weight-gradient (``W``) seconds of every layer, for a split backward.
 
         ``B`` is the backward counted with the input's gradient alone, ``W`` the whole backward less ``B``
-        (at least 0); see Note [split backward] in :mod:`sim.planning.flops`.
+        (at least 0); see Note [split backward] in :mod:`sim.planning.flops`. Each pays the device's host seconds
+        per parameter tensor for the split where its roofline has them (Note [split overhead] in
+        :mod:`sim.planning.roofline`).
 
         Raises:
             ValueError: the profile was not counted with the input gradient apart (built by hand without
@@ -285,7 +288,12 @@ class FlopCosts:
         if microbatch not in self._split_cache:
             whole = self.layer_seconds(microbatch)[1]
             inputs = self._seconds(self._bwd_in, microbatch, backward=True)
-            self._split_cache[microbatch] = (inputs, np.maximum(whole - inputs, 0.0))
+            weights = np.maximum(whole - inputs, 0.0)
+            roofline = self.device.roofline
+            if roofline is not None:  # Note [split overhead]
+                inputs = inputs + self._tensors * roofline.split_input_seconds
+                weights = weights + self._tensors * roofline.split_weight_seconds
+            self._split_cache[microbatch] = (inputs, weights)
         return self._split_cache[microbatch]
 
     def stage_parameters(self, balance: Sequence[int]) -> list[int]:

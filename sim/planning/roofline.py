@@ -73,6 +73,13 @@ def roofline_seconds(flops: np.ndarray, nbytes: np.ndarray, rates: np.ndarray, d
     return np.maximum(compute, nbytes / bandwidth) + kernel_seconds
 
 
+# Note [split overhead]: a split backward (zero-bubble's B and W) runs the kernels of one whole backward, and the
+# executor pays host work on top: B walks the stage's graph, W makes engine calls of its own and re-enters each
+# layer's backward node for its weight half. That work grows with the layers that have parameters, not with FLOPs,
+# so a device carries it per parameter tensor, for B and for W apart; it is measured on the executor's own split
+# (sim.planning.calibrate_split), and it is what makes a zero-bubble schedule slower than 1F1B on small layers.
+
+
 # Note [backward convolutions]: a convolution's backward runs other kernels than its forward: the input gradient is
 # a transposed convolution (for a strided one, mostly zeros to skip), the filter gradient a GEMM whose K runs over
 # batch x pixels, and oneDNN and cuDNN pick different algorithms for each. On this machine's CPU they reach markedly
@@ -96,6 +103,9 @@ class Roofline:
         memory: fraction of the datasheet memory bandwidth memory-bound kernels reach.
         kernel_seconds: fixed cost of one kernel (launch, ramp-up and tail), seconds.
         half_dim: the GEMM dimension at which that dimension alone halves the rate (Note [GEMM shape factor]).
+        split_input_seconds: host seconds a split backward adds to its ``B`` per parameter tensor of the stage, and
+        split_weight_seconds: to its ``W``, beyond the kernels one whole backward runs (Note [split overhead]);
+            0: not measured, as on a GPU whose host runs ahead of its kernels.
         source: where each number comes from (a measurement, a datasheet, or the one published run that set it).
     """
 
@@ -108,6 +118,8 @@ class Roofline:
     convolution_backward: Mapping[str, float] = field(default_factory=dict, hash=False)
     vector_math: float | None = None
     convolution_half_dim: float | None = None
+    split_input_seconds: float = 0.0
+    split_weight_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("matmul", "convolution", "convolution_backward"):
@@ -119,8 +131,10 @@ class Roofline:
             _fraction("roofline vector_math fraction", self.vector_math)
         if not (isinstance(self.kernel_seconds, (int, float)) and 0 <= self.kernel_seconds < math.inf):
             raise ValueError(f"roofline kernel_seconds must be a finite number >= 0, got {self.kernel_seconds!r}")
-        if not (isinstance(self.half_dim, (int, float)) and 0 <= self.half_dim < math.inf):
-            raise ValueError(f"roofline half_dim must be a finite number >= 0, got {self.half_dim!r}")
+        for name in ("half_dim", "split_input_seconds", "split_weight_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+                raise ValueError(f"roofline {name} must be a finite number >= 0, got {value!r}")
         conv = self.convolution_half_dim
         if conv is not None and not (isinstance(conv, (int, float)) and 0 <= conv < math.inf):
             raise ValueError(f"roofline convolution_half_dim must be a finite number >= 0 or None, got {conv!r}")
@@ -171,12 +185,14 @@ class Roofline:
         return {"matmul": dict(self.matmul), "convolution": dict(self.convolution),
                 "convolution_backward": dict(self.convolution_backward), "memory": self.memory,
                 "vector_math": self.vector_math, "convolution_half_dim": self.convolution_half_dim,
-                "kernel_seconds": self.kernel_seconds, "half_dim": self.half_dim, "source": self.source}
+                "kernel_seconds": self.kernel_seconds, "half_dim": self.half_dim,
+                "split_input_seconds": self.split_input_seconds, "split_weight_seconds": self.split_weight_seconds,
+                "source": self.source}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Roofline:
-        """The inverse of :meth:`to_dict`; a description saved without ``convolution_backward`` or
-        ``vector_math`` has none.
+        """The inverse of :meth:`to_dict`; a description saved without ``convolution_backward``, ``vector_math`` or
+        the split's seconds has none.
 
         Raises:
             ValueError: a field is missing or out of range (the message names it).
@@ -188,4 +204,5 @@ class Roofline:
                    float(data["kernel_seconds"]), float(data["half_dim"]), str(data.get("source", "")),
                    dict(data.get("convolution_backward", {})),
                    None if data.get("vector_math") is None else float(data["vector_math"]),
-                   None if data.get("convolution_half_dim") is None else float(data["convolution_half_dim"]))
+                   None if data.get("convolution_half_dim") is None else float(data["convolution_half_dim"]),
+                   float(data.get("split_input_seconds", 0.0)), float(data.get("split_weight_seconds", 0.0)))
