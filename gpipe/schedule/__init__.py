@@ -27,6 +27,7 @@ One concept per module, each importing only those above it::
     fill_drain.py       gpipe(): GPipe's fill-drain, and clock_cycles()
     pipedream_flush.py  one_f_one_b(): 1F1B
     pipelining.py       torch.distributed.pipelining's per-rank actions ("0F1") and CSV, both ways
+    text.py             the project's own text form of a schedule (a header, a line per device), both ways
     virtual_stages.py   interleaved_one_f_one_b(), looped_bfs(): several stages per device, placed looped
     zero_bubble.py      zb_h1(), zb_v(): zero-bubble schedules (B and W split)
     dualpipe.py         dualpipe_v(): DeepSeek's DualPipeV, overlapped pairs in a V
@@ -51,6 +52,7 @@ from gpipe.schedule.registry import SCHEDULES, Layout, ScheduleKind, looped, reg
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.size import available_bytes, check_schedule_size, schedule_bytes
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
+from gpipe.schedule.text import parse_schedule, read_schedule, schedule_text, write_schedule
 from gpipe.schedule.validator import ScheduleError
 from gpipe.schedule.virtual_stages import interleaved_one_f_one_b, looped_bfs
 from gpipe.schedule.zero_bubble import zb_h1, zb_v
@@ -80,16 +82,20 @@ __all__ = [
     "looped",
     "looped_bfs",
     "one_f_one_b",
+    "parse_schedule",
     "parse_tasks",
     "read_pipelining_csv",
+    "read_schedule",
     "register",
     "schedule_bytes",
     "schedule_kind",
+    "schedule_text",
     "step_grid",
     "to_pipelining",
     "unregister",
     "v_shape",
     "write_pipelining_csv",
+    "write_schedule",
     "zb_h1",
     "zb_v",
 ]
