@@ -48,13 +48,13 @@ from torch.autograd.graph import get_gradient_edge
 
 from gpipe.affinity import Cores, check_affinity
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.checks import check_balance, check_chunks, check_devices, check_unique
+from gpipe.checks import check_balance, check_devices, check_unique
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.loss import loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
 from gpipe.parking import Parked
-from gpipe.pipeline import Pipeline
-from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, schedule_kind
+from gpipe.pipeline import Pipeline, given_schedule, step_schedule
+from gpipe.schedule import Checkpoint, Schedule, schedule_kind
 from gpipe.skip.layout import SkipLayout
 from gpipe.timeline import Timeline
 from gpipe.worker import Run
@@ -75,13 +75,18 @@ class GPipe(nn.Module):
             registered with a layout (``"interleaved-1f1b"``, ``"zb-v"``) places ``len(balance)`` stages on
             the ``p`` devices given; default: a CUDA device per schedule device when there are enough, else
             ``"cpu"`` for every partition.
-        chunks: micro-batches per mini-batch.
-        checkpoint: ``"always"``, ``"except_last"`` (default) or ``"never"``.
+        chunks: micro-batches per mini-batch; default 1, or a given schedule's ``m`` (Note [a given schedule] in
+            :mod:`gpipe.pipeline`).
+        checkpoint: ``"always"``, ``"except_last"`` (default) or ``"never"``; a given schedule's policy by default.
         deferred_batch_norm: replace batch norm by :class:`gpipe.DeferredBatchNorm`.
         record: record a measured :class:`~gpipe.timeline.Timeline` of every training step
             (:attr:`timeline`); settable later.
         schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`): ``"gpipe"``
-            (default), ``"1f1b"`` (trained with :meth:`step`), or one a user registered.
+            (default), ``"1f1b"`` (trained with :meth:`step`), or one a user registered; or a
+            :class:`~gpipe.schedule.Schedule` itself (generated, searched, read with
+            :func:`~gpipe.schedule.read_schedule`), which every training step then runs as it is: its stages are the
+            partitions, its placement places them, ``chunks`` and ``checkpoint`` must agree with it (Note [a given
+            schedule] in :mod:`gpipe.pipeline`).
         cpu_affinity: one set of CPU cores per partition or per schedule device (or ``None`` for one left
             unpinned): its worker thread runs only there (Linux; :mod:`gpipe.affinity`, Note [pinned workers]).
         switch_interval: seconds Python's interpreter lock may stay with one thread while two or more
@@ -93,13 +98,15 @@ class GPipe(nn.Module):
 
     Raises:
         TypeError: ``module`` is not an ``nn.Sequential``.
-        ValueError: a bad balance, chunks, checkpoint mode, schedule name or device list; duplicate layers; invalid
+        ValueError: a bad balance, chunks, checkpoint mode, schedule name or device list; a given schedule whose
+            stages, ``m`` or policy disagree with the balance, ``chunks`` or ``checkpoint``; duplicate layers; invalid
             skip connections (see :func:`gpipe.skip.verify_skippables`).
+        ScheduleError: a given schedule is not valid (a deadlock shows its grid).
     """
 
     def __init__(self, module: nn.Sequential, balance: Sequence[int] | None = None, *,
-                 devices: Sequence[Device] | None = None, chunks: int = 1, checkpoint: str = "except_last",
-                 deferred_batch_norm: bool = False, record: bool = False, schedule: str = "gpipe",
+                 devices: Sequence[Device] | None = None, chunks: int | None = None, checkpoint: str | None = None,
+                 deferred_batch_norm: bool = False, record: bool = False, schedule: str | Schedule = "gpipe",
                  cpu_affinity: Sequence[Cores | None] | None = None,
                  switch_interval: float | None = DEFAULT_SWITCH_INTERVAL) -> None:
         super().__init__()
@@ -108,19 +115,21 @@ class GPipe(nn.Module):
                             "nn.Sequential(...) (one child per layer)")
         check_unique(module)
         self.balance = check_balance(balance, len(module))
-        chunks = check_chunks(chunks, len(self.balance))  # a size this machine can build: gpipe.schedule.size
-        if checkpoint not in CHECKPOINT_MODES:
-            raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
-        kind = schedule_kind(schedule)  # a registered name (gpipe.schedule.SCHEDULES), else a ValueError listing them
+        # Note [a given schedule] in gpipe.pipeline: a Schedule decides chunks and checkpoint; a name takes them
+        self._given, chunks, checkpoint = given_schedule(schedule, len(self.balance), chunks, checkpoint)
         self.chunks = chunks
         self.checkpoint = checkpoint
-        self.schedule_name = schedule
-        # Note [placed stages] in gpipe.pipeline: a schedule may place several stages on one of fewer devices;
-        # one registered with a layout places them by it when given fewer devices than stages
-        given = None if devices is None or isinstance(devices, (str, bytes, int, torch.device)) else len(devices)
-        self._placement = kind.layout(len(self.balance), given) \
-            if kind.place is not None and given is not None and given < len(self.balance) else None
-        placement = kind(chunks, len(self.balance), cast(Checkpoint, checkpoint), self._placement).placement
+        self.schedule_name = cast(str, schedule) if self._given is None else self._given.name
+        if self._given is None:
+            kind = schedule_kind(self.schedule_name)  # a registered name (gpipe.schedule.SCHEDULES), else a ValueError
+            # Note [placed stages] in gpipe.pipeline: a schedule may place several stages on one of fewer devices;
+            # one registered with a layout places them by it when given fewer devices than stages
+            given = None if devices is None or isinstance(devices, (str, bytes, int, torch.device)) else len(devices)
+            self._placement = kind.layout(len(self.balance), given) \
+                if kind.place is not None and given is not None and given < len(self.balance) else None
+            placement = kind(chunks, len(self.balance), checkpoint, self._placement).placement
+        else:
+            self._placement = placement = self._given.placement
         placed = check_devices(devices, len(self.balance), placement)
         skip_layout = SkipLayout.of(list(module), self.balance)
         if cpu_affinity is not None and not isinstance(cpu_affinity, (str, bytes, int)) \
@@ -141,7 +150,7 @@ class GPipe(nn.Module):
         self.pipeline = Pipeline.of(partitions, placed, skip_layout, cpu_affinity=affinity, switch_interval=interval)
         self.record = record
         self.timeline: Timeline | None = None
-        self._schedules: dict[tuple[int, str, str], Schedule] = {}
+        self._schedules: dict[tuple[int, str, str | None], Schedule] = {}  # name None: the given schedule
         self._accumulators: dict[int, tuple[Tensor, Any]] = {}  # id(parameter) -> (it, its gradient accumulator)
         self.schedule_for(chunks)  # a placement whose workers' devices disagree fails here, not in a step
 
@@ -198,12 +207,23 @@ class GPipe(nn.Module):
     # -- running --------------------------------------------------------------------------------------
 
     def schedule_for(self, m: int, checkpoint: str | None = None, name: str | None = None) -> Schedule:
-        """The schedule a step of ``m`` micro-batches runs (one stage per partition)."""
+        """The schedule a step of ``m`` micro-batches runs (one stage per partition): the registered ``name``'s, by
+        default this pipeline's; a given schedule for its own ``m`` only (Note [a given schedule] in
+        :mod:`gpipe.pipeline`).
+
+        Raises:
+            ValueError: ``m`` differs from a given schedule's ``m``.
+        """
         mode = self.checkpoint if checkpoint is None else checkpoint
-        kind = self.schedule_name if name is None else name
+        kind = None if name is None and self._given is not None else self.schedule_name if name is None else name
         key = (m, mode, kind)
         if key not in self._schedules:
-            schedule = schedule_kind(kind)(m, len(self.partitions), cast(Checkpoint, mode), self._placement).validate()
+            if kind is None:
+                assert self._given is not None
+                schedule = step_schedule(self._given, m, mode)
+            else:
+                schedule = schedule_kind(kind)(m, len(self.partitions), cast(Checkpoint, mode),
+                                               self._placement).validate()
             self.pipeline.workers(schedule)  # Note [placed stages] in gpipe.pipeline
             self._schedules[key] = schedule
         return self._schedules[key]
@@ -221,7 +241,8 @@ class GPipe(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         train = torch.is_grad_enabled() and (bool(params) or any(t.requires_grad for t in tensors))
         mode = self.checkpoint if (train and self.training) else "never"
-        schedule = self.schedule_for(m, mode)
+        # inference by a given schedule: GPipe's forwards on its placement, for any m (Note [a given schedule])
+        schedule = self.schedule_for(m, mode, "gpipe" if self._given is not None and not train else None)
         if not schedule.forwards_first:  # Note [step]
             if train:
                 raise RuntimeError(f"the {self.schedule_name!r} schedule interleaves forward and backward, so the "
