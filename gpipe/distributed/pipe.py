@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from gpipe import rng
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.checks import check_balance, check_chunks, check_unique
+from gpipe.checks import check_balance, check_unique
 from gpipe.distributed.clock import measure_offsets, merge
 from gpipe.distributed.faults import Alarm, PipelineFailed, report
 from gpipe.distributed.group import Ranks, join
@@ -47,9 +47,9 @@ from gpipe.gradients import Gradients
 from gpipe.interpreter import Step, Worker
 from gpipe.loss import LossPlan, loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
-from gpipe.pipeline import Pipeline
+from gpipe.pipeline import Pipeline, given_schedule, step_schedule
 from gpipe.recorder import Recorder
-from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Op, Schedule, Task, schedule_kind
+from gpipe.schedule import Checkpoint, Op, Schedule, Task, schedule_kind
 from gpipe.skip.layout import SkipLayout
 from gpipe.timeline import Timeline
 from gpipe.transport import DRIVER, Message
@@ -65,7 +65,9 @@ class DistributedGPipe(nn.Module):
             one process (each rank materialises only its layers: Note [materialised weights]).
         balance: layers per stage; ``len(balance)`` stages on the group's ranks, one each, or by the schedule's
             layout (``"interleaved-1f1b"``, ``"looped-bfs"``, ``"dualpipe-v"``) several per rank.
-        chunks, checkpoint, schedule, deferred_batch_norm, record: as :class:`gpipe.GPipe`'s.
+        chunks, checkpoint, schedule, deferred_batch_norm, record: as :class:`gpipe.GPipe`'s; a given
+            :class:`~gpipe.schedule.Schedule` runs its device ``d`` on rank ``d``, so it has a device per rank (Note
+            [a given schedule] in :mod:`gpipe.pipeline`).
         group: the process group; ``None``: the default one, started from torchrun's environment if need be.
         device: this rank's device; ``None``: ``cuda:LOCAL_RANK`` where CUDA is available, else the CPU.
         timeout: seconds any wait for another rank may last before the step fails on every rank.
@@ -77,11 +79,12 @@ class DistributedGPipe(nn.Module):
 
     Raises:
         ValueError: on every rank, for a bad balance, chunks, checkpoint mode or schedule, or a number of stages
-            the schedule cannot place on the group's ranks.
+            the schedule cannot place on the group's ranks (a given schedule: other than one device per rank).
+        ScheduleError: on every rank, for a given schedule that is not valid.
     """
 
-    def __init__(self, module: nn.Sequential, balance: Sequence[int], *, chunks: int = 1,
-                 checkpoint: str = "except_last", schedule: str = "gpipe", deferred_batch_norm: bool = False,
+    def __init__(self, module: nn.Sequential, balance: Sequence[int], *, chunks: int | None = None,
+                 checkpoint: str | None = None, schedule: str | Schedule = "gpipe", deferred_batch_norm: bool = False,
                  record: bool = False, group: Any = None, device: torch.device | str | None = None,
                  timeout: float = 300.0, seed: int = 0, init: Init | None = None, lookahead: int = 2,
                  check_shapes: bool = True) -> None:
@@ -90,21 +93,30 @@ class DistributedGPipe(nn.Module):
             raise TypeError(f"DistributedGPipe partitions an nn.Sequential, got {type(module).__name__}")
         check_unique(module)
         self.balance = check_balance(balance, len(module))
-        self.chunks = check_chunks(chunks, len(self.balance))  # a size this machine can build: gpipe.schedule.size
-        if checkpoint not in CHECKPOINT_MODES:
-            raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
-        self.checkpoint, self.schedule_name, self.record = checkpoint, schedule, record
+        # Note [a given schedule] in gpipe.pipeline: a Schedule decides chunks and checkpoint; a name takes them
+        self._given, self.chunks, self.checkpoint = given_schedule(schedule, len(self.balance), chunks, checkpoint)
+        self.schedule_name = cast(str, schedule) if self._given is None else self._given.name
+        self.record = record
         if not timeout > 0:
             raise ValueError(f"timeout is in seconds and positive, got {timeout!r}")
-        self.kind = schedule_kind(schedule)
+        self.kind = schedule_kind(self.schedule_name) if self._given is None else None
         self.ranks: Ranks = join(group, device, timeout)
         n, world, rank = len(self.balance), self.ranks.world, self.ranks.rank
-        try:
-            self.placement = self.kind.layout(n, world)
-        except ValueError as error:
-            raise ValueError(f"balance {self.balance} makes {n} stages, which schedule {schedule!r} cannot place on "
-                             f"{world} ranks: {error} (launch {n} processes, e.g. torchrun --nproc-per-node {n}, "
-                             "or change the balance)") from None
+        if self._given is not None:
+            self.placement = self._given.placement
+            if self._given.num_devices != world:
+                p = self._given.num_devices
+                raise ValueError(f"schedule {self.schedule_name!r} runs on {p} devices, a rank each, but the group has "
+                                 f"{world} ranks: launch {p} processes (e.g. torchrun --nproc-per-node {p}), or "
+                                 f"give a schedule of {world} devices")
+        else:
+            assert self.kind is not None
+            try:
+                self.placement = self.kind.layout(n, world)
+            except ValueError as error:
+                raise ValueError(f"balance {self.balance} makes {n} stages, which schedule {schedule!r} cannot place "
+                                 f"on {world} ranks: {error} (launch {n} processes, e.g. torchrun --nproc-per-node "
+                                 f"{n}, or change the balance)") from None
         if deferred_batch_norm:
             module = DeferredBatchNorm.convert_deferred_batch_norm(module, self.chunks)
         self.skip_layout = SkipLayout.of(list(module), self.balance)
@@ -140,11 +152,20 @@ class DistributedGPipe(nn.Module):
         return [j for j, d in enumerate(self.placement) if d == self.rank]
 
     def schedule_for(self, m: int, checkpoint: str | None = None) -> Schedule:
-        """The schedule of a step of ``m`` micro-batches (its device ``d`` is rank ``d``)."""
+        """The schedule of a step of ``m`` micro-batches (its device ``d`` is rank ``d``); a given schedule for its
+        own ``m`` only (Note [a given schedule] in :mod:`gpipe.pipeline`).
+
+        Raises:
+            ValueError: ``m`` differs from a given schedule's ``m``.
+        """
         mode = self.checkpoint if checkpoint is None else checkpoint
         if (m, mode) not in self._schedules:
-            self._schedules[(m, mode)] = self.kind(m, len(self.balance), cast(Checkpoint, mode),
-                                                   self.placement).validate()
+            if self.kind is None:
+                assert self._given is not None
+                self._schedules[(m, mode)] = step_schedule(self._given, m, mode)
+            else:
+                self._schedules[(m, mode)] = self.kind(m, len(self.balance), cast(Checkpoint, mode),
+                                                       self.placement).validate()
         return self._schedules[(m, mode)]
 
     def close(self) -> None:
