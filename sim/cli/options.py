@@ -14,8 +14,8 @@ from gpipe.schedule import SCHEDULES
 from sim.cli import CommandError
 from sim.files import OutputFolder
 
-__all__ = ["MAX_INT", "MAX_SECONDS", "add_force", "add_out", "integer", "number", "output_folder", "schedules_help",
-           "seed"]
+__all__ = ["MAX_INT", "MAX_SECONDS", "add_force", "add_out", "integer", "number", "number_list", "output_folder",
+           "schedules_help", "seed"]
 
 MAX_INT = 2**63 - 1  # integers reach torch and numpy as signed 64-bit C integers
 MAX_SECONDS = 1e15  # 30 million years: a sum over any schedule of such seconds stays finite
@@ -48,6 +48,24 @@ def number(flag: str, value: float, *, unit: str, positive: bool = False, maximu
     if value > maximum:
         raise CommandError(f"{flag} {value:g} is out of range: at most {maximum:g} {unit}")
     return value
+
+
+def number_list(flag: str, text: str | float, count: int, *, unit: str, what: str = "stage",
+                positive: bool = False, maximum: float = MAX_SECONDS) -> tuple[float, ...]:
+    """``count`` numbers from ``text``: one value for all, or one per ``what`` separated by commas, each checked
+    by :func:`number`; else a :class:`CommandError` naming ``flag``, the count it takes and what it got."""
+    words = [str(text)] if isinstance(text, (int, float)) else [w.strip() for w in str(text).split(",")]
+    if any(not w for w in words):
+        raise CommandError(f"{flag} takes one number or {count} separated by commas (one per {what}), got {text!r}")
+    try:
+        values = [float(w) for w in words]
+    except ValueError:
+        raise CommandError(f"{flag} takes numbers of {unit}, one for all or one per {what}, got {text!r}") from None
+    if len(values) not in (1, count):
+        raise CommandError(f"{flag} takes one value or {count} (one per {what}), got {len(values)}: {text!r}")
+    for value in values:
+        number(flag, value, unit=unit, positive=positive, maximum=maximum)
+    return tuple(values * count if len(values) == 1 else values)
 
 
 def add_force(parser: argparse.ArgumentParser) -> None:
