@@ -219,13 +219,14 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         pipe = GPipe(model, balance=list(balance), devices=list(devices), chunks=setup.chunks,
                      checkpoint=setup.checkpoint, cpu_affinity=stage_affinity, schedule=setup.schedule)
         pipe.record = True
-        # Note [one schedule]: the simulator is given the schedule the executor reports (``pipe.schedule``), so
-        # the two timelines are of the same schedule by construction (each measured step's ``meta`` is checked
-        # against it); the prediction comes from the calibrated costs alone, never from the executor's
-        # timelines (Note [interleaved calibration] says when the calibration runs).
-        schedule = pipe.schedule_for(len(sizes))  # Note [one schedule]; fewer micro-batches than chunks if small
+        # Note [one schedule]: the simulator is given the schedule the executor reports (``pipe.schedule``; a given
+        # Schedule is that object), so the two timelines are of the same schedule by construction (each measured
+        # step's ``meta`` is checked against it); the prediction comes from the calibrated costs alone, never from
+        # the executor's timelines (Note [interleaved calibration] says when the calibration runs).
+        schedule = pipe.schedule_for(len(sizes))  # fewer micro-batches than chunks if small (not for a given one)
         if (schedule.m, schedule.n, schedule.checkpoint, schedule.placement) != (len(sizes), len(balance),
-                                                                                 setup.checkpoint, placement):
+                                                                                 setup.checkpoint, placement) \
+                or not isinstance(setup.schedule, str) and schedule != setup.schedule:
             raise RuntimeError(f"the executor plans {schedule.name} with m={schedule.m}, n={schedule.n}, "
                                f"checkpoint={schedule.checkpoint}, placement={schedule.placement}; expected "
                                f"{len(sizes)} micro-batches, {len(balance)} stages, checkpoint={setup.checkpoint}, "

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from gpipe.distributed.loopback import free_port, init_loopback_group
 from gpipe.profile import RecordedSeconds
-from gpipe.schedule import SCHEDULES, Schedule
+from gpipe.schedule import Schedule, schedule_kind
 from gpipe.timeline import Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
@@ -291,10 +291,15 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
     model, batch = build()
     tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
     sizes = microbatch_sizes(tensors[0].shape[0], setup.chunks)
-    n = len(setup.balance) if setup.balance is not None else (setup.stages or processes)
-    kind = SCHEDULES[setup.schedule]
-    placement = kind.layout(n, processes)
-    schedule = kind(len(sizes), n, setup.checkpoint, placement).validate()
+    if isinstance(setup.schedule, Schedule):  # run as it is: Note [a given schedule] in gpipe.pipeline
+        schedule, n = setup.schedule, setup.schedule.n
+        if schedule.num_devices != processes:
+            raise ValueError(f"schedule {schedule.name!r} runs on {schedule.num_devices} devices, a rank each: give "
+                             f"--processes {schedule.num_devices}")
+    else:
+        n = len(setup.balance) if setup.balance is not None else (setup.stages or processes)
+        kind = schedule_kind(setup.schedule)
+        schedule = kind(len(sizes), n, setup.checkpoint, kind.layout(n, processes)).validate()
     with intra_op_threads(setup.threads):
         balance = setup.balance
         if balance is None:

@@ -8,14 +8,18 @@ Note [devices and stages]: ``Setup.devices`` are what :class:`gpipe.GPipe` takes
 device* (one worker each): as many as the partitions, or fewer for a schedule that places several stages on one
 device (one registered with a layout places them by it, :meth:`Setup.placement`). The partition count is the
 balance's length, else ``stages``, else one per device. So ``Setup(schedule=S, stages=4, devices=("cpu",) * 2)``
-is four stages on two workers, as ``GPipe(model, balance, devices=["cpu"] * 2, schedule=S)`` runs them.
+is four stages on two workers, as ``GPipe(model, balance, devices=["cpu"] * 2, schedule=S)`` runs them. A
+:class:`~gpipe.schedule.Schedule` given as ``Setup.schedule`` is the step on both halves, as ``GPipe`` runs one (Note
+[a given schedule] in :mod:`gpipe.pipeline`): its ``n`` is the partition count unless a balance or ``stages`` says the
+same, its placement places them (devices one per stage or one per schedule device), and ``chunks`` and ``checkpoint``
+must be its ``m`` and policy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, schedule_kind
+from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, schedule_kind
 
 __all__ = ["Setup"]
 
@@ -28,7 +32,8 @@ class Setup:
         chunks: micro-batches per mini-batch (GPipe's ``chunks``).
         checkpoint: ``always``, ``except_last`` or ``never``.
         schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`) the executor runs and the
-            simulator predicts (Note [one schedule]).
+            simulator predicts (Note [one schedule]), or a :class:`~gpipe.schedule.Schedule` both run as it is (Note
+            [devices and stages]).
         balance: layers per partition; ``None``: ``balance_by_time`` over :attr:`partitions` partitions.
         stages: the partitions when no balance is given; ``None``: one per device (Note [devices and stages]).
         devices: one torch device per schedule device, as :class:`gpipe.GPipe` takes them: one per partition, or
@@ -58,7 +63,7 @@ class Setup:
 
     chunks: int = 4
     checkpoint: Checkpoint = "except_last"
-    schedule: str = "gpipe"
+    schedule: str | Schedule = "gpipe"
     balance: tuple[int, ...] | None = None
     stages: int | None = None
     devices: tuple[str, ...] | None = None
@@ -85,8 +90,8 @@ class Setup:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint must be one of {', '.join(CHECKPOINT_MODES)}, got {self.checkpoint!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; registered: {', '.join(SCHEDULES)}")
+        if not isinstance(self.schedule, Schedule):
+            schedule_kind(self.schedule)  # a registered name, else a ValueError listing them
         if self.pass_repeats is not None and (isinstance(self.pass_repeats, bool)
                                               or not isinstance(self.pass_repeats, int) or self.pass_repeats < 1):
             raise ValueError(f"pass_repeats must be an integer >= 1 or None, got {self.pass_repeats!r}")
@@ -97,6 +102,8 @@ class Setup:
             raise ValueError(f"stages must be an integer >= 1 or None, got {self.stages!r}")
         if self.balance is not None and self.stages is not None and len(self.balance) != self.stages:
             raise ValueError(f"balance has {len(self.balance)} partitions but stages={self.stages}: give one of them")
+        if isinstance(self.schedule, Schedule):
+            self._check_given(self.schedule.validate())
         if self.devices is not None:
             if not self.devices:
                 raise ValueError("devices is empty: give one torch device per schedule device, or None")
@@ -119,6 +126,8 @@ class Setup:
             return len(self.balance)
         if self.stages is not None:
             return self.stages
+        if isinstance(self.schedule, Schedule):
+            return self.schedule.n
         return len(self.devices) if self.devices is not None else 2
 
     def placement(self) -> tuple[int, ...]:
@@ -128,8 +137,16 @@ class Setup:
         Raises:
             ValueError: the schedule cannot place the partitions on the devices given (the message names the fix).
         """
-        kind, n = schedule_kind(self.schedule), self.partitions
+        n = self.partitions
         p = len(self.devices) if self.devices is not None else n
+        if isinstance(self.schedule, Schedule):
+            given = self.schedule
+            if p not in (n, given.num_devices):
+                raise ValueError(f"schedule {given.name!r} runs {n} stages on {given.num_devices} devices: give "
+                                 f"{given.num_devices} devices (one per schedule device) or {n} (one per stage), "
+                                 f"not {p}")
+            return given.placement
+        kind = schedule_kind(self.schedule)
         placed = kind.layout(n, p) if kind.place is not None and p < n else None
         placement = kind(self.chunks, n, self.checkpoint, placed).placement
         if p not in (n, max(placement) + 1):
@@ -137,3 +154,16 @@ class Setup:
             raise ValueError(f"schedule {self.schedule!r} runs {n} stages on {max(placement) + 1} devices, not on "
                              f"the {p} given")
         return placement
+
+    def _check_given(self, given: Schedule) -> None:
+        """A given schedule's ``m``, policy and stages agree with ``chunks``, ``checkpoint`` and the partitions."""
+        name = given.name
+        if self.chunks != given.m:
+            raise ValueError(f"chunks={self.chunks}, but schedule {name!r} runs m={given.m} micro-batches: give "
+                             f"chunks={given.m}")
+        if self.checkpoint != given.checkpoint:
+            raise ValueError(f"checkpoint={self.checkpoint!r}, but schedule {name!r} was built for checkpoint="
+                             f"{given.checkpoint!r}: give checkpoint={given.checkpoint!r}")
+        if self.partitions != given.n:
+            raise ValueError(f"{self.partitions} partitions, but schedule {name!r} has {given.n} stages: give a "
+                             f"balance of {given.n} partitions (or stages={given.n})")
