@@ -7,20 +7,33 @@ importable from the current directory, or a path to a ``.py`` file::
     gpipe-sim compare mypackage.models:build --chunks 8 --balance 3,5 --devices cpu,cpu
     gpipe-sim compare examples/tiny.py:build --json
     gpipe-sim compare examples/tiny.py:build --schedule NAME --stages 4 --devices cpu,cpu   # 4 stages, 2 workers
+    gpipe-sim compare examples/tiny.py:build --schedule searched.txt   # a schedule from a file, run as it is
 
 The same pipeline as ``gpipe-sim demo`` (:func:`sim.calibration.experiment.run`): balance (unless ``--balance``),
 calibrate, simulate, run the executor for ``--steps`` steps, compare, write the files.
+
+Note [a schedule file]: ``--schedule FILE`` is one exact schedule, which both halves run (Note [a given schedule] in
+:mod:`gpipe.pipeline`): ``.txt`` is the project's text form (:mod:`gpipe.schedule.text`), ``.csv`` torch
+pipelining's (:mod:`gpipe.schedule.pipelining`; ``--checkpoint`` adds its recomputes), chosen by the name's suffix.
+Its ``m`` is the chunks and its stages the partitions, its placement places them, and a ``.txt`` carries its policy:
+``--chunks``, ``--stages``, ``--balance`` and ``--checkpoint`` may be left out, and given, must agree with it. A
+registered name is looked up first; a word with neither a suffix nor a folder is refused by argparse, listing the
+names, and a file of another suffix by :func:`schedule_file`, one line each.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-from typing import Any
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
+from gpipe.schedule import SCHEDULES, Checkpoint, Schedule, read_pipelining_csv, read_schedule, schedule_kind
 from sim.calibration.experiment import Batch, Setup, microbatch_sizes
 from sim.calibration.machine import default_devices
 from sim.cli import CommandError, processes
@@ -29,7 +42,7 @@ from sim.cli.options import integer
 from sim.cli.user_code import Target, blame, call, layer_failure, load_target
 from sim.core.size import check_simulation_size
 
-__all__ = ["add_parser", "check_runs", "load", "run"]
+__all__ = ["add_parser", "check_runs", "load", "run", "schedule_file"]
 
 
 def add_parser(subparsers: Any) -> None:
@@ -38,6 +51,7 @@ def add_parser(subparsers: Any) -> None:
         "compare", help="predicted vs measured on your model (MODULE:FUNCTION returning a model and a batch)",
         description="Calibrate, simulate and run your nn.Sequential in the executor, and print the prediction "
                     "beside the measurement; write timeline.png, trace.json and report.json.",
+        conflict_handler="resolve",  # --schedule below takes a file too, in place of the shared option
     )
     p.add_argument("target", metavar="MODULE:FUNCTION",
                    help="a function of no arguments returning (nn.Sequential, sample mini-batch); MODULE is a "
@@ -49,7 +63,30 @@ def add_parser(subparsers: Any) -> None:
                         "partition, or fewer for a schedule that places several stages on one device (default: the "
                         "CUDA devices when there are enough, else cpu for each partition)")
     add_common_options(p, out="compare")
-    p.set_defaults(func=run)
+    p.add_argument("--schedule", default="gpipe", metavar="NAME|FILE", choices=_NamesOrFiles(),
+                   help=f"the schedule the executor runs and the simulator predicts: a registered name "
+                        f"({', '.join(SCHEDULES)}; default: gpipe), or a file holding one schedule, run as it is: "
+                        "FILE.txt in gpipe-sim's text form, FILE.csv in torch.distributed.pipelining's (--checkpoint "
+                        "adds its recomputes); a file's micro-batches and stages set --chunks and --stages, and a "
+                        ".txt's policy --checkpoint")
+    p.set_defaults(func=run, chunks=None, checkpoint=None)  # Note [a schedule file]: None until settled
+
+
+class _NamesOrFiles:
+    """The choices of ``--schedule``: a registered name, or anything with a suffix or a folder, which
+    :func:`schedule_file` reads or refuses; argparse lists the names when it refuses something else."""
+
+    def __contains__(self, text: object) -> bool:
+        if not isinstance(text, str):
+            return False
+        try:
+            schedule_kind(text)
+        except ValueError:
+            return bool(Path(text).suffix) or os.sep in text
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SCHEDULES)
 
 
 def parse_balance(text: str) -> tuple[int, ...]:
@@ -145,11 +182,67 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
+def schedule_file(text: str, checkpoint: str | None) -> Schedule | None:
+    """The schedule in the file ``--schedule`` names (Note [a schedule file]); ``None`` for a registered name.
+
+    ``checkpoint``: the policy whose recomputes a ``.csv`` gets (``None``: ``except_last``).
+
+    Raises:
+        CommandError: neither a registered name nor a ``.txt`` or ``.csv`` file, a file that is not there, or one
+            that holds no valid schedule (the message names the line, or shows the grid).
+    """
+    try:
+        schedule_kind(text)
+        return None
+    except ValueError:
+        pass
+    path = Path(text)
+    suffix = path.suffix.lower()
+    if suffix not in (".txt", ".csv"):
+        raise CommandError(f"--schedule {text!r} is neither a registered schedule ({', '.join(SCHEDULES)}) nor a "
+                           "schedule file: FILE.txt (gpipe-sim's text form) or FILE.csv (torch pipelining's)")
+    if not path.is_file():
+        raise CommandError(f"--schedule {path}: no such file")
+    try:
+        if suffix == ".txt":
+            return read_schedule(path)
+        return read_pipelining_csv(path, cast(Checkpoint, checkpoint or "except_last"))  # a choice of --checkpoint
+    except ValueError as exc:  # ScheduleError too: the message shows the grid
+        raise CommandError(f"--schedule {path}: {exc}") from None
+    except OSError as exc:
+        raise CommandError(f"--schedule {path}: {exc.strerror or exc}") from None
+
+
+def _settle(args: argparse.Namespace) -> Schedule | None:
+    """Note [a schedule file]: ``--chunks`` and ``--checkpoint`` from the file's schedule, or their defaults (4 and
+    ``except_last``) for a name; the schedule, or ``None`` for a name.
+
+    Raises:
+        CommandError: a file whose schedule disagrees with a ``--chunks``, ``--checkpoint`` or ``--stages`` given.
+    """
+    given = schedule_file(args.schedule, args.checkpoint)
+    if given is None:
+        args.chunks = 4 if args.chunks is None else args.chunks
+        args.checkpoint = "except_last" if args.checkpoint is None else args.checkpoint
+        return None
+    for flag, value, theirs in (("--chunks", args.chunks, given.m), ("--checkpoint", args.checkpoint, given.checkpoint),
+                                ("--stages", args.stages, given.n)):
+        if value is not None and value != theirs:
+            raise CommandError(f"{flag} {value}, but the schedule in {args.schedule} has {flag[2:]} {theirs}: leave "
+                               f"{flag} out (the file decides it) or give {flag} {theirs}")
+    args.chunks, args.checkpoint = given.m, given.checkpoint
+    return given
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the user's model, run the experiment, report; return the exit status."""
+    given = _settle(args)  # Note [a schedule file]
     out = check_common(args)
     balance = parse_balance(args.balance) if args.balance is not None else None
     devices = parse_devices(args.devices) if args.devices is not None else None
+    if given is not None and balance is not None and len(balance) != given.n:
+        raise CommandError(f"--balance has {len(balance)} partitions but the schedule in {args.schedule} has "
+                           f"{given.n} stages: give a balance of {given.n} partitions")
     if balance is not None and args.stages is not None and len(balance) != args.stages:
         raise CommandError(f"--balance has {len(balance)} partitions but --stages is {args.stages}: give one of them")
     if balance is not None and devices is not None and len(balance) < len(devices):
@@ -159,27 +252,31 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     target = load_target(args.target)
     model, batch = load(target)
+    size = batch.shape[0] if isinstance(batch, Tensor) else batch[0].shape[0]
+    if given is not None and given.m > size:
+        raise CommandError(f"the schedule in {args.schedule} runs {given.m} micro-batches, more than the {size} "
+                           "samples of the mini-batch: every micro-batch needs at least one")
     check_chunks(args.chunks, batch)
     check_runs(target, model, batch, args.chunks)
     if balance is not None and sum(balance) != len(model):
         raise CommandError(f"--balance {args.balance} sums to {sum(balance)}, but the model has {len(model)} layers")
     partitions = len(balance) if balance is not None else args.stages if args.stages is not None \
-        else len(devices) if devices is not None else 2
+        else given.n if given is not None else len(devices) if devices is not None else 2
     if partitions > len(model):
         raise CommandError(f"{partitions} partitions for a model of {len(model)} layers")
     stages = max(partitions, args.processes or 0)  # --processes without --stages runs a stage per rank
     check_simulation_size(args.chunks, stages, given=f"--chunks {args.chunks} on {stages} stages",
                           fix="lower --chunks or --stages")  # sim.core.size: before any work
     if args.processes is not None:
-        setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
-                      seed=args.seed, balance=balance, stages=args.stages if balance is None else None)
+        setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=given or args.schedule,
+                      steps=args.steps, seed=args.seed, balance=balance,
+                      stages=args.stages if balance is None else None)
         with blame(target):
             return processes.execute(functools.partial(load, args.target), setup, args,
                                      f"compare: {args.target}, {len(model)} layers", out)
-    setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=args.schedule, steps=args.steps,
+    setup = Setup(chunks=args.chunks, checkpoint=args.checkpoint, schedule=given or args.schedule, steps=args.steps,
                   seed=args.seed, balance=balance, stages=None if balance is not None else partitions,
-                  devices=devices or default_devices(partitions))
+                  devices=devices or default_devices(partitions if given is None else given.num_devices))
     layers = len(model)
-    size = batch.shape[0] if isinstance(batch, Tensor) else batch[0].shape[0]
     with blame(target):  # an error in a layer of the user's is theirs (sim.cli.user_code)
         return execute(model, batch, setup, args, f"compare: {args.target}, {layers} layers, batch {size}", out)
