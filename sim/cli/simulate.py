@@ -56,8 +56,9 @@ def add_parser(subparsers: Any) -> None:
         epilog="Copies: --copy-time wins; else --activation-bytes/--link/--bandwidth price them by a link; "
                "else they are free.",
     )
-    p.add_argument("--schedule", choices=tuple(SCHEDULES), default="gpipe", metavar="NAME",
-                   help=f"the schedule: {schedules_help()} (default: gpipe)")
+    p.add_argument("--schedule", default="gpipe", metavar="NAME",  # checked by schedule_kind, with its options
+                   help=f"the schedule: {schedules_help()}; a schedule's options follow its name, e.g. "
+                        "interleaved-1f1b:round=8 (default: gpipe)")
     p.add_argument("--stages", type=int, default=4, metavar="N", help="pipeline stages (default: 4)")
     p.add_argument("--devices", type=int, default=None, metavar="P",
                    help="devices, the stages placed by the schedule's layout (default: one per stage)")

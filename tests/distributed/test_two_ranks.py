@@ -27,6 +27,10 @@ for _name, _kind in SCHEDULES.items():
             if not cases.refused(_name, _checkpoint, len(_balance), 4, WORLD):
                 TRAIN[f"{_name}-{_checkpoint}-{_model}"] = functools.partial(
                     cases.train, schedule=_name, checkpoint=_checkpoint, model=_model, balance=_balance, m=4)
+# interleaved 1F1B with m no multiple of the ranks, in rounds named by option (a last round of two)
+TRAIN["interleaved-1f1b-round3-m5"] = functools.partial(cases.train, schedule="interleaved-1f1b:round=3",
+                                                       checkpoint="except_last", model="mlp", balance=[1, 1, 2, 1],
+                                                       m=5)
 TRAIN["gpipe-tuple"] = functools.partial(cases.train, schedule="gpipe", checkpoint="always", model="tuple",
                                          balance=[2, 2], m=4)
 TRAIN["1f1b-tuple"] = functools.partial(cases.train, schedule="1f1b", checkpoint="except_last", model="tuple",

@@ -231,7 +231,8 @@ def test_the_explorer_redraws_the_simulators_run_when_a_control_changes(served: 
     from tests.docs.test_explorer import unpack
 
     out = ROOT / "docs" / "img" / "generated"
-    packs = {name: unpack(out / f"explorer-{name}.js") for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")}
+    names = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe-v")
+    packs = {name: unpack(out / f"explorer-{name}.js") for name in names}
 
     def run(name: str, key: str) -> dict[str, Any]:
         return packs[name]["runs"][key]
@@ -260,10 +261,12 @@ def test_the_explorer_redraws_the_simulators_run_when_a_control_changes(served: 
         check(browser, "interleaved-1f1b", "4|2|8|never|2.0|-|0.0")
         browser.evaluate(_set("copy", "0.25"))  # copies appear on the copy rows
         check(browser, "interleaved-1f1b", "4|2|8|never|2.0|-|0.25")
-        browser.evaluate(_set("m", "6"))  # not a multiple of p: the generator refuses, the page says why
+        browser.evaluate(_set("m", "6"))  # not a multiple of p: a last partial round
+        check(browser, "interleaved-1f1b", "4|2|6|never|2.0|-|0.25")
+        browser.evaluate(_set("schedule", "dualpipe-v"))  # m < n = 8: the generator refuses, the page says why
         refused = _drawn(browser, "refused")
         assert refused["spans"] == 0
-        assert refused["summary"] == "Refused: " + packs["interleaved-1f1b"]["shapes"]["4|2|6|never"]
+        assert refused["summary"] == "Refused: " + packs["dualpipe-v"]["shapes"]["4|2|6|never"]
         browser.evaluate(_set("schedule", "zb-h1"))
         browser.evaluate(_set("v", "1"))
         assert not check(browser, "zb-h1", "4|1|6|never|2.0|0.5|0.25")["weight"]

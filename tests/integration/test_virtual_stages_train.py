@@ -77,5 +77,7 @@ def test_dropout_draws_what_gpipe_draws(checkpoint: Checkpoint) -> None:
 
 
 def test_a_shape_the_schedule_cannot_run_is_refused_with_the_fix() -> None:
-    with pytest.raises(ValueError, match="use a number of micro-batches that is a multiple of the 2 devices: 2 or 4"):
-        GPipe(mlp(), [1, 1, 2, 1], devices=["cpu"] * 2, chunks=3, schedule="interleaved-1f1b")
+    with pytest.raises(ValueError, match="use a number of stages that is a multiple of the 2 devices: 4 or 6"):
+        GPipe(mlp(), [1, 1, 1, 1, 1], devices=["cpu"] * 2, chunks=3, schedule="interleaved-1f1b")
+    with pytest.raises(ValueError, match=r"takes the option round=N \(N a positive integer"):
+        GPipe(mlp(), [1, 1, 2, 1], devices=["cpu"] * 2, chunks=3, schedule="interleaved-1f1b:round=0")

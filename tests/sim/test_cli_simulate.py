@@ -130,8 +130,9 @@ def test_weight_time_is_a_w_task_or_part_of_the_backward(capsys: pytest.CaptureF
     (["--devices", "2"], "--schedule gpipe runs one stage per device: use --devices 4 (or leave it out), or a "
                          "schedule that places several stages per device: interleaved-1f1b, looped-bfs"),
     (["--devices", "3", "--schedule", "interleaved-1f1b"], "a multiple of the 3 devices: 3 or 6"),
-    (["--devices", "2", "--schedule", "interleaved-1f1b", "--chunks", "5"],
-     "use a number of micro-batches that is a multiple of the 2 devices: 4 or 6"),
+    (["--devices", "2", "--schedule", "interleaved-1f1b:round=0"],
+     "schedule 'interleaved-1f1b' takes the option round=N (N a positive integer"),
+    (["--schedule", "zigzag"], "unknown schedule 'zigzag'; registered: gpipe, 1f1b,"),
     (["--stages", "0"], "--stages must be >= 1"),
     (["--saved-bytes", "-5"], "--saved-bytes must be >= 0"),
     (["--bandwidth", "0"], "--bandwidth must be a finite number of bytes/s > 0"),
