@@ -36,6 +36,7 @@ from gpipe.schedule import (
     step_grid,
     unregister,
     zb_h1,
+    zb_h2,
     zb_v,
 )
 from gpipe.schedule.grid import run_unit_steps
@@ -290,12 +291,15 @@ def test_collector_paused_restores_the_collector_and_ages_what_it_built() -> Non
     assert len(big) == len(more) and gpipe(3, 2).tasks == gpipe(3, 2).tasks and gc.isenabled()
 
 
+NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "dualpipe-v"]
+
+
 def test_the_registry_names_every_generator_once() -> None:
     """Note [one registry]: the built-in generators, in order, each with its description, constraints and policy."""
-    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-v", "dualpipe-v"]
+    assert list(SCHEDULES) == NAMES
     assert [SCHEDULES[k].generator for k in SCHEDULES] == [gpipe, one_f_one_b, interleaved_one_f_one_b, looped_bfs,
-                                                           zb_h1, zb_v, dualpipe_v]
-    assert [k.default_checkpoint for k in SCHEDULES.values()] == ["except_last"] + ["never"] * 6
+                                                           zb_h1, zb_h2, zb_v, dualpipe_v]
+    assert [k.default_checkpoint for k in SCHEDULES.values()] == ["except_last"] + ["never"] * 7
     for kind in SCHEDULES.values():
         assert kind.description and kind.constraints and "\n" not in kind.description + kind.constraints
         assert kind(3, 2) == kind.generator(3, 2) and kind(3, 2).name == kind.name
@@ -305,7 +309,7 @@ def test_the_registry_names_every_generator_once() -> None:
 
 
 def test_an_unknown_name_lists_the_registered_ones() -> None:
-    registered = "gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zb-v, dualpipe-v"
+    registered = ", ".join(NAMES)
     with pytest.raises(ValueError, match=rf"^unknown schedule 'zero-bubble'; registered: {registered}$"):
         schedule_kind("zero-bubble")
     with pytest.raises(ValueError, match="unknown schedule 'zero-bubble'"):
@@ -323,7 +327,7 @@ def test_register_and_unregister() -> None:
             register("reversed", "twice")(reversed_gpipe)
     finally:
         assert unregister("reversed").generator is reversed_gpipe
-    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-v", "dualpipe-v"]
+    assert list(SCHEDULES) == NAMES
 
 
 @pytest.mark.parametrize(("name", "description", "message"), [
@@ -365,7 +369,7 @@ def test_the_package_imports_no_torch() -> None:
     executor), it leaves torch unloaded."""
     code = ("import sys, types; parent = types.ModuleType('gpipe'); parent.__path__ = ['gpipe']; "
             "sys.modules['gpipe'] = parent; import gpipe.schedule; "
-            "assert 'torch' not in sys.modules and len(gpipe.schedule.SCHEDULES) == 7")
+            "assert 'torch' not in sys.modules and len(gpipe.schedule.SCHEDULES) == 8")
     subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True)
 
 

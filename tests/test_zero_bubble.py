@@ -1,5 +1,6 @@
-"""Zero-bubble schedules as data: ZB-H1 and ZB-V look like their diagrams, pass the validator under every policy,
-hold no more activations than 1F1B, and ZB-V's layout refuses a shape it cannot place, naming the fix."""
+"""Zero-bubble schedules as data: ZB-H1, ZB-H2 and ZB-V look like their diagrams, pass the validator under every
+policy, hold what their docstrings say (ZB-H1 and ZB-V 1F1B's activations, ZB-H2 up to 2n - 1 per stage), and ZB-V's
+layout refuses a shape it cannot place, naming the fix."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gpipe.schedule import (
     schedule_kind,
     v_shape,
     zb_h1,
+    zb_h2,
     zb_v,
 )
 
@@ -33,6 +35,19 @@ def test_zb_h1_looks_like_its_diagram() -> None:
                        parse_tasks("F0@1 F1@1 B0@1 F2@1 B1@1 W0@1 F3@1 B2@1 W1@1 B3@1 W2@1 W3@1"),
                        parse_tasks("F0@2 B0@2 F1@2 B1@2 F2@2 B2@2 W0@2 F3@2 B3@2 W1@2 W2@2 W3@2"))
     assert s.placement == (0, 1, 2) and s.splits_weight_gradient and s.name == "zb-h1"
+
+
+def test_zb_h2_looks_like_its_diagram() -> None:
+    """Stage j: 2n - 1 - 2j forwards, B W F triples, then B followed by a forward (2j of them) or a held-back W."""
+    s = zb_h2(6, 3).validate()
+    assert s.tasks == (
+        parse_tasks("F0@0 F1@0 F2@0 F3@0 F4@0 B0@0 W0@0 F5@0 B1@0 W1@0 B2@0 W2@0 B3@0 W3@0 B4@0 W4@0 B5@0 W5@0"),
+        parse_tasks("F0@1 F1@1 F2@1 B0@1 W0@1 F3@1 B1@1 F4@1 B2@1 F5@1 B3@1 W1@1 B4@1 W2@1 B5@1 W3@1 W4@1 W5@1"),
+        parse_tasks("F0@2 B0@2 W0@2 F1@2 B1@2 F2@2 B2@2 F3@2 B3@2 F4@2 B4@2 F5@2 B5@2 W1@2 W2@2 W3@2 W4@2 W5@2"))
+    assert s.placement == (0, 1, 2) and s.splits_weight_gradient and s.name == "zb-h2"
+    assert zb_h2(2, 3).tasks == (parse_tasks("F0@0 F1@0 B0@0 W0@0 B1@0 W1@0"),  # fewer micro-batches: no triple
+                                 parse_tasks("F0@1 F1@1 B0@1 W0@1 B1@1 W1@1"),
+                                 parse_tasks("F0@2 B0@2 F1@2 B1@2 W0@2 W1@2"))
 
 
 def test_zb_v_looks_like_its_diagram() -> None:
@@ -54,9 +69,9 @@ def _recompute_right_before_its_backward(s: Schedule) -> None:
 def test_every_shape_and_policy_is_valid(checkpoint: Checkpoint) -> None:
     for n in range(1, 6):
         for m in range(1, 9):
-            s = zb_h1(m, n, checkpoint).validate()
-            _recompute_right_before_its_backward(s)
-            assert s.splits_weight_gradient
+            for s in (zb_h1(m, n, checkpoint).validate(), zb_h2(m, n, checkpoint).validate()):
+                _recompute_right_before_its_backward(s)
+                assert s.splits_weight_gradient and sorted(s.all_tasks()) == sorted(s.expected_tasks())
     for p in range(1, 5):
         for m in range(1, 2 * p + 3):
             s = zb_v(m, 2 * p, checkpoint).validate()
@@ -64,9 +79,12 @@ def test_every_shape_and_policy_is_valid(checkpoint: Checkpoint) -> None:
             assert s.num_devices == p and s.placement == v_shape(2 * p, p)
 
 
-def test_zb_h1_merges_several_stages_on_a_device() -> None:
-    s = zb_h1(5, 4, "except_last", placement=(0, 1, 0, 1)).validate()
-    assert s.num_devices == 2 and s.stages_on(0) == (0, 2)
+def test_zb_h1_and_h2_merge_several_stages_on_a_device() -> None:
+    for generator in (zb_h1, zb_h2):
+        for m in (1, 3, 5, 8):
+            s = generator(m, 4, "except_last", placement=(0, 1, 0, 1)).validate()
+            assert s.num_devices == 2 and s.stages_on(0) == (0, 2)
+            assert generator(m, 4, "always", placement=(0, 0, 0, 0)).validate().num_devices == 1
 
 
 def _peaks(tasks: tuple[Task, ...], until: Op) -> dict[int, int]:
@@ -91,6 +109,16 @@ def test_zb_h1_holds_what_1f1b_holds_between_f_and_b() -> None:
             for d in range(n):
                 assert _peaks(zb.tasks[d], Op.B) == _peaks(f1b.tasks[d], Op.B) == {d: min(m, n - d)}
                 assert _peaks(zb.tasks[d], Op.W) == {d: min(m, n)}
+
+
+def test_zb_h2_holds_up_to_2n_minus_1_micro_batches_on_every_stage() -> None:
+    """Stage j: min(m, 2n - 1 - 2j) between F and B (its warm-up), min(m, 2n - 1) between F and W."""
+    for n in range(1, 7):
+        for m in range(1, 3 * n + 2):
+            s = zb_h2(m, n)
+            for j in range(n):
+                assert _peaks(s.tasks[j], Op.B) == {j: min(m, 2 * n - 1 - 2 * j)}
+                assert _peaks(s.tasks[j], Op.W) == {j: min(m, 2 * n - 1)}
 
 
 def test_zb_v_holds_at_most_2p_stage_activations_per_device() -> None:
@@ -131,7 +159,8 @@ def test_zb_v_refuses_what_it_cannot_run() -> None:
 
 
 def test_registered_with_their_constraints() -> None:
-    for name in ("zb-h1", "zb-v"):
+    for name in ("zb-h1", "zb-h2", "zb-v"):
         kind = SCHEDULES[name]
         assert kind.default_checkpoint == "never" and "splits the backward" in kind.constraints
     assert "n = 2p" in SCHEDULES["zb-v"].constraints
+    assert SCHEDULES["zb-h2"].place is None and "2n-1" in SCHEDULES["zb-h2"].constraints

@@ -23,13 +23,13 @@ One concept per module, each importing only those above it::
     schedule.py         Schedule: per-device task lists, shape and stage placement
     collector.py        collector_paused, for building millions of records
     placement.py        stage placement, the V layout v_shape(), per-stage orders merged per device
-    registry.py         SCHEDULES: every generator by name, with what it does and needs; register()
+    registry.py         SCHEDULES: every generator by name, with what it does, needs and takes; register()
     fill_drain.py       gpipe(): GPipe's fill-drain, and clock_cycles()
     pipedream_flush.py  one_f_one_b(): 1F1B
     pipelining.py       torch.distributed.pipelining's per-rank actions ("0F1") and CSV, both ways
     text.py             the project's own text form of a schedule (a header, a line per device), both ways
     virtual_stages.py   interleaved_one_f_one_b(), looped_bfs(): several stages per device, placed looped
-    zero_bubble.py      zb_h1(), zb_v(): zero-bubble schedules (B and W split)
+    zero_bubble.py      zb_h1(), zb_h2(), zb_v(): zero-bubble schedules (B and W split)
     dualpipe.py         dualpipe_v(): DeepSeek's DualPipeV, overlapped pairs in a V
     size.py             schedule_bytes(), check_schedule_size(): a shape's memory, checked before it is built
 
@@ -39,7 +39,8 @@ A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`
     def my_schedule(m, n, checkpoint="never", placement=None) -> Schedule: ...
 
 and ``GPipe(..., schedule="my-schedule")``, :func:`sim.planning.plan.plan` and ``gpipe-sim simulate --schedule
-my-schedule`` run it.
+my-schedule`` run it. A knob of a generator (a keyword parameter) rides in the name as an option,
+``"interleaved-1f1b:round=8"``, once declared: ``register(..., options={"round": "round_size"})``.
 """
 
 from gpipe.schedule.collector import collector_paused
@@ -55,7 +56,7 @@ from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpoi
 from gpipe.schedule.text import parse_schedule, read_schedule, schedule_text, write_schedule
 from gpipe.schedule.validator import ScheduleError
 from gpipe.schedule.virtual_stages import interleaved_one_f_one_b, looped_bfs
-from gpipe.schedule.zero_bubble import zb_h1, zb_v
+from gpipe.schedule.zero_bubble import zb_h1, zb_h2, zb_v
 
 # isort: split
 from gpipe.schedule.dualpipe import dualpipe_v  # registers last (Note [one registry])
@@ -97,5 +98,6 @@ __all__ = [
     "write_pipelining_csv",
     "write_schedule",
     "zb_h1",
+    "zb_h2",
     "zb_v",
 ]

@@ -1,11 +1,13 @@
 """Zero-bubble schedules (Qi et al., 2024, "Zero Bubble Pipeline Parallelism"): the backward split into ``B``
 (input gradient) and ``W`` (weight gradient), the ``W`` tasks moved into what would be bubbles.
 
-``zb-h1`` is 1F1B with each stage's weight gradients held back to fill its tail; ``zb-v`` runs ``n = 2p`` stages
-on ``p`` devices in a V (stages ``d`` and ``2p - 1 - d`` on device ``d``), so each device both starts and ends
-the pipeline's work. With ``t_F = t_B = t_W`` their makespans are ``m (t_F + t_B + t_W) + (p - 1)(t_F + t_B -
-t_W)`` and ``2m (t_F + t_B + t_W) + (p - 1) t_F`` (``m >= p`` and ``m >= 2p - 1``), against 1F1B's
-``(m + p - 1)(t_F + t_B + t_W)``.
+``zb-h1`` is 1F1B with each stage's weight gradients held back to fill its tail; ``zb-h2`` runs more forwards
+first and holds more weight gradients back, so each stage works without a gap from its first task to its last
+(twice ZB-H1's activations); ``zb-v`` runs ``n = 2p`` stages on ``p`` devices in a V (stages ``d`` and ``2p - 1 -
+d`` on device ``d``), so each device both starts and ends the pipeline's work. With ``t_F = t_B = t_W`` their
+makespans are ``m (t_F + t_B + t_W) + (p - 1)(t_F + t_B - t_W)``, ``m (t_F + t_B + t_W) + (p - 1) t_F`` and
+``2m (t_F + t_B + t_W) + (p - 1) t_F`` (``m >= p``, ``m >= p`` and ``m >= 2p - 1``), against 1F1B's ``(m + p -
+1)(t_F + t_B + t_W)``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from gpipe.schedule.registry import register
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed, unchecked_task
 
-__all__ = ["zb_h1", "zb_v"]
+__all__ = ["zb_h1", "zb_h2", "zb_v"]
 
 
 @register("zb-h1", "ZB-H1: 1F1B with the weight gradients (W) held back to fill the bubbles, 1F1B's memory",
@@ -55,6 +57,69 @@ def zb_h1(m: int, n: int, checkpoint: Checkpoint = "never", placement: Sequence[
             per_stage.append(order)
         per_device = merge_stages(m, n, checkpoint, placement_t, per_stage)
         return Schedule(m, n, checkpoint, placement_t, per_device, name="zb-h1")
+
+
+@register("zb-h2", "ZB-H2: more forwards first and more W held back than ZB-H1, no gap on any device, 2x its memory",
+          constraints="any m >= 1 and n >= 1, any placement; splits the backward (B then W); step() only; "
+                      "closed-form makespan; holds up to 2n-1 micro-batches per stage")
+def zb_h2(m: int, n: int, checkpoint: Checkpoint = "never", placement: Sequence[int] | None = None) -> Schedule:
+    """ZB-H2 (Qi et al., 2024, the handcrafted H2): stage ``j`` runs ``w_j = min(m, 2n - 1 - 2j)`` forwards, then
+    ``max(0, m - 2n + 1)`` triples ``B, W, F``, then each remaining ``B`` followed by the stage's next forward
+    while one remains (``2j`` of them), else by the oldest ``W`` held back, and the ``W`` left last::
+
+        n=3, m=6:   dev0  F0 F1 F2 F3 F4 B0 W0 F5 B1 W1 B2 W2 B3 W3 B4 W4 B5 W5
+                    dev1  F0 F1 F2 B0 W0 F3 B1 F4 B2 F5 B3 W1 B4 W2 B5 W3 W4 W5
+                    dev2  F0 B0 W0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 W1 W2 W3 W4 W5
+
+    Note [H2 parallelogram], with ``t_F = t_B = t_W = 1`` and ``m >= 2n - 1``: micro-batch 0 reaches stage ``j``
+    at ``t = j`` and its gradient at ``t = 2n - 1 - j``, the end of the ``w_j`` forwards; from then on stage ``j``
+    starts ``B(i)`` at ``b_i - j``, with ``b_i = 2n - 1 + 3i`` for the triples (``i <= m - 2n + 1``) and two
+    apart after them (``b_i = 3m - 2 - 2(m - 1 - i)``). Each ``B(i, j)`` starts as ``B(i, j + 1)`` ends (the
+    last stage's after its own ``F(i)``) and each forward's input has arrived by its turn, so no task waits:
+    stage ``j`` runs its ``3m`` tasks from ``t = j`` to ``3m + j`` without a gap, a parallelogram (stage 0 is
+    free ``n - 1`` steps before the end, where the next step's first forwards could run). The makespan, ``3m +
+    n - 1``, is the least any schedule has: the last stage starts after ``n - 1`` forwards and has ``3m`` units
+    of work. ZB-H1 reaches it too with these costs; with ``t_B`` above ``t_W`` it cannot, and ZB-H2 still does
+    (``m (t_F + t_B + t_W) + (n - 1) t_F`` while ``t_B <= 2 min(t_F, t_W)``, as the simulator tests check).
+    Fewer micro-batches take ``3m + n - 1`` from ``m = n`` on and ``2m + 2n - 1`` below, as ZB-H1.
+
+    Memory: stage ``j`` holds at most ``w_j`` micro-batches between ``F`` and ``B``, and at its peak, after the
+    forwards that follow the last triple, ``min(max(m - w_j, 0), 2j)`` more between ``B`` and ``W``: ``min(m, 2n -
+    1)`` between ``F`` and ``W`` on every stage (ZB-H1's first stage holds ``min(m, n)``). With ``S`` bytes kept
+    until ``B`` and ``K <= S`` of them until ``W``, stage ``j`` peaks at ``min(m, w_j) S + min(max(m - w_j, 0),
+    2j) K``.
+    """
+    placement_t = stage_placement(n, placement)
+    per_stage: list[list[Task]] = []
+    with collector_paused():  # Note [gc] in gpipe.schedule.collector
+        for j in range(n):
+            per_stage.append(_h2_stage(m, n, j, checkpoint))
+        per_device = merge_stages(m, n, checkpoint, placement_t, per_stage)
+        return Schedule(m, n, checkpoint, placement_t, per_device, name="zb-h2")
+
+
+def _h2_stage(m: int, n: int, j: int, checkpoint: Checkpoint) -> list[Task]:
+    """Stage ``j``'s list of ZB-H2: warm-up forwards, ``B W F`` triples, then ``B`` each followed by a forward or a
+    held-back ``W``, then the ``W`` left (Note [H2 parallelogram])."""
+    warmup = min(m, 2 * n - 1 - 2 * j)
+    triples = max(0, m - 2 * n + 1)
+    order = [unchecked_task(Op.F, i, j) for i in range(warmup)]
+    forward, weight = warmup, triples  # the next forward, and the oldest W held back
+    for i in range(triples):
+        order.extend(_input_gradient(checkpoint, i, j, m))
+        order.append(unchecked_task(Op.W, i, j))
+        order.append(unchecked_task(Op.F, forward, j))
+        forward += 1
+    for i in range(triples, m):
+        order.extend(_input_gradient(checkpoint, i, j, m))
+        if forward < m:
+            order.append(unchecked_task(Op.F, forward, j))
+            forward += 1
+        elif i < m - 1:  # a W between two B, never after the last (it ends the list below)
+            order.append(unchecked_task(Op.W, weight, j))
+            weight += 1
+    order.extend(unchecked_task(Op.W, i, j) for i in range(weight, m))
+    return order
 
 
 @register("zb-v", "ZB-V: two stages per device in a V, forwards, B and W interleaved to leave almost no bubble",

@@ -1,5 +1,5 @@
-"""Zero-bubble schedules in the simulator: ZB-H1's and ZB-V's makespans in closed form, ZB-V against the order
-torch.distributed.pipelining's ScheduleZBVZeroBubble runs, and the bytes a micro-batch keeps from B to W."""
+"""Zero-bubble schedules in the simulator: ZB-H1's, ZB-H2's and ZB-V's makespans in closed form, ZB-V against the
+order torch.distributed.pipelining's ScheduleZBVZeroBubble runs, and the bytes a micro-batch keeps from B to W."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
 
-from gpipe.schedule import Op, Schedule, Task, one_f_one_b, v_shape, zb_h1, zb_v
+from gpipe.schedule import Op, Schedule, Task, one_f_one_b, v_shape, zb_h1, zb_h2, zb_v
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
@@ -26,6 +26,36 @@ def test_zb_h1_makespan_in_closed_form(t: float) -> None:
         for m in range(p, 2 * p + 3):
             assert simulate(zb_h1(m, p), costs(p, t, t, t)).makespan == m * 3 * t + (p - 1) * t
             assert simulate(one_f_one_b(m, p), costs(p, t, 2 * t, 0)).makespan == (m + p - 1) * 3 * t
+
+
+@pytest.mark.parametrize("t", [0.5, 1.0, 2.0])
+def test_zb_h2_makespan_in_closed_form(t: float) -> None:
+    """``t_F = t_B = t_W = t`` (Note [H2 parallelogram]): ``(3m + p - 1) t`` from ``m = p`` on, ``(2m + 2p - 1) t``
+    below; from ``m = 2p - 1`` on, device ``d`` is busy without a gap from ``d t`` to ``(3m + d) t``."""
+    for p in range(1, 7):
+        for m in range(1, 3 * p + 3):
+            timeline = simulate(zb_h2(m, p), costs(p, t, t, t))
+            assert timeline.makespan == (3 * m + p - 1 + max(0, p - m)) * t, (p, m)
+            if m >= 2 * p - 1:
+                for d in range(p):
+                    spans = [s for s in timeline.spans if s.device == d]
+                    assert min(s.start for s in spans) == d * t and max(s.end for s in spans) == (3 * m + d) * t
+                    assert sum(s.end - s.start for s in spans) == 3 * m * t
+
+
+@pytest.mark.parametrize("forward", [0.5, 1.0, 2.0, 3.0])
+def test_zb_h2_reaches_the_least_makespan_while_b_is_at_most_twice_f_and_w(forward: float) -> None:
+    """The last device starts after ``(p - 1) t_F`` and works ``m (t_F + t_B + t_W)``: ZB-H2 ends then, for ``m >=
+    2p - 1``, exactly when ``t_B <= 2 min(t_F, t_W)`` (with ``p >= 2``); ZB-H1 only when ``t_B <= t_W`` too."""
+    values = (0.5, 1.0, 2.0, 3.0)
+    for backward, weight in ((b, w) for b in values for w in values):
+        for p in range(2, 6):
+            for m in range(2 * p - 1, 2 * p + 3):
+                cost = costs(p, forward, backward, weight)
+                least = m * (forward + backward + weight) + (p - 1) * forward
+                h2, h1 = simulate(zb_h2(m, p), cost).makespan, simulate(zb_h1(m, p), cost).makespan
+                assert (h2 == least) == (backward <= 2 * min(forward, weight)), (forward, backward, weight, p, m)
+                assert h1 > least or backward <= weight
 
 
 @pytest.mark.parametrize("t", [0.5, 1.0, 2.0])
@@ -90,6 +120,23 @@ def test_zb_h1_peak_memory(copy_streams: bool) -> None:
                 assert kept.peak_memory(j) == (n - j) * SAVED + j * KEPT
                 assert held.peak_memory(j) == n * SAVED == f1b.peak_memory(0)
                 assert [s.bytes for s in kept.memory if s.device == j][-1] == 0  # every W freed its bytes
+
+
+@pytest.mark.parametrize("copy_streams", [True, False], ids=["fast-path", "general-path"])
+def test_zb_h2_peak_memory(copy_streams: bool) -> None:
+    """Stage ``j`` holds ``min(m, w_j)`` micro-batches before B, ``w_j = 2n - 1 - 2j``, and ``min(max(m - w_j, 0),
+    2j)`` more from B to W at its peak: ``min(m, w_j) S + min(max(m - w_j, 0), 2j) K`` bytes; all it held by
+    default (K = S): ``min(m, 2n - 1) S`` on every stage, any m (below n and not a multiple of it too)."""
+    config = SimConfig(copy_streams=copy_streams)
+    for n in range(1, 6):
+        for m in range(1, 3 * n + 2):
+            kept = simulate(zb_h2(m, n), costs(n, 1, 1, 1, saved_bytes=SAVED, weight_bytes=KEPT), config)
+            held = simulate(zb_h2(m, n), costs(n, 1, 1, 1, saved_bytes=SAVED), config)
+            for j in range(n):
+                w = 2 * n - 1 - 2 * j
+                assert kept.peak_memory(j) == min(m, w) * SAVED + min(max(m - w, 0), 2 * j) * KEPT, (n, m, j)
+                assert held.peak_memory(j) == min(m, 2 * n - 1) * SAVED
+                assert [s.bytes for s in kept.memory if s.device == j][-1] == 0
 
 
 def test_what_b_keeps_for_w_steps_down_and_w_frees_it() -> None:
