@@ -19,15 +19,12 @@ Note [placed stages]: a worker is one schedule device and runs every stage the s
 its partition's device; the stages of one worker must share a torch device and CPU cores (one thread, one
 device context, one pinning), which :meth:`Pipeline.workers` checks.
 
-Note [a given schedule]: ``GPipe`` and ``DistributedGPipe`` take a registered name, whose generator builds a schedule
-for each step's shape, or a :class:`Schedule` (generated, searched, read from a file, edited by hand), which is the
-step: its ``n`` stages are the partitions, its placement places them, its ``m`` is ``chunks`` and its policy the
-``checkpoint``. Those two arguments default to the schedule's and, given, must agree with it: a ValueError naming
-both, as two sources of one decision are never reconciled in silence. It is validated when the pipeline is built
-(a deadlock is a ScheduleError then, not a hang in a step), and a batch that splits into fewer than ``m``
-micro-batches is refused, since no other shape of it exists. A training step in eval mode, which checkpoints
-nothing, runs it without its ``R`` tasks: each ``R`` is awaited only by its own ``B``, so the lists stay a valid
-order. Inference (no grad) runs GPipe's forwards on its placement, for any batch, as for a registered schedule.
+Note [a given schedule]: a :class:`Schedule` given in place of a name is the step itself: its stages are the
+partitions, its placement places them, its ``m`` and policy are ``chunks`` and ``checkpoint``, which default to them
+and, given, must agree (one source for each decision). It is validated when the pipeline is built, so a deadlock is a
+ScheduleError then, not a hang; a batch of fewer than ``m`` micro-batches is refused, as it has no other shape. Eval
+mode runs it without its ``R`` tasks (only its own ``B`` waits for one, so the lists stay valid), and inference
+GPipe's forwards on its placement, for any batch.
 """
 
 from __future__ import annotations

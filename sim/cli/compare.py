@@ -12,13 +12,11 @@ importable from the current directory, or a path to a ``.py`` file::
 The same pipeline as ``gpipe-sim demo`` (:func:`sim.calibration.experiment.run`): balance (unless ``--balance``),
 calibrate, simulate, run the executor for ``--steps`` steps, compare, write the files.
 
-Note [a schedule file]: ``--schedule FILE`` is one exact schedule, which both halves run (Note [a given schedule] in
-:mod:`gpipe.pipeline`): ``.txt`` is the project's text form (:mod:`gpipe.schedule.text`), ``.csv`` torch
-pipelining's (:mod:`gpipe.schedule.pipelining`; ``--checkpoint`` adds its recomputes), chosen by the name's suffix.
-Its ``m`` is the chunks and its stages the partitions, its placement places them, and a ``.txt`` carries its policy:
-``--chunks``, ``--stages``, ``--balance`` and ``--checkpoint`` may be left out, and given, must agree with it. A
-registered name is looked up first; a word with neither a suffix nor a folder is refused by argparse, listing the
-names, and a file of another suffix by :func:`schedule_file`, one line each.
+Note [a schedule file]: ``--schedule FILE`` is one exact schedule that both halves run (Note [a given schedule] in
+:mod:`gpipe.pipeline`): ``.txt`` the text form (:mod:`gpipe.schedule.text`), ``.csv`` torch pipelining's, whose
+recomputes ``--checkpoint`` adds. Its ``m``, stages and (a ``.txt``'s) policy decide ``--chunks``, ``--stages`` and
+``--checkpoint``, which may be left out and, given, must agree. A registered name is looked up first; argparse refuses
+a word with neither suffix nor folder, listing the names, and :func:`schedule_file` another suffix, one line each.
 """
 
 from __future__ import annotations
