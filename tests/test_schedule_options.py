@@ -143,3 +143,21 @@ def test_the_planner_takes_a_name_with_options() -> None:
     rows = {(r.schedule, r.virtual): r for r in result.rows}
     assert set(rows) == {(name, v) for name in ("interleaved-1f1b", "interleaved-1f1b:round=8") for v in (1, 2)}
     assert rows[("interleaved-1f1b:round=8", 2)].step_seconds < rows[("interleaved-1f1b", 2)].step_seconds
+
+
+@pytest.mark.parametrize("command", [["demo"], ["plan", "--model", "gpt:layers=2,hidden=64,heads=2,seq=16,vocab=64",
+                                                "--batch", "2", "--gpus", "2", "--hardware", "a100-80gb"]])
+def test_the_commands_take_options_and_name_what_a_schedule_takes(command: list[str], tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.cli import main
+
+    try:  # argparse's choices exit; a command's own check returns 2
+        status = main([*command, "--schedule", "interleaved-1f1b:rounds=2", "--out", str(tmp_path / "out")])
+    except SystemExit as stop:
+        status = stop.code  # type: ignore[assignment]
+    assert status == 2 and not (tmp_path / "out").exists()
+    assert "interleaved-1f1b" in capsys.readouterr().err
+    if command[0] == "plan":
+        assert main([*command, "--schedule", "interleaved-1f1b:round=2", "--out", str(tmp_path / "ok"), "--json"]) == 0
+        rows = json.loads(capsys.readouterr().out)["rows"]
+        assert {r["schedule"] for r in rows} == {"interleaved-1f1b:round=2"}

@@ -33,13 +33,13 @@ if "torch" not in sys.modules:
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES  # noqa: E402
+from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
 from sim.calibration.experiment import Batch, Setup, demo_model, progress_labels, run  # noqa: E402
 from sim.calibration.host import executor_costs  # noqa: E402
 from sim.calibration.machine import default_devices, keep_freed_memory  # noqa: E402
 from sim.calibration.outcome import DRIFT_LIMIT, OUTPUT_FILES, Outcome, write_outputs  # noqa: E402
 from sim.cli import CommandError, processes  # noqa: E402
-from sim.cli.options import add_out, integer, output_folder, schedules_help, seed  # noqa: E402
+from sim.cli.options import ScheduleNames, add_out, integer, output_folder, schedules_help, seed  # noqa: E402
 from sim.files import OutputFolder, json_text  # noqa: E402
 
 __all__ = ["add_common_options", "add_parser", "check_chunks", "describe", "execute", "run_command"]
@@ -66,9 +66,9 @@ def add_common_options(p: argparse.ArgumentParser, *, out: str) -> None:
     p.add_argument("--chunks", type=int, default=4, metavar="M", help="micro-batches per mini-batch (default: 4)")
     p.add_argument("--checkpoint", choices=CHECKPOINT_MODES, default="except_last",
                    help="checkpoint policy (default: except_last)")
-    p.add_argument("--schedule", choices=tuple(SCHEDULES), default="gpipe", metavar="NAME",
-                   help=f"the schedule the executor runs and the simulator predicts: {schedules_help()} "
-                        "(default: gpipe)")
+    p.add_argument("--schedule", choices=ScheduleNames(), default="gpipe", metavar="NAME",
+                   help=f"the schedule the executor runs and the simulator predicts: {schedules_help()}; a name "
+                        "takes its options after a colon, e.g. interleaved-1f1b:round=4 (default: gpipe)")
     p.add_argument("--stages", type=int, default=None, metavar="N",
                    help="partitions of the model, balanced by time (default: one per device, two without --devices)")
     p.add_argument("--steps", type=int, default=Setup.steps, metavar="K",

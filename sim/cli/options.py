@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-from gpipe.schedule import SCHEDULES
+from gpipe.schedule import SCHEDULES, schedule_kind
 from sim.cli import CommandError
 from sim.files import OutputFolder
 
 __all__ = ["MAX_INT", "MAX_SECONDS", "add_force", "add_out", "integer", "number", "number_list", "output_folder",
-           "schedules_help", "seed"]
+           "ScheduleNames", "schedule_names", "schedules_help", "seed"]
 
 MAX_INT = 2**63 - 1  # integers reach torch and numpy as signed 64-bit C integers
 MAX_SECONDS = 1e15  # 30 million years: a sum over any schedule of such seconds stays finite
@@ -90,6 +90,36 @@ def schedules_help() -> str:
     of a ``--schedule`` option."""
     text = "; ".join(f"{k.name} ({k.description})" for k in SCHEDULES.values())
     return text.replace("%", "%%")  # argparse formats help with %
+
+
+class ScheduleNames:
+    """The choices of a ``--schedule`` that takes a name: a registered one, with options where it takes them
+    (``interleaved-1f1b:round=4``; :func:`gpipe.schedule.schedule_kind`); argparse lists the bare names when it
+    refuses another word."""
+
+    def __contains__(self, text: object) -> bool:
+        try:
+            schedule_kind(text)  # type: ignore[arg-type]
+        except ValueError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SCHEDULES)
+
+
+def schedule_names(flag: str, text: str) -> list[str]:
+    """The schedules a comma-separated ``text`` names, each registered (options included), else a
+    :class:`CommandError` naming ``flag`` with what :func:`~gpipe.schedule.schedule_kind` said."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words:
+        raise CommandError(f"{flag} names no schedule; use {', '.join(SCHEDULES)}")
+    for w in words:
+        try:
+            schedule_kind(w)
+        except ValueError as exc:
+            raise CommandError(f"{flag}: {exc}") from None
+    return words
 
 
 def output_folder(args: argparse.Namespace, names: Iterable[str]) -> OutputFolder:

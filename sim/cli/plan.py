@@ -42,7 +42,7 @@ from torch import nn
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
 from sim.cli import CommandError
-from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedules_help
+from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedule_names, schedules_help
 from sim.cli.plan_table import print_answers, print_table
 from sim.cli.user_code import Target, blame, call, layer_failure, load_target
 from sim.core.size import check_simulation_size
@@ -315,7 +315,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
         raise CommandError(f"--zero lists ZeRO stages, of {','.join(map(str, ZERO_STAGES))}; got {args.zero!r}")
     integer("--gpus-per-node", args.gpus_per_node, 1)
     checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINTS)
-    schedules = _words("--schedule", args.schedule, tuple(SCHEDULES))
+    schedules = schedule_names("--schedule", args.schedule)
     virtual = _ints("--virtual", args.virtual)
     if min(virtual) < 1:
         raise CommandError(f"--virtual lists stages per device, each at least 1, got {args.virtual!r}")
