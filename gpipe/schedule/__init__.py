@@ -32,6 +32,8 @@ One concept per module, each importing only those above it::
     zero_bubble.py      zb_h1(), zb_h2(), zb_v(): zero-bubble schedules (B and W split)
     dualpipe.py         dualpipe_v(): DeepSeek's DualPipeV, overlapped pairs in a V
     size.py             schedule_bytes(), check_schedule_size(): a shape's memory, checked before it is built
+    search.py           search(): the fastest schedule found for per-stage costs under a memory limit, beside
+                        every named one's makespan (its parts: search_costs, _timing, _greedy, _solver)
 
 A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`)::
 
@@ -51,6 +53,7 @@ from gpipe.schedule.pipelining import from_pipelining, read_pipelining_csv, to_p
 from gpipe.schedule.placement import v_shape
 from gpipe.schedule.registry import SCHEDULES, Layout, ScheduleKind, looped, register, schedule_kind, unregister
 from gpipe.schedule.schedule import Schedule
+from gpipe.schedule.search import SearchResult, StageCosts, search
 from gpipe.schedule.size import available_bytes, check_schedule_size, schedule_bytes
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Op, Task, checkpointed, parse_tasks
 from gpipe.schedule.text import parse_schedule, read_schedule, schedule_text, write_schedule
@@ -70,6 +73,8 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "ScheduleKind",
+    "SearchResult",
+    "StageCosts",
     "Task",
     "available_bytes",
     "check_schedule_size",
@@ -91,6 +96,7 @@ __all__ = [
     "schedule_bytes",
     "schedule_kind",
     "schedule_text",
+    "search",
     "step_grid",
     "to_pipelining",
     "unregister",
