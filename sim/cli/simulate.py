@@ -1,7 +1,7 @@
 """``gpipe-sim simulate``: simulate one schedule from explicit per-stage costs and report the timeline.
 
-Every stage costs the same (``--forward-time``, ``--backward-time`` ...); ``--devices P`` places the stages by
-the schedule's layout (default: one per stage). Copies between devices are priced in one of three ways, first
+Each cost is one value for every stage or one per stage (``--forward-time 2,1,1,2``); ``--devices P`` places the
+stages by the schedule's layout (default: one per stage). Copies between devices are priced in one of three ways, first
 match wins::
 
     --copy-time S                         every copy takes S seconds
@@ -27,7 +27,7 @@ from typing import Any
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Schedule, schedule_kind
 from gpipe.timeline import Timeline, chrome_trace
 from sim.cli import CommandError, schedule_files
-from sim.cli.options import MAX_SECONDS, add_out, integer, number, output_folder, schedules_help
+from sim.cli.options import MAX_SECONDS, add_out, integer, number, number_list, output_folder, schedules_help
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
@@ -51,7 +51,7 @@ def add_parser(subparsers: Any) -> None:
     """Register ``simulate`` on the ``gpipe-sim`` subcommand parser."""
     p = subparsers.add_parser(
         "simulate", help="simulate a pipeline schedule from explicit costs",
-        description="Simulate one schedule (every stage costs the same) and report makespan, bubble, "
+        description="Simulate one schedule (costs one for all stages or one per stage) and report makespan, bubble, "
                     "utilisation and peak memory; write a Gantt chart and a Chrome trace.",
         epilog="Copies: --copy-time wins; else --activation-bytes/--link/--bandwidth price them by a link; "
                "else they are free.",
@@ -66,15 +66,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--checkpoint", choices=CHECKPOINT_MODES, default=None,
                    help="checkpoint policy (default: the schedule's own, "
                         + ", ".join(f"{k.name}: {k.default_checkpoint}" for k in SCHEDULES.values()) + ")")
-    p.add_argument("--forward-time", type=float, default=1.0, metavar="S",
-                   help="seconds of one forward per stage and micro-batch (default: 1)")
-    p.add_argument("--backward-time", type=float, default=2.0, metavar="S",
-                   help="seconds of one backward, its input-gradient part where --weight-time is given (default: 2)")
-    p.add_argument("--weight-time", type=float, default=0.0, metavar="S",
+    p.add_argument("--forward-time", default="1", metavar="LIST",
+                   help="seconds of one forward per micro-batch, one for every stage or one per stage separated by "
+                        "commas (default: 1)")
+    p.add_argument("--backward-time", default="2", metavar="LIST",
+                   help="seconds of one backward, its input-gradient part where --weight-time is given; one or one "
+                        "per stage (default: 2)")
+    p.add_argument("--weight-time", default="0", metavar="LIST",
                    help="seconds of the weight-gradient part of a backward: a W task where the schedule splits "
-                        "the backward (zb-h1, zb-v), else added to the backward (default: 0)")
-    p.add_argument("--recompute-time", type=float, default=None, metavar="S",
-                   help="seconds of one recompute (default: the forward time)")
+                        "the backward (zb-h1, zb-v), else added to the backward; one or one per stage (default: 0)")
+    p.add_argument("--recompute-time", default=None, metavar="LIST",
+                   help="seconds of one recompute, one or one per stage (default: the forward time)")
     p.add_argument("--copy-time", type=float, default=None, metavar="S", help="seconds of every copy between devices")
     p.add_argument("--activation-bytes", type=int, default=0, metavar="B",
                    help="bytes of the activation a stage sends on (and keeps, as the next stage's input, "
@@ -144,7 +146,7 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
     integer("--chunks", args.chunks, 1)
     if args.devices is not None:
         integer("--devices", args.devices, 1, args.stages)
-    for flag in ("forward_time", "backward_time", "weight_time", "recompute_time", "copy_time", "latency"):
+    for flag in ("copy_time", "latency"):
         if getattr(args, flag) is not None:
             number("--" + flag.replace("_", "-"), getattr(args, flag), unit="seconds")
     for flag in ("activation_bytes", "saved_bytes", "model_state_bytes"):
@@ -159,18 +161,33 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
     if args.import_schedule is None:  # Note [bytes of a simulation] in sim.core.size: refused before it is built
         check_size(args, args.chunks, args.stages, args.devices or args.stages, priced,
                    f"--chunks {args.chunks} on --stages {args.stages}", "lower --chunks or --stages")
+    # after the size check: a list as long as --stages
+    times = {flag: number_list("--" + flag.replace("_", "-"), getattr(args, flag), args.stages, unit="seconds")
+             for flag in ("forward_time", "backward_time", "weight_time", "recompute_time")
+             if getattr(args, flag) is not None}
     schedule = schedule_files.imported(args) or _schedule(args)
     if args.import_schedule is not None:  # a file of at most 8 MiB: its shape is known once it is read
         check_size(args, schedule.m, schedule.n, schedule.num_devices, priced,
                    f"--import-schedule {args.import_schedule} (m={schedule.m}, n={schedule.n})",
                    "import a schedule of fewer micro-batches or stages")
-    # a schedule that does not split the backward runs its input and weight gradient as one task
-    backward = args.backward_time if schedule.splits_weight_gradient else args.backward_time + args.weight_time
-    stage = StageCost(args.forward_time, backward, args.recompute_time, weight=args.weight_time,
-                      send_bytes=args.activation_bytes, saved_bytes=args.saved_bytes,
-                      checkpoint_bytes=args.activation_bytes, parameter_bytes=args.model_state_bytes)
+    if args.import_schedule is not None and schedule.n != args.stages:
+        listed = [f"--{f.replace('_', '-')}" for f in times if len(set(times[f])) > 1]
+        if listed:
+            raise CommandError(f"{', '.join(listed)} give one value per stage of --stages {args.stages}, but "
+                               f"--import-schedule {args.import_schedule} has {schedule.n} stages: give one value "
+                               "for all, or --stages to match")
+        times = {f: (v[0],) * schedule.n for f, v in times.items()}
+    stages = []
+    for j in range(schedule.n):
+        forward, weight = times["forward_time"][j], times["weight_time"][j]
+        # a schedule that does not split the backward runs its input and weight gradient as one task
+        backward = times["backward_time"][j] + (0.0 if schedule.splits_weight_gradient else weight)
+        recompute = times["recompute_time"][j] if "recompute_time" in times else None
+        stages.append(StageCost(forward, backward, recompute, weight=weight, send_bytes=args.activation_bytes,
+                                saved_bytes=args.saved_bytes, checkpoint_bytes=args.activation_bytes,
+                                parameter_bytes=args.model_state_bytes))
     copy_seconds = args.copy_time if args.copy_time is not None else (None if link is not None else 0.0)
-    cost = CostModel((stage,) * schedule.n, copy_seconds=copy_seconds)
+    cost = CostModel(tuple(stages), copy_seconds=copy_seconds)
     config = SimConfig(link=link, copy_streams=not args.no_copy_streams,
                        enforce_backward_order=not args.no_fork_join, lockstep_forward=args.lockstep)
     return schedule, cost, config, device

@@ -105,6 +105,19 @@ def test_switches_change_the_result(capsys: pytest.CaptureFixture[str], tmp_path
     assert custom["copies"] == "custom: 1.5 s each"
 
 
+def test_costs_per_stage(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """One value per stage: a heavy first and last stage make 1F1B's makespan that of the slowest stage's work plus
+    the pipeline's fill and drain through each stage once (free copies): (m - 1) * 6 + (2 + 1 + 1 + 2) + (4 + 2 + 2 +
+    4) for F 2,1,1,2 and B 4,2,2,4."""
+    doc = run_json(capsys, "simulate", "--schedule", "1f1b", "--stages", "4", "--chunks", "8", "--forward-time",
+                   "2,1,1,2", "--backward-time", "4,2,2,4", "--out", str(tmp_path / "a"))
+    assert doc["makespan"] == pytest.approx(7 * 6 + 6 + 12)
+    assert [d["busy"] for d in doc["devices"]] == pytest.approx([48, 24, 24, 48])
+    same = run_json(capsys, "simulate", "--schedule", "1f1b", "--stages", "4", "--chunks", "8", "--forward-time", "1",
+                    "--backward-time", "2,2,2,2", "--out", str(tmp_path / "b"))
+    assert same["makespan"] == pytest.approx((8 + 3) * 3)  # one value for all, or the same value four times
+
+
 def test_weight_time_is_a_w_task_or_part_of_the_backward(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """ZB-H1 runs --weight-time as W tasks: 8 x 3 + 3 x (1 + 1 - 1) = 27; 1F1B and GPipe run B + W as one
     backward of 2, as with --backward-time 2 alone (33); zb-v places its 4 stages on 2 devices."""
@@ -126,6 +139,10 @@ def test_weight_time_is_a_w_task_or_part_of_the_backward(capsys: pytest.CaptureF
     (["--backward-time", "nan"], "--backward-time must be a finite number"),
     (["--copy-time", "inf"], "--copy-time must be a finite number"),
     (["--chunks", "0"], "--chunks must be >= 1"),
+    (["--forward-time", "1,2"], "--forward-time takes one value or 4 (one per stage), got 2"),
+    (["--weight-time", "1,,1,1"], "--weight-time takes one number or 4 separated by commas"),
+    (["--recompute-time", "1,x,1,1"], "--recompute-time takes numbers of seconds"),
+    (["--backward-time", "1,2,-1,2"], "--backward-time must be a finite number of seconds >= 0, got -1"),
     (["--devices", "0"], "--devices 0 is out of range: it takes integers from 1 to 4"),
     (["--devices", "2"], "--schedule gpipe runs one stage per device: use --devices 4 (or leave it out), or a "
                          "schedule that places several stages per device: interleaved-1f1b, looped-bfs"),
