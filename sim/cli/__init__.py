@@ -19,7 +19,7 @@ from collections.abc import Sequence
 __all__ = ["CommandError", "main"]
 
 #: Subcommand modules, in the order ``--help`` lists them.
-COMMANDS = ("demo", "simulate", "compare", "plan", "hardware")
+COMMANDS = ("demo", "simulate", "search", "compare", "plan", "hardware")
 
 
 class CommandError(Exception):
