@@ -154,6 +154,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--copy-streams", choices=COPY_STREAMS, default="shared",
                    help="copies onto a device: on one shared stream (this executor; default) or on a stream per "
                         "micro-batch (torchgpipe), each keeping its own reservation")
+    p.add_argument("--search", type=int, default=0, metavar="K",
+                   help="after the sweep, search a schedule for the K fastest configurations that fit, for their own "
+                        "stage costs (gpipe-sim search), and print what each gained over its named schedule; a faster "
+                        "one joins the table as schedule 'searched' (default: 0, none)")
     p.add_argument("--top", type=int, default=20, metavar="K", help="rows to print (default: 20; 0: all)")
     p.add_argument("--json", action="store_true", help="print the whole plan as one JSON object")
     p.add_argument("--out", default=None, metavar="DIR",
@@ -304,6 +308,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     """Check the options, count the model and sweep on one device; return the plan and the --out folder."""
     integer("--batch", args.batch, -MAX_INT - 1)  # check_request below says what a batch needs
     integer("--top", args.top, -MAX_INT - 1)
+    integer("--search", args.search, 0, 64)
     gpus = _ints("--gpus", args.gpus)
     chunks = _ints("--chunks", args.chunks) if args.chunks is not None else None
     balance = _ints("--balance", args.balance) if args.balance is not None else None
@@ -365,7 +370,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
                   progress=not args.no_progress and sys.stderr.isatty(), copy_streams=args.copy_streams,
                   tensor_parallel=degrees, gpus_per_node=args.gpus_per_node, stages=stages, network=network,
                   network_ports=args.network_ports, tokens_per_sample=tokens, zero=zero,
-                  sequence_parallel=[w == "on" for w in splits])
+                  sequence_parallel=[w == "on" for w in splits], search=args.search)
     return result, out
 
 

@@ -87,6 +87,13 @@ def print_table(result: Plan, top: int) -> None:
         print(f"  ... {len(rows) - len(shown)} more (--top 0 shows all, --json gives every row)")
     for name, why in result.missing.items():
         print(f"{name}: no configuration ran ({why})")
+    for g in result.searches:
+        c = g.configuration
+        where = f"{c['stages']} stages x {c['replicas']} replicas, {c['chunks']} chunks, v {c['virtual']}"
+        if c["tensor_parallel"] > 1:
+            where = f"tensor parallel {c['tensor_parallel']}, " + where
+        found = "" if g.searched_step is None else f" -> searched {g.searched_step:.6g} s ({g.gain:+.1%} throughput)"
+        print(f"search, {where}: {g.named} {g.named_step:.6g} s/step{found}; {g.method}")
     best = result.best
     if best is None:
         print("nothing fits in device memory: try more GPUs, more chunks with checkpointing, or a smaller batch")

@@ -45,6 +45,7 @@ from sim.planning.request import (
     resolve_network,
 )
 from sim.planning.rows import Plan, PlanRow
+from sim.planning.search_plan import check_search, search_rows
 from sim.planning.sweep import MAX_CHUNKS, Sweep, configurations, evaluate_all
 from sim.planning.training import Training, training_policy
 from sim.planning.zero import ZERO_STAGES
@@ -53,6 +54,7 @@ __all__ = ["GPUS_PER_NODE", "MAX_CHUNKS", "VIRTUAL", "Plan", "PlanRow", "block_p
            "check_tensor_parallel", "default_training", "plan", "resolve_link", "resolve_network"]
 
 VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages])
+SEARCH_SECONDS = 5.0  # the solver's time for each configuration searched (its heuristic answers at once)
 
 
 def _check(profile: ModelProfile, batch: int, gpus: Sequence[int], chunks: Sequence[int] | None,
@@ -96,7 +98,7 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
          copy_streams: str = "shared", tensor_parallel: Sequence[int] | None = None,
          gpus_per_node: int = GPUS_PER_NODE, network: LinkSpec | str | None = None,
          network_ports: int | None = None, tokens_per_sample: int | None = None, zero: Sequence[int] = (0,),
-         sequence_parallel: Sequence[bool] = (False,), workers: int | None = None) -> Plan:
+         sequence_parallel: Sequence[bool] = (False,), workers: int | None = None, search: int = 0) -> Plan:
     """Sweep, balance, simulate and rank pipeline configurations (see the module docstring).
 
     Args:
@@ -139,6 +141,9 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
         zero: ZeRO stages to try (:mod:`sim.planning.zero`); a configuration with one replica runs stage 0 only.
         sequence_parallel: sequence parallelism off and/or on, for tensor-parallel degrees above 1; ``on`` needs the
             counts of the sequence-parallel shards (keys ``(t, True)`` of ``profile``).
+        search: after the sweep, search a schedule for this many of the fastest configurations that fit, for their
+            own stage costs (Note [search in a plan] in :mod:`sim.planning.search_plan`): their rows join the plan
+            as schedule ``searched`` and :attr:`Plan.searches` says what each gained; 0: none.
 
     Returns:
         A :class:`Plan`; its ``best`` row is the fastest (or cheapest) configuration that fits.
@@ -162,6 +167,7 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
     check_tensor_parallel(degrees, gpus, gpus_per_node)
     splits = tuple(dict.fromkeys(bool(x) for x in sequence_parallel))
     check_zero_stages(zero)
+    check_search(search)
     wanted = [(t, sp) for t in degrees for sp in splits if t > 1 or not sp] or [(t, False) for t in degrees]
     for t, sp in wanted:
         if (t, sp) not in counts or counts[(t, sp)].tensor_parallel != t or counts[(t, sp)].sequence_parallel != sp:
@@ -207,9 +213,10 @@ def plan(profile: ModelProfile | Mapping[Any, ModelProfile], batch: int, device:
                          f"and {layers} layers{pins}{reasons}")
     ran = {r.schedule for r in rows}
     missing = {s: why.get(s, "no configuration") for s in schedules if s not in ran}
+    searched, gains = search_rows(sweep, rows, search, SEARCH_SECONDS)
     return Plan(model_name, batch, dev.name, dev.memory_bytes, lk.name, policy.name, price_per_gpu_hour,
-                tuple(_mark_best(rows, objective)), missing, cluster.network.name if cluster.network else None,
-                tokens_per_sample)
+                tuple(_mark_best(rows + searched, objective)), missing,
+                cluster.network.name if cluster.network else None, tokens_per_sample, tuple(gains))
 
 
 def check_zero_stages(zero: Sequence[int]) -> None:

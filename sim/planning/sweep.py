@@ -170,6 +170,7 @@ class Sweep:
         self.why: dict[str, str] = {}
         self._balances: dict[tuple[object, ...], tuple[int, ...]] = {}
         self._schedules: dict[tuple[object, ...], Schedule | str] = {}  # a schedule, or why its generator refused
+        self._given: dict[int, Schedule] = {}  # held, so that no other schedule takes an id a timeline is kept by
         self._stages: dict[tuple[object, ...], tuple[StageCost, ...]] = {}
         self._timelines: dict[tuple[object, ...], Timeline] = {}  # the latest (Note [reuse in a sweep])
         self._tasks: dict[tuple[object, ...], list[Schedule]] = {}  # schedules by (m, n, devices, checkpoint)
@@ -199,15 +200,18 @@ class Sweep:
             self._balances[key] = block_partition(fwd * (1 + recompute_fraction(p.checkpoint, p.chunks)) + bwd, n)
         return self._balances[key]
 
-    def evaluate(self, p: Configuration) -> PlanRow | None:
-        """The row of ``p``, or ``None`` (its reason in :attr:`why`) where its schedule refuses the shape."""
+    def evaluate(self, p: Configuration, given: Schedule | None = None) -> PlanRow | None:
+        """The row of ``p``, or ``None`` (its reason in :attr:`why`) where its schedule refuses the shape.
+
+        ``given``: a schedule of ``p``'s shape to run in place of the one ``p.schedule`` names (a searched one,
+        :mod:`sim.planning.search_plan`); the row is named ``p.schedule``."""
         shape = (p.schedule, p.chunks, p.stages, p.virtual, schedule_checkpoint(p.checkpoint))
-        if shape not in self._schedules:
+        if given is None and shape not in self._schedules:
             try:
                 self._schedules[shape] = self._canonical(make_schedule(p))
             except ValueError as exc:  # a shape the generator does not take (e.g. chunks not a multiple of devices)
                 self._schedules[shape] = str(exc)
-        schedule = self._schedules[shape]
+        schedule = self._schedules[shape] if given is None else self._given.setdefault(id(given), given)
         if isinstance(schedule, str):
             self.why[p.schedule] = schedule
             return None
