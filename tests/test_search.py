@@ -100,8 +100,10 @@ def test_per_device_1f1b_memory_costs_zero_bubbles_time() -> None:
 def test_the_same_input_gives_the_same_schedule() -> None:
     """A case the solver does not close within its limit, searched twice (Note [search determinism])."""
     costs = StageCosts((1, 2, 1, 3), (2, 3, 2, 5), (1, 1, 2, 2), copy=0.3)
-    first, second = (search(8, range(4), costs, 3, time_limit=2.0, seed=5) for _ in range(2))
-    assert "cp-sat" in first.method
+    first, second = (search(8, range(4), costs, 3, time_limit=5.0, seed=5) for _ in range(2))
+    if any("wall clock" in result.method for result in (first, second)):
+        pytest.skip("the machine was too busy to reach the solver's deterministic limit within the time limit")
+    assert first.method == "cp-sat, not proven optimal within the 5 s limit"
     assert first.schedule == second.schedule and first.method == second.method
     check(first, 8, (0, 1, 2, 3), costs, [3.0] * 4)
 

@@ -17,12 +17,13 @@ bound. Micro-batches are interchangeable, so they enter stage 0 in order: any sc
 micro-batches are renamed. Start times lie between each task's longest path from the start and its longest
 path to the end under the hint's makespan, which also bounds the horizon.
 
-Note [search determinism]: the solver runs ``WORKERS`` subsolvers interleaved (a fixed schedule of work, whatever
-the threads do) with the caller's seed, and stops at a deterministic time limit (its count of work, not
-seconds): the same input gives the same schedule on any machine that reaches that limit in time. The limit
-is ``WORK_PER_SECOND`` of the caller's seconds, small enough that a loaded two-core machine still reaches it
-first; the wall clock stays as a safety net, and a search it stops may differ from run to run (its method
-then says "stopped by the wall clock").
+Note [search determinism]: the solver interleaves its strategies (full searches and neighbourhood searches that
+improve the hint) on one worker, with the caller's seed, and stops at a deterministic time limit (its count
+of work, not seconds), ``WORK_PER_SECOND`` of the caller's seconds: the same input gives the same schedule on
+any machine that reaches that limit in time. One plain search is deterministic too but cannot search
+neighbourhoods, which find the better schedules here; several workers spent many more seconds per unit of
+work on a busy two-core machine, so the wall clock stopped them first. The wall clock stays as a safety net;
+a search it stops may differ from run to run, and its method then says "stopped by the wall clock".
 """
 
 from __future__ import annotations
@@ -37,11 +38,10 @@ from gpipe.schedule.search_costs import Problem
 from gpipe.schedule.search_greedy import Lists, span
 from gpipe.schedule.search_timing import finish_times
 
-__all__ = ["MAX_HORIZON", "WORKERS", "Solved", "load_cp_model", "solve"]
+__all__ = ["MAX_HORIZON", "WORK_PER_SECOND", "Solved", "load_cp_model", "solve"]
 
 MAX_HORIZON = 10_000_000  # ticks (Note [search ticks])
-WORKERS = 2  # this many subsolvers, interleaved (Note [search determinism])
-WORK_PER_SECOND = 0.1  # deterministic time the solver may spend per second of the caller's time limit
+WORK_PER_SECOND = 0.15  # deterministic time the solver may spend per second of the caller's time limit
 
 
 @dataclass(frozen=True)
@@ -162,9 +162,8 @@ def solve(problem: Problem, hints: Sequence[Lists], lower: float, *, time_limit:
     model.add_hint(makespan, horizon)
     solver = cp_model.CpSolver()
     params = solver.parameters
-    params.num_workers = WORKERS
+    params.num_workers = 1  # Note [search determinism]
     params.interleave_search = True
-    params.interleave_batch_size = WORKERS
     params.random_seed = seed
     params.linearization_level = 0  # the LP relaxation costs far more time than its bounds help here
     params.max_deterministic_time = WORK_PER_SECOND * time_limit
