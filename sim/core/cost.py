@@ -28,6 +28,18 @@ def check_cost(name: str, value: float, *, allow_zero: bool = True) -> None:
         raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+# Note [communication]: a task of a mixture-of-experts stage sends its tokens to their experts and back (an
+# all-to-all), or crosses a slow link inside the stage: StageCost.communication seconds during which it waits on the
+# network, not on the device's compute. One field, not one per direction: the gradient of an all-to-all moves as many
+# bytes as the all-to-all, so F, R (a forward again) and B each spend it; W computes from what is already local.
+# Alone, a task holds its device for compute + communication (its stream waits for the transfer). In an overlapped
+# pair the two tasks run DualPipe's phases collapsed to one round -- a forward computes then communicates, a backward
+# communicates then computes -- while the device's compute and its link are each shared equally by the tasks using
+# it (sim.core.sharing.phased_pair_ends): one task's communication hides behind the other's compute, and a forward
+# and a backward of c compute and x communication seconds each take 2 max(c, x) together instead of 2 (c + x).
+# Communication scales with the micro-batch as compute does; shared cores do not stretch it (it uses none).
+
+
 @dataclass(frozen=True)
 class StageCost:
     """Costs of one stage, per micro-batch: compute seconds and bytes.
@@ -49,6 +61,8 @@ class StageCost:
         weight_bytes: where W tasks split the backward, bytes a micro-batch keeps from the end of its ``B``
             to the end of its ``W`` (what the weight gradient reads: each layer's input and output gradient);
             ``None``: all it held for ``B`` (Note [memory] in :mod:`sim.core.memory`).
+        communication: seconds of each ``F``, ``R`` and ``B`` of the stage that wait on the network, not on the
+            device's compute (Note [communication]); ``W`` has none.
     """
 
     forward: float
@@ -63,10 +77,11 @@ class StageCost:
     optimizer_bytes: int = 0
     forward_checkpointed: float | None = None
     weight_bytes: int | None = None
+    communication: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",
-                     "parameter_bytes", "gradient_bytes", "optimizer_bytes"):
+                     "parameter_bytes", "gradient_bytes", "optimizer_bytes", "communication"):
             check_cost(name, getattr(self, name))
         for name in ("recompute", "forward_checkpointed", "weight_bytes"):
             if getattr(self, name) is not None:

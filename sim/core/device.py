@@ -116,8 +116,10 @@ def device(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
             run.host_end[d] = issued_by
         elif cores is None:
             yield timeout(seconds)
-        else:  # Note [host seconds share nothing]
-            yield cores.run(seconds, (_KIND[op] if op != F or not checkpointed[i] else "Fc", j), host)
+        else:  # Note [host seconds share nothing]; communication uses no core either (Note [communication])
+            talk = run.communication[op][j] * (scales[i] if scaled else 1.0)
+            yield cores.run(seconds, (_KIND[op] if op != F or not checkpointed[i] else "Fc", j),
+                            min(host + talk, seconds) if talk else host)
         if stream is not None and request is not None:
             stream.release(request)
         if shared is not None and held is not None:

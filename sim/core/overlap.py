@@ -1,6 +1,7 @@
 """An overlapped pair of tasks on one device (Note [overlapped pairs] in :mod:`gpipe.schedule.schedule`): it starts
-once both tasks' inputs are in, the two share the device's rate (:func:`sim.core.sharing.pair_ends`), and each
-ends, sends and frees as its own work is done. :func:`pair_fast` serves :func:`sim.core.device.device_fast`,
+once both tasks' inputs are in, the two share the device's compute and its link (:func:`sim.core.sharing.pair_ends`,
+:func:`sim.core.sharing.phased_pair_ends` with communication, Note [communication] in :mod:`sim.core.cost`), and
+each ends, sends and frees as its own work is done. :func:`pair_fast` serves :func:`sim.core.device.device_fast`,
 :func:`pair` the general :func:`sim.core.device.device`; both compute the same times.
 
 Pairs run on the plain path's rules (copy streams, synchronous devices, no shared cores, no lockstep, one
@@ -19,13 +20,14 @@ from gpipe.schedule import Op, Task
 from gpipe.timeline import COMPUTE, Span
 from sim.core.copies import Sends
 from sim.core.run import Run
-from sim.core.sharing import pair_ends
+from sim.core.sharing import Phase, phased_pair_ends, task_phases
 from sim.core.tables import B, F, R, W
 
 __all__ = ["check_pairs", "pair", "pair_fast"]
 
 _OPCODE = {Op.F: F, Op.B: B, Op.R: R, Op.W: W}
-Row = tuple[Task, int, int, int, list[int], Sends, float]  # task, opcode, i, j, slots waited for, sends, seconds
+# task, opcode, i, j, slots waited for, sends, its phases (Note [communication] in sim.core.cost)
+Row = tuple[Task, int, int, int, list[int], Sends, tuple[Phase, ...]]
 
 
 def check_pairs(run: Run) -> None:
@@ -48,11 +50,14 @@ def _rows(run: Run, d: int, k: int) -> list[Row]:
         task = run.schedule.tasks[d][q]
         op, i, j = _OPCODE[task.op], task.microbatch, task.stage
         waits, sends, seconds, host = run.table[run.checkpointed[i]][op][j]
+        talk = run.communication[op][j]
         if run.scaled:
             seconds = seconds * run.scales[i] + host
+            talk = talk * run.scales[i]
         if q == 0:  # a fresh worker thread's first task
             seconds += run.first[j]
-        rows.append((task, op, i, j, [offset + i * run.stride for offset in waits], sends, seconds))
+        phases = task_phases(seconds - talk if talk else seconds, talk, op == B)
+        rows.append((task, op, i, j, [offset + i * run.stride for offset in waits], sends, phases))
     return rows
 
 
@@ -96,7 +101,7 @@ def pair_fast(run: Run, d: int, k: int, t: float, free_at: float,
             t = t + (at - t)
     if free_at > t:
         t = t + (free_at - t)
-    start, ends = t, pair_ends(t, rows[0][6], rows[1][6])
+    start, ends = t, phased_pair_ends(t, rows[0][6], rows[1][6])
     for q in sorted((0, 1), key=lambda q: ends[q]):  # the clock steps as SimPy's would, end by end
         t = t + (ends[q] - t)
         backward_left = _end(run, d, rows[q], start, t, backward_left)
@@ -117,7 +122,7 @@ def pair(run: Run, d: int, k: int, free_at: float, backward_left: int) -> Genera
             yield env.timeout(at - env.now)
     if free_at > env.now:
         yield env.timeout(free_at - env.now)
-    start, ends = env.now, pair_ends(env.now, rows[0][6], rows[1][6])
+    start, ends = env.now, phased_pair_ends(env.now, rows[0][6], rows[1][6])
     for q in sorted((0, 1), key=lambda q: ends[q]):
         yield env.timeout(ends[q] - env.now)
         backward_left = _end(run, d, rows[q], start, env.now, backward_left)

@@ -17,7 +17,7 @@ from sim.core.copies import Copies, Sends
 from sim.core.cost import CostModel
 from sim.core.memory import Memory
 from sim.core.sharing import SharedCores
-from sim.core.tables import B, W, remote_tables, task_table
+from sim.core.tables import B, W, communication_table, remote_tables, task_table
 
 __all__ = ["Copy", "Run"]
 
@@ -41,6 +41,7 @@ class Run:
         self.stride = n * fanout
         runner = cost.runner
         self.table = task_table(cost, inputs, outputs)
+        self.communication = communication_table(cost)  # Note [communication] in sim.core.cost: [op][j], scale 1
         self.issue = [[[runner.issue_seconds(op, j, c == 1) for j in range(n)] for op in (Op.F, Op.B, Op.R, Op.W)]
                       for c in (0, 1)]
         self.first = [runner.first_seconds(j) for j in range(n)]  # a fresh worker thread's first task

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 import simpy
 
-__all__ = ["SharedCores", "pair_ends"]
+__all__ = ["COMPUTING", "TALKING", "Phase", "SharedCores", "pair_ends", "phased_pair_ends", "task_phases"]
+
+#: What a phase of a task uses (Note [communication] in :mod:`sim.core.cost`): the device's compute, or its link.
+COMPUTING, TALKING = 0, 1
+
+#: One phase of a task: ``(COMPUTING or TALKING, seconds at full speed)``.
+Phase = tuple[int, float]
 
 
 def pair_ends(start: float, a: float, b: float) -> tuple[float, float]:
@@ -20,6 +26,47 @@ def pair_ends(start: float, a: float, b: float) -> tuple[float, float]:
     both = start + 2.0 * shorter
     later = both + ((b if a <= b else a) - shorter)
     return (both, later) if a <= b else (later, both)
+
+
+def task_phases(compute: float, communication: float, communicates_first: bool) -> tuple[Phase, ...]:
+    """A task's phases in order, as it runs in an overlapped pair (Note [communication] in :mod:`sim.core.cost`):
+    ``compute`` seconds on the device and ``communication`` on its link, the communication first for a backward
+    (``communicates_first``) and last for a forward; a phase of no seconds is left out."""
+    phases = ((TALKING, communication), (COMPUTING, compute)) if communicates_first \
+        else ((COMPUTING, compute), (TALKING, communication))
+    return tuple((use, seconds) for use, seconds in phases if seconds > 0)
+
+
+def phased_pair_ends(start: float, a: Sequence[Phase], b: Sequence[Phase]) -> tuple[float, float]:
+    """When two tasks end that start together at ``start``, each running its phases in order, while the device's
+    compute and its link are each shared equally by the tasks in a phase on it (Note [communication] in
+    :mod:`sim.core.cost`). Without communication it is :func:`pair_ends` exactly; a forward and a backward of
+    ``c`` compute and ``x`` communication seconds each both end at ``start + 2 max(c, x)``::
+
+        c >= x:      0 .. x       x .. 2c - x        2c - x .. 2c
+              F  computes    computes, shared    sends              the backward's link time under the
+              B  receives    computes, shared    computes           forward's compute, and the other way round
+    """
+    if all(use == COMPUTING for use, _ in (*a, *b)):
+        return pair_ends(start, sum((s for _, s in a), 0.0), sum((s for _, s in b), 0.0))
+    left, ends, t = [list(a), list(b)], [start, start], start
+    while left[0] or left[1]:
+        using = [phases[0][0] for phases in left if phases]
+        rates = [1.0 / using.count(phases[0][0]) if phases else 0.0 for phases in left]
+        step = min(phases[0][1] / rate for phases, rate in zip(left, rates, strict=True) if phases)
+        t = t + step
+        for k, phases in enumerate(left):
+            if not phases:
+                continue
+            use, seconds = phases[0]
+            remaining = seconds - step * rates[k]
+            if remaining <= 1e-12 * max(1.0, seconds):  # this phase is done (the one that set the step exactly)
+                phases.pop(0)
+                if not phases:
+                    ends[k] = t
+            else:
+                phases[0] = (use, remaining)
+    return ends[0], ends[1]
 
 
 class SharedCores:

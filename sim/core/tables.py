@@ -10,7 +10,8 @@ from __future__ import annotations
 from gpipe.schedule import Op, Schedule, Task
 from sim.core.cost import CostModel
 
-__all__ = ["B", "F", "OPCODE", "OPS", "R", "W", "Inputs", "Outputs", "TaskRow", "remote_tables", "task_table"]
+__all__ = ["B", "F", "OPCODE", "OPS", "R", "W", "Inputs", "Outputs", "TaskRow", "communication_table", "remote_tables",
+           "task_table"]
 
 #: Opcodes, indices of the tables' second level, and the ops they stand for.
 F, B, R, W = 0, 1, 2, 3
@@ -81,13 +82,22 @@ def _stage_seconds(cost: CostModel, j: int, checkpointed: bool, op: int) -> floa
     return stage.backward if op == B else stage.weight
 
 
+def communication_table(cost: CostModel) -> list[list[float]]:
+    """``[op][j]``: the seconds of each kind of task that wait on the network, at micro-batch scale 1
+    (Note [communication] in :mod:`sim.core.cost`: ``F``, ``R`` and ``B`` have the stage's, ``W`` none)."""
+    return [[0.0 if op == W else stage.communication for stage in cost.stages] for op in range(4)]
+
+
 def task_table(cost: CostModel, inputs: Inputs, outputs: Outputs) -> list[list[list[TaskRow]]]:
-    """``table[c][op][j]``: the :data:`TaskRow` of every kind of task."""
+    """``table[c][op][j]``: the :data:`TaskRow` of every kind of task; its seconds hold the task's communication
+    (Note [communication] in :mod:`sim.core.cost`), which a task alone waits for on its device."""
     # Note [host costs]: the runner's host seconds (RunnerCosts) do not scale with the micro-batch. The row's
     # seconds include them unless micro-batches scale; then the device process scales the stage seconds and
     # adds the host seconds. A runner's own stage seconds (a recording executor's) replace the StageCost's.
     runner, scaled = cost.runner, bool(cost.microbatch_scale)
     host = [[[runner.host_seconds(OPS[op], j, c == 1) for j in range(cost.n)] for op in range(4)] for c in (0, 1)]
+    talk = communication_table(cost)
     return [[[(inputs[c][op][j], outputs[c][op][j],
-               _stage_seconds(cost, j, c == 1, op) + (0.0 if scaled else host[c][op][j]), host[c][op][j])
+               _stage_seconds(cost, j, c == 1, op) + talk[op][j] + (0.0 if scaled else host[c][op][j]),
+               host[c][op][j])
               for j in range(cost.n)] for op in range(4)] for c in (0, 1)]
