@@ -1,5 +1,5 @@
-"""Properties every simulated timeline has, for random schedules (overlapped pairs too), placements, costs and
-switches."""
+"""Properties every simulated timeline has, for random schedules (overlapped pairs too), placements, costs (with
+communication inside tasks too) and switches."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def cases(draw: st.DrawFn, shared: bool | None = None, pairs: bool = True) -> Ca
         StageCost(draw(seconds), draw(seconds), draw(st.none() | seconds), send_bytes=draw(st.integers(0, 4)),
                   saved_bytes=draw(st.integers(0, 1000)), checkpoint_bytes=draw(st.integers(0, 100)),
                   forward_checkpointed=draw(st.none() | seconds), weight=draw(seconds),
-                  weight_bytes=draw(st.none() | st.integers(0, 1000)))
+                  weight_bytes=draw(st.none() | st.integers(0, 1000)),
+                  communication=draw(st.sampled_from([0.0, 0.0, 0.4, 1.3])))
         for _ in range(n))
     copy_seconds = draw(st.none() | st.sampled_from([0.0, 0.3, 1.7]))
     link = LinkSpec("test", draw(st.sampled_from([0.0, 0.2])), draw(st.sampled_from([1.0, 4.0]))) \
@@ -84,11 +85,18 @@ def copy_seconds(case: Case, producer: Task) -> float:
     return link.transfer_seconds(cost.stages[stage].send_bytes * cost.scale(producer.microbatch))
 
 
+def communication_seconds(cost: CostModel, task: Task) -> float:
+    """Note [communication] in sim.core.cost: the stage's for F, R and B, none for W; scaled with the micro-batch."""
+    return 0.0 if task.op is Op.W else cost.stages[task.stage].communication * cost.scale(task.microbatch)
+
+
 def nominal_seconds(schedule: Schedule, cost: CostModel, task: Task) -> float:
+    """What a task takes alone: its compute, its communication and the runner's host seconds."""
     s = cost.stages[task.stage]
     forward = s.forward_seconds(schedule.is_checkpointed(task.microbatch))
     base = {Op.F: forward, Op.B: s.backward, Op.R: s.recompute_seconds, Op.W: s.weight}[task.op]
-    return base * cost.scale(task.microbatch) + cost.runner.overheads.task
+    return (base * cost.scale(task.microbatch) + communication_seconds(cost, task)
+            + cost.runner.overheads.task)
 
 
 def disjoint(spans: list[Span]) -> bool:
@@ -144,7 +152,12 @@ def test_timeline_invariants(case: Case) -> None:
     for a, b in schedule.pairs:
         ta, tb = nominal_seconds(schedule, cost, a), nominal_seconds(schedule, cost, b)
         first, second = sorted((compute[a], compute[b]), key=lambda s: s.end)
-        assert abs(first.duration - 2 * min(ta, tb)) < EPS and abs(second.duration - (ta + tb)) < EPS
+        xa, xb = communication_seconds(cost, a), communication_seconds(cost, b)
+        if xa == xb == 0:
+            assert abs(first.duration - 2 * min(ta, tb)) < EPS and abs(second.duration - (ta + tb)) < EPS
+        else:  # Note [communication]: no faster than alone, no slower than in turn, the busier resource's at least
+            assert compute[a].duration >= ta - EPS and compute[b].duration >= tb - EPS
+            assert max(ta - xa + tb - xb, xa + xb) - EPS <= second.duration <= ta + tb + EPS
     for task, span in compute.items():
         if task in partner or task in partner.values():
             continue
