@@ -77,6 +77,11 @@ def add_parser(subparsers: Any) -> None:
                         "the backward (zb-h1, zb-v), else added to the backward; one or one per stage (default: 0)")
     p.add_argument("--recompute-time", default=None, metavar="LIST",
                    help="seconds of one recompute, one or one per stage (default: the forward time)")
+    p.add_argument("--communication-time", default="0", metavar="LIST",
+                   help="seconds of each forward, recompute and backward spent waiting on the network (a mixture of "
+                        "experts' all-to-all), not computing: a task alone takes its compute plus this, an overlapped "
+                        "pair (dualpipe-v) hides one task's behind the other's compute; one or one per stage "
+                        "(default: 0)")
     p.add_argument("--copy-time", type=float, default=None, metavar="S", help="seconds of every copy between devices")
     p.add_argument("--activation-bytes", type=int, default=0, metavar="B",
                    help="bytes of the activation a stage sends on (and keeps, as the next stage's input, "
@@ -163,7 +168,7 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
                    f"--chunks {args.chunks} on --stages {args.stages}", "lower --chunks or --stages")
     # after the size check: a list as long as --stages
     times = {flag: number_list("--" + flag.replace("_", "-"), getattr(args, flag), args.stages, unit="seconds")
-             for flag in ("forward_time", "backward_time", "weight_time", "recompute_time")
+             for flag in ("forward_time", "backward_time", "weight_time", "recompute_time", "communication_time")
              if getattr(args, flag) is not None}
     schedule = schedule_files.imported(args) or _schedule(args)
     if args.import_schedule is not None:  # a file of at most 8 MiB: its shape is known once it is read
@@ -185,7 +190,7 @@ def build(args: argparse.Namespace) -> tuple[Schedule, CostModel, SimConfig, Dev
         recompute = times["recompute_time"][j] if "recompute_time" in times else None
         stages.append(StageCost(forward, backward, recompute, weight=weight, send_bytes=args.activation_bytes,
                                 saved_bytes=args.saved_bytes, checkpoint_bytes=args.activation_bytes,
-                                parameter_bytes=args.model_state_bytes))
+                                parameter_bytes=args.model_state_bytes, communication=times["communication_time"][j]))
     copy_seconds = args.copy_time if args.copy_time is not None else (None if link is not None else 0.0)
     cost = CostModel(tuple(stages), copy_seconds=copy_seconds)
     config = SimConfig(link=link, copy_streams=not args.no_copy_streams,
