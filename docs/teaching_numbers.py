@@ -42,7 +42,7 @@ def memory_rows(simulate: Callable[..., Any]) -> list[tuple[str, str, float, lis
                 continue
             t, split = 1e-3 / v, schedule.splits_weight_gradient
             stage = StageCost(forward=t, backward=t if split else 2 * t, weight=t if split else 0.0,
-                              saved_bytes=MEMORY_A // v, checkpoint_bytes=MEMORY_A // 8 // v)
+                              saved_bytes=MEMORY_A // v, checkpoint_bytes=MEMORY_A // 8)
             tl = simulate(schedule, CostModel((stage,) * schedule.n))
             rows.append((name, policy, tl.makespan, [tl.peak_memory(d) for d in range(MEMORY_P)]))
     return rows
@@ -95,6 +95,7 @@ def _activations(table: Table) -> dict[str, str]:
 
 def _traffic(plan_result: Any, table: Table) -> dict[str, str]:
     """Bytes one GPU sends per step in the planner's fastest configurations, by kind of parallelism."""
+    from sim.planning.collectives import allreduce_seconds
     from sim.planning.hardware import get_link
     from sim.planning.models.gpt import gpt_config
     from sim.planning.training import TRAINING
@@ -115,18 +116,23 @@ def _traffic(plan_result: Any, table: Table) -> dict[str, str]:
         data = 2 * (r.replicas - 1) / r.replicas * grads
         t = r.stages  # tensor parallel over the same GPUs instead: 4 all-reduces of b·s·h per layer and step
         tensor = 4 * layers * 2 * (t - 1) / t * (r.chunks * r.microbatch) * s * h * word
+        whole = allreduce_seconds(grads, r.replicas, link)  # the fullest device's all-reduce, if nothing hid it
         out.append([f"{r.stages} x {r.replicas}", f"{r.chunks} x {r.microbatch}", f"{boundary / MiB:.0f} MiB",
                     f"{pipeline / GiB:.2f} GiB", f"{data / GiB:.2f} GiB", f"{tensor / GiB:.1f} GiB",
-                    f"{(pipeline + data) / link.bandwidth * 1e3:.0f} ms", f"{r.step_seconds * 1e3:.0f} ms"])
+                    f"{(pipeline + data) / link.bandwidth * 1e3:.0f} ms",
+                    f"{whole * 1e3:.1f} ms / {r.allreduce_exposed_seconds * 1e3:.1f} ms",
+                    f"{r.step_seconds * 1e3:.0f} ms"])
         if len(out) == 4:
             break
     head = (f"GPT-3 13B (s = {s}, h = {h}, {layers} layers, bf16), batch {plan_result.batch}, the planner's fastest "
             f"configuration of each shape (pipeline depth x replicas) on {plan_result.device} "
             f"over `{plan_result.link}` "
-            f"({link.bandwidth / 1e9:.0f} GB/s). Bytes one GPU sends per step:")
+            f"({link.bandwidth / 1e9:.0f} GB/s). Bytes one GPU sends per step, and its data-parallel all-reduce's "
+            f"seconds: in all, and the part that ran past the drained pipeline (`allreduce_exposed_seconds`):")
     return {"traffic_table": head + "\n\n" + table(
         ["pp x dp", "chunks x samples", "activation per boundary", "pipeline (middle stage)",
-         "data-parallel all-reduce", "tensor parallel instead", "pp + dp on the link", "planner's step"], out)}
+         "data-parallel all-reduce", "tensor parallel instead", "pp + dp on the link",
+         "all-reduce: whole / exposed", "planner's step"], out)}
 
 
 # -- balancing ------------------------------------------------------------------------------------------------
