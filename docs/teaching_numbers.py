@@ -1,4 +1,5 @@
-"""The numbers of the pages past GPipe (parallelism, memory, balancing, micro-batch size), as markdown fragments.
+"""The numbers of the pages past GPipe (parallelism, memory, balancing, micro-batch size, beyond 1F1B), as markdown
+fragments.
 
 Each table is computed here from the simulator, the planner, the hardware catalog or the model shapes, never typed
 into a page; :func:`fragments` is merged into ``make_figures.fragments`` and so reaches every
@@ -14,7 +15,8 @@ from typing import Any
 from gpipe.schedule import SCHEDULES, Schedule
 from sim.core.cost import CostModel, StageCost
 
-__all__ = ["MEMORY_M", "MEMORY_P", "ROOFLINE_WIDTHS", "fragments", "memory_rows", "min_tokens"]
+__all__ = ["BEYOND_A", "COMMUNICATION", "EXPENSIVE", "MEMORY_M", "MEMORY_P", "ROOFLINE_WIDTHS", "beyond_cost",
+           "beyond_numbers", "communication_runs", "fragments", "frontier", "memory_rows", "min_tokens", "peak_a"]
 
 MiB, GiB = 2**20, 2**30
 
@@ -212,6 +214,105 @@ def _tokens(t: float) -> str:
     return "never" if t == float("inf") else f"{t:.0f}"
 
 
+# -- beyond 1F1B: communication inside tasks, and bubble against memory ------------------------------------------
+
+#: The "Beyond 1F1B" page's pipelines (make_figures.beyond_schedules at p = 4): p devices, m = 2p micro-batches; a
+#: device's share costs 1 ms of each of F, B and W (a backward that is not split: 2 ms) and keeps A per micro-batch,
+#: a schedule with v stages per device gives each stage 1/v of both.
+BEYOND_A = 64 * MiB
+#: Seconds of communication per F, R and B of one stage of the V (Note [communication] in sim.core.cost): free, and
+#: up to twice the stage's compute; EXPENSIVE equals it, DeepSeek-V3's 1:1 of cross-node expert parallelism.
+COMMUNICATION, EXPENSIVE = (0.0, 0.25e-3, 0.5e-3, 1e-3), 0.5e-3
+
+
+def beyond_cost(schedule: Schedule, communication: float = 0.0) -> CostModel:
+    """The page's cost model for ``schedule`` (its stages per device from its shape)."""
+    v, split = schedule.n // schedule.num_devices, schedule.splits_weight_gradient
+    t = 1e-3 / v
+    stage = StageCost(forward=t, backward=t if split else 2 * t, weight=t if split else 0.0,
+                      saved_bytes=BEYOND_A // v, communication=communication)
+    return CostModel((stage,) * schedule.n)
+
+
+def communication_runs(simulate: Callable[..., Any], p: int = 4, m: int = 8) -> list[tuple[float, Any, Any]]:
+    """``(communication, ZB-V's timeline, DualPipe-V's)`` for each of :data:`COMMUNICATION`."""
+    zbv, dpv = (SCHEDULES[name](m, 2 * p, "never", devices=p) for name in ("zb-v", "dualpipe-v"))
+    return [(x, simulate(zbv, beyond_cost(zbv, x)), simulate(dpv, beyond_cost(dpv, x))) for x in COMMUNICATION]
+
+
+def frontier(simulate: Callable[..., Any], p: int) -> list[tuple[str, Schedule, Any]]:
+    """Every registered schedule on ``p`` devices and ``m = 2p`` micro-batches (two stages per device where it
+    places several), interleaved 1F1B breadth-first (``round=m``), and the search's schedule on the V under 1F1B's
+    memory (``p`` micro-batches of a device's share): ``(name, schedule, simulated timeline)``."""
+    from gpipe.schedule import schedule_kind
+    from gpipe.schedule.placement import v_shape
+    from gpipe.schedule.search import StageCosts, search
+
+    m, out = 2 * p, []
+    for name in [*SCHEDULES, f"interleaved-1f1b:round={2 * p}"]:
+        kind = schedule_kind(name)
+        schedule = kind(m, p * (1 if kind.place is None else 2), "never", devices=p)
+        out.append((name, schedule, simulate(schedule, beyond_cost(schedule))))
+    found = search(m, v_shape(2 * p, p), StageCosts.uniform(2 * p, 0.5e-3, 0.5e-3, 0.5e-3), memory_limit=p,
+                   time_limit=5.0).schedule
+    out.append(("searched", found, simulate(found, beyond_cost(found))))
+    return out
+
+
+def peak_a(timeline: Any) -> float:
+    """The most activation any device of ``timeline`` holds, in A."""
+    return max(timeline.peak_memory(d) for d in range(timeline.num_devices)) / BEYOND_A
+
+
+def beyond_numbers(simulate: Callable[..., Any]) -> dict[str, str]:
+    """The numbers the page's exercises state, as the page writes them (tests/docs/test_teaching_numbers.py finds
+    each in the page)."""
+    wide = {name: tl for name, _, tl in frontier(simulate, 8)}
+    runs = {x: (zbv, dpv) for x, zbv, dpv in communication_runs(simulate)}
+    zbv, dpv = runs[EXPENSIVE]
+    s = SCHEDULES["dualpipe-v"](8, 8, "never", devices=4)
+    pairs = [sum(1 for a, _ in s.pairs if s.device_of(a.stage) == d) for d in range(4)]
+    narrow = {name: tl for name, _, tl in frontier(simulate, 4)}
+    longer = [simulate(k, beyond_cost(k, EXPENSIVE)) for k in (SCHEDULES[name](16, 8, "never", devices=4)
+                                                                for name in ("zb-v", "dualpipe-v"))]
+
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:.3g} ms"
+
+    return {
+        "1f1b p8": ms(wide["1f1b"].makespan), "zb-h1 p8": ms(wide["zb-h1"].makespan),
+        "1f1b idle p8": ms(wide["1f1b"].makespan - wide["1f1b"].busy(0)),
+        "zb-h1 idle p8": ms(wide["zb-h1"].makespan - wide["zb-h1"].busy(0)),
+        "zb-v expensive": f"{zbv.makespan * 1e3:.1f} ms", "dualpipe-v expensive": f"{dpv.makespan * 1e3:.1f} ms",
+        "saved": ms(zbv.makespan - dpv.makespan), "pairs": f"{len(s.pairs)} pairs",
+        "saved m16": ms(longer[0].makespan - longer[1].makespan),
+        "pairs per device": ", ".join(map(str, pairs)),
+        "device 0 busy zb-v": ms(zbv.busy(0)), "device 0 busy dualpipe-v": ms(dpv.busy(0)),
+        "dualpipe-v peak": f"{peak_a(narrow['dualpipe-v']):.3g} A", "zb-v p4": ms(narrow["zb-v"].makespan),
+        "searched p4": ms(narrow["searched"].makespan),
+        "round=8 peak": f"{peak_a(narrow['interleaved-1f1b:round=8']):.3g} A",
+        "round=4 peak": f"{peak_a(narrow['interleaved-1f1b']):.3g} A",
+        "interleaved p4": ms(narrow["interleaved-1f1b"].makespan),
+        "1f1b p4": ms(narrow["1f1b"].makespan), "zb-h1 p4": ms(narrow["zb-h1"].makespan),
+        "1f1b idle p4": ms(narrow["1f1b"].makespan - narrow["1f1b"].busy(0)),
+        "zb-h1 idle p4": ms(narrow["zb-h1"].makespan - narrow["zb-h1"].busy(0)),
+    }
+
+
+def _beyond(simulate: Callable[..., Any], table: Table) -> dict[str, str]:
+    rows = [[f"{x * 1e3:g} ms", f"{zbv.makespan * 1e3:.2f} ms", f"{dpv.makespan * 1e3:.2f} ms",
+             f"{(zbv.makespan - dpv.makespan) * 1e3:.2f} ms", f"{zbv.bubble_fraction():.1%}",
+             f"{dpv.bubble_fraction():.1%}"] for x, zbv, dpv in communication_runs(simulate)]
+    out = {"communication_table": table(["communication per F and B", "ZB-V", "DualPipe-V", "DualPipe-V ahead by",
+                                         "ZB-V bubble", "DualPipe-V bubble"], rows)}
+    for p in (4, 8):
+        out[f"frontier_table_p{p}"] = table(
+            ["schedule", "makespan", "bubble", "peak activations (A)"],
+            [[f"`{name}`", f"{tl.makespan * 1e3:.1f} ms", f"{tl.bubble_fraction():.1%}", f"{peak_a(tl):.3g}"]
+             for name, _, tl in frontier(simulate, p)])
+    return out
+
+
 def fragments(simulate: Callable[..., Any], table: Table, plan_result: Any) -> dict[str, str]:
     """Every fragment of the pages past GPipe; ``simulate`` and ``table`` are ``make_figures``'s, ``plan_result``
     the planner's answer for its worked example."""
@@ -222,4 +323,5 @@ def fragments(simulate: Callable[..., Any], table: Table, plan_result: Any) -> d
     out.update(_traffic(plan_result, table))
     out.update(_balancing(simulate, table))
     out.update(_roofline(table))
+    out.update(_beyond(simulate, table))
     return out
