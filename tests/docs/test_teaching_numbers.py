@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.docs.test_figures import _load  # the docs' own modules, loaded by file as the site's hook loads them
@@ -34,3 +36,38 @@ def test_the_balancing_table_follows_the_general_formula() -> None:
     assert len(rows) == 2 and all(r[4] == r[5] for r in rows), rows  # simulated makespan == formula
     assert float(rows[1][3].split()[0]) < float(rows[0][3].split()[0])  # the block partition lowers the bottleneck
 
+
+
+def test_beyond_1f1b_states_the_simulator_s_numbers() -> None:
+    """Every number the page's text and exercises state (docs/concepts/beyond-1f1b.md) is the simulator's."""
+    mf, tn = _load("make_figures"), _load("teaching_numbers")
+    page = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "beyond-1f1b.md").read_text()
+    numbers = tn.beyond_numbers(mf.simulate)
+    missing = {k: v for k, v in numbers.items() if v not in page}
+    assert not missing, f"the page does not state these numbers: {missing}"
+
+
+def test_beyond_1f1b_numbers_are_the_closed_forms() -> None:
+    """1F1B (m + p - 1)(t_f + t_b + t_w), ZB-H1 m(...) + (p - 1)(t_f + t_b - t_w) and their idle times; DualPipe-V's
+    pairs per device; one stage-micro-batch above ZB-V; the search at ZB-V's step under 1F1B's memory."""
+    mf, tn = _load("make_figures"), _load("teaching_numbers")
+    n = tn.beyond_numbers(mf.simulate)
+    for p in (4, 8):
+        m = 2 * p
+        assert n[f"1f1b p{p}"] == f"{(m + p - 1) * 3} ms" and n[f"1f1b idle p{p}"] == f"{(p - 1) * 3} ms"
+        assert n[f"zb-h1 p{p}"] == f"{3 * m + p - 1} ms" and n[f"zb-h1 idle p{p}"] == f"{p - 1} ms"
+    m, p = 8, 4
+    assert n["pairs per device"] == ", ".join(str(2 * (m - 2 * p + d + 1) + (p - d - 1) - (d == p - 1))
+                                             for d in range(p))
+    t, x = 0.5, tn.EXPENSIVE * 1e3  # ms per stage task
+    assert n["zb-v expensive"] == f"{2 * m * (3 * t + 2 * x) + (p - 1) * (t + x):.1f} ms"
+    assert n["device 0 busy zb-v"] == f"{2 * m * (3 * t + 2 * x):.3g} ms"
+    assert n["dualpipe-v peak"] == f"{(2 * p + 1) / 2:.3g} A" and n["searched p4"] == n["zb-v p4"] == "25.5 ms"
+    for name, rounds in (("round=8 peak", 8), ("round=4 peak", 4)):  # device 0: (v - 1)N + 2 min(p - 1, N) + 1, v = 2
+        assert n[name] == f"{(rounds + 2 * min(p - 1, rounds) + 1) / 2:.3g} A"
+
+
+def test_dualpipe_v_is_ahead_only_with_communication() -> None:
+    mf, tn = _load("make_figures"), _load("teaching_numbers")
+    for x, zbv, dpv in tn.communication_runs(mf.simulate):
+        assert (dpv.makespan == zbv.makespan) if x == 0 else (dpv.makespan < zbv.makespan - 1e-12)
