@@ -22,10 +22,10 @@ import nbformat
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from beyond_1f1b import BEYOND_1F1B  # noqa: E402
 from cells import answer as _answer  # noqa: E402
 from cells import setup  # noqa: E402
 from own_schedule import OWN_SCHEDULE  # noqa: E402
-
 
 BUBBLE = [
     """md:# Micro-batches and the bubble
@@ -287,8 +287,8 @@ Four stages, 8 micro-batches, forward 1 ms, backward 2 ms, and every copy 0.5 ms
 `SimConfig(copy_streams=False)` puts each copy on the compute streams of both devices it joins.""",
     """from gpipe.plot import plot_side_by_side
 from gpipe.schedule import gpipe
-from sim.core.cost import CostModel
 from sim.core.config import SimConfig
+from sim.core.cost import CostModel
 from sim.core.engine import simulate
 
 cost = CostModel.uniform(4, 1e-3, 2e-3, copy_seconds=0.5e-3)
@@ -371,7 +371,8 @@ predict the same step with the simulator, and put the two timelines side by side
    each training step,
 2. **calibrate** a cost model: measure the model's partitions and the executor's own overheads on this machine,
 3. **simulate** the very schedule the executor ran, with those costs,
-4. **compare** prediction and measurement task by task (`sim.calibration.compare.compare`) and draw them on one time axis,
+4. **compare** prediction and measurement task by task (`sim.calibration.compare.compare`) and draw them on one
+   time axis,
 5. change one thing, predict first, then measure.
 
 Your numbers will differ from anyone else's: they are your machine's. On a busy machine they also differ from run
@@ -442,8 +443,8 @@ returns, so it draws the same way.""",
 plot_timeline(measured, title=f"measured: makespan {measured.makespan * 1e3:.1f} ms");""",
     """md:## Calibrating a cost model
 
-The simulator needs to know how long each task takes. `sim.calibration.calibrate.calibrate` profiles each partition with a
-micro-batch of the size the pipeline runs (forward, backward, recompute, and the bytes each keeps), with the same
+The simulator needs to know how long each task takes. `sim.calibration.calibrate.calibrate` profiles each partition
+with a micro-batch of the size the pipeline runs (forward, backward, recompute, and the bytes each keeps), with the same
 profiler that `gpipe.balance.balance_by_time` uses.""",
     """from sim.calibration.calibrate import calibrate, calibrate_overheads
 from sim.calibration.host import with_overheads
@@ -800,9 +801,9 @@ plot_memory(result13, best);""",
 count of model state alone (16 bytes per parameter).""",
     "md:" + _answer("""Four stages. Model state alone is `13e9 × 16 B ≈ 208 GB ≈ 194 GiB`: two stages would need
 about 97 GiB each, more than the 80 GiB an A100 80GB reports (81,920 MiB), before a single activation. Three
-stages would hold it (about 65 GiB each), but a pipeline's depth must divide the GPU count, so that every replica gets the same
-pipeline: on 8 GPUs the depths are 1, 2, 4 and 8, and the planner tries only those. Four stages need about 48 GiB
-each, which leaves room for the activations:
+stages would hold it (about 65 GiB each), but a pipeline's depth must divide the GPU count, so that every replica
+gets the same pipeline: on 8 GPUs the depths are 1, 2, 4 and 8, and the planner tries only those. Four stages need
+about 48 GiB each, which leaves room for the activations:
 
 ```python
 fits = [r for r in result13.rows if r.fits and r.gpus == 8]
@@ -858,6 +859,7 @@ NOTEBOOKS: dict[str, list[str]] = {
     "05_capacity_planning.ipynb": PLANNING,
     "06_ablation.ipynb": ABLATION,
     "07_own_schedule.ipynb": OWN_SCHEDULE,
+    "08_beyond_1f1b.ipynb": BEYOND_1F1B,
 }
 
 
