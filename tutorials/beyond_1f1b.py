@@ -94,8 +94,9 @@ stage's `B` sent on at once and some of its `W`s held back: stage `j` runs `W` o
 behind, and its last `j` weight gradients at the end, where 1F1B's device would wait.""",
     """print(build("zb-h1", m=6, p=3))""",
     """md:**Predict first.** Give `F`, `B` and `W` 1 ms each (1F1B runs `B` and `W` as one 2 ms task). 1F1B takes
-`(m + p - 1)(t_f + t_b + t_w)`. ZB-H1 fills each of the `p - 1` waits with a `W`, leaving `(p - 1)(t_f + t_b -
-t_w)`: `m(t_f + t_b + t_w) + (p - 1)(t_f + t_b - t_w)`. ZB-H2 runs more forwards first and holds more `W`s back,
+`(m + p - 1)(t_f + t_b + t_w)`. In ZB-H1 a gradient travels back after `B` alone, `t_w` sooner per stage, and
+a held-back `W` fills each of the `p - 1` waits: each wait shrinks by `2 t_w`, to `t_f + t_b - t_w`, and the step
+is `m(t_f + t_b + t_w) + (p - 1)(t_f + t_b - t_w)`. ZB-H2 runs more forwards first and holds more `W`s back,
 so each device runs without a gap from its first task to its last: `m(t_f + t_b + t_w) + (p - 1) t_f`. ZB-V runs
 two stages per device in a V (device `d` holds stages `d` and `2p - 1 - d`), so every device both starts and ends
 the pipeline: in a device's share of the work, `m(t_f + t_b + t_w) + (p - 1) t_f / 2`.""",
