@@ -110,7 +110,8 @@ for name, tl in split.items():
           f"bubble {tl.bubble_fraction():.3f}")
 plot_side_by_side([split["1f1b"], split["zb-h1"], split["zb-v"]], titles=["1F1B", "ZB-H1", "ZB-V"]);""",
     """md:In ZB-H1's picture each device's tail, where 1F1B's device waits for the last gradients, is filled with
-held-back `W`s; what is left is the fill, `p - 1` forwards deep. With equal costs ZB-H2 reaches the same 27 ms:
+held-back `W`s; each device still waits `(p - 1)(t_f + t_b - t_w)` = 3 ms, the last for its first input, the
+first for its first gradient. With equal costs ZB-H2 reaches the same 27 ms:
 every device is busy from its first forward to its last task, the least any schedule can take once the last
 device has waited for its first input. The two part when `B` costs more than `W` (exercise 3). ZB-V shortens the
 fill itself: its first stage-forward is half a share long.
