@@ -7,10 +7,11 @@ errors) always go through a gloo group, the tensor group itself on CPU or one ma
 
 Note [a group per direction]: on gloo each pair of ranks talks over one connection per group, and posting a send
 or receive takes locks of that connection that gloo's own thread also takes to move bytes. With every core busy,
-that thread is descheduled holding them and the post waits for its next time slice: two computing processes
-exchanging 128 KB each way a round saw 16% of their posts take over 1 ms (up to 6 ms) on one group, 0.04% with a
-group for messages to a higher rank and one for messages to a lower (``benchmarks/gloo_directions.py``; two per
-direction, taken in turn, did no better). NCCL keeps one group: unmeasured, no GPU here.
+that thread is descheduled holding them and the post waits for its next time slice, on the rank's critical
+path. A group for messages to a higher rank and one for messages to a lower keep the two directions' posts off
+each other's locks, which removes nearly all those stalls; more groups per direction add nothing (how often a
+post stalls each way: ``benchmarks/gloo_directions.py``; docs/benchmarks.md). NCCL keeps one group: whether it
+gains from two is not measured.
 
 Note [a group per pipeline]: a step that fails leaves messages in flight; without ``group=``, each pipeline
 talks on a new group of the default one's ranks, so a pipeline built after a failure starts clean. A caller's

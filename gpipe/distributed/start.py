@@ -4,10 +4,10 @@ Note [one exchange a step]: every step begins with the ranks checking each other
 in :mod:`gpipe.distributed.pipe`). That exchange is one ``all_gather`` of a row of int64 per rank, of a size
 every rank knows from ``chunks``: whether the rank rejected its input, whether its stages may draw random
 numbers, the first stage's micro-batch rows and a fingerprint of its input's structure, the last stage's target
-rows. Pickled objects cost a collective for their sizes, another for the bytes and the pickling on both ends:
-2 to 3.6 ms a step on two gloo processes (one probe, beside another job). A second collective only for what is
-rare: a rejected input's text, an input structure not seen before (:func:`structure_from`), the seed of a step
-whose stages may draw.
+rows. Pickled objects cost a collective for their sizes, another for the bytes, and the pickling on both ends,
+at the start of every step (``benchmarks/distributed_speed.py`` times the steps; docs/benchmarks.md). A second
+collective only for what is rare: a rejected input's text, an input structure not seen before
+(:func:`structure_from`), the seed of a step whose stages may draw.
 """
 
 from __future__ import annotations

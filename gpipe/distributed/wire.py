@@ -8,7 +8,7 @@ held until its task ends and then sent in the pair's order (Note [one order per 
 
 Note [receives posted ahead]: at the start of a step, and after each task (its sends first), a rank posts the
 receives of the next ``lookahead`` messages each peer will send it, so a message lands while the rank computes;
-posting takes 0.1 to 0.2 ms of the rank's thread on gloo, which would delay a task whose input just came. A
+posting costs the rank's thread time on gloo, and posted there it delays no task whose input just came. A
 message whose structure is not yet known is preceded by its header, and nothing after it is posted until that
 header arrived (its buffers' sizes come from it). Receives are waited for in a waiter thread per peer, so every
 wait is bounded and woken by a failure elsewhere (Note [no rank left waiting] in
@@ -261,8 +261,8 @@ class Wire(Transport):
 
     def _on_this_stream(self, pending: Pending) -> None:
         """Note [posted by the waiters]: on gloo a send does its copy into the socket inside ``isend`` and a receive may
-read its data inside ``irecv``: 0.1 to 0.3 ms of the calling thread each on two processes here, on the critical
-path when the rank's own thread does it. So on CPU the waiter thread of the peer posts each communication and then
+read its data inside ``irecv``: time of the calling thread for every message, on the critical path when the
+rank's own thread does it. So on CPU the waiter thread of the peer posts each communication and then
 waits for it, in the order handed to it (the pair's order); the rank's thread only hands it over and computes on,
 and a core idle in the other rank's bubble can do the copy. With NCCL the rank's thread posts (the communicator
 is used from one thread, and a receive's wait orders its stream: below).
