@@ -2,8 +2,8 @@
 
 Note [pinned workers]: on a CPU device every worker thread computes on the machine's cores, and the
 operating system moves threads between them as it likes. On a shared (virtual) machine the cores are
-not equally fast from moment to moment: measured here, one of two cores ran at half speed for half a
-second at a time while the other did not. A step that puts its two workers on whichever cores the
+not equally fast from moment to moment: one core can run at a fraction of its speed for a while when
+another does not. A step that puts its two workers on whichever cores the
 scheduler picks, and a profile that ran on whichever core the profiling thread was on, then sample
 different machines. Pinning each partition's worker to its own cores (``GPipe(..., cpu_affinity=...)``)
 and profiling each partition on the same cores (:func:`gpipe.profile.profile_blocks`'s ``affinity``)

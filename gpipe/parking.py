@@ -3,7 +3,7 @@
 Note [parked workers]: a training ``forward()`` starts the workers once, for both phases: after its
 forward tasks each worker parks on an event of its own, and ``backward()`` wakes them (the last stage's
 last) instead of starting fresh threads: starting two threads again, each a scheduler's wake-up on busy
-cores, was on the critical path between the last forward and the first backward, which ``step()`` runs
+cores, would sit on the critical path between the last forward and the first backward, which ``step()`` runs
 back to back (``benchmarks/executor_speed.py`` times both entry points). The parking is the driver's
 (:class:`gpipe.worker.Run` and its thread loop), not the interpreter's: a worker knows nothing of it.
 Parked workers hold nothing but the run: a failure, an interrupt, or the forward's graph freed before its

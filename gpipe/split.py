@@ -34,10 +34,10 @@ its roots (the engine's own preparation), so a chain of ``L`` weighted layers co
 ``L**2``: on small layers more than the weight gradients themselves (``benchmarks/split_cost.py``). The calls go to
 the engine directly, as ``B``'s does: ``torch.autograd.backward``'s checks would add their cost to every call, for
 gradients that autograd itself captured. The weight gradients stay the engine's work, done without Python's
-interpreter lock: computed in Python from a Linear's saved input, ``W`` alone took half the time, but each torch call
-from Python releases and retakes the lock, as would the pre-hook per entry that ``B`` then needs (to see the gradient
-the entry's own hooks leave), and with two workers of small layers ZB-V's and DualPipeV's steps came out slower
-(commit 2d546b8 and its revert hold the code and the measurements).
+interpreter lock: computed in Python from a Linear's saved input, ``W`` alone is cheaper, but each torch call from
+Python releases and retakes the lock, as would the pre-hook per entry that ``B`` then needs (to see the gradient the
+entry's own hooks leave), and with two workers of small layers trading the lock the steps lose more than ``W``
+gains (``benchmarks/split_cost.py``; docs/benchmarks.md).
 """
 
 from __future__ import annotations

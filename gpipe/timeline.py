@@ -297,7 +297,7 @@ class Timeline:
     def to_json(self, path: str | Path | None = None) -> str:
         """``json.dumps(self.to_dict(), indent=1)``, written to ``path`` too when one is given.
 
-        Note [quick JSON]: json's encoder is pure Python when it indents, three times slower than
+        Note [quick JSON]: json's encoder is pure Python when it indents, far slower than
         formatting a record directly; a span or sample whose fields are plain ints, finite floats and
         strings is formatted here, to the same text, and any other record goes through ``json.dumps``.
         """

@@ -16,10 +16,10 @@ Note [launch order]: a run starts its workers as fresh threads, and starting a t
 Python's interpreter lock, on both sides, for a while. The worker whose first task can run at once
 (the first stage's in the forward phase, the last stage's in the backward phase) is started last, so
 the others are already waiting on their inboxes and the main thread on them: started first, its first
-task would trade the lock with the thread starts that follow (a small-layer forward was 40% slower).
+task would trade the lock with the thread starts that follow, which delays a forward of small layers most.
 Parked workers (Note [parked workers] in :mod:`gpipe.parking`) are woken in the same order.
 The main thread then waits for one event, set by the last worker to end, rather than joining each
-worker in turn (each join woke it, to take the lock, while the next worker computed).
+worker in turn (each join would wake it, to take the lock, while the next worker computes).
 
 Note [interrupts]: a Ctrl-C while the caller starts a phase's workers or waits for them stops them
 (:meth:`Run._fail`: waiting workers leave at once, busy ones after their current task; :meth:`Run.join` takes
