@@ -50,11 +50,12 @@ class StageExtras:
 # phases and that wait on queues between tasks, and wraps every call in its bookkeeping. What that adds is host time
 # (Python slower on a thread just started or woken, cold interpreter caches, the wrapping): it grows with the layers a
 # stage calls, not its samples, so neither one probe layer's task overhead nor a factor on the stage's seconds; left
-# out, it puts a model of millisecond tasks 5-18% under. So each stage runs alone in the executor, with few samples
-# (host time, no page faults) and the pipeline's checkpoint policy (first tasks of the pipeline's kind). A task's
-# extra is its span less its kind's profiled seconds and the runner's host seconds (ExecutorCosts.host_seconds);
-# ``host_*``: the medians over steps of the mean extra of the tasks not first in their phase; ``thread_start``: the
-# median of what the two first tasks (first forward, first of the backward phase) take beyond the extra of their kind.
+# out, it makes the prediction of millisecond tasks too fast (benchmarks/fidelity.py; docs/benchmarks.md). So each
+# stage runs alone in the executor, with few samples (host time, no page faults) and the pipeline's checkpoint policy
+# (first tasks of the pipeline's kind). A task's extra is its span less its kind's profiled seconds and the runner's
+# host seconds (ExecutorCosts.host_seconds); ``host_*``: the medians over steps of the mean extra of the tasks not
+# first in their phase; ``thread_start``: the median of what the two first tasks (first forward, first of the backward
+# phase) take beyond the extra of their kind.
 def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: TensorOrTensors, *,
                          checkpoint: Checkpoint = "except_last", steps: int = 10, warmup_steps: int = 2,
                          affinity: Sequence[Cores | None] | None = None) -> list[StageExtras]:
@@ -108,8 +109,8 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
         # Note [launch and turnaround]: the same runs also time the executor's ``launch`` (a step's start to its first
         # task) and ``turnaround`` (the last forward's end to the first task of the backward phase, the loss between).
         # The probe pipelines of calibrate_executor_overheads measure them too, but step after step on a warm main
-        # thread; in the experiment a profiling pass runs between two steps, as it does here, and a launch measured so
-        # took twice the probe's or more. with_executor_costs takes the launch of the first stage's runs and the
+        # thread; in the experiment a profiling pass runs between two steps, as it does here, and a launch after a
+        # pass is longer than one after a step. with_executor_costs takes the launch of the first stage's runs and the
         # turnaround of the last stage's.
         samples: dict[str, list[float]] = {"F": [], "Fc": [], "B": [], "first": [], "launch": [], "turnaround": []}
         layers = list(part.children()) if isinstance(part, nn.Sequential) else [part]

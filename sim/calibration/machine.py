@@ -92,13 +92,13 @@ def keep_freed_memory() -> bool:
 
 
 # Note [collect after the step]: Python's cyclic collector runs in whichever thread allocates and holds the
-# interpreter lock while it walks every object (tens of milliseconds once torch is imported); a worker's backward
+# interpreter lock while it walks every object (a long walk once torch is imported); a worker's backward
 # needs that lock for each saved tensor the recorder's hook unpacks, so a collection started elsewhere stalls it.
 # :func:`collected_after` turns the collector off for a measured step and collects once after it. Collecting
 # before each step also prevents the stall, but its walk evicts from the caches what the step's first tasks need;
 # after the step, the profiling pass's untimed run absorbs it. What was alive before the block is frozen
 # (``gc.freeze``) while it runs, so the collection after it walks only what the block allocated, the step's
-# garbage among it: a walk of every object of a process that has imported torch took over 0.1 s, each step.
+# garbage among it, not every object of a process that has imported torch, each step.
 @contextlib.contextmanager
 def collected_after() -> Iterator[None]:
     """Note [collect after the step]: no cyclic garbage collection inside the block; one collection after it, of

@@ -226,9 +226,9 @@ def halves(values: Sequence[float]) -> float:
 # :mod:`sim.calibration.experiment`), and a profiling pass samples the machine over a stretch of time as a step
 # does; so a task's seconds are the median over the passes, each pass's own the median of its streak. A slow
 # stretch (another process, the host) that makes a pass slow makes the steps beside it slow too, and the median
-# step leaves those out as the median pass does; a mean let one such pass raise every task (ten quiet demo runs
-# read +0.9..+12.2% with means, -3.3..-0.4% with medians; ``benchmarks/demo_repeat.py``). The pairs are medians
-# of their rounds for the same reason.
+# step leaves those out as the median pass does; a mean lets one such pass raise every task
+# (``benchmarks/demo_repeat.py`` repeats the demo; docs/benchmarks.md). The pairs are medians of their rounds for
+# the same reason.
 def interleaved_cost(cost: CostModel, passes: Sequence[Sequence[RecordedSeconds]],
                      rounds: Sequence[dict[tuple[str, int, str, int], float]]) -> CostModel:
     """``cost`` with the medians of interleaved profiling ``passes`` (Note [median pass]) and the medians of pair

@@ -13,8 +13,9 @@ the recorder's hooks), and every copy as a ping-pong timed while the ranks compu
 link]), the CPU a message takes from the ranks at both ends (Note [a message's CPU] in
 :mod:`sim.calibration.wire_cost`), and the host seconds between two tasks, from a probe pipeline (Note [gap
 between tasks] in :mod:`sim.calibration.rank_passes`). Not modelled: the interpreter's host seconds around a task
-(Note [no host seconds per task]), nor what makes some of the steps that send the most messages (looped-bfs and
-dualpipe-v with 8 micro-batches) come out 10-16% under.
+(Note [no host seconds per task]), nor whatever makes the prediction of the steps that send the most messages
+(two stages per rank, many micro-batches) come out short; benchmarks/fidelity_processes.py reports each schedule's
+error (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -108,11 +109,10 @@ class ProcessOutcome:
 
 
 # Note [a busy link]: during a step every rank computes while its messages move, and on a CPU gloo's threads then
-# wait for a core: a copy of the demo's 1 MB activations (1F1B, 8 micro-batches) took 0.7 to 3.5 ms in the steps
-# of two runs, where an idle ping-pong's fastest round prices it at 0.4 ms. So the ranks time the ping-pong with a
-# thread of each computing beside it (``busy``), and a size's one-way seconds are the mean over its rounds, the
-# scheduler's delays included (a step's copies pay them too, one after another); a 2 MB copy
-# was then priced 2.8 ms against 2.2 measured. Idle: the shortest round, the wire's own speed.
+# wait for a core, so a copy in a step takes several times what an idle ping-pong's fastest round gives it. So the
+# ranks time the ping-pong with a thread of each computing beside it (``busy``), and a size's one-way seconds are
+# the mean over its rounds, the scheduler's delays included (a step's copies pay them too, one after another).
+# Idle: the shortest round, the wire's own speed.
 def measure_link(group: Any, rank: int, payload: int = 1 << 20, rounds: int = 10, *,
                  busy: bool = False) -> LinkSpec | None:
     """Time the link between ranks 0 and 1 of ``group`` by ping-pong (each size's shortest of ``rounds`` round
@@ -166,11 +166,11 @@ def _computing() -> Iterator[None]:
 
 # Note [no host seconds per task]: a rank runs its tasks with the threaded executor's interpreter
 # (gpipe.interpreter.Worker), but on its main thread, never started fresh nor woken by a queue, and its hand-offs
-# are the wire's (priced by the link). The threaded experiment's host seconds around a task
-# (sim.calibration.experiment.with_executor_costs) moved the demo's prediction (gpipe, 4 micro-batches) by 0.8%,
-# 215.9 to 217.7 ms, and its looped-bfs (8) by 5%, where the ranks' task spans matched their passes to within
-# 0.5 ms; they are left out. What the spans leave out, the host seconds between two tasks (the wire's sends, the
-# next task's inputs), is measured in the ranks (Note [gap between tasks] in sim.calibration.rank_passes).
+# are the wire's (priced by the link). So the threaded experiment's host seconds around a task
+# (sim.calibration.experiment.with_executor_costs: a worker thread's start, its wake-up, its queue) do not arise,
+# and a rank's task spans match its profiling passes: those host seconds are left out. What the spans leave out, the
+# host seconds between two tasks (the wire's sends, the next task's inputs), is measured in the ranks (Note [gap
+# between tasks] in sim.calibration.rank_passes).
 
 
 def process_config(link: LinkSpec) -> SimConfig:
@@ -204,7 +204,7 @@ def _loss(output: Batch, _target: Tensor) -> Tensor:
 
 
 # Note [calibrated in the ranks]: a task's seconds depend on where it runs: in a rank, beside the other ranks
-# computing on the same cores and gloo's threads, the demo's tasks took ~20% longer than profiled in the launcher
+# computing on the same cores and gloo's threads, a task takes longer than its stage profiled in the launcher
 # alone. So, as the single-process experiment interleaves its passes (Note [interleaved calibration] in
 # sim.calibration.experiment), every rank profiles its own stages after every step, warm-ups included, all ranks
 # at once (a barrier first), as their stages run at once in a step; rank 0 gathers the passes and the stage

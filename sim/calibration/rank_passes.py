@@ -86,8 +86,8 @@ def gathered_passes(gathered: Sequence[Sequence[RankPass]], placement: Sequence[
 
 # Note [gap between tasks]: between two tasks a rank's main thread sends the results of the first (the wire's
 # flush), checks for failures elsewhere and takes the inputs of the next: host seconds outside both spans, the
-# simulator's ``Overheads.gap``. The demo's looped-bfs with 8 micro-batches lost 20 ms of a 210 ms step to them
-# (0.37 ms a task, median) that the prediction did not have. So before training, the ranks run a probe pipeline of
+# simulator's ``Overheads.gap``. Small per task, they add up in a schedule of many tasks per rank (a looped
+# layout, many micro-batches), and no profiled stage holds them. So before training, the ranks run a probe pipeline of
 # tiny stages (one Linear each, the same schedule and chunks) and the gap is the median idle time before a task
 # whose inputs are this rank's own (an ``R``, a ``W``, the first stage's ``F``), where nothing was waited for.
 def local_gaps(timeline: Timeline) -> list[float]:

@@ -6,9 +6,9 @@ computing thread had cached. So each end of a message costs its rank compute tim
 sends or receives it (``ExecutorStage.wire_forward``, ``wire_backward``; skip tensors' messages uncounted); when
 it arrives is the busy link's price (Note [a busy link] in :mod:`sim.calibration.processes`). The ranks probe it
 as a step pays it (:func:`measure_message_cpu`): rounds of compute with a message each way, against the same
-rounds without. Priced as an idle ping-pong's copy instead (0.18 ms an end for 1 MB; the probe: 0.4 to 1.2 ms),
-the 2-process grid (benchmarks/fidelity_processes.py) read 8.4% mean |error|, 19 of 20 rows fast; probed,
-4.3 to 4.9% in three runs.
+rounds without. An idle ping-pong's copy is no price for it: it leaves out the caches and the core that busy
+ranks lose, and prices a step's messages well under what they take (the prediction's error on two processes:
+benchmarks/fidelity_processes.py; docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Any
 
 # Note [one thread per worker]: the executor starts fresh worker threads, and in a fresh thread MKL
 # ignores torch.set_num_threads() from the caller: its first call builds a team of OpenMP threads
-# (10-50 ms), whose spinning then takes the other worker's core. Only the environment, read when
+# as wide as the machine, whose spinning then takes the other worker's core. Only the environment, read when
 # torch loads, reaches every thread; this module is the CLI's first to import torch, so it sets it
 # here, unless the user chose a value or torch is already loaded (then it changes nothing).
 if "torch" not in sys.modules:
