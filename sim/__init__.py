@@ -5,7 +5,54 @@
     sim.calibration  measures the executor (gpipe) on this machine and turns what it measures into the core's costs:
                      the experiment behind ``gpipe-sim demo`` and ``compare``, and its outcome
     sim.planning     FLOP counting, the hardware catalog, built-in models and capacity-planning sweeps
+                     (:func:`sim.planning.plan.plan`)
     sim.cli          the ``gpipe-sim`` command line on top of all three
 
 :mod:`sim.files` (output folders that never overwrite a user's files unasked) serves every layer that writes.
+
+What simulating a schedule from Python takes is exported here, from the core::
+
+    from gpipe.schedule import one_f_one_b
+    from sim import CostModel, LinkSpec, SimConfig, StageCost, simulate
+
+    timeline = simulate(one_f_one_b(8, 4), CostModel.uniform(4, forward=1.0, backward=2.0))
+    timeline.makespan                                   # (m + p - 1)(tf + tb) = 33.0
+
+    stages = (StageCost(forward=1.0, backward=2.0, send_bytes=2**20),) * 4
+    link = LinkSpec("pcie", latency=1e-5, bandwidth=16e9)
+    simulate(one_f_one_b(8, 4), CostModel(stages), SimConfig(link=link))   # each copy: latency + bytes / bandwidth
+
+Note [light import]: ``import sim`` loads none of its layers. The core reads schedules from :mod:`gpipe`, whose
+package imports torch, and what needs only part of sim (:mod:`sim.files`, the dispatcher in :mod:`sim.cli`)
+should not pay for that. So the names above are looked up in their modules on first use (``__getattr__``), and
+``from sim import simulate`` imports the core then.
 """
+
+TYPE_CHECKING = False  # typing's constant, without importing typing (Note [light import])
+if TYPE_CHECKING:
+    from sim.core.config import SimConfig
+    from sim.core.cost import CostModel, StageCost
+    from sim.core.engine import simulate
+    from sim.core.link import LinkSpec
+
+__all__ = ["CostModel", "LinkSpec", "SimConfig", "StageCost", "simulate"]
+
+#: Where each exported name lives (Note [light import]).
+_HOMES = {"CostModel": "sim.core.cost", "LinkSpec": "sim.core.link", "SimConfig": "sim.core.config",
+          "StageCost": "sim.core.cost", "simulate": "sim.core.engine"}
+
+
+def __getattr__(name: str) -> object:
+    """An exported name, imported from its module on first use and kept (Note [light import])."""
+    home = _HOMES.get(name)
+    if home is None:  # an AttributeError lets ``from sim import files`` import the submodule
+        raise AttributeError(f"module 'sim' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
