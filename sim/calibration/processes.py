@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import multiprocessing
 import os
 import queue
 import statistics
@@ -260,9 +261,12 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
 
 # Note [orphaned ranks]: the launcher ends its ranks on its way out, Ctrl-C included (``_spawn``), but a launcher
 # killed outright (SIGKILL, the OOM killer) runs no code, and a rank training for many steps would go on alone,
-# holding a core. So each rank watches its parent and exits when it is gone (re-parented: ``getppid`` changes).
+# holding a core. So each rank watches its parent and exits when it is gone (re-parented: ``getppid`` changes). The
+# parent is the launcher's pid as multiprocessing handed it over at the spawn, not ``getppid`` read here: a rank
+# reaches this after importing torch, and a launcher killed meanwhile would leave ``getppid`` already the new parent.
 def _exit_with_parent(every: float = 0.5) -> None:
-    parent = os.getppid()
+    launcher = multiprocessing.parent_process()
+    parent = launcher.pid if launcher is not None and launcher.pid is not None else os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
