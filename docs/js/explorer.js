@@ -1,8 +1,10 @@
-// The schedule explorer: draws the simulator's timeline for the settings the reader picks.
-// Every number comes from the packs that docs/explorer.py exports from the simulator when the site is built
-// (window.EXPLORER: the axes; window.EXPLORER_PACKS[name]: one schedule's runs, gzipped JSON in base64, loaded
-// from the same folder when the reader first picks that schedule). This script looks a run up, undoes the pack's
-// deltas and draws it: no schedule logic here. Loads nothing from elsewhere.
+// The schedule explorer: draws the simulator's timelines for the settings the reader picks, one schedule or two
+// side by side on one time axis. Every number comes from the packs that docs/explorer.py exports from the
+// simulator when the site is built (window.EXPLORER: the axes, the key orders, labels, closed forms' texts;
+// window.EXPLORER_PACKS[name]: one schedule's runs, gzipped JSON in base64, loaded from the same folder when the
+// reader first picks that schedule). This script builds a run's key from the controls, looks it up, undoes the
+// pack's deltas and draws it: no schedule logic here, and the closed forms arrive computed. Loads nothing from
+// elsewhere.
 (function () {
   "use strict";
   var data = window.EXPLORER;
@@ -11,28 +13,25 @@
   var base = document.querySelector("script[src$='explorer-data.js']").getAttribute("src").replace(/explorer-data\.js$/, "");
   var COLOURS = { F: "#4c72b0", B: "#dd8452", R: "#55a868", W: "#c44e52", C: "#8c8c8c" };
   var NAMES = { F: "forward", B: "backward", R: "recompute", W: "weight grad", C: "copy" };
-  var LABELS = { schedule: "schedule", p: "devices p", v: "stages per device v", m: "micro-batches m",
-                 checkpoint: "checkpoint", backward: "backward / forward", weight: "W's share of the backward",
-                 copy: "copy / forward" };
-  var START = { schedule: "gpipe", p: "4", v: "1", m: "8", checkpoint: "never", backward: "2.0", weight: "0.5",
-                copy: "0.0" };
-  var SLIDERS = { p: true, v: true, m: true, backward: true, weight: true, copy: true };
+  var LINES = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"];
   var SVG = "http://www.w3.org/2000/svg";
+  var WIDTH = 760, LEFT = 50, ROW = 26, HEIGHT = 120;
   var controls = document.getElementById("explorer-controls");
-  var inputs = {}, shown = {}, packs = {}, waiting = {};
+  var inputs = {}, shown = {}, sliders = {}, packs = {}, drawing = 0;
 
-  Object.keys(data.axes).forEach(function (name) {
-    var label = document.createElement("label"), values = data.axes[name], input;
-    label.style.display = "inline-block";
-    label.style.margin = "0 1.5em 0.4em 0";
-    label.textContent = LABELS[name] + " ";
-    if (SLIDERS[name]) {  // a slider over the grid's values; its value is the index of one
+  function control(name, values, label, start) {  // a slider over numeric values (its value an index), else a select
+    var wrap = document.createElement("label"), input;
+    wrap.style.display = "inline-block";
+    wrap.style.margin = "0 1.5em 0.4em 0";
+    wrap.textContent = label + " ";
+    sliders[name] = values.every(function (x) { return !isNaN(Number(x)); });
+    if (sliders[name]) {
       input = document.createElement("input");
       input.type = "range";
       input.min = "0";
       input.max = String(values.length - 1);
       input.step = "1";
-      input.value = String(Math.max(values.indexOf(START[name]), 0));
+      input.value = String(Math.max(values.indexOf(start), 0));
       input.addEventListener("input", draw);
       shown[name] = document.createElement("output");
       shown[name].id = "explorer-" + name + "-value";
@@ -40,24 +39,30 @@
       shown[name].style.minWidth = "2.5em";
     } else {
       input = document.createElement("select");
-      values.forEach(function (value) {
+      values.forEach(function (x) {
         var option = document.createElement("option");
-        option.value = option.textContent = value;
+        option.value = option.textContent = x;
         input.appendChild(option);
       });
-      input.value = START[name];
+      input.value = start;
     }
     input.id = "explorer-" + name;
     input.addEventListener("change", draw);
-    label.appendChild(input);
-    if (shown[name]) { label.appendChild(shown[name]); }
-    controls.appendChild(label);
+    wrap.appendChild(input);
+    if (shown[name]) { wrap.appendChild(shown[name]); }
+    controls.appendChild(wrap);
     inputs[name] = input;
+  }
+
+  Object.keys(data.axes).forEach(function (name) {
+    control(name, data.axes[name], data.labels[name], data.start[name]);
+    if (name === "schedule") {  // the second schedule, drawn below the first on the same time axis
+      control("compare", ["none"].concat(data.axes.schedule), "beside it", "none");
+    }
   });
 
   function value(name) {  // the setting as docs/explorer.py wrote it in its keys
-    var input = inputs[name];
-    return SLIDERS[name] ? data.axes[name][Number(input.value)] : input.value;
+    return sliders[name] ? data.axes[name][Number(inputs[name].value)] : inputs[name].value;
   }
 
   function inflate(text) {  // base64 of gzip -> the pack's JSON
@@ -67,21 +72,17 @@
     return new Response(stream).json();
   }
 
-  function withPack(name, then) {  // call then(pack) once the schedule's pack is loaded and inflated
-    if (packs[name]) { then(packs[name]); return; }
-    if (waiting[name]) { waiting[name] = then; return; }
-    waiting[name] = then;
-    var script = document.createElement("script");
-    script.src = base + data.schedules[name].pack;
-    script.onload = function () {
-      inflate(window.EXPLORER_PACKS[name]).then(function (pack) {
-        packs[name] = pack;
-        var latest = waiting[name];
-        delete waiting[name];
-        latest(pack);
+  function load(name) {  // a promise of the schedule's pack, loaded and inflated once
+    if (!packs[name]) {
+      packs[name] = new Promise(function (resolve, reject) {
+        var script = document.createElement("script");
+        script.src = base + data.schedules[name].pack;
+        script.onload = function () { inflate(window.EXPLORER_PACKS[name]).then(resolve, reject); };
+        script.onerror = reject;
+        document.head.appendChild(script);
       });
-    };
-    document.head.appendChild(script);
+    }
+    return packs[name];
   }
 
   function el(tag, attrs, parent) {
@@ -100,87 +101,155 @@
   }
 
   function fmt(ticks) { return String(Math.round(ticks / data.ticks * 1000) / 1000); }
+  function full(units) { return (units / data.saved).toFixed(2); }
+  function percent(b) { return (100 * b).toFixed(1) + "%"; }
+
+  function lookup(name, pack) {  // {shape, run, key} for the controls (Note [run keys] in docs/explorer.py)
+    var at = data.shape.map(value).join("|"), shape = pack.shapes[at];
+    if (typeof shape === "string") { return { refused: shape }; }
+    var key = [at].concat(data.costs.map(function (c) {
+      return c === data.split && !shape.split ? "-" : value(c);
+    })).join("|");
+    return { shape: shape, key: key, run: pack.runs[key] };
+  }
 
   function draw() {
     Object.keys(shown).forEach(function (name) { shown[name].textContent = " " + value(name); });
-    var name = value("schedule");
-    withPack(name, function (pack) { render(name, pack); });
+    var names = [value("schedule")], mine = ++drawing;
+    if (value("compare") !== "none") { names.push(value("compare")); }
+    Promise.all(names.map(load)).then(function (loaded) {
+      if (mine === drawing) { render(names, loaded); }  // else the reader moved on while a pack loaded
+    });
   }
 
-  function render(name, pack) {
-    if (name !== value("schedule")) { return; }  // the reader moved on while this pack loaded
-    var at = ["p", "v", "m", "checkpoint"].map(value).join("|");
-    var shape = pack.shapes[at];
-    var gantt = document.getElementById("explorer-gantt");
-    var memory = document.getElementById("explorer-memory");
-    var summary = document.getElementById("explorer-summary");
-    var note = document.getElementById("explorer-note");
-    clear(gantt);
-    clear(memory);
-    if (typeof shape === "string") {
-      summary.textContent = "Refused: " + shape;
-      note.textContent = name + " needs: " + data.schedules[name].constraints;
-      gantt.setAttribute("data-key", "refused");
-      inputs.weight.disabled = false;
+  function render(names, loaded) {
+    var found = names.map(function (name, i) { return lookup(name, loaded[i]); });
+    var runs = found.filter(function (f) { return f.run; }).map(function (f) { return f.run; });
+    var longest = Math.max.apply(null, runs.map(function (r) { return r.t; }).concat([1]));
+    var peak = Math.max.apply(null, runs.map(function (r) { return Math.max.apply(null, r.k); }).concat([1]));
+    var scale = (WIDTH - LEFT - 10) / longest;  // one time axis for both
+    inputs.weight.disabled = !found.some(function (f) { return f.shape && f.shape.split; });
+    ["", "-2"].forEach(function (suffix, i) {
+      var panel = document.getElementById("explorer-panel" + suffix);
+      panel.style.display = i < names.length ? "" : "none";
+      panel.setAttribute("data-scale", String(scale));
+      var parts = ["gantt", "memory", "summary", "form", "note"].reduce(function (out, part) {
+        out[part] = document.getElementById("explorer-" + part + suffix);
+        clear(out[part]);
+        return out;
+      }, {});
+      if (i >= names.length) { parts.gantt.setAttribute("data-key", "none"); return; }
+      panelFor(names[i], found[i], parts, scale, peak);
+    });
+  }
+
+  function panelFor(name, f, parts, scale, peak) {
+    var kind = data.schedules[name];
+    if (f.refused) {
+      parts.summary.textContent = name + " refused: " + f.refused;
+      parts.note.textContent = name + " needs: " + kind.constraints;
+      parts.gantt.setAttribute("data-key", "refused");
       return;
     }
-    var key = at + "|" + value("backward") + "|" + (shape.split ? value("weight") : "-") + "|" + value("copy");
-    var run = pack.runs[key];
-    inputs.weight.disabled = !shape.split;
-    note.textContent = (shape.split ? "B and W split the backward. " :
-      "This schedule runs the backward whole (no W), so W's share does not apply. ") + data.schedules[name].description;
-    var p = run.k.length, width = 760, left = 50, row = 26, scale = (width - left - 10) / run.t;
-    var rows = 2 * p;  // compute and copy row per device
-    gantt.setAttribute("viewBox", "0 0 " + width + " " + (rows * row + 30));
-    gantt.setAttribute("data-key", name + "|" + key);
-    var seen = {};
+    if (!f.run) {
+      parts.summary.textContent = name + " not simulated here: " + kind.unsimulated;
+      parts.gantt.setAttribute("data-key", "unsimulated");
+      return;
+    }
+    var run = f.run, shape = f.shape;
+    parts.note.textContent = name + ": " + (shape.split ? "B and W split the backward. " :
+      "runs the backward whole (no W), so W's share does not apply. ") + kind.description.replace(/\.?$/, ".");
+    parts.gantt.setAttribute("data-key", name + "|" + f.key);
+    gantt(parts.gantt, shape.orders[run.o || 0], run, scale);
+    memory(parts.memory, run, scale, peak);
+    var text = name + ": makespan " + fmt(run.t) + " forwards, bubble " + percent(run.b) + ", " + shape.stages +
+      " stages; peak memory per device " + run.k.map(full).join(", ") + " full activations";
+    if (run.l !== undefined) {
+      text += "; the search's lower bound " + fmt(run.l) + " forwards (" + run.h + "), within " +
+        shape.limit.toFixed(2) + " full activations per device";
+    }
+    parts.summary.textContent = text;
+    parts.form.textContent = closed(name, run, kind.form);
+  }
+
+  function closed(name, run, form) {  // the closed form exported beside the run, and why they differ
+    if (!run.f) {
+      return run.l !== undefined ? "No closed form for a searched schedule: its lower bound stands in." :
+        "No closed form for " + name + " here.";
+    }
+    var f = run.f, differ = [];
+    if (f.t !== run.t) { differ.push("makespan"); }
+    if (Math.abs(f.b - run.b) > 5e-4) { differ.push("bubble"); }
+    if (f.k.join() !== run.k.join()) { differ.push("memory"); }
+    var text = "Closed form " + form.makespan + " (memory: " + form.memory + "): makespan " + fmt(f.t) +
+      " forwards, bubble " + percent(f.b) + ", peak " + f.k.map(full).join(", ") + ". ";
+    if (!differ.length) { return text + "Equal to the simulation."; }
+    var why = run.x.map(function (code) {
+      return data.reasons[code] + (code === "range" ? " (" + form.range + ")" : code === "costs" ? " (" + form.costs + ")" : "");
+    });
+    var what = differ.length > 1 ? differ.slice(0, -1).join(", ") + " and " + differ[differ.length - 1] : differ[0];
+    return text + "The " + what + " differ" + (differ.length > 1 ? "" : "s") + " from the simulation: " +
+      (why.length ? why.join("; ") : "no assumption of the form is broken here") + ".";
+  }
+
+  function gantt(svg, order, run, scale) {
+    var p = run.k.length, rows = 2 * p, seen = {};  // a compute and a copy row per device
+    svg.setAttribute("viewBox", "0 0 " + WIDTH + " " + (rows * ROW + 48));
     function bar(d, task, start, end, copy) {
-      var op = copy ? "C" : task[0], y = (2 * d + (copy ? 1 : 0)) * row;
+      var op = copy ? "C" : task[0], y = (2 * d + (copy ? 1 : 0)) * ROW;
       seen[op] = true;
-      var r = el("rect", { x: left + start * scale, y: y + (copy ? 6 : 2), width: Math.max((end - start) * scale, 0.5),
-                           height: copy ? row - 12 : row - 4, fill: COLOURS[op], stroke: "white",
-                           "stroke-width": 0.5, "class": "span" }, gantt);
+      var r = el("rect", { x: LEFT + start * scale, y: y + (copy ? 6 : 2), width: Math.max((end - start) * scale, 0.5),
+                           height: copy ? ROW - 12 : ROW - 4, fill: COLOURS[op], stroke: "white",
+                           "stroke-width": 0.5, "class": "span" }, svg);
       var parts = task.slice(1).split("@");
       el("title", {}, r).textContent = (copy ? "copy of the result of " + NAMES[task[0]] : NAMES[op]) +
         " of micro-batch " + parts[0] + " on stage " + parts[1] + ", " + fmt(start) + " to " + fmt(end);
     }
     for (var d = 0; d < p; d++) {
-      el("text", { x: 4, y: 2 * d * row + row * 0.65, "font-size": 11 }, gantt).textContent = "dev " + d;
-      var tasks = shape.tasks[d].split(" "), times = sums(run.s[d]);
+      el("text", { x: 4, y: 2 * d * ROW + ROW * 0.65, "font-size": 11 }, svg).textContent = "dev " + d;
+      var tasks = order.tasks[d].split(" "), times = sums(run.s[d]);
       tasks.forEach(function (task, i) { bar(d, task, times[2 * i], times[2 * i + 1], false); });
       if (run.c[d].length) {
-        var copies = shape.copies[d].split(" "), ctimes = sums(run.c[d]);
+        var copies = order.copies[d].split(" "), ctimes = sums(run.c[d]);
         copies.forEach(function (task, i) { bar(d, task, ctimes[2 * i], ctimes[2 * i + 1], true); });
       }
     }
-    var x = left;
+    axis(svg, rows * ROW + 2, scale);
+    var x = LEFT;
     Object.keys(COLOURS).forEach(function (k) {
       if (!seen[k]) { return; }
-      el("rect", { x: x, y: rows * row + 12, width: 12, height: 12, fill: COLOURS[k] }, gantt);
-      el("text", { x: x + 16, y: rows * row + 22, "font-size": 11 }, gantt).textContent = NAMES[k];
+      el("rect", { x: x, y: rows * ROW + 30, width: 12, height: 12, fill: COLOURS[k] }, svg);
+      el("text", { x: x + 16, y: rows * ROW + 40, "font-size": 11 }, svg).textContent = NAMES[k];
       x += 110;
     });
-    var peak = Math.max.apply(null, run.k);
-    summary.textContent = "makespan " + fmt(run.t) + " forwards, bubble " + (100 * run.b).toFixed(1) + "%, " +
-      shape.stages + " stages; peak memory per device " + run.k.map(function (b) {
-        return (b / data.saved).toFixed(2);
-      }).join(", ") + " full activations";
-    var height = 160;
-    memory.setAttribute("viewBox", "0 0 " + width + " " + (height + 20));
+  }
+
+  function axis(svg, y, scale) {  // ticks in forwards, a round step that gives at most about ten of them
+    var span = (WIDTH - LEFT - 10) / scale / data.ticks, step = 1, k = 0;
+    while (span / step > 10) { k++; step = [1, 2, 5][k % 3] * Math.pow(10, Math.floor(k / 3)); }
+    for (var t = 0; t <= span + 1e-9; t += step) {
+      var x = LEFT + t * data.ticks * scale;
+      el("line", { x1: x, x2: x, y1: y, y2: y + 4, stroke: "#888" }, svg);
+      el("text", { x: x - 4, y: y + 15, "font-size": 10 }, svg).textContent = String(Math.round(t * 100) / 100);
+    }
+  }
+
+  function memory(svg, run, scale, peak) {
+    svg.setAttribute("viewBox", "0 0 " + WIDTH + " " + (HEIGHT + 20));
     run.y.forEach(function (series, dev) {
       var points = [], last = 0, times = sums(series[0]);
-      function at(t, v) { return (left + t * scale) + "," + (height - v / peak * (height - 10)); }
+      function at(t, v) { return (LEFT + t * scale) + "," + (HEIGHT - v / peak * (HEIGHT - 10)); }
       times.forEach(function (t, i) {
         points.push(at(t, last));
         last = series[1][i];
         points.push(at(t, last));
       });
       points.push(at(run.t, last));
-      el("polyline", { points: points.join(" "), fill: "none", stroke: ["#4c72b0", "#dd8452", "#55a868", "#c44e52"][dev % 4],
-                       "stroke-width": 1.5, "class": "memory" }, memory);
+      el("polyline", { points: points.join(" "), fill: "none", stroke: LINES[dev % 4], "stroke-width": 1.5,
+                       "class": "memory" }, svg);
     });
-    el("text", { x: 4, y: height + 15, "font-size": 11 }, memory).textContent =
-      "memory saved for backward per device (top: " + (peak / data.saved).toFixed(2) + " full activations)";
+    el("text", { x: 4, y: HEIGHT + 15, "font-size": 11 }, svg).textContent =
+      "memory saved for backward per device (top: " + full(peak) + " full activations)";
   }
 
   draw();

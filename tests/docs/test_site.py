@@ -195,11 +195,12 @@ def test_every_page_loads_in_chromium(served: str) -> None:
     assert not problems, "\n".join(problems)
 
 
-_STATE_JS = """JSON.stringify({key: document.getElementById('explorer-gantt').getAttribute('data-key'),
-  spans: document.querySelectorAll('#explorer-gantt rect.span').length,
-  lines: document.querySelectorAll('#explorer-memory polyline.memory').length,
-  weight: document.getElementById('explorer-weight').disabled,
-  summary: document.getElementById('explorer-summary').textContent})"""
+_STATE_JS = """JSON.stringify({weight: document.getElementById('explorer-weight').disabled,
+  panels: ['', '-2'].map(function (x) { var g = function (id) { return document.getElementById('explorer-' + id + x); };
+    return {key: g('gantt').getAttribute('data-key'), spans: g('gantt').querySelectorAll('rect.span').length,
+            lines: g('memory').querySelectorAll('polyline.memory').length, summary: g('summary').textContent,
+            form: g('form').textContent, scale: Number(document.getElementById('explorer-panel' + x).dataset.scale),
+            shown: document.getElementById('explorer-panel' + x).style.display !== 'none'}; })})"""
 
 
 def _set(name: str, value: str) -> str:
@@ -210,16 +211,15 @@ def _set(name: str, value: str) -> str:
             f" s.dispatchEvent(new Event('change')); return s.value; }})()")
 
 
-def _drawn(browser: Any, key: str) -> dict[str, Any]:
-    """The explorer's state once it drew ``key`` (a schedule's pack loads and inflates asynchronously)."""
+def _drawn(browser: Any, *keys: str) -> dict[str, Any]:
+    """The explorer's state once its panels drew ``keys`` (a schedule's pack loads and inflates asynchronously)."""
     import json
 
     deadline = time.monotonic() + 20
     while True:
         state = json.loads(browser.evaluate(_STATE_JS))
-        if state["key"] == key or time.monotonic() > deadline:
+        if [p["key"] for p in state["panels"][:len(keys)]] == list(keys) or time.monotonic() > deadline:
             return state
-        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -231,46 +231,73 @@ def test_the_explorer_redraws_the_simulators_run_when_a_control_changes(served: 
     from tests.docs.test_explorer import unpack
 
     out = ROOT / "docs" / "img" / "generated"
-    names = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe-v")
+    names = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe-v", "searched")
     packs = {name: unpack(out / f"explorer-{name}.js") for name in names}
 
     def run(name: str, key: str) -> dict[str, Any]:
         return packs[name]["runs"][key]
 
-    def check(browser: Any, name: str, key: str) -> dict[str, Any]:
-        """The page drew the exported run ``key`` of ``name``: every task (and copy) a bar, its numbers."""
-        state = _drawn(browser, f"{name}|{key}")
-        shape = packs[name]["shapes"][key.rsplit("|", 3)[0]]
-        bars = sum(len(t.split()) for t in shape["tasks"])
-        bars += sum(len(c.split()) for c in shape["copies"]) if not key.endswith("|0.0") else 0
-        assert state["key"] == f"{name}|{key}" and state["spans"] == bars and state["lines"] == len(run(name, key)["k"])
-        r = run(name, key)
-        assert f"makespan {r['t'] / 480:g} forwards, bubble {100 * r['b']:.1f}%, {shape['stages']} stages" in state[
-            "summary"], state["summary"]
+    def check(browser: Any, *drawn: tuple[str, str]) -> dict[str, Any]:
+        """The page drew the exported run ``key`` of each ``(name, key)`` in its panel: every task (and copy) a bar,
+        its numbers, both on one time axis."""
+        state = _drawn(browser, *(f"{name}|{key}" for name, key in drawn))
+        longest = max(run(name, key)["t"] for name, key in drawn)
+        for panel, (name, key) in zip(state["panels"], drawn, strict=False):
+            parts = key.split("|")
+            shape, r = packs[name]["shapes"]["|".join(parts[:4])], run(name, key)
+            order = shape["orders"][r.get("o", 0)]
+            bars = sum(len(t.split()) for t in order["tasks"])
+            bars += sum(len(c.split()) for c in order["copies"]) if parts[6] != "0.0" else 0
+            assert panel["key"] == f"{name}|{key}" and panel["shown"]
+            assert panel["spans"] == bars and panel["lines"] == len(r["k"])
+            assert f"{name}: makespan {r['t'] / 480:g} forwards, bubble {100 * r['b']:.1f}%, {shape['stages']} " \
+                   "stages" in panel["summary"], panel["summary"]
+            assert panel["scale"] == pytest.approx((760 - 60) / longest)
+        assert state["panels"][1]["shown"] == (len(drawn) == 2)
         return state
 
     with Chromium(CHROMIUM) as browser:
         report = browser.load(served + "explorer/")
         assert not report.errors, report.errors
-        check(browser, "gpipe", "4|1|8|never|2.0|-|0.0")
+        state = check(browser, ("gpipe", "4|1|8|never|2.0|-|0.0|1.0"))
+        assert "Equal to the simulation" in state["panels"][0]["form"]  # the closed form, where it holds
         assert browser.evaluate(_set("schedule", "1f1b")) == "1f1b"
-        assert check(browser, "1f1b", "4|1|8|never|2.0|-|0.0")["weight"]  # no W in 1f1b: W's share is off
-        assert run("1f1b", "4|1|8|never|2.0|-|0.0")["k"] != run("gpipe", "4|1|8|never|2.0|-|0.0")["k"]
+        assert check(browser, ("1f1b", "4|1|8|never|2.0|-|0.0|1.0"))["weight"]  # no W in 1f1b: W's share is off
+        assert run("1f1b", "4|1|8|never|2.0|-|0.0|1.0")["k"] != run("gpipe", "4|1|8|never|2.0|-|0.0|1.0")["k"]
         browser.evaluate(_set("schedule", "interleaved-1f1b"))
         browser.evaluate(_set("v", "2"))  # two stages per device: eight stages, a smaller bubble
-        check(browser, "interleaved-1f1b", "4|2|8|never|2.0|-|0.0")
-        browser.evaluate(_set("copy", "0.25"))  # copies appear on the copy rows
-        check(browser, "interleaved-1f1b", "4|2|8|never|2.0|-|0.25")
+        check(browser, ("interleaved-1f1b", "4|2|8|never|2.0|-|0.0|1.0"))
+        browser.evaluate(_set("copy", "0.25"))  # copies appear on the copy rows, and leave the closed form
+        form = check(browser, ("interleaved-1f1b", "4|2|8|never|2.0|-|0.25|1.0"))["panels"][0]["form"]
+        assert "makespan and bubble differ from the simulation: copies take time" in form, form
         browser.evaluate(_set("m", "6"))  # not a multiple of p: a last partial round
-        check(browser, "interleaved-1f1b", "4|2|6|never|2.0|-|0.25")
+        check(browser, ("interleaved-1f1b", "4|2|6|never|2.0|-|0.25|1.0"))
         browser.evaluate(_set("schedule", "dualpipe-v"))  # m < n = 8: the generator refuses, the page says why
-        refused = _drawn(browser, "refused")
+        refused = _drawn(browser, "refused")["panels"][0]
         assert refused["spans"] == 0
-        assert refused["summary"] == "Refused: " + packs["dualpipe-v"]["shapes"]["4|2|6|never"]
+        assert refused["summary"] == "dualpipe-v refused: " + packs["dualpipe-v"]["shapes"]["4|2|6|never"]
         browser.evaluate(_set("schedule", "zb-h1"))
         browser.evaluate(_set("v", "1"))
-        assert not check(browser, "zb-h1", "4|1|6|never|2.0|0.5|0.25")["weight"]
+        assert not check(browser, ("zb-h1", "4|1|6|never|2.0|0.5|0.25|1.0"))["weight"]
         browser.evaluate(_set("weight", "0.75"))  # more of the backward in W: another run, another makespan
-        check(browser, "zb-h1", "4|1|6|never|2.0|0.75|0.25")
-        assert run("zb-h1", "4|1|6|never|2.0|0.75|0.25")["t"] != run("zb-h1", "4|1|6|never|2.0|0.5|0.25")["t"]
+        check(browser, ("zb-h1", "4|1|6|never|2.0|0.75|0.25|1.0"))
+        assert run("zb-h1", "4|1|6|never|2.0|0.75|0.25|1.0")["t"] != run("zb-h1", "4|1|6|never|2.0|0.5|0.25|1.0")["t"]
+        # two schedules on one time axis, then heavier end stages, then the search beside ZB-H1
+        browser.evaluate(_set("weight", "0.5"))
+        browser.evaluate(_set("m", "8"))
+        browser.evaluate(_set("compare", "1f1b"))
+        check(browser, ("zb-h1", "4|1|8|never|2.0|0.5|0.25|1.0"), ("1f1b", "4|1|8|never|2.0|-|0.25|1.0"))
+        browser.evaluate(_set("ends", "2.0"))
+        state = check(browser, ("zb-h1", "4|1|8|never|2.0|0.5|0.25|2.0"), ("1f1b", "4|1|8|never|2.0|-|0.25|2.0"))
+        assert "the first and last stages cost more" in state["panels"][1]["form"]
+        assert run("1f1b", "4|1|8|never|2.0|-|0.25|2.0")["t"] > run("1f1b", "4|1|8|never|2.0|-|0.25|1.0")["t"]
+        browser.evaluate(_set("compare", "searched"))
+        state = check(browser, ("zb-h1", "4|1|8|never|2.0|0.5|0.25|2.0"), ("searched", "4|1|8|never|2.0|0.5|0.25|2.0"))
+        lower = run("searched", "4|1|8|never|2.0|0.5|0.25|2.0")["l"] / 480
+        assert f"the search's lower bound {lower:g} forwards" in state["panels"][1]["summary"]
+        browser.evaluate(_set("checkpoint", "always"))  # heavier ends ran with checkpoint never only: said so
+        state = _drawn(browser, "unsimulated", "refused")
+        assert state["panels"][0]["summary"].startswith("zb-h1 not simulated here: the explorer ran first and last")
+        browser.evaluate(_set("compare", "none"))
+        assert not _drawn(browser, "unsimulated")["panels"][1]["shown"]
         assert not browser.load(served + "explorer/").errors
