@@ -1,6 +1,6 @@
 """The explorer's packs (docs/explorer.py) hold the simulator's runs exactly, its refusals are the generators', its
 searched schedules are valid and no slower than a named one in the same memory, its closed forms equal the
-simulation wherever none of their assumptions is broken."""
+simulation wherever none of their assumptions is broken, and the lecture path's answers are its data's."""
 
 from __future__ import annotations
 
@@ -188,3 +188,49 @@ def test_write_keeps_an_index_and_a_pack_per_schedule(tmp_path: Path, monkeypatc
     assert unpack(paths[1]) == ex.pack("gpipe")
     before = [p.stat().st_mtime_ns for p in paths]
     assert ex.write(tmp_path, "s1") == paths and [p.stat().st_mtime_ns for p in paths] == before  # same stamp
+
+
+def _answers() -> str:
+    """The collapsed answers of the lecture path's explorer exercises."""
+    text = (ROOT / "docs" / "lecture-path.md").read_text(encoding="utf-8")
+    return " ".join(text[text.index("## Exercises in the explorer"):].split())
+
+
+def test_the_lecture_paths_answers_are_the_explorers_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = _answers()
+    ex = _grid(monkeypatch, p=(4, 8), v=(1, 2), checkpoint=("never",), backward=(2.0,), weight=(0.25, 0.5), copy=(0.0,))
+    packs = {name: ex.pack(name) for name in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v")}
+    ms = ex.SHAPE["m"]
+    monkeypatch.setitem(ex.SHAPE, "p", (4,))  # the searched runs the answers read, the search costing most
+    monkeypatch.setitem(ex.SHAPE, "m", (8,))
+    packs.update({name: ex.pack(name) for name in ex.SEARCHED})
+
+    def run(name: str, p: int, v: int, m: int, weight: str, ends: str = "1.0") -> dict[str, Any]:
+        split = packs[name]["shapes"][f"{p}|{v}|{m}|never"]["split"]
+        return packs[name]["runs"][f"{p}|{v}|{m}|never|2.0|{weight if split else '-'}|0.0|{ends}"]
+
+    def t(name: str, p: int, v: int, m: int, weight: str, ends: str = "1.0") -> float:
+        return run(name, p, v, m, weight, ends)["t"] / ex.TICKS
+
+    # 1: interleaving (v = 2) against ZB-H1 at p = 8, a quarter of the backward in W
+    ahead = [m for m in ms if t("interleaved-1f1b", 8, 2, m, "0.25") < t("zb-h1", 8, 1, m, "0.25")]
+    first, behind = ahead[0], [m for m in ms if m > ahead[0] and m not in ahead]
+    assert f"From `m = {first}` on" in answers and behind and f"at `m = {behind[0]}`" in answers
+    for m in (first, behind[0]):
+        assert f"{t('interleaved-1f1b', 8, 2, m, '0.25'):g} against {t('zb-h1', 8, 1, m, '0.25'):g}" in answers
+    assert "range" in run("interleaved-1f1b", 8, 2, behind[0], "0.25")["x"] and max(ms) in ahead
+    assert all(t("interleaved-1f1b", 8, 2, m, "0.5") >= t("zb-h1", 8, 1, m, "0.5") for m in ms)
+    # 2: the end stages at twice a middle one's cost, p = 4, m = 8
+    grow = {name: t(name, 4, 1, 8, "0.5", "2.0") / t(name, 4, 1, 8, "0.5") for name in ("1f1b", "zb-h1", "zb-h2")}
+    assert grow["zb-h1"] == grow["zb-h2"] > grow["1f1b"] and t("zb-h1", 4, 1, 8, "0.5") == t("zb-h2", 4, 1, 8, "0.5")
+    for name, v in (("1f1b", 1), ("zb-h1", 1), ("zb-v", 2)):
+        assert f"{t(name, 4, v, 8, '0.5'):g} to {t(name, 4, v, 8, '0.5', '2.0'):g} forwards" in answers
+    found = run("searched", 4, 1, 8, "0.5", "2.0")
+    assert found["t"] == found["l"] == t("zb-h1", 4, 1, 8, "0.5", "2.0") * ex.TICKS
+    assert f"takes {found['t'] / ex.TICKS:g} forwards and its lower bound {found['l'] / ex.TICKS:g}" in answers
+    looped, interleaved = run("searched", 4, 2, 8, "0.5", "2.0"), t("interleaved-1f1b", 4, 2, 8, "0.5", "2.0")
+    gain = round(100 * (1 - looped["t"] / ex.TICKS / interleaved))
+    assert f"{looped['t'] / ex.TICKS:g} against {interleaved:g} forwards ({gain}% faster; lower bound " \
+           f"{looped['l'] / ex.TICKS:g})" in answers
+    v_shaped = run("searched-v", 4, 2, 8, "0.5", "2.0")
+    assert v_shaped["t"] == v_shaped["l"] == t("zb-v", 4, 2, 8, "0.5", "2.0") * ex.TICKS
