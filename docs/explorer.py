@@ -57,13 +57,15 @@ TIMES: dict[str, tuple[float, ...]] = {
     "weight": (0.25, 0.5, 0.75),
     "copy": (0.0, 0.25, 1.0),
     "ends": (1.0, 1.5, 2.0),
+    "comm": (0.0, 0.5, 1.0),
 }
 #: What the page calls each axis, and where its control starts.
 LABELS = {"schedule": "schedule", "p": "devices p", "v": "stages per device v", "m": "micro-batches m",
           "checkpoint": "checkpoint", "backward": "backward / forward", "weight": "W's share of the backward",
-          "copy": "copy / forward", "ends": "first and last stage / middle stage"}
+          "copy": "copy / forward", "ends": "first and last stage / middle stage",
+          "comm": "communication in each F and B / forward"}
 START = {"schedule": "gpipe", "p": "4", "v": "1", "m": "8", "checkpoint": "never", "backward": "2.0", "weight": "0.5",
-         "copy": "0.0", "ends": "1.0"}
+         "copy": "0.0", "ends": "1.0", "comm": "0.0"}
 MAX_STAGES = 16  # p * v: the grid's bound, so the site builds in seconds (Note [grid])
 TICKS = 480  # time unit: 1/TICKS of a forward, so 1/v, halves, quarters, tenths and their products are whole
 SAVED, INPUT = 48, 6  # memory units one device's share keeps per micro-batch, and one stage's input
@@ -73,9 +75,11 @@ SAVED, INPUT = 48, 6  # memory units one device's share keeps per micro-batch, a
 SEARCHED = {"searched": "interleaved-1f1b", "searched-v": "zb-v"}
 #: The cost values the search runs at, the other axes taking all of theirs, and its most stages per device
 #: (Note [grid]).
-SEARCH_TIMES: dict[str, tuple[float, ...]] = {"backward": (2.0,), "weight": (0.5,)}
+SEARCH_TIMES: dict[str, tuple[float, ...]] = {"backward": (2.0,), "weight": (0.5,), "comm": (0.0,)}
 SEARCH_MAX_V = 2
 ENDS_BACKWARD = 2.0  # end-stage factors above 1 run at this backward only (Note [grid])
+#: Communication above 0 runs at these settings only (Note [grid]): equal stages, free copies, no checkpointing.
+COMM_AT = {"backward": 2.0, "weight": 0.5, "copy": 0.0, "ends": 1.0}
 NAMES = (*SCHEDULES, *SEARCHED)
 
 # Note [grid]: the cost of the build is the number of runs times their tasks: the shapes multiply the times, so
@@ -84,7 +88,10 @@ NAMES = (*SCHEDULES, *SEARCHED)
 # (nine greedy orders and every registered schedule priced), so the searched schedules run at one backward and
 # one W share (SEARCH_TIMES: a middle stage's F, B and W equal, where the zero-bubble forms hold), every copy
 # time and end factor, and up to SEARCH_MAX_V stages per device (the V's two). A pack stores integers as deltas
-# and is gzipped (:func:`write`): a few hundred kB to about a MB and a half per schedule.
+# and is gzipped (:func:`write`): a few hundred kB to about a MB and a half per schedule. Communication inside a
+# task (Note [communication] in sim.core.cost: what DualPipe-V's pairs hide) runs above 0 only with checkpoint
+# "never" and the other costs at COMM_AT, the one slice a student needs to see DualPipe-V pull ahead of ZB-V; the
+# search prices no communication, so the searched schedules run without it.
 
 # Note [searched]: the search (:func:`gpipe.schedule.search`, its greedy heuristic: fast and deterministic) gets
 # the run's own stage times (end stages included) and copy time and, as its memory limit, the most any device
@@ -110,6 +117,7 @@ FORMS: dict[str, dict[str, str]] = {
 #: Why a simulated number may leave its closed form (the page shows those a run breaks, where they differ).
 REASONS = {"copy": "copies take time (the form counts them free)",
            "ends": "the first and last stages cost more (the form takes equal stages)",
+           "comm": "tasks spend time communicating (the form counts none)",
            "checkpoint": "checkpointing recomputes forwards and keeps less (the form does not checkpoint)",
            "range": "m is outside the form's range", "costs": "the stage times are not the form's"}
 
@@ -147,7 +155,8 @@ def stage_times(n: int, v: int, split: bool, backward: float, weight: float, end
 def run(schedule: Schedule, v: int, **times: float) -> Timeline:
     """The simulator's timeline of ``schedule`` (built with ``v`` stages per device) at ``times``, one value per
     :data:`TIMES` axis (Note [units])."""
-    stages = tuple(StageCost(forward=f, backward=b, weight=w, saved_bytes=SAVED // v, checkpoint_bytes=INPUT)
+    stages = tuple(StageCost(forward=f, backward=b, weight=w, saved_bytes=SAVED // v, checkpoint_bytes=INPUT,
+                             communication=times.get("comm", 0.0) / v)
                    for f, b, w in stage_times(schedule.n, v, schedule.splits_weight_gradient, **times))
     return simulate(schedule, CostModel(stages, copy_seconds=times["copy"]), config=SimConfig())
 
@@ -187,7 +196,7 @@ def broken(name: str, p: int, v: int, m: int, checkpoint: str, t_f: float, t_b: 
            **times: float) -> list[str]:
     """The assumptions of ``name``'s closed form that this setting breaks (keys of :data:`REASONS`); none: the
     form is exact here, which the tests check on every such run."""
-    out = [k for k, off in (("copy", times["copy"] > 0), ("ends", times["ends"] != 1),
+    out = [k for k, off in (("copy", times["copy"] > 0), ("ends", times["ends"] != 1), ("comm", times["comm"] > 0),
                             ("checkpoint", checkpoint != "never")) if off]
     in_range = {"interleaved-1f1b": v == 1 or m % p == 0, "zb-h1": m >= p, "zb-h2": m >= p, "zb-v": m >= 2 * p - 1}
     if not in_range.get(name, True):
@@ -253,7 +262,9 @@ def _settings(name: str, split: bool, checkpoint: str) -> Iterator[dict[str, flo
     for values in itertools.product(*(SEARCH_TIMES.get(k, vs) if name in SEARCHED else vs for k, vs in TIMES.items())):
         times = dict(zip(TIMES, values, strict=True))
         ends = times["ends"] == TIMES["ends"][0] or (checkpoint == "never" and times["backward"] == ENDS_BACKWARD)
-        if ends and (split or times["weight"] == TIMES["weight"][0]):
+        comm = times["comm"] == TIMES["comm"][0] or (checkpoint == "never" and all(
+            times[k] == x or (k == "weight" and not split) for k, x in COMM_AT.items()))
+        if ends and comm and (split or times["weight"] == TIMES["weight"][0]):
             yield times
 
 
@@ -323,8 +334,10 @@ def index() -> dict[str, Any]:
     """What the page needs before any pack: the axes and key orders (Note [run keys]), labels, first values, the
     units, and each schedule's lines, closed forms, the reason a run is missing from its grid, and pack file."""
     axes = {"schedule": NAMES, **SHAPE, **TIMES}
-    ends = (f"the explorer ran first and last stages above {TIMES['ends'][0]:g} with checkpoint never only "
-            f"(build time); gpipe-sim simulate takes any per-stage times")
+    at = ", ".join(f"{LABELS[k]} {x:g}" for k, x in COMM_AT.items())
+    ends = (f"the explorer ran first and last stages above {TIMES['ends'][0]:g} with checkpoint never only, and "
+            f"communication above 0 with checkpoint never and {at} only (build time); gpipe-sim simulate takes any "
+            "per-stage times and --communication-time")
     kinds = {name: (kind.description, kind.constraints, ends) for name, kind in SCHEDULES.items()}
     for name, under in SEARCHED.items():
         at = ", ".join(f"{LABELS[k]} {vs[0]:g}" for k, vs in SEARCH_TIMES.items())

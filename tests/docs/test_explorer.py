@@ -64,8 +64,8 @@ def test_a_pack_holds_the_simulators_timelines_and_the_refusals(monkeypatch: pyt
     shape = pack["shapes"]["3|1|3|except_last"]
     assert shape["split"] and shape["stages"] == 3 and len(shape["orders"]) == 1
     order = shape["orders"][0]
-    tl = ex.run(ex.shape("zb-h1", 3, 1, 3, "except_last"), 1, backward=3.0, weight=0.25, copy=0.25, ends=1.0)
-    run = pack["runs"]["3|1|3|except_last|3.0|0.25|0.25|1.0"]
+    tl = ex.run(ex.shape("zb-h1", 3, 1, 3, "except_last"), 1, backward=3.0, weight=0.25, copy=0.25, ends=1.0, comm=0.0)
+    run = pack["runs"]["3|1|3|except_last|3.0|0.25|0.25|1.0|0.0"]
     for d in range(3):
         spans = [s for s in tl.spans if s.device == d and s.stream == "compute"]
         assert order["tasks"][d] == " ".join(str(s.task) for s in spans)
@@ -88,7 +88,8 @@ def test_the_end_stages_cost_their_factor_and_run_where_the_grid_says(monkeypatc
         (j, op): (1.5 if j in (0, 3) else 1.0) * (1 if op == "F" else 2) for j in range(4) for op in "FB"}
     keys = set(ex.pack("1f1b")["runs"])
     grid = itertools.product(("never", "always"), ("1.0", "2.0", "3.0"), ("1.0", "1.5", "2.0"))
-    assert keys == {f"4|1|4|{c}|{b}|-|0.0|{e}" for c, b, e in grid if e == "1.0" or (c == "never" and b == "2.0")}
+    assert keys == {f"4|1|4|{c}|{b}|-|0.0|{e}|0.0" for c, b, e in grid if e == "1.0" or (c == "never" and b == "2.0")} \
+        | {f"4|1|4|never|2.0|-|0.0|1.0|{x}" for x in ("0.5", "1.0")}  # communication at one slice (Note [grid])
 
 
 def test_settings_outside_a_schedule_or_the_grid_say_why() -> None:
@@ -167,12 +168,13 @@ def test_closed_forms_equal_the_simulation_where_none_of_their_assumptions_is_br
 
 def test_a_new_cost_axis_is_one_more_entry_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
     """Note [run keys]: a run's key grows by the new axis's value, and the index tells the page its place."""
-    ex = _grid(monkeypatch, p=(2,), v=(1,), m=(2,), checkpoint=("never",), backward=(2.0,), copy=(0.0,), ends=(1.0,))
+    ex = _grid(monkeypatch, p=(2,), v=(1,), m=(2,), checkpoint=("never",), backward=(2.0,), copy=(0.0,), ends=(1.0,),
+               comm=(0.0,))
     monkeypatch.setitem(ex.TIMES, "hop", (0.0,))
     monkeypatch.setitem(ex.LABELS, "hop", "a hop")
-    assert set(ex.pack("gpipe")["runs"]) == {"2|1|2|never|2.0|-|0.0|1.0|0.0"}
+    assert set(ex.pack("gpipe")["runs"]) == {"2|1|2|never|2.0|-|0.0|1.0|0.0|0.0"}
     index = ex.index()
-    assert index["costs"] == ["backward", "weight", "copy", "ends", "hop"] and index["axes"]["hop"] == ["0.0"]
+    assert index["costs"] == ["backward", "weight", "copy", "ends", "comm", "hop"] and index["axes"]["hop"] == ["0.0"]
 
 
 def test_write_keeps_an_index_and_a_pack_per_schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +184,8 @@ def test_write_keeps_an_index_and_a_pack_per_schedule(tmp_path: Path, monkeypatc
     assert ex.NAMES == (*SCHEDULES, "searched", "searched-v")
     index = json.loads(paths[0].read_text().split(" = ", 1)[1].rstrip(";\n"))
     assert index["axes"]["v"] == ["1", "2"] and index["schedules"]["zb-v"]["layout"]
-    assert index["shape"] == ["p", "v", "m", "checkpoint"] and index["costs"] == ["backward", "weight", "copy", "ends"]
+    assert index["shape"] == ["p", "v", "m", "checkpoint"]
+    assert index["costs"] == ["backward", "weight", "copy", "ends", "comm"]
     assert set(index["labels"]) == set(index["start"]) == set(index["axes"])
     assert index["schedules"]["searched"]["searched"] and index["schedules"]["gpipe"]["form"]["makespan"]
     assert unpack(paths[1]) == ex.pack("gpipe")
@@ -198,7 +201,8 @@ def _answers() -> str:
 
 def test_the_lecture_paths_answers_are_the_explorers_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     answers = _answers()
-    ex = _grid(monkeypatch, p=(4, 8), v=(1, 2), checkpoint=("never",), backward=(2.0,), weight=(0.25, 0.5), copy=(0.0,))
+    ex = _grid(monkeypatch, p=(4, 8), v=(1, 2), checkpoint=("never",), backward=(2.0,), weight=(0.25, 0.5), copy=(0.0,),
+               comm=(0.0,))
     packs = {name: ex.pack(name) for name in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v")}
     ms = ex.SHAPE["m"]
     monkeypatch.setitem(ex.SHAPE, "p", (4,))  # the searched runs the answers read, the search costing most
@@ -207,7 +211,7 @@ def test_the_lecture_paths_answers_are_the_explorers_runs(monkeypatch: pytest.Mo
 
     def run(name: str, p: int, v: int, m: int, weight: str, ends: str = "1.0") -> dict[str, Any]:
         split = packs[name]["shapes"][f"{p}|{v}|{m}|never"]["split"]
-        return packs[name]["runs"][f"{p}|{v}|{m}|never|2.0|{weight if split else '-'}|0.0|{ends}"]
+        return packs[name]["runs"][f"{p}|{v}|{m}|never|2.0|{weight if split else '-'}|0.0|{ends}|0.0"]
 
     def t(name: str, p: int, v: int, m: int, weight: str, ends: str = "1.0") -> float:
         return run(name, p, v, m, weight, ends)["t"] / ex.TICKS
@@ -234,3 +238,16 @@ def test_the_lecture_paths_answers_are_the_explorers_runs(monkeypatch: pytest.Mo
            f"{looped['l'] / ex.TICKS:g})" in answers
     v_shaped = run("searched-v", 4, 2, 8, "0.5", "2.0")
     assert v_shaped["t"] == v_shaped["l"] == t("zb-v", 4, 2, 8, "0.5", "2.0") * ex.TICKS
+
+
+def test_dualpipe_v_pulls_ahead_of_zb_v_only_when_tasks_communicate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The communication slider (Note [communication] in sim.core.cost): equal without it, DualPipe-V's pairs hide
+    it, and the closed form names it as what it leaves out."""
+    ex = _grid(monkeypatch, p=(4,), v=(2,), m=(8,), checkpoint=("never",))
+    packs = {name: ex.pack(name)["runs"] for name in ("zb-v", "dualpipe-v")}
+    key = "4|2|8|never|2.0|0.5|0.0|1.0|{}"
+    assert packs["zb-v"][key.format("0.0")]["t"] == packs["dualpipe-v"][key.format("0.0")]["t"]
+    for x in ("0.5", "1.0"):
+        assert packs["dualpipe-v"][key.format(x)]["t"] < packs["zb-v"][key.format(x)]["t"]
+        assert "comm" in packs["zb-v"][key.format(x)]["x"]
+    assert key.format("0.5").replace("|0.0|1.0|", "|0.25|1.0|") not in packs["zb-v"]  # one slice only (Note [grid])

@@ -259,41 +259,44 @@ def test_the_explorer_redraws_the_simulators_run_when_a_control_changes(served: 
     with Chromium(CHROMIUM) as browser:
         report = browser.load(served + "explorer/")
         assert not report.errors, report.errors
-        state = check(browser, ("gpipe", "4|1|8|never|2.0|-|0.0|1.0"))
+        state = check(browser, ("gpipe", "4|1|8|never|2.0|-|0.0|1.0|0.0"))
         assert "Equal to the simulation" in state["panels"][0]["form"]  # the closed form, where it holds
         assert browser.evaluate(_set("schedule", "1f1b")) == "1f1b"
-        assert check(browser, ("1f1b", "4|1|8|never|2.0|-|0.0|1.0"))["weight"]  # no W in 1f1b: W's share is off
-        assert run("1f1b", "4|1|8|never|2.0|-|0.0|1.0")["k"] != run("gpipe", "4|1|8|never|2.0|-|0.0|1.0")["k"]
+        assert check(browser, ("1f1b", "4|1|8|never|2.0|-|0.0|1.0|0.0"))["weight"]  # no W in 1f1b: W's share is off
+        assert run("1f1b", "4|1|8|never|2.0|-|0.0|1.0|0.0")["k"] != run("gpipe", "4|1|8|never|2.0|-|0.0|1.0|0.0")["k"]
         browser.evaluate(_set("schedule", "interleaved-1f1b"))
         browser.evaluate(_set("v", "2"))  # two stages per device: eight stages, a smaller bubble
-        check(browser, ("interleaved-1f1b", "4|2|8|never|2.0|-|0.0|1.0"))
+        check(browser, ("interleaved-1f1b", "4|2|8|never|2.0|-|0.0|1.0|0.0"))
         browser.evaluate(_set("copy", "0.25"))  # copies appear on the copy rows, and leave the closed form
-        form = check(browser, ("interleaved-1f1b", "4|2|8|never|2.0|-|0.25|1.0"))["panels"][0]["form"]
+        form = check(browser, ("interleaved-1f1b", "4|2|8|never|2.0|-|0.25|1.0|0.0"))["panels"][0]["form"]
         assert "makespan and bubble differ from the simulation: copies take time" in form, form
         browser.evaluate(_set("m", "6"))  # not a multiple of p: a last partial round
-        check(browser, ("interleaved-1f1b", "4|2|6|never|2.0|-|0.25|1.0"))
+        check(browser, ("interleaved-1f1b", "4|2|6|never|2.0|-|0.25|1.0|0.0"))
         browser.evaluate(_set("schedule", "dualpipe-v"))  # m < n = 8: the generator refuses, the page says why
         refused = _drawn(browser, "refused")["panels"][0]
         assert refused["spans"] == 0
         assert refused["summary"] == "dualpipe-v refused: " + packs["dualpipe-v"]["shapes"]["4|2|6|never"]
         browser.evaluate(_set("schedule", "zb-h1"))
         browser.evaluate(_set("v", "1"))
-        assert not check(browser, ("zb-h1", "4|1|6|never|2.0|0.5|0.25|1.0"))["weight"]
+        assert not check(browser, ("zb-h1", "4|1|6|never|2.0|0.5|0.25|1.0|0.0"))["weight"]
         browser.evaluate(_set("weight", "0.75"))  # more of the backward in W: another run, another makespan
-        check(browser, ("zb-h1", "4|1|6|never|2.0|0.75|0.25|1.0"))
-        assert run("zb-h1", "4|1|6|never|2.0|0.75|0.25|1.0")["t"] != run("zb-h1", "4|1|6|never|2.0|0.5|0.25|1.0")["t"]
+        check(browser, ("zb-h1", "4|1|6|never|2.0|0.75|0.25|1.0|0.0"))
+        assert run("zb-h1", "4|1|6|never|2.0|0.75|0.25|1.0|0.0")["t"] != \
+            run("zb-h1", "4|1|6|never|2.0|0.5|0.25|1.0|0.0")["t"]
         # two schedules on one time axis, then heavier end stages, then the search beside ZB-H1
         browser.evaluate(_set("weight", "0.5"))
         browser.evaluate(_set("m", "8"))
         browser.evaluate(_set("compare", "1f1b"))
-        check(browser, ("zb-h1", "4|1|8|never|2.0|0.5|0.25|1.0"), ("1f1b", "4|1|8|never|2.0|-|0.25|1.0"))
+        check(browser, ("zb-h1", "4|1|8|never|2.0|0.5|0.25|1.0|0.0"), ("1f1b", "4|1|8|never|2.0|-|0.25|1.0|0.0"))
         browser.evaluate(_set("ends", "2.0"))
-        state = check(browser, ("zb-h1", "4|1|8|never|2.0|0.5|0.25|2.0"), ("1f1b", "4|1|8|never|2.0|-|0.25|2.0"))
+        state = check(browser, ("zb-h1", "4|1|8|never|2.0|0.5|0.25|2.0|0.0"),
+                      ("1f1b", "4|1|8|never|2.0|-|0.25|2.0|0.0"))
         assert "the first and last stages cost more" in state["panels"][1]["form"]
-        assert run("1f1b", "4|1|8|never|2.0|-|0.25|2.0")["t"] > run("1f1b", "4|1|8|never|2.0|-|0.25|1.0")["t"]
+        assert run("1f1b", "4|1|8|never|2.0|-|0.25|2.0|0.0")["t"] > run("1f1b", "4|1|8|never|2.0|-|0.25|1.0|0.0")["t"]
         browser.evaluate(_set("compare", "searched"))
-        state = check(browser, ("zb-h1", "4|1|8|never|2.0|0.5|0.25|2.0"), ("searched", "4|1|8|never|2.0|0.5|0.25|2.0"))
-        lower = run("searched", "4|1|8|never|2.0|0.5|0.25|2.0")["l"] / 480
+        state = check(browser, ("zb-h1", "4|1|8|never|2.0|0.5|0.25|2.0|0.0"),
+                      ("searched", "4|1|8|never|2.0|0.5|0.25|2.0|0.0"))
+        lower = run("searched", "4|1|8|never|2.0|0.5|0.25|2.0|0.0")["l"] / 480
         assert f"the search's lower bound {lower:g} forwards" in state["panels"][1]["summary"]
         browser.evaluate(_set("checkpoint", "always"))  # heavier ends ran with checkpoint never only: said so
         state = _drawn(browser, "unsimulated", "refused")
