@@ -25,6 +25,7 @@ sys.path.insert(0, str(HERE))
 from beyond_1f1b import BEYOND_1F1B  # noqa: E402
 from cells import answer as _answer  # noqa: E402
 from cells import setup  # noqa: E402
+from from_scratch_cells import FROM_SCRATCH  # noqa: E402
 from own_schedule import OWN_SCHEDULE  # noqa: E402
 
 BUBBLE = [
@@ -860,6 +861,7 @@ NOTEBOOKS: dict[str, list[str]] = {
     "06_ablation.ipynb": ABLATION,
     "07_own_schedule.ipynb": OWN_SCHEDULE,
     "08_beyond_1f1b.ipynb": BEYOND_1F1B,
+    "09_from_scratch.ipynb": FROM_SCRATCH,
 }
 
 

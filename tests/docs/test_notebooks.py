@@ -22,7 +22,7 @@ NOTEBOOKS = sorted(TUTORIALS.glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT = 60  # seconds per cell; the notebooks take seconds in all
 BUDGET = 120  # seconds per notebook on two CPU cores, as the tutorials promise
 #: Notebooks whose answers state their numbers as assertions: each answer's ```python block runs after the notebook.
-ANSWERS_RUN = {"08_beyond_1f1b.ipynb"}
+ANSWERS_RUN = {"08_beyond_1f1b.ipynb", "09_from_scratch.ipynb"}
 _ANSWER_CODE = re.compile(r"<details><summary>Answer</summary>.*?</details>", re.DOTALL)
 _PYTHON = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
@@ -57,7 +57,7 @@ def test_there_are_notebooks() -> None:
     names = {p.name for p in NOTEBOOKS}
     assert {"01_bubble.ipynb", "02_checkpointing.ipynb", "03_copy_streams.ipynb", "04_executor_vs_simulator.ipynb",
             "05_capacity_planning.ipynb", "06_ablation.ipynb", "07_own_schedule.ipynb",
-            "08_beyond_1f1b.ipynb"} <= names
+            "08_beyond_1f1b.ipynb", "09_from_scratch.ipynb"} <= names
     assert ANSWERS_RUN <= names
 
 
