@@ -600,6 +600,11 @@ def _plan_large_model(path: Path) -> None:
     _save(fig, path)
 
 
+@figure("cluster_tensor_parallel.png")
+def _cluster_tensor_parallel(path: Path) -> None:
+    _sibling("cluster_numbers").draw_tensor_parallel(path, _save)  # the planner's sweep: docs/cluster_numbers.py
+
+
 @figure("ablation.png")
 def _ablation(path: Path) -> None:
     import matplotlib.pyplot as plt
@@ -742,6 +747,7 @@ def simulated_fragments() -> dict[str, str]:
     out.update(_plan_fragments())
     out.update(_beyond_fragments())
     out.update(_sibling("teaching_numbers").fragments(simulate, _table, _plan_example()))
+    out.update(_sibling("cluster_numbers").fragments(_table))
     return out
 
 
@@ -917,7 +923,7 @@ def _stamp() -> str:
         for p in sorted((ROOT / folder).rglob("*.py")):
             h.update(str(p.relative_to(ROOT)).encode())
             h.update(p.read_bytes())
-    for source in ("make_figures.py", "teaching_numbers.py", "explorer.py"):
+    for source in ("make_figures.py", "teaching_numbers.py", "cluster_numbers.py", "explorer.py"):
         h.update((Path(__file__).resolve().parent / source).read_bytes())
     return h.hexdigest()
 
@@ -944,6 +950,7 @@ def build(out: Path = OUT, *, force: bool = False, only: list[str] | None = None
             and all((out / n).exists() for n in names)):
         return []
     _plan_example.cache_clear()  # a long-lived process (mkdocs serve) must not keep an old answer
+    _sibling("cluster_numbers").clear_caches()
     drawn = []
     for name in names:
         FIGURES[name](out / name)
