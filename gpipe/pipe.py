@@ -31,14 +31,15 @@ That lets a schedule start backwards before all forwards end, as 1F1B (``schedul
 (:attr:`Schedule.forwards_first <gpipe.schedule.Schedule.forwards_first>`: GPipe's, any such registered
 schedule); one that interleaves them trains only through ``step()``, and infers with GPipe's forwards.
 
-Every step runs the :class:`gpipe.pipeline.Pipeline` this ``GPipe`` built (Note [what a run is given] there). The
+What the arguments decide (partitions, placement, the schedule of each step) is decided in :mod:`gpipe.frontend`,
+as for :class:`gpipe.distributed.DistributedGPipe` (Note [one front-end] there). Every step runs the
+:class:`gpipe.pipeline.Pipeline` this ``GPipe`` built (Note [what a run is given] there). The
 worker threads are in :mod:`gpipe.worker`, the interpreter of a device's tasks and checkpointing in
 :mod:`gpipe.interpreter`, what crosses between them in :mod:`gpipe.transport` and :mod:`gpipe.handoff`.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -47,14 +48,14 @@ from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
 from gpipe.affinity import Cores, check_affinity
-from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.checks import check_balance, check_devices, check_unique
+from gpipe.checks import check_devices
+from gpipe.frontend import Arguments
 from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.loss import loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
 from gpipe.parking import Parked
-from gpipe.pipeline import Pipeline, given_schedule, step_schedule
-from gpipe.schedule import Checkpoint, Schedule, schedule_kind
+from gpipe.pipeline import Pipeline
+from gpipe.schedule import Schedule
 from gpipe.skip.layout import SkipLayout
 from gpipe.timeline import Timeline
 from gpipe.worker import Run
@@ -76,7 +77,7 @@ class GPipe(nn.Module):
             the ``p`` devices given; default: a CUDA device per schedule device when there are enough, else
             ``"cpu"`` for every partition.
         chunks: micro-batches per mini-batch; default 1, or a given schedule's ``m`` (Note [a given schedule] in
-            :mod:`gpipe.pipeline`).
+            :mod:`gpipe.frontend`).
         checkpoint: ``"always"``, ``"except_last"`` (default) or ``"never"``; a given schedule's policy by default.
         deferred_batch_norm: replace batch norm by :class:`gpipe.DeferredBatchNorm`.
         record: record a measured :class:`~gpipe.timeline.Timeline` of every training step
@@ -86,7 +87,7 @@ class GPipe(nn.Module):
             :class:`~gpipe.schedule.Schedule` itself (generated, searched, read with
             :func:`~gpipe.schedule.read_schedule`), which every training step then runs as it is: its stages are the
             partitions, its placement places them, ``chunks`` and ``checkpoint`` must agree with it (Note [a given
-            schedule] in :mod:`gpipe.pipeline`).
+            schedule] in :mod:`gpipe.frontend`).
         cpu_affinity: one set of CPU cores per partition or per schedule device (or ``None`` for one left
             unpinned): its worker thread runs only there (Linux; :mod:`gpipe.affinity`, Note [pinned workers]).
         switch_interval: seconds Python's interpreter lock may stay with one thread while two or more
@@ -110,49 +111,31 @@ class GPipe(nn.Module):
                  cpu_affinity: Sequence[Cores | None] | None = None,
                  switch_interval: float | None = DEFAULT_SWITCH_INTERVAL) -> None:
         super().__init__()
-        if not isinstance(module, nn.Sequential):
-            raise TypeError(f"GPipe partitions an nn.Sequential, got {type(module).__name__}: wrap the layers in "
-                            "nn.Sequential(...) (one child per layer)")
-        check_unique(module)
-        self.balance = check_balance(balance, len(module))
-        # Note [a given schedule] in gpipe.pipeline: a Schedule decides chunks and checkpoint; a name takes them
-        self._given, chunks, checkpoint = given_schedule(schedule, len(self.balance), chunks, checkpoint)
-        self.chunks = chunks
-        self.checkpoint = checkpoint
-        self.schedule_name = cast(str, schedule) if self._given is None else self._given.name
-        if self._given is None:
-            kind = schedule_kind(self.schedule_name)  # a registered name (gpipe.schedule.SCHEDULES), else a ValueError
-            # Note [placed stages] in gpipe.pipeline: a schedule may place several stages on one of fewer devices;
-            # one registered with a layout places them by it when given fewer devices than stages
-            given = None if devices is None or isinstance(devices, (str, bytes, int, torch.device)) else len(devices)
-            self._placement = kind.layout(len(self.balance), given) \
-                if kind.place is not None and given is not None and given < len(self.balance) else None
-            placement = kind(chunks, len(self.balance), checkpoint, self._placement).placement
-        else:
-            self._placement = placement = self._given.placement
-        placed = check_devices(devices, len(self.balance), placement)
-        skip_layout = SkipLayout.of(list(module), self.balance)
+        # Note [one front-end] in gpipe.frontend: the arguments checked, then placed on the devices given
+        count = None if devices is None or isinstance(devices, (str, bytes, int, torch.device)) else len(devices)
+        self.spec = spec = Arguments.check("GPipe", module, balance, chunks=chunks, checkpoint=checkpoint,
+                                           schedule=schedule, deferred_batch_norm=deferred_batch_norm).on_devices(count)
+        self.balance = list(spec.arguments.balance)
+        self.chunks = spec.arguments.chunks
+        self.checkpoint = spec.arguments.checkpoint
+        self.schedule_name = spec.arguments.schedule_name
+        placement, n = spec.placement, len(self.balance)
+        placed = check_devices(devices, n, placement)
         if cpu_affinity is not None and not isinstance(cpu_affinity, (str, bytes, int)) \
-                and len(cpu_affinity) == max(placement) + 1 < len(self.balance):
+                and len(cpu_affinity) == max(placement) + 1 < n:
             cpu_affinity = [list(cpu_affinity)[d] for d in placement]  # one per schedule device, as devices may be
-        affinity = check_affinity(cpu_affinity, len(self.balance))
+        affinity = check_affinity(cpu_affinity, n)
         interval = check_switch_interval(switch_interval)
-        if deferred_batch_norm:
-            module = DeferredBatchNorm.convert_deferred_batch_norm(module, chunks)
-        named = list(module.named_children())
-        partitions, k = [], 0
-        for size, device in zip(self.balance, placed, strict=True):
-            partition = nn.Sequential(OrderedDict(named[k:k + size]))
-            partitions.append(partition.to(device))
-            k += size
+        partitions = [nn.Sequential(layers).to(device) for layers, device in zip(spec.stage_layers(), placed,
+                                                                                  strict=True)]
         self.partitions = nn.ModuleList(partitions)
         # what every step runs: Note [what a run is given] in gpipe.pipeline
-        self.pipeline = Pipeline.of(partitions, placed, skip_layout, cpu_affinity=affinity, switch_interval=interval)
+        self.pipeline = Pipeline.of(partitions, placed, spec.arguments.skip_layout, cpu_affinity=affinity,
+                                    switch_interval=interval)
         self.record = record
         self.timeline: Timeline | None = None
-        self._schedules: dict[tuple[int, str, str | None], Schedule] = {}  # name None: the given schedule
         self._accumulators: dict[int, tuple[Tensor, Any]] = {}  # id(parameter) -> (it, its gradient accumulator)
-        self.schedule_for(chunks)  # a placement whose workers' devices disagree fails here, not in a step
+        self.pipeline.workers(self.schedule)  # a placement whose workers' devices disagree fails here, not in a step
 
     @property
     def devices(self) -> list[torch.device]:
@@ -209,24 +192,12 @@ class GPipe(nn.Module):
     def schedule_for(self, m: int, checkpoint: str | None = None, name: str | None = None) -> Schedule:
         """The schedule a step of ``m`` micro-batches runs (one stage per partition): the registered ``name``'s, by
         default this pipeline's; a given schedule for its own ``m`` only (Note [a given schedule] in
-        :mod:`gpipe.pipeline`).
+        :mod:`gpipe.frontend`).
 
         Raises:
             ValueError: ``m`` differs from a given schedule's ``m``.
         """
-        mode = self.checkpoint if checkpoint is None else checkpoint
-        kind = None if name is None and self._given is not None else self.schedule_name if name is None else name
-        key = (m, mode, kind)
-        if key not in self._schedules:
-            if kind is None:
-                assert self._given is not None
-                schedule = step_schedule(self._given, m, mode)
-            else:
-                schedule = schedule_kind(kind)(m, len(self.partitions), cast(Checkpoint, mode),
-                                               self._placement).validate()
-            self.pipeline.workers(schedule)  # Note [placed stages] in gpipe.pipeline
-            self._schedules[key] = schedule
-        return self._schedules[key]
+        return self.spec.schedule_for(m, self.checkpoint if checkpoint is None else checkpoint, name)
 
     @property
     def schedule(self) -> Schedule:
@@ -242,7 +213,7 @@ class GPipe(nn.Module):
         train = torch.is_grad_enabled() and (bool(params) or any(t.requires_grad for t in tensors))
         mode = self.checkpoint if (train and self.training) else "never"
         # inference by a given schedule: GPipe's forwards on its placement, for any m (Note [a given schedule])
-        schedule = self.schedule_for(m, mode, "gpipe" if self._given is not None and not train else None)
+        schedule = self.schedule_for(m, mode, "gpipe" if self.spec.arguments.given is not None and not train else None)
         if not schedule.forwards_first:  # Note [step]
             if train:
                 raise RuntimeError(f"the {self.schedule_name!r} schedule interleaves forward and backward, so the "

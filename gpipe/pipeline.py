@@ -1,7 +1,8 @@
 """The immutable description of one pipeline: partitions on devices, skip layout, options, and what it learnt.
 
-:class:`gpipe.GPipe` builds one :class:`Pipeline` when it is made; every step runs it by a schedule
-(:class:`gpipe.worker.Run`), which gets this description, never the ``GPipe`` itself::
+:class:`gpipe.GPipe` builds one :class:`Pipeline` when it is made, from the partitions and placement its arguments
+decide (:class:`gpipe.frontend.PipelineSpec`); every step runs it by a schedule (:class:`gpipe.worker.Run`), which
+gets this description, never the ``GPipe`` itself::
 
     GPipe(module, balance, devices, ...)  --builds-->  Pipeline  --with a Schedule-->  Run  -->  Timeline
 
@@ -18,13 +19,6 @@ the description never swaps them for other objects.
 Note [placed stages]: a worker is one schedule device and runs every stage the schedule places there, each on
 its partition's device; the stages of one worker must share a torch device and CPU cores (one thread, one
 device context, one pinning), which :meth:`Pipeline.workers` checks.
-
-Note [a given schedule]: a :class:`Schedule` given in place of a name is the step itself: its stages are the
-partitions, its placement places them, its ``m`` and policy are ``chunks`` and ``checkpoint``, which default to them
-and, given, must agree (one source for each decision). It is validated when the pipeline is built, so a deadlock is a
-ScheduleError then, not a hang; a batch of fewer than ``m`` micro-batches is refused, as it has no other shape. Eval
-mode runs it without its ``R`` tasks (only its own ``B`` waits for one, so the lists stay valid), and inference
-GPipe's forwards on its placement, for any batch.
 """
 
 from __future__ import annotations
@@ -32,18 +26,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
-from gpipe.checks import check_chunks
 from gpipe.rng import Draws
-from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Op, Schedule
+from gpipe.schedule import Schedule
 from gpipe.skip.layout import SkipLayout
 from gpipe.split import StagePlans
 
-__all__ = ["Pipeline", "given_schedule", "step_schedule"]
+__all__ = ["Pipeline"]
 
 
 @dataclass(frozen=True)
@@ -120,58 +113,3 @@ class Pipeline:
         CUDA devices."""
         return self.copy_streams.get(device)
 
-
-def given_schedule(schedule: str | Schedule, stages: int, chunks: int | None,
-                   checkpoint: str | None) -> tuple[Schedule | None, int, Checkpoint]:
-    """``(given, chunks, checkpoint)`` a pipeline runs: for a name, ``None`` and the arguments checked (defaults 1
-    and ``"except_last"``); for a :class:`Schedule`, the schedule validated and its ``m`` and policy (Note [a given
-    schedule]).
-
-    Raises:
-        ValueError: a bad ``chunks`` or policy; a schedule of other than ``stages`` stages, or whose ``m`` or policy
-            differs from a ``chunks`` or ``checkpoint`` given.
-        ScheduleError: the schedule is not valid (a deadlock shows its grid).
-    """
-    if chunks is not None or not isinstance(schedule, Schedule):
-        chunks = check_chunks(1 if chunks is None else chunks, stages)  # a size this machine can build
-    if checkpoint is not None and checkpoint not in CHECKPOINT_MODES:
-        raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
-    if not isinstance(schedule, Schedule):
-        assert chunks is not None
-        return None, chunks, "except_last" if checkpoint is None else cast(Checkpoint, checkpoint)
-    schedule.validate()
-    name = schedule.name
-    if schedule.n != stages:
-        raise ValueError(f"schedule {name!r} has {schedule.n} stages, but the balance makes {stages} partitions: give "
-                         f"a balance of {schedule.n} partitions, or a schedule of {stages} stages")
-    if chunks is not None and chunks != schedule.m:
-        raise ValueError(f"chunks={chunks}, but schedule {name!r} runs m={schedule.m} micro-batches: leave chunks out "
-                         f"(it defaults to the schedule's m) or give chunks={schedule.m}")
-    if checkpoint is not None and checkpoint != schedule.checkpoint:
-        raise ValueError(f"checkpoint={checkpoint!r}, but schedule {name!r} was built for checkpoint="
-                         f"{schedule.checkpoint!r} (its recomputes are tasks of its lists): leave checkpoint out (it "
-                         "defaults to the schedule's) or build the schedule with the policy you want")
-    return schedule, schedule.m, schedule.checkpoint
-
-
-def step_schedule(given: Schedule, m: int, checkpoint: str) -> Schedule:
-    """What a training step of ``m`` micro-batches under ``checkpoint`` runs by the ``given`` schedule: itself, or
-    itself without its ``R`` tasks where ``checkpoint`` is ``"never"`` (eval mode; Note [a given schedule]).
-
-    Raises:
-        ValueError: ``m`` is not the schedule's (a batch smaller than its ``m`` samples), or ``checkpoint`` is
-            neither its policy nor ``"never"``.
-    """
-    if m != given.m:
-        raise ValueError(f"this batch splits into {m} micro-batches, but schedule {given.name!r} is fixed to "
-                         f"m={given.m}: give batches of at least {given.m} samples (drop a last small one, e.g. "
-                         "DataLoader(..., drop_last=True)), or build the pipeline with a registered schedule's name, "
-                         "which fits any batch")
-    if checkpoint == given.checkpoint:
-        return given
-    if checkpoint != "never":
-        raise ValueError(f"schedule {given.name!r} was built for checkpoint={given.checkpoint!r}; a step runs it so, "
-                         f"or without its recomputes (checkpoint='never'), not with checkpoint={checkpoint!r}")
-    tasks = tuple(tuple(t for t in ts if t.op is not Op.R) for ts in given.tasks)
-    pairs = tuple((a, b) for a, b in given.pairs if Op.R not in (a.op, b.op))
-    return Schedule(given.m, given.n, "never", given.placement, tasks, name=given.name, pairs=pairs).validate()

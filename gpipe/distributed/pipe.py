@@ -43,11 +43,12 @@ from gpipe.distributed.shapes import check_boundaries
 from gpipe.distributed.start import Told, exchange, fingerprint, seed_from, structure_from
 from gpipe.distributed.structure import Structure, structure_of
 from gpipe.distributed.wire import Links, Wire
+from gpipe.frontend import given_schedule, step_schedule
 from gpipe.gradients import Gradients
 from gpipe.interpreter import Step, Worker
 from gpipe.loss import LossPlan, loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
-from gpipe.pipeline import Pipeline, given_schedule, step_schedule
+from gpipe.pipeline import Pipeline
 from gpipe.recorder import Recorder
 from gpipe.schedule import Checkpoint, Op, Schedule, Task, schedule_kind
 from gpipe.skip.layout import SkipLayout
@@ -67,7 +68,7 @@ class DistributedGPipe(nn.Module):
             layout (``"interleaved-1f1b"``, ``"looped-bfs"``, ``"dualpipe-v"``) several per rank.
         chunks, checkpoint, schedule, deferred_batch_norm, record: as :class:`gpipe.GPipe`'s; a given
             :class:`~gpipe.schedule.Schedule` runs its device ``d`` on rank ``d``, so it has a device per rank (Note
-            [a given schedule] in :mod:`gpipe.pipeline`).
+            [a given schedule] in :mod:`gpipe.frontend`).
         group: the process group; ``None``: the default one, started from torchrun's environment if need be.
         device: this rank's device; ``None``: ``cuda:LOCAL_RANK`` where CUDA is available, else the CPU.
         timeout: seconds any wait for another rank may last before the step fails on every rank.
@@ -153,7 +154,7 @@ class DistributedGPipe(nn.Module):
 
     def schedule_for(self, m: int, checkpoint: str | None = None) -> Schedule:
         """The schedule of a step of ``m`` micro-batches (its device ``d`` is rank ``d``); a given schedule for its
-        own ``m`` only (Note [a given schedule] in :mod:`gpipe.pipeline`).
+        own ``m`` only (Note [a given schedule] in :mod:`gpipe.frontend`).
 
         Raises:
             ValueError: ``m`` differs from a given schedule's ``m``.

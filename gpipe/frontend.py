@@ -1,0 +1,274 @@
+"""The front-end: one construction of a pipeline from its arguments, for :class:`gpipe.GPipe` and
+:class:`gpipe.distributed.DistributedGPipe` alike.
+
+::
+
+    module, balance, chunks,         Arguments.check(...)         .on_devices(p)       GPipe (threads)
+    checkpoint, schedule,       -->  every argument checked  -->  .on_ranks(world)  -->  PipelineSpec
+    deferred_batch_norm              (nothing touched yet)        DistributedGPipe       schedule_for(m)
+                                                                                          stage_layers()
+
+Note [one front-end]: what a pipeline is (its layers cut by the balance, ``chunks``, the checkpoint policy, the
+schedule, a registered name with its options or a given :class:`Schedule`, where each stage goes, and the schedule
+of each step) is decided here, once, for both executors; they differ only in how tensors cross between stages
+(threads or processes) and in which stages' layers each one holds. It comes in two steps because the device count is
+the one input the two learn differently: ``GPipe`` from ``devices``, ``DistributedGPipe`` from the process group,
+which it joins only once its arguments are known to be good. So a bad argument is refused, with the same message
+from both, before any device, process or layer is touched.
+
+Note [a device count]: ``GPipe`` takes a device per stage or fewer, so a schedule registered with a layout places
+the stages by it only when given fewer devices than stages; otherwise each generated schedule keeps its generator's
+own placement (one stage per device, or the V of ``"zb-v"``). A ``DistributedGPipe`` rank is one schedule device,
+so the layout always places the stages on the group's ranks, and a count it cannot use is refused.
+
+Note [a given schedule]: a :class:`Schedule` given in place of a name is the step itself: its stages are the
+partitions, its placement places them, its ``m`` and policy are ``chunks`` and ``checkpoint``, which default to them
+and, given, must agree (one source for each decision). It is validated when the pipeline is built, so a deadlock is a
+ScheduleError then, not a hang; a batch of fewer than ``m`` micro-batches is refused, as it has no other shape. Eval
+mode runs it without its ``R`` tasks (only its own ``B`` waits for one, so the lists stay valid), and inference
+GPipe's forwards on its placement, for any batch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from torch import nn
+
+from gpipe.batchnorm import DeferredBatchNorm
+from gpipe.checks import check_balance, check_chunks, check_unique
+from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Op, Schedule, ScheduleKind, schedule_kind
+from gpipe.skip.layout import SkipLayout
+
+__all__ = ["Arguments", "PipelineSpec", "given_schedule", "stage_placement", "step_schedule"]
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """A pipeline's arguments, checked, before its devices are counted (build it with :meth:`check`).
+
+    Attributes:
+        module: the model; its children are the layers that ``balance`` counts.
+        balance: layers per stage.
+        chunks: micro-batches per mini-batch (a given schedule's ``m``).
+        checkpoint: the checkpoint policy (a given schedule's).
+        schedule_name: the registered name, options included, or the given schedule's name.
+        given: the schedule given in place of a name (Note [a given schedule]); ``None`` for a name.
+        kind: the registered schedule a name picks, its options bound; ``None`` for a given schedule.
+        skip_layout: the stage of each skip connection's stash and pop.
+        deferred_batch_norm: whether :meth:`PipelineSpec.stage_layers` replaces batch norm by
+            :class:`gpipe.DeferredBatchNorm`.
+    """
+
+    module: nn.Sequential
+    balance: tuple[int, ...]
+    chunks: int
+    checkpoint: Checkpoint
+    schedule_name: str
+    given: Schedule | None
+    kind: ScheduleKind | None
+    skip_layout: SkipLayout
+    deferred_batch_norm: bool
+
+    @classmethod
+    def check(cls, owner: str, module: nn.Sequential, balance: Sequence[int] | None, *, chunks: int | None,
+              checkpoint: str | None, schedule: str | Schedule, deferred_batch_norm: bool) -> Arguments:
+        """The arguments of ``owner`` (``"GPipe"``, ``"DistributedGPipe"``: the name its errors give), checked.
+
+        Raises:
+            TypeError: ``module`` is not an ``nn.Sequential``; ``balance`` is not a list.
+            ValueError: duplicate layers; a bad balance, ``chunks``, checkpoint mode or schedule name; a given
+                schedule whose stages, ``m`` or policy disagree with the balance, ``chunks`` or ``checkpoint``.
+            RuntimeError: invalid skip connections (see :func:`gpipe.skip.verify_skippables`).
+            ScheduleError: a given schedule is not valid (a deadlock shows its grid).
+        """
+        if not isinstance(module, nn.Sequential):
+            raise TypeError(f"{owner} partitions an nn.Sequential, got {type(module).__name__}: wrap the layers in "
+                            "nn.Sequential(...) (one child per layer)")
+        check_unique(module)
+        stages = check_balance(balance, len(module))
+        # Note [a given schedule]: a Schedule decides chunks and checkpoint; a name takes them
+        given, chunks, policy = given_schedule(schedule, len(stages), chunks, checkpoint)
+        name = cast(str, schedule) if given is None else given.name
+        kind = schedule_kind(name) if given is None else None  # a registered name (SCHEDULES), else a ValueError
+        return cls(module, tuple(stages), chunks, policy, name, given, kind, SkipLayout.of(list(module), stages),
+                   deferred_batch_norm)
+
+    @property
+    def stages(self) -> int:
+        """The number of stages (one partition each)."""
+        return len(self.balance)
+
+    def on_devices(self, devices: int | None) -> PipelineSpec:
+        """The pipeline on ``devices`` devices as :class:`gpipe.GPipe` places it (Note [a device count]): a given
+        schedule on its own placement, a name by its layout for fewer devices than stages; ``None``: not counted."""
+        if self.given is not None:
+            return PipelineSpec(self, self.given.placement, self.given.placement)
+        assert self.kind is not None
+        layout, placement = _placed(self.kind, self.stages, devices, self.chunks, self.checkpoint)
+        return PipelineSpec(self, layout, placement)
+
+    def on_ranks(self, world: int) -> PipelineSpec:
+        """The pipeline on the ``world`` ranks of a process group, one schedule device each, as
+        :class:`gpipe.distributed.DistributedGPipe` places it (Note [a device count]).
+
+        Raises:
+            ValueError: a given schedule of other than ``world`` devices, or a name whose layout cannot place the
+                stages on ``world`` devices (the message names the fix).
+        """
+        n = self.stages
+        if self.given is not None:
+            if self.given.num_devices != world:
+                p = self.given.num_devices
+                raise ValueError(f"schedule {self.schedule_name!r} runs on {p} devices, a rank each, but the group has "
+                                 f"{world} ranks: launch {p} processes (e.g. torchrun --nproc-per-node {p}), or "
+                                 f"give a schedule of {world} devices")
+            return PipelineSpec(self, self.given.placement, self.given.placement)
+        assert self.kind is not None
+        try:
+            placement = self.kind.layout(n, world)
+        except ValueError as error:
+            raise ValueError(f"balance {list(self.balance)} makes {n} stages, which schedule {self.schedule_name!r} "
+                             f"cannot place on {world} ranks: {error} (launch {n} processes, e.g. torchrun "
+                             f"--nproc-per-node {n}, or change the balance)") from None
+        return PipelineSpec(self, placement, placement)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A pipeline's arguments placed: where each stage goes and the schedule of each step (Note [one front-end]).
+
+    Attributes:
+        arguments: the checked arguments.
+        layout: the placement each generated schedule is given; ``None``: its generator's own (Note [a device
+            count]).
+        placement: each stage's schedule device.
+    """
+
+    arguments: Arguments
+    layout: tuple[int, ...] | None
+    placement: tuple[int, ...]
+    _schedules: dict[tuple[int, str, str | None], Schedule] = field(default_factory=dict, init=False, repr=False,
+                                                                    compare=False)
+
+    def schedule_for(self, m: int, checkpoint: str | None = None, name: str | None = None) -> Schedule:
+        """The schedule a step of ``m`` micro-batches runs under ``checkpoint`` (default: the pipeline's), one stage
+        per partition: the registered ``name``'s, by default the pipeline's; a given schedule for its own ``m`` only
+        (Note [a given schedule]). Built and validated once per ``(m, checkpoint, name)``.
+
+        Raises:
+            ValueError: ``m`` differs from a given schedule's ``m``; a ``checkpoint`` a given schedule cannot run.
+            ScheduleError: the generator built a schedule that is not valid.
+        """
+        args = self.arguments
+        mode = args.checkpoint if checkpoint is None else checkpoint
+        kind = None if name is None and args.given is not None else args.schedule_name if name is None else name
+        key = (m, mode, kind)  # kind None: the given schedule
+        if key not in self._schedules:
+            if kind is None:
+                assert args.given is not None
+                schedule = step_schedule(args.given, m, mode)
+            else:
+                generator = args.kind if kind == args.schedule_name and args.kind is not None else schedule_kind(kind)
+                schedule = generator(m, args.stages, cast(Checkpoint, mode), self.layout).validate()
+            self._schedules[key] = schedule
+        return self._schedules[key]
+
+    def stages_on(self, device: int) -> list[int]:
+        """The stages placed on schedule device ``device`` (a rank of ``DistributedGPipe``)."""
+        return [j for j, d in enumerate(self.placement) if d == device]
+
+    def stage_layers(self) -> list[OrderedDict[str, nn.Module]]:
+        """Each stage's layers by name, batch norm replaced by :class:`gpipe.DeferredBatchNorm` where asked.
+
+        The replacement changes the module in place (as ``nn.SyncBatchNorm``'s conversion does), so an executor
+        asks for the layers once every argument of its own is checked too.
+        """
+        args = self.arguments
+        module = DeferredBatchNorm.convert_deferred_batch_norm(args.module, args.chunks) \
+            if args.deferred_batch_norm else args.module
+        named, layers, k = list(module.named_children()), [], 0
+        for size in args.balance:
+            layers.append(OrderedDict(named[k:k + size]))
+            k += size
+        return layers
+
+
+def stage_placement(schedule: str | Schedule, stages: int, devices: int | None, chunks: int,
+                    checkpoint: Checkpoint) -> tuple[int, ...]:
+    """Each stage's schedule device when :class:`gpipe.GPipe` runs ``stages`` stages by ``schedule`` (a registered
+    name, or a :class:`Schedule` run as it is) on ``devices`` devices (Note [a device count]), without a model.
+
+    Raises:
+        ValueError: an unknown schedule name; a layout that cannot place ``stages`` on fewer ``devices``.
+    """
+    if isinstance(schedule, Schedule):
+        return schedule.placement
+    return _placed(schedule_kind(schedule), stages, devices, chunks, checkpoint)[1]
+
+
+def _placed(kind: ScheduleKind, stages: int, devices: int | None, chunks: int,
+            checkpoint: Checkpoint) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """``(layout, placement)`` of ``stages`` stages on ``devices`` devices by ``kind`` (Note [a device count])."""
+    layout = kind.layout(stages, devices) if kind.place is not None and devices is not None and devices < stages \
+        else None
+    return layout, kind(chunks, stages, checkpoint, layout).placement
+
+
+def given_schedule(schedule: str | Schedule, stages: int, chunks: int | None,
+                   checkpoint: str | None) -> tuple[Schedule | None, int, Checkpoint]:
+    """``(given, chunks, checkpoint)`` a pipeline runs: for a name, ``None`` and the arguments checked (defaults 1
+    and ``"except_last"``); for a :class:`Schedule`, the schedule validated and its ``m`` and policy (Note [a given
+    schedule]).
+
+    Raises:
+        ValueError: a bad ``chunks`` or policy; a schedule of other than ``stages`` stages, or whose ``m`` or policy
+            differs from a ``chunks`` or ``checkpoint`` given.
+        ScheduleError: the schedule is not valid (a deadlock shows its grid).
+    """
+    if chunks is not None or not isinstance(schedule, Schedule):
+        chunks = check_chunks(1 if chunks is None else chunks, stages)  # a size this machine can build
+    if checkpoint is not None and checkpoint not in CHECKPOINT_MODES:
+        raise ValueError(f"unknown checkpoint mode {checkpoint!r}; use one of {', '.join(CHECKPOINT_MODES)}")
+    if not isinstance(schedule, Schedule):
+        assert chunks is not None
+        return None, chunks, "except_last" if checkpoint is None else cast(Checkpoint, checkpoint)
+    schedule.validate()
+    name = schedule.name
+    if schedule.n != stages:
+        raise ValueError(f"schedule {name!r} has {schedule.n} stages, but the balance makes {stages} partitions: give "
+                         f"a balance of {schedule.n} partitions, or a schedule of {stages} stages")
+    if chunks is not None and chunks != schedule.m:
+        raise ValueError(f"chunks={chunks}, but schedule {name!r} runs m={schedule.m} micro-batches: leave chunks out "
+                         f"(it defaults to the schedule's m) or give chunks={schedule.m}")
+    if checkpoint is not None and checkpoint != schedule.checkpoint:
+        raise ValueError(f"checkpoint={checkpoint!r}, but schedule {name!r} was built for checkpoint="
+                         f"{schedule.checkpoint!r} (its recomputes are tasks of its lists): leave checkpoint out (it "
+                         "defaults to the schedule's) or build the schedule with the policy you want")
+    return schedule, schedule.m, schedule.checkpoint
+
+
+def step_schedule(given: Schedule, m: int, checkpoint: str) -> Schedule:
+    """What a training step of ``m`` micro-batches under ``checkpoint`` runs by the ``given`` schedule: itself, or
+    itself without its ``R`` tasks where ``checkpoint`` is ``"never"`` (eval mode; Note [a given schedule]).
+
+    Raises:
+        ValueError: ``m`` is not the schedule's (a batch smaller than its ``m`` samples), or ``checkpoint`` is
+            neither its policy nor ``"never"``.
+    """
+    if m != given.m:
+        raise ValueError(f"this batch splits into {m} micro-batches, but schedule {given.name!r} is fixed to "
+                         f"m={given.m}: give batches of at least {given.m} samples (drop a last small one, e.g. "
+                         "DataLoader(..., drop_last=True)), or build the pipeline with a registered schedule's name, "
+                         "which fits any batch")
+    if checkpoint == given.checkpoint:
+        return given
+    if checkpoint != "never":
+        raise ValueError(f"schedule {given.name!r} was built for checkpoint={given.checkpoint!r}; a step runs it so, "
+                         f"or without its recomputes (checkpoint='never'), not with checkpoint={checkpoint!r}")
+    tasks = tuple(tuple(t for t in ts if t.op is not Op.R) for ts in given.tasks)
+    pairs = tuple((a, b) for a, b in given.pairs if Op.R not in (a.op, b.op))
+    return Schedule(given.m, given.n, "never", given.placement, tasks, name=given.name, pairs=pairs).validate()
