@@ -9,7 +9,9 @@
 Rank ``d`` is schedule device ``d``: it runs :class:`gpipe.interpreter.Worker` on ``schedule.tasks[d]`` (one
 stage, or several as the schedule's layout places them) over :class:`gpipe.distributed.wire.Wire`, and holds
 only those stages' layers (Note [materialised weights] in :mod:`gpipe.distributed.materialize`); the others are
-empty placeholders. ``parameters()`` are this rank's, for its own optimizer.
+empty placeholders. ``parameters()`` are this rank's, for its own optimizer. Everything else its arguments decide
+(balance, schedule, placement, the schedule of each step) is decided as for :class:`gpipe.GPipe`, in
+:mod:`gpipe.frontend` (Note [one front-end]).
 
 Note [a step's start]: before anything is sent, the ranks exchange what each checked of its own inputs (one row of
 integers each, Note [one exchange a step] in :mod:`gpipe.distributed.start`): the first stage's rank the
@@ -33,7 +35,6 @@ from torch import Tensor, nn
 
 from gpipe import rng
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.checks import check_balance, check_unique
 from gpipe.distributed.clock import measure_offsets, merge
 from gpipe.distributed.faults import Alarm, PipelineFailed, report
 from gpipe.distributed.group import Ranks, join
@@ -43,15 +44,14 @@ from gpipe.distributed.shapes import check_boundaries
 from gpipe.distributed.start import Told, exchange, fingerprint, seed_from, structure_from
 from gpipe.distributed.structure import Structure, structure_of
 from gpipe.distributed.wire import Links, Wire
-from gpipe.frontend import given_schedule, step_schedule
+from gpipe.frontend import Arguments
 from gpipe.gradients import Gradients
 from gpipe.interpreter import Step, Worker
 from gpipe.loss import LossPlan, loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
 from gpipe.pipeline import Pipeline
 from gpipe.recorder import Recorder
-from gpipe.schedule import Checkpoint, Op, Schedule, Task, schedule_kind
-from gpipe.skip.layout import SkipLayout
+from gpipe.schedule import Op, Schedule, Task
 from gpipe.timeline import Timeline
 from gpipe.transport import DRIVER, Message
 
@@ -90,54 +90,36 @@ class DistributedGPipe(nn.Module):
                  timeout: float = 300.0, seed: int = 0, init: Init | None = None, lookahead: int = 2,
                  check_shapes: bool = True) -> None:
         super().__init__()
-        if not isinstance(module, nn.Sequential):
-            raise TypeError(f"DistributedGPipe partitions an nn.Sequential, got {type(module).__name__}")
-        check_unique(module)
-        self.balance = check_balance(balance, len(module))
-        # Note [a given schedule] in gpipe.pipeline: a Schedule decides chunks and checkpoint; a name takes them
-        self._given, self.chunks, self.checkpoint = given_schedule(schedule, len(self.balance), chunks, checkpoint)
-        self.schedule_name = cast(str, schedule) if self._given is None else self._given.name
+        # Note [one front-end] in gpipe.frontend: every argument checked before the group is joined, then placed on
+        # its ranks; this rank holds only its own stages' layers
+        arguments = Arguments.check("DistributedGPipe", module, balance, chunks=chunks, checkpoint=checkpoint,
+                                    schedule=schedule, deferred_batch_norm=deferred_batch_norm)
+        self.balance = list(arguments.balance)
+        self.chunks, self.checkpoint = arguments.chunks, arguments.checkpoint
+        self.schedule_name, self.kind = arguments.schedule_name, arguments.kind
+        self.skip_layout = arguments.skip_layout
         self.record = record
         if not timeout > 0:
             raise ValueError(f"timeout is in seconds and positive, got {timeout!r}")
-        self.kind = schedule_kind(self.schedule_name) if self._given is None else None
         self.ranks: Ranks = join(group, device, timeout)
-        n, world, rank = len(self.balance), self.ranks.world, self.ranks.rank
-        if self._given is not None:
-            self.placement = self._given.placement
-            if self._given.num_devices != world:
-                p = self._given.num_devices
-                raise ValueError(f"schedule {self.schedule_name!r} runs on {p} devices, a rank each, but the group has "
-                                 f"{world} ranks: launch {p} processes (e.g. torchrun --nproc-per-node {p}), or "
-                                 f"give a schedule of {world} devices")
-        else:
-            assert self.kind is not None
-            try:
-                self.placement = self.kind.layout(n, world)
-            except ValueError as error:
-                raise ValueError(f"balance {self.balance} makes {n} stages, which schedule {schedule!r} cannot place "
-                                 f"on {world} ranks: {error} (launch {n} processes, e.g. torchrun --nproc-per-node "
-                                 f"{n}, or change the balance)") from None
-        if deferred_batch_norm:
-            module = DeferredBatchNorm.convert_deferred_batch_norm(module, self.chunks)
-        self.skip_layout = SkipLayout.of(list(module), self.balance)
-        named, partitions, k = list(module.named_children()), [], 0
-        for j, size in enumerate(self.balance):
-            mine = self.placement[j] == rank
-            for index in range(k, k + size) if mine else ():
-                materialize_layer(named[index][1], index, self.device, seed, init)
-            partitions.append(nn.Sequential(OrderedDict(named[k:k + size] if mine else [])))
-            k += size
+        self.spec = spec = arguments.on_ranks(self.ranks.world)
+        self.placement = spec.placement
+        stages, partitions, k = spec.stage_layers(), [], 0
+        for j, layers in enumerate(stages):
+            mine = self.placement[j] == self.rank
+            for index, layer in enumerate(layers.values() if mine else (), start=k):
+                materialize_layer(layer, index, self.device, seed, init)
+            partitions.append(nn.Sequential(layers if mine else OrderedDict()))
+            k += len(layers)
         self.partitions = nn.ModuleList(partitions)
-        self._layers = [layer for _, layer in named]  # the whole model, for the dry run (Note [a step's start])
+        self._layers = [layer for ls in stages for layer in ls.values()]  # the dry run's (Note [a step's start])
         self._checked: set[int] = set()  # fingerprints of input structures checked (Note [one exchange a step])
         self.check_shapes = check_shapes
-        self.pipeline = Pipeline.of(partitions, [self.device] * n, self.skip_layout)
-        alarm = Alarm(self.ranks.store, self.ranks.watcher, rank, timeout)
+        self.pipeline = Pipeline.of(partitions, [self.device] * len(stages), self.skip_layout)
+        alarm = Alarm(self.ranks.store, self.ranks.watcher, self.rank, timeout)
         self.links = Links(self.ranks, alarm, lookahead)
         self.timeline: Timeline | None = None
         self.failure: str | None = None
-        self._schedules: dict[tuple[int, str], Schedule] = {}
 
     @property
     def rank(self) -> int:
@@ -150,7 +132,7 @@ class DistributedGPipe(nn.Module):
     @property
     def stages(self) -> list[int]:
         """The stages this rank runs."""
-        return [j for j, d in enumerate(self.placement) if d == self.rank]
+        return self.spec.stages_on(self.rank)
 
     def schedule_for(self, m: int, checkpoint: str | None = None) -> Schedule:
         """The schedule of a step of ``m`` micro-batches (its device ``d`` is rank ``d``); a given schedule for its
@@ -159,15 +141,7 @@ class DistributedGPipe(nn.Module):
         Raises:
             ValueError: ``m`` differs from a given schedule's ``m``.
         """
-        mode = self.checkpoint if checkpoint is None else checkpoint
-        if (m, mode) not in self._schedules:
-            if self.kind is None:
-                assert self._given is not None
-                self._schedules[(m, mode)] = step_schedule(self._given, m, mode)
-            else:
-                self._schedules[(m, mode)] = self.kind(m, len(self.balance), cast(Checkpoint, mode),
-                                                       self.placement).validate()
-        return self._schedules[(m, mode)]
+        return self.spec.schedule_for(m, self.checkpoint if checkpoint is None else checkpoint)
 
     def close(self) -> None:
         """Stop this rank's helper threads (the pipeline cannot step afterwards)."""
