@@ -164,7 +164,7 @@ def run(world: int = 2, m: int = 4, orders: list[Order] | None = None, *, wait: 
     procs = [context.Process(target=_rank, args=(r, world, port, m, orders, wait, results), daemon=True)
              for r in range(world)]
     got: dict[int, tuple[Any, ...]] = {}
-    deadline = time.monotonic() + 30.0 + 2 * wait  # starting the ranks (importing torch), then both steps' waits
+    deadline = time.monotonic() + 10.0 + 2 * wait  # starting the ranks, then both steps' waits: under a cell's minute
     try:
         for p in procs:
             p.start()

@@ -132,7 +132,7 @@ from sim.calibration.setup import Setup
 
 t0 = time.perf_counter()
 setup = Setup(chunks=4, checkpoint="never", schedule="1f1b", balance=(4, 4), steps=5)
-outcome = run_processes(from_scratch.build, setup, 2, timeout=120)
+outcome = run_processes(from_scratch.build, setup, 2, timeout=50)
 print(f"calibrated, trained {setup.warmup_steps + setup.steps} steps and predicted: {time.perf_counter() - t0:.1f} s")
 print(f"link: latency {outcome.link.latency * 1e6:.0f} us, {outcome.link.bandwidth / 1e9:.2f} GB/s")
 print()
