@@ -10,7 +10,7 @@ device (one registered with a layout places them by it, :meth:`Setup.placement`)
 balance's length, else ``stages``, else one per device. So ``Setup(schedule=S, stages=4, devices=("cpu",) * 2)``
 is four stages on two workers, as ``GPipe(model, balance, devices=["cpu"] * 2, schedule=S)`` runs them. A
 :class:`~gpipe.schedule.Schedule` given as ``Setup.schedule`` is the step on both halves, as ``GPipe`` runs one (Note
-[a given schedule] in :mod:`gpipe.pipeline`): its ``n`` is the partition count unless a balance or ``stages`` says the
+[a given schedule] in :mod:`gpipe.frontend`): its ``n`` is the partition count unless a balance or ``stages`` says the
 same, its placement places them (devices one per stage or one per schedule device), and ``chunks`` and ``checkpoint``
 must be its ``m`` and policy.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpipe.frontend import stage_placement
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, schedule_kind
 
 __all__ = ["Setup"]
@@ -131,26 +132,25 @@ class Setup:
         return len(self.devices) if self.devices is not None else 2
 
     def placement(self) -> tuple[int, ...]:
-        """Each partition's schedule device (Note [devices and stages]), as :class:`gpipe.GPipe` places them: by the
-        schedule's layout when there are fewer devices than partitions, else the schedule's own placement.
+        """Each partition's schedule device (Note [devices and stages]), as :class:`gpipe.GPipe` places them
+        (:func:`gpipe.frontend.stage_placement`): by the schedule's layout when there are fewer devices than
+        partitions, else the schedule's own placement.
 
         Raises:
             ValueError: the schedule cannot place the partitions on the devices given (the message names the fix).
         """
         n = self.partitions
         p = len(self.devices) if self.devices is not None else n
+        placement = stage_placement(self.schedule, n, p, self.chunks, self.checkpoint)  # the executor's decision
         if isinstance(self.schedule, Schedule):
             given = self.schedule
             if p not in (n, given.num_devices):
                 raise ValueError(f"schedule {given.name!r} runs {n} stages on {given.num_devices} devices: give "
                                  f"{given.num_devices} devices (one per schedule device) or {n} (one per stage), "
                                  f"not {p}")
-            return given.placement
-        kind = schedule_kind(self.schedule)
-        placed = kind.layout(n, p) if kind.place is not None and p < n else None
-        placement = kind(self.chunks, n, self.checkpoint, placed).placement
+            return placement
         if p not in (n, max(placement) + 1):
-            kind.layout(n, p)  # raises for a schedule without a layout, the registry's message naming the fix
+            schedule_kind(self.schedule).layout(n, p)  # raises for a schedule without a layout, naming the fix
             raise ValueError(f"schedule {self.schedule!r} runs {n} stages on {max(placement) + 1} devices, not on "
                              f"the {p} given")
         return placement
