@@ -1,12 +1,13 @@
-"""The front-end: one construction of a pipeline from its arguments, for :class:`gpipe.GPipe` and
-:class:`gpipe.distributed.DistributedGPipe` alike.
+"""The front-end: one construction of a pipeline from its arguments, for GPipe and DistributedGPipe alike.
 
-::
+:class:`gpipe.GPipe` (threads) and :class:`gpipe.distributed.DistributedGPipe` (processes) both build through it::
 
-    module, balance, chunks,         Arguments.check(...)         .on_devices(p)       GPipe (threads)
-    checkpoint, schedule,       -->  every argument checked  -->  .on_ranks(world)  -->  PipelineSpec
-    deferred_batch_norm              (nothing touched yet)        DistributedGPipe       schedule_for(m)
-                                                                                          stage_layers()
+    Arguments.check(owner, module, balance, chunks=, checkpoint=, schedule=, deferred_batch_norm=)
+        |   every argument checked; no device, process or layer touched yet
+        +-- .on_devices(p)      GPipe: the number of devices given (or None)
+        +-- .on_ranks(world)    DistributedGPipe: the group's size, once joined
+        v
+    PipelineSpec    placement; schedule_for(m), built once per shape; stage_layers()
 
 Note [one front-end]: what a pipeline is (its layers cut by the balance, ``chunks``, the checkpoint policy, the
 schedule, a registered name with its options or a given :class:`Schedule`, where each stage goes, and the schedule
@@ -16,10 +17,11 @@ the one input the two learn differently: ``GPipe`` from ``devices``, ``Distribut
 which it joins only once its arguments are known to be good. So a bad argument is refused, with the same message
 from both, before any device, process or layer is touched.
 
-Note [a device count]: ``GPipe`` takes a device per stage or fewer, so a schedule registered with a layout places
-the stages by it only when given fewer devices than stages; otherwise each generated schedule keeps its generator's
-own placement (one stage per device, or the V of ``"zb-v"``). A ``DistributedGPipe`` rank is one schedule device,
-so the layout always places the stages on the group's ranks, and a count it cannot use is refused.
+Note [a device count]: ``GPipe`` takes a device per stage, or one per schedule device where those are fewer, so a
+schedule registered with a layout places the stages by it only when given fewer devices than stages; otherwise each
+generated schedule keeps its generator's own placement (one stage per device, or the V of ``"zb-v"``). A
+``DistributedGPipe`` rank is one schedule device, so the layout always places the stages on the group's ranks, and a
+count it cannot use is refused.
 
 Note [a given schedule]: a :class:`Schedule` given in place of a name is the step itself: its stages are the
 partitions, its placement places them, its ``m`` and policy are ``chunks`` and ``checkpoint``, which default to them
