@@ -295,7 +295,7 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
     model, batch = build()
     tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
     sizes = microbatch_sizes(tensors[0].shape[0], setup.chunks)
-    if isinstance(setup.schedule, Schedule):  # run as it is: Note [a given schedule] in gpipe.pipeline
+    if isinstance(setup.schedule, Schedule):  # run as it is: Note [a given schedule] in gpipe.frontend
         schedule, n = setup.schedule, setup.schedule.n
         if schedule.num_devices != processes:
             raise ValueError(f"schedule {schedule.name!r} runs on {schedule.num_devices} devices, a rank each: give "

@@ -13,7 +13,7 @@ The same pipeline as ``gpipe-sim demo`` (:func:`sim.calibration.experiment.run`)
 calibrate, simulate, run the executor for ``--steps`` steps, compare, write the files.
 
 Note [a schedule file]: ``--schedule FILE`` is one exact schedule that both halves run (Note [a given schedule] in
-:mod:`gpipe.pipeline`): ``.txt`` the text form (:mod:`gpipe.schedule.text`), ``.csv`` torch pipelining's, whose
+:mod:`gpipe.frontend`): ``.txt`` the text form (:mod:`gpipe.schedule.text`), ``.csv`` torch pipelining's, whose
 recomputes ``--checkpoint`` adds. Its ``m``, stages and (a ``.txt``'s) policy decide ``--chunks``, ``--stages`` and
 ``--checkpoint``, which may be left out and, given, must agree. A registered name is looked up first; argparse refuses
 a word with neither suffix nor folder, listing the names, and :func:`schedule_file` another suffix, one line each.

@@ -1,5 +1,5 @@
 """``GPipe(..., schedule=a_schedule)``: the executor runs any valid :class:`Schedule`, as it is (Note [a given
-schedule] in :mod:`gpipe.pipeline`): generated, hand-edited, read back from the text form or torch pipelining's CSV,
+schedule] in :mod:`gpipe.frontend`): generated, hand-edited, read back from the text form or torch pipelining's CSV,
 trains like the plain model; ``chunks`` and ``checkpoint`` follow it; every disagreement is named at construction."""
 
 from __future__ import annotations
