@@ -47,14 +47,20 @@ class Copies:
         self.table = [[self.seconds(op, 0, j, 1.0) for j in range(cost.n)] for op in range(4)]
         self.arrival: list[float | None] = [None] * slots  # when a slot's result is usable (copy end + hand-off)
         self.host_arrival = [0.0] * slots  # when the consumer's host has it (Note [asynchronous devices])
-        self.issued = [0.0] * slots  # when that copy was issued (Note [local clocks])
-        self.waiting: dict[int, simpy.Event] = {}  # slot -> event of a consumer that already waits for it
+        self.issued = [0.0] * slots  # when its copy was issued, or ended on compute streams (Note [local clocks])
+        self.waiting: list[simpy.Event | None] = [None] * slots  # the event of a consumer that waits for the slot
         # [src][dst]: when the pair's last copy ends; a dict per sender, as a device sends to a few others only
         # (a list of lists took devices**2 floats: 2 GB for 16,000 stages, one per device)
         self.link_free: list[dict[int, float]] = [{} for _ in range(devices)]
         self.spans: list[list[Span]] = [[] for _ in range(devices)]  # per sending device, in issue order
         self.free = (cost.copy_seconds == 0.0 or (cost.copy_seconds is None and link is None and stage_links is None)
                      ) and not self.handoff
+        # Note [copies at once]: a copy that takes no time, from a synchronous device and with no hand-off, is usable
+        # when it is issued: on_streams's queue gives start = end = arrival = now for it, and it leaves no span. The
+        # device loop, which sends once per task, writes such a copy's slot itself instead of calling on_streams, as a
+        # call per task would weigh on the plain path (benchmarks/sim_speed.py, free copies); on_streams prices every
+        # other copy, and the few of pairs and held-back gradients.
+        self.at_once = [self.free and d not in asynchronous for d in range(devices)]
 
     def seconds(self, op: int, i: int, j: int, scale: float | None = None) -> float:
         """Seconds of a copy of the result of ``(op, i, j)`` (Note [copies])."""
@@ -84,26 +90,21 @@ class Copies:
         return self.handoff, None
 
     def deliver(self, slot: int, at: float, host_at: float) -> None:
+        """A copy on the compute streams ends now: its result is usable at ``at``, on the host at ``host_at``."""
         self.arrival[slot] = at
         self.host_arrival[slot] = host_at
-        event = self.waiting.pop(slot, None)
+        self.issued[slot] = self.env.now
+        event = self.waiting[slot]
         if event is not None:
+            self.waiting[slot] = None
             event.succeed()
 
     def on_streams(self, src: int, now: float, task: Task, op: int, i: int, j: int, dsts: Sends) -> None:
         """Send ``task``'s result on copy streams at time ``now``: FIFO per directed pair, so each copy starts
         when it is issued (now) or when the pair's previous copy ends; computed at issue time, no process needed."""
-        arrival, waiting, issued, base = self.arrival, self.waiting, self.issued, i * self.stride
+        arrival, host_arrival, issued, waiting, base = self.arrival, self.host_arrival, self.issued, self.waiting, \
+            i * self.stride
         handoff, host_at = self.hand_off(src)
-        if self.free:  # nothing to queue: usable at once (Note [local clocks])
-            for _dst, offset in dsts:
-                arrival[offset + base] = now
-                self.host_arrival[offset + base] = now if host_at is None else host_at
-                if waiting:
-                    event = waiting.pop(offset + base, None)
-                    if event is not None:
-                        event.succeed()
-            return
         seconds = self.seconds(op, i, j) if self.scaled else self.table[op][j]
         free = self.link_free[src]
         for dst, offset in dsts:
@@ -113,13 +114,14 @@ class Copies:
             end = free[dst] = start + seconds
             if seconds > 0:
                 self.spans[src].append(Span(dst, COPY, task, start, end))
-            arrival[offset + base] = end + handoff
-            self.host_arrival[offset + base] = end + handoff if host_at is None else host_at
-            issued[offset + base] = now
-            if waiting:
-                event = waiting.pop(offset + base, None)
-                if event is not None:
-                    event.succeed()
+            slot = offset + base
+            arrival[slot] = end + handoff
+            host_arrival[slot] = end + handoff if host_at is None else host_at
+            issued[slot] = now
+            event = waiting[slot]
+            if event is not None:
+                waiting[slot] = None
+                event.succeed()
 
     def on_compute(self, src: int, task: Task, op: int, i: int, j: int,
                    dsts: Sends) -> Generator[simpy.Event, Any, None]:

@@ -17,7 +17,7 @@ from gpipe.schedule import Schedule, collector_paused
 from gpipe.timeline import Timeline
 from sim.core.config import DEFAULT_CONFIG, SimConfig
 from sim.core.cost import CostModel
-from sim.core.device import device, device_fast
+from sim.core.device import device
 from sim.core.overlap import check_pairs
 from sim.core.run import Run
 
@@ -61,11 +61,11 @@ def run_validated(schedule: Schedule, cost: CostModel, config: SimConfig) -> Tim
     """:func:`simulate` of a schedule and cost model already checked (benchmarks time the simulation alone)."""
     run = Run(schedule, cost, config)
     check_pairs(run)
-    fast = run.local_clocks()
     for d in range(run.devices):
-        run.env.process(device_fast(run, d) if fast else device(run, d))
+        run.env.process(device(run, d))
     run.env.run()
+    local = run.local_clocks()  # Note [local clocks] in sim.core.device: each device's own, or SimPy's
     while not run.done() and any(run.deferred):  # Note [fork/join]: stalled on a held-back copy
-        run.release_deferred(max(run.clock) if fast else run.env.now)
+        run.release_deferred(max(run.clock) if local else run.env.now)
         run.env.run()
     return run.timeline()

@@ -94,8 +94,9 @@ class Run:
             self.backward_phase.succeed()
 
     def local_clocks(self) -> bool:
-        """Whether the run takes the plain path, :func:`sim.core.device.device_fast` (Note [local clocks] there);
-        the same times as :func:`sim.core.device.device`, which tests/sim/test_engine_properties.py checks."""
+        """Whether the run is on the plain path, where each device keeps its own clock (Note [local clocks] in
+        :mod:`sim.core.device`): no shared cores, copy streams, no lockstep, one phase, synchronous devices and a
+        compute stream each."""
         config = self.config
         return self.cores is None and config.copy_streams and not config.lockstep_forward \
             and not config.backward_after_forward and not config.asynchronous and not any(self.shared)

@@ -1,22 +1,24 @@
-"""Properties every simulated timeline has, for random schedules (overlapped pairs too), placements, costs (with
-communication inside tasks too) and switches."""
+"""Properties every simulated timeline has, for random schedules (every registered one, overlapped pairs too),
+placements, costs (with communication inside tasks too) and switches; and the one device loop against the plain
+path's recurrence, and on SimPy's clock against its own (Note [local clocks] in sim.core.device)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gpipe.schedule import CHECKPOINT_MODES, Op, Schedule, Task, dualpipe_v, gpipe, one_f_one_b, zb_h1
-from gpipe.timeline import COMPUTE, MemorySample, Span, Timeline
-from sim.calibration.host import Overheads, with_overheads
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Op, Schedule, Task
+from gpipe.timeline import COMPUTE, Span, Timeline
+from sim.calibration.host import Overheads, executor_costs, with_overheads
 from sim.core.config import SimConfig
 from sim.core.copies import ON_COMPUTE
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
+from sim.core.sharing import phased_pair_ends, task_phases
 
 EPS = 1e-9
 PROPERTIES = settings(max_examples=50, deadline=None, derandomize=True)
@@ -37,20 +39,27 @@ def _surjective(raw: list[int]) -> list[int]:
 
 @st.composite
 def cases(draw: st.DrawFn, shared: bool | None = None, pairs: bool = True) -> Case:
-    """A schedule, a cost model and switches; a schedule with overlapped pairs (DualPipeV, its two stages on
-    each device) only where they are modelled (sim.core.overlap.check_pairs): copy streams, no contention."""
-    kinds = ["gpipe", "1f1b", "zb-h1"] + (["dualpipe-v"] if pairs and shared is not False else [])
-    kind = draw(st.sampled_from(kinds))
+    """A schedule, a cost model and switches. One stage per device (each schedule that allows it), on a random
+    placement when ``shared``; or a registered schedule's own layout of two stages per device (``shared`` not
+    False), overlapped pairs (DualPipeV) only where they are modelled (sim.core.overlap.check_pairs): copy streams,
+    no contention."""
+    per_device = [k for k, kind in SCHEDULES.items() if kind.place is None]
+    placed = [k for k, kind in SCHEDULES.items() if kind.place is not None and (pairs or k != "dualpipe-v")]
+    name = draw(st.sampled_from(per_device + (placed if shared is not False else [])))
+    kind = SCHEDULES[name]
     n, m = draw(st.integers(1, 5)), draw(st.integers(1, 6))
     policy = draw(st.sampled_from(CHECKPOINT_MODES))
     share = draw(st.booleans()) if shared is None else shared
-    placement = _surjective(draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n))) if share else None
-    if kind == "dualpipe-v":
-        n = 2 * draw(st.integers(1, 3))
-        m = draw(st.integers(n, n + 3))
-        schedule = dualpipe_v(m, n, policy)
+    if kind.place is None:
+        placement = _surjective(draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n))) if share else None
+        schedule = kind(m, n, policy, placement)
     else:
-        schedule = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1}[kind](m, n, policy, placement)
+        p = draw(st.integers(1, 3))
+        n, m = 2 * p, draw(st.integers(2 * p, 2 * p + 3))
+        try:
+            schedule = kind(m, n, policy, kind.layout(n, p))
+        except ValueError:  # a shape the schedule's constraints reject
+            assume(False)
     seconds = st.floats(0.05, 5.0, allow_nan=False)
     stages = tuple(
         StageCost(draw(seconds), draw(seconds), draw(st.none() | seconds), send_bytes=draw(st.integers(0, 4)),
@@ -62,16 +71,23 @@ def cases(draw: st.DrawFn, shared: bool | None = None, pairs: bool = True) -> Ca
     copy_seconds = draw(st.none() | st.sampled_from([0.0, 0.3, 1.7]))
     link = LinkSpec("test", draw(st.sampled_from([0.0, 0.2])), draw(st.sampled_from([1.0, 4.0]))) \
         if copy_seconds is None and draw(st.booleans()) else None
-    overheads = Overheads(task=draw(st.sampled_from([0.0, 0.05])), handoff=draw(st.sampled_from([0.0, 0.1])),
-                          contention=0.0 if schedule.pairs else draw(st.sampled_from([0.0, 0.0, 0.5])))
+    over = Overheads(task=draw(st.sampled_from([0.0, 0.05])), handoff=draw(st.sampled_from([0.0, 0.1])),
+                     gap=draw(st.sampled_from([0.0, 0.0, 0.07])), launch=draw(st.sampled_from([0.0, 0.2])),
+                     contention=0.0 if schedule.pairs else draw(st.sampled_from([0.0, 0.0, 0.5])))
     scale = tuple(draw(st.lists(st.sampled_from([0.5, 1.0, 1.5]), min_size=m, max_size=m))) \
         if draw(st.booleans()) else ()
-    cost = with_overheads(CostModel(stages, copy_seconds=copy_seconds, microbatch_scale=scale), overheads)
+    cost = with_overheads(CostModel(stages, copy_seconds=copy_seconds, microbatch_scale=scale), over)
     # lockstep is GPipe's host loop; a 1F1B order merged onto shared devices may legally stall under it
-    lockstep = draw(st.booleans()) and (kind == "gpipe" or placement is None) and not schedule.pairs
+    lockstep = draw(st.booleans()) and (name == "gpipe" or schedule.placement == tuple(range(n))) \
+        and not schedule.pairs
     config = SimConfig(link=link, copy_streams=bool(schedule.pairs) or draw(st.booleans()),
                        enforce_backward_order=draw(st.booleans()), lockstep_forward=lockstep)
     return Case(schedule, cost, config)
+
+
+def overheads(cost: CostModel) -> Overheads:
+    """The executor's overheads in ``cost`` (every case's runner is the executor's)."""
+    return executor_costs(cost).overheads
 
 
 def copy_seconds(case: Case, producer: Task) -> float:
@@ -96,7 +112,7 @@ def nominal_seconds(schedule: Schedule, cost: CostModel, task: Task) -> float:
     forward = s.forward_seconds(schedule.is_checkpointed(task.microbatch))
     base = {Op.F: forward, Op.B: s.backward, Op.R: s.recompute_seconds, Op.W: s.weight}[task.op]
     return (base * cost.scale(task.microbatch) + communication_seconds(cost, task)
-            + cost.runner.overheads.task)
+            + overheads(cost).task)
 
 
 def disjoint(spans: list[Span]) -> bool:
@@ -135,10 +151,10 @@ def test_timeline_invariants(case: Case) -> None:
             if seconds > 0:
                 assert copy is not None and abs(copy.duration - seconds) < EPS
                 assert copy.start >= produced.end - EPS
-                assert span.start >= copy.end + cost.runner.overheads.handoff - EPS
+                assert span.start >= copy.end + overheads(cost).handoff - EPS
                 assert copy.label == ("" if config.copy_streams else ON_COMPUTE)
             else:
-                assert copy is None and span.start >= produced.end + cost.runner.overheads.handoff - EPS
+                assert copy is None and span.start >= produced.end + overheads(cost).handoff - EPS
     # copies: FIFO per directed pair on copy streams; on compute, they also exclude compute
     for src in range(schedule.num_devices):
         for dst in range(schedule.num_devices):
@@ -161,7 +177,7 @@ def test_timeline_invariants(case: Case) -> None:
     for task, span in compute.items():
         if task in partner or task in partner.values():
             continue
-        if cost.runner.overheads.contention == 0:
+        if overheads(cost).contention == 0:
             assert abs(span.duration - nominal_seconds(schedule, cost, task)) < EPS
         else:
             assert span.duration >= nominal_seconds(schedule, cost, task) - EPS
@@ -187,8 +203,8 @@ def test_ablations_never_beat_the_defaults(case: Case) -> None:
     """With one stage per device every link carries one producer's results in its list order, so
     holding anything back (lockstep, no fork/join) can only delay: the timeline is monotone."""
     base = SimConfig(link=case.config.link)
-    cost = with_overheads(case.cost, Overheads(task=case.cost.runner.overheads.task,
-                                               handoff=case.cost.runner.overheads.handoff))
+    cost = with_overheads(case.cost, Overheads(task=overheads(case.cost).task,
+                                               handoff=overheads(case.cost).handoff))
     fast = simulate(case.schedule, cost, base).makespan
     for config in (SimConfig(link=base.link, lockstep_forward=True),
                    SimConfig(link=base.link, enforce_backward_order=False)):
@@ -200,36 +216,146 @@ def test_ablations_never_beat_the_defaults(case: Case) -> None:
 def test_simulation_is_deterministic_and_contention_zero_is_free(case: Case) -> None:
     first = simulate(case.schedule, case.cost, case.config)
     assert simulate(case.schedule, case.cost, case.config) == first
-    if case.cost.runner.overheads.contention == 0:
-        plain = with_overheads(case.cost, Overheads(task=case.cost.runner.overheads.task,
-                                                   handoff=case.cost.runner.overheads.handoff))
+    if overheads(case.cost).contention == 0:
+        over = overheads(case.cost)
+        plain = with_overheads(case.cost, Overheads(task=over.task, handoff=over.handoff, gap=over.gap,
+                                                   launch=over.launch))
         assert simulate(case.schedule, plain, case.config).spans == first.spans
     assert all(s.stream == COMPUTE or s.end >= s.start for s in first.spans)
 
 
+def plain(case: Case) -> Case:
+    """``case`` on the plain path (Run.local_clocks): copy streams, no lockstep, no contention."""
+    cost = with_overheads(case.cost, replace(overheads(case.cost), contention=0.0))
+    return Case(case.schedule, cost, replace(case.config, copy_streams=True, lockstep_forward=False))
+
+
+def recurrence(case: Case) -> tuple[dict[Task, tuple[float, float]], dict[tuple[int, Task], tuple[float, float]],
+                                    list[list[tuple[float, int]]]]:
+    """The plain path's timeline with fork/join, from its recurrence rather than from events: a device's next task
+    (or pair) starts once the device is free (``launch``, ``gap`` after its last end) and its inputs are in; a copy
+    leaves as its producer ends, after the previous copy on its directed link, and is usable ``handoff`` after it
+    arrives; a pair's tasks end as sim.core.sharing says. Returns compute spans, copy spans and memory samples."""
+    schedule, cost, over = case.schedule, case.cost, overheads(case.cost)
+    where, partner = schedule.device_of, {**dict(schedule.pairs), **{b: a for a, b in schedule.pairs}}
+    dsts: dict[Task, set[int]] = {}
+    for task in schedule.all_tasks():
+        for dep in schedule.dependencies(task):
+            if where(dep.stage) != where(task.stage):
+                dsts.setdefault(dep, set()).add(where(task.stage))
+    spans: dict[Task, tuple[float, float]] = {}
+    copies: dict[tuple[int, Task], tuple[float, float]] = {}
+    usable: dict[tuple[int, Task], float] = {}
+    link_free: dict[tuple[int, int], float] = {}
+    memory = [Replay(schedule, cost, d) for d in range(schedule.num_devices)]
+    at = [0] * schedule.num_devices
+    clock, free_at = [0.0] * schedule.num_devices, [over.launch] * schedule.num_devices
+    while sum(at) < sum(map(len, schedule.tasks)):
+        moved = False
+        for d, tasks in enumerate(schedule.tasks):
+            while at[d] < len(tasks):
+                group = [tasks[at[d]]] + ([tasks[at[d] + 1]] if tasks[at[d]] in dict(schedule.pairs) else [])
+                inputs = [(d, dep) for task in group for dep in schedule.dependencies(task) if where(dep.stage) != d]
+                if any(key not in usable for key in inputs):
+                    break
+                start = max([clock[d], free_at[d]] + [usable[key] for key in inputs])
+                alone = [nominal_seconds(schedule, cost, task) for task in group]
+                if len(group) == 1:
+                    ends = [start + alone[0]]
+                else:
+                    talk = [communication_seconds(cost, task) for task in group]
+                    a, b = (task_phases(s - x, x, t.op is Op.B) for s, x, t in zip(alone, talk, group, strict=True))
+                    ends = list(phased_pair_ends(start, a, b))
+                for end, task in sorted(zip(ends, group, strict=True), key=lambda e: e[0]):
+                    spans[task] = (start, end)
+                    memory[d].task(task, start, end)
+                    for dst in sorted(dsts.get(task, ())):
+                        leave = max(end, link_free.get((d, dst), 0.0))
+                        link_free[d, dst] = arrive = leave + copy_seconds(case, task)
+                        if arrive > leave:
+                            copies[dst, task] = (leave, arrive)
+                        usable[dst, task] = arrive + over.handoff
+                clock[d] = max(ends)
+                if over.gap:
+                    free_at[d] = clock[d] + over.gap
+                at[d] += len(group)
+                moved = True
+        assert moved, "the recurrence stalls where the simulation does not"
+    assert set(partner) <= set(spans)
+    return spans, copies, [r.samples for r in memory]
+
+
+class Replay:
+    """Note [memory] in sim.core.memory, replayed task by task on one device as the recurrence ends them."""
+
+    def __init__(self, schedule: Schedule, cost: CostModel, d: int) -> None:
+        self.schedule, self.cost, self.d = schedule, cost, d
+        self.held: dict[tuple[int, int], int] = {}
+        self.samples: list[tuple[float, int]] = [(0.0, 0)]
+
+    def _set(self, key: tuple[int, int], nbytes: int, time: float) -> None:
+        change = nbytes - self.held.get(key, 0)
+        self.held[key] = nbytes
+        if change:
+            self.samples.append((time, self.samples[-1][1] + change))
+
+    def task(self, task: Task, start: float, end: float) -> None:
+        stage, i, key = self.cost.stages[task.stage], task.microbatch, (task.microbatch, task.stage)
+        scaled = (lambda nbytes: round(nbytes * self.cost.scale(i))) if self.cost.microbatch_scale else int
+        held = self.held.get(key, 0)
+        splits = self.schedule.splits_weight_gradient
+        if task.op is Op.R:
+            self._set(key, held + scaled(stage.saved_bytes), start)
+            held = self.held[key]
+        if task.op is Op.F:
+            checkpointed = self.schedule.is_checkpointed(i)
+            self._set(key, held + scaled(stage.checkpoint_bytes if checkpointed else stage.saved_bytes), end)
+        elif task.op is (Op.W if splits else Op.B):
+            self._set(key, 0, end)
+        elif task.op is Op.B and stage.weight_bytes is not None:
+            self._set(key, min(held, scaled(stage.weight_bytes)), end)
+
+
 @PROPERTIES
 @given(cases())
-def test_local_clocks_give_the_general_device_process_s_timeline_bit_for_bit(case: Case) -> None:
-    """Note [local clocks] in sim.core.device: the plain path's device loop follows the general one's rules."""
-    from sim.core import run
-
-    cost = with_overheads(case.cost, replace(case.cost.runner.overheads, contention=0.0))
-    config = replace(case.config, copy_streams=True, lockstep_forward=False)
-    assert run.Run(case.schedule, cost, config).local_clocks()  # the plain path is the one under test
-    plain = simulate(case.schedule, cost, config)
-    original = run.Run.local_clocks
-    try:
-        run.Run.local_clocks = lambda self: False  # type: ignore[method-assign]
-        general = simulate(case.schedule, cost, config)
-    finally:
-        run.Run.local_clocks = original  # type: ignore[method-assign]
-    assert sorted(plain.spans, key=_key) == sorted(general.spans, key=_key)
-    assert sorted(plain.memory, key=_sample) == sorted(general.memory, key=_sample)
-
-
-def _key(span: Span) -> tuple[int, str, str, str, float, float]:
-    return (span.device, span.stream, str(span.task), span.label, span.start, span.end)
+def test_the_plain_path_follows_its_recurrence(case: Case) -> None:
+    """Every schedule, placements, copies on links, checkpointing, pairs, communication, scaled micro-batches and
+    the runner's costs: the device loop on its local clocks gives the recurrence's every span and memory sample."""
+    case = plain(replace(case, config=replace(case.config, enforce_backward_order=True)))
+    tl = simulate(case.schedule, case.cost, case.config)
+    spans, copies, memory = recurrence(case)
+    compute = {s.task: (s.start, s.end) for s in tl.compute_spans()}
+    assert compute.keys() == spans.keys()
+    assert all(_close(compute[task], spans[task]) for task in spans), case
+    sent = {(s.device, s.task): (s.start, s.end) for s in tl.copy_spans()}
+    assert sent.keys() == copies.keys() and all(_close(sent[key], copies[key]) for key in copies)
+    for d, samples in enumerate(memory):
+        got = [(m.time, m.bytes) for m in tl.memory if m.device == d]
+        assert [b for _, b in got] == [b for _, b in samples]
+        assert all(abs(x - y) < EPS for (x, _), (y, _) in zip(got, samples, strict=True))
 
 
-def _sample(sample: MemorySample) -> tuple[int, float, int]:
-    return (sample.device, sample.time, sample.bytes)
+@PROPERTIES
+@given(cases(pairs=False))
+def test_simpy_s_clock_gives_the_local_clocks_timeline(case: Case) -> None:
+    """Note [local clocks] in sim.core.device: a device on SimPy's clock computes what one on its own clock does.
+    Every device asynchronous with no host seconds is a synchronous device exactly (Note [asynchronous devices]),
+    but takes SimPy's clock; fork/join off too, whose stall releases held copies at the latest clock."""
+    case = plain(case)
+    cost = with_overheads(case.cost, replace(overheads(case.cost), task=0.0, handoff=0.0, gap=0.0))
+    local = simulate(case.schedule, cost, case.config)
+    every = frozenset(range(case.schedule.num_devices))
+    on_simpy = simulate(case.schedule, cost, replace(case.config, asynchronous=every))
+    assert [_key(s) for s in sorted(local.spans, key=_key)] == [_key(s) for s in sorted(on_simpy.spans, key=_key)]
+    assert all(_close((a.start, a.end), (b.start, b.end))
+               for a, b in zip(sorted(local.spans, key=_key), sorted(on_simpy.spans, key=_key), strict=True))
+    assert [(m.device, m.bytes) for m in local.memory] == [(m.device, m.bytes) for m in on_simpy.memory]
+    assert all(abs(a.time - b.time) < EPS for a, b in zip(local.memory, on_simpy.memory, strict=True))
+
+
+def _close(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return abs(a[0] - b[0]) < EPS and abs(a[1] - b[1]) < EPS
+
+
+def _key(span: Span) -> tuple[int, str, str, str]:
+    return (span.device, span.stream, str(span.task), span.label)
