@@ -29,9 +29,12 @@ def test_schedule_speed_quick(tmp_path: Path) -> None:
     refused = [note for note in doc["notes"] if "not run" in note]
     assert set(rows) | {note.split(":")[0] for note in refused} == set(SCHEDULES)
     assert {"gpipe", "1f1b"} <= set(rows)
-    for row in rows.values():
+    unpaired = {note.split(":")[0] for note in doc["notes"] if "pipelining has no schedule of this order" in note}
+    assert {"gpipe", "1f1b", "zb-h1"} <= set(rows) - unpaired  # torch has these orders (Note [schedule pairs])
+    for name, row in rows.items():
         assert row["gpipe_ms"] > 0 and row["gpipe_vs_plain"] > 0 and row["devices"] == 2
-        assert row["pipelining_ms"] > 0 and row["gpipe_vs_pipelining"] > 0  # every registered one has a pair
+        if name not in unpaired:
+            assert row["pipelining_ms"] > 0 and row["gpipe_vs_pipelining"] > 0
     assert "gpipe" in done.stdout and "wrote" in done.stdout
 
 
