@@ -30,7 +30,7 @@ def test_search_gain_quick(tmp_path: Path) -> None:
     for backend, found in doc["search"].items():
         assert found["validated"], backend
         schedule = parse_schedule(found["schedule"])  # the text form reads back, validated
-        assert (schedule.m, schedule.n, schedule.placement) == (4, 4, (0, 1, 0, 1))
+        assert (schedule.m, schedule.n, schedule.placement) == (doc["workload"]["chunks"], 4, (0, 1, 0, 1))
         assert found["best_named"] in found["named"] and isinstance(found["named"][found["best_named"]], float)
         assert all(p <= limit * (1 + 1e-9) for p, limit in zip(found["peak_memory_bytes"], found["memory_limit_bytes"],
                                                                  strict=True))
