@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from gpipe.schedule import Op, Schedule, Task
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.core.cost import CostModel
 
 __all__ = ["NVIDIA_SMI_FIELDS", "gpu_state", "profiled_seconds", "task_seconds"]

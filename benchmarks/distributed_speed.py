@@ -53,7 +53,7 @@ from torch.nn import functional as F  # noqa: E402
 from gpipe import GPipe  # noqa: E402
 from gpipe.distributed.loopback import free_port, init_loopback_group  # noqa: E402
 from gpipe.schedule import Schedule, Task, schedule_kind  # noqa: E402
-from gpipe.timeline import COMPUTE, Timeline  # noqa: E402
+from gpipe.schedule.timeline import COMPUTE, Timeline  # noqa: E402
 from sim.calibration.calibrate import partitions_of  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "distributed_speed.json"

@@ -31,7 +31,7 @@ The process is set up deliberately, before anything runs, and says so in its res
 - :func:`sim.calibration.machine.keep_freed_memory`: glibc keeps freed memory instead of page-faulting it back
   in (``sim.calibration.machine``, Note [allocator]).
 - each worker pinned to a core of its own, and each stage calibrated on its worker's core
-  (``Setup(pin=True)``; ``gpipe.affinity``, Note [pinned workers]).
+  (``Setup(pin=True)``; ``gpipe.interpreter.affinity``, Note [pinned workers]).
 - the pairs of tasks on the two cores measured in rounds between the steps (``PAIR_ROUNDS``; Note
   [interleaved calibration] in ``sim.calibration.experiment``).
 - a quiet machine: before each configuration the script waits (up to two minutes) until other
@@ -73,7 +73,7 @@ zero), so a row's noise is that of its number of samples, not of the machine's s
 falls as the square root of the steps. The steps were the smaller part of a row's time: a ``conv`` row
 of one micro-batch took 300 s for 36 s of steps, the rest mostly profiling passes that timed runs the
 recording executor never runs (a plain forward and backward) and pair rounds a schedule of one
-micro-batch never needs. Without those (:func:`gpipe.profile.time_recorded`; Note [interleaved
+micro-batch never needs. Without those (:func:`gpipe.profiling.profile.time_recorded`; Note [interleaved
 calibration] in sim.calibration.experiment) a pass costs less than half, and the time buys 1.5 times the ``conv``
 steps and twice the ``mlp`` steps, with as many timed runs per pass as half the micro-batches (Note
 [pass repeats] there): rows of 8 and 16 micro-batches, whose one-run passes varied twice as much as

@@ -47,9 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from gpipe.affinity import Cores, pinned  # noqa: E402
-from gpipe.gil import DEFAULT_SWITCH_INTERVAL, switch_interval  # noqa: E402
-from gpipe.saved import SavedBytes  # noqa: E402
+from gpipe.autograd.saved import SavedBytes  # noqa: E402
+from gpipe.interpreter.affinity import Cores, pinned  # noqa: E402
+from gpipe.interpreter.gil import DEFAULT_SWITCH_INTERVAL, switch_interval  # noqa: E402
 from sim.calibration.machine import keep_freed_memory, worker_affinity  # noqa: E402
 from sim.calibration.pairs import Graphs, PairMeter, median_pairs  # noqa: E402
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from gpipe.affinity import available_cores  # noqa: E402
+from gpipe.interpreter.affinity import available_cores  # noqa: E402
 from sim.planning.hardware import get_device  # noqa: E402
 from sim.planning.models import get_model  # noqa: E402
 from sim.planning.plan import default_training, plan  # noqa: E402

@@ -1,4 +1,5 @@
-"""What exact random draws cost (Note [random state] in gpipe.rng), on the small-layer model of the fidelity runs.
+"""What exact random draws cost (Note [random state] in gpipe.autograd.rng), on the small-layer model of the fidelity
+runs.
 
 The model is 64 x (Linear(64, 64), ReLU) on two CPU devices, chunks 4, batch 64, every checkpoint policy;
 ``dropout`` adds a Dropout(0.1) after every eighth ReLU. Each configuration is timed three ways:

@@ -5,19 +5,19 @@ Two tables per model::
 
     split       each stage of a two-stage cut (ZB-H1's), one micro-batch (batch 64 / --chunks): the seconds of a
                 whole backward (``torch.autograd.backward``), and of ``B`` and ``W`` as the executor runs them once
-                the stage's plan is learnt (Note [learnt split] in gpipe.split); ``learning`` is the same with the plan
-                learnt afresh (a stage's first micro-batch, and the first after its graph changes: Note [plans across
-                steps]). Ratio: (B + W) / backward, the median of per-round ratios.
+                the stage's plan is learnt (Note [learnt split] in gpipe.autograd.split); ``learning`` is the same with
+                the plan learnt afresh (a stage's first micro-batch, and the first after its graph changes: Note [plans
+                across steps]). Ratio: (B + W) / backward, the median of per-round ratios.
     schedules   every registered schedule's step (``GPipe.step``, MSE loss, two CPU devices, one worker each,
                 checkpoint never), as the median of per-round ratios to 1F1B's step; the split schedules also
                 against interleaved 1F1B's. Each pipe's gradients are checked equal to the plain model's first.
 
-Note [before and after]: ``--baseline REV`` loads ``gpipe/split.py`` as it was at git revision REV (it imports torch
-alone) and times it in the same rounds, as ``before`` rows: in the split table its ``B`` and ``W``; in the schedules
-table the split schedules' steps with it in the executor's place (``gpipe.gradients.backward_input`` swapped for that
-step, in this process only). Its plans live as the executor of REV kept them: across steps where REV's module has
-``StagePlans``, for one step where it has ``SplitPlans`` alone, none (learnt every ``B``) before that. Ratios within
-one run are what this shared machine can compare.
+Note [before and after]: ``--baseline REV`` loads ``gpipe/autograd/split.py`` as it was at git revision REV (it imports
+torch alone) and times it in the same rounds, as ``before`` rows: in the split table its ``B`` and ``W``; in the
+schedules table the split schedules' steps with it in the executor's place (``gpipe.autograd.gradients.backward_input``
+swapped for that step, in this process only). Its plans live as the executor of REV kept them: across steps where REV's
+module has ``StagePlans``, for one step where it has ``SplitPlans`` alone, none (learnt every ``B``) before that. Ratios
+within one run are what this shared machine can compare.
 
 Note [the floor]: the ``unsplit`` rows run each split schedule with a ``B`` that is the whole backward and a ``W``
 that does nothing: the schedule's own step with a split that costs nothing, which bounds what any split can reach.
@@ -60,29 +60,34 @@ from executor_speed import Runner, gradients_match, interleaved, pipe_step  # no
 from fidelity import BATCH, MODELS, stages_for  # noqa: E402
 from torch import nn  # noqa: E402
 
-import gpipe.gradients  # noqa: E402
+import gpipe.autograd.gradients  # noqa: E402
 from gpipe import GPipe  # noqa: E402
+from gpipe.autograd.split import SplitPlans, backward_input  # noqa: E402
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import SCHEDULES, schedule_kind  # noqa: E402
-from gpipe.split import SplitPlans, backward_input  # noqa: E402
 from sim.calibration.calibrate import partitions_of  # noqa: E402
 from sim.calibration.experiment import microbatch_sizes  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "split_cost.json"
 DEVICES = 2
 THREADS = 1
-Split = Callable[..., tuple[list[torch.Tensor | None], Any]]  # gpipe.split.backward_input's signature
+Split = Callable[..., tuple[list[torch.Tensor | None], Any]]  # gpipe.autograd.split.backward_input's signature
 
 
 def baseline(rev: str) -> ModuleType:
-    """``gpipe/split.py`` at git revision ``rev``, as a module of its own (Note [before and after])."""
-    source = subprocess.run(["git", "show", f"{rev}:gpipe/split.py"], cwd=ROOT, check=True, capture_output=True,
-                            text=True).stdout
+    """``gpipe/autograd/split.py`` at git revision ``rev``, as a module of its own (Note [before and after])."""
+    for path in ("gpipe/autograd/split.py", "gpipe/split.py"):  # where it lives, where it lived before
+        shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"split_cost: revision {rev} has no gpipe/autograd/split.py or gpipe/split.py")
+    source = shown.stdout
     spec = importlib.util.spec_from_loader("split_baseline", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
-    exec(compile(source, f"{rev}:gpipe/split.py", "exec"), module.__dict__)  # noqa: S102 - our own file, at rev
+    exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)  # noqa: S102 - our own file, at rev
     return module
 
 
@@ -205,12 +210,12 @@ def split_rows(model: nn.Sequential, batch: torch.Tensor, balance: Sequence[int]
 def swapped(split: Split, step: Callable[[], object]) -> Callable[[], object]:
     """``step`` with ``split`` in the executor's place (Note [before and after]; Note [the floor])."""
     def run() -> object:
-        ours = gpipe.gradients.backward_input
-        gpipe.gradients.backward_input = split  # type: ignore[assignment]
+        ours = gpipe.autograd.gradients.backward_input
+        gpipe.autograd.gradients.backward_input = split  # type: ignore[assignment]
         try:
             return step()
         finally:
-            gpipe.gradients.backward_input = ours
+            gpipe.autograd.gradients.backward_input = ours
     return run
 
 
@@ -309,7 +314,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--chunks", type=int, default=8, help="micro-batches per step (default 8)")
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="registered schedules (default: all)")
     parser.add_argument("--baseline", default=None,
-                        help="git revision whose gpipe/split.py gives the before rows (Note [before and after])")
+                        help="git revision whose gpipe/autograd/split.py gives the before rows "
+                             "(Note [before and after])")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of the schedules table (default 40)")
     parser.add_argument("--split-rounds", type=int, default=None, help="rounds of the split table (default 200)")
     parser.add_argument("--quick", action="store_true", help="few rounds (a smoke test)")
@@ -371,8 +377,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "schedules": schedules, "notes": notes, "goals": met}
     doc["rows"] = flat_rows(doc["models"])
     doc["note"] = ("Each schedule's step and its ratios to 1F1B's and interleaved 1F1B's (medians of per-round "
-                   "ratios); before: gpipe/split.py at the baseline revision; unsplit: a split that costs nothing "
-                   "(Note [the floor]). B + W against a whole backward: models.<model>.split.")
+                   "ratios); before: gpipe/autograd/split.py at the baseline revision; unsplit: a split that costs "
+                   "nothing (Note [the floor]). B + W against a whole backward: models.<model>.split.")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.json}")

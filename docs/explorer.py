@@ -35,7 +35,7 @@ import numpy as np
 
 from gpipe.schedule import SCHEDULES, Schedule, SearchResult, StageCosts, Task, search
 from gpipe.schedule.search_timing import peak_memory
-from gpipe.timeline import COMPUTE, Timeline
+from gpipe.schedule.timeline import COMPUTE, Timeline
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate

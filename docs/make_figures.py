@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from gpipe.plot import plot_side_by_side, plot_timeline  # noqa: E402
+from gpipe.schedule.plot import plot_side_by_side, plot_timeline  # noqa: E402
 from gpipe.schedule import Checkpoint, Schedule, gpipe, one_f_one_b  # noqa: E402
-from gpipe.timeline import Timeline  # noqa: E402
+from gpipe.schedule.timeline import Timeline  # noqa: E402
 from sim.core.cost import CostModel  # noqa: E402
 
 __all__ = ["FIGURES", "README_FIGURE", "build", "figure", "fragments", "main", "readme_figure"]
@@ -338,7 +338,7 @@ def _beyond_1f1b(path: Path) -> None:
 def _communication_marks(ax: Any, tl: Timeline, schedule: Schedule, cost: CostModel) -> None:
     """Over a Gantt row per device: each pair's forward in the upper half of its row and its backward in the lower,
     and every phase a task spends on the network hatched (Note [communication] in :mod:`sim.core.cost`)."""
-    from gpipe.plot import COLOURS
+    from gpipe.schedule.plot import COLOURS
     from sim.core.sharing import TALKING, phased_pair_ends, task_phases
 
     spans = {s.task: s for s in tl.compute_spans()}

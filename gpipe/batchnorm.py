@@ -20,7 +20,7 @@ mean and variance come out of the same ``F.batch_norm`` call that normalises it 
 scratch buffers), so tracking costs no extra pass over the input.
 
 Note [recompute counts nothing]: a checkpointed micro-batch runs its forward twice: once under
-``no_grad`` (counted) and once more right before its backward (:func:`gpipe.phase.is_recomputing`, not
+``no_grad`` (counted) and once more right before its backward (:func:`gpipe.autograd.phase.is_recomputing`, not
 counted). Each micro-batch is therefore counted exactly once, whatever the checkpoint mode.
 
 Note [threads]: the pending statistics live on the layer and are not locked. That is safe because a
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from gpipe.phase import is_recomputing
+from gpipe.autograd.phase import is_recomputing
 
 __all__ = ["DeferredBatchNorm"]
 

@@ -18,7 +18,7 @@ through two nodes::
 returns at once, because on a CUDA output it runs on the autograd engine's device thread, which the
 workers' own backward calls need. The phony gradient is a CPU tensor, so ``_Wait.backward`` runs on the
 thread that called ``backward()``: it starts the backward phase (the ``R``, ``B`` and any ``W`` tasks, on
-the workers parked since the forward: Note [parked workers] in :mod:`gpipe.parking`), waits for the
+the workers parked since the forward: Note [parked workers] in :mod:`gpipe.interpreter.parking`), waits for the
 workers and returns the gradient of the inputs. Each ``B`` task calls ``torch.autograd.backward`` on its
 own partition's graph on its worker's thread, so on CPU devices the backward passes of different
 partitions overlap (autograd alone would run all of them on the caller's thread), and the order that
@@ -33,9 +33,10 @@ schedule); one that interleaves them trains only through ``step()``, and infers 
 
 What the arguments decide (partitions, placement, the schedule of each step) is decided in :mod:`gpipe.frontend`,
 as for :class:`gpipe.distributed.DistributedGPipe` (Note [one front-end] there). Every step runs the
-:class:`gpipe.pipeline.Pipeline` this ``GPipe`` built (Note [what a run is given] there). The
-worker threads are in :mod:`gpipe.worker`, the interpreter of a device's tasks and checkpointing in
-:mod:`gpipe.interpreter`, what crosses between them in :mod:`gpipe.transport` and :mod:`gpipe.handoff`.
+:class:`gpipe.interpreter.pipeline.Pipeline` this ``GPipe`` built (Note [what a run is given] there). The
+worker threads are in :mod:`gpipe.interpreter.threads`, the interpreter of a device's tasks and checkpointing in
+:mod:`gpipe.interpreter.worker`, what crosses between them in :mod:`gpipe.transport.base` and
+:mod:`gpipe.transport.inprocess`.
 """
 
 from __future__ import annotations
@@ -47,18 +48,18 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
-from gpipe.affinity import Cores, check_affinity
 from gpipe.checks import check_devices
 from gpipe.frontend import Arguments
-from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
+from gpipe.interpreter.affinity import Cores, check_affinity
+from gpipe.interpreter.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
+from gpipe.interpreter.parking import Parked
+from gpipe.interpreter.pipeline import Pipeline
+from gpipe.interpreter.threads import ThreadRun
 from gpipe.loss import loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
-from gpipe.parking import Parked
-from gpipe.pipeline import Pipeline
 from gpipe.schedule import Schedule
+from gpipe.schedule.timeline import Timeline
 from gpipe.skip.layout import SkipLayout
-from gpipe.timeline import Timeline
-from gpipe.worker import Run
 
 __all__ = ["GPipe"]
 
@@ -72,15 +73,15 @@ class GPipe(nn.Module):
         module: the model; its children are the layers that ``balance`` counts.
         balance: layers per partition, e.g. ``[2, 3]``; see :mod:`gpipe.balance` to choose it.
         devices: one device per partition (several partitions may share one), or one per schedule device when
-            the schedule places the stages on fewer (Note [placed stages] in :mod:`gpipe.pipeline`): a schedule
-            registered with a layout (``"interleaved-1f1b"``, ``"zb-v"``) places ``len(balance)`` stages on
+            the schedule places the stages on fewer (Note [placed stages] in :mod:`gpipe.interpreter.pipeline`): a
+            schedule registered with a layout (``"interleaved-1f1b"``, ``"zb-v"``) places ``len(balance)`` stages on
             the ``p`` devices given; default: a CUDA device per schedule device when there are enough, else
             ``"cpu"`` for every partition.
         chunks: micro-batches per mini-batch; default 1, or a given schedule's ``m`` (Note [a given schedule] in
             :mod:`gpipe.frontend`).
         checkpoint: ``"always"``, ``"except_last"`` (default) or ``"never"``; a given schedule's policy by default.
         deferred_batch_norm: replace batch norm by :class:`gpipe.DeferredBatchNorm`.
-        record: record a measured :class:`~gpipe.timeline.Timeline` of every training step
+        record: record a measured :class:`~gpipe.schedule.timeline.Timeline` of every training step
             (:attr:`timeline`); settable later.
         schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`): ``"gpipe"``
             (default), ``"1f1b"`` (trained with :meth:`step`), or one a user registered; or a
@@ -89,9 +90,10 @@ class GPipe(nn.Module):
             partitions, its placement places them, ``chunks`` and ``checkpoint`` must agree with it (Note [a given
             schedule] in :mod:`gpipe.frontend`).
         cpu_affinity: one set of CPU cores per partition or per schedule device (or ``None`` for one left
-            unpinned): its worker thread runs only there (Linux; :mod:`gpipe.affinity`, Note [pinned workers]).
+            unpinned): its worker thread runs only there (Linux; :mod:`gpipe.interpreter.affinity`, Note [pinned
+            workers]).
         switch_interval: seconds Python's interpreter lock may stay with one thread while two or more
-            workers run (:mod:`gpipe.gil`, Note [switch interval]). This changes interpreter-wide state:
+            workers run (:mod:`gpipe.interpreter.gil`, Note [switch interval]). This changes interpreter-wide state:
             ``sys.setswitchinterval`` holds for every thread of the process while a phase's workers run, and
             the previous interval comes back when they end, on every path (a failing task, an interrupt, a
             forward whose backward never runs; overlapping pipelines keep the shortest until the last one
@@ -129,7 +131,7 @@ class GPipe(nn.Module):
         partitions = [nn.Sequential(layers).to(device) for layers, device in zip(spec.stage_layers(), placed,
                                                                                   strict=True)]
         self.partitions = nn.ModuleList(partitions)
-        # what every step runs: Note [what a run is given] in gpipe.pipeline
+        # what every step runs: Note [what a run is given] in gpipe.interpreter.pipeline
         self.pipeline = Pipeline.of(partitions, placed, spec.arguments.skip_layout, cpu_affinity=affinity,
                                     switch_interval=interval)
         self.record = record
@@ -220,13 +222,13 @@ class GPipe(nn.Module):
                                    "loss must be known before the forward ends: train with pipe.step(input, target, "
                                    "loss_fn)")
             schedule = self.schedule_for(m, mode, "gpipe")  # inference: only forwards, in GPipe's order
-        run = Run(self.pipeline, schedule, batches, was_tuple, train, self.record and train)
+        run = ThreadRun(self.pipeline, schedule, batches, was_tuple, train, self.record and train)
         run.execute_forward()
         if run.recorder is not None:
             run.recorder.pause()
         if not train:
             return run.gathered()
-        try:  # the workers are parked for the backward (Note [parked workers] in gpipe.parking)
+        try:  # the workers are parked for the backward (Note [parked workers] in gpipe.interpreter.parking)
             leaves = [t for t in tensors if t.requires_grad]
             run.input_requires_grad = [t.requires_grad for t in tensors]
             run.gradients.differentiable = leaves + [p for ps in run.gradients.params for p in ps]
@@ -276,7 +278,7 @@ class GPipe(nn.Module):
             raise RuntimeError("pipe.step trains: call it with grad enabled (not under torch.no_grad())")
         mode = self.checkpoint if self.training else "never"
         plan = loss_plan(loss_fn, reduction_of(loss_fn, loss_reduction), targets, [b[0].size(0) for b in batches])
-        run = Run(self.pipeline, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record,
+        run = ThreadRun(self.pipeline, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record,
                   (plan, target_batches))
         run.input_requires_grad = [t.requires_grad for t in tensors]
         run.execute_all()
@@ -298,7 +300,7 @@ class GPipe(nn.Module):
         self._accumulators = kept
         return [get_gradient_edge(t).node for t in leaves] + [kept[id(p)][1] for p in params]
 
-    def _keep_timeline(self, run: Run) -> None:
+    def _keep_timeline(self, run: ThreadRun) -> None:
         """After a run ended well: its measured timeline, if it recorded one, becomes :attr:`timeline`."""
         if run.timeline is not None:
             self.timeline = run.timeline
@@ -309,11 +311,11 @@ class _Wait(torch.autograd.Function):
 
     Its backward waits for the workers and returns the inputs' gradients and, where the caller asked for
     parameter gradients through ``torch.autograd.grad``, theirs (Note [gradients the caller asked for] in
-    :mod:`gpipe.gradients`).
+    :mod:`gpipe.autograd.gradients`).
     """
 
     @staticmethod
-    def forward(ctx: Any, pipe: GPipe, run: Run, *inputs: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, pipe: GPipe, run: ThreadRun, *inputs: Tensor) -> Tensor:  # type: ignore[override]
         ctx.pipe = pipe
         ctx.run = run
         ctx.parked = Parked(run)  # freed with this graph: a backward that never comes sends the workers away
@@ -322,7 +324,7 @@ class _Wait(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grad: Tensor) -> Any:
-        run: Run = ctx.run
+        run: ThreadRun = ctx.run
         run.finish_backward()
         ctx.pipe._keep_timeline(run)
         if not run.gradients.differentiable:
@@ -334,7 +336,7 @@ class _Wait(torch.autograd.Function):
 
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, run: Run, nodes: list[Any], phony: Tensor) -> Any:  # type: ignore[override]
+    def forward(ctx: Any, run: ThreadRun, nodes: list[Any], phony: Tensor) -> Any:  # type: ignore[override]
         ctx.run = run
         ctx.nodes = nodes
         outputs = run.gathered_tensors()
@@ -350,7 +352,7 @@ class _Gather(torch.autograd.Function):
                                "penalty takes): each partition's backward runs on its own worker, outside the "
                                "caller's graph. Compute such a term on an un-pipelined copy of the model, or drop "
                                "create_graph")
-        run: Run = ctx.run
+        run: ThreadRun = ctx.run
         run.gradients.asked(_asked(ctx.nodes))
         run.start_backward(grads)
         return None, None, torch.empty(0)

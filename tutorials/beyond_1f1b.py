@@ -100,7 +100,7 @@ is `m(t_f + t_b + t_w) + (p - 1)(t_f + t_b - t_w)`. ZB-H2 runs more forwards fir
 so each device runs without a gap from its first task to its last: `m(t_f + t_b + t_w) + (p - 1) t_f`. ZB-V runs
 two stages per device in a V (device `d` holds stages `d` and `2p - 1 - d`), so every device both starts and ends
 the pipeline: in a device's share of the work, `m(t_f + t_b + t_w) + (p - 1) t_f / 2`.""",
-    """from gpipe.plot import plot_side_by_side
+    """from gpipe.schedule.plot import plot_side_by_side
 
 formulas = {"1f1b": (m + p - 1) * 3, "zb-h1": m * 3 + (p - 1) * 1, "zb-h2": m * 3 + (p - 1) * 1,
             "zb-v": m * 3 + (p - 1) * 0.5}  # ms, with t_f = t_b = t_w = 1 ms
@@ -213,7 +213,7 @@ device exactly.
 
 Here is the measured ZB-V step. The times are your CPU's, and in a model this small they are mostly the
 executor's per-task overhead; the order is the schedule's.""",
-    """from gpipe.plot import plot_timeline
+    """from gpipe.schedule.plot import plot_timeline
 
 plot_timeline(pipes["zb-v"].timeline);""",
     """md:## Exercises

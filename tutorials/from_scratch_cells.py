@@ -137,7 +137,7 @@ print(f"calibrated, trained {setup.warmup_steps + setup.steps} steps and predict
 print(f"link: latency {outcome.link.latency * 1e6:.0f} us, {outcome.link.bandwidth / 1e9:.2f} GB/s")
 print()
 print(outcome.comparison.table())""",
-    """from gpipe.plot import plot_side_by_side
+    """from gpipe.schedule.plot import plot_side_by_side
 
 plot_side_by_side([outcome.predicted, outcome.measured],
                   titles=[f"predicted: {outcome.predicted.makespan * 1e3:.1f} ms",

@@ -56,7 +56,7 @@ end. Count the dots on one device: `2 (n - 1)` steps out of `2 (m + n - 1)`.""",
 
 The simulator needs a **cost model**: how long each task takes. `CostModel.uniform` gives every stage the same
 forward and backward time (seconds per micro-batch). Copies between devices are free here.""",
-    """from gpipe.plot import plot_timeline
+    """from gpipe.schedule.plot import plot_timeline
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
 
@@ -178,7 +178,7 @@ each stage's input and recomputes the rest right before the backward. In this no
 
 Per micro-batch and stage: forward 1 ms, backward 2 ms, 64 MiB kept for backward (`saved_bytes`) and, when the
 micro-batch is checkpointed, only its 8 MiB input (`checkpoint_bytes`). The recompute costs a forward.""",
-    """from gpipe.plot import plot_timeline
+    """from gpipe.schedule.plot import plot_timeline
 from gpipe.schedule import gpipe
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
@@ -286,7 +286,7 @@ for name, link in LINKS.items():
 
 Four stages, 8 micro-batches, forward 1 ms, backward 2 ms, and every copy 0.5 ms (a fixed `copy_seconds`).
 `SimConfig(copy_streams=False)` puts each copy on the compute streams of both devices it joins.""",
-    """from gpipe.plot import plot_side_by_side
+    """from gpipe.schedule.plot import plot_side_by_side
 from gpipe.schedule import gpipe
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
@@ -439,7 +439,7 @@ print(pipe.schedule)""",
     """md:The grid is the schedule the two workers followed: each runs its column top to bottom (`R` is the recompute of
 a checkpointed micro-batch, right before its backward). The measured timeline is the same type the simulator
 returns, so it draws the same way.""",
-    """from gpipe.plot import plot_timeline
+    """from gpipe.schedule.plot import plot_timeline
 
 plot_timeline(measured, title=f"measured: makespan {measured.makespan * 1e3:.1f} ms");""",
     """md:## Calibrating a cost model
@@ -495,7 +495,7 @@ print(comparison.table())""",
   backward, predicted against measured.
 
 A picture says more: the ideal prediction, the calibrated one and the measurement on one time axis.""",
-    """from gpipe.plot import plot_side_by_side
+    """from gpipe.schedule.plot import plot_side_by_side
 
 plot_side_by_side(
     [ideal, predicted, measured],
@@ -638,7 +638,7 @@ so, with no pipeline involved), and the paper's baseline pays more for its missi
 model of it. The *steps* are what the simulator is about; read them below.
 
 ## The four timelines""",
-    """from gpipe.plot import plot_side_by_side
+    """from gpipe.schedule.plot import plot_side_by_side
 
 timelines = [simulate_step(step, unet) for step in STEPS]
 titles = [f"{s.name}: {t.makespan:.2f} s" for s, t in zip(STEPS, timelines, strict=True)]

@@ -151,7 +151,7 @@ outcome = run(mlp, torch.randn(128, 256),
                     pair_rounds=2))
 print(f"predicted {outcome.predicted.makespan * 1e3:.1f} ms, measured {outcome.measured.makespan * 1e3:.1f} ms, "
       f"error {outcome.comparison.makespan_error:+.1%}")""",
-    """from gpipe.plot import plot_side_by_side
+    """from gpipe.schedule.plot import plot_side_by_side
 
 plot_side_by_side([outcome.predicted, outcome.measured], titles=("predicted", "measured"));""",
     """md:## Exercises

@@ -1,6 +1,6 @@
 """Choose a balance (layers per partition) for a sequential model, by measured time or by memory.
 
-Both functions profile each layer with :mod:`gpipe.profile` (the profiler that calibration uses too),
+Both functions profile each layer with :mod:`gpipe.profiling.profile` (the profiler that calibration uses too),
 turn each layer into one cost, and hand the costs to the exact solver in
 :mod:`gpipe.balance.blockpartition`, which minimises the cost of the most expensive partition::
 
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from gpipe.balance import blockpartition
-from gpipe.profile import Device, TensorOrTensors, profile_blocks, profile_sizes
+from gpipe.profiling.profile import Device, TensorOrTensors, profile_blocks, profile_sizes
 
 __all__ = ["balance_by_size", "balance_by_time", "blockpartition"]
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from gpipe.schedule import Task
-from gpipe.timeline import COPY, MemorySample, Span, Timeline
+from gpipe.schedule.timeline import COPY, MemorySample, Span, Timeline
 
 __all__ = ["Transfers", "measure_offsets", "merge"]
 

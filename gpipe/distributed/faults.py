@@ -5,7 +5,7 @@ writes a report (its rank, stage, task and traceback) under one key of the rende
 :class:`Alarm` whose thread watches that key; when it appears, the alarm wakes the rank's current wait, which
 raises :class:`PipelineFailed` with the report. A wait never blocks the rank itself: a waiter thread per peer
 blocks on the communication work, in posting order (Note [one order per pair] in
-:mod:`gpipe.distributed.routes`), and the rank waits on an event with the timeout. A killed rank closes its
+:mod:`gpipe.transport.routes`), and the rank waits on an event with the timeout. A killed rank closes its
 connections, so its peers' works fail at once (gloo); one that hangs is caught by the timeout. A rank busy in
 a task sees the alarm at its next task or wait.
 """

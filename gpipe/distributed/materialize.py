@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from gpipe.rng import mix_seed
+from gpipe.autograd.rng import mix_seed
 
 __all__ = ["Init", "materialize", "materialize_layer"]
 

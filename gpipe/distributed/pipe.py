@@ -6,8 +6,8 @@
     pipe = DistributedGPipe(model, balance=[2, 3], chunks=4, schedule="1f1b")
     loss = pipe.step(x, y, loss_fn)   # x read on the first stage's rank, y on the last; the loss on every rank
 
-Rank ``d`` is schedule device ``d``: it runs :class:`gpipe.interpreter.Worker` on ``schedule.tasks[d]`` (one
-stage, or several as the schedule's layout places them) over :class:`gpipe.distributed.wire.Wire`, and holds
+Rank ``d`` is schedule device ``d``: it runs :class:`gpipe.interpreter.worker.Worker` on ``schedule.tasks[d]`` (one
+stage, or several as the schedule's layout places them) over :class:`gpipe.transport.wire.Wire`, and holds
 only those stages' layers (Note [materialised weights] in :mod:`gpipe.distributed.materialize`); the others are
 empty placeholders. ``parameters()`` are this rank's, for its own optimizer. Everything else its arguments decide
 (balance, schedule, placement, the schedule of each step) is decided as for :class:`gpipe.GPipe`, in
@@ -19,7 +19,7 @@ micro-batch rows and structure of ``x``, the last stage's the rows of ``y``, eac
 random numbers, and any error. Every rank then raises the same error (a shape mismatch between stages too: Note
 [a dry run on fake tensors] in :mod:`gpipe.distributed.shapes`), or builds the same schedule; where a stage may
 draw, the first stage's rank draws the step's seed (as one process would) and sends it to all, so checkpointed
-draws are exact across processes (Note [random state] in :mod:`gpipe.rng`).
+draws are exact across processes (Note [random state] in :mod:`gpipe.autograd.rng`).
 """
 
 from __future__ import annotations
@@ -33,27 +33,27 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from gpipe import rng
+from gpipe.autograd import rng
+from gpipe.autograd.gradients import Gradients
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.distributed.clock import measure_offsets, merge
 from gpipe.distributed.faults import Alarm, PipelineFailed, report
 from gpipe.distributed.group import Ranks, join
 from gpipe.distributed.materialize import Init, materialize_layer
-from gpipe.distributed.routes import loss_key
 from gpipe.distributed.shapes import check_boundaries
 from gpipe.distributed.start import Told, exchange, fingerprint, seed_from, structure_from
-from gpipe.distributed.structure import Structure, structure_of
-from gpipe.distributed.wire import Links, Wire
 from gpipe.frontend import Arguments
-from gpipe.gradients import Gradients
-from gpipe.interpreter import Step, Worker
+from gpipe.interpreter.pipeline import Pipeline
+from gpipe.interpreter.worker import Step, Worker
 from gpipe.loss import LossPlan, loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
-from gpipe.pipeline import Pipeline
-from gpipe.recorder import Recorder
+from gpipe.profiling.recorder import Recorder
 from gpipe.schedule import Op, Schedule, Task
-from gpipe.timeline import Timeline
-from gpipe.transport import DRIVER, Message
+from gpipe.schedule.timeline import Timeline
+from gpipe.transport.base import DRIVER, Message
+from gpipe.transport.routes import loss_key
+from gpipe.transport.structure import Structure, structure_of
+from gpipe.transport.wire import Links, Wire
 
 __all__ = ["DistributedGPipe"]
 
@@ -73,7 +73,7 @@ class DistributedGPipe(nn.Module):
         device: this rank's device; ``None``: ``cuda:LOCAL_RANK`` where CUDA is available, else the CPU.
         timeout: seconds any wait for another rank may last before the step fails on every rank.
         seed, init: how ``meta`` layers are initialised (Note [materialised weights]).
-        lookahead: receives posted ahead per peer (Note [receives posted ahead] in :mod:`gpipe.distributed.wire`).
+        lookahead: receives posted ahead per peer (Note [receives posted ahead] in :mod:`gpipe.transport.wire`).
         check_shapes: before the first step of each input structure, run the whole model on fake tensors on every
             rank to refuse a shape mismatch between stages (Note [a dry run on fake tensors]); ``False`` for a
             model whose forwards must run only on real data.

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gpipe.distributed.structure import Structure, describe, structure_of
+from gpipe.transport.structure import Structure, describe, structure_of
 
 __all__ = ["check_boundaries"]
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gpipe.distributed.structure import Structure
+from gpipe.transport.structure import Structure
 
 __all__ = ["Told", "exchange", "fingerprint", "seed_from", "structure_from"]
 

@@ -1,9 +1,10 @@
-"""Pipeline schedules as immutable data: tasks, per-device task lists, one registry of generators, one validator.
+"""The shared language: schedules as immutable data (tasks, per-device task lists, one registry, one validator),
+the timelines that say when each task ran, and their plots.
 
 This package is pure Python (no torch) and is the language that both the executor (:mod:`gpipe`) and the
 simulator (:mod:`sim`) speak. A :class:`Schedule` says *what* runs *where* and *in which order*; it never
 says *when*. The simulator predicts when, the executor measures when, and both answer with a
-:class:`gpipe.timeline.Timeline`.
+:class:`gpipe.schedule.timeline.Timeline`.
 
 Vocabulary (after Huang et al., 2019, GPipe; Kim et al., 2020, torchgpipe)::
 
@@ -34,6 +35,8 @@ One concept per module, each importing only those above it::
     size.py             schedule_bytes(), check_schedule_size(): a shape's memory, checked before it is built
     search.py           search(): the fastest schedule found for per-stage costs under a memory limit, beside
                         every named one's makespan (its parts: search_costs, _timing, _greedy, _solver)
+    timeline.py         Timeline: when each task ran or is predicted to run, the one answer of both halves
+    plot.py             a timeline drawn, a device per row (matplotlib)
 
 A new schedule is one generator, registered once (:mod:`gpipe.schedule.registry`)::
 

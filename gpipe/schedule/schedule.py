@@ -1,7 +1,7 @@
 """The schedule: per-device ordered task lists, the shape they were generated for, and where each stage runs.
 
 A :class:`Schedule` says *what* runs *where* and *in which order*; it never says *when*. The simulator
-predicts when, the executor measures when, and both answer with a :class:`gpipe.timeline.Timeline`.
+predicts when, the executor measures when, and both answer with a :class:`gpipe.schedule.timeline.Timeline`.
 
 Note [overlapped pairs]: a schedule may say that two adjacent tasks of one device's list run together
 (DualPipeV's forward of one micro-batch beside the backward of another) in :attr:`Schedule.pairs`, a field

@@ -11,7 +11,7 @@ The simulator and the executor derive the copies from these edges.
 
 Note [fast frozen records]: a big simulation builds millions of tasks, spans and memory samples
 (``gpipe(16384, 64)`` alone has 3.1 million tasks). :class:`Task` here, and
-:class:`~gpipe.timeline.Span` and :class:`~gpipe.timeline.MemorySample`, are frozen dataclasses with
+:class:`~gpipe.schedule.timeline.Span` and :class:`~gpipe.schedule.timeline.MemorySample`, are frozen dataclasses with
 ``__slots__``: an instance holds its fields and no ``__dict__`` (a task takes 56 bytes instead of 160,
 a span 80 instead of 192, besides its floats), and its ``__init__`` stores each field through the
 slot's own setter (``_set_op(self, op)``), which skips the frozen ``__setattr__``: about twice as fast

@@ -2,7 +2,7 @@
 
 A stash and its pop in one partition stay inside the task. A skip that crosses partitions goes through a
 portal (Kim et al. 2020, section 3.3): the stashing task keeps the stashed tensor with its graph, for its
-backward, and sends its value to the popping stage (:mod:`gpipe.transport`, channel: the skip's key), which
+backward, and sends its value to the popping stage (:mod:`gpipe.transport.base`, channel: the skip's key), which
 receives it on its own device (as a fresh leaf when training); the popping task's backward sends that leaf's
 gradient back to the stashing stage's backward. A recompute pops the leaf its forward popped. Each worker has
 its own :class:`Portals`: what it keeps is its own tasks' (Note [no shared state between workers]).
@@ -16,7 +16,7 @@ from torch import Tensor
 from gpipe.schedule import Op, Task
 from gpipe.skip.layout import SkipLayout
 from gpipe.skip.skippable import SkipKey
-from gpipe.transport import Message, Transport
+from gpipe.transport.base import Message, Transport
 
 __all__ = ["PortalTracker", "Portals"]
 

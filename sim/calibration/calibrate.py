@@ -4,7 +4,7 @@ Measuring apart from computing: this module runs things and reads clocks; :mod:`
 consumes the :class:`~sim.core.cost.CostModel` it returns. Three parts:
 
 - :func:`calibrate` profiles each partition of a balanced ``nn.Sequential`` on its device with
-  :func:`gpipe.profile.profile_blocks` (the profiler ``balance_by_time`` uses too) and fills one
+  :func:`gpipe.profiling.profile.profile_blocks` (the profiler ``balance_by_time`` uses too) and fills one
   :class:`~sim.core.cost.StageCost` per partition, and what a recording executor adds to it
   (:class:`~sim.calibration.host.ExecutorStage`); :func:`calibrate` tabulates what each field is measured from.
 - :func:`calibrate_executor_overheads` runs the executor itself on probe pipelines and reads its
@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpipe.affinity import Cores, check_affinity
 from gpipe.checks import check_positive
-from gpipe.profile import BlockProfile, Device, TensorOrTensors, profile_blocks
+from gpipe.interpreter.affinity import Cores, check_affinity
+from gpipe.profiling.profile import BlockProfile, Device, TensorOrTensors, profile_blocks
 from gpipe.schedule import Op, Task
 from sim.calibration.host import ExecutorCosts, ExecutorStage, Overheads
 from sim.calibration.primitives import (
@@ -110,7 +110,7 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
         forward_recorded      recorded forward       F and R of a recording executor (``recorded=True``)
         backward_recorded     recorded backward      B of a recording executor (``recorded=True``)
         weight_recorded       recorded W part        W of a recording executor (``recorded`` and ``split``)
-        issue_forward, ...    host clock (CUDA)      the host's share of F, R and B (gpipe.profile_timing)
+        issue_forward, ...    host clock (CUDA)      the host's share of F, R and B (gpipe.profiling.timing)
 
     Args:
         module: the model.
@@ -126,7 +126,7 @@ def calibrate(module: nn.Sequential, balance: Sequence[int], sample_microbatch: 
         affinity: one set of CPU cores per partition (or ``None``), as the executor's
             ``cpu_affinity``: each partition is profiled on its cores.
         split: for a schedule with ``W`` tasks: each backward is timed in two parts as the executor runs
-            them (Note [split runs] in :mod:`gpipe.profile_timing`), ``backward`` the ``B`` and ``weight`` the
+            them (Note [split runs] in :mod:`gpipe.profiling.timing`), ``backward`` the ``B`` and ``weight`` the
             ``W``; without it a stage's whole backward is ``backward`` and ``weight`` is 0.
 
     Returns:
@@ -175,7 +175,7 @@ def _on_cuda(part: nn.Module) -> bool:
 
 
 def _issue(profile: BlockProfile, recorded: bool) -> tuple[float, float, float]:
-    """Note [issue seconds] in :mod:`gpipe.profile_timing`: the host's share of a grad-enabled forward, a no-grad
+    """Note [issue seconds] in :mod:`gpipe.profiling.timing`: the host's share of a grad-enabled forward, a no-grad
     forward and a backward on a CUDA device, from the runs the stage's seconds come from (the recorded ones
     when ``recorded``)."""
     forward = profile.forward_recorded_issue_seconds if recorded else profile.forward_issue_seconds

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpipe.schedule import Task
-from gpipe.timeline import Span, Timeline
+from gpipe.schedule.timeline import Span, Timeline
 
 __all__ = ["Comparison", "DeviceComparison", "OpComparison", "compare", "order_agreement"]
 

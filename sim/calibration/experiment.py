@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gpipe.affinity import Cores
-from gpipe.profile import RecordedSeconds, time_recorded
+from gpipe.interpreter.affinity import Cores
+from gpipe.profiling.profile import RecordedSeconds, time_recorded
 from gpipe.schedule import Checkpoint
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.calibration.calibrate import calibrate, calibrate_executor_overheads, on_device, partitions_of
 from sim.calibration.compare import compare
 from sim.calibration.extras import measure_stage_extras
@@ -138,8 +138,8 @@ def progress_labels(setup: Setup) -> list[str]:
 
 # Note [interleaved calibration]: a shared machine's speed drifts over seconds, so a calibration made before the
 # executor runs can describe another machine than the one its steps see. After every training step, warm-ups
-# included, one profiling pass of every partition runs (:func:`gpipe.profile.time_recorded`: an untimed run, then
-# ``Setup.pass_repeats`` timed runs in a streak); the stage seconds are the medians over the passes (Note [median
+# included, one profiling pass of every partition runs (:func:`gpipe.profiling.profile.time_recorded`: an untimed run,
+# then ``Setup.pass_repeats`` timed runs in a streak); the stage seconds are the medians over the passes (Note [median
 # pass] in :mod:`sim.calibration.outcome`). On shared cores ``Setup.pair_rounds`` rounds of pair measurements
 # follow passes spread over the steps, and the pairs are their medians, each rebased on the pass before it (Note
 # [pair baselines] in :mod:`sim.calibration.pairs`). The prediction still uses nothing the executor measured:
@@ -150,7 +150,7 @@ def progress_labels(setup: Setup) -> list[str]:
 # run a pass is one sample. A task of a micro-batch ``chunks`` times smaller takes about that much less time, so
 # ``pass_repeats`` defaults to ``chunks // 2`` (at least one) timed runs a pass, which keeps a pass at about half
 # a step whatever the chunks. The runs are a streak rather than that many passes, because a worker runs its stage
-# back to back (Note [streaks] in :mod:`gpipe.profile_timing`).
+# back to back (Note [streaks] in :mod:`gpipe.profiling.timing`).
 #
 # Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
 # ``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
@@ -231,7 +231,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
                                f"checkpoint={schedule.checkpoint}, placement={schedule.placement}; expected "
                                f"{len(sizes)} micro-batches, {len(balance)} stages, checkpoint={setup.checkpoint}, "
                                f"placement={placement}")
-        split = schedule.splits_weight_gradient  # Note [split runs] in gpipe.profile_timing
+        split = schedule.splits_weight_gradient  # Note [split runs] in gpipe.profiling.timing
 
         clock = time.perf_counter()
         cost = stage_costs(model, batch, balance, setup.chunks, stage_devices, warmup=setup.warmup,
@@ -396,7 +396,7 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
     An uneven split (``torch.tensor_split`` makes the first ``batch % chunks`` micro-batches one
     sample larger) becomes the cost model's ``microbatch_scale``: sample counts relative to the first.
     ``devices`` and ``affinity``: one per partition; ``split``: for a schedule with ``W`` tasks, each backward
-    in two parts (``StageCost.backward`` and ``weight``; Note [split runs] in :mod:`gpipe.profile_timing`).
+    in two parts (``StageCost.backward`` and ``weight``; Note [split runs] in :mod:`gpipe.profiling.timing`).
     """
     tensors = _tensors(batch)
     sizes = microbatch_sizes(tensors[0].shape[0], chunks)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gpipe.affinity import Cores, check_affinity
 from gpipe.checks import check_positive
-from gpipe.profile import TensorOrTensors, preserved, time_recorded
+from gpipe.interpreter.affinity import Cores, check_affinity
+from gpipe.profiling.profile import TensorOrTensors, preserved, time_recorded
 from gpipe.schedule import Checkpoint, Op, gpipe
 from sim.calibration.machine import collected_after
 from sim.core.cost import CostModel
@@ -45,8 +45,8 @@ class StageExtras:
 
 
 
-# Note [stage extras]: the profiler (:func:`gpipe.profile.time_recorded`) times a stage's forward and backward back to
-# back on one warm thread; the executor runs the same work on worker threads that it starts fresh, parks between
+# Note [stage extras]: the profiler (:func:`gpipe.profiling.profile.time_recorded`) times a stage's forward and backward
+# back to back on one warm thread; the executor runs the same work on worker threads that it starts fresh, parks between
 # phases and that wait on queues between tasks, and wraps every call in its bookkeeping. What that adds is host time
 # (Python slower on a thread just started or woken, cold interpreter caches, the wrapping): it grows with the layers a
 # stage calls, not its samples, so neither one probe layer's task overhead nor a factor on the stage's seconds; left
@@ -95,7 +95,7 @@ def measure_stage_extras(cost: CostModel, parts: Sequence[nn.Module], sample: Te
     extras: list[StageExtras] = []
     current: TensorOrTensors = sample
     for j, (part, where) in enumerate(zip(parts, cores, strict=True)):
-        single = isinstance(current, torch.Tensor)  # a stage gets a tuple as one argument (gpipe.worker)
+        single = isinstance(current, torch.Tensor)  # a stage gets a tuple as one argument (gpipe.interpreter.threads)
         device = next((t.device for t in part.parameters()), _tensors(current)[0].device)
         # requiring grad as in the pipeline (after the first stage, or as the sample does); a stage without
         # parameters to train trains its input, or the executor would not train it alone

@@ -1,6 +1,6 @@
 """The bytes each stage keeps for backward, read from a recorded step: the memory side of a cost model.
 
-A measured timeline's ``meta["held_bytes"]`` (:mod:`gpipe.recorder`) gives the bytes each ``F`` and ``R``
+A measured timeline's ``meta["held_bytes"]`` (:mod:`gpipe.profiling.recorder`) gives the bytes each ``F`` and ``R``
 task added to its device's count. A grad-enabled forward (an ``F`` not checkpointed, every ``R``) adds what
 autograd saves, a cost model's ``saved_bytes``; a checkpointed ``F`` adds its input, ``checkpoint_bytes``
 (Note [memory] in :mod:`sim.core.memory`). :func:`held_stage_bytes` reads them per stage and
@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from gpipe.schedule import Op, Task, checkpointed
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.core.cost import CostModel
 
 __all__ = ["HeldBytes", "held_stage_bytes", "with_held_bytes"]

@@ -85,11 +85,12 @@ class ExecutorStage:
             for it (``SimConfig(backward_after_forward=True)``).
         forward_recorded: seconds of a grad-enabled forward (an ``F`` not checkpointed, an ``R``)
             while a recording executor's saved-tensor hooks count its bytes, measured on the stage
-            itself (:func:`gpipe.profile.profile_blocks` with ``recorded=True``); when set, it
+            itself (:func:`gpipe.profiling.profile.profile_blocks` with ``recorded=True``); when set, it
             replaces the stage's ``forward`` (or ``recompute``) seconds plus the ``saved_tensors``
             per-tensor overheads. Set it only to predict a recording executor; ``None``: the estimate.
         backward_recorded: as ``forward_recorded``, for ``B`` (the unpack hook of every saved tensor); of a
-            schedule with ``W`` tasks, the input-gradient part alone (Note [split runs] in :mod:`gpipe.profile_timing`).
+            schedule with ``W`` tasks, the input-gradient part alone (Note [split runs] in
+            :mod:`gpipe.profiling.timing`).
         weight_recorded: as ``backward_recorded``, for ``W``: the weight-gradient part of a split backward,
             which replaces the stage's ``weight`` seconds; ``None``: the StageCost's.
         host_forward: host seconds the executor adds to each grad-enabled forward of this stage (an
@@ -100,7 +101,7 @@ class ExecutorStage:
         host_backward: the same for ``B`` (and ``W``).
         issue_forward: on an asynchronous device (CUDA; ``SimConfig.asynchronous``), the host seconds
             a grad-enabled forward takes to launch its kernels, from the call to its return
-            (:mod:`gpipe.profile_timing`, Note [issue seconds]): the host's share of the task, which its
+            (:mod:`gpipe.profiling.timing`, Note [issue seconds]): the host's share of the task, which its
             next task waits for while the stream runs the kernels' seconds. Ignored on a synchronous device.
         issue_nograd: the same for a checkpointed (no-grad) ``F``.
         issue_backward: the same for ``B`` (and ``W``).

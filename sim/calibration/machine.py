@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from gpipe.affinity import available_cores, supported
+from gpipe.interpreter.affinity import available_cores, supported
 
 __all__ = [
     "BackgroundLoad",

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 import torch
 
 from gpipe.checks import check_positive
-from gpipe.profile import RecordedSeconds
+from gpipe.profiling.profile import RecordedSeconds
 from gpipe.schedule import Schedule
-from gpipe.timeline import Timeline, chrome_trace
+from gpipe.schedule.timeline import Timeline, chrome_trace
 from sim.calibration.compare import Comparison
 from sim.calibration.host import ExecutorCosts, ExecutorStage, executor_costs
 from sim.calibration.machine import cpu_count
@@ -293,7 +293,7 @@ def write_outputs(outcome: Compared, out: str | Path | OutputFolder, measured_by
     Returns:
         The paths written, by kind (``plot``, ``trace``, ``report``); the report lists them too.
     """
-    from gpipe.plot import plot_side_by_side
+    from gpipe.schedule.plot import plot_side_by_side
 
     folder = out if isinstance(out, OutputFolder) else OutputFolder(out, OUTPUT_FILES, force=True)
     c = outcome.comparison

@@ -22,12 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpipe.affinity import Cores, check_affinity, pinned
+from gpipe.autograd.phase import checkpointing
+from gpipe.autograd.saved import SavedBytes, storage_key
 from gpipe.checks import check_positive
-from gpipe.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval, switch_interval
-from gpipe.phase import checkpointing
-from gpipe.profile import RecordedSeconds, TensorOrTensors, preserved
-from gpipe.saved import SavedBytes, storage_key
+from gpipe.interpreter.affinity import Cores, check_affinity, pinned
+from gpipe.interpreter.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval, switch_interval
+from gpipe.profiling.profile import RecordedSeconds, TensorOrTensors, preserved
 
 __all__ = ["PHASE_PAIRS", "Graphs", "PairMeter", "Pairs", "changes_input", "measure_pairs", "median_pairs", "rebased",
            "task_runners"]
@@ -69,7 +69,7 @@ def measure_pairs(parts: Sequence[nn.Module], sample: TensorOrTensors, *, window
         affinity: one set of CPU cores per stage (or ``None``): each stage's task runs on a thread
             pinned there, as :class:`gpipe.GPipe` with ``cpu_affinity`` runs it.
         switch_interval: Python's switch interval while pairs run, as the executor's workers run
-            (:class:`gpipe.GPipe`'s ``switch_interval``, Note [switch interval] in :mod:`gpipe.gil`).
+            (:class:`gpipe.GPipe`'s ``switch_interval``, Note [switch interval] in :mod:`gpipe.interpreter.gil`).
         recorded: the seconds of each stage's tasks in the cost model the pairs are for; each round is
             rebased against them (:func:`rebased`, Note [pair baselines]). ``None``: ``c`` stays relative
             to the meter's own runs alone.
@@ -301,7 +301,7 @@ def task_runners(parts: Sequence[nn.Module], sample: TensorOrTensors) -> list[di
 
     Note [in-place entry]: the executor hands each task a tensor of its own, and a partition whose first
     layer works in place (``nn.ReLU(inplace=True)``) changes it (on a non-leaf alias when it requires grad,
-    Note [entering a partition] in :mod:`gpipe.interpreter`). The runners run a stage again and again on the
+    Note [entering a partition] in :mod:`gpipe.interpreter.worker`). The runners run a stage again and again on the
     same input, so for such a stage (:func:`changes_input`) every run gets a copy, made inside the timed
     run (what that adds is a copy of the input); other stages run on their input itself, as before.
     """

@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from gpipe.autograd.phase import checkpointing
+from gpipe.autograd.saved import SavedBytes, storage_key
 from gpipe.checks import check_positive
-from gpipe.phase import checkpointing
-from gpipe.profile import TensorOrTensors, preserved
-from gpipe.saved import SavedBytes, storage_key
+from gpipe.profiling.profile import TensorOrTensors, preserved
 from gpipe.schedule import Op, Task
-from gpipe.timeline import COMPUTE, Span
+from gpipe.schedule.timeline import COMPUTE, Span
 
 __all__ = [
     "count_saved_tensors",
@@ -43,7 +43,7 @@ __all__ = [
 def count_saved_tensors(parts: Sequence[nn.Module], sample: TensorOrTensors) -> list[int]:
     """How many tensors each part's grad-enabled forward hands to autograd's saved-tensor hooks.
 
-    The sample flows through the parts in order, as in :func:`gpipe.profile.profile_blocks`
+    The sample flows through the parts in order, as in :func:`gpipe.profiling.profile.profile_blocks`
     (a part after the first gets an input that requires grad, as the executor gives it).
 
     Args:
@@ -65,10 +65,10 @@ def count_saved_tensors(parts: Sequence[nn.Module], sample: TensorOrTensors) -> 
         def pack(t: torch.Tensor) -> torch.Tensor:
             nonlocal count
             count += 1
-            return t.detach()  # gpipe.saved, Note [no cycle through the hook]
+            return t.detach()  # gpipe.autograd.saved, Note [no cycle through the hook]
 
         # copies, not leaves, so that an in-place first layer may change them (Note [entering a partition] in
-        # gpipe.interpreter); a copy saves nothing for backward, so the count stays the part's own
+        # gpipe.interpreter.worker); a copy saves nothing for backward, so the count stays the part's own
         fresh = tuple(t.clone() for t in leaves)
         with preserved(part), torch.enable_grad(), torch.random.fork_rng(devices=[]), \
                 torch.autograd.graph.saved_tensors_hooks(pack, _unpack):

@@ -39,9 +39,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gpipe.distributed.loopback import free_port, init_loopback_group
-from gpipe.profile import RecordedSeconds
+from gpipe.profiling.profile import RecordedSeconds
 from gpipe.schedule import Schedule, schedule_kind
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
 from sim.calibration.experiment import Batch, loss_of, microbatch_sizes, stage_costs
@@ -166,7 +166,7 @@ def _computing() -> Iterator[None]:
 
 
 # Note [no host seconds per task]: a rank runs its tasks with the threaded executor's interpreter
-# (gpipe.interpreter.Worker), but on its main thread, never started fresh nor woken by a queue, and its hand-offs
+# (gpipe.interpreter.worker.Worker), but on its main thread, never started fresh nor woken by a queue, and its hand-offs
 # are the wire's (priced by the link). So the threaded experiment's host seconds around a task
 # (sim.calibration.experiment.with_executor_costs: a worker thread's start, its wake-up, its queue) do not arise,
 # and a rank's task spans match its profiling passes: those host seconds are left out. What the spans leave out, the
@@ -177,7 +177,7 @@ def _computing() -> Iterator[None]:
 def process_config(link: LinkSpec) -> SimConfig:
     """The simulator's switches for :class:`gpipe.distributed.DistributedGPipe` on CPU ranks: copies on their own
     streams priced by ``link``; one phase (``step``); an overlapped pair's tasks in turn, as the interpreter runs
-    them (Note [a pair in turn] in :mod:`gpipe.interpreter`)."""
+    them (Note [a pair in turn] in :mod:`gpipe.interpreter.worker`)."""
     return SimConfig(link=link, copy_streams=True, overlap_pairs=False)
 
 

@@ -3,8 +3,8 @@
 A rank of :func:`sim.calibration.processes.run_processes` profiles only its own stages, in its own process, after
 every training step, while the other ranks profile theirs (Note [calibrated in the ranks]): :func:`stage_inputs`
 gives each of its stages the input that stage sees, :func:`rank_pass` times them as the recording interpreter runs
-them (:func:`gpipe.profile.time_recorded`). Rank 0 gathers every rank's passes and :func:`gathered_passes` puts
-them in the single-process experiment's order, per step and per stage, for its own aggregation
+them (:func:`gpipe.profiling.profile.time_recorded`). Rank 0 gathers every rank's passes and :func:`gathered_passes`
+puts them in the single-process experiment's order, per step and per stage, for its own aggregation
 (:func:`sim.calibration.outcome.interleaved_cost`, Note [median pass] there). :func:`local_gaps` reads the
 host seconds between a rank's tasks off a probe pipeline's timeline (Note [gap between tasks]).
 """
@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from gpipe.profile import RecordedSeconds, preserved, time_recorded
+from gpipe.profiling.profile import RecordedSeconds, preserved, time_recorded
 from gpipe.schedule import Op
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 
 __all__ = ["RankPass", "gathered_passes", "local_gaps", "rank_pass", "stage_inputs"]
 
@@ -31,8 +31,8 @@ RankPass = dict[int, RecordedSeconds]
 def stage_inputs(parts: Sequence[nn.Module], sample: Batch, stages: Iterable[int]) -> dict[int, Batch]:
     """The input each of ``stages`` gets when ``sample`` (the first micro-batch) flows through ``parts`` in order.
 
-    As :func:`gpipe.profile.time_recorded` chains its blocks: each output detached, requiring grad iff it did.
-    The partitions before a stage run once each, left as found (:func:`gpipe.profile.preserved`, the random
+    As :func:`gpipe.profiling.profile.time_recorded` chains its blocks: each output detached, requiring grad iff it did.
+    The partitions before a stage run once each, left as found (:func:`gpipe.profiling.profile.preserved`, the random
     state forked).
     """
     wanted = set(stages)
@@ -54,7 +54,7 @@ def stage_inputs(parts: Sequence[nn.Module], sample: Batch, stages: Iterable[int
 def rank_pass(parts: Sequence[nn.Module], inputs: Mapping[int, Batch], *, streak: int = 1,
               split: bool = False) -> RankPass:
     """One profiling pass of this rank's stages (the keys of ``inputs``, from :func:`stage_inputs`): an untimed
-    run, then ``streak`` timed runs of each kind in a row (Note [streaks] in :mod:`gpipe.profile_timing`);
+    run, then ``streak`` timed runs of each kind in a row (Note [streaks] in :mod:`gpipe.profiling.timing`);
     ``split``: the backward in ``B`` and ``W`` (Note [split runs] there). Each stage is timed in a session of its
     own, since a rank's stages need not be neighbours (a looped layout's are not)."""
     return {j: time_recorded([parts[j]], inputs[j], warmup=1, repeats=1, streak=streak, split=split)[0]

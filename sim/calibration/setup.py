@@ -58,7 +58,7 @@ class Setup:
             at least one (Note [pass repeats]).
         balance_timeout: seconds ``balance_by_time`` may spend.
         pin: on CPU devices (Linux), pin partition ``j``'s worker, and everything that calibrates it,
-            to one core of its own (Note [pinned workers] in :mod:`gpipe.affinity`); ``False``:
+            to one core of its own (Note [pinned workers] in :mod:`gpipe.interpreter.affinity`); ``False``:
             the operating system places the threads.
     """
 

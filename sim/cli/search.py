@@ -25,7 +25,7 @@ from typing import Any
 from gpipe.schedule import Schedule, looped, v_shape, write_pipelining_csv
 from gpipe.schedule.search import SearchResult, StageCosts, search
 from gpipe.schedule.text import schedule_text
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.cli import CommandError
 from sim.cli.options import add_out, integer, number, number_list, output_folder, seed
 from sim.core.cost import CostModel, StageCost
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     doc = _document(result, timeline, unit, unit_bytes, limit)
     files = [out.write_text("schedule.txt", schedule_text(result.schedule)),
              out.write_with("schedule.csv", lambda path: write_pipelining_csv(result.schedule, path, overwrite=True))]
-    from gpipe.plot import plot_timeline
+    from gpipe.schedule.plot import plot_timeline
 
     files.append(out.write_with("timeline.png", lambda path: plot_timeline(timeline, path)))
     files.append(out.write_json("search.json", doc, indent=1))

@@ -25,7 +25,7 @@ import sys
 from typing import Any
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Schedule, schedule_kind
-from gpipe.timeline import Timeline, chrome_trace
+from gpipe.schedule.timeline import Timeline, chrome_trace
 from sim.cli import CommandError, schedule_files
 from sim.cli.options import MAX_SECONDS, add_out, integer, number, number_list, output_folder, schedules_help
 from sim.core.config import SimConfig
@@ -240,7 +240,7 @@ def write_files(timeline: Timeline, out: OutputFolder, *, plot_limit: int | None
         files["trace"] = out.write_json("trace.json", chrome_trace(timeline))
         files["timeline"] = out.write_json("timeline.json", timeline.to_dict(), indent=1)
     if plot_limit is None or spans <= plot_limit:
-        from gpipe.plot import plot_timeline
+        from gpipe.schedule.plot import plot_timeline
 
         files["plot"] = out.write_with("timeline.png", lambda path: plot_timeline(timeline, path))
     out.finish()  # a stale timeline.png of an earlier, smaller run goes (Note [ours] in sim.files)
@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
     if export is not None:
         files["schedule"] = str(schedule_files.export(export, schedule))
     note = None if args.all_files else skipped_note(files, len(timeline.spans), PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
-    summary = timeline.summary()  # Note [metrics in one pass] in gpipe.timeline
+    summary = timeline.summary()  # Note [metrics in one pass] in gpipe.schedule.timeline
     model_state = timeline.meta["model_state_bytes"]
     for row in summary["devices"]:
         row["model_state_bytes"] = model_state[row["device"]]

@@ -33,7 +33,7 @@ class SimConfig:
             every copy.
         overlap_pairs: a schedule's overlapped pairs (DualPipeV's forward beside a backward) run together,
             sharing their device (:mod:`sim.core.overlap`); ``False``: each pair's two tasks run in turn, in
-            list order, as this executor's workers run them (Note [a pair in turn] in :mod:`gpipe.interpreter`).
+            list order, as this executor's workers run them (Note [a pair in turn] in :mod:`gpipe.interpreter.worker`).
     """
 
     link: LinkSpec | None = None

@@ -13,7 +13,7 @@ from typing import Any
 import simpy
 
 from gpipe.schedule import Task
-from gpipe.timeline import COPY, Span
+from gpipe.schedule.timeline import COPY, Span
 from sim.core.cost import CostModel
 from sim.core.link import LinkSpec
 from sim.core.tables import B, F

@@ -12,7 +12,7 @@ from typing import Any
 import simpy
 
 from gpipe.schedule import Op, Task
-from gpipe.timeline import COMPUTE, Span
+from gpipe.schedule.timeline import COMPUTE, Span
 from sim.core.copies import Sends
 from sim.core.overlap import pair
 from sim.core.run import Run

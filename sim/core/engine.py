@@ -14,7 +14,7 @@ it leaves out; :class:`SimConfig` (:mod:`sim.core.config`) switches the executor
 from __future__ import annotations
 
 from gpipe.schedule import Schedule, collector_paused
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.core.config import DEFAULT_CONFIG, SimConfig
 from sim.core.cost import CostModel
 from sim.core.device import device
@@ -33,7 +33,7 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
         config: the switches of :class:`~sim.core.config.SimConfig`.
 
     Returns:
-        A new :class:`~gpipe.timeline.Timeline` (``source="simulated"``): one compute span per task,
+        A new :class:`~gpipe.schedule.timeline.Timeline` (``source="simulated"``): one compute span per task,
         one span per copy that takes time, and memory samples per device.
 
     Raises:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpipe.timeline import MemorySample
+from gpipe.schedule.timeline import MemorySample
 from sim.core.cost import StageCost
 from sim.core.tables import B, F
 

@@ -13,7 +13,7 @@ pair's tasks in turn instead, as this executor does, on every path.
 from __future__ import annotations
 
 from gpipe.schedule import Task
-from gpipe.timeline import COMPUTE, Span
+from gpipe.schedule.timeline import COMPUTE, Span
 from sim.core.copies import Sends
 from sim.core.run import Run
 from sim.core.sharing import Phase, phased_pair_ends, task_phases

@@ -11,7 +11,7 @@ from typing import Any
 import simpy
 
 from gpipe.schedule import Op, Schedule, ScheduleError, Task
-from gpipe.timeline import Span, Timeline
+from gpipe.schedule.timeline import Span, Timeline
 from sim.core.config import SimConfig
 from sim.core.copies import Copies, Sends
 from sim.core.cost import CostModel

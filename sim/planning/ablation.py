@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from gpipe.schedule import Checkpoint, Op, gpipe
-from gpipe.timeline import COMPUTE, Timeline
+from gpipe.schedule.timeline import COMPUTE, Timeline
 from sim.core.cost import CostModel, StageCost
 from sim.core.link import LinkSpec
 from sim.planning.hardware import get_link

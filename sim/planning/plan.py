@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from gpipe.affinity import available_cores
+from gpipe.interpreter.affinity import available_cores
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, schedule_kind
 from gpipe.schedule.collector import collector_paused
 from sim.core.link import LinkSpec

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gpipe.schedule import Op, Schedule
-from gpipe.timeline import COMPUTE, Timeline
+from gpipe.schedule.timeline import COMPUTE, Timeline
 from sim.core.link import LinkSpec
 from sim.planning.collectives import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
 from sim.planning.zero import Collective, Kind, When, check_zero, stage_traffic

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpipe.schedule import Schedule, ScheduleKind, schedule_kind
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gpipe.schedule import gpipe
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
 

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from gpipe import GPipe
 from gpipe.distributed import DistributedGPipe, materialize
 from gpipe.schedule import SCHEDULES, Checkpoint
-from gpipe.timeline import COPY
+from gpipe.schedule.timeline import COPY
 from tests.gpipe.losses import CASES as LOSSES
 from tests.gpipe.losses import data as loss_data
 from tests.gpipe.losses import model as loss_model

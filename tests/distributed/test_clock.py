@@ -6,7 +6,7 @@ from typing import Any
 
 from gpipe.distributed.clock import merge
 from gpipe.schedule import Op, Task
-from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
+from gpipe.schedule.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
 
 
 def _part(rank: int, t0: float, spans: list[Span], transfers: dict[str, list[Any]]) -> dict[str, Any]:

@@ -1,10 +1,10 @@
-"""gpipe.distributed.routes: what each task sends to other stages, and each rank's incoming streams, in order."""
+"""gpipe.transport.routes: what each task sends to other stages, and each rank's incoming streams, in order."""
 
 from __future__ import annotations
 
-from gpipe.distributed.routes import LOSS, incoming, loss_key, outgoing
 from gpipe.schedule import SCHEDULES, Op, Task
 from gpipe.skip.layout import SkipLayout
+from gpipe.transport.routes import LOSS, incoming, loss_key, outgoing
 
 A, B, C = ("ns", "a"), ("ns", "b"), ("ns", "c")
 # a stashed in 0 and popped in 2; b stashed in 0, popped in 1; c stashed and popped in 1 (never crosses)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from gpipe.distributed.shapes import check_boundaries
-from gpipe.distributed.structure import structure_of
+from gpipe.transport.structure import structure_of
 from tests.gpipe.models import skipnet, tuple_input, tuplenet
 
 BATCH = structure_of([torch.zeros(2, 6)], False)

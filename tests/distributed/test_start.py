@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpipe.distributed.start import Told, _row, _told, fingerprint
-from gpipe.distributed.structure import structure_of
+from gpipe.transport.structure import structure_of
 
 FIRST = Told(rejected=False, may_draw=True, rows=[3, 3, 2], fingerprint=(1 << 62) + 5, input_is_tuple=True)
 LAST = Told(rejected=True, may_draw=False, target_rows=8)

@@ -1,11 +1,11 @@
-"""gpipe.distributed.structure: a message's structure through its fixed header and back, and what it refuses."""
+"""gpipe.transport.structure: a message's structure through its fixed header and back, and what it refuses."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gpipe.distributed.structure import HEADER, decode, describe, encode, structure_of
+from gpipe.transport.structure import HEADER, decode, describe, encode, structure_of
 
 
 @pytest.mark.parametrize("structure", [

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from gpipe import GPipe
-from gpipe.affinity import available_cores, check_affinity, pinned, supported
-from gpipe.profile import profile_blocks
+from gpipe.interpreter.affinity import available_cores, check_affinity, pinned, supported
+from gpipe.profiling.profile import profile_blocks
 
 needs_affinity = pytest.mark.skipif(not supported(), reason="threads can be pinned on Linux only")
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from gpipe.autograd.phase import checkpointing, recomputing
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.phase import checkpointing, recomputing
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 

@@ -1,4 +1,4 @@
-"""The executor's switch interval (gpipe.gil, Note [switch interval]): set while two or more workers run,
+"""The executor's switch interval (gpipe.interpreter.gil, Note [switch interval]): set while two or more workers run,
 restored after every phase and on every way out (a failing task, an exception in the caller between the phases,
 an interrupt, a forward or a pipeline dropped without backward); nested and concurrent users share it; bad values
 are refused. No timing: each test reads ``sys.getswitchinterval()`` afterwards."""
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from gpipe import GPipe
-from gpipe.gil import switch_interval
+from gpipe.interpreter.gil import switch_interval
 
 
 class Peek(nn.Module):
@@ -87,7 +87,8 @@ def test_bad_intervals_are_refused(bad: object) -> None:
         GPipe(nn.Sequential(nn.Linear(3, 3)), [1], devices=["cpu"], switch_interval=bad)  # type: ignore[arg-type]
 
 
-# -- every path restores the interval (Note [switch interval], Note [parked workers] in gpipe.parking) --------
+# -- every path restores the interval (Note [switch interval], Note [parked workers] in gpipe.interpreter.parking)
+# --------
 
 
 def _no_workers_soon() -> bool:
@@ -200,7 +201,7 @@ def test_concurrent_pipelines_share_the_shortest_and_the_last_one_out_restores()
     seen: list[float] = []
     pipes = [_pipe(Peek(seen), interval=0.002), _pipe(Peek(seen), interval=0.0005)]
     errors: list[BaseException] = []
-    x = torch.randn(4, 3)  # drawn before: a draw on another thread while a task runs is refused (gpipe.rng)
+    x = torch.randn(4, 3)  # drawn before: a draw on another thread while a task runs is refused (gpipe.autograd.rng)
 
     def train(pipe: GPipe) -> None:
         try:

@@ -11,11 +11,11 @@ import torch
 from torch import Tensor, nn
 
 from gpipe import DeferredBatchNorm, GPipe, is_checkpointing, is_recomputing
+from gpipe.interpreter.pipeline import Pipeline
+from gpipe.interpreter.threads import ThreadRun
 from gpipe.loss import LossPlan
 from gpipe.microbatch import scatter
-from gpipe.pipeline import Pipeline
 from gpipe.schedule import CHECKPOINT_MODES, Op
-from gpipe.worker import Run
 from tests.gpipe.models import mlp
 
 
@@ -178,7 +178,8 @@ def test_sequential_face() -> None:
 
 
 def test_a_run_is_given_the_pipeline_description_not_the_gpipe() -> None:
-    """Note [what a run is given] in gpipe.pipeline: GPipe builds one frozen Pipeline; a Run needs nothing else."""
+    """Note [what a run is given] in gpipe.interpreter.pipeline: GPipe builds one frozen Pipeline; a ThreadRun needs
+    nothing else."""
     torch.manual_seed(0)
     model = mlp()
     pipe = GPipe(model, [2, 3], devices=["cpu", "cpu"], chunks=2, cpu_affinity=[None, None], switch_interval=None)
@@ -190,7 +191,7 @@ def test_a_run_is_given_the_pipeline_description_not_the_gpipe() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         description.devices = (torch.device("cpu"),)  # type: ignore[misc]
     x = torch.randn(4, 6)
-    run = Run(description, pipe.schedule_for(2, "except_last"), scatter((x,), 2), False, train=True, record=True,
+    run = ThreadRun(description, pipe.schedule_for(2, "except_last"), scatter((x,), 2), False, train=True, record=True,
               loss=(LossPlan(lambda out, target: (out - target).sum(), (1.0, 1.0)), [(torch.zeros(2, 3),)] * 2))
     run.execute_all()
     assert pipe.timeline is None and run.timeline is not None  # the run's own: it knows no GPipe to keep it in

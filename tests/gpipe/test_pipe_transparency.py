@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from gpipe import GPipe, rng
+from gpipe import GPipe
+from gpipe.autograd import rng
 from gpipe.microbatch import scatter
 from gpipe.schedule import CHECKPOINT_MODES
 from tests.gpipe.models import balances, convnet, dropnet, mlp, skipnet, tuple_input, tuplenet
@@ -66,7 +67,7 @@ def test_mlp(balance: list[int], chunks: int, checkpoint: str) -> None:
 def test_random_layers_draw_what_the_unpipelined_model_draws_with_the_same_seeds(
         balance: list[int], chunks: int, checkpoint: str) -> None:
     """Dropout, F.dropout, rand_like, bernoulli, normal_ and a custom op: the reference runs each micro-batch
-    through each partition's layers with the draws of that task (Note [random state] in gpipe.rng)."""
+    through each partition's layers with the draws of that task (Note [random state] in gpipe.autograd.rng)."""
     torch.manual_seed(0)
     model = dropnet()
     reference = copy.deepcopy(model)
@@ -117,7 +118,7 @@ def test_tuple_inputs(balance: list[int], chunks: int, checkpoint: str) -> None:
 
 @pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
 def test_partitions_starting_with_an_in_place_layer(checkpoint: str) -> None:
-    """Note [checkpointing] in gpipe.interpreter: such a partition's checkpointed forward runs on a copy of its
+    """Note [checkpointing] in gpipe.interpreter.worker: such a partition's checkpointed forward runs on a copy of its
     input."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.ReLU(inplace=True), nn.Linear(6, 8), nn.ReLU(inplace=True), nn.Linear(8, 3))

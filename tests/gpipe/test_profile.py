@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from gpipe.autograd.saved import SavedBytes
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.profile import BlockProfile, RecordedSeconds, profile_blocks, profile_sizes, time_recorded
-from gpipe.saved import SavedBytes
+from gpipe.profiling.profile import BlockProfile, RecordedSeconds, profile_blocks, profile_sizes, time_recorded
 
 F32 = 4  # bytes per float32
 

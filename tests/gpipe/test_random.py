@@ -1,7 +1,7 @@
 """Random draws under checkpointing: every route a model draws by gives the same gradient under every policy.
 
-Note [random state] in :mod:`gpipe.rng`. Each case trains one step with ``torch.manual_seed(1)`` under the three
-checkpoint policies and both schedules, twice; all twelve gradients must be equal, and must differ from a step
+Note [random state] in :mod:`gpipe.autograd.rng`. Each case trains one step with ``torch.manual_seed(1)`` under the
+three checkpoint policies and both schedules, twice; all twelve gradients must be equal, and must differ from a step
 with another seed (so the draws are real and reach the gradient).
 """
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gpipe import GPipe
-from gpipe.rng import UnseededDraw
+from gpipe.autograd.rng import UnseededDraw
 from gpipe.schedule import CHECKPOINT_MODES
 from tests.gpipe.models import RandomScale
 

@@ -1,5 +1,5 @@
-"""The split backward (Note [split backward] in gpipe.split): B + W run each matrix multiply of one backward once,
-and give the plain backward's gradients, for a stage of several layers, a first stage, a parameter-free stage,
+"""The split backward (Note [split backward] in gpipe.autograd.split): B + W run each matrix multiply of one backward
+once, and give the plain backward's gradients, for a stage of several layers, a first stage, a parameter-free stage,
 shared weights and in-place layers, alone and in the executor."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpipe import GPipe
+from gpipe.autograd.split import backward_input
 from gpipe.schedule import CHECKPOINT_MODES
-from gpipe.split import backward_input
 
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
 

@@ -1,5 +1,5 @@
-"""What the split backward learns about a stage's graph (Note [learnt split] in gpipe.split): a static stage is learnt
-once and reused, and a graph that changes (a data-dependent branch, another input shape, a frozen parameter, a
+"""What the split backward learns about a stage's graph (Note [learnt split] in gpipe.autograd.split): a static stage is
+learnt once and reused, and a graph that changes (a data-dependent branch, another input shape, a frozen parameter, a
 Python autograd.Function holding a weight) still gets the plain model's gradients, alone and in the executor."""
 
 from __future__ import annotations
@@ -11,22 +11,22 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import gpipe.profile_timing
-import gpipe.split
+import gpipe.autograd.split
+import gpipe.profiling.timing
 from gpipe import GPipe
-from gpipe.profile_timing import time_recorded
-from gpipe.split import SplitPlans, StagePlans, backward_input
+from gpipe.autograd.split import SplitPlans, StagePlans, backward_input
+from gpipe.profiling.timing import time_recorded
 
 
 def _counting_learns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     count = [0]
-    learn = gpipe.split._learn
+    learn = gpipe.autograd.split._learn
 
     def counted(shape: Any) -> Any:
         count[0] += 1
         return learn(shape)
 
-    monkeypatch.setattr(gpipe.split, "_learn", counted)
+    monkeypatch.setattr(gpipe.autograd.split, "_learn", counted)
     return count
 
 
@@ -223,17 +223,17 @@ def test_plans_last_across_steps_until_the_graph_changes(monkeypatch: pytest.Mon
             torch.testing.assert_close(p.grad, q.grad)
         counts.append(learns[0])
     # step 1 learns each stage with inputs (twice: its first micro-batch copies its input, Note [entering a
-    # partition] in gpipe.interpreter), step 2 nothing, step 3 the branch's stage alone
+    # partition] in gpipe.interpreter.worker), step 2 nothing, step 3 the branch's stage alone
     assert counts[0] == 2 * (len(balance) - 1) and counts[1:] == [counts[0], counts[0] + 1]
     assert model[4].taken == [8, 4]
 
 
 def test_the_profiler_times_b_with_its_plan_learnt(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Note [split runs] in gpipe.profile_timing: each block with an input to differentiate learns its plan once, in
+    """Note [split runs] in gpipe.profiling.timing: each block with an input to differentiate learns its plan once, in
     its first B, outside the clock; every timed B finds it, as the executor's do after a stage's first step."""
     learns = _counting_learns(monkeypatch)
     clocked: list[int] = []
-    clock = gpipe.profile_timing._clock
+    clock = gpipe.profiling.timing._clock
 
     def counting_clock(dev: torch.device) -> Any:
         inner = clock(dev)
@@ -245,7 +245,7 @@ def test_the_profiler_times_b_with_its_plan_learnt(monkeypatch: pytest.MonkeyPat
             return result
         return timed
 
-    monkeypatch.setattr(gpipe.profile_timing, "_clock", counting_clock)
+    monkeypatch.setattr(gpipe.profiling.timing, "_clock", counting_clock)
     torch.manual_seed(0)
     blocks = [nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh())]
     time_recorded(blocks, torch.randn(4, 8), warmup=0, repeats=3, streak=2, split=True)

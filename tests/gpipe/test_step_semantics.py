@@ -1,6 +1,6 @@
 """What ``step()`` leaves besides the parameters' gradients: the input's gradient, and plain batch norm's running
 statistics moved once per micro-batch whatever the checkpoint mode (Note [batch norm in a recompute] in
-:mod:`gpipe.interpreter`)."""
+:mod:`gpipe.interpreter.worker`)."""
 
 from __future__ import annotations
 

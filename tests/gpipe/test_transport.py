@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from gpipe.handoff import InProcess
-from gpipe.pipeline import Pipeline
+from gpipe.interpreter.pipeline import Pipeline
 from gpipe.schedule import Op, Task, gpipe
 from gpipe.skip.layout import SkipLayout
-from gpipe.transport import DRIVER, Message, Stopped, Transport
+from gpipe.transport.base import DRIVER, Message, Stopped, Transport
+from gpipe.transport.inprocess import InProcess
 
 
 def _transport() -> Transport:

@@ -1,5 +1,5 @@
 """DualPipeV in the executor: four stages in a V on two CPU workers, every backward split, overlapped pairs run in
-turn (Note [a pair in turn] in gpipe.interpreter); it trains exactly like the plain model."""
+turn (Note [a pair in turn] in gpipe.interpreter.worker); it trains exactly like the plain model."""
 
 from __future__ import annotations
 

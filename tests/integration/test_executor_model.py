@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from gpipe.schedule import Op, ScheduleError, Task, gpipe, one_f_one_b
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.calibration.calibrate import _Scale, calibrate, calibrate_executor_overheads
 from sim.calibration.extras import measure_stage_extras
 from sim.calibration.host import ExecutorCosts, ExecutorStage, Overheads, executor_costs, with_overheads

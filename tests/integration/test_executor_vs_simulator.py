@@ -16,7 +16,7 @@ from torch import nn
 
 from gpipe import GPipe
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, gpipe
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.calibration.experiment import Setup, demo_model, loss_of, run, stage_costs
 from sim.calibration.outcome import Outcome
 from sim.core.engine import simulate

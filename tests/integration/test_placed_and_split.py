@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from gpipe import GPipe
-from gpipe.affinity import available_cores, supported
 from gpipe.checks import TooFewDevices
+from gpipe.interpreter.affinity import available_cores, supported
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Op, Schedule, Task, gpipe, parse_tasks, register, unregister
 from gpipe.schedule import looped as looped_layout
 from sim.core.cost import CostModel
@@ -213,7 +213,7 @@ def test_a_split_backward_trains_like_the_plain_model(name: str, checkpoint: str
 
 @pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
 def test_a_split_backward_draws_exactly_what_gpipe_draws(checkpoint: str) -> None:
-    """Dropout: the draws are a function of the task (gpipe.rng), so splitting the backward changes nothing."""
+    """Dropout: the draws are a function of the task (gpipe.autograd.rng), so splitting the backward changes nothing."""
     def grads(schedule: str) -> list[Tensor]:
         torch.manual_seed(0)
         model = dropnet()

@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from gpipe.schedule import Op, Task, gpipe, one_f_one_b
-from gpipe.timeline import Timeline
+from gpipe.schedule.timeline import Timeline
 from sim.calibration.host import ExecutorCosts, ExecutorStage, Overheads, with_overheads
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost

@@ -137,7 +137,7 @@ def test_the_simulator_bills_a_checkpointed_forward_at_its_no_grad_time() -> Non
 def test_issue_seconds_only_on_cuda() -> None:
     """Note [issue seconds]: on CPU the host runs the work, so the profiler's issue seconds are its seconds and
     the cost model leaves them out (a CPU device is synchronous); on CUDA they are the host's share."""
-    from gpipe.profile import profile_blocks
+    from gpipe.profiling.profile import profile_blocks
 
     (p,) = profile_blocks([_model()], torch.randn(BATCH, 8), warmup=0, repeats=2, recorded=True)
     assert p.forward_issue_seconds == p.forward_seconds and p.backward_issue_seconds == p.backward_seconds
@@ -166,7 +166,8 @@ def _no_parameters() -> nn.Sequential:
 
 
 def _in_place_first() -> nn.Sequential:
-    """Partition 1 of balance (1, 2) starts with an in-place ReLU (Note [entering a partition] in gpipe.interpreter)."""
+    """Partition 1 of balance (1, 2) starts with an in-place ReLU (Note [entering a partition] in
+    gpipe.interpreter.worker)."""
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 4))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpipe.profile import RecordedSeconds
+from gpipe.profiling.profile import RecordedSeconds
 from gpipe.schedule import SCHEDULES, gpipe, looped, register, unregister
 from sim.calibration.compare import compare
 from sim.calibration.experiment import Setup, microbatch_sizes, progress_labels

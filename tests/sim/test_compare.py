@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpipe.schedule import Task, parse_tasks
-from gpipe.timeline import COMPUTE, MemorySample, Span, Timeline
+from gpipe.schedule.timeline import COMPUTE, MemorySample, Span, Timeline
 from sim.calibration.compare import compare, order_agreement
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gpipe.schedule import Op, Schedule, ScheduleError, Task, gpipe, one_f_one_b, parse_tasks
-from gpipe.timeline import COPY, Timeline
+from gpipe.schedule.timeline import COPY, Timeline
 from sim.calibration.host import ExecutorCosts, ExecutorStage, Overheads, with_overheads
 from sim.core.config import SimConfig
 from sim.core.copies import ON_COMPUTE

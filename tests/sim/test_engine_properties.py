@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Op, Schedule, Task
-from gpipe.timeline import COMPUTE, Span, Timeline
+from gpipe.schedule.timeline import COMPUTE, Span, Timeline
 from sim.calibration.host import Overheads, executor_costs, with_overheads
 from sim.core.config import SimConfig
 from sim.core.copies import ON_COMPUTE

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sim.calibration.machine as machine
-from gpipe.affinity import supported
+from gpipe.interpreter.affinity import supported
 from sim.calibration.machine import (
     BackgroundLoad,
     cpu_count,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import sim.calibration.experiment as experiment
-from gpipe.profile import RecordedSeconds
+from gpipe.profiling.profile import RecordedSeconds
 from sim.calibration.experiment import Setup, run
 from sim.calibration.host import Overheads
 from sim.calibration.pairs import PHASE_PAIRS, PairMeter, measure_pairs, median_pairs, rebased

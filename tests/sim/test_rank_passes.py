@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from gpipe.profile import RecordedSeconds
+from gpipe.profiling.profile import RecordedSeconds
 from gpipe.schedule import Op, Task
-from gpipe.timeline import Span, Timeline
+from gpipe.schedule.timeline import Span, Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.host import ExecutorCosts, ExecutorStage, executor_costs
 from sim.calibration.outcome import interleaved_cost

@@ -1,4 +1,4 @@
-"""The shared timeline type (metrics, JSON, Chrome trace) and the Gantt charts of gpipe.plot."""
+"""The shared timeline type (metrics, JSON, Chrome trace) and the Gantt charts of gpipe.schedule.plot."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpipe.plot import drawn_kinds, plot_side_by_side, plot_timeline
 from gpipe.schedule import Task, gpipe, one_f_one_b
-from gpipe.timeline import COMPUTE, COPY, MemorySample, Span, Timeline, chrome_trace, write_chrome_trace
+from gpipe.schedule.plot import drawn_kinds, plot_side_by_side, plot_timeline
+from gpipe.schedule.timeline import COMPUTE, COPY, MemorySample, Span, Timeline, chrome_trace, write_chrome_trace
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
 from sim.core.engine import simulate

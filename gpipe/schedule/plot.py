@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpipe.schedule import Op
-from gpipe.timeline import COMPUTE, Timeline
+from gpipe.schedule.timeline import COMPUTE, Timeline
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

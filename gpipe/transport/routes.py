@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gpipe.schedule import Op, Schedule, Task
 from gpipe.skip.layout import SkipLayout
-from gpipe.transport import Key
+from gpipe.transport.base import Key
 
 __all__ = ["LOSS", "Route", "incoming", "loss_key", "outgoing"]
 

@@ -1,20 +1,21 @@
 """The immutable description of one pipeline: partitions on devices, skip layout, options, and what it learnt.
 
 :class:`gpipe.GPipe` builds one :class:`Pipeline` when it is made, from the partitions and placement its arguments
-decide (:class:`gpipe.frontend.PipelineSpec`); every step runs it by a schedule (:class:`gpipe.worker.Run`), which
+decide (:class:`gpipe.frontend.PipelineSpec`); every step runs it by a schedule
+(:class:`gpipe.interpreter.threads.ThreadRun`), which
 gets this description, never the ``GPipe`` itself::
 
-    GPipe(module, balance, devices, ...)  --builds-->  Pipeline  --with a Schedule-->  Run  -->  Timeline
+    GPipe(module, balance, devices, ...)  --builds-->  Pipeline  --with a Schedule-->  ThreadRun  -->  Timeline
 
 Note [what a run is given]: the schedule is not part of the description. Each step asks for its own
 (``chunks`` micro-batches, or fewer for a small batch; ``forward()`` in eval mode and under ``no_grad`` runs
 without checkpoints), so the checkpoint policy reaches a run inside its :class:`gpipe.schedule.Schedule`.
 
 Note [learnt state]: ``draws``, ``writes_input`` and ``split_plans`` are the only fields whose contents change: runs
-learn, per partition, which layers draw random numbers (Note [learning which layers draw] in :mod:`gpipe.rng`),
-whether the partition writes its input in place (Note [entering a partition] in :mod:`gpipe.interpreter`) and how
-its backward splits (Note [plans across steps] in :mod:`gpipe.split`). What they learnt belongs to this pipeline:
-the description never swaps them for other objects.
+learn, per partition, which layers draw random numbers (Note [learning which layers draw] in :mod:`gpipe.autograd.rng`),
+whether the partition writes its input in place (Note [entering a partition] in :mod:`gpipe.interpreter.worker`) and how
+its backward splits (Note [plans across steps] in :mod:`gpipe.autograd.split`). What they learnt belongs to this
+pipeline: the description never swaps them for other objects.
 
 Note [placed stages]: a worker is one schedule device and runs every stage the schedule places there, each on
 its partition's device; the stages of one worker must share a torch device and CPU cores (one thread, one
@@ -31,10 +32,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpipe.rng import Draws
+from gpipe.autograd.rng import Draws
+from gpipe.autograd.split import StagePlans
 from gpipe.schedule import Schedule
 from gpipe.skip.layout import SkipLayout
-from gpipe.split import StagePlans
 
 __all__ = ["Pipeline"]
 
@@ -48,11 +49,12 @@ class Pipeline:
         devices: the device of each partition (several partitions may share one).
         skip_layout: the partition of each skip connection's stash and pop.
         cpu_affinity: the CPU cores each partition's worker runs on (``None`` for one left unpinned); ``None``
-            for no pinning at all (Note [pinned workers] in :mod:`gpipe.affinity`).
+            for no pinning at all (Note [pinned workers] in :mod:`gpipe.interpreter.affinity`).
         switch_interval: seconds Python's interpreter lock may stay with one thread while two or more workers
-            run; ``None`` leaves the interpreter's setting alone (Note [switch interval] in :mod:`gpipe.gil`).
+            run; ``None`` leaves the interpreter's setting alone (Note [switch interval] in
+            :mod:`gpipe.interpreter.gil`).
         copy_streams: per CUDA device of :attr:`devices`, the stream that copies onto it run on (Note
-            [hand-offs] in :mod:`gpipe.handoff`).
+            [hand-offs] in :mod:`gpipe.transport.inprocess`).
         draws: which layers of each partition draw random numbers (Note [learnt state]).
         writes_input: per partition, whether it writes its input in place; ``None`` until a training
             task has learnt it (Note [learnt state]).
@@ -73,8 +75,9 @@ class Pipeline:
     def of(cls, partitions: Sequence[nn.Sequential], devices: Sequence[torch.device], skip_layout: SkipLayout, *,
            cpu_affinity: Sequence[frozenset[int] | None] | None = None,
            switch_interval: float | None = None) -> Pipeline:
-        """A new pipeline of checked parts (:func:`gpipe.checks.check_devices`, :func:`gpipe.affinity.check_affinity`,
-        :func:`gpipe.gil.check_switch_interval`): a copy stream per CUDA device, nothing learnt yet."""
+        """A new pipeline of checked parts (:func:`gpipe.checks.check_devices`,
+        :func:`gpipe.interpreter.affinity.check_affinity`, :func:`gpipe.interpreter.gil.check_switch_interval`): a copy
+        stream per CUDA device, nothing learnt yet."""
         streams = {d: torch.cuda.Stream(d) for d in dict.fromkeys(devices) if d.type == "cuda"}
         return cls(tuple(partitions), tuple(devices), skip_layout,
                    None if cpu_affinity is None else tuple(cpu_affinity), switch_interval, MappingProxyType(streams),

@@ -1,9 +1,9 @@
 """Run a module in training mode and leave it as found: gradients, buffers, counters and training flags.
 
-The profiler (:mod:`gpipe.profile`) and the simulator's calibration (``sim.calibration.extras``,
+The profiler (:mod:`gpipe.profiling.profile`) and the simulator's calibration (``sim.calibration.extras``,
 ``sim.calibration.pairs``,
 ``sim.calibration.primitives``) run the same partitions again and again; each run is wrapped in :func:`preserved`
-(Note [no side effects] in :mod:`gpipe.profile_session`).
+(Note [no side effects] in :mod:`gpipe.profiling.session`).
 """
 
 from __future__ import annotations

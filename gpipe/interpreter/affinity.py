@@ -6,7 +6,7 @@ not equally fast from moment to moment: one core can run at a fraction of its sp
 another does not. A step that puts its two workers on whichever cores the
 scheduler picks, and a profile that ran on whichever core the profiling thread was on, then sample
 different machines. Pinning each partition's worker to its own cores (``GPipe(..., cpu_affinity=...)``)
-and profiling each partition on the same cores (:func:`gpipe.profile.profile_blocks`'s ``affinity``)
+and profiling each partition on the same cores (:func:`gpipe.profiling.profile.profile_blocks`'s ``affinity``)
 makes them sample the same one; it also spares a worker the cost of migrating between cores.
 
 Affinity is per thread on Linux (``os.sched_setaffinity(0, ...)`` sets the calling thread's), and a new

@@ -1,13 +1,13 @@
 """The schedule interpreter: one worker runs one schedule device's tasks (F, R, B, W) over a transport.
 
 A :class:`Worker` is one schedule device: the stages the schedule places on it, each stage's partition on its
-own torch device (stages that share a worker share a device: :meth:`gpipe.pipeline.Pipeline.workers`). It
-receives what its tasks need and sends what they make through a :class:`gpipe.transport.Transport`, and knows
-nothing of threads or processes (:class:`gpipe.worker.Run` starts it on a thread).
+own torch device (stages that share a worker share a device: :meth:`gpipe.interpreter.pipeline.Pipeline.workers`). It
+receives what its tasks need and sends what they make through a :class:`gpipe.transport.base.Transport`, and knows
+nothing of threads or processes (:class:`gpipe.interpreter.threads.ThreadRun` starts it on a thread).
 
 Note [checkpointing]: a checkpointed forward runs under ``no_grad`` and keeps only its input; the
 ``R`` task recomputes it with grad right before the ``B`` task. Every random draw is identical
-in both (see :mod:`gpipe.rng`).
+in both (see :mod:`gpipe.autograd.rng`).
 
 Note [entering a partition]: a partition's input is a fresh leaf (its gradient is what goes back to the
 previous stage). A partition that writes its input in place (``nn.ReLU(inplace=True)`` first) gets a
@@ -22,8 +22,8 @@ on every call, so a checkpointed micro-batch would count twice (its forward, the
 task each such layer of the partition stops tracking (``track_running_stats`` off: it still normalises with the
 micro-batch's own statistics, so the recompute's output is the forward's), and starts again after. Each
 micro-batch then moves the running statistics once, whatever the checkpoint mode, as without a pipeline on
-micro-batches; :class:`gpipe.DeferredBatchNorm` asks :func:`gpipe.phase.is_recomputing` itself and moves them once
-per mini-batch.
+micro-batches; :class:`gpipe.DeferredBatchNorm` asks :func:`gpipe.autograd.phase.is_recomputing` itself and moves them
+once per mini-batch.
 """
 
 from __future__ import annotations
@@ -37,20 +37,20 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from gpipe.autograd.gradients import Gradients
+from gpipe.autograd.phase import checkpointing, recomputing
+from gpipe.autograd.rng import Plan
+from gpipe.autograd.split import WeightGrads
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.gradients import Gradients
+from gpipe.interpreter.pipeline import Pipeline
 from gpipe.loss import LossPlan
 from gpipe.microbatch import as_tensors
-from gpipe.phase import checkpointing, recomputing
-from gpipe.pipeline import Pipeline
-from gpipe.recorder import Recorder
-from gpipe.rng import Plan
+from gpipe.profiling.recorder import Recorder
 from gpipe.schedule import Op, Schedule, Task
+from gpipe.schedule.timeline import COMPUTE
 from gpipe.skip.portal import Portals
 from gpipe.skip.skippable import use_tracker
-from gpipe.split import WeightGrads
-from gpipe.timeline import COMPUTE
-from gpipe.transport import DRIVER, Message, Transport
+from gpipe.transport.base import DRIVER, Message, Transport
 
 __all__ = ["Step", "Worker"]
 
@@ -66,9 +66,10 @@ class Step:
         schedule: the step's schedule.
         train: a training step (else: forwards under ``no_grad``).
         recorder: records the measured timeline, or ``None``.
-        draw_plan, step_seed, drew: Note [random state] in :mod:`gpipe.rng`.
-        gradients: where parameter gradients go (Note [gradients the caller asked for] in :mod:`gpipe.gradients`).
-        loss: what :meth:`gpipe.GPipe.step`'s last stage computes on each micro-batch (:mod:`gpipe.loss`);
+        draw_plan, step_seed, drew: Note [random state] in :mod:`gpipe.autograd.rng`.
+        gradients: where parameter gradients go (Note [gradients the caller asked for] in
+        :mod:`gpipe.autograd.gradients`). loss: what :meth:`gpipe.GPipe.step`'s last stage computes on each micro-batch
+        (:mod:`gpipe.loss`);
             ``None`` for ``forward()``.
     """
 
@@ -91,7 +92,7 @@ class Worker:
         self.n = step.schedule.n
         self.leaves: dict[tuple[int, int], tuple[tuple[Tensor, ...], bool]] = {}  # with whether it was a tuple
         self.graphs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
-        self.pending: dict[tuple[int, int], WeightGrads | None] = {}  # kept by a split B for W (gpipe.split)
+        self.pending: dict[tuple[int, int], WeightGrads | None] = {}  # kept by a split B for W (gpipe.autograd.split)
         self.split = {(t.microbatch, t.stage) for t in step.schedule.tasks[d] if t.op is Op.W}
         self.out_grads: dict[int, Grads] = {}  # step(): the gradient of the last stage's loss
         self.targets: dict[int, Message] = {}
@@ -136,7 +137,7 @@ class Worker:
         arg: Any = fed if is_tuple else fed[0]
         layers: list[Callable[[Any], Any]] = list(cast(nn.Sequential, step.pipeline.partitions[j]))
         with_loss = j == self.n - 1 and step.loss is not None
-        if with_loss:  # GPipe.step: the loss is the task's last layer, seeded like the others (gpipe.rng)
+        if with_loss:  # GPipe.step: the loss is the task's last layer, seeded like the others (gpipe.autograd.rng)
             layers.append(functools.partial(self._loss, task))
         with use_tracker(tracker):
             output = step.pipeline.draws.forward(j, step.draw_plan[j], layers, arg, step.step_seed, i, self.device,
@@ -250,7 +251,7 @@ class Worker:
         leaves = self.leaves.pop((i, j))[0]
         popped = self.skips.popped.pop((i, j), {})
         inputs = [t for t in leaves if t.requires_grad] + list(popped.values())
-        if (i, j) in self.split:  # Note [split backward] in gpipe.split: W(i, j) takes the rest
+        if (i, j) in self.split:  # Note [split backward] in gpipe.autograd.split: W(i, j) takes the rest
             some, self.pending[(i, j)] = step.gradients.input_grads(j, pairs, inputs)
             found = iter(some)
         else:

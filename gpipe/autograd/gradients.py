@@ -5,11 +5,11 @@ autograd would (every leaf the graph reaches); ``backward(inputs=...)`` only int
 names; ``torch.autograd.grad`` (``collect``) leaves ``.grad`` alone: each task's parameter gradients are
 summed per partition, and the pipeline's autograd node hands them to the engine, which returns them.
 
-A split backward (``B`` then ``W``, Note [split backward] in :mod:`gpipe.split`) sends its parameters'
+A split backward (``B`` then ``W``, Note [split backward] in :mod:`gpipe.autograd.split`) sends its parameters'
 gradients to the same places: ``W`` differentiates the parameters alone, so a tensor that requires grad inside a
 layer without being a parameter gets no ``.grad`` there. What its ``B`` tasks learn of each partition's graphs
-(Note [learnt split]) lives in the :class:`gpipe.split.StagePlans` the caller gives, the pipeline's, across steps
-(Note [plans across steps]); a run picks each partition's plans once, at its first ``B``, for the parameters it
+(Note [learnt split]) lives in the :class:`gpipe.autograd.split.StagePlans` the caller gives, the pipeline's, across
+steps (Note [plans across steps]); a run picks each partition's plans once, at its first ``B``, for the parameters it
 differentiates (those that require grad, those the caller asked for), which are fixed for the run.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from gpipe.split import SplitPlans, StagePlans, WeightGrads, backward_input
+from gpipe.autograd.split import SplitPlans, StagePlans, WeightGrads, backward_input
 
 __all__ = ["Gradients"]
 
@@ -30,7 +30,8 @@ class Gradients:
 
     Args:
         partitions: the pipeline's.
-        learnt: per partition, the split plans of earlier runs (Note [plans across steps] in :mod:`gpipe.split`);
+        learnt: per partition, the split plans of earlier runs (Note [plans across steps] in
+        :mod:`gpipe.autograd.split`);
             ``None``: this run's own, learnt afresh.
     """
 
@@ -78,7 +79,7 @@ class Gradients:
     def input_grads(self, j: int, pairs: list[tuple[Tensor, Tensor]],
                     leaves: list[Tensor]) -> tuple[list[Tensor | None], WeightGrads | None]:
         """``B`` of a split backward of partition ``j``: the gradients of ``leaves`` alone, and what ``W`` needs
-        for the parameters the caller asked for (Note [split backward] in :mod:`gpipe.split`)."""
+        for the parameters the caller asked for (Note [split backward] in :mod:`gpipe.autograd.split`)."""
         if not pairs:
             return [None] * len(leaves), None
         outs, grads = [o for o, _ in pairs], [g for _, g in pairs]

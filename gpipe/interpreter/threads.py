@@ -1,11 +1,11 @@
 """The worker threads of one step: each schedule device's task list in order, on a thread of its own.
 
-:class:`Run` is one mini-batch through a pipeline (:class:`gpipe.pipeline.Pipeline`, which a :class:`gpipe.GPipe`
-builds), and the driver's side of it: it starts one thread per schedule device, each running a
-:class:`gpipe.interpreter.Worker` on that device's tasks (Note [the schedule drives both passes] in
-:mod:`gpipe.pipe`), over the in-process transport (:class:`gpipe.handoff.InProcess`); it sends the micro-batches,
-targets and output gradients in and collects the outputs, losses and input gradients the workers send back. A
-recorded run's measured timeline is :attr:`Run.timeline` once it has ended; the ``GPipe`` keeps it.
+:class:`ThreadRun` is one mini-batch through a pipeline (:class:`gpipe.interpreter.pipeline.Pipeline`, which a
+:class:`gpipe.GPipe` builds), and the driver's side of it: it starts one thread per schedule device, each running a
+:class:`gpipe.interpreter.worker.Worker` on that device's tasks (Note [the schedule drives both passes] in
+:mod:`gpipe.pipe`), over the in-process transport (:class:`gpipe.transport.inprocess.InProcess`); it sends the
+micro-batches, targets and output gradients in and collects the outputs, losses and input gradients the workers send
+back. A recorded run's measured timeline is :attr:`ThreadRun.timeline` once it has ended; the ``GPipe`` keeps it.
 
 Note [threads]: every worker sets its intra-op thread count to the caller's (``torch.get_num_threads()``
 when the step starts). A fresh thread's OpenMP and MKL pools do not inherit ``torch.set_num_threads``:
@@ -17,13 +17,13 @@ Python's interpreter lock, on both sides, for a while. The worker whose first ta
 (the first stage's in the forward phase, the last stage's in the backward phase) is started last, so
 the others are already waiting on their inboxes and the main thread on them: started first, its first
 task would trade the lock with the thread starts that follow, which delays a forward of small layers most.
-Parked workers (Note [parked workers] in :mod:`gpipe.parking`) are woken in the same order.
+Parked workers (Note [parked workers] in :mod:`gpipe.interpreter.parking`) are woken in the same order.
 The main thread then waits for one event, set by the last worker to end, rather than joining each
 worker in turn (each join would wake it, to take the lock, while the next worker computes).
 
 Note [interrupts]: a Ctrl-C while the caller starts a phase's workers or waits for them stops them
-(:meth:`Run._fail`: waiting workers leave at once, busy ones after their current task; :meth:`Run.join` takes
-the start, so an interrupt in the middle of it stops the workers already started) and waits at most
+(:meth:`ThreadRun._fail`: waiting workers leave at once, busy ones after their current task; :meth:`ThreadRun.join`
+takes the start, so an interrupt in the middle of it stops the workers already started) and waits at most
 :data:`STOP_SECONDS` in all for them. A worker still in a task then (a layer that hangs) cannot be stopped from
 outside: it is abandoned, a daemon thread that ends after its task returns, and the ``KeyboardInterrupt`` that
 reaches the caller names its thread, device and task. Everything the step set is restored without it (the
@@ -45,22 +45,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpipe import gil, rng
-from gpipe.affinity import pinned
+from gpipe.autograd import rng
+from gpipe.autograd.gradients import Gradients
 from gpipe.batchnorm import DeferredBatchNorm
-from gpipe.gradients import Gradients
-from gpipe.handoff import InProcess, device_context
-from gpipe.interpreter import Step, Worker
+from gpipe.interpreter import gil
+from gpipe.interpreter.affinity import pinned
+from gpipe.interpreter.parking import Gate
+from gpipe.interpreter.pipeline import Pipeline
+from gpipe.interpreter.worker import Step, Worker
 from gpipe.loss import LossPlan
 from gpipe.microbatch import gather
-from gpipe.parking import Gate
-from gpipe.pipeline import Pipeline
-from gpipe.recorder import Recorder
+from gpipe.profiling.recorder import Recorder
 from gpipe.schedule import Op, Schedule, Task
-from gpipe.timeline import Timeline
-from gpipe.transport import DRIVER, Message, Stopped
+from gpipe.schedule.timeline import Timeline
+from gpipe.transport.base import DRIVER, Message, Stopped
+from gpipe.transport.inprocess import InProcess, device_context
 
-__all__ = ["STOP_SECONDS", "Loss", "Run"]
+__all__ = ["STOP_SECONDS", "Loss", "ThreadRun"]
 
 STOP_SECONDS = 1.0
 """After an interrupt, how long in all the caller waits for the workers to stop (Note [interrupts])."""
@@ -69,7 +70,7 @@ Loss = tuple[LossPlan, list[tuple[Tensor, ...]]]
 """:meth:`gpipe.GPipe.step`'s loss (what the last stage computes: :mod:`gpipe.loss`) and each micro-batch's target."""
 
 
-class Run:
+class ThreadRun:
     """One mini-batch through the pipeline: the forward phase now, the backward phase when autograd asks."""
 
     def __init__(self, pipeline: Pipeline, schedule: Schedule, batches: list[tuple[Tensor, ...]], input_is_tuple: bool,
@@ -83,7 +84,7 @@ class Run:
         self.n = schedule.n
         devices, self.affinity = pipeline.workers(schedule)  # per schedule device (Note [placed stages])
         self.partitions = list(pipeline.partitions)
-        # Note [random state] in gpipe.rng: the partitions that run under the dispatch mode this step, and the
+        # Note [random state] in gpipe.autograd.rng: the partitions that run under the dispatch mode this step, and the
         # step's seed, drawn only when one of them may draw
         self.draws = pipeline.draws
         self.draw_plan = self.draws.plan()
@@ -99,7 +100,7 @@ class Run:
         self.interval: float | None = None  # the switch interval this run holds while its workers run
         self.running = 0  # workers of the current phase still running
         self.finished = threading.Event()  # set by the last of them
-        self.gate = Gate(len(devices))  # Note [parked workers] in gpipe.parking
+        self.gate = Gate(len(devices))  # Note [parked workers] in gpipe.interpreter.parking
         self.outputs: dict[int, tuple[Tensor, ...]] = {}  # driver-side: what the last stage sent back
         self.output_is_tuple = False
         self.input_requires_grad: list[bool] = []
@@ -142,7 +143,7 @@ class Run:
 
     def execute_forward(self) -> None:
         """Run every device's leading forwards (``forward()``); the outputs come back to :attr:`outputs`. In
-        training the workers then park for the backward (Note [parked workers] in :mod:`gpipe.parking`)."""
+        training the workers then park for the backward (Note [parked workers] in :mod:`gpipe.interpreter.parking`)."""
         self._send_inputs()
         phases = self.phases
         later = [tasks[1] for tasks in phases] if self.train else None
@@ -172,7 +173,7 @@ class Run:
 
     def _arm(self) -> None:
         """Before a phase's workers run: its count of workers, its end event, the switch interval, the outside RNGs."""
-        # Note [switch interval] in gpipe.gil: until join() has seen the phase end
+        # Note [switch interval] in gpipe.interpreter.gil: until join() has seen the phase end
         interval = self.pipeline.switch_interval if len(self.threads) > 1 else None
         if interval is not None and self.interval is None:
             gil.enter(interval)
@@ -272,7 +273,7 @@ class Run:
 
     def finish_backward(self) -> None:
         """Run the backward phase and wait for it: the caller's thread starts it only once it has nothing else
-        to do in Python (Note [parked workers] in :mod:`gpipe.parking`)."""
+        to do in Python (Note [parked workers] in :mod:`gpipe.interpreter.parking`)."""
         if self.backward_done:
             return
         self.backward_done = True

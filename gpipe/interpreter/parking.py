@@ -5,7 +5,7 @@ forward tasks each worker parks on an event of its own, and ``backward()`` wakes
 last) instead of starting fresh threads: starting two threads again, each a scheduler's wake-up on busy
 cores, would sit on the critical path between the last forward and the first backward, which ``step()`` runs
 back to back (``benchmarks/executor_speed.py`` times both entry points). The parking is the driver's
-(:class:`gpipe.worker.Run` and its thread loop), not the interpreter's: a worker knows nothing of it.
+(:class:`gpipe.interpreter.threads.ThreadRun` and its thread loop), not the interpreter's: a worker knows nothing of it.
 Parked workers hold nothing but the run: a failure, an interrupt, or the forward's graph freed before its
 backward (:class:`Parked`, held by that graph) sends them away.
 """
@@ -37,7 +37,7 @@ class Gate:
 
     def open(self, first: int) -> None:
         """Wake the parked workers for the backward phase; device ``first``'s last (Note [launch order] in
-        :mod:`gpipe.worker`). The caller has armed the phase (its count of workers) before."""
+        :mod:`gpipe.interpreter.threads`). The caller has armed the phase (its count of workers) before."""
         self.parked = False
         for d, go in enumerate(self.go):
             if d != first:

@@ -13,8 +13,8 @@ Per block, :class:`BlockProfile` holds:
 - ``forward_seconds``: forward with grad enabled (it records the graph): an ``F`` that is not
   checkpointed, and every ``R`` (a recompute is exactly this forward);
 - with ``split=True``, ``weight_seconds``: the weight-gradient part of the backward, a ``W`` task, and
-  ``backward_seconds`` the input-gradient part, a ``B`` (Note [split runs] in :mod:`gpipe.profile_timing`);
-- ``forward_nograd_seconds``: forward under ``no_grad`` (with :func:`gpipe.phase.checkpointing` set):
+  ``backward_seconds`` the input-gradient part, a ``B`` (Note [split runs] in :mod:`gpipe.profiling.timing`);
+- ``forward_nograd_seconds``: forward under ``no_grad`` (with :func:`gpipe.autograd.phase.checkpointing` set):
   the ``F`` of a checkpointed micro-batch, cheaper because nothing is saved;
 - ``backward_seconds``: ``torch.autograd.backward`` of this block's outputs alone, with a gradient of
   ones, into its parameters and (when it requires grad) its input;
@@ -25,9 +25,9 @@ Per block, :class:`BlockProfile` holds:
   ``saved_bytes`` (kept for backward, from ``torch.autograd.graph.saved_tensors_hooks``),
   ``parameter_bytes`` (parameters and buffers) and ``gradient_bytes`` (trainable parameters).
 
-The walk through the blocks, their sizes and Note [no side effects] are in :mod:`gpipe.profile_session`;
+The walk through the blocks, their sizes and Note [no side effects] are in :mod:`gpipe.profiling.session`;
 the timed runs and Notes [issue seconds], [recorded runs], [run order] and [streaks] in
-:mod:`gpipe.profile_timing`; :func:`preserved` in :mod:`gpipe.preserved`.
+:mod:`gpipe.profiling.timing`; :func:`preserved` in :mod:`gpipe.autograd.preserved`.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from gpipe.affinity import Cores, check_affinity
-from gpipe.preserved import preserved
-from gpipe.profile_session import BlockSizes, Device, TensorOrTensors, _session, profile_sizes
-from gpipe.profile_timing import RecordedSeconds, _check_counts, _timed_runs, time_recorded
+from gpipe.autograd.preserved import preserved
+from gpipe.interpreter.affinity import Cores, check_affinity
+from gpipe.profiling.session import BlockSizes, Device, TensorOrTensors, _session, profile_sizes
+from gpipe.profiling.timing import RecordedSeconds, _check_counts, _timed_runs, time_recorded
 
 __all__ = ["BlockProfile", "BlockSizes", "Device", "RecordedSeconds", "TensorOrTensors", "preserved", "profile_blocks",
            "profile_sizes", "time_recorded"]
@@ -93,9 +93,9 @@ def profile_blocks(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
         recorded: also time the forward and backward with a recording executor's hooks
             (Note [recorded runs]); otherwise those two times are ``None``.
         affinity: one set of CPU cores per block (or ``None``): each block runs on the calling thread
-            moved to its cores, as a pinned worker runs it (:mod:`gpipe.affinity`); restored after.
+            moved to its cores, as a pinned worker runs it (:mod:`gpipe.interpreter.affinity`); restored after.
         split: time each backward in two parts, as a schedule with ``W`` tasks runs it (Note [split runs] in
-            :mod:`gpipe.profile_timing`): ``backward_seconds`` the input gradient, ``weight_seconds`` the rest.
+            :mod:`gpipe.profiling.timing`): ``backward_seconds`` the input gradient, ``weight_seconds`` the rest.
 
     Returns:
         One :class:`BlockProfile` per block.

@@ -3,7 +3,7 @@
 Pure Python (no torch). A :class:`Timeline` is a tuple of :class:`Span` (device, stream, task, start,
 end) and a tuple of :class:`MemorySample` (device, time, bytes). Times are seconds from the start of
 the step. Everything downstream (metrics, JSON, the Chrome/Perfetto trace, the Gantt chart in
-:mod:`gpipe.plot`, the comparison) takes either kind.
+:mod:`gpipe.schedule.plot`, the comparison) takes either kind.
 
 Streams::
 

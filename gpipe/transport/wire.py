@@ -1,10 +1,10 @@
 """The transport between ranks: point-to-point ``isend``/``irecv`` to stages on other ranks, a mailbox for this one.
 
-:class:`Wire` is the :class:`gpipe.transport.Transport` of one rank in one step. A message for a stage on this
+:class:`Wire` is the :class:`gpipe.transport.base.Transport` of one rank in one step. A message for a stage on this
 rank (or for the driver, which is every rank's own caller) stays in process; one for a stage on another rank is
 held until its task ends and then sent in the pair's order (Note [one order per pair] in
-:mod:`gpipe.distributed.routes`), behind a header the first time its kind crosses (Note [structure once] in
-:mod:`gpipe.distributed.structure`).
+:mod:`gpipe.transport.routes`), behind a header the first time its kind crosses (Note [structure once] in
+:mod:`gpipe.transport.structure`).
 
 Note [receives posted ahead]: at the start of a step, and after each task (its sends first), a rank posts the
 receives of the next ``lookahead`` messages each peer will send it, so a message lands while the rank computes;
@@ -34,11 +34,11 @@ from torch import Tensor
 from gpipe.distributed.clock import Transfers
 from gpipe.distributed.faults import Alarm, Pending, Waiter
 from gpipe.distributed.group import Ranks
-from gpipe.distributed.routes import LOSS, Route, incoming, loss_key, outgoing
-from gpipe.distributed.structure import HEADER, Structure, decode, describe, encode, structure_of
 from gpipe.schedule import Op, Schedule, Task
 from gpipe.skip.layout import SkipLayout
-from gpipe.transport import DRIVER, Key, Message, Transport
+from gpipe.transport.base import DRIVER, Key, Message, Transport
+from gpipe.transport.routes import LOSS, Route, incoming, loss_key, outgoing
+from gpipe.transport.structure import HEADER, Structure, decode, describe, encode, structure_of
 
 __all__ = ["Links", "Wire"]
 
@@ -170,7 +170,7 @@ class Wire(Transport):
             self._post(src)
 
     def send_loss(self, loss: Tensor) -> None:
-        """From the last stage's rank: the step's loss to every other rank (:data:`gpipe.distributed.routes.LOSS`)."""
+        """From the last stage's rank: the step's loss to every other rank (:data:`gpipe.transport.routes.LOSS`)."""
         for dst in range(self.schedule.num_devices):
             if dst != self.rank:
                 self._send(dst, loss_key(self.schedule), Message((loss,)))

@@ -13,8 +13,8 @@ overlap the host's next work (``sim.core.device``, Note [asynchronous devices]).
 CPU the host runs the work itself, and the issue seconds equal the seconds.
 
 Note [recorded runs]: a recording :class:`gpipe.GPipe` counts the bytes each grad-enabled forward
-saves with a Python pack hook (:class:`gpipe.saved.SavedBytes`, the very hook that measures ``saved_bytes``), and
-its backward takes every saved tensor back through an unpack hook. For a block of many small layers
+saves with a Python pack hook (:class:`gpipe.autograd.saved.SavedBytes`, the very hook that measures ``saved_bytes``),
+and its backward takes every saved tensor back through an unpack hook. For a block of many small layers
 that is a large share of its time, and how large depends on what the layers save (a Linear's input
 and weight, a ReLU's output): it is measured on the block itself, not estimated per tensor. The hooks
 are installed outside the timed region, so what they add is their per-tensor calls.
@@ -45,12 +45,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gpipe.affinity import Cores, check_affinity, pinned
+from gpipe.autograd.phase import checkpointing
+from gpipe.autograd.saved import SavedBytes
+from gpipe.autograd.split import SplitPlans, backward_input
 from gpipe.checks import check_positive
-from gpipe.phase import checkpointing
-from gpipe.profile_session import Device, TensorOrTensors, _call, _fresh, _session, _Step
-from gpipe.saved import SavedBytes
-from gpipe.split import SplitPlans, backward_input
+from gpipe.interpreter.affinity import Cores, check_affinity, pinned
+from gpipe.profiling.session import Device, TensorOrTensors, _call, _fresh, _session, _Step
 
 __all__ = ["RecordedSeconds", "time_recorded"]
 
@@ -80,20 +80,20 @@ def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
                   device: Device | Sequence[Device] | None = None, warmup: int = 1, repeats: int = 1,
                   affinity: Sequence[Cores | None] | None = None, streak: int = 1,
                   split: bool = False) -> list[RecordedSeconds]:
-    """Only the seconds a recording executor's tasks take: :func:`gpipe.profile.profile_blocks` with ``recorded=True``
-    less its plain (hook-free) forward and backward, which such an executor never runs; about half the
+    """Only the seconds a recording executor's tasks take: :func:`gpipe.profiling.profile.profile_blocks` with
+    ``recorded=True`` less its plain (hook-free) forward and backward, which such an executor never runs; about half the
     cost, for sampling a machine between training steps (Note [interleaved calibration] in
     ``sim.calibration.experiment``). The runs that remain run in the same order (Note [run order]): every no-grad
     forward, then the recorded forwards and backwards. Bytes are not returned: they do not change from
-    pass to pass (:func:`gpipe.profile_session.profile_sizes`).
+    pass to pass (:func:`gpipe.profiling.session.profile_sizes`).
 
     Args:
-        blocks: as for :func:`gpipe.profile.profile_blocks`.
-        sample: as for :func:`gpipe.profile.profile_blocks`.
-        device: as for :func:`gpipe.profile.profile_blocks`.
+        blocks: as for :func:`gpipe.profiling.profile.profile_blocks`.
+        sample: as for :func:`gpipe.profiling.profile.profile_blocks`.
+        device: as for :func:`gpipe.profiling.profile.profile_blocks`.
         warmup: untimed passes first.
         repeats: timed passes; each time is the median over them.
-        affinity: as for :func:`gpipe.profile.profile_blocks`.
+        affinity: as for :func:`gpipe.profiling.profile.profile_blocks`.
         streak: runs of each kind a block makes in a row within a pass (Note [streaks]); each time
             is the median over every timed run.
         split: time the backward as a schedule with ``W`` tasks runs it, in two parts (Note [split runs]).
@@ -102,8 +102,8 @@ def time_recorded(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
         One :class:`RecordedSeconds` per block.
 
     Raises:
-        ValueError: as :func:`gpipe.profile.profile_blocks`.
-        TypeError: as :func:`gpipe.profile.profile_blocks`.
+        ValueError: as :func:`gpipe.profiling.profile.profile_blocks`.
+        TypeError: as :func:`gpipe.profiling.profile.profile_blocks`.
     """
     cores = check_affinity(affinity, len(blocks)) or [None] * len(blocks)
     _check_counts(warmup, repeats)
@@ -158,13 +158,13 @@ Times = tuple[float, float, float, float, float, float]  # forward, backward, we
 
 
 # Note [split runs]: a schedule with ``W`` tasks runs a stage's backward as two tasks, ``B`` the gradients of the
-# stage's inputs and ``W`` the parameters' from what ``B`` kept (Note [split backward] in gpipe.split).
+# stage's inputs and ``W`` the parameters' from what ``B`` kept (Note [split backward] in gpipe.autograd.split).
 # ``split=True`` times the two with the executor's own functions, one after the other on one graph: ``backward``
 # is the ``B`` part (0 for a block whose input needs no gradient, as the first stage's, whose ``B`` only hands
 # the outputs to ``W``) and ``weight`` the ``W`` part (0 for a block without trainable parameters); without it
 # ``weight`` is 0. Each block keeps its split plans across passes, as the executor keeps a stage's across steps
-# (Note [plans across steps] in gpipe.split), and learns its graph's before its first ``B``, untimed: the times are
-# the executor's in steady state, where every ``B`` finds its plan.
+# (Note [plans across steps] in gpipe.autograd.split), and learns its graph's before its first ``B``, untimed: the times
+# are the executor's in steady state, where every ``B`` finds its plan.
 
 def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence[Cores | None],
                 plans: Sequence[SplitPlans], recorded: bool = False, streak: int = 1,
@@ -199,7 +199,7 @@ def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence
                 backward = backward_issue = weight = weight_issue = 0.0
                 if tensors and not split:
                     backward, backward_issue, _ = clock(lambda: torch.autograd.backward(tensors, grads))  # noqa: B023
-                elif tensors:  # Note [split runs]: B then W, as the executor runs them (gpipe.split)
+                elif tensors:  # Note [split runs]: B then W, as the executor runs them (gpipe.autograd.split)
                     if inputs:
                         if not learnt.plans:  # the block's first B: learns its plan untimed
                             learnt.plan(learnt.walk(tensors, inputs)[0])

@@ -15,7 +15,7 @@ out. A message is keyed by the task that produced it and a channel, and carries 
 Note [no shared state between workers]: a worker keeps only what its own tasks need (leaves, graphs, stashed
 tensors, popped leaves); anything another worker or the driver needs travels as a message, so a process per
 device (torch.distributed) is another :class:`Transport`, not another interpreter. The in-process transport is
-:class:`gpipe.handoff.InProcess`.
+:class:`gpipe.transport.inprocess.InProcess`.
 """
 
 from __future__ import annotations

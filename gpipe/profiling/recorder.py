@@ -3,7 +3,7 @@
 Times come from a monotonic host clock on CPU devices and from CUDA events on CUDA streams, brought to one
 time base (each device's first event is recorded right after the host clock starts). Memory samples are the
 bytes saved for backward per device, on every device type, counted by saved-tensor hooks exactly as the profiler
-counts them (:mod:`gpipe.profile`: parameters and buffers excluded, overlapping views counted once), so that
+counts them (:mod:`gpipe.profiling.profile`: parameters and buffers excluded, overlapping views counted once), so that
 they mean what the simulator's samples mean. On CUDA devices ``meta["allocator_peak_bytes"]`` adds what the
 caching allocator held at its peak during the step beyond what it held when the step began (gradients,
 activations in flight, workspaces: everything; the step resets the device's peak statistics). The time between
@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from gpipe.pipeline import Pipeline
-from gpipe.saved import SavedBytes, storage_key
+from gpipe.autograd.saved import SavedBytes, storage_key
+from gpipe.interpreter.pipeline import Pipeline
 from gpipe.schedule import Schedule, Task
-from gpipe.timeline import COPY, MemorySample, Span, Timeline
+from gpipe.schedule.timeline import COPY, MemorySample, Span, Timeline
 
 __all__ = ["Recorder"]
 
@@ -36,7 +36,7 @@ class Recorder:
         pipeline: what the step runs: its devices, partitions and copy streams.
         schedule: the step's schedule, described in the timeline's ``meta``.
         threads_per_worker: each worker's intra-op threads, for the ``meta`` too.
-        devices: the torch device of each schedule device (:meth:`gpipe.pipeline.Pipeline.workers`).
+        devices: the torch device of each schedule device (:meth:`gpipe.interpreter.pipeline.Pipeline.workers`).
     """
 
     def __init__(self, pipeline: Pipeline, schedule: Schedule, threads_per_worker: int,

@@ -1,11 +1,11 @@
 """The in-process transport: an inbox per worker thread, a stop when one fails, copies onto the receiving device.
 
 Note [hand-offs]: a worker sends its result (activations downstream, gradients upstream, skip tensors) to the
-inbox (a ``queue.SimpleQueue``) of the worker of the receiving stage (:class:`gpipe.transport.Transport`). The
+inbox (a ``queue.SimpleQueue``) of the worker of the receiving stage (:class:`gpipe.transport.base.Transport`). The
 receiver moves tensors to its stage's device (on the device's copy stream for CUDA, recorded as a copy span;
 on CPU devices the hand-off itself is the copy). An exception in any task is recorded, every worker is woken
 with a stop message, all threads are joined, and the original exception is raised in the caller with its
-traceback (:class:`gpipe.worker.Run`).
+traceback (:class:`gpipe.interpreter.threads.Run`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpipe.pipeline import Pipeline
-from gpipe.recorder import Recorder
+from gpipe.interpreter.pipeline import Pipeline
+from gpipe.profiling.recorder import Recorder
 from gpipe.schedule import Schedule
-from gpipe.timeline import COPY
-from gpipe.transport import DRIVER, Key, Message, Stopped, Transport
+from gpipe.schedule.timeline import COPY
+from gpipe.transport.base import DRIVER, Key, Message, Stopped, Transport
 
 __all__ = ["InProcess", "device_context", "moved"]
 

@@ -1,11 +1,11 @@
 """The profiler's walk through blocks of layers: each placed on its device, fed the previous block's output and sized.
 
 A sample flows through the blocks in order, block ``k`` receiving block ``k - 1``'s output, and each
-block is measured alone on a detached copy of its input (the diagram in :mod:`gpipe.profile`).
+block is measured alone on a detached copy of its input (the diagram in :mod:`gpipe.profiling.profile`).
 :func:`profile_sizes` returns only the bytes (:class:`BlockSizes`); the timed runs are
-:mod:`gpipe.profile_timing`'s.
+:mod:`gpipe.profiling.timing`'s.
 
-Note [saved bytes per block]: each block's saved bytes are counted by :class:`gpipe.saved.SavedBytes`
+Note [saved bytes per block]: each block's saved bytes are counted by :class:`gpipe.autograd.saved.SavedBytes`
 (Note [saved bytes] there), each block on its own, as if it ran on its own device: summing single layers
 may count a boundary tensor twice, once in each layer that keeps it.
 
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gpipe.preserved import preserved
-from gpipe.saved import SavedBytes
+from gpipe.autograd.preserved import preserved
+from gpipe.autograd.saved import SavedBytes
 from gpipe.skip.skippable import SkipKey, use_tracker
 
 __all__ = ["BlockSizes", "Device", "TensorOrTensors", "profile_sizes"]
@@ -41,7 +41,7 @@ TensorOrTensors = Tensor | tuple[Tensor, ...]
 
 @dataclass(frozen=True)
 class BlockSizes:
-    """Bytes of one block for one input (:mod:`gpipe.profile` says what each counts)."""
+    """Bytes of one block for one input (:mod:`gpipe.profiling.profile` says what each counts)."""
 
     output_bytes: int
     saved_bytes: int
@@ -52,12 +52,12 @@ class BlockSizes:
 
 def profile_sizes(blocks: Sequence[nn.Module], sample: TensorOrTensors, *,
                   device: Device | Sequence[Device] | None = None) -> list[BlockSizes]:
-    """Only the bytes of :func:`gpipe.profile.profile_blocks`: one forward per block, nothing timed.
+    """Only the bytes of :func:`gpipe.profiling.profile.profile_blocks`: one forward per block, nothing timed.
 
     Args:
-        blocks: as for :func:`gpipe.profile.profile_blocks`.
-        sample: as for :func:`gpipe.profile.profile_blocks`.
-        device: as for :func:`gpipe.profile.profile_blocks`.
+        blocks: as for :func:`gpipe.profiling.profile.profile_blocks`.
+        sample: as for :func:`gpipe.profiling.profile.profile_blocks`.
+        device: as for :func:`gpipe.profiling.profile.profile_blocks`.
 
     Returns:
         One :class:`BlockSizes` per block.
