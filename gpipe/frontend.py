@@ -7,7 +7,10 @@
         +-- .on_devices(p)      GPipe: the number of devices given (or None)
         +-- .on_ranks(world)    DistributedGPipe: the group's size, once joined
         v
-    PipelineSpec    placement; schedule_for(m), built once per shape; stage_layers()
+    PipelineSpec    placement; schedule(m), built once per shape; stage_layers()
+        |
+        v
+    FrontEnd        the module both executors are: the spec, balance, chunks, checkpoint; schedule_for(m)
 
 Note [one front-end]: what a pipeline is (its layers cut by the balance, ``chunks``, the checkpoint policy, the
 schedule, a registered name with its options or a given :class:`Schedule`, where each stage goes, and the schedule
@@ -45,7 +48,7 @@ from gpipe.checks import check_balance, check_chunks, check_unique
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Op, Schedule, ScheduleKind, schedule_kind
 from gpipe.skip.layout import SkipLayout
 
-__all__ = ["Arguments", "PipelineSpec", "given_schedule", "stage_placement", "step_schedule"]
+__all__ = ["Arguments", "FrontEnd", "PipelineSpec", "given_schedule", "stage_placement", "step_schedule"]
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ class PipelineSpec:
     _schedules: dict[tuple[int, str, str | None], Schedule] = field(default_factory=dict, init=False, repr=False,
                                                                     compare=False)
 
-    def schedule_for(self, m: int, checkpoint: str | None = None, name: str | None = None) -> Schedule:
+    def schedule(self, m: int, checkpoint: str | None = None, name: str | None = None) -> Schedule:
         """The schedule a step of ``m`` micro-batches runs under ``checkpoint`` (default: the pipeline's), one stage
         per partition: the registered ``name``'s, by default the pipeline's; a given schedule for its own ``m`` only
         (Note [a given schedule]). Built and validated once per ``(m, checkpoint, name)``.
@@ -198,6 +201,46 @@ class PipelineSpec:
             k += size
         return layers
 
+
+
+class FrontEnd(nn.Module):
+    """The module :class:`gpipe.GPipe` and :class:`gpipe.distributed.DistributedGPipe` both are: a placed
+    :class:`PipelineSpec` and the schedule of each step, asked the same way of either (Note [one front-end]). Each
+    executor adds its transport and the stages it holds.
+
+    Attributes:
+        spec: the arguments, checked and placed.
+        balance: layers per stage.
+        chunks: micro-batches per mini-batch.
+        checkpoint: the checkpoint policy of a training step.
+        schedule_name: the registered name (options included), or a given schedule's name.
+    """
+
+    spec: PipelineSpec
+
+    def _take(self, spec: PipelineSpec) -> PipelineSpec:
+        """Keep ``spec`` and what a user reads of it; an executor's ``__init__`` calls it once."""
+        self.spec = spec
+        self.balance = list(spec.arguments.balance)
+        self.chunks = spec.arguments.chunks
+        self.checkpoint = spec.arguments.checkpoint
+        self.schedule_name = spec.arguments.schedule_name
+        return spec
+
+    def schedule_for(self, m: int, checkpoint: str | None = None, name: str | None = None) -> Schedule:
+        """The schedule a step of ``m`` micro-batches runs (one stage per partition; device ``d`` is rank ``d`` of a
+        ``DistributedGPipe``): the registered ``name``'s, by default this pipeline's; a given schedule for its own
+        ``m`` only (Note [a given schedule]).
+
+        Raises:
+            ValueError: ``m`` differs from a given schedule's ``m``.
+        """
+        return self.spec.schedule(m, self.checkpoint if checkpoint is None else checkpoint, name)
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule of a full training step: ``chunks`` micro-batches, this pipeline's checkpoint mode."""
+        return self.schedule_for(self.chunks)
 
 def stage_placement(schedule: str | Schedule, stages: int, devices: int | None, chunks: int,
                     checkpoint: Checkpoint) -> tuple[int, ...]:

@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
 from gpipe.checks import check_devices
-from gpipe.frontend import Arguments
+from gpipe.frontend import Arguments, FrontEnd
 from gpipe.interpreter.affinity import Cores, check_affinity
 from gpipe.interpreter.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.interpreter.parking import Parked
@@ -66,7 +66,7 @@ __all__ = ["GPipe"]
 Device = torch.device | str | int
 
 
-class GPipe(nn.Module):
+class GPipe(FrontEnd):
     """Pipeline-parallel wrapper of an ``nn.Sequential`` (torchgpipe's API).
 
     Args:
@@ -115,12 +115,8 @@ class GPipe(nn.Module):
         super().__init__()
         # Note [one front-end] in gpipe.frontend: the arguments checked, then placed on the devices given
         count = None if devices is None or isinstance(devices, (str, bytes, int, torch.device)) else len(devices)
-        self.spec = spec = Arguments.check("GPipe", module, balance, chunks=chunks, checkpoint=checkpoint,
-                                           schedule=schedule, deferred_batch_norm=deferred_batch_norm).on_devices(count)
-        self.balance = list(spec.arguments.balance)
-        self.chunks = spec.arguments.chunks
-        self.checkpoint = spec.arguments.checkpoint
-        self.schedule_name = spec.arguments.schedule_name
+        spec = self._take(Arguments.check("GPipe", module, balance, chunks=chunks, checkpoint=checkpoint,
+                                          schedule=schedule, deferred_batch_norm=deferred_batch_norm).on_devices(count))
         placement, n = spec.placement, len(self.balance)
         placed = check_devices(devices, n, placement)
         if cpu_affinity is not None and not isinstance(cpu_affinity, (str, bytes, int)) \
@@ -190,21 +186,6 @@ class GPipe(nn.Module):
         raise TypeError("GPipe places its partitions itself and cannot be moved with .cpu(); pass devices=[...]")
 
     # -- running --------------------------------------------------------------------------------------
-
-    def schedule_for(self, m: int, checkpoint: str | None = None, name: str | None = None) -> Schedule:
-        """The schedule a step of ``m`` micro-batches runs (one stage per partition): the registered ``name``'s, by
-        default this pipeline's; a given schedule for its own ``m`` only (Note [a given schedule] in
-        :mod:`gpipe.frontend`).
-
-        Raises:
-            ValueError: ``m`` differs from a given schedule's ``m``.
-        """
-        return self.spec.schedule_for(m, self.checkpoint if checkpoint is None else checkpoint, name)
-
-    @property
-    def schedule(self) -> Schedule:
-        """The schedule of a full training step: ``chunks`` micro-batches, this pipeline's checkpoint mode."""
-        return self.schedule_for(self.chunks)
 
     def forward(self, input: Any) -> Any:
         """Run the forward tasks on the micro-batches of ``input``; return the output on the last device."""

@@ -42,7 +42,7 @@ from gpipe.distributed.group import Ranks, join
 from gpipe.distributed.materialize import Init, materialize_layer
 from gpipe.distributed.shapes import check_boundaries
 from gpipe.distributed.start import Told, exchange, fingerprint, seed_from, structure_from
-from gpipe.frontend import Arguments
+from gpipe.frontend import Arguments, FrontEnd
 from gpipe.interpreter.pipeline import Pipeline
 from gpipe.interpreter.worker import Step, Worker
 from gpipe.loss import LossPlan, loss_plan, reduction_of
@@ -58,7 +58,7 @@ from gpipe.transport.wire import Links, Wire
 __all__ = ["DistributedGPipe"]
 
 
-class DistributedGPipe(nn.Module):
+class DistributedGPipe(FrontEnd):
     """This rank's part of a pipeline over the ranks of a process group (one schedule device per rank).
 
     Args:
@@ -94,15 +94,13 @@ class DistributedGPipe(nn.Module):
         # its ranks; this rank holds only its own stages' layers
         arguments = Arguments.check("DistributedGPipe", module, balance, chunks=chunks, checkpoint=checkpoint,
                                     schedule=schedule, deferred_batch_norm=deferred_batch_norm)
-        self.balance = list(arguments.balance)
-        self.chunks, self.checkpoint = arguments.chunks, arguments.checkpoint
-        self.schedule_name, self.kind = arguments.schedule_name, arguments.kind
+        self.kind = arguments.kind
         self.skip_layout = arguments.skip_layout
         self.record = record
         if not timeout > 0:
             raise ValueError(f"timeout is in seconds and positive, got {timeout!r}")
         self.ranks: Ranks = join(group, device, timeout)
-        self.spec = spec = arguments.on_ranks(self.ranks.world)
+        spec = self._take(arguments.on_ranks(self.ranks.world))
         self.placement = spec.placement
         stages, partitions, k = spec.stage_layers(), [], 0
         for j, layers in enumerate(stages):
@@ -133,15 +131,6 @@ class DistributedGPipe(nn.Module):
     def stages(self) -> list[int]:
         """The stages this rank runs."""
         return self.spec.stages_on(self.rank)
-
-    def schedule_for(self, m: int, checkpoint: str | None = None) -> Schedule:
-        """The schedule of a step of ``m`` micro-batches (its device ``d`` is rank ``d``); a given schedule for its
-        own ``m`` only (Note [a given schedule] in :mod:`gpipe.frontend`).
-
-        Raises:
-            ValueError: ``m`` differs from a given schedule's ``m``.
-        """
-        return self.spec.schedule_for(m, self.checkpoint if checkpoint is None else checkpoint)
 
     def close(self) -> None:
         """Stop this rank's helper threads (the pipeline cannot step afterwards)."""

@@ -85,7 +85,7 @@ def test_gpipe_places_by_the_layout_only_on_fewer_devices(schedule: str, devices
                                                           placement: tuple[int, ...]) -> None:
     spec = check(chain(4), [1] * 4, chunks=4, schedule=schedule).on_devices(devices)
     assert (spec.layout, spec.placement) == (layout, placement)
-    assert spec.schedule_for(4).placement == placement
+    assert spec.schedule(4).placement == placement
     assert stage_placement(schedule, 4, devices, 4, "except_last") == placement
 
 
@@ -100,7 +100,7 @@ def test_a_given_schedule_keeps_its_placement_on_any_count() -> None:
     given = one_f_one_b(4, 2)
     for devices in (None, 1, 2, 5):
         spec = check(chain(2), [1, 1], schedule=given).on_devices(devices)
-        assert spec.placement == given.placement and spec.schedule_for(4) is given
+        assert spec.placement == given.placement and spec.schedule(4) is given
     assert stage_placement(given, 2, 1, 4, "except_last") == given.placement
 
 
@@ -108,7 +108,7 @@ def test_ranks_take_the_layout_for_the_group_size() -> None:
     arguments = check(chain(4), [1] * 4, chunks=4, schedule="zb-v")
     spec = arguments.on_ranks(2)
     assert spec.placement == spec.layout == (0, 1, 1, 0) and spec.stages_on(1) == [1, 2]
-    assert spec.schedule_for(4).placement == (0, 1, 1, 0)
+    assert spec.schedule(4).placement == (0, 1, 1, 0)
     with pytest.raises(ValueError, match=r"^balance \[1, 1, 1, 1\] makes 4 stages, which schedule 'zb-v' cannot "
                                          r"place on 4 ranks: a V places two stages on each device.*"
                                          r"torchrun --nproc-per-node 4, or change the balance\)$"):
@@ -127,20 +127,20 @@ def test_ranks_take_a_given_schedule_of_one_device_each() -> None:
 
 def test_a_step_schedule_is_built_once_per_shape() -> None:
     spec = check(chain(2), [1, 1], chunks=4, schedule="1f1b").on_devices(None)
-    assert spec.schedule_for(4) is spec.schedule_for(4, "except_last")
-    assert spec.schedule_for(2).m == 2 and spec.schedule_for(4, "never").checkpoint == "never"
-    assert spec.schedule_for(4, name="gpipe").name == "gpipe"
+    assert spec.schedule(4) is spec.schedule(4, "except_last")
+    assert spec.schedule(2).m == 2 and spec.schedule(4, "never").checkpoint == "never"
+    assert spec.schedule(4, name="gpipe").name == "gpipe"
 
 
 def test_a_given_schedule_is_the_step_and_gpipes_forwards_infer() -> None:
     given = one_f_one_b(4, 2, "always")
     spec = check(chain(2), [1, 1], schedule=given).on_devices(None)
-    assert spec.schedule_for(4) is given
-    eval_mode = spec.schedule_for(4, "never")
+    assert spec.schedule(4) is given
+    eval_mode = spec.schedule(4, "never")
     assert eval_mode.checkpoint == "never" and all(t.op is not Op.R for ts in eval_mode.tasks for t in ts)
     with pytest.raises(ValueError, match="this batch splits into 3 micro-batches, but schedule '1f1b' is fixed"):
-        spec.schedule_for(3)
-    assert spec.schedule_for(3, "never", "gpipe").placement == given.placement
+        spec.schedule(3)
+    assert spec.schedule(3, "never", "gpipe").placement == given.placement
 
 
 def test_the_layers_are_cut_by_the_balance_and_batch_norm_deferred_only_when_asked() -> None:
@@ -158,6 +158,6 @@ def test_the_layers_are_cut_by_the_balance_and_batch_norm_deferred_only_when_ask
 def test_both_executors_hold_the_specs_decisions() -> None:
     pipe = GPipe(chain(4), [2, 1, 1], devices=["cpu"] * 3, chunks=2, schedule="1f1b")
     assert pipe.spec.arguments.balance == (2, 1, 1) and pipe.balance == [2, 1, 1]
-    assert pipe.schedule is pipe.spec.schedule_for(2)
+    assert pipe.schedule is pipe.spec.schedule(2)
     assert [len(p) for p in pipe.partitions] == [2, 1, 1]
     assert all(p.device == torch.device("cpu") for p in pipe.parameters())
