@@ -1,15 +1,20 @@
-"""Every tutorial notebook runs top to bottom in this venv's kernel, and matches its source in make_notebooks.py.
+"""The tutorial notebooks are their own source: each is a valid notebook, committed without outputs, titled
+and numbered as the site lists it, and runs top to bottom in this venv's kernel.
 
-A run that passes is kept as the notebook's executed copy, whose outputs the site shows (docs/notebook_outputs.py).
-In the notebooks of :data:`ANSWERS_RUN` the answers' code runs too, after the notebook, in its kernel.
+A teacher edits ``tutorials/NN_name.ipynb`` in Jupyter, clears its outputs and commits it; these tests hold for such a
+file and name the fix when one does not. A run that passes is kept as the notebook's executed copy, whose outputs the
+site shows (docs/notebook_outputs.py). In the notebooks of :data:`ANSWERS_RUN` the answers' code runs too, after the
+notebook, in its kernel.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -19,6 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = ROOT / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("[0-9][0-9]_*.ipynb"))
+INDEX = ROOT / "docs" / "tutorials" / "index.md"  # the section's page: a table with a row per notebook
 CELL_TIMEOUT = 60  # seconds per cell; the notebooks take seconds in all
 BUDGET = 120  # seconds per notebook on two CPU cores, as the tutorials promise
 #: Notebooks whose answers state their numbers as assertions: each answer's ```python block runs after the notebook.
@@ -39,12 +45,10 @@ def _outputs() -> ModuleType:
     return module
 
 
-def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_notebooks", TUTORIALS / "make_notebooks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _as_stored(path: Path) -> nbformat.NotebookNode:
+    """The notebook's JSON as the file holds it: ``nbformat.read`` would convert it and repair missing or repeated
+    ids, so a broken file would pass."""
+    return nbformat.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
 def _answers(nb: nbformat.NotebookNode) -> list[str]:
@@ -62,21 +66,49 @@ def test_there_are_notebooks() -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_matches_its_source(path: Path) -> None:
-    """The committed file is what ``tutorials/make_notebooks.py`` writes: edit there, then run it."""
-    gen = _generator()
-    assert path.name in gen.NOTEBOOKS, f"{path.name} is not in tutorials/make_notebooks.py"
-    assert path.read_text(encoding="utf-8") == gen.render(path.name), (
-        f"{path.name} differs from tutorials/make_notebooks.py: run `.venv/bin/python tutorials/make_notebooks.py`")
+def test_notebook_is_a_valid_notebook_for_this_kernel(path: Path) -> None:
+    nb = _as_stored(path)
+    assert nb.get("nbformat") == 4, (
+        f"{path.name} is nbformat {nb.get('nbformat')}; open and save it in Jupyter, which writes version 4")
+    with warnings.catch_warnings():  # a missing or repeated cell id is a warning in nbformat: here it fails
+        warnings.simplefilter("error")
+        nbformat.validate(nb)  # raises ValidationError naming the offending field
+    kernel = nb.metadata.get("kernelspec", {})
+    assert kernel.get("name") == "python3" and kernel.get("language") == "python", (
+        f"{path.name}: kernelspec {kernel or 'missing'}; the tests and the site run it in the python3 kernel: "
+        f"choose Kernel > Change Kernel > Python 3 in Jupyter and save")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_committed_without_outputs(path: Path) -> None:
+    """Outputs belong to the executed copy the site shows, not to the source: they bloat diffs and go stale."""
+    kept = [k for k, c in enumerate(nbformat.read(path, as_version=4).cells)
+            if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not kept, (
+        f"{path.name}: cells {kept} keep outputs or execution counts. Clear them and save before committing: in "
+        f"Jupyter, Edit > Clear Outputs of All Cells; or from the repository root, "
+        f"`.venv/bin/jupyter nbconvert --clear-output --inplace tutorials/{path.name}` (nbconvert comes with "
+        f"jupyterlab)")
+
+
+def test_notebooks_are_numbered_and_titled_as_the_site_lists_them() -> None:
+    """The site's navigation lists ``NN_name.ipynb`` in file order under the title of its first cell."""
+    numbers = [int(p.name[:2]) for p in NOTEBOOKS]
+    assert numbers == list(range(1, len(NOTEBOOKS) + 1)), (
+        f"the notebooks are numbered {numbers}: number them 01, 02, ... without gaps or repeats")
+    index = INDEX.read_text(encoding="utf-8")
+    for path in NOTEBOOKS:
+        first = nbformat.read(path, as_version=4).cells[0]
+        assert first.cell_type == "markdown" and first.source.startswith("# "), (
+            f"{path.name}: the first cell must be markdown starting with `# Title`, the page's title")
+        assert f"]({path.stem}.md)" in index, f"{path.name} has no row linking ({path.stem}.md) in {INDEX.name}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_has_exercises_with_hidden_answers(path: Path) -> None:
-    nb = nbformat.read(path, as_version=4)
-    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    markdown = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
     assert "## Exercises" in markdown
     assert markdown.count("<details><summary>Answer</summary>") >= 3
-    assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
