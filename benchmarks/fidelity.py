@@ -120,9 +120,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from gpipe import microbatch  # noqa: E402
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, schedule_kind  # noqa: E402
-from sim.calibration.experiment import Setup, microbatch_sizes, run  # noqa: E402
+from sim.calibration.experiment import Setup, run  # noqa: E402
 from sim.calibration.machine import BackgroundLoad, cpu_count, keep_freed_memory  # noqa: E402
 from sim.calibration.outcome import DRIFT_LIMIT, Outcome, halves  # noqa: E402
 
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     for name in models:
         model, batch = MODELS[name](args.seed)
-        micro = batch[:microbatch_sizes(BATCH, 4)[0]]
+        micro = batch[:microbatch.sizes(BATCH, 4)[0]]
         balances: dict[int, tuple[int, ...]] = {}
         for schedule in schedules:
             stages = stages_for(schedule)
@@ -328,7 +329,7 @@ def stages_for(schedule: str, devices: int = DEVICES) -> int:
 
 def refusal(schedule: str, chunks: int, stages: int, checkpoint: Checkpoint, devices: int = DEVICES) -> str | None:
     """Why the generator refuses this shape (Note [schedule axis]), or ``None`` when it builds a valid schedule."""
-    m = len(microbatch_sizes(BATCH, chunks))
+    m = len(microbatch.sizes(BATCH, chunks))
     try:
         schedule_kind(schedule)(m, stages, checkpoint, devices=devices).validate()
     except ValueError as refused:  # a ScheduleError is a ValueError too

@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from gpipe import microbatch  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, schedule_kind  # noqa: E402
-from sim.calibration.experiment import Setup, microbatch_sizes, run  # noqa: E402
+from sim.calibration.experiment import Setup, run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_tasks import gpu_state, task_seconds  # noqa: E402
@@ -114,7 +115,7 @@ def estimate_seconds(row: Row, steps: int = STEPS) -> float:
 
 def refusal(row: Row) -> str | None:
     """Why the row's schedule cannot run it (fidelity.py's Note [schedule axis]), or ``None``."""
-    m, n = len(microbatch_sizes(BATCH[row.model], row.chunks)), stages_for(row.schedule, WORKERS)
+    m, n = len(microbatch.sizes(BATCH[row.model], row.chunks)), stages_for(row.schedule, WORKERS)
     try:
         schedule_kind(row.schedule)(m, n, row.checkpoint, devices=WORKERS).validate()
     except ValueError as refused:  # a ScheduleError is a ValueError too

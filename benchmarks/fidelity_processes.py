@@ -40,9 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from gpipe import microbatch  # noqa: E402
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import SCHEDULES  # noqa: E402
-from sim.calibration.experiment import Setup, demo_model, microbatch_sizes  # noqa: E402
+from sim.calibration.experiment import Setup, demo_model  # noqa: E402
 from sim.calibration.machine import BackgroundLoad, cpu_count  # noqa: E402
 from sim.calibration.processes import run_processes  # noqa: E402
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     model, batch = demo_model(0)
     if batch.shape[0] != BATCH:
         raise RuntimeError(f"the demo's batch is {batch.shape[0]}, fidelity.refusal assumes {BATCH}")
-    micro = batch[:microbatch_sizes(BATCH, 4)[0]]
+    micro = batch[:microbatch.sizes(BATCH, 4)[0]]
     balances: dict[int, tuple[int, ...]] = {}
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []

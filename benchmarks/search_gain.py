@@ -78,10 +78,11 @@ import torch  # noqa: E402
 from fidelity import BUSY, wait_until_quiet  # noqa: E402
 from torch import nn  # noqa: E402
 
+from gpipe import microbatch  # noqa: E402
 from gpipe.schedule import Op, Schedule, schedule_kind, schedule_text  # noqa: E402
 from gpipe.schedule.search import SearchResult, StageCosts, search  # noqa: E402
 from sim.calibration.calibrate import partitions_of  # noqa: E402
-from sim.calibration.experiment import Setup, microbatch_sizes, run, stage_costs, with_executor_costs  # noqa: E402
+from sim.calibration.experiment import Setup, run, stage_costs, with_executor_costs  # noqa: E402
 from sim.calibration.machine import BackgroundLoad, cpu_count, keep_freed_memory, worker_affinity  # noqa: E402
 from sim.calibration.processes import run_processes  # noqa: E402
 from sim.core.config import SimConfig  # noqa: E402
@@ -121,7 +122,7 @@ def calibrated(model: nn.Sequential, batch: torch.Tensor) -> tuple[CostModel, Si
     affinity = worker_affinity(workers)
     stage_affinity = None if affinity is None else [affinity[d] for d in PLACEMENT]
     cost = stage_costs(model, batch, BALANCE, CHUNKS, ["cpu"] * len(BALANCE), affinity=stage_affinity, split=True)
-    rows = microbatch_sizes(BATCH, CHUNKS)[0]
+    rows = microbatch.sizes(BATCH, CHUNKS)[0]
     return with_executor_costs(cost, partitions_of(model, list(BALANCE)), batch[:rows], workers, affinity=affinity,
                                pairs=False, checkpoint="never", placement=PLACEMENT)
 
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{cpu_count()} CPUs, torch {torch.__version__}, {THREADS} intra-op thread per worker and per rank; "
           f"{DEVICES} devices: threads (one worker each, pinned) and processes (gloo on loopback); balance "
           f"{','.join(map(str, BALANCE))} on placement {PLACEMENT}, {CHUNKS} micro-batches of "
-          f"{microbatch_sizes(BATCH, CHUNKS)[0]} images ({args.channels} channels, {args.size}x{args.size})",
+          f"{microbatch.sizes(BATCH, CHUNKS)[0]} images ({args.channels} channels, {args.size}x{args.size})",
           flush=True)
     found = plans(args, time_limit)
     searches = {backend: describe(backend, plan) for backend, plan in found.items()}

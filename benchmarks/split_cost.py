@@ -61,12 +61,11 @@ from fidelity import BATCH, MODELS, stages_for  # noqa: E402
 from torch import nn  # noqa: E402
 
 import gpipe.autograd.gradients  # noqa: E402
-from gpipe import GPipe  # noqa: E402
+from gpipe import GPipe, microbatch  # noqa: E402
 from gpipe.autograd.split import SplitPlans, backward_input  # noqa: E402
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import SCHEDULES, schedule_kind  # noqa: E402
 from sim.calibration.calibrate import partitions_of  # noqa: E402
-from sim.calibration.experiment import microbatch_sizes  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "split_cost.json"
 DEVICES = 2
@@ -331,7 +330,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     split_rounds = args.split_rounds or (10 if args.quick else 200)
     torch.set_num_threads(THREADS)
     before = baseline(args.baseline) if args.baseline else None
-    rows_per_microbatch = microbatch_sizes(BATCH, args.chunks)[0]
+    rows_per_microbatch = microbatch.sizes(BATCH, args.chunks)[0]
     print(f"{os.cpu_count()} CPUs, torch {torch.__version__}, {THREADS} thread per worker; batch {BATCH}, chunks "
           f"{args.chunks}; baseline {args.baseline or '-'}", flush=True)
     doc: dict[str, Any] = {
@@ -343,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "split_rounds": split_rounds, "models": {}}
     for name in models:
         model, batch = MODELS[name](0)
-        micro = batch[:microbatch_sizes(BATCH, 4)[0]]
+        micro = batch[:microbatch.sizes(BATCH, 4)[0]]
         balances = {n: tuple(balance_by_time(n, model, micro, timeout=2.0, device="cpu"))
                     for n in sorted({stages_for(s) for s in names})}
         print(f"\n{name}: balances {balances}", flush=True)

@@ -8,7 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["as_tensors", "gather", "scatter"]
+from gpipe.checks import check_positive
+
+__all__ = ["as_tensors", "gather", "scatter", "sizes"]
 
 
 def as_tensors(value: Any, what: str) -> tuple[bool, tuple[Tensor, ...]]:
@@ -24,13 +26,28 @@ def as_tensors(value: Any, what: str) -> tuple[bool, tuple[Tensor, ...]]:
     raise TypeError(f"{what} must be a tensor or a tuple of tensors, got {type(value).__name__}")
 
 
-def scatter(tensors: tuple[Tensor, ...], chunks: int) -> list[tuple[Tensor, ...]]:
-    """Split every tensor along dim 0 into ``chunks`` micro-batches; sizes differ by at most one.
+def sizes(batch: int, chunks: int) -> list[int]:
+    """The micro-batch sizes :func:`scatter` cuts a batch of ``batch`` samples into, in order: they differ by at most
+    one sample, the larger first, and their count is the step's ``m``.
 
     A batch smaller than ``chunks`` runs as that many micro-batches of one sample each, as torchgpipe's
     ``tensor.chunk`` does, so the last, short batch of an epoch trains; the schedule then has fewer
-    micro-batches. Otherwise ``torch.tensor_split`` keeps exactly ``chunks`` (``torch.chunk`` may return fewer
-    pieces than asked even then, which would change the schedule behind the user's back).
+    micro-batches. Otherwise there are exactly ``chunks`` (``torch.chunk`` may return fewer pieces than asked even
+    then, which would change the schedule behind the user's back).
+
+    Raises:
+        ValueError: an empty batch, or ``chunks`` below 1.
+    """
+    check_positive("chunks", chunks)
+    if batch < 1:
+        raise ValueError("the batch is empty (dim 0 has size 0): there is nothing to split into micro-batches; "
+                         "skip empty batches before the pipeline")
+    pieces = min(chunks, batch)
+    return [batch // pieces + (1 if k < batch % pieces else 0) for k in range(pieces)]
+
+
+def scatter(tensors: tuple[Tensor, ...], chunks: int) -> list[tuple[Tensor, ...]]:
+    """Split every tensor along dim 0 into micro-batches of :func:`sizes` (views, as ``torch.split`` makes).
 
     Raises:
         ValueError: an empty batch, a 0-d tensor, unequal batch sizes, or a sparse or meta tensor.
@@ -42,18 +59,16 @@ def scatter(tensors: tuple[Tensor, ...], chunks: int) -> list[tuple[Tensor, ...]
         if t.is_meta:
             raise ValueError("inputs must hold data, got a tensor on the meta device: the executor runs real "
                              "tensors (the simulator's FLOP counting, sim.planning.flops, takes meta tensors)")
-    sizes = {t.size(0) if t.dim() else None for t in tensors}
-    if None in sizes:
+    batches = {t.size(0) if t.dim() else None for t in tensors}
+    if None in batches:
         raise ValueError("inputs need a batch dimension (dim 0) to be split into micro-batches; got a 0-d tensor")
-    if len(sizes) != 1:
-        raise ValueError(f"every input tensor needs the same batch size (dim 0), got {sorted(map(str, sizes))}")
-    batch = sizes.pop()
+    if len(batches) != 1:
+        raise ValueError(f"every input tensor needs the same batch size (dim 0), got {sorted(map(str, batches))}")
+    batch = batches.pop()
     assert batch is not None
-    if batch == 0:
-        raise ValueError("the batch is empty (dim 0 has size 0): there is nothing to split into micro-batches; "
-                         "skip empty batches before the pipeline")
-    pieces = [torch.tensor_split(t, min(chunks, batch), dim=0) for t in tensors]
-    return [tuple(p[i] for p in pieces) for i in range(min(chunks, batch))]
+    rows = sizes(batch, chunks)
+    pieces = [torch.split(t, rows, dim=0) for t in tensors]
+    return [tuple(p[i] for p in pieces) for i in range(len(rows))]
 
 
 def gather(outputs: Sequence[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:

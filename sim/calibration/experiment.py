@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gpipe import microbatch
 from gpipe.interpreter.affinity import Cores
 from gpipe.profiling.profile import RecordedSeconds, time_recorded
 from gpipe.schedule import Checkpoint
@@ -56,7 +57,6 @@ __all__ = [
     "demo_model",
     "executor_config",
     "loss_of",
-    "microbatch_sizes",
     "progress_labels",
     "run",
     "stage_costs",
@@ -91,22 +91,6 @@ def demo_model(seed: int = 0) -> tuple[nn.Sequential, Tensor]:
         model = nn.Sequential(*layers)
     batch = torch.randn(64, 3, 32, 32, generator=generator)
     return model, batch
-
-
-def microbatch_sizes(batch: int, chunks: int) -> list[int]:
-    """The micro-batch sizes the executor cuts a mini-batch of ``batch`` samples into.
-
-    As the executor's :func:`gpipe.microbatch.scatter`: ``torch.tensor_split`` into ``chunks`` pieces, the
-    first ``batch % chunks`` of them one sample larger; a batch smaller than ``chunks`` runs as ``batch``
-    micro-batches of one sample.
-
-    Raises:
-        ValueError: an empty batch (the executor refuses that too).
-    """
-    if batch < 1:
-        raise ValueError("the batch is empty: there is nothing to split into micro-batches")
-    chunks = min(chunks, batch)
-    return [batch // chunks + (1 if k < batch % chunks else 0) for k in range(chunks)]
 
 
 # Note [loss in the last task]: the experiment trains through ``GPipe.step``, which runs any registered
@@ -199,7 +183,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     torch.manual_seed(setup.seed)
     with intra_op_threads(setup.threads):
         devices = setup.devices or default_devices(setup.partitions)  # Note [devices and stages] in setup
-        sizes = microbatch_sizes(size, setup.chunks)
+        sizes = microbatch.sizes(size, setup.chunks)
         first = _slice(batch, 0, sizes[0], torch.device(devices[0]))
         balance = setup.balance
         if balance is None:
@@ -399,7 +383,7 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
     in two parts (``StageCost.backward`` and ``weight``; Note [split runs] in :mod:`gpipe.profiling.timing`).
     """
     tensors = _tensors(batch)
-    sizes = microbatch_sizes(tensors[0].shape[0], chunks)
+    sizes = microbatch.sizes(tensors[0].shape[0], chunks)
     first = _slice(batch, 0, sizes[0], torch.device(devices[0]))
     cost = calibrate(model, balance, first, devices=list(devices), warmup=warmup, repeats=repeats, recorded=True,
                      affinity=affinity, split=split)

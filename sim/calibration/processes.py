@@ -38,13 +38,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from gpipe import microbatch
 from gpipe.distributed.loopback import free_port, init_loopback_group
 from gpipe.profiling.profile import RecordedSeconds
 from gpipe.schedule import Schedule, schedule_kind
 from gpipe.schedule.timeline import Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
-from sim.calibration.experiment import Batch, loss_of, microbatch_sizes, stage_costs
+from sim.calibration.experiment import Batch, loss_of, stage_costs
 from sim.calibration.host import Overheads, with_overheads
 from sim.calibration.machine import intra_op_threads, keep_freed_memory
 from sim.calibration.outcome import drift_of, interleaved_cost, median_paired_error, median_step, pass_predictions
@@ -233,10 +234,10 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
                                 schedule=setup.schedule, timeout=120)
         first, last = pipe.placement[0], pipe.placement[-1]
         parts = partitions_of(model, balance)
-        rows = microbatch_sizes(tensors[0].shape[0], setup.chunks)[0]
+        rows = microbatch.sizes(tensors[0].shape[0], setup.chunks)[0]
         sample = tensors[0][:rows] if isinstance(batch, Tensor) else tuple(t[:rows] for t in tensors)
         inputs = stage_inputs(parts, sample, pipe.stages)
-        split = pipe.schedule_for(len(microbatch_sizes(tensors[0].shape[0], setup.chunks))).splits_weight_gradient
+        split = pipe.schedule_for(len(microbatch.sizes(tensors[0].shape[0], setup.chunks))).splits_weight_gradient
         steps, passes = [], []
         for k in range(setup.warmup_steps + setup.steps):
             pipe.record = k >= setup.warmup_steps
@@ -294,7 +295,7 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
     torch.manual_seed(setup.seed)
     model, batch = build()
     tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
-    sizes = microbatch_sizes(tensors[0].shape[0], setup.chunks)
+    sizes = microbatch.sizes(tensors[0].shape[0], setup.chunks)
     if isinstance(setup.schedule, Schedule):  # run as it is: Note [a given schedule] in gpipe.frontend
         schedule, n = setup.schedule, setup.schedule.n
         if schedule.num_devices != processes:

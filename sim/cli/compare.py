@@ -31,8 +31,9 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from gpipe import microbatch
 from gpipe.schedule import SCHEDULES, Checkpoint, Schedule, read_pipelining_csv, read_schedule, schedule_kind
-from sim.calibration.experiment import Batch, Setup, microbatch_sizes
+from sim.calibration.experiment import Batch, Setup
 from sim.calibration.machine import default_devices
 from sim.cli import CommandError, processes
 from sim.cli.demo import add_common_options, check_chunks, check_common, execute
@@ -158,7 +159,7 @@ def check_runs(target: Target, model: nn.Sequential, batch: Batch, chunks: int) 
         UserCodeError: a layer fails in the user's own code.
     """
     tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
-    rows = microbatch_sizes(tensors[0].shape[0], chunks)[0]
+    rows = microbatch.sizes(tensors[0].shape[0], chunks)[0]
     x: Any = tensors[0][:rows] if isinstance(batch, Tensor) else tuple(t[:rows] for t in tensors)
     modes = [(m, m.training) for m in model.modules()]
     model.eval()

@@ -15,7 +15,7 @@ import pytest
 from gpipe.profiling.profile import RecordedSeconds
 from gpipe.schedule import SCHEDULES, gpipe, looped, register, unregister
 from sim.calibration.compare import compare
-from sim.calibration.experiment import Setup, microbatch_sizes, progress_labels
+from sim.calibration.experiment import Setup, progress_labels
 from sim.calibration.host import Overheads, executor_costs, with_overheads
 from sim.calibration.outcome import Outcome, halves, interleaved_cost, write_outputs
 from sim.cli import build_parser, main
@@ -121,14 +121,6 @@ def test_a_file_path_target_loads(models: Path) -> None:
 
     model, batch = load(str(models / "usermodels.py") + ":good")
     assert len(model) == 3 and batch.shape == (8, 4)
-
-
-def test_microbatch_sizes_follow_tensor_split() -> None:
-    assert microbatch_sizes(10, 4) == [3, 3, 2, 2]
-    assert microbatch_sizes(8, 8) == [1] * 8
-    assert microbatch_sizes(3, 4) == [1, 1, 1]  # a batch smaller than chunks runs fewer micro-batches
-    with pytest.raises(ValueError, match="empty"):
-        microbatch_sizes(0, 4)
 
 
 def test_progress_labels_count_every_unit() -> None:
