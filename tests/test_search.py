@@ -97,6 +97,18 @@ def test_per_device_1f1b_memory_costs_zero_bubbles_time() -> None:
     assert result.named["zb-h1"] == "needs 2 micro-batches on device 1, limit 1"
 
 
+def test_a_limit_at_a_named_schedules_exact_peak_leaves_the_solver_its_hint() -> None:
+    """Activations that are no whole number of the solver's units (a third) round up, so a limit at ZB-H1's exact
+    peak would turn away ZB-H1 itself, the solver's hint; the loosened limit keeps it (Note [search ticks]), and the
+    solver proves ZB-H1's 70 optimal under its own memory, with every device within the limit."""
+    pytest.importorskip("ortools")
+    costs = StageCosts((2, 1, 1, 2), (4, 2, 2, 4), (2, 1, 1, 2), activation=(1 / 3, 0.7, 0.7, 1 / 3))
+    limit = list(peak_memory(zb_h1(8, 4), costs))
+    result = search(8, range(4), costs, limit, solver="cp-sat")
+    check(result, 8, (0, 1, 2, 3), costs, limit)
+    assert result.method.startswith("cp-sat") and result.makespan == 70 and result.optimal
+
+
 def test_the_same_input_gives_the_same_schedule() -> None:
     """A case the solver does not close within its limit, searched twice (Note [search determinism])."""
     costs = StageCosts((1, 2, 1, 3), (2, 3, 2, 5), (1, 1, 2, 2), copy=0.3)

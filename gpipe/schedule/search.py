@@ -196,8 +196,8 @@ def _schedule(problem: Problem, lists: Lists) -> Schedule:
 
 def _pick(candidates: list[tuple[float, str, Callable[[], Schedule]]],
           problem: Problem) -> tuple[str, Schedule, tuple[float, ...]]:
-    """The first of the fastest candidates whose peak memory fits (each fits by construction; the check keeps a
-    slip from ever returning a schedule over the limit), its schedule and peak memory."""
+    """The first of the fastest candidates whose peak memory fits, its schedule and peak memory: the greedy and the
+    named ones fit by construction; the solver's may not, within its model's slack (Note [search ticks])."""
     fastest = min(seconds for seconds, *_ in candidates)
     ranked = sorted(candidates, key=lambda c: 0.0 if fits(c[0], fastest) else c[0])  # stable: ties keep their order
     for _, what, build in ranked:

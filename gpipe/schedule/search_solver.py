@@ -5,9 +5,12 @@ Note [search ticks]: CP-SAT works on integers, so seconds become ticks: the smal
 least 100 ticks, at a whole multiple of the costs' decimal resolution when they have one (0.3 s and 2 s: 1,000
 ticks a second), unless the horizon would pass ``MAX_HORIZON`` ticks. Each task lasts at least one tick, a
 zero-second one too (which makes the model inexact), so that no two tasks of a device start together and the
-start times give each device one order. Activations and limits become integers at a millionth of the largest
-activation, rounded up and down, so the model never admits more than the limit. Only when every cost and
-activation is a whole number of ticks is the model the problem itself, and an optimum it proves the optimum.
+start times give each device one order. Activations become integers at a millionth of the largest activation,
+rounded up, and each device's limit is loosened by what that rounding can add (a unit per activation the device
+can hold at once): the model admits every schedule that fits, so a named schedule at exactly the limit stays a
+valid hint, and the search keeps the solver's schedule only if it fits the limit itself
+(:func:`~gpipe.schedule.search_timing.fits`). A relaxed model's optimum that fits is the problem's optimum, so
+only the ticks decide exactness: when every cost is a whole number of ticks, an optimum it proves is the optimum.
 
 Note [search model]: one fixed-size interval per task, no overlap per device; a precedence per dependency,
 with the copy's ticks across devices; per device a cumulative of intervals from each ``F``'s start to its
@@ -78,25 +81,24 @@ def _ticks(problem: Problem, upper_seconds: float) -> tuple[float, bool]:
     return scale, exact and len(costs) == len(problem.seconds) + (problem.costs.copy > 0)
 
 
-def _units(problem: Problem) -> tuple[list[int], list[int], bool] | None:
-    """Activations and limits as integers (rounded up and down), and whether that was exact; ``None``: no limit."""
+def _units(problem: Problem) -> tuple[list[int], list[int]] | None:
+    """Activations rounded up to integers and each device's limit loosened by what that rounding can add (Note
+    [search ticks]); ``None``: no limit."""
     if problem.limits is None:
         return None
     top = max(problem.activation)
     if top <= 0:
         return None
     unit = top / 1_000_000
-    acts, exact = [], True
+    acts = []
     for a in problem.activation:
         x = a / unit
-        exact &= abs(x - round(x)) <= 1e-6
         acts.append(round(x) if abs(x - round(x)) <= 1e-6 else math.ceil(x))
     limits = []
-    for limit in problem.limits:
-        x = limit / unit
-        exact &= abs(x - round(x)) <= 1e-6
-        limits.append(round(x) if abs(x - round(x)) <= 1e-6 else math.floor(x))
-    return acts, limits, exact
+    for d, limit in enumerate(problem.limits):
+        held = problem.m * sum(1 for s in problem.placement if s == d)  # the most activations it can hold at once
+        limits.append(math.floor(limit / unit + 1e-6) + held)
+    return acts, limits
 
 
 def solve(problem: Problem, hints: Sequence[Lists], lower: float, *, time_limit: float, deadline: float,
@@ -134,8 +136,7 @@ def solve(problem: Problem, hints: Sequence[Lists], lower: float, *, time_limit:
         model.add(start[i * n] >= start[(i - 1) * n] + dur[(i - 1) * n])  # Note [search model]: entry order
     units = _units(problem)
     if units is not None:
-        acts, limits, exact_units = units
-        exact &= exact_units
+        acts, limits = units
         mn = problem.m * n
         for d in range(problem.devices):
             if sum(acts[s] for s in range(n) if problem.placement[s] == d) * problem.m <= limits[d]:
