@@ -29,6 +29,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from gpipe.schedule.schedule import Schedule
+from gpipe.schedule.size import bounded_text
 from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed
 
 __all__ = ["COMMUNICATION", "MAX_CSV_BYTES", "from_pipelining", "read_pipelining_csv", "to_pipelining",
@@ -251,15 +252,9 @@ def read_pipelining_csv(path: str | Path, checkpoint: Checkpoint = "never", name
         OSError: the file cannot be opened.
     """
     source = Path(path)
-    with open(source, "rb") as f:
-        data = f.read(MAX_CSV_BYTES + 1)  # a read bounded however large the file (or a device) is
-    if len(data) > MAX_CSV_BYTES:
-        raise ValueError(f"the file is larger than {MAX_CSV_BYTES // 2**20} MiB, the most a schedule CSV may be "
-                         "(MAX_CSV_BYTES in gpipe.schedule.pipelining); a schedule of a million actions fits")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"not UTF-8 text (byte {error.start} cannot be read): expected a CSV of actions") from None
+    text = bounded_text(source, MAX_CSV_BYTES, "utf-8", expected="expected a CSV of actions",
+                        too_large="the most a schedule CSV may be (MAX_CSV_BYTES in gpipe.schedule.pipelining); a "
+                                  "schedule of a million actions fits")
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         rows = list(reader)

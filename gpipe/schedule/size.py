@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-__all__ = ["PAIR_BYTES", "Available", "available_bytes", "check_memory", "check_schedule_size", "format_bytes",
-           "schedule_bytes"]
+__all__ = ["PAIR_BYTES", "Available", "available_bytes", "bounded_text", "check_memory", "check_schedule_size",
+           "format_bytes", "schedule_bytes"]
 
 # Note [bytes per pair]: a schedule holds two to four tasks per micro-batch and stage (F and B; R where
 # checkpointed; W where the backward is split), each a 56-byte record (Note [fast frozen records] in
@@ -101,3 +101,22 @@ def check_schedule_size(m: int, n: int, name: str = "chunks=", available: Availa
     given = f"{name}{m}" if name.endswith("=") else f"{name} {m}"
     check_memory(schedule_bytes(m, n), f"{given} on {n} stage{'s' if n != 1 else ''}: the schedule ({m * n:,} "
                  f"micro-batch-stage pairs)", f"lower {name}", available)
+
+
+def bounded_text(path: str | os.PathLike[str], limit: int, encoding: str, *, too_large: str, expected: str) -> str:
+    """A schedule file's text, read at most ``limit`` bytes however large the file (or a device) is, so a size cap
+    holds before anything is parsed.
+
+    Raises:
+        ValueError: the file is larger than ``limit`` ("the file is larger than N MiB, " then ``too_large``), or
+            it is not text in ``encoding`` ("not UTF-8 text (byte K cannot be read): " then ``expected``).
+        OSError: the file cannot be opened.
+    """
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"the file is larger than {limit // 2**20} MiB, {too_large}")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not UTF-8 text (byte {error.start} cannot be read): {expected}") from None

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import cast
 
 from gpipe.schedule.schedule import Schedule
+from gpipe.schedule.size import bounded_text
 from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Task
 
 __all__ = ["HEADER", "MAX_TEXT_BYTES", "parse_schedule", "read_schedule", "schedule_text", "write_schedule"]
@@ -185,16 +186,9 @@ def read_schedule(path: str | Path) -> Schedule:
             in the text form (the message names the line; see :func:`parse_schedule`).
         OSError: the file cannot be opened.
     """
-    with open(path, "rb") as f:
-        data = f.read(MAX_TEXT_BYTES + 1)  # a read bounded however large the file (or a device) is
-    if len(data) > MAX_TEXT_BYTES:
-        raise ValueError(f"the file is larger than {MAX_TEXT_BYTES // 2**20} MiB, the most a schedule's text may be "
-                         "(MAX_TEXT_BYTES in gpipe.schedule.text); a schedule of two million tasks fits")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"not UTF-8 text (byte {error.start} cannot be read): expected a schedule in gpipe-sim's "
-                         "text form") from None
+    text = bounded_text(path, MAX_TEXT_BYTES, "utf-8-sig", expected="expected a schedule in gpipe-sim's text form",
+                        too_large="the most a schedule's text may be (MAX_TEXT_BYTES in gpipe.schedule.text); a "
+                                  "schedule of two million tasks fits")
     return parse_schedule(text)
 
 
