@@ -1,4 +1,4 @@
-"""The tutorial notebooks are their own source: each is a valid notebook, committed without outputs, titled
+"""The tutorial notebooks are their own source: each is a valid notebook, committed without outputs, linted, titled
 and numbered as the site lists it, and runs top to bottom in this venv's kernel.
 
 A teacher edits ``tutorials/NN_name.ipynb`` in Jupyter, clears its outputs and commits it; these tests hold for such a
@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 import time
 import warnings
@@ -109,6 +110,13 @@ def test_notebook_has_exercises_with_hidden_answers(path: Path) -> None:
     markdown = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
     assert "## Exercises" in markdown
     assert markdown.count("<details><summary>Answer</summary>") >= 3
+
+
+def test_notebooks_pass_the_linter() -> None:
+    """``ruff check`` reads notebooks cell by cell, with the project's rules (pyproject.toml)."""
+    lint = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise",
+                           "tutorials"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert lint.returncode == 0, f"`ruff check tutorials` found:\n{lint.stdout}{lint.stderr}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
