@@ -37,8 +37,8 @@ the slower rank ends.
 Note [prediction]: the simulator's figure comes from calibrating this machine: each partition profiled at the
 micro-batch size (``sim.calibration.calibrate.calibrate``), the executor's own costs measured (task overhead, hand-off,
 two workers sharing the cores: ``sim.calibration.experiment.with_executor_costs``, which runs
-``calibrate_executor_overheads``, ``sim.calibration.extras.measure_stage_extras`` and ``measure_pairs``) and merged into
-the cost model, then
+``calibrate_executor_overheads``, ``sim.calibration.thread_costs.measure_stage_extras`` and ``measure_pairs``) and
+merged into the cost model, then
 ``simulate(gpipe(m, n, checkpoint), cost)``. A shared machine drifts (the cores' contention measured a few
 seconds apart has ranged from 0.5 to 1.9 here), so it is calibrated three times, before, halfway through and after
 the timed rounds; the prediction is the median of the three, and all three are kept. Two bounds come

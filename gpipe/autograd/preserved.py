@@ -1,6 +1,6 @@
 """Run a module in training mode and leave it as found: gradients, buffers, counters and training flags.
 
-The profiler (:mod:`gpipe.profiling.profile`) and the simulator's calibration (``sim.calibration.extras``,
+The profiler (:mod:`gpipe.profiling.profile`) and the simulator's calibration (``sim.calibration.thread_costs``,
 ``sim.calibration.pairs``,
 ``sim.calibration.primitives``) run the same partitions again and again; each run is wrapped in :func:`preserved`
 (Note [no side effects] in :mod:`gpipe.profiling.session`).
@@ -24,8 +24,9 @@ def preserved(block: nn.Module) -> Iterator[None]:
     On entry the gradients, buffers, plain numeric attributes and training flags of ``block`` and its
     submodules are saved, its parameters' gradients cleared and ``block.train()`` called; on exit, even
     after an error, all of them are restored in place. The random state is not this context's: callers
-    that draw fork it themselves. Used by the profiler and by the simulator's calibration (``sim.calibration.extras``,
-    ``sim.calibration.pairs``, ``sim.calibration.primitives``), which run the same partitions again and again.
+    that draw fork it themselves. Used by the profiler and by the simulator's calibration
+    (``sim.calibration.thread_costs``, ``sim.calibration.pairs``, ``sim.calibration.primitives``), which run the same
+    partitions again and again.
     """
     grads = [(p, p.grad) for p in block.parameters()]
     modules = list(block.modules())

@@ -15,7 +15,7 @@ consumes the :class:`~sim.core.cost.CostModel` it returns. Three parts:
 
 The primitives these are built from, each timed on its own (saved tensors, hand-offs, core sharing),
 are in :mod:`sim.calibration.primitives`; what the executor's threads add around each real partition (fresh-thread
-starts included) is measured in :mod:`sim.calibration.extras`.
+starts included) is measured in :mod:`sim.calibration.thread_costs`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ integration tests (the steps are spelled out on the docs page *Compare on your o
 1. balances the model with ``balance_by_time`` unless a balance is given;
 2. calibrates: the partitions on their devices (:func:`sim.calibration.calibrate.calibrate`), the executor's own
    costs (:func:`~sim.calibration.calibrate.calibrate_executor_overheads`), each partition alone in the executor
-   (:mod:`sim.calibration.extras`) and, on shared cores, pairs of tasks (:mod:`sim.calibration.pairs`);
+   (:mod:`sim.calibration.thread_costs`) and, on shared cores, pairs of tasks (:mod:`sim.calibration.pairs`);
 3. runs ``GPipe(model, balance, devices, chunks, checkpoint, schedule)``: warm-up steps, then ``steps`` recorded
    training steps (``GPipe.step``), each followed by a profiling pass (Note [interleaved calibration]);
 4. simulates ``pipe.schedule`` with the cost model alone (Note [one schedule]) and compares the prediction with
@@ -35,7 +35,7 @@ from gpipe.schedule import Checkpoint
 from gpipe.schedule.timeline import Timeline
 from sim.calibration.calibrate import calibrate, calibrate_executor_overheads, on_device, partitions_of
 from sim.calibration.compare import compare
-from sim.calibration.extras import measure_stage_extras
+from sim.calibration.experiment_setup import Setup
 from sim.calibration.host import executor_costs
 from sim.calibration.machine import (
     BackgroundLoad,
@@ -47,7 +47,7 @@ from sim.calibration.machine import (
 )
 from sim.calibration.outcome import Outcome, interleaved_cost, median_step
 from sim.calibration.pairs import PHASE_PAIRS, PairMeter, measure_pairs, rebased
-from sim.calibration.setup import Setup
+from sim.calibration.thread_costs import measure_stage_extras
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
@@ -284,7 +284,7 @@ def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Bat
     """``cost`` with what the executor adds, and the simulator's switches for it.
 
     The executor's own overheads from probe pipelines, what its threads add around each partition's
-    layers (:mod:`sim.calibration.extras`, run with ``checkpoint``, the pipeline's policy), and, for workers
+    layers (:mod:`sim.calibration.thread_costs`, run with ``checkpoint``, the pipeline's policy), and, for workers
     sharing the CPU's cores and Python's lock (:func:`sim.calibration.machine.shares_cores`), what each pair of
     tasks costs. Partitions on one torch device hand tensors over and nothing is copied; the executor runs
     a step in one phase (``GPipe.step``, Note [loss in the last task]), or with ``two_phases`` as
@@ -355,7 +355,7 @@ def executor_config(devices: Sequence[str], *, two_phases: bool = False) -> SimC
 # thread start per stage too, paid by the first task of each worker's list (``RunnerCosts.first_seconds``).
 def _placed(devices: Sequence[str], placement: Sequence[int]) -> tuple[list[str], list[str]]:
     """The device of each schedule device (worker) and of each stage, from ``devices`` as ``GPipe`` takes them:
-    one per schedule device, or one per stage (Note [devices and stages] in :mod:`sim.calibration.setup`)."""
+    one per schedule device, or one per stage (Note [devices and stages] in :mod:`sim.calibration.experiment_setup`)."""
     count = max(placement) + 1
     if len(devices) == count:
         return list(devices), [devices[d] for d in placement]

@@ -1,7 +1,7 @@
 """The executor's costs beyond its kernels, as :class:`~sim.core.cost.RunnerCosts` the simulator consumes.
 
 :class:`Overheads` are what the executor itself costs (measured by :mod:`sim.calibration.calibrate`),
-:class:`ExecutorStage` what it adds to one stage's tasks (:mod:`sim.calibration.extras`, the profiler), and
+:class:`ExecutorStage` what it adds to one stage's tasks (:mod:`sim.calibration.thread_costs`, the profiler), and
 :class:`ExecutorCosts` puts them together for :attr:`sim.core.cost.CostModel.runner`; :func:`executor_costs`
 reads them back from a cost model. The docs page *The simulator's model of a device* has each term's table.
 """
@@ -96,7 +96,7 @@ class ExecutorStage:
         host_forward: host seconds the executor adds to each grad-enabled forward of this stage (an
             ``F`` not checkpointed, an ``R``) beyond ``Overheads.task`` and ``recording``: what its
             worker threads cost around the stage's own layers, measured on the stage
-            (:func:`sim.calibration.extras.measure_stage_extras`, Note [stage extras]).
+            (:func:`sim.calibration.thread_costs.measure_stage_extras`, Note [stage extras]).
         host_nograd: the same for a checkpointed (no-grad) ``F``.
         host_backward: the same for ``B`` (and ``W``).
         issue_forward: on an asynchronous device (CUDA; ``SimConfig.asynchronous``), the host seconds

@@ -28,10 +28,10 @@ from gpipe.profiling.profile import RecordedSeconds
 from gpipe.schedule import Schedule
 from gpipe.schedule.timeline import Timeline, chrome_trace
 from sim.calibration.compare import Comparison
+from sim.calibration.experiment_setup import Setup
 from sim.calibration.host import ExecutorCosts, ExecutorStage, executor_costs
 from sim.calibration.machine import cpu_count
 from sim.calibration.pairs import median_pairs
-from sim.calibration.setup import Setup
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate

@@ -4,7 +4,7 @@
 functions here each time one thing the executor does, apart from any model:
 
 - each stage's own extras on the executor's threads are measured by running it alone in the
-  executor (:mod:`sim.calibration.extras`, Note [stage extras]);
+  executor (:mod:`sim.calibration.thread_costs`, Note [stage extras]);
 - :func:`count_saved_tensors` and :func:`measure_saved_tensor_cost`: how many tensors autograd saves
   per partition, and what the recorder's hooks cost per tensor (Note [recording] in
   :mod:`sim.calibration.calibrate`);

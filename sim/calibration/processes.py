@@ -46,11 +46,11 @@ from gpipe.schedule.timeline import Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
 from sim.calibration.experiment import Batch, loss_of, stage_costs
+from sim.calibration.experiment_setup import Setup
 from sim.calibration.host import Overheads, with_overheads
 from sim.calibration.machine import intra_op_threads, keep_freed_memory
 from sim.calibration.outcome import drift_of, interleaved_cost, median_paired_error, median_step, pass_predictions
 from sim.calibration.rank_passes import RankPass, gathered_passes, local_gaps, rank_pass, stage_inputs
-from sim.calibration.setup import Setup
 from sim.calibration.wire_cost import MessageCpu, measure_message_cpu, message_sizes, with_wire
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel

@@ -206,8 +206,8 @@ def print_internals(outcome: Outcome) -> None:
     threads = "; ".join(f"stage {j} {st.host_forward * 1e6:.0f} / {st.host_nograd * 1e6:.0f} / "
                         f"{st.host_backward * 1e6:.0f} us, +{st.thread_start * 1e6:.0f} us"
                         for j, st in enumerate(executor.stages))
-    print("each stage's worker threads (sim.calibration.extras; grad-enabled forward / no-grad forward / backward, "
-          f"first task of a phase): {threads}")
+    print("each stage's worker threads (sim.calibration.thread_costs; grad-enabled forward / no-grad forward / "
+          f"backward, first task of a phase): {threads}")
     if o.pairs:
         print("contention of pairs running together (task kind@stage beside kind@stage: slowdown): "
               + ", ".join(f"{a}@{j}|{b}@{k} {1 + c:.2f}x" for a, j, b, k, c in o.pairs))

@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sim.calibration.experiment_setup import Setup
 from sim.calibration.outcome import write_outputs
 from sim.calibration.processes import Build, ProcessOutcome, run_processes
-from sim.calibration.setup import Setup
 from sim.cli import CommandError
 from sim.cli.options import integer
 from sim.files import OutputFolder, json_text

@@ -24,7 +24,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 import functools, torch
 from torch import nn
 from sim.calibration.processes import run_processes
-from sim.calibration.setup import Setup
+from sim.calibration.experiment_setup import Setup
 
 def build():
     return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), torch.randn(8, 4)

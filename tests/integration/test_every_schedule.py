@@ -35,7 +35,7 @@ from gpipe.schedule import (
     unregister,
 )
 from gpipe.schedule.timeline import Timeline
-from sim.calibration.held import HeldBytes, held_stage_bytes, with_held_bytes
+from sim.calibration.held_bytes import HeldBytes, held_stage_bytes, with_held_bytes
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
 from tests.gpipe.models import mlp, skipnet

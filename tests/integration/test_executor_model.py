@@ -17,9 +17,9 @@ from torch import nn
 from gpipe.schedule import Op, ScheduleError, Task, gpipe, one_f_one_b
 from gpipe.schedule.timeline import Timeline
 from sim.calibration.calibrate import _Scale, calibrate, calibrate_executor_overheads
-from sim.calibration.extras import measure_stage_extras
 from sim.calibration.host import ExecutorCosts, ExecutorStage, Overheads, executor_costs, with_overheads
 from sim.calibration.primitives import count_saved_tensors, measure_saved_tensor_cost
+from sim.calibration.thread_costs import measure_stage_extras
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate

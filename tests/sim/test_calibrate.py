@@ -210,7 +210,7 @@ def test_pair_runners_run_a_partition_that_starts_in_place() -> None:
 
 def test_stage_extras_of_a_model_without_parameters() -> None:
     """The executor trains such a model when its input requires grad; each stage alone trains the same way."""
-    from sim.calibration.extras import measure_stage_extras
+    from sim.calibration.thread_costs import measure_stage_extras
 
     model = _no_parameters()
     parts = partitions_of(model, [2, 2])
