@@ -67,21 +67,31 @@ from gpipe.schedule.zero_bubble import zb_h1, zb_h2, zb_v
 # isort: split
 from gpipe.schedule.dualpipe import dualpipe_v  # registers last (Note [one registry])
 
+# isort: split
+from gpipe.schedule.plot import plot_side_by_side, plot_timeline  # matplotlib only when a chart is drawn
+from gpipe.schedule.timeline import COMPUTE, COPY, MemorySample, Span, Timeline, chrome_trace, write_chrome_trace
+
 __all__ = [
     "CHECKPOINT_MODES",
+    "COMPUTE",
+    "COPY",
     "SCHEDULES",
     "Checkpoint",
     "Layout",
+    "MemorySample",
     "Op",
     "Schedule",
     "ScheduleError",
     "ScheduleKind",
     "SearchResult",
+    "Span",
     "StageCosts",
     "Task",
+    "Timeline",
     "available_bytes",
     "check_schedule_size",
     "checkpointed",
+    "chrome_trace",
     "clock_cycles",
     "collector_paused",
     "dualpipe_v",
@@ -93,6 +103,8 @@ __all__ = [
     "one_f_one_b",
     "parse_schedule",
     "parse_tasks",
+    "plot_side_by_side",
+    "plot_timeline",
     "read_pipelining_csv",
     "read_schedule",
     "register",
@@ -104,6 +116,7 @@ __all__ = [
     "to_pipelining",
     "unregister",
     "v_shape",
+    "write_chrome_trace",
     "write_pipelining_csv",
     "write_schedule",
     "zb_h1",
