@@ -278,7 +278,8 @@ def test_collector_paused_restores_the_collector_and_ages_what_it_built() -> Non
     try:
         with collector_paused():
             more = [[] for _ in range(150_000)]
-        assert gc.isenabled() and gc.get_freeze_count() == frozen
+        # neither frozen again (150,000 more) nor thawed (0); a frozen object another thread frees may leave
+        assert gc.isenabled() and frozen - 1000 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
     gc.disable()

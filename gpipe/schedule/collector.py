@@ -17,14 +17,14 @@ def collector_paused() -> Iterator[None]:
 
     A big schedule or simulation allocates millions of small objects that all stay alive (tasks,
     spans, events); the collector would rescan them again and again, which costs more than building
-    them (three times as long for ``gpipe(16384, 64)``). Reference counting still frees everything;
+    them (several times as long, for a schedule as big as ``gpipe(16384, 64)``). Reference counting still frees everything;
     the collector is restored (if it was on) when the block ends. The schedule generators and
     :func:`sim.core.engine.simulate` run inside it.
 
     When the block leaves more than ``_YOUNG_LIMIT`` new objects, they go straight to the oldest
     generation (``gc.freeze()`` then ``gc.unfreeze()``, both documented to move objects between whole
     generations without looking at them): else the first collection after the block would traverse
-    them all at once (1.7 s after simulating ``gpipe(16384, 64)``), only to find them alive. A program
+    them all at once, a pause of seconds after a simulation that big, only to find them alive. A program
     that froze objects itself keeps them frozen: then the block does not do this.
     """
     was_enabled = gc.isenabled()
