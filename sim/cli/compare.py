@@ -5,9 +5,9 @@ mini-batch (a tensor, or a tuple of tensors, batch in dimension 0). ``MODULE`` i
 importable from the current directory, or a path to a ``.py`` file::
 
     gpipe-sim compare mypackage.models:build --chunks 8 --balance 3,5 --devices cpu,cpu
-    gpipe-sim compare examples/tiny.py:build --json
-    gpipe-sim compare examples/tiny.py:build --schedule NAME --stages 4 --devices cpu,cpu   # 4 stages, 2 workers
-    gpipe-sim compare examples/tiny.py:build --schedule searched.txt   # a schedule from a file, run as it is
+    gpipe-sim compare examples/wide_mlp.py:build --json
+    gpipe-sim compare examples/wide_mlp.py:build --schedule NAME --stages 4 --devices cpu,cpu   # 4 stages, 2 workers
+    gpipe-sim compare examples/wide_mlp.py:build --schedule searched.txt   # a schedule from a file, run as it is
 
 The same pipeline as ``gpipe-sim demo`` (:func:`sim.calibration.experiment.run`): balance (unless ``--balance``),
 calibrate, simulate, run the executor for ``--steps`` steps, compare, write the files.
