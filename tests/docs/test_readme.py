@@ -32,7 +32,7 @@ def test_the_picture_is_a_committed_png_that_make_figures_draws() -> None:
     assert images == ["docs/img/demo_timeline.png"]
     png = ROOT / images[0]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "README_FIGURE" in (ROOT / "docs" / "make_figures.py").read_text()
+    assert "README_FIGURE" in (ROOT / "docs" / "figures" / "readme.py").read_text()
     assert "docs/img/generated/" not in images[0], "generated figures are git-ignored: the README's is committed"
 
 

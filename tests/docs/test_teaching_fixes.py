@@ -51,9 +51,9 @@ def test_except_last_is_free_only_under_gpipe() -> None:
 
 
 def test_memory_table_rows_the_pages_quote() -> None:
-    mf, tn = _load("make_figures"), _load("teaching_numbers")
+    common, tn = _load("figures.common"), _load("teaching_numbers")
     a = tn.MEMORY_A
-    rows = {(name, policy): [b / a for b in peaks] for name, policy, _, peaks in tn.memory_rows(mf.simulate)}
+    rows = {(name, policy): [b / a for b in peaks] for name, policy, _, peaks in tn.memory_rows(common.simulate)}
     p = tn.MEMORY_P
     assert rows[("zb-h1", "never")] == [p] * p  # p·A on every device, not 1F1B's (p − j)·A
     assert rows[("1f1b", "never")] == [p - j for j in range(p)]
@@ -69,16 +69,16 @@ def test_memory_table_rows_the_pages_quote() -> None:
 
 
 def test_the_activations_table_has_the_layer_input_seventh() -> None:
-    mf, tn = _load("make_figures"), _load("teaching_numbers")
-    header = tn._activations(mf._table)["memory_activations"].splitlines()[0]
+    common, tn = _load("figures.common"), _load("teaching_numbers")
+    header = tn._activations(common.md_table)["memory_activations"].splitlines()[0]
     assert [c.strip() for c in header.strip("|").split("|")][6] == "layer input (2sh)"
 
 
 def test_copy_streams_pay_the_fill_and_the_drain() -> None:
-    mf = _load("make_figures")
-    n, copy = 4, mf.COPY
-    free = simulate(gpipe(8, n, "never"), mf.teach_cost())
-    tl = simulate(gpipe(8, n, "never"), mf.teach_cost(copy_seconds=copy))
+    common, copy_streams = _load("figures.common"), _load("figures.copy_streams")
+    n, copy = 4, copy_streams.COPY
+    free = simulate(gpipe(8, n, "never"), common.teach_cost())
+    tl = simulate(gpipe(8, n, "never"), common.teach_cost(copy_seconds=copy))
     assert tl.makespan - free.makespan == pytest.approx(2 * (n - 1) * copy)  # 3 ms
     starts = [tl.compute_spans(j)[0].start for j in range(n)]
     assert starts == pytest.approx([j * (1e-3 + copy) for j in range(n)])  # stage j starts j copies late
@@ -112,8 +112,8 @@ def test_the_planner_overlaps_the_all_reduce_with_the_drain(make: object) -> Non
 
 
 def test_the_traffic_table_shows_hidden_and_exposed_all_reduce() -> None:
-    mf, tn = _load("make_figures"), _load("teaching_numbers")
-    table = tn._traffic(mf._plan_example(), mf._table)["traffic_table"]
+    common, plan, tn = _load("figures.common"), _load("figures.plan"), _load("teaching_numbers")
+    table = tn._traffic(plan.plan_example(), common.md_table)["traffic_table"]
     rows = {r[0]: r for r in ([c.strip() for c in line.strip("|").split("|")]
                               for line in table.splitlines() if line.startswith("| ") and " x " in line)}
 
@@ -126,7 +126,7 @@ def test_the_traffic_table_shows_hidden_and_exposed_all_reduce() -> None:
     whole, exposed = whole_exposed(rows["4 x 4"])
     assert 0 < exposed < whole  # two stages per device: the later one's all-reduce hides in the drain
     fastest: dict[tuple[int, int], str] = {}
-    for r in sorted((r for r in mf._plan_example().rows if r.fits), key=lambda r: -r.throughput):
+    for r in sorted((r for r in plan.plan_example().rows if r.fits), key=lambda r: -r.throughput):
         fastest.setdefault((r.stages, r.replicas), r.schedule)  # the first of each shape: the table's row
     assert fastest[(8, 2)] in ("gpipe", "1f1b") and fastest[(4, 4)] == "interleaved-1f1b"
     page = _page("concepts/parallelism-traffic.md")

@@ -19,8 +19,8 @@ def test_the_fewest_tokens_reach_the_ridge_exactly(h: int, ridge: float) -> None
 
 
 def test_memory_peaks_are_the_schedules_closed_forms() -> None:
-    mf, tn = _load("make_figures"), _load("teaching_numbers")
-    rows = {(name, policy): (span, peaks) for name, policy, span, peaks in tn.memory_rows(mf.simulate)}
+    common, tn = _load("figures.common"), _load("teaching_numbers")
+    rows = {(name, policy): (span, peaks) for name, policy, span, peaks in tn.memory_rows(common.simulate)}
     m, p, a = tn.MEMORY_M, tn.MEMORY_P, tn.MEMORY_A
     assert rows[("gpipe", "never")][1] == [m * a] * p
     assert rows[("1f1b", "never")][1] == [(p - d) * a for d in range(p)]
@@ -30,8 +30,8 @@ def test_memory_peaks_are_the_schedules_closed_forms() -> None:
 
 
 def test_the_balancing_table_follows_the_general_formula() -> None:
-    mf, tn = _load("make_figures"), _load("teaching_numbers")
-    out = tn._balancing(mf.simulate, mf._table)
+    common, tn = _load("figures.common"), _load("teaching_numbers")
+    out = tn._balancing(common.simulate, common.md_table)
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out["balance_table"].splitlines()[2:]]
     assert len(rows) == 2 and all(r[4] == r[5] for r in rows), rows  # simulated makespan == formula
     assert float(rows[1][3].split()[0]) < float(rows[0][3].split()[0])  # the block partition lowers the bottleneck
@@ -40,9 +40,9 @@ def test_the_balancing_table_follows_the_general_formula() -> None:
 
 def test_beyond_1f1b_states_the_simulator_s_numbers() -> None:
     """Every number the page's text and exercises state (docs/concepts/beyond-1f1b.md) is the simulator's."""
-    mf, tn = _load("make_figures"), _load("teaching_numbers")
+    common, tn = _load("figures.common"), _load("teaching_numbers")
     page = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "beyond-1f1b.md").read_text()
-    numbers = tn.beyond_numbers(mf.simulate)
+    numbers = tn.beyond_numbers(common.simulate)
     missing = {k: v for k, v in numbers.items() if v not in page}
     assert not missing, f"the page does not state these numbers: {missing}"
 
@@ -50,8 +50,8 @@ def test_beyond_1f1b_states_the_simulator_s_numbers() -> None:
 def test_beyond_1f1b_numbers_are_the_closed_forms() -> None:
     """1F1B (m + p - 1)(t_f + t_b + t_w), ZB-H1 m(...) + (p - 1)(t_f + t_b - t_w) and their idle times; DualPipe-V's
     pairs per device; one stage-micro-batch above ZB-V; the search at ZB-V's step under 1F1B's memory."""
-    mf, tn = _load("make_figures"), _load("teaching_numbers")
-    n = tn.beyond_numbers(mf.simulate)
+    common, tn = _load("figures.common"), _load("teaching_numbers")
+    n = tn.beyond_numbers(common.simulate)
     for p in (4, 8):
         m = 2 * p
         assert n[f"1f1b p{p}"] == f"{(m + p - 1) * 3} ms" and n[f"1f1b idle p{p}"] == f"{(p - 1) * 3} ms"
@@ -68,6 +68,6 @@ def test_beyond_1f1b_numbers_are_the_closed_forms() -> None:
 
 
 def test_dualpipe_v_is_ahead_only_with_communication() -> None:
-    mf, tn = _load("make_figures"), _load("teaching_numbers")
-    for x, zbv, dpv in tn.communication_runs(mf.simulate):
+    common, tn = _load("figures.common"), _load("teaching_numbers")
+    for x, zbv, dpv in tn.communication_runs(common.simulate):
         assert (dpv.makespan == zbv.makespan) if x == 0 else (dpv.makespan < zbv.makespan - 1e-12)

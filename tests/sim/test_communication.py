@@ -144,7 +144,7 @@ def test_zb_v_closed_form_with_communication(p: int, x: float) -> None:
         assert tl.makespan == pytest.approx(2 * m * (3 + 2 * x) + (p - 1) * (1 + x))
 
 
-#: The teaching example (docs/make_figures.py's beyond_schedules: p 4, m 8, a device's share 1 ms of each of F, B
+#: The teaching example (docs/figures/beyond_1f1b.py's beyond_schedules: p 4, m 8, a device's share 1 ms of each of F, B
 #: and W, so 0.5 ms per stage): communication per F and B of a stage -> (ZB-V, DualPipe-V) makespans in ms.
 TEACHING = {0.0: (25.5, 25.5), 0.25: (34.25, 31.5), 0.5: (43.0, 37.5), 1.0: (62.0, 56.5)}
 
