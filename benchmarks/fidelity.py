@@ -11,10 +11,8 @@ step of median makespan with the prediction. The grid::
     chunks      1, 2, 4, 8, 16
     checkpoint  always, except_last, never
 
-Note [schedule axis]: every schedule runs on the same two workers. One registered with a layout (several stages per
-device: interleaved, V-shapes) gets two stages per worker, four in all, or the fewest its layout takes
-(:func:`stages_for`); any other one stage per worker. A shape the generator refuses (e.g. too few micro-batches for
-its warm-up) is skipped and listed as such (``skipped``), never guessed around.
+Every schedule runs on the same two workers, as many stages on them as its layout takes, and a shape its generator
+refuses is listed in ``skipped`` (Note [schedule axis] in ``_shared/fidelity.py``).
 
 The balance of each model is chosen once per stage count by ``balance_by_time`` and kept for the whole grid, so a row
 differs from its neighbours only in what the row says. The goal: mean absolute makespan error <= 3%,
@@ -23,11 +21,8 @@ max <= 8% (published training simulators report 1.9-3.3% mean error against real
 The process is set up deliberately, before anything runs, and says so in its results:
 
 - one intra-op thread per worker: ``OMP_NUM_THREADS=1`` in the environment before torch loads, and
-  ``torch.set_num_threads(1)``. Two workers on two cores, one thread each, is the setting the
-  contention model is calibrated for; more threads than cores turn measurements into scheduling
-  noise. The environment variable is needed because the executor starts fresh worker threads, in
-  which MKL does not see ``torch.set_num_threads`` (see ``sim/cli/demo.py``, Note [one thread per
-  worker]).
+  ``torch.set_num_threads(1)`` (Note [threads] in ``_shared/machine.py``). Two workers on two cores, one thread
+  each, is the setting the contention model is calibrated for.
 - :func:`sim.calibration.machine.keep_freed_memory`: glibc keeps freed memory instead of page-faulting it back
   in (``sim.calibration.machine``, Note [allocator]).
 - each worker pinned to a core of its own, and each stage calibrated on its worker's core
@@ -103,10 +98,8 @@ included) or ``--quick`` (the conv model, chunks 1, 4, 16); writes ``benchmarks/
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -114,51 +107,33 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: see the module docstring
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _shared.machine import BUSY, omp_threads, set_threads, wait_until_quiet  # noqa: E402
+
+omp_threads()  # before torch loads: see the module docstring
+
 import torch  # noqa: E402
+from _shared import options  # noqa: E402
+from _shared.fidelity import BATCH, DEVICES, MODELS, refusal, stages_for, summary, trimmed_mean  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gpipe import microbatch  # noqa: E402
 from gpipe.balance import balance_by_time  # noqa: E402
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, schedule_kind  # noqa: E402
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint  # noqa: E402
 from sim.calibration.experiment import Setup, run  # noqa: E402
-from sim.calibration.machine import BackgroundLoad, cpu_count, keep_freed_memory  # noqa: E402
+from sim.calibration.machine import BackgroundLoad, keep_freed_memory  # noqa: E402
 from sim.calibration.outcome import DRIFT_LIMIT, Outcome, halves  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "fidelity.json"
+RESULTS = results_path("fidelity")
 CHUNKS = (1, 2, 4, 8, 16)
 SCHEDULE_AXIS = ("gpipe", "1f1b")
-DEVICES = 2  # CPU workers, one core each
 GOAL_MEAN, GOAL_MAX = 0.03, 0.08
-BATCH = 64
-TRIM = 0.2  # Note [trimmed means]
 BLOCKS = 5  # Note [row noise]
-QUIET, BUSY = 0.15, 0.25  # cores used by other processes: wait for less than QUIET, redo above BUSY
 TRIES = 2  # attempts at a row at most: a busy or unsteady machine runs it again (Note [steady rows])
 
 
-def conv_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
-    """Compute-heavy: ten 3x3 convolutions of 48 channels (two halve the image), a linear head."""
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = [nn.Conv2d(3, 48, 3, padding=1), nn.ReLU()]
-    for k in range(9):
-        layers += [nn.Conv2d(48, 48, 3, stride=2 if k in (3, 6) else 1, padding=1), nn.ReLU()]
-    layers += [nn.Flatten(), nn.Linear(48 * 8 * 8, 10)]
-    return nn.Sequential(*layers), torch.randn(BATCH, 3, 32, 32)
-
-
-def mlp_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
-    """Many small layers: 64 x (Linear(64, 64), ReLU); each task is mostly per-layer host time."""
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = []
-    for _ in range(64):
-        layers += [nn.Linear(64, 64), nn.ReLU()]
-    return nn.Sequential(*layers), torch.randn(BATCH, 64)
-
-
-MODELS = {"conv": conv_model, "mlp": mlp_model}
 #: measured steps per configuration, by model: enough samples of this noisy machine for a stable median (Note
 #: [median step] in sim.calibration.experiment; Note [trimmed means], Note [row noise]); with 15, one ``conv`` row
 #: moved from
@@ -175,8 +150,8 @@ PAIR_ROUNDS = {"conv": 10, "mlp": 25}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="the conv model only, chunks 1, 4, 16")
+    parser = options.parser(__doc__)
+    options.add_quick(parser, "the conv model only, chunks 1, 4, 16")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--chunks", default=",".join(map(str, CHUNKS)), help="comma-separated chunk counts")
     parser.add_argument("--checkpoints", default=",".join(CHECKPOINT_MODES), help="comma-separated checkpoint modes")
@@ -187,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="measured steps per configuration (default: " +
                              ", ".join(f"{k} {v}" for k, v in STEPS.items()) + ")")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON path (default: {RESULTS})")
+    options.add_out(parser, RESULTS)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # deliberately: see the module docstring
+    set_threads(1)  # deliberately: see the module docstring
     kept = keep_freed_memory()
     models = ["conv"] if args.quick else [m for m in args.models.split(",") if m]
     chunk_grid = (1, 4, 16) if args.quick else tuple(int(c) for c in args.chunks.split(",") if c)
@@ -239,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print("no configuration ran: every one was skipped")
         return 1
-    overall = _summary(rows)
+    overall = summary(rows)
     mean, worst = overall["mean_abs_error"], overall["max_abs_error"]
     print(f"\nmean |error| {mean:.2%} (goal <= {GOAL_MEAN:.0%}), max |error| {worst:.2%} (goal <= {GOAL_MAX:.0%}); "
           f"{len(rows)} configurations in {time.perf_counter() - began:.0f} s")
@@ -247,13 +222,13 @@ def main(argv: list[str] | None = None) -> int:
           f"max |error| {overall['max_abs_trimmed_error']:.2%}")
     print(f"paired (each step against its own calibration pass): mean |error| "
           f"{overall['mean_abs_paired_error']:.2%}, max |error| {overall['max_abs_paired_error']:.2%}")
-    per_model = {name: _summary([r for r in rows if r["model"] == name]) for name in models}
-    per_schedule = {x: _summary([r for r in rows if r["schedule"] == x]) for x in schedules
+    per_model = {name: summary([r for r in rows if r["model"] == name]) for name in models}
+    per_schedule = {x: summary([r for r in rows if r["schedule"] == x]) for x in schedules
                     if any(r["schedule"] == x for r in rows)}
     for name, s in [*per_model.items(), *per_schedule.items()]:
         print(f"  {name}: mean {s['mean_abs_error']:.2%}, max {s['max_abs_error']:.2%}; trimmed means: mean "
               f"{s['mean_abs_trimmed_error']:.2%}, max {s['max_abs_trimmed_error']:.2%}")
-    first = _summary([r["tries"][0] for r in rows], ("error", "paired_error"))
+    first = summary([r["tries"][0] for r in rows], ("error", "paired_error"))
     steady = sum(1 for r in rows if r["steady"])
     print(f"steady rows (Note [steady rows]): {steady} of {len(rows)} within a drift of {DRIFT_LIMIT:.0%}, "
           f"{sum(r['attempts'] for r in rows) - len(rows)} attempts run again; the first attempts alone: "
@@ -269,15 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     if noise is not None:
         print(f"a row's own noise (Note [row noise]): mean {noise:.2%}; rows with |error| beyond two of it: "
               f"{beyond} of {len(rows)}")
-    command = "python benchmarks/fidelity.py" + (" --quick" if args.quick else "") + (
-        f" --schedules {','.join(schedules)}" if tuple(schedules) != SCHEDULE_AXIS else "")
     doc = {
         "benchmark": "fidelity",
-        "command": command,
-        "machine": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
-                    "cpus": cpu_count(), "intra-op threads per worker": 1,
-                    "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"],
-                    "keep_freed_memory": kept},
         "note": (f"Two CPU devices, one worker each, pinned to a core each (a schedule with a layout runs two "
                  f"stages per worker, Note [schedule axis]); batch {BATCH}; "
                  f"{args.steps or ', '.join(f'{k} {v}' for k, v in STEPS.items())} measured steps per row, the step "
@@ -300,41 +268,11 @@ def main(argv: list[str] | None = None) -> int:
                     "drift_limit": DRIFT_LIMIT, "steady_rows": steady, "first_attempt": first},
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc, command=command_line(__file__, argv),
+               machine={"intra-op threads per worker": 1, "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"],
+                        "keep_freed_memory": kept})
     print(f"wrote {args.out}")
     return 0
-
-
-def stages_for(schedule: str, devices: int = DEVICES) -> int:
-    """Note [schedule axis]: the stages ``schedule`` runs on ``devices`` workers: two per worker for one registered
-    with a layout (else the fewest its layout takes, up to four per worker), one per worker otherwise.
-
-    Raises:
-        ValueError: the schedule's layout takes none of those (the last refusal's message).
-    """
-    kind = schedule_kind(schedule)
-    if kind.place is None:
-        return devices
-    error = ValueError(f"schedule {schedule!r} places no stage count it was offered")
-    for n in (2 * devices, devices, 3 * devices, 4 * devices):
-        try:
-            kind.layout(n, devices)
-        except ValueError as refused:
-            error = refused
-            continue
-        return n
-    raise error
-
-
-def refusal(schedule: str, chunks: int, stages: int, checkpoint: Checkpoint, devices: int = DEVICES) -> str | None:
-    """Why the generator refuses this shape (Note [schedule axis]), or ``None`` when it builds a valid schedule."""
-    m = len(microbatch.sizes(BATCH, chunks))
-    try:
-        schedule_kind(schedule)(m, stages, checkpoint, devices=devices).validate()
-    except ValueError as refused:  # a ScheduleError is a ValueError too
-        return str(refused).splitlines()[0]
-    return None
 
 
 def measure(name: str, model: nn.Sequential, batch: torch.Tensor, balance: tuple[int, ...], chunks: int,
@@ -393,23 +331,6 @@ def fit(outcome: Outcome, background: float) -> bool:
     return background <= BUSY and outcome.drift is not None and abs(outcome.drift) <= DRIFT_LIMIT
 
 
-def _summary(rows: list[dict[str, Any]],
-             keys: Sequence[str] = ("error", "paired_error", "trimmed_error")) -> dict[str, float]:
-    """Mean and max |error| of the rows, by each of the errors named in ``keys``."""
-    out = {}
-    for key in keys:
-        values = [abs(r[key]) for r in rows]
-        out[f"mean_abs_{key}"], out[f"max_abs_{key}"] = statistics.mean(values), max(values)
-    return out
-
-
-def trimmed_mean(values: tuple[float, ...], cut: float = TRIM) -> float:
-    """The mean of ``values`` without the ``cut`` fraction of the lowest and of the highest (Note [trimmed means])."""
-    ordered = sorted(values)
-    drop = int(len(ordered) * cut)
-    return statistics.mean(ordered[drop:len(ordered) - drop])
-
-
 def standard_error(values: Sequence[float]) -> float | None:
     """The standard error of the mean of ``values``, ``stdev / sqrt(n)`` (Note [row noise]); ``None`` below two."""
     if len(values) < 2:
@@ -419,17 +340,6 @@ def standard_error(values: Sequence[float]) -> float | None:
 
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
-
-
-def wait_until_quiet(limit: float = 120.0) -> None:
-    """Wait until other processes use fewer than ``QUIET`` cores over a second, for at most ``limit`` s."""
-    deadline = time.perf_counter() + limit
-    while time.perf_counter() < deadline:
-        meter = BackgroundLoad()
-        time.sleep(1.0)
-        cores = meter.cores()
-        if cores is None or cores < QUIET:
-            return
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ The grid (``--grid checks``: the part ``scripts/gpu-checks`` runs in a lease)::
     model       wide: 8 x (Linear(4096), ReLU), batch 512, where the kernels outlast the host's work
                 mlp:  fidelity.py's 64 x (Linear(64), ReLU), batch 64, where the host's work outlasts them
                 gpt:  8 GPT-2-small blocks (768 wide, 12 heads, 128 tokens), batch 32
-    schedule    gpipe, 1f1b (--schedules: any registered name, as in fidelity.py, Note [schedule axis] there)
+    schedule    gpipe, 1f1b (--schedules: any registered name, Note [schedule axis] in _shared/fidelity.py)
     chunks      1, 4, 16, 32
     checkpoint  always, except_last, never
 
 Each row keeps the per-task seconds (``tasks``: each stage's median CUDA-event span of ``F``, ``B``, ``R``, ``W``
-against its seconds profiled alone, :func:`cuda_tasks.task_seconds`) and the GPU's clocks and power after it; the
-JSON, rewritten after every row, has them before and after the grid too. ``--dry-run`` prints the grid and its
+against its seconds profiled alone, :func:`_shared.cuda_tasks.task_seconds`) and the GPU's clocks and power after
+it; the JSON, rewritten after every row, has them before and after the grid too. ``--dry-run`` prints the grid and its
 estimated GPU time on any machine (exit 2 past ``--budget``); a run leaves out rows that would end past ``--budget``
 (``cut``). Without CUDA or ``--devices``: "no CUDA device: skipped", exit 0. TF32 off::
 
@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -36,17 +33,16 @@ from typing import Any, NamedTuple, cast
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from _shared import fidelity, options  # noqa: E402
+from _shared.cuda_tasks import gpu_state, task_seconds  # noqa: E402
+from _shared.fidelity import mlp_model, stages_for  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 from torch import nn  # noqa: E402
 
-from gpipe import microbatch  # noqa: E402
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, schedule_kind  # noqa: E402
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint  # noqa: E402
 from sim.calibration.experiment import Setup, run  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_tasks import gpu_state, task_seconds  # noqa: E402
-from fidelity import mlp_model, stages_for  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "fidelity_cuda.json"
+RESULTS = results_path("fidelity_cuda")
 CHUNKS = (1, 4, 16, 32)
 SCHEDULE_AXIS = ("gpipe", "1f1b")
 WORKERS = 2
@@ -114,13 +110,9 @@ def estimate_seconds(row: Row, steps: int = STEPS) -> float:
 
 
 def refusal(row: Row) -> str | None:
-    """Why the row's schedule cannot run it (fidelity.py's Note [schedule axis]), or ``None``."""
-    m, n = len(microbatch.sizes(BATCH[row.model], row.chunks)), stages_for(row.schedule, WORKERS)
-    try:
-        schedule_kind(row.schedule)(m, n, row.checkpoint, devices=WORKERS).validate()
-    except ValueError as refused:  # a ScheduleError is a ValueError too
-        return str(refused).splitlines()[0]
-    return None
+    """Why the row's schedule cannot run it (Note [schedule axis] in _shared/fidelity.py), or ``None``."""
+    stages = stages_for(row.schedule, WORKERS)
+    return fidelity.refusal(row.schedule, row.chunks, stages, row.checkpoint, WORKERS, BATCH[row.model])
 
 
 def even_balance(layers: int, stages: int) -> tuple[int, ...]:
@@ -169,8 +161,8 @@ def parse_grid(args: argparse.Namespace, parser: argparse.ArgumentParser) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON path (default: {RESULTS})")
+    parser = options.parser(__doc__)
+    options.add_out(parser, RESULTS)
     parser.add_argument("--grid", choices=("full", "checks"), default="full",
                         help="full: the product of the axes below; checks: scripts/gpu-checks' part (axes ignored)")
     parser.add_argument("--models", default=",".join(MODELS))
@@ -203,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices is None and not torch.cuda.is_available():
         print(f"no CUDA device: skipped (torch {torch.__version__}; nothing written)")
         return 0
-    return run_grid(args, rows, refused)
+    return run_grid(args, rows, refused, command_line(__file__, argv))
 
 
-def run_grid(args: argparse.Namespace, rows: list[Row], refused: dict[Row, str]) -> int:
+def run_grid(args: argparse.Namespace, rows: list[Row], refused: dict[Row, str], command: str) -> int:
     """Run ``rows`` in order, writing the JSON after each; rows that would end past ``--budget`` are cut."""
     began = time.perf_counter()
     count = torch.cuda.device_count()
@@ -217,10 +209,9 @@ def run_grid(args: argparse.Namespace, rows: list[Row], refused: dict[Row, str])
     print(f"{count} CUDA device(s): {', '.join(names) or 'none'}; workers on {', '.join(devices)}")
     print(f"{'model':>5} {'schedule':>16} {'chunks':>6} {'checkpoint':>11} {'predicted ms':>13} {'measured ms':>12} "
           f"{'error':>8} {'paired':>8} {'order':>6} {'measured/profiled':>18}")
+    gpus = {"gpus": names, "cuda": torch.version.cuda}
     doc: dict[str, Any] = {
-        "benchmark": "fidelity_cuda", "command": "python benchmarks/fidelity_cuda.py " + " ".join(sys.argv[1:]),
-        "machine": {"gpus": names, "torch": torch.__version__, "cuda": torch.version.cuda,
-                    "python": platform.python_version()},
+        "benchmark": "fidelity_cuda",
         "note": (f"Two workers on {', '.join(devices)}; {args.steps} measured steps a row, the step of median makespan "
                  "compared; error = (predicted - measured) / measured; tasks: per stage and kind of task, the median "
                  "measured (CUDA events) and predicted span against the seconds profiled alone; gpu: clocks, power "
@@ -243,13 +234,13 @@ def run_grid(args: argparse.Namespace, rows: list[Row], refused: dict[Row, str])
         print(f"{row.model:>5} {row.schedule:>16} {row.chunks:>6} {row.checkpoint:>11} {result['predicted_ms']:>13.3f} "
               f"{result['measured_ms']:>12.3f} {result['error']:>+8.1%} {result['paired_error']:>+8.1%} "
               f"{result['order_agreement']:>6.0%} {shown:>18}", flush=True)
-        write(args.out, doc)
+        write_json(args.out, doc, command=command, machine=gpus)
     doc["gpu_after"] = gpu_state()
     if doc["rows"]:
         doc["summary"] = summary(doc["rows"])
         print(f"\nmean |error| {doc['summary']['mean_abs_error']:.2%}, max |error| "
               f"{doc['summary']['max_abs_error']:.2%}; {len(doc['rows'])} rows in {time.perf_counter() - began:.0f} s")
-    write(args.out, doc)
+    write_json(args.out, doc, command=command, machine=gpus)
     print(f"wrote {args.out}")
     return 0
 
@@ -257,18 +248,12 @@ def run_grid(args: argparse.Namespace, rows: list[Row], refused: dict[Row, str])
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean and max |error| overall and per model and per schedule."""
     def of(part: list[dict[str, Any]]) -> dict[str, float]:
-        errors = [abs(r["error"]) for r in part]
-        return {"mean_abs_error": statistics.mean(errors), "max_abs_error": max(errors)}
+        return fidelity.summary(part, ("error",))
 
     return {**of(rows),
             "per_model": {m: of([r for r in rows if r["model"] == m]) for m in dict.fromkeys(r["model"] for r in rows)},
             "per_schedule": {s: of([r for r in rows if r["schedule"] == s])
                              for s in dict.fromkeys(r["schedule"] for r in rows)}}
-
-
-def write(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -6,17 +6,17 @@ few steps, each rank profiling its own stages after every step (Note [calibrated
 median makespan against the prediction. The grid::
 
     model       the demo's convolutional classifier (sim.calibration.experiment.demo_model), batch 64
-    schedule    every registered one whose layout places stages on 2 ranks (fidelity.py's Note [schedule axis]:
-                two stages per rank for one with a layout)
+    schedule    every registered one whose layout places stages on 2 ranks (Note [schedule axis] in
+                _shared/fidelity.py: two stages per rank for one with a layout)
     chunks      2, 4, 8
     checkpoint  except_last
 
 Errors as in ``benchmarks/fidelity.py`` (``error``: the median step against the prediction from the means of the
-passes; ``paired``: each step against its own passes, the median; ``trimmed``: trimmed means), summarised by its
-own code. The goal (issue 23): mean |error| <= 5%. Each row records the cores other processes used while it ran
-(``background``) and the load average after it: the machine may be shared. Before each row the script waits up to
-``QUIET_WAIT`` seconds for a quiet machine (``fidelity.wait_until_quiet``), and runs it whatever it found; no re-runs
-(``fidelity.py``'s gate is for its 3% goal). Writes
+passes; ``paired``: each step against its own passes, the median; ``trimmed``: trimmed means), summarised alike
+(``_shared/fidelity.py``). The goal (issue 23): mean |error| <= 5%. Each row records the cores other processes used
+while it ran (``background``) and the load average after it: the machine may be shared. Before each row the script
+waits up to ``QUIET_WAIT`` seconds for a quiet machine (``_shared.machine.wait_until_quiet``), and runs it whatever it
+found; no re-runs (``fidelity.py``'s gate is for its 3% goal). Writes
 ``benchmarks/results/fidelity_processes.json``::
 
     .venv/bin/python benchmarks/fidelity_processes.py            # about 10 minutes on two cores
@@ -24,57 +24,55 @@ own code. The goal (issue 23): mean |error| <= 5%. Each row records the cores ot
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import functools
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: one intra-op thread per rank
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+from _shared.machine import omp_threads, set_threads, wait_until_quiet  # noqa: E402
+
+omp_threads()  # before torch loads: one intra-op thread per rank (Note [threads] in _shared.machine)
+
+from _shared import options  # noqa: E402
+from _shared.fidelity import BATCH, refusal, stages_for, summary, trimmed_mean  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 
 from gpipe import microbatch  # noqa: E402
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import SCHEDULES  # noqa: E402
 from sim.calibration.experiment import Setup, demo_model  # noqa: E402
-from sim.calibration.machine import BackgroundLoad, cpu_count  # noqa: E402
+from sim.calibration.machine import BackgroundLoad  # noqa: E402
 from sim.calibration.processes import run_processes  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity import BATCH, _summary, refusal, stages_for, trimmed_mean, wait_until_quiet  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "fidelity_processes.json"
+RESULTS = results_path("fidelity_processes")
 PROCESSES = 2
 CHUNKS = (2, 4, 8)
 CHECKPOINT = "except_last"
 STEPS = 21  # recorded steps a row, after two warm-up steps; the median one is compared
 GOAL_MEAN = 0.05
-QUIET_WAIT = 20.0  # seconds a row waits, at most, for other processes to use under fidelity.QUIET cores
+QUIET_WAIT = 20.0  # seconds a row waits, at most, for other processes to use under _shared.machine.QUIET cores
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = options.parser(__doc__)
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated registered schedules")
     parser.add_argument("--chunks", default=",".join(map(str, CHUNKS)), help="comma-separated chunk counts")
     parser.add_argument("--steps", type=int, default=STEPS, help=f"recorded steps a row (default {STEPS})")
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON path (default: {RESULTS})")
+    options.add_out(parser, RESULTS)
     args = parser.parse_args(argv)
     schedules = [s for s in args.schedules.split(",") if s]
     unknown = [s for s in schedules if s not in SCHEDULES]
     if unknown or not schedules:
         parser.error(f"unknown schedule(s) {', '.join(unknown) or '(none given)'}; registered: {', '.join(SCHEDULES)}")
     chunk_grid = [int(c) for c in args.chunks.split(",") if c]
-    torch.set_num_threads(1)
+    set_threads(1)  # one intra-op thread per rank, on purpose
     model, batch = demo_model(0)
     if batch.shape[0] != BATCH:
-        raise RuntimeError(f"the demo's batch is {batch.shape[0]}, fidelity.refusal assumes {BATCH}")
+        raise RuntimeError(f"the demo's batch is {batch.shape[0]}, _shared.fidelity.refusal assumes {BATCH}")
     micro = batch[:microbatch.sizes(BATCH, 4)[0]]
     balances: dict[int, tuple[int, ...]] = {}
     rows: list[dict[str, Any]] = []
@@ -104,23 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print("no configuration ran: every one was skipped")
         return 1
-    overall = _summary(rows)
+    overall = summary(rows)
     names = dict.fromkeys(r["schedule"] for r in rows)
-    per_schedule = {s: _summary([r for r in rows if r["schedule"] == s]) for s in names}
+    per_schedule = {s: summary([r for r in rows if r["schedule"] == s]) for s in names}
     background = sum(r["background"] for r in rows) / len(rows)
     print(f"\nmean |error| {overall['mean_abs_error']:.2%} (goal <= {GOAL_MEAN:.0%}), max "
           f"{overall['max_abs_error']:.2%}; paired: mean {overall['mean_abs_paired_error']:.2%}; trimmed: mean "
           f"{overall['mean_abs_trimmed_error']:.2%}; {len(rows)} rows in {time.perf_counter() - began:.0f} s, other "
           f"processes using {background:.2f} cores on average")
-    command = "python benchmarks/fidelity_processes.py" + "".join(
-        f" --{k} {v}" for k, v in (("schedules", args.schedules), ("chunks", args.chunks), ("steps", args.steps))
-        if str(v) != str(parser.get_default(k)))
     doc = {
         "benchmark": "fidelity_processes",
-        "command": command,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
-                    "cpus": cpu_count(), "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]},
         "load": {"mean_background_cores": background, "loadavg_at_end": list(os.getloadavg())},
         "note": (f"{PROCESSES} processes (gloo on loopback), the demo's model, batch {BATCH}, checkpoint {CHECKPOINT}, "
                  f"{args.steps} recorded steps a row (2 warm-up), the median step compared; stage seconds from each "
@@ -130,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                     "skipped": skipped},
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc, command=command_line(__file__, argv),
+               machine={"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]})
     print(f"wrote {args.out}")
     return 0
 

@@ -2,7 +2,7 @@
 
 The simulator's pairwise sharing (``sim.core.sharing``) gives each pair of task kinds one
 slowdown ``c``: a task runs at ``1 / (1 + c)`` of its speed while the other one runs. On two CPU cores the pairs of
-fidelity.py's ``mlp`` (64 x (Linear(64, 64), ReLU), balance 66/62, micro-batches of 8) are mostly Python's global
+the fidelity grid's ``mlp`` (64 x (Linear(64, 64), ReLU), balance 66/62, micro-batches of 8) are mostly Python's global
 interpreter lock changing hands. This script measures the same pairs three ways, on the same partitions, each
 against its own runs alone:
 
@@ -19,20 +19,16 @@ threads for a
 If the probes agree, what the simulator gets wrong about overlapping tasks is not how a pair is measured but
 what one constant per pair can say (docs/benchmarks.md, Fidelity).
 
-Threads: ``OMP_NUM_THREADS=1`` before torch loads and ``torch.set_num_threads(1)``, on purpose: two threads on
-two cores, each pinned to one (:func:`sim.calibration.machine.worker_affinity`), at the executor's switch interval
-(1 ms).
+Threads: ``OMP_NUM_THREADS=1`` before torch loads and ``torch.set_num_threads(1)``, on purpose (Note [threads] in
+``_shared/machine.py``): two threads on two cores, each pinned to one (:func:`sim.calibration.machine.worker_affinity`),
+at the executor's switch interval (1 ms).
 
 Run: ``.venv/bin/python benchmarks/pair_probes.py`` (under a minute); writes ``benchmarks/results/pair_probes.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
-import os
-import platform
 import statistics
 import sys
 import threading
@@ -41,11 +37,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: see the module docstring
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _shared.machine import omp_threads, set_threads  # noqa: E402
+
+omp_threads()  # before torch loads: see the module docstring
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _shared import options  # noqa: E402
+from _shared.fidelity import BATCH, mlp_model  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 
 from gpipe.autograd.saved import SavedBytes  # noqa: E402
 from gpipe.interpreter.affinity import Cores, pinned  # noqa: E402
@@ -53,10 +55,7 @@ from gpipe.interpreter.gil import DEFAULT_SWITCH_INTERVAL, switch_interval  # no
 from sim.calibration.machine import keep_freed_memory, worker_affinity  # noqa: E402
 from sim.calibration.pairs import Graphs, PairMeter, median_pairs  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity import BATCH, mlp_model  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "pair_probes.json"
+RESULTS = results_path("pair_probes")
 DEVICES = ("cpu", "cpu")
 BALANCE = (66, 62)
 CHUNKS = 8
@@ -65,12 +64,12 @@ Key = tuple[str, int, str, int]  # (kind, stage, other kind, other stage), as Ov
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON path (default: {RESULTS})")
+    parser = options.parser(__doc__)
+    options.add_out(parser, RESULTS)
     parser.add_argument("--rounds", type=int, default=5, help="looped rounds and phase windows (default: 5)")
     parser.add_argument("--samples", type=int, default=40, help="one-shot starts per pair (default: 40)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # deliberately: see the module docstring
+    set_threads(1)  # deliberately: see the module docstring
     keep_freed_memory()
     began = time.perf_counter()
     model, batch = mlp_model(0)
@@ -91,16 +90,13 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [{"pair": f"{key[0]}{key[1]}|{key[2]}{key[3]}", **{name: probes[name][key] for name in probes}}
             for key in keys]
-    doc = {"benchmark": "pair_probes", "command": "python benchmarks/pair_probes.py " + " ".join(sys.argv[1:]),
-           "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-                       "intra-op threads per worker": 1},
+    doc = {"benchmark": "pair_probes",
            "note": (f"fidelity.py's mlp, balance {BALANCE}, micro-batches of {BATCH // CHUNKS}, two CPU devices, "
                     "threads pinned, switch interval 1 ms; c of (kind, stage, other kind, other stage) by three "
                     "probes, each against its own runs alone"),
            "probes": {name: [[*key, c] for key, c in sorted(found.items())] for name, found in probes.items()},
            "rows": rows, "seconds": time.perf_counter() - began}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc, command=command_line(__file__, argv), machine={"intra-op threads per worker": 1})
     print(f"wrote {args.out} in {doc['seconds']:.0f} s")
     return 0
 

@@ -45,10 +45,10 @@ Goals (issue 36): a measured gain of at least 5% wherever the predicted one exce
 within the fidelity goals: mean |error| <= 5%, max <= 10%.
 
 Set deliberately, and recorded: ``OMP_NUM_THREADS=1`` before torch loads and ``torch.set_num_threads(1)``: one
-intra-op thread per worker and per rank, two workers (or ranks) on two cores. Before each run the script waits (at
-most ``QUIET_WAIT`` s) for other processes to use under ``fidelity.QUIET`` cores; a run during which they used more
-than ``fidelity.BUSY`` runs again (``TRIES`` attempts at most, the quietest kept), and each run records what they
-used (``background``).
+intra-op thread per worker and per rank, two workers (or ranks) on two cores (Note [threads] in
+``_shared/machine.py``). Before each run the script waits (at most ``QUIET_WAIT`` s) for other processes to use
+under ``_shared.machine.QUIET`` cores; a run during which they used more than ``BUSY`` there runs again (``TRIES``
+attempts at most, the quietest kept), and each run records what they used (``background``).
 
 Run: ``.venv/bin/python benchmarks/search_gain.py`` (about five minutes on two quiet cores) or ``--quick`` (a
 smaller model, one round of few steps: a smoke test); writes ``benchmarks/results/search_gain.json``.
@@ -58,9 +58,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -69,13 +67,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: see the module docstring
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _shared.machine import BUSY, THREADS, load_average, omp_threads, set_threads, wait_until_quiet  # noqa: E402
+
+omp_threads()  # before torch loads: see the module docstring
 
 import torch  # noqa: E402
-from fidelity import BUSY, wait_until_quiet  # noqa: E402
+from _shared import options  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gpipe import microbatch  # noqa: E402
@@ -90,9 +91,8 @@ from sim.core.cost import CostModel  # noqa: E402
 from sim.core.engine import simulate  # noqa: E402
 from sim.core.link import LinkSpec  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results" / "search_gain.json"
+RESULTS = results_path("search_gain")
 DEVICES = 2  # CPU workers on threads, ranks on processes; one core each
-THREADS = 1  # intra-op threads per worker and per rank
 BALANCE = (2, 1, 1, 2)  # blocks per stage: heavy first and last stages
 PLACEMENT = (0, 1, 0, 1)  # stage s on device s mod 2 (Note [a gain to measure])
 CHUNKS = 3  # Note [a gain to measure]
@@ -103,7 +103,7 @@ REFERENCE = "interleaved-1f1b"  # the 1F1B family's schedule of this placement: 
 ROUNDS, STEPS, PAIR_ROUNDS, TIME_LIMIT = 3, 12, 4, 10.0
 GOAL_GAIN, GOAL_MEAN, GOAL_MAX = 0.05, 0.05, 0.10
 QUIET_WAIT = 30.0  # seconds a run waits, at most, for a quiet machine
-TRIES = 3  # attempts at a run at most: one during which other processes used more than fidelity.BUSY runs again
+TRIES = 3  # attempts at a run at most: one during which other processes used more than BUSY cores runs again
 BACKENDS = ("threads", "processes")
 
 
@@ -163,7 +163,7 @@ def best_named(result: SearchResult) -> tuple[str, Schedule]:
 
 def measure(backend: str, schedule: Schedule, args: argparse.Namespace) -> dict[str, Any]:
     """One run of ``schedule`` on ``backend``, calibrated afresh: its prediction, its steps and its error. A run
-    during which other processes used more than ``fidelity.BUSY`` cores runs again, up to ``args.tries`` attempts,
+    during which other processes used more than ``BUSY`` cores runs again, up to ``args.tries`` attempts,
     and the quietest is kept (every attempt's load and error stay in ``tries``)."""
     setup = Setup(chunks=CHUNKS, checkpoint="never", schedule=schedule, balance=BALANCE, devices=("cpu",) * DEVICES,
                   steps=args.steps, pair_rounds=args.pair_rounds, threads=THREADS)
@@ -274,8 +274,8 @@ def describe(backend: str, plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller model, one round of few steps (a smoke test)")
+    parser = options.parser(__doc__)
+    options.add_quick(parser, "a smaller model, one round of few steps (a smoke test)")
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds of runs (default {ROUNDS}; --quick 1)")
     parser.add_argument("--steps", type=int, default=None, help=f"recorded steps a run (default {STEPS}; --quick 3)")
     parser.add_argument("--time-limit", type=float, default=None,
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help=f"channels of each block's convolution (default {CHANNELS}; --quick {QUICK_CHANNELS})")
     parser.add_argument("--size", type=int, default=None,
                         help=f"image height and width (default {SIZE}; --quick {QUICK_SIZE})")
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON path (default {RESULTS})")
+    options.add_out(parser, RESULTS)
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else ROUNDS)
     args.steps = args.steps or (3 if args.quick else STEPS)
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.channels = args.channels or (QUICK_CHANNELS if args.quick else CHANNELS)
     args.size = args.size or (QUICK_SIZE if args.quick else SIZE)
     time_limit = args.time_limit or (2.0 if args.quick else TIME_LIMIT)
-    torch.set_num_threads(THREADS)  # deliberately: see the module docstring
+    set_threads(THREADS)  # deliberately: see the module docstring
     kept = keep_freed_memory()
     began = time.perf_counter()
     print(f"{cpu_count()} CPUs, torch {torch.__version__}, {THREADS} intra-op thread per worker and per rank; "
@@ -325,12 +325,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     doc: dict[str, Any] = {
         "benchmark": "search_gain",
-        "command": ".venv/bin/python benchmarks/search_gain.py" + (" " + " ".join(argv if argv is not None
-                                                                                  else sys.argv[1:])).rstrip(),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "revision": revision(),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                    "cpus": cpu_count(), "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"],
-                    "keep_freed_memory": kept, "load_after": os.getloadavg()[0]},
+        "revision": revision(),
         "threads": {"intra_op_threads_per_worker": THREADS, "threads": f"{DEVICES} CPU devices, one worker thread "
                     "each, pinned to a core each", "processes": f"{DEVICES} ranks, gloo on loopback, "
                     f"{THREADS} intra-op thread each"},
@@ -344,8 +339,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  "1 - searched / named (search_model: the same by the search's own timing model). Each backend's "
                  "search is given the threaded calibration's seconds and its own copy (Note [the search's input])."),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc, command=command_line(__file__, argv),
+               machine={"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"], "keep_freed_memory": kept,
+                        "load_after": load_average()})
     print(f"wrote {args.out}")
     return doc
 

@@ -1,14 +1,14 @@
 """What the executor's switch interval buys: GPipe steps with Python's default 5 ms against 1 ms, in one run.
 
-Two CPU devices, each worker pinned to a core of its own, one intra-op thread per worker
-(``OMP_NUM_THREADS=1`` before torch loads and ``torch.set_num_threads(1)``, on purpose: two workers on two
-cores). Three models: fidelity.py's ``mlp``, 64 x (Linear(64, 64), ReLU), many small layers whose tasks are
-mostly Python (a saved-tensor hook per saved tensor while recording), and ``conv``, its ten 3x3 convolutions,
-mostly C++, both at batch 64, chunks 2, 4, 8 and 16; and ``wide``, executor_speed.py's wider model, 8 x
+Two CPU devices, each worker pinned to a core of its own, one intra-op thread per worker (``OMP_NUM_THREADS=1``
+before torch loads and ``torch.set_num_threads(1)``, on purpose: two workers on two cores; Note [threads] in
+``_shared/machine.py``). Three models: fidelity.py's ``mlp``, 64 x (Linear(64, 64), ReLU), many small layers whose
+tasks are mostly Python (a saved-tensor hook per saved tensor while recording), and ``conv``, its ten 3x3
+convolutions, mostly C++, both at batch 64, chunks 2, 4, 8 and 16; and ``wide``, executor_speed.py's wider model, 8 x
 (Linear(2048), ReLU) at batch 256, chunks 4 and 8, whose tasks are tens of milliseconds of GEMMs. Recording on
 (as ``gpipe-sim demo`` runs it), checkpoint ``always``, ``except_last`` and ``never``. For each configuration,
 two pipelines of the same model, one with ``switch_interval=None`` (the interpreter's 5 ms) and one with
-``switch_interval=0.001``, take steps in turn (Note [interleaving] in ``executor_speed.py``); a row's ratio is
+``switch_interval=0.001``, take steps in turn (Note [interleaving] in ``_shared/rounds.py``); a row's ratio is
 the median of the per-round ratios (1 ms step / 5 ms step), which a machine whose speed drifts distorts far
 less than a ratio of medians.
 
@@ -18,30 +18,29 @@ Run: ``.venv/bin/python benchmarks/switch_interval.py`` (about eight minutes on 
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: see the module docstring
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _shared.machine import load_average, omp_threads, set_threads  # noqa: E402
+
+omp_threads()  # before torch loads: see the module docstring
+
 import torch  # noqa: E402
+from _shared import options  # noqa: E402
+from _shared.fidelity import conv_model, mlp_model  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gpipe import GPipe  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
 from sim.calibration.machine import keep_freed_memory, worker_affinity  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fidelity import conv_model, mlp_model  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "switch_interval.json"
+RESULTS = results_path("switch_interval")
 DEVICES = ("cpu", "cpu")
 WIDE_BATCH, WIDE_WIDTH = 256, 2048
 
@@ -63,19 +62,19 @@ MODELS: dict[str, tuple[tuple[int, int], Any, tuple[int, ...]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON path (default: {RESULTS})")
+    parser = options.parser(__doc__)
+    options.add_out(parser, RESULTS)
     parser.add_argument("--rounds", type=int, default=15, help="timed steps of each pipeline per row (default: 15)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--chunks", default="", help="chunk counts for every model (default: each model's own)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # deliberately: see the module docstring
+    set_threads(1)  # deliberately: see the module docstring
     keep_freed_memory()
     sys.setswitchinterval(0.005)  # the interpreter's default, for the pipelines that leave it alone
     affinity = worker_affinity(DEVICES)
     rows: list[dict[str, Any]] = []
     began = time.perf_counter()
-    load = [os.getloadavg()[0]]  # the machine's 1-minute load at the start and the end: how quiet the run was
+    load = [load_average()]  # the machine's 1-minute load at the start and the end: how quiet the run was
     print(f"{'model':>5} {'chunks':>6} {'checkpoint':>11} {'5 ms step':>10} {'1 ms step':>10} {'ratio':>7}")
     for name in [m for m in args.models.split(",") if m]:
         balance, build, counts = MODELS[name]
@@ -101,16 +100,13 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(f"{name:>5} {chunks:>6} {checkpoint:>11} {row['default_ms']:>10.2f} {row['short_ms']:>10.2f} "
                       f"{ratio:>7.3f}", flush=True)
-    doc = {"benchmark": "switch_interval", "command": "python benchmarks/switch_interval.py " + " ".join(sys.argv[1:]),
-           "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-                       "intra-op threads per worker": 1,
-                       "load_average_1min": [round(v, 2) for v in (*load, os.getloadavg()[0])]},
+    doc = {"benchmark": "switch_interval",
            "note": ("ratio = median over rounds of (step with switch_interval=0.001) / (step with the interpreter's "
                     "5 ms), both pipelines stepping in turn in one process; two CPU devices, workers pinned, "
                     "recording on, batch 64 (wide: 256); a step is forward, loss and backward."),
            "rows": rows, "summary": summary(rows), "seconds": time.perf_counter() - began}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc, command=command_line(__file__, argv),
+               machine={"intra-op threads per worker": 1, "load_average_1min": [*load, load_average()]})
     print(f"wrote {args.out} in {doc['seconds']:.0f} s")
     return 0
 

@@ -1,4 +1,5 @@
-"""The fidelity benchmark's statistics on hand-made samples: trimmed means, a row's own noise, the steady-row gate."""
+"""The fidelity benchmark's statistics on hand-made samples: trimmed means, a row's own noise, the steady-row gate;
+and its schedule axis (``benchmarks/_shared/fidelity.py``)."""
 
 from __future__ import annotations
 
@@ -26,10 +27,12 @@ def fidelity() -> ModuleType:
     return module
 
 
-def test_trimmed_mean_drops_a_fifth_at_each_end(fidelity: ModuleType) -> None:
+def test_trimmed_mean_drops_a_fifth_at_each_end() -> None:
+    from _shared.fidelity import trimmed_mean
+
     values = (100.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, -50.0)
-    assert fidelity.trimmed_mean(values) == statistics.mean([2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
-    assert fidelity.trimmed_mean((3.0, 1.0, 2.0), cut=0.0) == 2.0
+    assert trimmed_mean(values) == statistics.mean([2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    assert trimmed_mean((3.0, 1.0, 2.0), cut=0.0) == 2.0
 
 
 def _attempts(drifts: list[float | None], backgrounds: list[float] | None = None
@@ -80,6 +83,8 @@ def test_standard_error_of_the_block_errors(fidelity: ModuleType) -> None:
 def test_the_schedule_axis_takes_any_registered_name(fidelity: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     """Note [schedule axis]: two stages per worker for a schedule with a layout, one otherwise; a shape the generator
     refuses is named, not run; an unregistered name is refused before anything runs."""
+    from _shared.fidelity import refusal, stages_for
+
     from gpipe.schedule import Checkpoint, Schedule, gpipe, looped, register, unregister
 
     def picky(m: int, n: int, checkpoint: Checkpoint = "never", placement: Any = None) -> Schedule:
@@ -89,11 +94,11 @@ def test_the_schedule_axis_takes_any_registered_name(fidelity: ModuleType, capsy
 
     register("picky-looped", "GPipe's fill-drain, looped, at least n micro-batches", layout=looped)(picky)
     try:
-        assert fidelity.stages_for("gpipe") == fidelity.stages_for("1f1b") == 2
-        assert fidelity.stages_for("picky-looped") == 4
-        assert fidelity.refusal("picky-looped", 1, 4, "never") == "picky needs m >= n, got m=1, n=4"
-        assert fidelity.refusal("picky-looped", 4, 4, "never") is None
-        assert fidelity.refusal("gpipe", 1, 2, "always") is None
+        assert stages_for("gpipe") == stages_for("1f1b") == 2
+        assert stages_for("picky-looped") == 4
+        assert refusal("picky-looped", 1, 4, "never") == "picky needs m >= n, got m=1, n=4"
+        assert refusal("picky-looped", 4, 4, "never") is None
+        assert refusal("gpipe", 1, 2, "always") is None
     finally:
         unregister("picky-looped")
     with pytest.raises(SystemExit) as exit_info:

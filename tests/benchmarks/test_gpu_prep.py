@@ -81,8 +81,7 @@ def test_even_balance(fidelity_cuda: ModuleType) -> None:
 def test_task_seconds_of_a_run_that_costs_what_it_profiled() -> None:
     """The simulator's own timeline as the measured one, with an ideal runner: every task's spans are its profiled
     seconds, so each ratio is exactly 1 and the seconds are the cost model's."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from cuda_tasks import task_seconds
+    from _shared.cuda_tasks import task_seconds
 
     schedule = gpipe(4, 2, "except_last")
     cost = CostModel.uniform(2, 1.0, 2.0, recompute=1.5)
@@ -95,8 +94,7 @@ def test_task_seconds_of_a_run_that_costs_what_it_profiled() -> None:
 
 
 def test_gpu_state_without_cuda_is_empty() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from cuda_tasks import gpu_state
+    from _shared.cuda_tasks import gpu_state
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU path")
