@@ -1,9 +1,9 @@
 """How fast DistributedGPipe trains on two gloo processes, beside torch.distributed.pipelining on the same two.
 
-The model is ``executor_speed.py``'s (``--layers`` x (Linear(width) + ReLU), batch ``--batch``, ``--chunks``
-micro-batches, MSE loss), cut into stages as ``schedule_speed.py`` cuts it (one per rank, or ``2 * --virtual`` by
-the schedule's layout). Each schedule with a counterpart in torch (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V:
-Note [schedule pairs] in schedule_speed.py) is timed four ways::
+The model is the speed benchmarks' (``--layers`` x (Linear(width) + ReLU), batch ``--batch``, ``--chunks``
+micro-batches, MSE loss: ``_shared/workload.py``), cut into stages as ``schedule_speed.py`` cuts it (one per rank, or
+``2 * --virtual`` by the schedule's layout). Each schedule with a counterpart in torch (GPipe, 1F1B, interleaved
+1F1B, ZB-H1, ZB-V: Note [schedule pairs] in _shared/pipelining.py) is timed four ways::
 
     plain               the model itself, one thread, in this process
     threaded NAME       gpipe.GPipe, worker threads in this process
@@ -14,7 +14,8 @@ Note [same ranks, same rounds]: the distributed rows share one spawn: in each ra
 are built, their first step is checked against the plain model (loss on every rank, this rank's gradients), and
 then each round times one step of ours and one of torch's, in a seeded random order, each between barriers (a
 step ends when the slower rank is done). The ratio is the median of per-round ratios, so a busy moment of a
-shared machine weighs on both alike. One intra-op thread per rank and worker.
+shared machine weighs on both alike. One intra-op thread per rank and worker (``--threads``; Note [threads] in
+_shared/machine.py).
 
 Note [a floor for any executor]: each round also runs one recorded step of ours, and its timeline gives the
 step's floor (:func:`floor_seconds`): the schedule's order and dependencies with every task taking just what it
@@ -29,12 +30,10 @@ Run: ``.venv/bin/python benchmarks/distributed_speed.py`` (``--quick``: few roun
 
 from __future__ import annotations
 
-import argparse
 import copy
 import datetime
 import json
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -43,34 +42,35 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from executor_speed import THREADS, Runner, Workload, interleaved, ms, pipe_step, ratio, train_step  # noqa: E402
-from schedule_speed import SINGLE_STAGE, TORCH_SCHEDULES, balance_of, layout  # noqa: E402
+from _shared import options  # noqa: E402
+from _shared.machine import set_threads  # noqa: E402
+from _shared.pipelining import DEVICES as WORLD  # noqa: E402
+from _shared.pipelining import TORCH_SCHEDULES, balance_of, layout, torch_step  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
+from _shared.rounds import Runner, interleaved, ms, ratio  # noqa: E402
+from _shared.workload import Workload, pipe_step, train_step  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from gpipe import GPipe  # noqa: E402
 from gpipe.distributed.loopback import free_port, init_loopback_group  # noqa: E402
 from gpipe.schedule import Schedule, Task, schedule_kind  # noqa: E402
 from gpipe.schedule.timeline import COMPUTE, Timeline  # noqa: E402
-from sim.calibration.calibrate import partitions_of  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "distributed_speed.json"
-WORLD = 2
+RESULTS = results_path("distributed_speed")
 GOAL = 0.9  # DistributedGPipe's step over torch.distributed.pipelining's, on the same schedule
 DEFAULT = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
 
 
 def _rank(rank: int, world: int, port: int, workload: Workload, plans: dict[str, tuple[list[int], list[int]]],
-          warmup: int, repeats: int, out: str) -> None:
+          warmup: int, repeats: int, threads: int, out: str) -> None:
     """One rank: per schedule, ours and torch's on this rank's stages, checked, then timed in shuffled rounds."""
     import torch.distributed as dist
-    from torch.distributed import pipelining
 
     from gpipe.distributed import DistributedGPipe
 
-    torch.set_num_threads(THREADS)
+    set_threads(threads)
     init_loopback_group(rank, world, port, datetime.timedelta(minutes=30))
     try:
         x, y = workload.data()
@@ -91,18 +91,7 @@ def _rank(rank: int, world: int, port: int, workload: Workload, plans: dict[str,
             params = dict(reference.named_parameters())
             for key, p in ours.named_parameters():
                 torch.testing.assert_close(p.grad, params[key.split(".", 2)[2]].grad)
-            cls = getattr(pipelining, TORCH_SCHEDULES[name])
-            parts = partitions_of(workload.model(), balance)
-            mine = [s for s, d in enumerate(placement) if d == rank]
-            stages = [pipelining.PipelineStage(parts[s], s, len(placement), torch.device("cpu")) for s in mine]
-            kwargs: dict[str, Any] = {"n_microbatches": workload.m, "loss_fn": F.mse_loss}
-            theirs = cls(stages[0], **kwargs) if TORCH_SCHEDULES[name] in SINGLE_STAGE else cls(stages, **kwargs)
-
-            def their_step(schedule: Any = theirs, first: bool = 0 in mine, last: bool = len(placement) - 1 in mine,
-                           mine: list[int] = mine, parts: list[Any] = parts) -> None:
-                for s in mine:
-                    parts[s].zero_grad(set_to_none=True)
-                schedule.step(*((x,) if first else ()), **({"target": y, "losses": []} if last else {}))
+            their_step = torch_step(name, workload, placement, balance, rank, x, y)
 
             def recorded_step(pipe: Any = ours) -> None:
                 pipe.record = True
@@ -157,18 +146,19 @@ def floor_seconds(schedule: Schedule, timeline: Timeline) -> float:
 
 
 def run_distributed(workload: Workload, plans: dict[str, tuple[list[int], list[int]]], warmup: int,
-                    repeats: int) -> dict[str, dict[str, list[float]]]:
+                    repeats: int, threads: int) -> dict[str, dict[str, list[float]]]:
     """Per schedule, seconds per step of ``distributed`` and ``pipelining`` on two spawned gloo processes."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "distributed.json")
-        mp.spawn(_rank, args=(WORLD, free_port(), workload, plans, warmup, repeats, out), nprocs=WORLD, join=True)
+        mp.spawn(_rank, args=(WORLD, free_port(), workload, plans, warmup, repeats, threads, out), nprocs=WORLD,
+                 join=True)
         return json.loads(Path(out).read_text())
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = options.parser(__doc__)
     parser.add_argument("--batch", type=int, default=256, help="samples per step (default 256)")
     parser.add_argument("--chunks", type=int, default=4, help="micro-batches per step (default 4)")
     parser.add_argument("--layers", type=int, default=8, help="(Linear + ReLU) pairs (default 8)")
@@ -177,8 +167,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--schedules", default=",".join(DEFAULT),
                         help=f"schedules to time, comma-separated (default {','.join(DEFAULT)})")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 30; --quick 5)")
-    parser.add_argument("--quick", action="store_true", help="few rounds")
-    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the results (default {RESULTS})")
+    options.add_quick(parser, "few rounds")
+    options.add_out(parser, RESULTS)
+    options.add_threads(parser)
     args = parser.parse_args(argv)
     names = [s for s in args.schedules.split(",") if s]
     for name in names:
@@ -194,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     repeats = args.repeats if args.repeats is not None else (5 if args.quick else 30)
     warmup = 1 if args.quick else 3
 
-    torch.set_num_threads(THREADS)
+    set_threads(args.threads)  # Note [threads] in _shared.machine
     workload = Workload(args.layers, args.width, args.batch, args.chunks)
     model, (x, y) = workload.model(), workload.data()
     plain = copy.deepcopy(model)
@@ -213,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     interleaved(runners, warmup, repeats)
     samples = {r.name: r.samples for r in runners}
     print(f"timing DistributedGPipe and torch.distributed.pipelining on {WORLD} gloo processes ...", flush=True)
-    distributed = run_distributed(workload, plans, warmup, repeats)
+    distributed = run_distributed(workload, plans, warmup, repeats, args.threads)
 
     rows = []
     for name in names:
@@ -239,10 +230,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{', '.join(met) or 'none'} of {len(rows)}; below the floor (Note [a floor for any executor]): "
           f"{', '.join(below) or 'none'}")
     doc = {
-        "command": "python benchmarks/distributed_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                    "threads_per_rank": THREADS, "load": os.getloadavg()[0]},
         "workload": {"layers": args.layers, "width": args.width, "batch": args.batch, "chunks": args.chunks,
                      "virtual": args.virtual, "repeats": repeats, "processes": WORLD, "backend": "gloo"},
         "plain_ms": round(ms(samples["plain"]), 3),
@@ -251,9 +238,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "goal_met_by": met,
         "goal_below_floor": below,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    write_json(args.out, doc, command=command_line(__file__, argv), machine={"threads_per_rank": args.threads})
+    print(f"wrote {args.out}")
     return doc
 
 

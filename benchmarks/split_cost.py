@@ -1,5 +1,5 @@
 """What the split backward costs: ``B`` + ``W`` against one whole backward of the same stage, and every schedule's step
-against 1F1B's, on the two models of ``fidelity.py`` (conv: compute-heavy; mlp: 64 x Linear(64), host-bound).
+against 1F1B's, on the fidelity grid's two models (conv: compute-heavy; mlp: 64 x Linear(64), host-bound).
 
 Two tables per model::
 
@@ -23,7 +23,7 @@ Note [the floor]: the ``unsplit`` rows run each split schedule with a ``B`` that
 that does nothing: the schedule's own step with a split that costs nothing, which bounds what any split can reach.
 
 Set deliberately, and recorded: ``OMP_NUM_THREADS=1`` before torch loads and ``torch.set_num_threads(1)``, so each
-worker thread computes on one core (Note [one thread per worker] in executor_speed.py); the partitions are cut by
+worker thread computes on one core (Note [threads] in _shared/machine.py); the partitions are cut by
 ``balance_by_time`` as ``fidelity.py`` cuts them; workers are not pinned.
 
 Run: ``.venv/bin/python benchmarks/split_cost.py --baseline REV`` (about two minutes on two cores) or ``--quick``;
@@ -32,12 +32,10 @@ writes ``benchmarks/results/split_cost.json``, whose ``rows`` (the schedules tab
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gc
 import importlib.util
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -48,16 +46,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: see the module docstring
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import json  # noqa: E402
+from _shared.machine import THREADS, omp_threads, set_threads  # noqa: E402
+
+omp_threads()  # before torch loads: see the module docstring
 
 import torch  # noqa: E402
-from executor_speed import Runner, gradients_match, interleaved, pipe_step  # noqa: E402
-from fidelity import BATCH, MODELS, stages_for  # noqa: E402
+from _shared import options  # noqa: E402
+from _shared.fidelity import BATCH, MODELS, stages_for  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
+from _shared.rounds import Runner, interleaved  # noqa: E402
+from _shared.workload import gradients_match, pipe_step  # noqa: E402
 from torch import nn  # noqa: E402
 
 import gpipe.autograd.gradients  # noqa: E402
@@ -67,9 +68,8 @@ from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import SCHEDULES, schedule_kind  # noqa: E402
 from sim.calibration.calibrate import partitions_of  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results" / "split_cost.json"
+RESULTS = results_path("split_cost")
 DEVICES = 2
-THREADS = 1
 Split = Callable[..., tuple[list[torch.Tensor | None], Any]]  # gpipe.autograd.split.backward_input's signature
 
 
@@ -308,7 +308,7 @@ def flat_rows(models: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = options.parser(__doc__)
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--chunks", type=int, default=8, help="micro-batches per step (default 8)")
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="registered schedules (default: all)")
@@ -317,8 +317,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "(Note [before and after])")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of the schedules table (default 40)")
     parser.add_argument("--split-rounds", type=int, default=None, help="rounds of the split table (default 200)")
-    parser.add_argument("--quick", action="store_true", help="few rounds (a smoke test)")
-    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the results (default {RESULTS})")
+    options.add_quick(parser, "few rounds (a smoke test)")
+    options.add_out(parser, RESULTS)
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     names = [s for s in args.schedules.split(",") if s]
@@ -328,16 +328,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("--schedules needs 1f1b, which the ratios are to")
     rounds = args.rounds or (3 if args.quick else 40)
     split_rounds = args.split_rounds or (10 if args.quick else 200)
-    torch.set_num_threads(THREADS)
+    set_threads(THREADS)  # Note [threads] in _shared.machine
     before = baseline(args.baseline) if args.baseline else None
     rows_per_microbatch = microbatch.sizes(BATCH, args.chunks)[0]
     print(f"{os.cpu_count()} CPUs, torch {torch.__version__}, {THREADS} thread per worker; batch {BATCH}, chunks "
           f"{args.chunks}; baseline {args.baseline or '-'}", flush=True)
     doc: dict[str, Any] = {
-        "command": "python benchmarks/split_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                    "threads_per_worker": THREADS, "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
         "baseline": args.baseline, "batch": BATCH, "chunks": args.chunks, "rounds": rounds,
         "split_rounds": split_rounds, "models": {}}
     for name in models:
@@ -378,9 +374,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     doc["note"] = ("Each schedule's step and its ratios to 1F1B's and interleaved 1F1B's (medians of per-round "
                    "ratios); before: gpipe/autograd/split.py at the baseline revision; unsplit: a split that costs "
                    "nothing (Note [the floor]). B + W against a whole backward: models.<model>.split.")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.json}")
+    write_json(args.out, doc, command=command_line(__file__, argv), machine={"threads_per_worker": THREADS})
+    print(f"wrote {args.out}")
     return doc
 
 

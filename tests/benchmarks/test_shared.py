@@ -1,11 +1,57 @@
-"""What the benchmarks share (``benchmarks/_shared``): the stamp on their results and their common flags."""
+"""The benchmarks share one package and import no other script: a script that needs another's code finds it in
+``benchmarks/_shared``, which is no script (no ``main``); its results stamp and its flags.
+
+Imports are read from the source with ``ast``, nothing is imported: every ``import`` and ``from ... import`` counts,
+at module level and inside functions alike, and so does ``importlib.import_module`` of a literal name.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+SHARED = BENCHMARKS / "_shared"
+SCRIPTS = sorted(BENCHMARKS.glob("*.py"))
+
+
+def imported_names(path: Path) -> Iterator[tuple[int, str]]:
+    """The top-level name of each module ``path`` imports, with its line; relative imports stay in their package."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name.split(".")[0]) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            yield node.lineno, node.module.split(".")[0]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+              and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+              in ("import_module", "__import__")
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            yield node.lineno, node.args[0].value.split(".")[0]
+
+
+def test_there_are_scripts_and_a_shared_package() -> None:
+    assert len(SCRIPTS) >= 20 and (SHARED / "__init__.py").exists()
+
+
+@pytest.mark.parametrize("path", [*SCRIPTS, *sorted(SHARED.glob("*.py"))], ids=lambda p: p.name)
+def test_no_script_is_imported(path: Path) -> None:
+    scripts = {p.stem for p in SCRIPTS}
+    found = [f"{path.name}:{line} imports {name}" for line, name in imported_names(path) if name in scripts]
+    assert not found, "; ".join(found) + ": move what is shared into benchmarks/_shared"
+
+
+@pytest.mark.parametrize("path", sorted(SHARED.glob("*.py")), ids=lambda p: p.name)
+def test_the_shared_package_is_not_a_script(path: Path) -> None:
+    tree = ast.parse(path.read_text(), str(path))
+    names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+              if isinstance(t, ast.Name)}
+    assert "main" not in names, f"{path.name} defines main: a script belongs in benchmarks/, not in _shared"
+    assert "__main__" not in path.read_text(), f"{path.name} runs as a script"
 
 
 def test_the_results_are_stamped(tmp_path: Path) -> None:
