@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpipe.frontend import stage_placement
+from gpipe.frontend import given_schedule, stage_placement
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, schedule_kind
 
 __all__ = ["Setup"]
@@ -103,8 +103,12 @@ class Setup:
             raise ValueError(f"stages must be an integer >= 1 or None, got {self.stages!r}")
         if self.balance is not None and self.stages is not None and len(self.balance) != self.stages:
             raise ValueError(f"balance has {len(self.balance)} partitions but stages={self.stages}: give one of them")
-        if isinstance(self.schedule, Schedule):
-            self._check_given(self.schedule.validate())
+        if isinstance(self.schedule, Schedule):  # validated, its stages the partitions: as the executor checks it
+            _, m, policy = given_schedule(self.schedule, self.partitions, None, None)
+            if (self.chunks, self.checkpoint) != (m, policy):
+                raise ValueError(f"chunks={self.chunks}, checkpoint={self.checkpoint!r}, but schedule "
+                                 f"{self.schedule.name!r} runs m={m} micro-batches with checkpoint={policy!r}: give "
+                                 f"chunks={m}, checkpoint={policy!r}")
         if self.devices is not None:
             if not self.devices:
                 raise ValueError("devices is empty: give one torch device per schedule device, or None")
@@ -132,9 +136,8 @@ class Setup:
         return len(self.devices) if self.devices is not None else 2
 
     def placement(self) -> tuple[int, ...]:
-        """Each partition's schedule device (Note [devices and stages]), as :class:`gpipe.GPipe` places them
-        (:func:`gpipe.frontend.stage_placement`): by the schedule's layout when there are fewer devices than
-        partitions, else the schedule's own placement.
+        """Each partition's schedule device, as :class:`gpipe.GPipe` places them on :attr:`devices`
+        (:func:`gpipe.frontend.stage_placement`; Note [devices and stages]).
 
         Raises:
             ValueError: the schedule cannot place the partitions on the devices given (the message names the fix).
@@ -142,28 +145,11 @@ class Setup:
         n = self.partitions
         p = len(self.devices) if self.devices is not None else n
         placement = stage_placement(self.schedule, n, p, self.chunks, self.checkpoint)  # the executor's decision
-        if isinstance(self.schedule, Schedule):
-            given = self.schedule
-            if p not in (n, given.num_devices):
-                raise ValueError(f"schedule {given.name!r} runs {n} stages on {given.num_devices} devices: give "
-                                 f"{given.num_devices} devices (one per schedule device) or {n} (one per stage), "
-                                 f"not {p}")
-            return placement
-        if p not in (n, max(placement) + 1):
-            schedule_kind(self.schedule).layout(n, p)  # raises for a schedule without a layout, naming the fix
-            raise ValueError(f"schedule {self.schedule!r} runs {n} stages on {max(placement) + 1} devices, not on "
-                             f"the {p} given")
+        workers = max(placement) + 1
+        if p not in (n, workers):  # GPipe takes a device per stage, or one per schedule device
+            if not isinstance(self.schedule, Schedule):
+                schedule_kind(self.schedule).layout(n, p)  # raises for a schedule without a layout, naming the fix
+            name = self.schedule.name if isinstance(self.schedule, Schedule) else self.schedule
+            raise ValueError(f"schedule {name!r} runs {n} stages on {workers} devices: give {workers} devices (one "
+                             f"per schedule device) or {n} (one per stage), not {p}")
         return placement
-
-    def _check_given(self, given: Schedule) -> None:
-        """A given schedule's ``m``, policy and stages agree with ``chunks``, ``checkpoint`` and the partitions."""
-        name = given.name
-        if self.chunks != given.m:
-            raise ValueError(f"chunks={self.chunks}, but schedule {name!r} runs m={given.m} micro-batches: give "
-                             f"chunks={given.m}")
-        if self.checkpoint != given.checkpoint:
-            raise ValueError(f"checkpoint={self.checkpoint!r}, but schedule {name!r} was built for checkpoint="
-                             f"{given.checkpoint!r}: give checkpoint={given.checkpoint!r}")
-        if self.partitions != given.n:
-            raise ValueError(f"{self.partitions} partitions, but schedule {name!r} has {given.n} stages: give a "
-                             f"balance of {given.n} partitions (or stages={given.n})")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpipe.profiling.profile import RecordedSeconds
-from gpipe.schedule import SCHEDULES, gpipe, looped, register, unregister
+from gpipe.schedule import SCHEDULES, gpipe, looped, one_f_one_b, register, unregister
 from sim.calibration.compare import compare
 from sim.calibration.experiment import Setup, progress_labels
 from sim.calibration.host import Overheads, executor_costs, with_overheads
@@ -149,6 +149,18 @@ def test_setup_rejects_bad_values() -> None:
         Setup(pass_repeats=0)
     with pytest.raises(ValueError, match="unknown schedule 'zigzag'; registered: gpipe, 1f1b"):
         Setup(schedule="zigzag")
+
+
+def test_setup_of_a_given_schedule_is_checked_as_the_executor_checks_it() -> None:
+    """Note [devices and stages]: a given schedule's stages are the partitions (gpipe.frontend.given_schedule's rule
+    and message); chunks and checkpoint, which have defaults here, must be its m and policy."""
+    with pytest.raises(ValueError, match="schedule '1f1b' has 4 stages, but the balance makes 2 partitions"):
+        Setup(schedule=one_f_one_b(4, 4), balance=(1, 1))
+    with pytest.raises(ValueError, match=r"^chunks=4, checkpoint='except_last', but schedule '1f1b' runs m=8 "
+                                         r"micro-batches with checkpoint='never': give chunks=8, checkpoint='never'$"):
+        Setup(schedule=one_f_one_b(8, 2, "never"))
+    setup = Setup(schedule=one_f_one_b(8, 2, "never"), chunks=8, checkpoint="never", devices=("cpu",) * 2)
+    assert (setup.partitions, setup.placement()) == (2, (0, 1))
 
 
 def test_setup_places_stages_on_fewer_devices_by_the_schedules_layout() -> None:
