@@ -17,14 +17,10 @@ Run: ``.venv/bin/python benchmarks/cpu_check.py [--device cpu.json]`` (a minute)
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
-from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +28,10 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _shared import options  # noqa: E402
+from _shared.machine import set_threads  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 
 from gpipe import GPipe  # noqa: E402
 from gpipe.schedule import gpipe  # noqa: E402
@@ -86,17 +86,6 @@ class _Steps:
         self.wall.append(time.perf_counter() - start)
 
 
-def _cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` where there is one)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _predict(model: nn.Sequential, x: torch.Tensor, chunks: int, device: DeviceSpec) -> float:
     costs = FlopCosts(count_layers(nn.Sequential(*model, _MSE()), x), device, "fp32-sgd")
     size = x.shape[0] // chunks
@@ -106,13 +95,14 @@ def _predict(model: nn.Sequential, x: torch.Tensor, chunks: int, device: DeviceS
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = options.parser(__doc__)
     parser.add_argument("--device", help="a saved calibration (gpipe-sim hardware --calibrate-cpu --out)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help=f"calibration passes, each followed by one step of every case ({ROUNDS})")
+    options.add_out(parser, results_path("cpu_check"))
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    torch.set_num_threads(1)
+    set_threads(1)  # one thread, calibration and executor alike (Note [threads] in _shared.machine)
     keep_freed_memory()  # as gpipe-sim's commands do (Note [allocator] in sim.calibration.machine)
     demo, demo_x = demo_model()
     cfg = GPTConfig(n_layer=2, n_head=4, d_model=256, seq_len=128, vocab_size=1024, dropout=0.0)
@@ -160,7 +150,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{device.memory_bandwidth * roof.memory / 1e9:.1f} GB/s, vector math "
           f"{device.memory_bandwidth * (roof.vector_math or 0) / 1e9:.1f} GB/s, "
           f"{roof.kernel_seconds * 1e6:.2f} us/kernel")
-    out = Path(__file__).resolve().parent / "results" / "cpu_check.json"
     note = (f"Measured: the executor's step, median process CPU seconds (wall-clock beside it); predicted: the "
             f"simulated step from counts and this CPU's roofline, calibrated on generic kernels in the same run: "
             f"{args.rounds} passes over the calibration's kernels, each followed by one step of every case; medians "
@@ -168,13 +157,10 @@ def main(argv: list[str] | None = None) -> int:
             f"the roofline does not model; glibc keeps freed memory here, as in gpipe-sim's commands). Load average "
             f"{load[0]:.2f} before and {load[1]:.2f} after (other work on the same {os.cpu_count()} cores). "
             f"Within {TOLERANCE:.0%}: {'yes' if within else 'no'}.")
-    out.write_text(json.dumps({
-        "command": ".venv/bin/python benchmarks/cpu_check.py", "date": date.today().isoformat(),
-        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "threads": 1,
-                    "torch": torch.__version__, "load average": f"{load[0]:.2f} then {load[1]:.2f}"},
-        "note": note, "device": device.to_dict(), "rows": rows, "within_tolerance": within},
-        indent=1))
-    print(f"wrote {out}")
+    write_json(args.out, {"note": note, "device": device.to_dict(), "rows": rows, "within_tolerance": within},
+               command=command_line(__file__, argv),
+               machine={"cores": os.cpu_count(), "threads": 1, "load average": f"{load[0]:.2f} then {load[1]:.2f}"})
+    print(f"wrote {args.out}")
     return 0
 
 

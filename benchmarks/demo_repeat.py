@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results" / "demo_repeat.json"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the results record the machine through sim
+
+from _shared import options  # noqa: E402
+from _shared.record import results_path, write_json  # noqa: E402
+
+RESULTS = results_path("demo_repeat")
 BURST_RESULTS = RESULTS.with_name("demo_repeat_burst.json")
 GOAL_ERROR = 0.05  # the README's claim, for a demo run
 GOAL_SECONDS = 60.0
@@ -79,10 +83,9 @@ def burst(text: str) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = options.parser(__doc__)
     parser.add_argument("--runs", type=int, default=10, help="demo runs in a row (default: 10)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"the JSON results (default: {RESULTS}, or {BURST_RESULTS.name} with --burst)")
+    options.add_out(parser, None, help=f"the JSON results (default: {RESULTS}, or {BURST_RESULTS.name} with --burst)")
     parser.add_argument("--burst", type=burst, default=None, metavar="BUSY,IDLE",
                         help="a noisy neighbour beside every run: spin BUSY s, sleep IDLE s (Note [a noisy neighbour])")
     parser.add_argument("demo_options", nargs="*", help="options passed on to gpipe-sim demo (after --)")
@@ -108,13 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"beyond {GOAL_ERROR:.0%}: {misses} of {len(rows)}; mean |error| "
           f"{sum(abs(r['error']) for r in rows) / len(rows):.1%}; slowest run {slowest:.1f} s; goal "
           + ("met" if met else "not met"))
-    doc = {"command": " ".join(["gpipe-sim", "demo", *args.demo_options]), "runs": rows, "beyond_goal": misses,
+    doc = {"runs": rows, "beyond_goal": misses,
            "goal": {"error": GOAL_ERROR, "seconds": GOAL_SECONDS, "allowed_misses_in_ten": ALLOWED_MISSES},
            "neighbour": None if args.burst is None else {"busy_seconds": args.burst[0], "idle_seconds": args.burst[1]},
-           "met": met, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "machine": {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+           "met": met}
+    # the command is the demo's, the one the results are about, as a user types it
+    write_json(out, doc, command=" ".join(["gpipe-sim", "demo", *args.demo_options]))
     print(f"wrote {out}")
     return 0
 

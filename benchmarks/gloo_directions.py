@@ -1,12 +1,13 @@
 """How long posting a gloo send or receive blocks the posting thread: one group, or groups per direction.
 
-Two spawned gloo processes on this machine each run rounds of compute (one intra-op thread) and every round send
-the other one message of ``--kb`` KB, with receives posted two messages ahead, as a rank of
-:class:`gpipe.distributed.DistributedGPipe` does between its tasks. ``one``: every message on one group (as
-``torch.distributed.pipelining`` posts them); ``two``: messages to the higher rank on one group and to the lower
-on another; ``four``: two groups per direction, a direction's messages taking them in turn (Note [a group per
-direction] in :mod:`gpipe.distributed.group`). The ways alternate in blocks in one spawn, so a busy moment of
-the machine weighs on all. Reported per way, over both ranks: the median post, the share over 1 ms, the longest.
+Two spawned gloo processes on this machine each run rounds of compute (one intra-op thread, ``--threads``; Note
+[threads] in ``_shared/machine.py``) and every round send the other one message of ``--kb`` KB, with receives posted
+two messages ahead, as a rank of :class:`gpipe.distributed.DistributedGPipe` does between its tasks. ``one``: every
+message on one group (as ``torch.distributed.pipelining`` posts them); ``two``: messages to the higher rank on one
+group and to the lower on another; ``four``: two groups per direction, a direction's messages taking them in turn
+(Note [a group per direction] in :mod:`gpipe.distributed.group`). The ways alternate in blocks in one spawn, so a busy
+moment of the machine weighs on all. Reported per way, over both ranks: the median post, the share over 1 ms, the
+longest.
 
 Run: ``.venv/bin/python benchmarks/gloo_directions.py`` (``--quick``: few blocks). Writes
 ``benchmarks/results/gloo_directions.json``.
@@ -14,11 +15,9 @@ Run: ``.venv/bin/python benchmarks/gloo_directions.py`` (``--quick``: few blocks
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -26,21 +25,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from _shared import options  # noqa: E402
+from _shared.machine import set_threads  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 
 from gpipe.distributed.loopback import free_port, init_loopback_group  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "gloo_directions.json"
+RESULTS = results_path("gloo_directions")
 WAYS = ("one", "two", "four")
 AHEAD = 2  # receives posted ahead, as DistributedGPipe's default lookahead
 
 
-def _rank(rank: int, port: int, kb: int, blocks: int, rounds: int, out: str) -> None:
+def _rank(rank: int, port: int, kb: int, blocks: int, rounds: int, threads: int, out: str) -> None:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    set_threads(threads)
     init_loopback_group(rank, 2, port, datetime.timedelta(minutes=30))
     peer = 1 - rank
     up = [dist.new_group([0, 1], backend="gloo") for _ in range(2)]
@@ -89,12 +91,13 @@ def _rank(rank: int, port: int, kb: int, blocks: int, rounds: int, out: str) -> 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = options.parser(__doc__)
     parser.add_argument("--kb", type=int, default=128, help="KB per message (default 128, the speed benchmark's)")
     parser.add_argument("--blocks", type=int, default=None, help="timed blocks per way (default 6; --quick 2)")
     parser.add_argument("--rounds", type=int, default=100, help="rounds per block (default 100)")
-    parser.add_argument("--quick", action="store_true", help="few blocks")
-    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the results (default {RESULTS})")
+    options.add_quick(parser, "few blocks")
+    options.add_out(parser, RESULTS)
+    options.add_threads(parser)
     args = parser.parse_args(argv)
     if min(args.kb, args.rounds) < 1 or (args.blocks is not None and args.blocks < 1):
         parser.error("need positive --kb, --blocks and --rounds")
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "posts.json")
-        mp.spawn(_rank, args=(free_port(), args.kb, blocks, args.rounds, out), nprocs=2, join=True)
+        mp.spawn(_rank, args=(free_port(), args.kb, blocks, args.rounds, args.threads, out), nprocs=2, join=True)
         both = json.loads(Path(out).read_text())
     rows = []
     for way in WAYS:
@@ -116,15 +119,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{'way':5s} {'posts':>6s} {'median ms':>10s} {'over 1 ms':>10s} {'max ms':>8s}")
     for r in rows:
         print(f"{r['way']:5s} {r['posts']:6d} {r['median_ms']:10.3f} {r['over_1ms']:10.2%} {r['max_ms']:8.2f}")
-    doc = {"command": "python benchmarks/gloo_directions.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                       "threads_per_rank": 1, "load": os.getloadavg()[0]},
-           "workload": {"kb": args.kb, "blocks": blocks, "rounds": args.rounds, "processes": 2, "backend": "gloo"},
+    doc = {"workload": {"kb": args.kb, "blocks": blocks, "rounds": args.rounds, "processes": 2, "backend": "gloo"},
            "rows": rows}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    write_json(args.out, doc, command=command_line(__file__, argv), machine={"threads_per_rank": args.threads})
+    print(f"wrote {args.out}")
     return doc
 
 

@@ -21,10 +21,7 @@ The exit status is 1 when a check fails, 0 otherwise.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -34,10 +31,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from _shared import options  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "gpu_check.json"
+RESULTS = results_path("gpu_check")
 MODES = ("never", "except_last", "always")
 CHUNKS = (1, 4)
 PARTITIONS = 4
@@ -160,8 +159,8 @@ def timeline_check(gpipe_cls: Any, name: str, listing: int, cpu: bool = False) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the results (default {RESULTS})")
+    parser = options.parser(__doc__)
+    options.add_out(parser, RESULTS)
     parser.add_argument("--listing", type=int, default=8, help="spans listed per partition (default 8)")
     parser.add_argument("--cpu", action="store_true",
                         help="run the same checks on CPU devices (tests this script where there is no GPU)")
@@ -195,18 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(c["ok"] for c in cases) and all(t["ok"] for t in timelines)
     doc = {
         "benchmark": "gpu_check",
-        "command": " ".join(["python benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)]),
-        "machine": {"gpus": names, "torch": torch.__version__, "cuda": torch.version.cuda,
-                    "python": platform.python_version()},
         "note": f"{PARTITIONS} partitions on {devices_for(PARTITIONS, args.cpu)}; TF32 off; rtol {RTOL}, atol {ATOL}",
         "rows": [{k: v for k, v in c.items() if k != "devices"} for c in cases],
         "timelines": timelines,
         "ok": ok,
         "seconds": time.perf_counter() - started,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"\n{'all checks passed' if ok else 'SOME CHECKS FAILED'} in {doc['seconds']:.1f} s; wrote {args.json}")
+    write_json(args.out, doc, command=command_line(__file__, argv), machine={"gpus": names, "cuda": torch.version.cuda})
+    print(f"\n{'all checks passed' if ok else 'SOME CHECKS FAILED'} in {doc['seconds']:.1f} s; wrote {args.out}")
     return 0 if ok else 1
 
 

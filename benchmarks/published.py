@@ -67,7 +67,6 @@ Run: ``.venv/bin/python benchmarks/published.py`` (under a minute); writes
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import sys
 import time
@@ -79,6 +78,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _shared.options import add_out, parser  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 
 from gpipe.schedule import gpipe  # noqa: E402
 from sim.core.config import SimConfig  # noqa: E402
@@ -218,7 +220,10 @@ def gpt_memory_table() -> list[dict[str, Any]]:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    flags = parser(__doc__)
+    add_out(flags, results_path("published"))
+    args = flags.parse_args(argv)
     start = time.perf_counter()
     speed = resnet_table()
     print(f"ResNet-101 on Tesla P40s (torchgpipe), predicted per kernel from the catalog's P40 roofline "
@@ -255,11 +260,9 @@ def main() -> int:
         print(f"{r['model']:<10} {r['parameters'] / 1e9:>8.2f}B {r['model_state_bytes_per_parameter']:>11.1f} "
               f"{r['block_saved_bytes'] / 1e6:>11.1f} {r['korthikanti_bytes'] / 1e6:>14.1f} "
               f"{100 * r['activation_error']:>+7.3f}%")
-    out = Path(__file__).resolve().parent / "results" / "published.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"resnet101_speed": speed, "gpt_memory": memory,
-                               "seconds": time.perf_counter() - start}, indent=1))
-    print(f"\nwrote {out}")
+    write_json(args.out, {"resnet101_speed": speed, "gpt_memory": memory, "seconds": time.perf_counter() - start},
+               command=command_line(__file__, argv))
+    print(f"\nwrote {args.out}")
     return 0
 
 

@@ -10,33 +10,36 @@ The model is 64 x (Linear(64, 64), ReLU) on two CPU devices, chunks 4, batch 64,
               the others bare, the generators checked around each task (Note [learning which layers draw])
     seeded    every layer under the dispatch mode, as if every one drew
 
-Thread counts: one intra-op thread per worker (``torch.set_num_threads(1)``), as benchmarks/fidelity.py, so
-the two workers share the two cores. Steps are timed round-robin (one step of each way per round) and each
-ratio is the median of per-round ratios, so a slow spell of the shared machine spoils one sample of each.
+Thread counts: one intra-op thread per worker (``torch.set_num_threads(1)``, ``--threads``; Note [threads] in
+``_shared/machine.py``), so the two workers share the two cores. Steps are timed round-robin (one step of each way
+per round) and each ratio is the median of per-round ratios, so a slow spell of the shared machine spoils one sample
+of each.
 
 Run: ``.venv/bin/python benchmarks/rng_cost.py [--rounds 60]``; writes ``benchmarks/results/rng_cost.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import os
-import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpipe import GPipe
-from gpipe.schedule import CHECKPOINT_MODES
+import torch  # noqa: E402
+from _shared import options  # noqa: E402
+from _shared.machine import set_threads  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
+from torch import nn  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results" / "rng_cost.json"
+from gpipe import GPipe  # noqa: E402
+from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
+
+RESULTS = results_path("rng_cost")
 WAYS = ("none", "default", "seeded")
 
 
@@ -72,12 +75,13 @@ def timed(step: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = options.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    options.add_out(parser, RESULTS)
+    options.add_threads(parser)
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
     x, y = torch.randn(64, 64), torch.randn(64, 64)
     loss_fn = nn.MSELoss()
     rows = []
@@ -103,13 +107,9 @@ def main() -> None:
             rows.append(row)
             print(f"{name:>8} {checkpoint:>11} {row['none_ms']:>8.2f} {ratio['default']:>13.3f} "
                   f"{ratio['seeded']:>12.3f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "command": f".venv/bin/python benchmarks/rng_cost.py --rounds {args.rounds}",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), torch {torch.__version__}, one intra-op "
-                   "thread per worker, two CPU workers",
-        "note": f"Run {time.strftime('%Y-%m-%d')}; ratios are medians of per-round ratios within this run.",
-        "rows": rows}, indent=1) + "\n")
+    write_json(args.out, {"note": f"Two CPU workers, {args.threads} intra-op thread(s) each; ratios are medians of "
+                                  "per-round ratios within this run.", "rows": rows},
+               command=command_line(__file__, argv), machine={"threads_per_worker": args.threads})
 
 
 if __name__ == "__main__":

@@ -27,10 +27,7 @@ seconds, a smaller grid and one small command); writes ``benchmarks/results/sim_
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import gc
-import json
 import os
 import platform
 import subprocess
@@ -44,6 +41,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import simpy  # noqa: E402
+from _shared import options  # noqa: E402
+from _shared.machine import load_average  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 
 from gpipe.schedule import Schedule, checkpointed, gpipe  # noqa: E402
 from sim.core.config import SimConfig  # noqa: E402
@@ -59,7 +59,7 @@ CLI_STAGES = 64
 CLI_CHUNKS = (1000, 4096, 16384)  # the sizes issue 20 reported; the last one is the goal's
 CLI_GOAL_SECONDS, CLI_GOAL_BYTES = 15.0, 2 * 2**30  # wall and peak RSS of the m=16384 command
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "sim_speed.json"
+RESULTS = results_path("sim_speed")
 
 
 def variants(n: int) -> dict[str, tuple[CostModel, SimConfig]]:
@@ -155,12 +155,12 @@ def _high_water_bytes(pid: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="n in {4, 16}, m in {32, 256}, one repeat")
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON path (default: {RESULTS})")
+    parser = options.parser(__doc__)
+    options.add_quick(parser, "n in {4, 16}, m in {32, 256}, one repeat")
+    options.add_out(parser, RESULTS)
     args = parser.parse_args(argv)
     stages, chunks = ((4, 16), (32, 256)) if args.quick else (STAGES, CHUNKS)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # the machine is shared
+    load = load_average()  # the machine is shared
     rows = []
     print(f"{'n':>3} {'m':>5} {'tasks':>8} {'validate':>9} | {'free: simulate/s':>16} {'engine/s':>9} | "
           f"{'link: simulate/s':>16} {'engine/s':>9}")
@@ -200,16 +200,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{CLI_GOAL_SECONDS:.0f} s and {CLI_GOAL_BYTES / 2**30:.0f} GiB. The machine is shared: the 1-minute load "
             f"average was {'unknown' if load is None else f'{load:.2f}'} when the run started.")
     doc = {
-        "benchmark": "sim_speed", "command": ".venv/bin/python benchmarks/sim_speed.py" + (" --quick" * args.quick),
+        "benchmark": "sim_speed",
         "note": note, "load_average": load, "quick": args.quick, "schedule": "gpipe, checkpoint never",
         "variants": {"free": "copy_seconds=0, no bytes", "link": "pcie4-x16, 16 MiB activations, 64 MiB saved"},
-        "python": platform.python_version(), "simpy": simpy.__version__, "machine": platform.machine(),
-        "processor": platform.processor(), "cpus": os.cpu_count(), "date": datetime.date.today().isoformat(),
+        "python": platform.python_version(), "simpy": simpy.__version__, "processor": platform.processor(),
+        "cpus": os.cpu_count(),
         "goal_simulate_tasks_per_second": GOAL, "rows": rows,
         "cli": {"goal_wall_seconds": CLI_GOAL_SECONDS, "goal_peak_rss_bytes": CLI_GOAL_BYTES, "rows": cli_rows},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc, command=command_line(__file__, argv), machine={"simpy": simpy.__version__})
     print(f"wrote {args.out}")
     return 0
 
