@@ -84,16 +84,17 @@ def layer_traffic(t: int, link: str) -> tuple[float, float, float]:
 def tensor_sweep() -> dict[str, dict[int, list[Any]]]:
     """The figure's rows by series and degree: ``inside`` (NVLink 3 in nodes of eight, InfiniBand HDR between them;
     ``t = 16`` crosses the network, Note [a ring at its slowest hop]) and ``across`` (every collective on HDR)."""
-    from sim.planning.plan import plan
+    from sim.planning.plan import PlanRequest, plan
 
     ex = SWEEP
 
     def run(link: str, gpus_per_node: int, degrees: tuple[int, ...]) -> dict[int, list[Any]]:
-        result = plan({k: c for k, c in counts().items() if k[0] in degrees}, ex["batch"], ex["device"],
-                      [ex["gpus"]], link, network=ex["network"], gpus_per_node=gpus_per_node,
-                      tensor_parallel=degrees, sequence_parallel=[False, True],
-                      stages=[ex["gpus"] // t for t in degrees], replicas=[1], chunks=[ex["batch"]],
-                      checkpoints=ex["checkpoints"], schedules=["1f1b"], tokens_per_sample=_shape()[0], workers=1)
+        result = plan(PlanRequest(profile={k: c for k, c in counts().items() if k[0] in degrees}, batch=ex["batch"],
+                                  device=ex["device"], gpus=[ex["gpus"]], link=link, network=ex["network"],
+                                  gpus_per_node=gpus_per_node, tensor_parallel=degrees, sequence_parallel=[False, True],
+                                  stages=[ex["gpus"] // t for t in degrees], replicas=[1], chunks=[ex["batch"]],
+                                  checkpoints=ex["checkpoints"], schedules=["1f1b"],
+                                  tokens_per_sample=_shape()[0]), workers=1)
         return {t: [r for r in result.rows if r.tensor_parallel == t] for t in degrees}
 
     across = run(ex["network"], max(DEGREES), DEGREES)
@@ -112,13 +113,14 @@ def _row(rows: list[Any], checkpoint: str, sequence_parallel: bool) -> Any:
 @functools.cache
 def zero_plan() -> Any:
     """The planner's rows of :data:`ZERO`, one per ZeRO stage (selective recompute, sequence parallel, 1F1B)."""
-    from sim.planning.plan import plan
+    from sim.planning.plan import PlanRequest, plan
 
     z = ZERO
-    return plan({(z["t"], True): counts()[(z["t"], True)]}, z["batch"], SWEEP["device"], [z["gpus"]], SWEEP["link"],
-                network=SWEEP["network"], tensor_parallel=[z["t"]], sequence_parallel=[True], stages=[z["stages"]],
-                replicas=[z["replicas"]], chunks=[z["chunks"]], checkpoints=["selective"], schedules=["1f1b"],
-                zero=[0, 1, 2, 3], tokens_per_sample=_shape()[0], workers=1)
+    return plan(PlanRequest(profile={(z["t"], True): counts()[(z["t"], True)]}, batch=z["batch"],
+                            device=SWEEP["device"], gpus=[z["gpus"]], link=SWEEP["link"], network=SWEEP["network"],
+                            tensor_parallel=[z["t"]], sequence_parallel=[True], stages=[z["stages"]],
+                            replicas=[z["replicas"]], chunks=[z["chunks"]], checkpoints=["selective"],
+                            schedules=["1f1b"], zero=[0, 1, 2, 3], tokens_per_sample=_shape()[0]), workers=1)
 
 
 def _zero_sent(row: Any, parameters: float) -> float:

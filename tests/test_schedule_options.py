@@ -26,7 +26,7 @@ from gpipe.schedule import (
 from sim.cli import main
 from sim.planning.flops import count_layers
 from sim.planning.hardware import get_device, get_link
-from sim.planning.plan import plan
+from sim.planning.plan import PlanRequest, plan
 
 ROUND = "schedule 'interleaved-1f1b' takes the option round=N \\(N a positive integer; e.g. interleaved-1f1b:round=4\\)"
 
@@ -138,8 +138,9 @@ def test_the_planner_takes_a_name_with_options() -> None:
     """A plan's rows carry the name as given (canonical), and a bigger round hides the copies' time better."""
     torch.manual_seed(0)
     profile = count_layers(nn.Sequential(*[nn.Linear(64, 64) for _ in range(8)]), torch.randn(2, 64))
-    result = plan(profile, 64, get_device("a100-40gb"), [4], get_link("pcie4-x16"), training="fp32-adam", chunks=[8],
-                  checkpoints=["never"], schedules=["interleaved-1f1b", "interleaved-1f1b:round=8"], stages=[4])
+    result = plan(PlanRequest(profile=profile, batch=64, device=get_device("a100-40gb"), gpus=[4],
+                              link=get_link("pcie4-x16"), training="fp32-adam", chunks=[8], checkpoints=["never"],
+                              schedules=["interleaved-1f1b", "interleaved-1f1b:round=8"], stages=[4]))
     rows = {(r.schedule, r.virtual): r for r in result.rows}
     assert set(rows) == {(name, v) for name in ("interleaved-1f1b", "interleaved-1f1b:round=8") for v in (1, 2)}
     assert rows[("interleaved-1f1b:round=8", 2)].step_seconds < rows[("interleaved-1f1b", 2)].step_seconds

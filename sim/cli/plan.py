@@ -57,6 +57,7 @@ from sim.planning.plan import (
     MAX_CHUNKS,
     VIRTUAL,
     Plan,
+    PlanRequest,
     check_request,
     check_tensor_parallel,
     default_training,
@@ -175,7 +176,7 @@ def _ints(flag: str, text: str) -> list[int]:
         raise CommandError(f"{flag} takes comma-separated integers, got {text!r}") from None
     if not values:
         raise CommandError(f"{flag} needs at least one value")
-    for v in values:  # the lower bounds are sim.planning.plan.check_request's
+    for v in values:  # the lower bounds are sim.planning.request.check_request's
         integer(flag, v, -MAX_INT - 1)
     return values
 
@@ -364,13 +365,14 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     n = len(balance) if balance is not None else min(max(map(len, profiles.values())), max(gpus) * max(virtual))
     check_simulation_size(m, n, given=f"{'--chunks ' if chunks is not None else 'up to '}{m} micro-batches on up to "
                           f"{n} stages", fix="lower --chunks or --gpus")
-    result = plan(profiles, args.batch, device, gpus, link, training=training, chunks=chunks,
-                  checkpoints=checkpoints, schedules=schedules, virtual=virtual, price_per_gpu_hour=price,
-                  objective=args.objective, model_name=name, balance=balance, replicas=replicas,
-                  progress=not args.no_progress and sys.stderr.isatty(), copy_streams=args.copy_streams,
-                  tensor_parallel=degrees, gpus_per_node=args.gpus_per_node, stages=stages, network=network,
-                  network_ports=args.network_ports, tokens_per_sample=tokens, zero=zero,
-                  sequence_parallel=[w == "on" for w in splits], search=args.search)
+    request = PlanRequest(profile=profiles, batch=args.batch, device=device, gpus=gpus, link=link, training=training,
+                          chunks=chunks, checkpoints=checkpoints, schedules=schedules, virtual=virtual,
+                          price_per_gpu_hour=price, objective=args.objective, model_name=name, balance=balance,
+                          replicas=replicas, copy_streams=args.copy_streams, tensor_parallel=degrees,
+                          gpus_per_node=args.gpus_per_node, stages=stages, network=network,
+                          network_ports=args.network_ports, tokens_per_sample=tokens, zero=zero,
+                          sequence_parallel=[w == "on" for w in splits], search=args.search)
+    result = plan(request, progress=not args.no_progress and sys.stderr.isatty())
     return result, out
 
 

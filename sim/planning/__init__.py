@@ -2,5 +2,6 @@
 
 :mod:`~sim.planning.flops` counts a model on the ``meta`` device, :mod:`~sim.planning.hardware` holds real
 devices and links with their sources, :mod:`~sim.planning.costs_from_flops` divides one by the other into a
-cost model, and :mod:`~sim.planning.plan` sweeps pipeline configurations through the core simulator.
+cost model, and :mod:`~sim.planning.plan` sweeps the pipeline configurations a
+:class:`~sim.planning.request.PlanRequest` asks for through the core simulator.
 """

@@ -1,22 +1,33 @@
-"""What a plan is asked, checked before any work: links named by family, the network, the training default, and the
-numbers of a request (batch, GPUs, chunks, tensor-parallel degrees).
+"""What a plan is asked: :class:`PlanRequest`, checked when it is built, and the checks and resolutions it runs
+(links named by family, the network, the training default, the numbers of a request).
 
-:func:`sim.planning.plan.plan` and ``gpipe-sim plan`` call these before counting a model, so a bad request costs
-nothing; each refusal is one line.
+:func:`sim.planning.plan.plan` takes a request and trusts it; ``gpipe-sim plan`` calls the checks that need no model
+(:func:`check_request`, :func:`check_tensor_parallel`) before counting one, so a bad request costs nothing; each
+refusal is one line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, schedule_kind
 from sim.core.link import LinkSpec
-from sim.planning.hardware import LINKS, DeviceSpec, get_link
+from sim.planning.counts import ModelProfile
+from sim.planning.hardware import LINKS, DeviceSpec, get_device, get_link
+from sim.planning.memory import COPY_STREAMS
+from sim.planning.recompute import CHECKPOINTS
 from sim.planning.training import Training, training_policy
+from sim.planning.zero import ZERO_STAGES
 
-__all__ = ["GPUS_PER_NODE", "check_request", "check_tensor_parallel", "default_training", "resolve_link",
-           "resolve_network"]
+__all__ = ["GPUS_PER_NODE", "VIRTUAL", "PlanRequest", "check_request", "check_search", "check_tensor_parallel",
+           "check_zero_stages", "default_training", "resolve_link", "resolve_network"]
 
 GPUS_PER_NODE = 8  # a tensor-parallel group stays inside a node (Note [tensor parallel ranks])
+VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages], sweep.py)
 
 _LINK_FAMILIES = {  # a family name picks the generation that comes with the device (first prefix that matches;
     # "" matches any). The PCIe and NVL H100 cards reach one peer over a bridge; an MI300 has no NVLink (name
@@ -71,7 +82,6 @@ def default_training(device: DeviceSpec, optimizer: str = "adam") -> Training:
     return training_policy(f"fp32-{optimizer}")
 
 
-
 def check_request(batch: int, gpus: Sequence[int], chunks: Sequence[int] | None = None) -> None:
     """Reject a batch below 1 or below every chunk count asked for, and fewer than one GPU.
 
@@ -114,3 +124,241 @@ def check_tensor_parallel(tensor_parallel: Sequence[int], gpus: Sequence[int],
         bad = [g for g in gpus if g % t]
         if bad:
             raise ValueError(f"tensor parallel {t} does not divide {bad[0]} GPUs")
+
+
+def check_zero_stages(zero: Sequence[int]) -> None:
+    """Raise ``ValueError`` unless ``zero`` lists ZeRO stages (:data:`sim.planning.zero.ZERO_STAGES`)."""
+    if not zero or any(isinstance(z, bool) or z not in ZERO_STAGES for z in zero):
+        raise ValueError(f"zero lists ZeRO stages, of {', '.join(map(str, ZERO_STAGES))}; got {list(zero)}")
+
+
+def check_search(top: int) -> None:
+    """Raise ``ValueError`` unless ``top`` is a number of configurations to search, an integer >= 0."""
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        raise ValueError(f"search takes the number of configurations to search, an integer >= 0, got {top!r}")
+
+
+# Note [a request checked once]: a PlanRequest refuses bad input when it is built (``__post_init__``), so the planner
+# and the sweep take it as valid and do not check it again (pricing still refuses what only pricing finds: a device
+# without the policy's dtype). It keeps what it was given (a device, link or policy by name stays a name; ``None``
+# stays the default) and resolves on use (:attr:`PlanRequest.device_spec`, ...), so it reads like the call it
+# replaced; ``dataclasses.replace`` checks the changed request again. Its sequences become tuples: a request is
+# immutable and hashable (the counts aside: a mapping has no hash).
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """What :func:`sim.planning.plan.plan` sweeps (Note [a request checked once]); keyword fields, checked when built.
+
+    Raises:
+        KeyError: unknown device, link, network or training policy.
+        TypeError: a list field given something else (a string or a number).
+        ValueError: a batch below 1 or below the chunks asked for, fewer than one GPU, an unknown checkpoint mode,
+            schedule, objective or copy streams, a price below 0, a balance that does not cover the model's layers,
+            a tensor-parallel degree above a node, not dividing a GPU count or without its shard's count, a model
+            counted in another precision than the policy's.
+    """
+
+    profile: ModelProfile | Mapping[Any, ModelProfile] = field(hash=False)
+    """The counted model (:func:`sim.planning.flops.count_layers`, in the policy's dtype), or for each tensor-parallel
+    degree the count of one rank's shard (``{1: whole, 2: shard, ...}``; a key ``(t, True)`` for a sequence-parallel
+    shard)."""
+    batch: int
+    """Global batch, samples per step."""
+    device: DeviceSpec | str
+    """A :class:`~sim.planning.hardware.DeviceSpec` or catalog name."""
+    gpus: Sequence[int]
+    """GPU counts to try."""
+    link: LinkSpec | str = "pcie"
+    """A :class:`~sim.core.link.LinkSpec`, a catalog name, or ``nvlink``/``pcie`` (the generation that comes with the
+    device)."""
+    training: Training | str | None = None
+    """Precision and optimizer (:data:`sim.planning.training.TRAINING`); ``None``: :func:`default_training`."""
+    chunks: Sequence[int] | None = None
+    """Micro-batch counts to try; ``None``: powers of two up to the batch per replica (at most 128)."""
+    checkpoints: Sequence[str] = CHECKPOINT_MODES
+    """Checkpoint policies to try (:data:`sim.planning.recompute.CHECKPOINTS`)."""
+    schedules: Sequence[str] | None = None
+    """Schedule names to try; ``None``: every registered one (:data:`gpipe.schedule.SCHEDULES`) when the plan runs."""
+    stages: Sequence[int] | None = None
+    """Pipeline depths (devices per replica) to allow; ``None``: every divisor of each GPU count."""
+    virtual: Sequence[int] = VIRTUAL
+    """Stages per device to try for a schedule registered with a layout (Note [virtual stages] in
+    :mod:`sim.planning.sweep`)."""
+    balance: Sequence[int] | None = None
+    """Layers per stage, pinned (a published partition): only pipelines of ``len(balance)`` stages run, and none is
+    balanced by the planner."""
+    replicas: Sequence[int] | None = None
+    """Data-parallel copies to allow; ``None``: every one the GPU counts give."""
+    price_per_gpu_hour: float | None = None
+    """Dollars, to price each row per million samples."""
+    objective: str = "throughput"
+    """``throughput`` (the fastest row that fits is best) or ``cost`` (the cheapest per sample; needs a price)."""
+    kernel_seconds: float | None = None
+    """Fixed cost per kernel; ``None``: the device's (:mod:`sim.planning.costs_from_flops`)."""
+    model_name: str = ""
+    """For the result's display."""
+    copy_streams: str = "shared"
+    """``shared`` (this project's executor) or ``per_microbatch`` (torchgpipe's copy streams; Note [a copy stream per
+    micro-batch] in :mod:`sim.planning.memory`)."""
+    tensor_parallel: Sequence[int] | None = None
+    """Tensor-parallel degrees to try (Note [tensor parallel ranks]); ``None``: the degrees of ``profile`` (1 for one
+    count). Their all-reduces run over ``link``."""
+    gpus_per_node: int = GPUS_PER_NODE
+    """GPUs in a node, the most a tensor-parallel group spans."""
+    network: LinkSpec | str | None = None
+    """One port of the network between nodes (a catalog name or a LinkSpec); ``None``: every transfer on ``link``, as
+    in one node. With it, stages and replicas are laid out on nodes (:mod:`sim.planning.cluster`): a stage copy that
+    crosses nodes and a data-parallel all-reduce that spans them use the network."""
+    network_ports: int | None = None
+    """Network ports per node; ``None``: one per GPU."""
+    tokens_per_sample: int | None = None
+    """Tokens in one sample (a decoder's sequence), for tokens per second; ``None``: none."""
+    zero: Sequence[int] = (0,)
+    """ZeRO stages to try (:mod:`sim.planning.zero`); a configuration with one replica runs stage 0 only."""
+    sequence_parallel: Sequence[bool] = (False,)
+    """Sequence parallelism off and/or on, for tensor-parallel degrees above 1; on needs the counts of the
+    sequence-parallel shards (keys ``(t, True)`` of ``profile``)."""
+    search: int = 0
+    """After the sweep, search a schedule for this many of the fastest configurations that fit, for their own stage
+    costs (Note [search in a plan] in :mod:`sim.planning.search_plan`): their rows join the plan as schedule
+    ``searched`` and :attr:`~sim.planning.rows.Plan.searches` says what each gained; 0: none."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.profile, Mapping):
+            object.__setattr__(self, "profile", MappingProxyType(dict(self.profile)))
+        for name in ("gpus", "checkpoints", "virtual", "zero", "sequence_parallel"):
+            object.__setattr__(self, name, _tuple(name, getattr(self, name)))
+        for name in ("chunks", "schedules", "stages", "replicas", "tensor_parallel"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _tuple(name, getattr(self, name)))
+        if self.balance is not None:
+            object.__setattr__(self, "balance", tuple(int(b) for b in _tuple("balance", self.balance)))
+        self._check()
+
+    # -- what the request resolves to (Note [a request checked once]) ---------------------------------------------
+
+    @property
+    def device_spec(self) -> DeviceSpec:
+        return get_device(self.device) if isinstance(self.device, str) else self.device
+
+    @property
+    def policy(self) -> Training:
+        """The training policy: :attr:`training`, or the device's default."""
+        if self.training is None:
+            return default_training(self.device_spec)
+        return training_policy(self.training) if isinstance(self.training, str) else self.training
+
+    @property
+    def link_spec(self) -> LinkSpec:
+        return resolve_link(self.link, self.device_spec)
+
+    @property
+    def network_spec(self) -> LinkSpec | None:
+        return None if self.network is None else resolve_network(self.network)
+
+    @property
+    def counts(self) -> dict[tuple[int, bool], ModelProfile]:
+        """The counts keyed ``(tensor_parallel, sequence_parallel)``: a key ``t`` is ``(t, False)``."""
+        if isinstance(self.profile, ModelProfile):
+            return {(self.profile.tensor_parallel, False): self.profile}
+        return {(k, False) if isinstance(k, int) else (int(k[0]), bool(k[1])): v for k, v in self.profile.items()}
+
+    @property
+    def schedule_names(self) -> tuple[str, ...]:
+        """The schedules swept: :attr:`schedules`, or every one registered now."""
+        return tuple(SCHEDULES) if self.schedules is None else tuple(self.schedules)
+
+    @property
+    def degrees(self) -> tuple[int, ...]:
+        """The tensor-parallel degrees swept, each once: :attr:`tensor_parallel`, or those of the counts."""
+        if self.tensor_parallel is None:
+            return tuple(dict.fromkeys(t for t, _ in self.counts))
+        return tuple(dict.fromkeys(self.tensor_parallel))
+
+    @property
+    def splits(self) -> tuple[bool, ...]:
+        """Sequence parallelism off and/or on, each once."""
+        return tuple(dict.fromkeys(bool(x) for x in self.sequence_parallel))
+
+    @property
+    def shards(self) -> list[tuple[int, bool]]:
+        """The ``(tensor_parallel, sequence_parallel)`` counts the sweep prices (sequence parallelism only with
+        ``t > 1``)."""
+        degrees, splits = self.degrees, self.splits
+        return [(t, sp) for t in degrees for sp in splits if t > 1 or not sp] or [(t, False) for t in degrees]
+
+    @property
+    def layers(self) -> int:
+        """The model's layers (every shard has as many)."""
+        return len(self.counts[self.shards[0]])
+
+    def _check(self) -> None:
+        """Refuse a bad request with a one-line error (the class docstring lists them)."""
+        device = self.device_spec  # an unknown device, policy or link: a KeyError now
+        policy = self.policy
+        resolve_link(self.link, device)
+        counts = self.counts
+        check_tensor_parallel(self.degrees, self.gpus, self.gpus_per_node)
+        check_zero_stages(self.zero)
+        check_search(self.search)
+        for t, sp in self.shards:
+            if (t, sp) not in counts or counts[(t, sp)].tensor_parallel != t or counts[(t, sp)].sequence_parallel != sp:
+                what = " with sequence parallelism" if sp else ""
+                raise ValueError(f"tensor parallel {t}{what} needs the count of one rank's shard (a model built with "
+                                 f"tensor_parallel={t}{', sequence_parallel=True' if sp else ''}); got counts for "
+                                 f"{sorted(counts)}")
+            _check_count(counts[(t, sp)], self, policy)
+        if any(len(counts[k]) != self.layers for k in self.shards):
+            raise ValueError("the counts of the tensor-parallel shards have different numbers of layers")
+        if self.copy_streams not in COPY_STREAMS:
+            raise ValueError(f"copy_streams must be one of {', '.join(COPY_STREAMS)}, got {self.copy_streams!r}")
+        if self.copy_streams == "per_microbatch" and "layers" in self.checkpoints:
+            # Note [a copy stream per micro-batch] counts a stage's checkpoint as the input it received
+            raise ValueError("checkpoint layers (Megatron-LM's) runs with one copy stream; per_microbatch copy streams "
+                             "are torchgpipe's, whose checkpoint is a stage's input")
+        if self.objective not in ("throughput", "cost"):
+            raise ValueError(f"objective must be 'throughput' or 'cost', got {self.objective!r}")
+        price = self.price_per_gpu_hour
+        if price is not None and not 0 <= price < math.inf:
+            raise ValueError(f"the price per GPU-hour must be a finite number >= 0, got {price}")
+        if not self.virtual or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.virtual):
+            raise ValueError(f"virtual lists stages per device, integers >= 1, got {list(self.virtual)}")
+        _check_pins(self.balance, self.replicas, self.layers)
+        ports = self.network_ports
+        if ports is not None and (isinstance(ports, bool) or not isinstance(ports, int) or ports < 1):
+            raise ValueError(f"network ports per node must be an integer >= 1, got {ports!r}")
+        if self.network is not None:
+            resolve_network(self.network)
+
+
+def _tuple(name: str, value: Any) -> tuple[Any, ...]:
+    """``value`` as a tuple; a string or a number is refused (a list of one is meant)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} takes a list, got {value!r}")
+    return tuple(value)
+
+
+def _check_count(profile: ModelProfile, request: PlanRequest, training: Training) -> None:
+    """Refuse a request one count cannot run: its numbers, checkpoints, schedules, or another precision."""
+    check_request(request.batch, request.gpus, request.chunks)
+    for ck in request.checkpoints:
+        if ck not in CHECKPOINTS:
+            raise ValueError(f"unknown checkpoint mode {ck!r}; use {', '.join(CHECKPOINTS)}")
+        if ck == "selective" and profile.attention_core is None:
+            raise ValueError("checkpoint selective recomputes the attention core, which this model has not "
+                             "(a built-in gpt or llama with the math attention has)")
+    for s in request.schedule_names:
+        schedule_kind(s)  # unknown: a ValueError that lists the registered names
+    size = {2: "16-bit", 4: "32-bit"}
+    counted = profile.dtype.itemsize
+    if counted != training.torch_dtype.itemsize:
+        raise ValueError(f"the model was counted in {size.get(counted, profile.dtype)} but the training policy "
+                         f"{training.name!r} computes in {training.compute}; count it in {training.torch_dtype}")
+
+
+def _check_pins(balance: Sequence[int] | None, replicas: Sequence[int] | None, layers: int) -> None:
+    if replicas is not None and (not replicas or any(isinstance(r, bool) or not isinstance(r, int) or r < 1
+                                                     for r in replicas)):
+        raise ValueError(f"replicas lists data-parallel copies, integers >= 1, got {list(replicas)}")
+    if balance is not None and (not balance or min(balance) < 1 or sum(balance) != layers):
+        raise ValueError(f"balance {list(balance)} must give every stage at least one layer and cover the model's "
+                         f"{layers} layers exactly (it covers {sum(balance)})")

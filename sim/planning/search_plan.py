@@ -22,10 +22,11 @@ from typing import Any
 
 from gpipe.schedule.search import StageCosts, search
 from sim.planning.recompute import schedule_checkpoint
+from sim.planning.request import check_search
 from sim.planning.rows import PlanRow, SearchGain
 from sim.planning.sweep import Configuration, Sweep, make_schedule
 
-__all__ = ["SEARCHED", "check_search", "search_rows"]
+__all__ = ["SEARCHED", "search_rows"]
 
 #: The schedule name of a searched row.
 SEARCHED = "searched"
@@ -84,12 +85,6 @@ def _search_one(sweep: Sweep, row: PlanRow, time_limit: float, seed: int) -> tup
                                                             searched.step_seconds, gain, method)
         method = f"{method}; the searched schedule does not fit the device"
     return None, SearchGain(shape, row.schedule, row.step_seconds, None, None, method)
-
-
-def check_search(top: int) -> None:
-    """Raise ``ValueError`` unless ``top`` is a number of configurations to search, an integer >= 0."""
-    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-        raise ValueError(f"search takes the number of configurations to search, an integer >= 0, got {top!r}")
 
 
 def search_rows(sweep: Sweep, rows: Sequence[PlanRow], top: int, time_limit: float = 5.0,

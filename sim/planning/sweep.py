@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import multiprocessing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,6 +44,7 @@ from sim.planning.memory import (
 from sim.planning.partition import block_partition
 from sim.planning.recompute import core_table, recompute_fraction, schedule_checkpoint
 from sim.planning.replicas import step_seconds
+from sim.planning.request import PlanRequest
 from sim.planning.rows import PlanRow
 from sim.planning.zero import (
     Collective,
@@ -101,34 +102,33 @@ def _virtuals(kind: ScheduleKind, depth: int, layers: int, virtual: Sequence[int
     return out
 
 
-def configurations(gpus: Sequence[int], batch: int, layers: int, chunks: Sequence[int] | None,
-                   checkpoints: Sequence[str], schedules: Sequence[str], stages: Sequence[int] | None,
-                   virtual: Sequence[int], why: dict[str, str], replicas: Sequence[int] | None = None,
-                   pinned: int | None = None, tensor_parallel: Sequence[int] = (1,), zero: Sequence[int] = (0,),
-                   sequence_parallel: Sequence[bool] = (False,)) -> list[Configuration]:
-    """Every configuration of the request, under its constraints: ``t`` divides each GPU count, a pipeline has at
+def configurations(request: PlanRequest, why: dict[str, str]) -> list[Configuration]:
+    """Every configuration of ``request``, under its constraints: ``t`` divides each GPU count, a pipeline has at
     most one device per layer, a replica at least one sample and a micro-batch at least one; sequence parallelism
     only with ``t > 1`` and ZeRO only with replicas to shard over (``why`` collects each schedule's refusals)."""
+    batch, layers, chunks, stages, replicas = (request.batch, request.layers, request.chunks, request.stages,
+                                               request.replicas)
+    pinned = len(request.balance) if request.balance is not None else None
     out: list[Configuration] = []
-    kinds = [schedule_kind(s) for s in schedules]
-    for t, g in ((t, g) for t in tensor_parallel for g in gpus):
+    kinds = [schedule_kind(s) for s in request.schedule_names]
+    for t, g in ((t, g) for t in request.degrees for g in request.gpus):
         pipelines = g // t  # devices per tensor-parallel rank
-        sps = [sp for sp in dict.fromkeys(sequence_parallel) if t > 1 or not sp] or [False]
+        sps = [sp for sp in request.splits if t > 1 or not sp] or [False]
         for n in (s for s in range(1, min(pipelines, layers) + 1)
                   if pipelines % s == 0 and (stages is None or s in stages)):
             r = pipelines // n
             if r > batch or (replicas is not None and r not in replicas):
                 continue
-            zs = [z for z in dict.fromkeys(zero) if r > 1 or z == 0] or [0]
+            zs = [z for z in dict.fromkeys(request.zero) if r > 1 or z == 0] or [0]
             per_replica = math.ceil(batch / r)
             ms = chunks if chunks is not None else [2**k for k in range(8) if 2**k <= min(per_replica, MAX_CHUNKS)]
-            vs = [(k.name, [v for v in _virtuals(k, n, layers, virtual, why) if pinned in (None, v * n)])
+            vs = [(k.name, [v for v in _virtuals(k, n, layers, request.virtual, why) if pinned in (None, v * n)])
                   for k in kinds]
             for m in ms:
                 if m > per_replica:
                     continue
                 out.extend(Configuration(g, n, r, m, ck, s, v, t, z, sp)
-                           for ck in checkpoints for s, each in vs for v in each for sp in sps for z in zs)
+                           for ck in request.checkpoints for s, each in vs for v in each for sp in sps for z in zs)
     return out
 
 
@@ -149,24 +149,27 @@ def _per_device(values: Sequence[float], placement: Sequence[int], devices: int)
 
 
 class Sweep:
-    """Evaluates the configurations of one plan, reusing what repeats (Note [reuse in a sweep]).
+    """Evaluates the configurations of one request, reusing what repeats (Note [reuse in a sweep]): its counts priced
+    on the device (one :class:`~sim.planning.costs_from_flops.FlopCosts` per ``(tensor_parallel,
+    sequence_parallel)`` count, :attr:`costs`) and laid out on the machine (:attr:`cluster`).
 
-    Args:
-        costs: the pricing of each ``(tensor_parallel, sequence_parallel)`` count.
-        batch: global batch, samples per step.
-        cluster: the machine (link, nodes, network).
-        price: dollars per GPU-hour, or ``None``.
-        pinned: a balance every configuration uses, or ``None`` to balance by cost.
-        copy_streams: :data:`sim.planning.memory.COPY_STREAMS`.
-        tokens_per_sample: tokens in a sample (a decoder's sequence), or ``None``.
+    Raises:
+        KeyError: the device has no peak for the policy's dtype, or its roofline lacks an operator the model runs
+            (:class:`FlopCosts`).
+        ValueError: a negative ``kernel_seconds`` (:class:`FlopCosts`).
     """
 
-    def __init__(self, costs: Mapping[tuple[int, bool], FlopCosts], batch: int, cluster: Cluster,
-                 price: float | None = None, pinned: tuple[int, ...] | None = None, copy_streams: str = "shared",
-                 tokens_per_sample: int | None = None) -> None:
-        self.costs, self.batch, self.cluster, self.price = costs, batch, cluster, price
-        self.pinned, self.copy_streams, self.tokens = pinned, copy_streams, tokens_per_sample
-        self.config = SimConfig(link=cluster.link)
+    def __init__(self, request: PlanRequest) -> None:
+        device, policy, link = request.device_spec, request.policy, request.link_spec
+        counts = request.counts
+        self.request = request
+        self.costs = {k: FlopCosts(counts[k], device, policy, request.kernel_seconds, tensor_link=link)
+                      for k in request.shards}
+        self.cluster = Cluster(link, request.gpus_per_node, request.network_spec, request.network_ports)
+        self.batch, self.price = request.batch, request.price_per_gpu_hour
+        self.pinned = None if request.balance is None else tuple(request.balance)
+        self.copy_streams, self.tokens = request.copy_streams, request.tokens_per_sample
+        self.config = SimConfig(link=self.cluster.link)
         self.why: dict[str, str] = {}
         self._balances: dict[tuple[object, ...], tuple[int, ...]] = {}
         self._schedules: dict[tuple[object, ...], Schedule | str] = {}  # a schedule, or why its generator refused

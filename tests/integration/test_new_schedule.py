@@ -38,7 +38,7 @@ from sim.core.cost import CostModel
 from sim.core.engine import simulate
 from sim.planning.flops import count_layers
 from sim.planning.hardware import DeviceSpec
-from sim.planning.plan import plan
+from sim.planning.plan import PlanRequest, plan
 from tests.gpipe.models import dropnet, mlp, skipnet
 
 NAME = "forward-order"
@@ -153,8 +153,9 @@ def test_the_planner_sweeps_it(registered: str) -> None:
     profile = count_layers(nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)]), torch.randn(2, 64))
     device = DeviceSpec("small", {"fp32": 10e12}, 500e9, 2**30, efficiency=0.5)
     def sweep(schedules: list[str] | None) -> set[str]:
-        result = plan(profile, 16, device, [2], "pcie4-x16", training="fp32-adam", chunks=[4], stages=[2],
-                      checkpoints=["never"], schedules=schedules)
+        result = plan(PlanRequest(profile=profile, batch=16, device=device, gpus=[2], link="pcie4-x16",
+                                  training="fp32-adam", chunks=[4], stages=[2], checkpoints=["never"],
+                                  schedules=schedules))
         return {r.schedule for r in result.rows}
 
     assert sweep([registered]) == {registered}

@@ -21,7 +21,7 @@ from sim.planning.counts import ModelProfile
 from sim.planning.flops import count_layers
 from sim.planning.hardware import get_link
 from sim.planning.models import get_model
-from sim.planning.plan import plan
+from sim.planning.plan import PlanRequest, plan
 
 LINK = LinkSpec("in-node", 1e-6, 200e9)
 PORT = LinkSpec("port", 5e-6, 25e9)
@@ -94,8 +94,9 @@ def test_a_copy_across_nodes_is_priced_on_the_network() -> None:
 
 
 def _plan(gpus: int, network: str | None, **kwargs: object) -> object:
-    return plan({4: _profile(4)}, 16, "a100-80gb", [gpus], "nvlink3", training="fp16-adam", chunks=[4],
-                checkpoints=["never"], schedules=["1f1b"], tensor_parallel=(4,), network=network, **kwargs)
+    return plan(PlanRequest(profile={4: _profile(4)}, batch=16, device="a100-80gb", gpus=[gpus], link="nvlink3",
+                            training="fp16-adam", chunks=[4], checkpoints=["never"], schedules=["1f1b"],
+                            tensor_parallel=(4,), network=network, **kwargs))
 
 
 def test_a_pipeline_across_two_nodes_pays_the_network() -> None:

@@ -30,7 +30,7 @@ from sim.planning.models import get_model
 from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
 from sim.planning.models.kernels import flash_attention
 from sim.planning.models.llama import LlamaConfig, llama, llama_sample
-from sim.planning.plan import plan
+from sim.planning.plan import PlanRequest, plan
 
 H, A, S, V = 256, 8, 128, 1000  # hidden, heads, tokens, vocabulary of the small GPT
 GPT = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V}"
@@ -232,5 +232,5 @@ def test_a_bad_option_is_refused_in_one_line(spec: str, message: str) -> None:
 def test_selective_recompute_is_refused() -> None:
     with pytest.raises(ValueError, match="checkpoint selective recomputes the attention core, which this model has "
                                          "not"):
-        plan(_profile(GPT + ",attention=flash"), 8, "a100-80gb", [2], "nvlink3", training="fp16-adam",
-             checkpoints=["selective"])
+        plan(PlanRequest(profile=_profile(GPT + ",attention=flash"), batch=8, device="a100-80gb", gpus=[2],
+                         link="nvlink3", training="fp16-adam", checkpoints=["selective"]))

@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from gpipe.balance.blockpartition import solve
-from gpipe.schedule import SCHEDULES
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
 from sim.cli import main
 from sim.planning.costs_from_flops import FlopCosts, effective_efficiency
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.hardware import DeviceSpec, get_device, get_link
 from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
-from sim.planning.plan import block_partition, default_training, plan, resolve_link
+from sim.planning.plan import PlanRequest, block_partition, default_training, plan, resolve_link
 from sim.planning.training import TRAINING, training_policy
 
 MiB = 2**20
@@ -55,7 +55,8 @@ def test_block_partition_errors() -> None:
 
 def test_planner_picks_the_fastest_configuration_that_fits(mlp_profile: ModelProfile) -> None:
     # 8 x 512^2 parameters x 16 bytes (fp32 Adam) = 32 MiB of model state: one 24 MiB device is too small
-    result = plan(mlp_profile, 256, SMALL, [1, 2, 4], get_link("pcie4-x16"), training="fp32-adam")
+    result = plan(PlanRequest(profile=mlp_profile, batch=256, device=SMALL, gpus=[1, 2, 4], link=get_link("pcie4-x16"),
+                              training="fp32-adam"))
     best = result.best
     assert best is not None and best.fits
     assert sum(r.best for r in result.rows) == 1
@@ -77,8 +78,8 @@ def test_planner_picks_the_fastest_configuration_that_fits(mlp_profile: ModelPro
 
 def test_checkpointing_trades_time_for_memory(mlp_profile: ModelProfile) -> None:
     roomy = replace(SMALL, memory_bytes=64 * MiB)  # both fit, so both are simulated
-    result = plan(mlp_profile, 64, roomy, [2], "pcie4-x16", training="fp32-adam", chunks=[8], stages=[2],
-                  schedules=["gpipe"])
+    result = plan(PlanRequest(profile=mlp_profile, batch=64, device=roomy, gpus=[2], link="pcie4-x16",
+                              training="fp32-adam", chunks=[8], stages=[2], schedules=["gpipe"]))
     by = {r.checkpoint: r for r in result.rows}
     assert by["always"].fits and by["never"].fits
     assert by["always"].step_seconds > by["never"].step_seconds
@@ -86,8 +87,8 @@ def test_checkpointing_trades_time_for_memory(mlp_profile: ModelProfile) -> None
 
 
 def test_price_gives_cost_per_million_samples(mlp_profile: ModelProfile) -> None:
-    result = plan(mlp_profile, 64, SMALL, [2, 4], "pcie4-x16", training="fp32-adam", price_per_gpu_hour=2.5,
-                  chunks=[4], objective="cost")
+    result = plan(PlanRequest(profile=mlp_profile, batch=64, device=SMALL, gpus=[2, 4], link="pcie4-x16",
+                              training="fp32-adam", price_per_gpu_hour=2.5, chunks=[4], objective="cost"))
     for r in result.rows:  # a configuration that does not fit has no speed, so no cost (Note [not simulated])
         assert r.cost_per_million == (pytest.approx(r.gpus * 2.5 / 3600 * 1e6 / r.throughput) if r.fits else None)
     best = result.best
@@ -96,7 +97,8 @@ def test_price_gives_cost_per_million_samples(mlp_profile: ModelProfile) -> None
 
 
 def test_progress_bar_is_optional(mlp_profile: ModelProfile, capsys: pytest.CaptureFixture[str]) -> None:
-    plan(mlp_profile, 8, SMALL, [2], "pcie4-x16", training="fp32-adam", chunks=[2], progress=True)
+    plan(PlanRequest(profile=mlp_profile, batch=8, device=SMALL, gpus=[2], link="pcie4-x16", training="fp32-adam",
+                     chunks=[2]), progress=True)
     assert "simulating" in capsys.readouterr().err
 
 
@@ -165,15 +167,32 @@ def test_links_resolve_by_family() -> None:
 
 def test_plan_errors(mlp_profile: ModelProfile) -> None:
     with pytest.raises(ValueError, match="smaller than the number of chunks"):
-        plan(mlp_profile, 4, SMALL, [2], training="fp32-adam", chunks=[8])
+        plan(PlanRequest(profile=mlp_profile, batch=4, device=SMALL, gpus=[2], training="fp32-adam", chunks=[8]))
     with pytest.raises(ValueError, match="at least one GPU"):
-        plan(mlp_profile, 4, SMALL, [0], training="fp32-adam")
+        plan(PlanRequest(profile=mlp_profile, batch=4, device=SMALL, gpus=[0], training="fp32-adam"))
     with pytest.raises(KeyError, match="unknown device"):
-        plan(mlp_profile, 4, "tpu-v9", [1])
+        plan(PlanRequest(profile=mlp_profile, batch=4, device="tpu-v9", gpus=[1]))
     with pytest.raises(ValueError, match="counted in 32-bit"):
-        plan(mlp_profile, 4, "h100-sxm", [1], training="bf16-adam")
+        plan(PlanRequest(profile=mlp_profile, batch=4, device="h100-sxm", gpus=[1], training="bf16-adam"))
     with pytest.raises(ValueError, match="unknown schedule 'zb-w'"):
-        plan(mlp_profile, 4, SMALL, [2], training="fp32-adam", schedules=["zb-w"])
+        plan(PlanRequest(profile=mlp_profile, batch=4, device=SMALL, gpus=[2], training="fp32-adam",
+                         schedules=["zb-w"]))
+
+
+def test_a_request_is_checked_when_built_and_holds_tuples(mlp_profile: ModelProfile) -> None:
+    request = PlanRequest(profile={1: mlp_profile}, batch=64, device=SMALL, gpus=[2, 4], training="fp32-adam",
+                          chunks=[4], balance=[4, 4])
+    assert (request.gpus, request.chunks, request.balance, request.checkpoints) == ((2, 4), (4,), (4, 4),
+                                                                                      CHECKPOINT_MODES)
+    assert request == replace(request) and hash(request) == hash(replace(request))  # frozen, hashable
+    with pytest.raises(ValueError, match="at least one GPU"):
+        replace(request, gpus=[0])  # a changed request is checked again
+    with pytest.raises(TypeError, match="gpus takes a list, got 4"):
+        PlanRequest(profile=mlp_profile, batch=64, device=SMALL, gpus=4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="checkpoints takes a list, got 'never'"):
+        PlanRequest(profile=mlp_profile, batch=64, device=SMALL, gpus=[2], checkpoints="never")
+    with pytest.raises(TypeError, match="plan takes a PlanRequest"):
+        plan(mlp_profile)  # type: ignore[arg-type]
 
 
 # -- the CLI -------------------------------------------------------------------------------------------

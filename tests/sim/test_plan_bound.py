@@ -15,7 +15,7 @@ from sim.planning.costs_from_flops import FlopCosts
 from sim.planning.counts import ModelProfile
 from sim.planning.hardware import get_device
 from sim.planning.models import get_model
-from sim.planning.plan import plan
+from sim.planning.plan import PlanRequest, plan
 
 SMALL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
 FAST = LinkSpec("fast", 1e-7, 1e13)
@@ -39,15 +39,16 @@ def test_collective_seconds_are_the_tensor_parallel_all_reduces() -> None:
 
 @pytest.mark.parametrize(("link", "bound"), [(SLOW, "tensor-parallel"), (FAST, "compute")])
 def test_a_slow_tensor_parallel_link_bounds_the_step(link: LinkSpec, bound: str) -> None:
-    result = plan({4: _profile(4)}, 8, "a100-80gb", [4], link, training="fp16-adam", chunks=[1],
-                  checkpoints=["never"], schedules=["gpipe"], tensor_parallel=[4])
+    result = plan(PlanRequest(profile={4: _profile(4)}, batch=8, device="a100-80gb", gpus=[4], link=link,
+                              training="fp16-adam", chunks=[1], checkpoints=["never"], schedules=["gpipe"],
+                              tensor_parallel=[4]))
     (row,) = result.rows
     assert row.bound == bound
 
 
 def test_a_deep_pipeline_of_one_micro_batch_is_bound_by_its_bubble() -> None:
-    result = plan(_profile(1), 4, "a100-80gb", [4], FAST, training="fp16-adam", chunks=[1], checkpoints=["never"],
-                  schedules=["gpipe"], stages=[4])
+    result = plan(PlanRequest(profile=_profile(1), batch=4, device="a100-80gb", gpus=[4], link=FAST,
+                              training="fp16-adam", chunks=[1], checkpoints=["never"], schedules=["gpipe"], stages=[4]))
     (row,) = result.rows
     assert row.bound == "bubble" and row.bubble_fraction > 0.5
 
@@ -57,6 +58,8 @@ def test_workers_give_the_rows_of_one_process(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr("sim.planning.sweep.MIN_PER_WORKER", 4)
     kwargs = dict(training="fp16-adam", chunks=[1, 2, 4], checkpoints=["never", "always"], zero=[0, 1],
                   tokens_per_sample=128)
-    one = plan(_profile(1), 16, "a100-80gb", [1, 2, 4], FAST, workers=1, **kwargs)  # type: ignore[arg-type]
-    two = plan(_profile(1), 16, "a100-80gb", [1, 2, 4], FAST, workers=2, **kwargs)  # type: ignore[arg-type]
+    one = plan(PlanRequest(profile=_profile(1), batch=16, device="a100-80gb", gpus=[1, 2, 4], link=FAST,
+                           **kwargs), workers=1)  # type: ignore[arg-type]
+    two = plan(PlanRequest(profile=_profile(1), batch=16, device="a100-80gb", gpus=[1, 2, 4], link=FAST,
+                           **kwargs), workers=2)  # type: ignore[arg-type]
     assert len(one.rows) > 8 and one == two

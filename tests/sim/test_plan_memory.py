@@ -19,7 +19,7 @@ from sim.planning.collectives import allreduce_seconds
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.memory import SEGMENT_BYTES, device_memory, round_block, round_segment, workspace_bytes
 from sim.planning.models.unet import unet, unet_sample
-from sim.planning.plan import plan
+from sim.planning.plan import PlanRequest, plan
 from sim.planning.replicas import step_seconds
 
 S, C = 1000, 10
@@ -95,8 +95,9 @@ def small_unet() -> ModelProfile:
 
 
 def test_a_pinned_configuration_is_evaluated_exactly(small_unet: ModelProfile) -> None:
-    result = plan(small_unet, 8, "tesla-p40", [2, 4], "pcie", training="fp32-rmsprop", chunks=[4],
-                  checkpoints=["except_last"], schedules=["gpipe"], balance=[30, 35], replicas=[2])
+    result = plan(PlanRequest(profile=small_unet, batch=8, device="tesla-p40", gpus=[2, 4], link="pcie",
+                              training="fp32-rmsprop", chunks=[4], checkpoints=["except_last"], schedules=["gpipe"],
+                              balance=[30, 35], replicas=[2]))
     (row,) = result.rows
     assert (row.gpus, row.stages, row.replicas, row.balance) == (4, 2, 2, (30, 35))
     assert row.parameters == small_unet.parameters and result.training == "fp32-rmsprop"
@@ -104,16 +105,17 @@ def test_a_pinned_configuration_is_evaluated_exactly(small_unet: ModelProfile) -
     assert sum(p.optimizer for p in row.memory_parts) == pytest.approx(4 * small_unet.parameters, abs=2 * 512)
     assert row.memory_bytes == tuple(p.total for p in row.memory_parts)
     with pytest.raises(ValueError, match="cover the model's 65 layers exactly"):
-        plan(small_unet, 8, "tesla-p40", [2], balance=[30, 30])
+        plan(PlanRequest(profile=small_unet, batch=8, device="tesla-p40", gpus=[2], balance=[30, 30]))
     with pytest.raises(ValueError, match="replicas lists data-parallel copies"):
-        plan(small_unet, 8, "tesla-p40", [2], replicas=[0])
+        plan(PlanRequest(profile=small_unet, batch=8, device="tesla-p40", gpus=[2], replicas=[0]))
     with pytest.raises(ValueError, match=r"nothing to sweep.*with balance \[30, 35\] and replicas \[3\]"):
-        plan(small_unet, 8, "tesla-p40", [2], balance=[30, 35], replicas=[3])
+        plan(PlanRequest(profile=small_unet, batch=8, device="tesla-p40", gpus=[2], balance=[30, 35], replicas=[3]))
 
 
 def test_the_buyer_gets_the_fewest_gpus_that_reach_the_target(small_unet: ModelProfile) -> None:
-    result = plan(small_unet, 64, "tesla-p40", [1, 2, 4], "pcie", training="fp32-sgd", chunks=[4],
-                  checkpoints=["never"], schedules=["gpipe"], price_per_gpu_hour=1.0)
+    result = plan(PlanRequest(profile=small_unet, batch=64, device="tesla-p40", gpus=[1, 2, 4], link="pcie",
+                              training="fp32-sgd", chunks=[4], checkpoints=["never"], schedules=["gpipe"],
+                              price_per_gpu_hour=1.0))
     fastest = max(r.throughput for r in result.rows if r.gpus == 1)
     target = fastest * 1.01  # one GPU falls short
     row = cheapest(result, target)

@@ -23,7 +23,7 @@ from sim.planning.memory import (
     stage_backward_working_bytes,
 )
 from sim.planning.models.unet import unet, unet_sample
-from sim.planning.plan import plan
+from sim.planning.plan import PlanRequest, plan
 
 MiB = 2**20
 S, C, SEND = 1000 * 512, 3 * MiB, 5 * MiB  # saved, checkpointed input, sent activation (= its gradient)
@@ -81,7 +81,7 @@ def test_backward_working_set_counts_the_layers_weight_gradient() -> None:
 def test_plan_rejects_unknown_copy_streams() -> None:
     profile = count_layers(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(2, 4))
     with pytest.raises(ValueError, match="copy_streams must be one of shared, per_microbatch"):
-        plan(profile, 4, "tesla-p40", [1], copy_streams="torchgpipe")
+        plan(PlanRequest(profile=profile, batch=4, device="tesla-p40", gpus=[1], copy_streams="torchgpipe"))
 
 
 def test_cli_counts_torchgpipe_copy_streams(capsys: pytest.CaptureFixture[str]) -> None:

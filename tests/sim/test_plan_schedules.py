@@ -31,7 +31,7 @@ from sim.planning.costs_from_flops import FlopCosts
 from sim.planning.flops import ModelProfile, count_layers
 from sim.planning.hardware import DeviceSpec
 from sim.planning.memory import SEGMENT_BYTES
-from sim.planning.plan import PlanRow, plan
+from sim.planning.plan import PlanRequest, PlanRow, plan
 
 LOOPED, VEE, SPLIT, EVEN = "looped-plan", "vee-plan", "split-plan", "even-chunks-plan"
 WIDTH, LAYERS = 256, 8
@@ -85,8 +85,9 @@ def registered() -> Iterator[None]:
 
 def _rows(profile: ModelProfile, schedules: list[str], gpus: int, chunks: int, checkpoint: str = "never",
           **kwargs: object) -> dict[tuple[str, int], PlanRow]:
-    result = plan(profile, 8 * chunks, DEVICE, [gpus], FREE, training="fp32-adam", chunks=[chunks],
-                  checkpoints=[checkpoint], schedules=schedules, stages=[gpus], **kwargs)  # type: ignore[arg-type]
+    result = plan(PlanRequest(profile=profile, batch=8 * chunks, device=DEVICE, gpus=[gpus], link=FREE,
+                              training="fp32-adam", chunks=[chunks], checkpoints=[checkpoint], schedules=schedules,
+                              stages=[gpus], **kwargs))  # type: ignore[arg-type]
     return {(r.schedule, r.virtual): r for r in result.rows}
 
 
@@ -173,16 +174,18 @@ def test_stages_per_device_are_swept_for_a_schedule_with_a_layout(profile: Model
 
 
 def test_a_schedule_that_gets_no_row_says_why(profile: ModelProfile, capsys: pytest.CaptureFixture[str]) -> None:
-    result = plan(profile, 24, DEVICE, [2], FREE, training="fp32-adam", chunks=[3], checkpoints=["never"],
-                  schedules=["gpipe", VEE, EVEN], virtual=[1, 4])
+    result = plan(PlanRequest(profile=profile, batch=24, device=DEVICE, gpus=[2], link=FREE, training="fp32-adam",
+                              chunks=[3], checkpoints=["never"], schedules=["gpipe", VEE, EVEN], virtual=[1, 4]))
     assert {r.schedule for r in result.rows} == {"gpipe"}
     assert "a V places two stages on each device" in result.missing[VEE]
     assert result.missing[EVEN] == f"{EVEN} needs an even number of micro-batches, got 3"
     assert result.to_dict()["missing"] == dict(result.missing)
     with pytest.raises(ValueError, match="nothing to sweep.*even-chunks-plan needs an even number"):
-        plan(profile, 24, DEVICE, [2], FREE, training="fp32-adam", chunks=[3], schedules=[EVEN])
+        plan(PlanRequest(profile=profile, batch=24, device=DEVICE, gpus=[2], link=FREE, training="fp32-adam",
+                         chunks=[3], schedules=[EVEN]))
     with pytest.raises(ValueError, match="virtual lists stages per device"):
-        plan(profile, 24, DEVICE, [2], FREE, training="fp32-adam", virtual=[0])
+        plan(PlanRequest(profile=profile, batch=24, device=DEVICE, gpus=[2], link=FREE, training="fp32-adam",
+                         virtual=[0]))
 
 
 # -- memory ---------------------------------------------------------------------------------------------
@@ -211,8 +214,9 @@ def test_memory_per_device_follows_the_schedule(profile: ModelProfile) -> None:
 def test_a_row_that_does_not_fit_says_so(profile: ModelProfile) -> None:
     """A device between 1F1B's peak and GPipe's: 1F1B fits, GPipe does not (no checkpointing)."""
     def sweep(device: DeviceSpec) -> list[PlanRow]:  # 1024 samples per micro-batch: 1 MiB per layer's output
-        return list(plan(profile, 8192, device, [2], FREE, training="fp32-adam", chunks=[8], checkpoints=["never"],
-                         schedules=["gpipe", "1f1b"], stages=[2]).rows)
+        return list(plan(PlanRequest(profile=profile, batch=8192, device=device, gpus=[2], link=FREE,
+                                     training="fp32-adam", chunks=[8], checkpoints=["never"],
+                                     schedules=["gpipe", "1f1b"], stages=[2])).rows)
 
     peaks = {r.schedule: r.peak_memory_bytes for r in sweep(DEVICE)}
     assert peaks["1f1b"] < peaks["gpipe"]
@@ -226,8 +230,8 @@ def test_a_row_that_does_not_fit_says_so(profile: ModelProfile) -> None:
 def test_the_memory_plot_follows_one_number_of_stages_per_device(profile: ModelProfile) -> None:
     from sim.planning.plan_plot import plot_memory
 
-    result = plan(profile, 64, DEVICE, [2], FREE, training="fp32-adam", chunks=[2, 4, 8], checkpoints=["never"],
-                  schedules=[LOOPED], stages=[2])
+    result = plan(PlanRequest(profile=profile, batch=64, device=DEVICE, gpus=[2], link=FREE, training="fp32-adam",
+                              chunks=[2, 4, 8], checkpoints=["never"], schedules=[LOOPED], stages=[2]))
     row = next(r for r in result.rows if r.virtual == 2)
     fig = plot_memory(result, row)
     *devices, limit = fig.axes[0].lines

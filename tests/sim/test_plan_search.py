@@ -12,16 +12,17 @@ import pytest
 
 from sim.cli.plan import load_model
 from sim.planning.flops import count_layers
-from sim.planning.plan import plan
+from sim.planning.plan import PlanRequest, plan
 from sim.planning.sweep import Configuration, make_schedule
 
 _, MODEL, SAMPLE = load_model("gpt:layers=6,hidden=256,heads=4,seq=128,vocab=50000")
 PROFILE = count_layers(MODEL, SAMPLE)
-ARGS = dict(training="fp32-adam", stages=[4], workers=1)
+ARGS = dict(training="fp32-adam", stages=[4])
 
 
 def test_the_best_configurations_are_searched_and_their_gain_reported() -> None:
-    result = plan(PROFILE, 32, "a100-80gb", [4], "pcie4-x16", checkpoints=["never"], search=3, **ARGS)
+    result = plan(PlanRequest(profile=PROFILE, batch=32, device="a100-80gb", gpus=[4], link="pcie4-x16",
+                              checkpoints=["never"], search=3, **ARGS), workers=1)
     assert len(result.searches) == 3
     named = {(r.chunks, r.virtual, r.schedule): r for r in result.rows}
     for gain in result.searches:
@@ -39,13 +40,10 @@ def test_the_best_configurations_are_searched_and_their_gain_reported() -> None:
 
 def test_a_searched_schedule_runs_through_the_sweep_as_a_named_one_does() -> None:
     """The same tasks given as a schedule object give the named row's numbers, under another name."""
-    from sim.planning.cluster import Cluster
-    from sim.planning.costs_from_flops import FlopCosts
-    from sim.planning.hardware import get_device, get_link
     from sim.planning.sweep import Sweep
 
-    device = get_device("a100-80gb")
-    sweep = Sweep({(1, False): FlopCosts(PROFILE, device, "fp32-adam")}, 32, Cluster(get_link("pcie4-x16")))
+    sweep = Sweep(PlanRequest(profile=PROFILE, batch=32, device="a100-80gb", gpus=[4], link="pcie4-x16",
+                              training="fp32-adam"))
     p = Configuration(4, 4, 1, 8, "never", "zb-h1")
     named = sweep.evaluate(p)
     given = sweep.evaluate(replace(p, schedule="searched"), given=make_schedule(p))
@@ -54,15 +52,16 @@ def test_a_searched_schedule_runs_through_the_sweep_as_a_named_one_does() -> Non
 
 
 def test_recomputing_configurations_are_not_searched_and_bad_counts_refused() -> None:
-    result = plan(PROFILE, 32, "a100-80gb", [4], "pcie4-x16", checkpoints=["always"], schedules=["1f1b"], search=1,
-                  **ARGS)
+    result = plan(PlanRequest(profile=PROFILE, batch=32, device="a100-80gb", gpus=[4], link="pcie4-x16",
+                              checkpoints=["always"], schedules=["1f1b"], search=1, **ARGS), workers=1)
     assert result.searches[0].searched_step is None
     assert "checkpoint always recomputes whole stages" in result.searches[0].method
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="number of configurations to search, an integer >= 0"):
-            plan(PROFILE, 32, "a100-80gb", [4], "pcie4-x16", search=bad, **ARGS)  # type: ignore[arg-type]
-    assert plan(PROFILE, 32, "a100-80gb", [4], "pcie4-x16", checkpoints=["never"], schedules=["1f1b"],
-                **ARGS).searches == ()
+            PlanRequest(profile=PROFILE, batch=32, device="a100-80gb", gpus=[4], link="pcie4-x16", search=bad,
+                        **ARGS)  # type: ignore[arg-type]
+    assert plan(PlanRequest(profile=PROFILE, batch=32, device="a100-80gb", gpus=[4], link="pcie4-x16",
+                            checkpoints=["never"], schedules=["1f1b"], **ARGS), workers=1).searches == ()
 
 
 def test_the_command_prints_what_the_search_gained(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

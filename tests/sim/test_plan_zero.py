@@ -18,7 +18,7 @@ from sim.planning.counts import ModelProfile
 from sim.planning.hardware import get_device, get_link
 from sim.planning.memory import round_block
 from sim.planning.models import get_model
-from sim.planning.plan import plan
+from sim.planning.plan import PlanRequest, plan
 from sim.planning.rows import Plan, PlanRow
 from sim.planning.training import training_policy
 from sim.planning.zero import sharded_state
@@ -33,8 +33,9 @@ def _profile() -> ModelProfile:
 
 
 def _plan(zero: tuple[int, ...], device: str | object = "a100-80gb", **kwargs: object) -> Plan:
-    return plan(_profile(), 32, device, [4], "nvlink3", training=TRAINING, chunks=[4],  # type: ignore[arg-type]
-                checkpoints=["never"], schedules=["1f1b"], zero=zero, **kwargs)  # type: ignore[arg-type]
+    return plan(PlanRequest(profile=_profile(), batch=32, device=device, gpus=[4], link="nvlink3",  # type: ignore[arg-type]
+                            training=TRAINING, chunks=[4], checkpoints=["never"], schedules=["1f1b"], zero=zero,
+                            **kwargs))  # type: ignore[arg-type]
 
 
 def _row(result: Plan, stages: int, zero: int) -> PlanRow:
@@ -99,8 +100,9 @@ def test_zero_1_moves_the_gather_after_the_step() -> None:
 
 
 def test_the_rows_carry_tokens_and_utilisation() -> None:
-    result = plan(_profile(), 32, "a100-80gb", [4], "nvlink3", training=TRAINING, chunks=[4],
-                  checkpoints=["never", "always"], schedules=["1f1b"], stages=[4], tokens_per_sample=128)
+    result = plan(PlanRequest(profile=_profile(), batch=32, device="a100-80gb", gpus=[4], link="nvlink3",
+                              training=TRAINING, chunks=[4], checkpoints=["never", "always"], schedules=["1f1b"],
+                              stages=[4], tokens_per_sample=128))
     never, always = (next(r for r in result.rows if r.checkpoint == c) for c in ("never", "always"))
     for r in (never, always):
         assert r.tokens_per_second == pytest.approx(r.throughput * 128)

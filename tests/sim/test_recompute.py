@@ -20,7 +20,7 @@ from sim.planning.counts import ModelProfile
 from sim.planning.flops import count_layers
 from sim.planning.hardware import get_device
 from sim.planning.models import get_model
-from sim.planning.plan import plan
+from sim.planning.plan import PlanRequest, plan
 from sim.planning.recompute import core_table, schedule_checkpoint
 
 H, A, S, V = 256, 8, 128, 1000
@@ -90,8 +90,9 @@ def test_a_llama_block_has_a_core_of_its_softmax() -> None:
 
 
 def _plan(checkpoint: str, device: object = "a100-80gb", t: int = 2, batch: int = 8) -> object:
-    return plan({t: _profile(t)}, batch, device, [2 * t], "nvlink3", training="fp16-adam", chunks=[4],
-                checkpoints=[checkpoint], schedules=["1f1b"], stages=[2], tensor_parallel=(t,))
+    return plan(PlanRequest(profile={t: _profile(t)}, batch=batch, device=device, gpus=[2 * t], link="nvlink3",
+                            training="fp16-adam", chunks=[4], checkpoints=[checkpoint], schedules=["1f1b"], stages=[2],
+                            tensor_parallel=(t,)))
 
 
 def test_the_peak_under_layers_is_the_kept_inputs_and_one_block() -> None:
@@ -117,14 +118,15 @@ def test_a_plan_fits_under_selective_and_not_under_never() -> None:
 
 def test_layers_refuses_torchgpipes_copy_streams() -> None:
     with pytest.raises(ValueError, match="checkpoint layers .* runs with one copy stream"):
-        plan(_profile(1), 8, "a100-80gb", [2], "nvlink3", training="fp16-adam", checkpoints=["layers"],
-             copy_streams="per_microbatch")
+        plan(PlanRequest(profile=_profile(1), batch=8, device="a100-80gb", gpus=[2], link="nvlink3",
+                         training="fp16-adam", checkpoints=["layers"], copy_streams="per_microbatch"))
 
 
 def test_selective_needs_an_attention_core() -> None:
     bare = replace(_profile(1), attention_core=None)
     with pytest.raises(ValueError, match="checkpoint selective recomputes the attention core"):
-        plan(bare, 8, "a100-80gb", [2], "nvlink3", training="fp16-adam", checkpoints=["selective"])
+        plan(PlanRequest(profile=bare, batch=8, device="a100-80gb", gpus=[2], link="nvlink3", training="fp16-adam",
+                         checkpoints=["selective"]))
 
 
 def test_the_cli_plans_per_layer_recompute(capsys: pytest.CaptureFixture[str]) -> None:

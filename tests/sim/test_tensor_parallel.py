@@ -23,7 +23,7 @@ from sim.planning.hardware import get_device
 from sim.planning.models import get_model
 from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
 from sim.planning.models.llama import LlamaConfig, llama, llama_sample
-from sim.planning.plan import check_tensor_parallel, plan
+from sim.planning.plan import PlanRequest, check_tensor_parallel, plan
 from sim.planning.roofline import shape_factor
 
 H, A, S, V = 256, 8, 128, 1000  # hidden, heads, tokens, vocabulary of the small GPT
@@ -132,16 +132,17 @@ def test_a_narrower_gemm_runs_at_a_lower_fraction_of_peak() -> None:
 
 def test_a_tensor_parallel_plan_runs_each_rank_on_its_shard() -> None:
     profiles = {1: _profile(1), 2: _profile(2)}
-    result = plan(profiles, 8, "a100-80gb", [4], "nvlink3", training="fp16-adam", chunks=[2],
-                  checkpoints=["never"], schedules=["1f1b"], tensor_parallel=(1, 2))
+    result = plan(PlanRequest(profile=profiles, batch=8, device="a100-80gb", gpus=[4], link="nvlink3",
+                              training="fp16-adam", chunks=[2], checkpoints=["never"], schedules=["1f1b"],
+                              tensor_parallel=(1, 2)))
     by_t = {(r.tensor_parallel, r.stages, r.replicas) for r in result.rows}
     assert by_t == {(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1)}
     row = next(r for r in result.rows if (r.tensor_parallel, r.stages) == (2, 1))
     assert row.gpus == 4 and row.parameters == _config(2).shard_parameters
     assert row.model_state_bytes == (16 * _config(2).shard_parameters,)
     assert row.to_dict()["tensor_parallel"] == 2
-    alone = plan(profiles[1], 8, "a100-80gb", [4], "nvlink3", training="fp16-adam", chunks=[2],
-                 checkpoints=["never"], schedules=["1f1b"])
+    alone = plan(PlanRequest(profile=profiles[1], batch=8, device="a100-80gb", gpus=[4], link="nvlink3",
+                             training="fp16-adam", chunks=[2], checkpoints=["never"], schedules=["1f1b"]))
     assert alone.rows == tuple(r for r in result.rows if r.tensor_parallel == 1)  # t = 1: today's rows
 
 
