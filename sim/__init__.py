@@ -6,7 +6,7 @@
     sim.calibration  measures the executor (gpipe) on this machine and turns what it measures into the core's costs:
                      the experiment behind ``gpipe-sim demo`` and ``compare``, and its outcome
     sim.planning     FLOP counting, the hardware catalog, built-in models and capacity-planning sweeps
-                     (:func:`sim.planning.plan.plan`)
+                     (:func:`sim.planning.plan.plan` of a :class:`sim.planning.request.PlanRequest`)
     sim.cli          the ``gpipe-sim`` command line on top of all three
 
 :mod:`sim.files` (output folders that never overwrite a user's files unasked) serves every layer that writes.
@@ -23,6 +23,13 @@ What simulating a schedule from Python takes is exported here, from the core::
     link = LinkSpec("pcie", latency=1e-5, bandwidth=16e9)
     simulate(one_f_one_b(8, 4), CostModel(stages), SimConfig(link=link))   # each copy: latency + bytes / bandwidth
 
+What planning a cluster takes, from the planning layer (:mod:`sim.planning.plan`)::
+
+    from sim import PlanRequest, plan
+
+    result = plan(PlanRequest(profile=counts, batch=256, device="a100-80gb", gpus=[64], link="nvlink"))
+    result.best                                         # the fastest configuration that fits
+
 Note [light import]: ``import sim`` loads none of its layers. The core reads schedules from :mod:`gpipe`, whose
 package imports torch, and what needs only part of sim (:mod:`sim.files`, the dispatcher in :mod:`sim.cli`)
 should not pay for that. So the names above are looked up in their modules on first use (``__getattr__``), and
@@ -35,12 +42,15 @@ if TYPE_CHECKING:
     from sim.core.cost import CostModel, StageCost
     from sim.core.engine import simulate
     from sim.core.link import LinkSpec
+    from sim.planning.plan import plan
+    from sim.planning.request import PlanRequest
 
-__all__ = ["CostModel", "LinkSpec", "SimConfig", "StageCost", "simulate"]
+__all__ = ["CostModel", "LinkSpec", "PlanRequest", "SimConfig", "StageCost", "plan", "simulate"]
 
 #: Where each exported name lives (Note [light import]).
 _HOMES = {"CostModel": "sim.core.cost", "LinkSpec": "sim.core.link", "SimConfig": "sim.core.config",
-          "StageCost": "sim.core.cost", "simulate": "sim.core.engine"}
+          "StageCost": "sim.core.cost", "simulate": "sim.core.engine", "PlanRequest": "sim.planning.request",
+          "plan": "sim.planning.plan"}
 
 
 def __getattr__(name: str) -> object:

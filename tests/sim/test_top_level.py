@@ -29,10 +29,12 @@ def test_the_exports_are_the_cores_own_objects() -> None:
     from sim.core.cost import CostModel, StageCost
     from sim.core.engine import simulate
     from sim.core.link import LinkSpec
+    from sim.planning.plan import plan
+    from sim.planning.request import PlanRequest
 
-    assert sorted(sim.__all__) == ["CostModel", "LinkSpec", "SimConfig", "StageCost", "simulate"]
-    assert (sim.CostModel, sim.LinkSpec, sim.SimConfig, sim.StageCost, sim.simulate) == \
-        (CostModel, LinkSpec, SimConfig, StageCost, simulate)
+    assert sorted(sim.__all__) == ["CostModel", "LinkSpec", "PlanRequest", "SimConfig", "StageCost", "plan", "simulate"]
+    assert (sim.CostModel, sim.LinkSpec, sim.SimConfig, sim.StageCost, sim.simulate, sim.PlanRequest, sim.plan) == \
+        (CostModel, LinkSpec, SimConfig, StageCost, simulate, PlanRequest, plan)
     assert set(sim.__all__) <= set(dir(sim))
 
 
