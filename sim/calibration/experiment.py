@@ -1,16 +1,18 @@
-"""Predicted against measured, end to end: balance, calibrate, simulate, run the executor, compare, write.
+"""Predicted against measured, end to end: balance, calibrate, run the executor, simulate, compare.
 
 One implementation behind ``gpipe-sim demo``, ``gpipe-sim compare``, ``benchmarks/fidelity.py`` and the
-integration tests (the steps are spelled out on the docs page *Compare on your own model*). :func:`run`:
+integration tests (the steps are spelled out on the docs page *Compare on your own model*). :func:`run` builds the
+``GPipe`` that the :class:`Setup` describes, balanced by ``balance_by_time`` unless a balance is given, asks it for
+the schedule of a step (Note [one schedule]), where its stages and workers are, and then:
 
-1. balances the model with ``balance_by_time`` unless a balance is given;
-2. calibrates: the partitions on their devices (:func:`sim.calibration.calibrate.calibrate`), the executor's own
-   costs (:func:`~sim.calibration.calibrate.calibrate_executor_overheads`), each partition alone in the executor
-   (:mod:`sim.calibration.thread_costs`) and, on shared cores, pairs of tasks (:mod:`sim.calibration.pairs`);
-3. runs ``GPipe(model, balance, devices, chunks, checkpoint, schedule)``: warm-up steps, then ``steps`` recorded
-   training steps (``GPipe.step``), each followed by a profiling pass (Note [interleaved calibration]);
-4. simulates ``pipe.schedule`` with the cost model alone (Note [one schedule]) and compares the prediction with
-   the measured step of median makespan (Note [median step]).
+1. calibrates: the pipe's partitions on their devices (:func:`stage_costs`), the executor's own
+   costs (:func:`~sim.calibration.calibrate.calibrate_executor_overheads`) and each partition alone in the
+   executor (:mod:`sim.calibration.thread_costs`);
+2. runs the executor: warm-up steps, then ``steps`` recorded training steps (``GPipe.step``),
+   each followed by a profiling pass and, on shared cores, some by a round of pairs of tasks
+   (:mod:`sim.calibration.pairs`; Note [interleaved calibration]);
+3. simulates that schedule with the cost model alone;
+4. compares the prediction with the measured step of median makespan (Note [median step]).
 
 It returns a :class:`sim.calibration.outcome.Outcome` (:func:`sim.calibration.outcome.write_outputs` writes
 ``timeline.png``, ``trace.json`` and ``report.json``). Also here: :func:`stage_costs`, :func:`executor_config`
@@ -21,19 +23,20 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from gpipe import microbatch
 from gpipe.interpreter.affinity import Cores
+from gpipe.microbatch import as_tensors
 from gpipe.profiling.profile import RecordedSeconds, time_recorded
-from gpipe.schedule import Checkpoint
+from gpipe.schedule import Checkpoint, Schedule
 from gpipe.schedule.timeline import Timeline
-from sim.calibration.calibrate import calibrate, calibrate_executor_overheads, on_device, partitions_of
+from sim.calibration.calibrate import calibrate, calibrate_executor_overheads
 from sim.calibration.compare import compare
 from sim.calibration.experiment_setup import Setup
 from sim.calibration.host import executor_costs
@@ -51,6 +54,9 @@ from sim.calibration.thread_costs import measure_stage_extras
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
+
+if TYPE_CHECKING:
+    from gpipe import GPipe
 
 __all__ = [
     "Setup",
@@ -139,9 +145,14 @@ def progress_labels(setup: Setup) -> list[str]:
 # Note [median step]: a shared machine is noisy, so ``steps`` training steps are recorded after
 # ``warmup_steps`` unrecorded ones and the measured timeline is the step whose makespan is the median
 # (the lower median for an even count): a real step, not an average of several.
+#
+# Note [one schedule]: the simulator is given the schedule the executor runs (``pipe.schedule_for(m)``, ``m`` the
+# micro-batches :func:`gpipe.microbatch.sizes` cuts the batch into; a given Schedule is that object), so the two
+# timelines are of the same schedule by construction; the prediction comes from the calibrated costs alone, never
+# from the executor's timelines (Note [interleaved calibration] says when the calibration runs).
 def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress: Progress | None = None,
         description: str = "") -> Outcome:
-    """Balance, calibrate, simulate, run the executor and compare (see the module docstring).
+    """Balance, then calibrate, run the executor, simulate and compare (see the module docstring).
 
     Args:
         model: the model; trained in place for ``warmup_steps + steps`` steps without an optimizer
@@ -159,122 +170,162 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
         ValueError: a balance that does not fit the model, too few samples for the chunks, or nothing to
             train: no trainable parameter and no floating-point input (Note [nothing else to train]).
     """
-    from gpipe import GPipe  # the executor; imported here so the simulator never needs it
-    from gpipe.balance import balance_by_time
+    batch = _trainable(model, batch)
+    clock = _Clock(progress)
+    torch.manual_seed(setup.seed)
+    with intra_op_threads(setup.threads):
+        setup = _balanced(model, batch, setup, clock)
+        pipe = _executor(model, setup)
+        schedule = pipe.schedule_for(len(microbatch.sizes(_rows(batch), setup.chunks)))  # Note [one schedule]
+        cost, config = _calibrate(model, batch, pipe, schedule, setup, clock)
+        steps = _run_steps(pipe, batch, schedule, setup, clock)
+        cost, predicted = _simulate(schedule, cost, config, steps, clock)
+    return _compare(setup, schedule, cost, config, predicted, steps, clock, description)
 
+
+def _trainable(model: nn.Sequential, batch: Batch) -> Batch:
+    """``batch`` as the experiment trains it (Note [nothing else to train]), once the model and batch are checked.
+
+    Raises:
+        TypeError, ValueError: as :func:`run`, before anything runs.
+    """
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"the model must be an nn.Sequential, got {type(model).__name__}")
-    tensors = _tensors(batch)
-    size = tensors[0].shape[0] if tensors[0].dim() else 0
-    if size < 1:
+    _, tensors = as_tensors(batch, "the mini-batch")
+    if _rows(batch) < 1:
         raise ValueError("the mini-batch needs a batch dimension with at least one sample")
     # Note [nothing else to train]: the executor trains (records, and runs a backward) when a parameter or an
     # input requires grad. A model without trainable parameters (activations only) would run its forward
     # alone, with no timeline to compare; the experiment then trains its input: the floating-point tensors
     # of the mini-batch require grad, and the backward computes their gradients, on both halves alike.
-    if not any(p.requires_grad for p in model.parameters()):  # Note [nothing else to train]
-        if not any(t.is_floating_point() for t in tensors):
-            raise ValueError("nothing to train: the model has no parameter that requires grad and the mini-batch "
-                             "no floating-point tensor to take a gradient of")
-        tensors = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in tensors)
-        batch = tensors[0] if isinstance(batch, Tensor) else tensors
-    tick = _ticker(progress)
-    seconds: dict[str, float] = {}
-    torch.manual_seed(setup.seed)
-    with intra_op_threads(setup.threads):
-        devices = setup.devices or default_devices(setup.partitions)  # Note [devices and stages] in setup
-        sizes = microbatch.sizes(size, setup.chunks)
-        first = _slice(batch, 0, sizes[0], torch.device(devices[0]))
-        balance = setup.balance
-        if balance is None:
-            clock = time.perf_counter()
+    if any(p.requires_grad for p in model.parameters()):
+        return batch
+    if not any(t.is_floating_point() for t in tensors):
+        raise ValueError("nothing to train: the model has no parameter that requires grad and the mini-batch "
+                         "no floating-point tensor to take a gradient of")
+    tensors = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in tensors)
+    return tensors[0] if isinstance(batch, Tensor) else tensors
+
+
+def _balanced(model: nn.Sequential, batch: Batch, setup: Setup, clock: _Clock) -> Setup:
+    """``setup`` with its devices (Note [devices and stages] in :mod:`sim.calibration.experiment_setup`) and its
+    balance: ``balance_by_time`` of the first micro-batch unless one is given."""
+    from gpipe.balance import balance_by_time
+
+    devices = setup.devices or default_devices(setup.partitions)
+    balance = setup.balance
+    if balance is None:
+        with clock.timed("balance"):
+            first = _slice(batch, 0, microbatch.sizes(_rows(batch), setup.chunks)[0], torch.device(devices[0]))
             balance = tuple(balance_by_time(setup.partitions, model, first, timeout=setup.balance_timeout,
                                             device=devices[0]))
-            seconds["balance"] = time.perf_counter() - clock
-            tick("balance")
-        partitions_of(model, balance)  # raises on a balance that does not fit, before anything runs
-        setup = replace(setup, balance=tuple(balance), stages=None, devices=tuple(devices))
-        placement = setup.placement()
-        workers, stage_devices = _placed(devices, placement)
-        # Note [pinned per worker]: a core per schedule device, which every stage it runs shares
-        affinity = worker_affinity(workers) if setup.pin else None
-        stage_affinity = None if affinity is None else [affinity[d] for d in placement]
+    return replace(setup, balance=tuple(balance), stages=None, devices=tuple(devices))
 
-        pipe = GPipe(model, balance=list(balance), devices=list(devices), chunks=setup.chunks,
-                     checkpoint=setup.checkpoint, cpu_affinity=stage_affinity, schedule=setup.schedule)
-        pipe.record = True
-        # Note [one schedule]: the simulator is given the schedule the executor reports (``pipe.schedule``; a given
-        # Schedule is that object), so the two timelines are of the same schedule by construction (each measured
-        # step's ``meta`` is checked against it); the prediction comes from the calibrated costs alone, never from
-        # the executor's timelines (Note [interleaved calibration] says when the calibration runs).
-        schedule = pipe.schedule_for(len(sizes))  # fewer micro-batches than chunks if small (not for a given one)
-        if (schedule.m, schedule.n, schedule.checkpoint, schedule.placement) != (len(sizes), len(balance),
-                                                                                 setup.checkpoint, placement) \
-                or not isinstance(setup.schedule, str) and schedule != setup.schedule:
-            raise RuntimeError(f"the executor plans {schedule.name} with m={schedule.m}, n={schedule.n}, "
-                               f"checkpoint={schedule.checkpoint}, placement={schedule.placement}; expected "
-                               f"{len(sizes)} micro-batches, {len(balance)} stages, checkpoint={setup.checkpoint}, "
-                               f"placement={placement}")
-        split = schedule.splits_weight_gradient  # Note [split runs] in gpipe.profiling.timing
 
-        clock = time.perf_counter()
-        cost = stage_costs(model, batch, balance, setup.chunks, stage_devices, warmup=setup.warmup,
-                           repeats=setup.repeats, affinity=stage_affinity, split=split)
-        seconds["calibrate"] = time.perf_counter() - clock
-        tick("calibrate")
+# Note [pinned per worker]: the executor runs every stage a schedule places on one device on that device's one
+# worker thread, so the experiment pins a core per worker (schedule device), not per partition, and profiles each
+# stage on its worker's core. What is a worker's own (the probe pipelines' hand-offs and launch, contention, the
+# simulator's devices) is measured per worker; what a task costs (stage seconds, host seconds) per stage; the
+# thread start per stage too, paid by the first task of each worker's list (``RunnerCosts.first_seconds``).
+def _executor(model: nn.Sequential, setup: Setup) -> GPipe:
+    """The recording :class:`gpipe.GPipe` that ``setup`` (balanced) describes; with ``pin``, on CPU devices, each
+    stage on the core of its worker, the ``d``-th core for schedule device ``d`` (Note [pinned per worker]). Where
+    the stages and workers are, and the schedule of a step, are asked of it from here on."""
+    from gpipe import GPipe  # the executor; imported here so the simulator never needs it
 
-        clock = time.perf_counter()
-        parts = [on_device(p, d) for p, d in zip(partitions_of(model, balance), stage_devices, strict=True)]
-        cost, config = with_executor_costs(cost, parts, first, workers, affinity=affinity, pairs=False,
-                                           checkpoint=setup.checkpoint, placement=placement)
-        seconds["overheads"] = time.perf_counter() - clock
-        tick("overheads")
-        target = torch.zeros(size)  # Note [loss in the last task]
+    assert setup.balance is not None and setup.devices is not None
+    cores = worker_affinity(setup.devices) if setup.pin else None
+    affinity = None if cores is None else [cores[d] for d in setup.placement()]  # the front-end's placement
+    return GPipe(model, balance=list(setup.balance), devices=list(setup.devices), chunks=setup.chunks,
+                 checkpoint=setup.checkpoint, cpu_affinity=affinity, schedule=setup.schedule, record=True)
 
-        clock = time.perf_counter()
-        measured_steps: list[Timeline] = []
-        passes: list[list[RecordedSeconds]] = []  # Note [interleaved calibration]
-        rounds: list[tuple[int, dict[tuple[str, int, str, int], float]]] = []  # of pairs, after pair_steps
-        pair_steps = _spread(setup.pair_rounds, setup.warmup_steps + setup.steps)
-        meter = BackgroundLoad()
-        with contextlib.ExitStack() as stack:
-            overlap = shares_cores(workers) and schedule.overlaps()
-            # 1F1B, whose forwards and backwards interleave, also runs a checkpointed forward beside a backward
-            kinds = PHASE_PAIRS if schedule.forwards_first else (*PHASE_PAIRS, ("Fc", "B"), ("B", "Fc"))
-            pairs = stack.enter_context(PairMeter(parts, first, kinds=kinds, affinity=stage_affinity,
-                                                  placement=placement)) if overlap else None
-            for k in range(setup.warmup_steps + setup.steps):
-                if k == setup.warmup_steps:
-                    meter = BackgroundLoad()
-                timeline = _train_step(pipe, model, batch, target)
-                if k >= setup.warmup_steps:
-                    measured_steps.append(timeline)
-                passes.append(time_recorded(parts, first, device=stage_devices, warmup=1, repeats=1,
-                                            streak=setup.repeats_per_pass, affinity=stage_affinity, split=split))
-                if pairs is not None and k in pair_steps:  # against the pass just taken: Note [pair baselines]
-                    rounds.append((k - setup.warmup_steps, rebased(pairs.round(), pairs.alone, passes[-1])))
-                tick(f"step {k - setup.warmup_steps + 1}" if k >= setup.warmup_steps else f"warm-up step {k + 1}")
-        seconds["measure"] = time.perf_counter() - clock
-        background = meter.cores()
-        for timeline in measured_steps:
-            if timeline.meta.get("m") != schedule.m or timeline.meta.get("checkpoint") != schedule.checkpoint:
-                raise RuntimeError(f"the executor ran m={timeline.meta.get('m')}, checkpoint="
-                                   f"{timeline.meta.get('checkpoint')}; the prediction is of m={schedule.m}, "
-                                   f"checkpoint={schedule.checkpoint}")
 
-        clock = time.perf_counter()
-        cost = interleaved_cost(cost, passes, [r for _, r in rounds])
-        predicted = simulate(schedule, cost, config)
-        seconds["simulate"] = time.perf_counter() - clock
-        tick("simulate")
+def _calibrate(model: nn.Sequential, batch: Batch, pipe: GPipe, schedule: Schedule, setup: Setup,
+               clock: _Clock) -> tuple[CostModel, SimConfig]:
+    """Calibrate: each of the pipe's partitions on its device and core (:func:`stage_costs`), then what the executor
+    adds around them on its workers (:func:`with_executor_costs`; the pairs come with the steps, Note [interleaved
+    calibration])."""
+    workers, cores = pipe.pipeline.workers(schedule)
+    with clock.timed("calibrate"):
+        cost = stage_costs(model, batch, pipe.balance, setup.chunks, _names(pipe.devices), warmup=setup.warmup,
+                           repeats=setup.repeats, affinity=pipe.cpu_affinity, split=schedule.splits_weight_gradient)
+    with clock.timed("overheads"):
+        return with_executor_costs(cost, list(pipe.partitions), _first(batch, pipe), _names(workers), affinity=cores,
+                                   pairs=False, checkpoint=schedule.checkpoint, placement=schedule.placement)
 
-    makespans = tuple(t.makespan for t in measured_steps)
-    chosen = median_step(makespans)  # Note [median step]
-    comparison = compare(predicted, measured_steps[chosen])
-    tick("compare")
-    return Outcome(setup, schedule, cost, config, predicted, measured_steps[chosen], makespans, chosen,
-                   comparison, seconds, description, background,
-                   tuple(tuple(p) for p in passes[setup.warmup_steps:]), tuple(rounds))
+
+@dataclass(frozen=True)
+class _Steps:
+    """What the recorded steps gave: their timelines, every step's profiling pass (warm-ups included), the pair
+    rounds (recorded step, pairs) and the cores other processes used meanwhile."""
+
+    measured: list[Timeline]
+    passes: list[list[RecordedSeconds]]
+    pair_rounds: list[tuple[int, dict[tuple[str, int, str, int], float]]]
+    background: float | None
+
+    @property
+    def makespans(self) -> tuple[float, ...]:
+        return tuple(t.makespan for t in self.measured)
+
+
+def _run_steps(pipe: GPipe, batch: Batch, schedule: Schedule, setup: Setup, clock: _Clock) -> _Steps:
+    """Run the executor: warm-up steps, then the recorded ones, each followed by a profiling pass and some, on
+    shared cores, by a round of pairs (Note [interleaved calibration])."""
+    parts, first, devices = list(pipe.partitions), _first(batch, pipe), _names(pipe.devices)
+    target = torch.zeros(_rows(batch))  # Note [loss in the last task]
+    measured: list[Timeline] = []
+    passes: list[list[RecordedSeconds]] = []
+    rounds: list[tuple[int, dict[tuple[str, int, str, int], float]]] = []
+    pair_steps = _spread(setup.pair_rounds, setup.warmup_steps + setup.steps)
+    meter = BackgroundLoad()
+    with clock.timed("measure", tick=False), _pair_meter(pipe, schedule, first) as pairs:
+        for k in range(setup.warmup_steps + setup.steps):
+            if k == setup.warmup_steps:
+                meter = BackgroundLoad()
+            timeline = _train_step(pipe, batch, target)
+            recorded = k >= setup.warmup_steps
+            if recorded:
+                measured.append(timeline)
+            passes.append(time_recorded(parts, first, device=devices, warmup=1, repeats=1,
+                                        streak=setup.repeats_per_pass, affinity=pipe.cpu_affinity,
+                                        split=schedule.splits_weight_gradient))
+            if pairs is not None and k in pair_steps:  # against the pass just taken: Note [pair baselines]
+                rounds.append((k - setup.warmup_steps, rebased(pairs.round(), pairs.alone, passes[-1])))
+            clock.tick(f"step {k - setup.warmup_steps + 1}" if recorded else f"warm-up step {k + 1}")
+    return _Steps(measured, passes, rounds, meter.cores())
+
+
+def _pair_meter(pipe: GPipe, schedule: Schedule, first: Batch) -> contextlib.AbstractContextManager[PairMeter | None]:
+    """A :class:`PairMeter` of the pipe's partitions where its workers share cores and the schedule runs tasks at
+    once, else nothing (Note [interleaved calibration])."""
+    workers, _ = pipe.pipeline.workers(schedule)
+    if not (shares_cores(_names(workers)) and schedule.overlaps()):
+        return contextlib.nullcontext()
+    # 1F1B, whose forwards and backwards interleave, also runs a checkpointed forward beside a backward
+    kinds = PHASE_PAIRS if schedule.forwards_first else (*PHASE_PAIRS, ("Fc", "B"), ("B", "Fc"))
+    return PairMeter(list(pipe.partitions), first, kinds=kinds, affinity=pipe.cpu_affinity,
+                     placement=schedule.placement)
+
+
+def _simulate(schedule: Schedule, cost: CostModel, config: SimConfig, steps: _Steps,
+              clock: _Clock) -> tuple[CostModel, Timeline]:
+    """Simulate: the cost model of the profiling passes and pair rounds taken beside the steps (Note [interleaved
+    calibration]), and the timeline it predicts for the schedule the executor ran."""
+    with clock.timed("simulate"):
+        cost = interleaved_cost(cost, steps.passes, [r for _, r in steps.pair_rounds])
+        return cost, simulate(schedule, cost, config)
+
+
+def _compare(setup: Setup, schedule: Schedule, cost: CostModel, config: SimConfig, predicted: Timeline,
+             steps: _Steps, clock: _Clock, description: str) -> Outcome:
+    """Compare: the prediction against the measured step of median makespan (Note [median step])."""
+    chosen = median_step(steps.makespans)
+    comparison = compare(predicted, steps.measured[chosen])
+    clock.tick("compare")
+    return Outcome(setup, schedule, cost, config, predicted, steps.measured[chosen], steps.makespans, chosen,
+                   comparison, clock.seconds, description, steps.background,
+                   tuple(tuple(p) for p in steps.passes[setup.warmup_steps:]), tuple(steps.pair_rounds))
 
 
 def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Batch, devices: Sequence[str], *,
@@ -348,21 +399,6 @@ def executor_config(devices: Sequence[str], *, two_phases: bool = False) -> SimC
                      overlap_pairs=False)
 
 
-# Note [pinned per worker]: the executor runs every stage a schedule places on one device on that device's one
-# worker thread, so the experiment pins a core per worker (schedule device), not per partition, and profiles each
-# stage on its worker's core. What is a worker's own (the probe pipelines' hand-offs and launch, contention, the
-# simulator's devices) is measured per worker; what a task costs (stage seconds, host seconds) per stage; the
-# thread start per stage too, paid by the first task of each worker's list (``RunnerCosts.first_seconds``).
-def _placed(devices: Sequence[str], placement: Sequence[int]) -> tuple[list[str], list[str]]:
-    """The device of each schedule device (worker) and of each stage, from ``devices`` as ``GPipe`` takes them:
-    one per schedule device, or one per stage (Note [devices and stages] in :mod:`sim.calibration.experiment_setup`)."""
-    count = max(placement) + 1
-    if len(devices) == count:
-        return list(devices), [devices[d] for d in placement]
-    workers = [devices[list(placement).index(d)] for d in range(count)]  # one per stage: its first stage's
-    return workers, list(devices)
-
-
 def _spread(count: int, steps: int) -> set[int]:
     """``min(count, steps)`` of the step indices ``0 .. steps - 1``, evenly spread, the last one included."""
     count = min(count, steps)
@@ -377,13 +413,12 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
     The executor the experiment runs records its timeline, so each stage's forward and backward are
     also measured with the recorder's hooks (``ExecutorStage.forward_recorded``, ``backward_recorded``).
 
-    An uneven split (``torch.tensor_split`` makes the first ``batch % chunks`` micro-batches one
-    sample larger) becomes the cost model's ``microbatch_scale``: sample counts relative to the first.
+    An uneven split (:func:`gpipe.microbatch.sizes`: the first micro-batches one sample larger) becomes the cost
+    model's ``microbatch_scale``: sample counts relative to the first.
     ``devices`` and ``affinity``: one per partition; ``split``: for a schedule with ``W`` tasks, each backward
     in two parts (``StageCost.backward`` and ``weight``; Note [split runs] in :mod:`gpipe.profiling.timing`).
     """
-    tensors = _tensors(batch)
-    sizes = microbatch.sizes(tensors[0].shape[0], chunks)
+    sizes = microbatch.sizes(_rows(batch), chunks)
     first = _slice(batch, 0, sizes[0], torch.device(devices[0]))
     cost = calibrate(model, balance, first, devices=list(devices), warmup=warmup, repeats=repeats, recorded=True,
                      affinity=affinity, split=split)
@@ -392,14 +427,14 @@ def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chun
     return cost
 
 
-def _train_step(pipe: Any, model: nn.Module, batch: Batch, target: Tensor) -> Timeline:
+def _train_step(pipe: GPipe, batch: Batch, target: Tensor) -> Timeline:
     """One recorded training step of ``pipe`` on ``batch`` through ``GPipe.step`` (Note [loss in the last task]),
     the collector off until after it (Note [collect after the step] in :mod:`sim.calibration.machine`); the
     gradients are dropped afterwards."""
     with collected_after():
         pipe.step(batch, target, _loss_fn)
     timeline = pipe.timeline
-    for p in [*model.parameters(), *_tensors(batch)]:
+    for p in [*pipe.parameters(), *as_tensors(batch, "the mini-batch")[1]]:
         p.grad = None
     if timeline is None:
         raise RuntimeError("the executor recorded no timeline for a training step")
@@ -411,16 +446,36 @@ def _loss_fn(output: Batch, _target: Tensor) -> Tensor:
     return loss_of(output)
 
 
-def _ticker(progress: Progress | None) -> Progress:
-    return progress if progress is not None else (lambda _label: None)
+class _Clock:
+    """Seconds per unit of work (``seconds``), each unit's label given to ``progress`` as it ends."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.seconds: dict[str, float] = {}
+        self.tick: Progress = progress if progress is not None else (lambda _label: None)
+
+    @contextlib.contextmanager
+    def timed(self, label: str, *, tick: bool = True) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[label] = time.perf_counter() - start
+        if tick:
+            self.tick(label)
 
 
-def _tensors(batch: Batch) -> tuple[Tensor, ...]:
-    if isinstance(batch, Tensor):
-        return (batch,)
-    if isinstance(batch, tuple) and batch and all(isinstance(t, Tensor) for t in batch):
-        return batch
-    raise TypeError(f"the mini-batch must be a tensor or a tuple of tensors, got {type(batch).__name__}")
+def _rows(batch: Batch) -> int:
+    """The samples of a mini-batch (0 for a 0-d tensor)."""
+    first = as_tensors(batch, "the mini-batch")[1][0]
+    return first.shape[0] if first.dim() else 0
+
+
+def _first(batch: Batch, pipe: GPipe) -> Batch:
+    """The first micro-batch of ``batch`` as ``pipe`` cuts it (:func:`gpipe.microbatch.sizes`), on its first stage's
+    device: the sample every calibration runs."""
+    return _slice(batch, 0, microbatch.sizes(_rows(batch), pipe.chunks)[0], pipe.devices[0])
+
+
+def _names(devices: Sequence[torch.device]) -> list[str]:
+    return [str(d) for d in devices]
 
 
 def _slice(batch: Batch, start: int, stop: int, device: torch.device) -> Batch:
