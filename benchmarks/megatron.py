@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from sim.planning.hardware import get_device  # noqa: E402
 from sim.planning.models import get_model  # noqa: E402
-from sim.planning.plan import plan  # noqa: E402
+from sim.planning.plan import PlanRequest, plan  # noqa: E402
 
 SEQ, VOCAB = 2048, 51_200
 GOAL = 0.10  # |predicted / published - 1| on each row's step time
@@ -94,9 +94,10 @@ def main() -> int:
         pipelined = dict(schedules=["1f1b", "interleaved-1f1b"], virtual=[2, 3, 4],
                          chunks=[per_replica // mb for mb in (1, 2, 4) if per_replica % mb == 0]) if p > 1 else \
             dict(schedules=["gpipe"])
-        result = plan({t: profile}, batch, device, [gpus], "nvlink3", training=training, checkpoints=["layers"],
-                      stages=[p], replicas=[replicas], tensor_parallel=[t], gpus_per_node=8,
-                      network="infiniband-hdr", network_ports=8, model_name=spec, **pipelined)  # type: ignore[arg-type]
+        result = plan(PlanRequest(profile={t: profile}, batch=batch, device=device, gpus=[gpus], link="nvlink3",
+                                  training=training, checkpoints=["layers"], stages=[p], replicas=[replicas],
+                                  tensor_parallel=[t], gpus_per_node=8, network="infiniband-hdr", network_ports=8,
+                                  model_name=spec, **pipelined))  # type: ignore[arg-type]
         seconds = time.perf_counter() - start
         best = result.best
         flops = model_flops(batch, layers, hidden)

@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from gpipe.interpreter.affinity import available_cores  # noqa: E402
 from sim.planning.hardware import get_device  # noqa: E402
 from sim.planning.models import get_model  # noqa: E402
-from sim.planning.plan import default_training, plan  # noqa: E402
+from sim.planning.plan import PlanRequest, default_training, plan  # noqa: E402
 
 GOAL_SECONDS = 10.0
 
@@ -51,8 +51,9 @@ def _case(name: str, spec: str, device: str, gpus: Sequence[int], link: str, deg
     seconds = {}
     for workers in (len(available_cores()), 1):
         start = time.perf_counter()
-        result = plan(counts, batch, dev, gpus, link, training=training, tensor_parallel=degrees,
-                      sequence_parallel=splits, workers=workers, model_name=spec, **kwargs)
+        result = plan(PlanRequest(profile=counts, batch=batch, device=dev, gpus=gpus, link=link, training=training,
+                                  tensor_parallel=degrees, sequence_parallel=splits, model_name=spec,
+                                  **kwargs), workers=workers)
         seconds[workers] = time.perf_counter() - start
     n, swept = len(result.rows), seconds[len(available_cores())]
     best = result.best

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from sim.planning.flops import ModelProfile, count_layers  # noqa: E402
 from sim.planning.hardware import get_device  # noqa: E402
 from sim.planning.models.unet import unet, unet_sample  # noqa: E402
-from sim.planning.plan import PlanRow, plan  # noqa: E402
+from sim.planning.plan import PlanRequest, PlanRow, plan  # noqa: E402
 
 GiB = 2**30
 BATCH = 32
@@ -52,9 +52,10 @@ def _profile(blocks: int, channels: int) -> ModelProfile:
 
 def _row(profile: ModelProfile, gpus: int, balance: tuple[int, ...] | None, chunks: int, checkpoint: str) -> PlanRow:
     """The configuration as torchgpipe ran it: GPipe, one replica, the balance pinned (``None``: the planner's)."""
-    result = plan(profile, BATCH, "tesla-p40", [gpus], "pcie", training="fp32-sgd", chunks=[min(chunks, BATCH)],
-                  checkpoints=[checkpoint], schedules=["gpipe"], stages=[gpus], replicas=[1], balance=balance,
-                  copy_streams="per_microbatch")
+    result = plan(PlanRequest(profile=profile, batch=BATCH, device="tesla-p40", gpus=[gpus], link="pcie",
+                              training="fp32-sgd", chunks=[min(chunks, BATCH)], checkpoints=[checkpoint],
+                              schedules=["gpipe"], stages=[gpus], replicas=[1], balance=balance,
+                              copy_streams="per_microbatch"))
     return result.rows[0]
 
 
