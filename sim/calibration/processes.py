@@ -30,7 +30,7 @@ import statistics
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,8 +40,9 @@ from torch import Tensor, nn
 
 from gpipe import microbatch
 from gpipe.distributed.loopback import free_port, init_loopback_group
+from gpipe.frontend import Arguments
 from gpipe.profiling.profile import RecordedSeconds
-from gpipe.schedule import Schedule, schedule_kind
+from gpipe.schedule import Schedule
 from gpipe.schedule.timeline import Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
@@ -285,32 +286,30 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
     "spawning" line: not printed for a setup refused here).
 
     Raises:
-        ValueError: fewer than two processes, or stages the schedule cannot place on them.
+        ValueError: fewer than two processes, or stages the schedule cannot place on them (refused as
+            :class:`gpipe.distributed.DistributedGPipe` refuses them).
         RuntimeError: a rank failed (its traceback in the message) or none answered within ``timeout``.
     """
     from gpipe.balance import balance_by_time
 
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 2:
         raise ValueError(f"--processes must be an integer >= 2 (one rank per schedule device), got {processes!r}")
+    given = setup.schedule if isinstance(setup.schedule, Schedule) else None
+    if given is not None and given.num_devices != processes:  # before any work, in the command's words
+        raise ValueError(f"schedule {given.name!r} runs on {given.num_devices} devices, a rank each: give "
+                         f"--processes {given.num_devices}")
     torch.manual_seed(setup.seed)
     model, batch = build()
     tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
     sizes = microbatch.sizes(tensors[0].shape[0], setup.chunks)
-    if isinstance(setup.schedule, Schedule):  # run as it is: Note [a given schedule] in gpipe.frontend
-        schedule, n = setup.schedule, setup.schedule.n
-        if schedule.num_devices != processes:
-            raise ValueError(f"schedule {schedule.name!r} runs on {schedule.num_devices} devices, a rank each: give "
-                             f"--processes {schedule.num_devices}")
-    else:
-        n = len(setup.balance) if setup.balance is not None else (setup.stages or processes)
-        kind = schedule_kind(setup.schedule)
-        schedule = kind(len(sizes), n, setup.checkpoint, kind.layout(n, processes)).validate()
     with intra_op_threads(setup.threads):
         balance = setup.balance
-        if balance is None:
+        if balance is None:  # one stage per rank unless the setup says how many
+            n = processes if setup.stages is None and given is None else setup.partitions
             first = tensors[0][:sizes[0]] if isinstance(batch, Tensor) else tuple(t[:sizes[0]] for t in tensors)
             balance = tuple(balance_by_time(n, model, first, timeout=setup.balance_timeout, device="cpu"))
-        cost = stage_costs(model, batch, balance, setup.chunks, ["cpu"] * n, warmup=setup.warmup,
+        schedule = _rank_schedule(model, balance, setup, processes, len(sizes))
+        cost = stage_costs(model, batch, balance, setup.chunks, ["cpu"] * len(balance), warmup=setup.warmup,
                            repeats=setup.repeats, split=schedule.splits_weight_gradient)
     if on_spawn is not None:
         on_spawn()
@@ -328,6 +327,19 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
     return ProcessOutcome(processes, schedule, tuple(balance), link, cost, predicted, measured[chosen], makespans,
                           chosen, compare(predicted, measured[chosen]), description,
                           tuple(tuple(p) for p in passes[setup.warmup_steps:]))
+
+
+def _rank_schedule(model: nn.Sequential, balance: Sequence[int], setup: Setup, processes: int, m: int) -> Schedule:
+    """The schedule of a step of ``m`` micro-batches when :class:`gpipe.distributed.DistributedGPipe` runs ``model``
+    cut by ``balance`` on ``processes`` ranks as ``setup`` says: the front-end's decision, asked of it (Note [a device
+    count] in :mod:`gpipe.frontend`: the schedule's layout places the stages on the ranks).
+
+    Raises:
+        ValueError: the arguments DistributedGPipe would refuse, with its message.
+    """
+    arguments = Arguments.check("DistributedGPipe", model, balance, chunks=setup.chunks, checkpoint=setup.checkpoint,
+                                schedule=setup.schedule, deferred_batch_norm=False)
+    return arguments.on_ranks(processes).schedule(m)
 
 
 def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], sizes: tuple[int, ...], world: int,
