@@ -1,14 +1,14 @@
 """What a simulation of ``m`` micro-batches on ``n`` stages takes in memory, estimated from the shape alone, so
 a command refuses a run that would not fit before it builds anything (:mod:`gpipe.schedule.size` checks it).
 
-Note [bytes of a simulation]: measured on this project's own runs (``gpipe-sim simulate``, peak resident memory
-above a run of one micro-batch; and tracemalloc over every registered schedule): a run holds its schedule (at
-most 380 bytes per micro-batch and stage) and, at its peak, the simulation's tables, spans and memory samples
-(at most 1,030 more): :data:`PAIR_BYTES` rounds the 1.4 KB up. Each stage adds its rows of the per-stage tables,
-its device's process and lists, and the summary's row (4.4 KB per stage at ``m=1, n=20,000``): :data:`STAGE_BYTES`.
-Writing ``trace.json`` or ``timeline.json`` builds the document and its text, 1.5 to 2 KB per span
-(:data:`FILE_SPAN_BYTES`); ``timeline.png`` takes 0.39 MB per device row, the figure growing with its rows
-(:data:`PLOT_ROW_BYTES`), and some KB per bar drawn (:data:`PLOT_SPAN_BYTES`). A run has at most
+Note [bytes of a simulation]: a simulation's memory is a sum of shares that the shape alone decides, so any size is
+estimated at once: per (micro-batch, stage) pair, the schedule's tasks and, at the peak, the simulator's tables, spans
+and memory samples (:data:`PAIR_BYTES`, at least what building the schedule takes); per stage, its rows of the
+per-stage tables, its device's process and the summary's row (:data:`STAGE_BYTES`); per span written to
+``trace.json`` or ``timeline.json``, the document and its text (:data:`FILE_SPAN_BYTES`); per row and per bar of
+``timeline.png`` (:data:`PLOT_ROW_BYTES`, :data:`PLOT_SPAN_BYTES`). Each constant is the largest its share was
+measured at on this project's runs (peak resident memory, and tracemalloc over every registered schedule), rounded
+up: refusing a run that would just have fit costs less than running the machine out of memory. A run has at most
 :data:`SPANS_PER_PAIR` spans per pair: four tasks (F, R, B, W) and two copies.
 """
 
