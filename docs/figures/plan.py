@@ -19,15 +19,16 @@ def plan_example() -> Any:
     from sim.planning.flops import count_layers
     from sim.planning.hardware import get_device
     from sim.planning.models import get_model
-    from sim.planning.plan import default_training, plan
+    from sim.planning.plan import PlanRequest, default_training, plan
 
     ex = PLAN_EXAMPLE
     device = get_device(str(ex["device"]))
     training = default_training(device)
     model = get_model(str(ex["model"]))
     profile = count_layers(model.module("meta"), model.sample(2, "meta"), dtype=training.torch_dtype)
-    return plan(profile, int(ex["batch"]), device, list(ex["gpus"]), str(ex["link"]),  # type: ignore[call-overload]
-                training=training, model_name=model.name)
+    return plan(PlanRequest(profile=profile, device=device, link=str(ex["link"]), training=training,
+                            batch=int(ex["batch"]), gpus=list(ex["gpus"]),  # type: ignore[call-overload]
+                            model_name=model.name))
 
 
 forget(plan_example.cache_clear)

@@ -27,7 +27,7 @@ def plan_large_model(path: Path) -> None:
 
     from sim.planning.hardware import get_device
     from sim.planning.models import get_model
-    from sim.planning.plan import default_training, plan
+    from sim.planning.plan import PlanRequest, default_training, plan
 
     ex = LARGE_PLAN
     device = get_device(ex["device"])
@@ -35,10 +35,10 @@ def plan_large_model(path: Path) -> None:
     model = get_model(ex["model"])
     counts = {(t, sp): model.tensor_parallel(t, sequence_parallel=sp).count(dtype)
               for t in ex["tensor_parallel"] for sp in (False, True) if t > 1 or not sp}
-    result = plan(counts, ex["batch"], device, [ex["gpus"]], ex["link"], network=ex["network"],
-                  tensor_parallel=ex["tensor_parallel"], zero=ex["zero"], checkpoints=ex["checkpoints"],
-                  sequence_parallel=[False, True], schedules=["1f1b"],
-                  tokens_per_sample=int(model.sample(1, "meta").shape[1]), model_name=model.name)
+    result = plan(PlanRequest(profile=counts, batch=ex["batch"], device=device, gpus=[ex["gpus"]], link=ex["link"],
+                              network=ex["network"], tensor_parallel=ex["tensor_parallel"], zero=ex["zero"],
+                              checkpoints=ex["checkpoints"], sequence_parallel=[False, True], schedules=["1f1b"],
+                              tokens_per_sample=int(model.sample(1, "meta").shape[1]), model_name=model.name))
     fits = [r for r in result.rows if r.fits]
 
     def ktokens(r: Any) -> float:  # thousand tokens/s (every row of a decoder has them)
