@@ -3,7 +3,9 @@
 - ``on_config``: the *Tutorials* section of the nav lists every ``tutorials/NN_*.ipynb``, and the *API reference*
   section every public module of ``gpipe`` and ``sim`` (:func:`reference_modules`).
 - ``on_pre_build``: :func:`make_figures.build` draws every PNG into ``docs/img/generated/`` (git-ignored),
-  skipped when nothing it depends on changed since the last build.
+  skipped when nothing it depends on changed since the last build. Each figure is drawn by a function in the
+  module of ``docs/figures/`` named for its page, and the page shows that function under the figure (a
+  ``pymdownx.snippets`` include of the function's section, resolved by Markdown, not by this hook).
 - ``on_pre_build`` also exports the schedule explorer's timelines (:mod:`explorer`), and makes sure each
   notebook has a current executed copy (:mod:`notebook_outputs`): the
   test run leaves one, and a notebook whose copy is missing or stale is executed here.
@@ -13,7 +15,8 @@
   the reference is rendered from the docstrings and a new module gets its page without anyone writing it, and
   ``reference/index.md`` lists them with the first line of each module's docstring.
 - ``on_page_markdown``: a marker ``<!-- generated: NAME -->`` in a page is replaced by the markdown fragment
-  ``NAME`` that :func:`make_figures.fragments` computes (tables of simulated numbers).
+  ``NAME`` that :func:`make_figures.fragments` gathers from the modules of ``docs/figures/`` (tables of simulated
+  numbers, schedule grids, benchmark results).
 - ``on_page_content``: the project's docstrings cross-reference in Sphinx style (``:class:`Timeline```);
   the API reference renders each such role as a link (through mkdocs-autorefs) instead of as literal text.
 """
