@@ -8,7 +8,7 @@ At the top, the front-end: what a user constructs and what it decides before any
     frontend.py    the construction GPipe and DistributedGPipe share: partitions, placement, schedules
     checks.py      the argument checks of that construction
     batchnorm.py   DeferredBatchNorm: a mini-batch's statistics over its micro-batches
-    microbatch.py  scatter() and gather(): a mini-batch into micro-batches and back
+    microbatch.py  sizes(), scatter() and gather(): a mini-batch into micro-batches and back
     loss.py        the loss of a whole mini-batch from per-micro-batch parts, exactly
 
 and in folders, the layers under it::

@@ -17,8 +17,8 @@ def collector_paused() -> Iterator[None]:
 
     A big schedule or simulation allocates millions of small objects that all stay alive (tasks,
     spans, events); the collector would rescan them again and again, which costs more than building
-    them (several times as long, for a schedule as big as ``gpipe(16384, 64)``). Reference counting still frees everything;
-    the collector is restored (if it was on) when the block ends. The schedule generators and
+    them (several times as long, for a schedule as big as ``gpipe(16384, 64)``). Reference counting
+    still frees everything; the collector is restored (if it was on) when the block ends. The schedule generators and
     :func:`sim.core.engine.simulate` run inside it.
 
     When the block leaves more than ``_YOUNG_LIMIT`` new objects, they go straight to the oldest
