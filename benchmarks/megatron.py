@@ -30,8 +30,6 @@ Run: ``.venv/bin/python benchmarks/megatron.py``; writes ``benchmarks/results/me
 
 from __future__ import annotations
 
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -39,6 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from _shared.options import add_out, parser  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 
 from sim.planning.hardware import get_device  # noqa: E402
 from sim.planning.models import get_model  # noqa: E402
@@ -77,7 +77,10 @@ def model_flops(batch: int, layers: int, hidden: int) -> float:
     return 96 * batch * SEQ * layers * hidden**2 * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    flags = parser(__doc__)
+    add_out(flags, results_path("megatron"))
+    args = flags.parse_args(argv)
     device = get_device("a100-80gb")
     training = "fp16-adam-fp32grad"
     results: list[dict[str, object]] = []
@@ -124,11 +127,9 @@ def main() -> int:
     print(f"rows 1-4: within {GOAL:.0%}: {within} of {len(ROWS)}; mean |error| {sum(errors) / max(1, len(errors)):.1%}")
     print(f"held back, rows 5-10 (Note [held back]): within {GOAL:.0%}: {sum(e <= GOAL for e in held)} of "
           f"{len(HELD_BACK)}; mean |error| {sum(held) / max(1, len(held)):.1%}")
-    out = Path(__file__).resolve().parent / "results" / "megatron.json"
-    out.write_text(json.dumps({"device": device.name, "training": training, "link": "nvlink3",
-                               "network": "infiniband-hdr x8 per node", "goal": GOAL, "rows": results,
-                               "machine": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                     time.gmtime())}, indent=2))
+    out = write_json(args.out, {"device": device.name, "training": training, "link": "nvlink3",
+                                "network": "infiniband-hdr x8 per node", "goal": GOAL, "rows": results},
+                     command=command_line(__file__, argv))
     print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
     return 0
 

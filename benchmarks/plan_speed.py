@@ -19,8 +19,6 @@ Run: ``.venv/bin/python benchmarks/plan_speed.py``; writes ``benchmarks/results/
 
 from __future__ import annotations
 
-import json
-import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -29,7 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+from _shared.options import add_out, parser  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 
 from gpipe.interpreter.affinity import available_cores  # noqa: E402
 from sim.planning.hardware import get_device  # noqa: E402
@@ -70,7 +69,10 @@ def _case(name: str, spec: str, device: str, gpus: Sequence[int], link: str, deg
     return row
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    flags = parser(__doc__)
+    add_out(flags, results_path("plan_speed"))
+    args = flags.parse_args(argv)
     rows = [
         _case("gpt:1.3b, 1-8 H100s, every schedule", "gpt:1.3b", "h100-sxm", list(range(1, 9)), "nvlink", [1],
               batch=512, chunks=[4, 8, 16], checkpoints=["never", "except_last"]),
@@ -79,17 +81,11 @@ def main() -> int:
         _case("gpt:175b, 1,024 A100s, t 1-8, ZeRO 0-1, SP off/on", "gpt:175b", "a100-80gb", [1024], "nvlink3",
               [1, 2, 4, 8], (False, True), batch=1536, network="infiniband-hdr", zero=[0, 1], tokens_per_sample=2048),
     ]
-    out = Path(__file__).resolve().parent / "results" / "plan_speed.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "command": ".venv/bin/python benchmarks/plan_speed.py",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {"cores": len(available_cores()), "python": platform.python_version(),
-                    "machine": platform.machine(), "torch": torch.__version__},
+    write_json(args.out, {
         "note": "sweep_s: the sweep on one worker process per core; one_process_s: the same sweep in one process; "
                 "counting (count_s) is apart. Goal: each sweep under 10 s.",
-        "rows": rows}, indent=1))
-    print(f"wrote {out}")
+        "rows": rows}, command=command_line(__file__, argv), machine={"cores": len(available_cores())})
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -15,8 +15,6 @@ Run: ``.venv/bin/python benchmarks/unet_memory.py``; writes ``benchmarks/results
 
 from __future__ import annotations
 
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -25,6 +23,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from _shared.options import add_out, parser  # noqa: E402
+from _shared.record import command_line, results_path, write_json  # noqa: E402
 
 from sim.planning.flops import ModelProfile, count_layers  # noqa: E402
 from sim.planning.hardware import get_device  # noqa: E402
@@ -89,7 +89,10 @@ def table() -> list[dict[str, Any]]:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    flags = parser(__doc__)
+    add_out(flags, results_path("unet_memory"))
+    args = flags.parse_args(argv)
     start = time.perf_counter()
     rows = table()
     p40 = get_device("tesla-p40")
@@ -105,20 +108,14 @@ def main() -> int:
               f"{r['next_size_peak_gib']:.1f} GiB peak, {'fits' if r['next_size_fits'] else 'does not fit'}")
     within = all(abs(r["error"]) <= TOLERANCE for r in rows) and all(r["parameters_exact"] for r in rows)
     print(f"parameters exact and memory within {TOLERANCE:.0%}: {'yes' if within else 'NO'}")
-    out = Path(__file__).resolve().parent / "results" / "unet_memory.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-               "torch": torch.__version__}
     note = ("Predicted by the planner (no GPU runs): GPipe with torchgpipe's copy streams "
             "(copy_streams='per_microbatch'); published: torchgpipe benchmarks/unet-memory on Tesla P40s. "
             "Not modelled: our U-Net carries its skips through every stage, where torchgpipe sends them straight "
             "to the popping stage, so middle devices here hold about 1.3 GiB more than torchgpipe's (without it "
             "pipeline-4 and -8 would read about -11% and -10%); cuDNN's workspace and fragmentation, which would add.")
-    out.write_text(json.dumps({"command": ".venv/bin/python benchmarks/unet_memory.py",
-                               "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine, "note": note,
-                               "rows": rows, "within_tolerance": within,
-                               "seconds": time.perf_counter() - start}, indent=1))
-    print(f"wrote {out}")
+    write_json(args.out, {"note": note, "rows": rows, "within_tolerance": within,
+                          "seconds": time.perf_counter() - start}, command=command_line(__file__, argv))
+    print(f"wrote {args.out}")
     return 0
 
 
