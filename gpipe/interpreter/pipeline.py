@@ -2,8 +2,7 @@
 
 :class:`gpipe.GPipe` builds one :class:`Pipeline` when it is made, from the partitions and placement its arguments
 decide (:class:`gpipe.frontend.PipelineSpec`); every step runs it by a schedule
-(:class:`gpipe.interpreter.threads.ThreadRun`), which
-gets this description, never the ``GPipe`` itself::
+(:class:`gpipe.interpreter.threads.ThreadRun`), which gets this description, never the ``GPipe`` itself::
 
     GPipe(module, balance, devices, ...)  --builds-->  Pipeline  --with a Schedule-->  ThreadRun  -->  Timeline
 

@@ -68,8 +68,8 @@ class Step:
         recorder: records the measured timeline, or ``None``.
         draw_plan, step_seed, drew: Note [random state] in :mod:`gpipe.autograd.rng`.
         gradients: where parameter gradients go (Note [gradients the caller asked for] in
-        :mod:`gpipe.autograd.gradients`). loss: what :meth:`gpipe.GPipe.step`'s last stage computes on each micro-batch
-        (:mod:`gpipe.loss`);
+            :mod:`gpipe.autograd.gradients`).
+        loss: what :meth:`gpipe.GPipe.step`'s last stage computes on each micro-batch (:mod:`gpipe.loss`);
             ``None`` for ``forward()``.
     """
 

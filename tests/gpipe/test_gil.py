@@ -87,8 +87,7 @@ def test_bad_intervals_are_refused(bad: object) -> None:
         GPipe(nn.Sequential(nn.Linear(3, 3)), [1], devices=["cpu"], switch_interval=bad)  # type: ignore[arg-type]
 
 
-# -- every path restores the interval (Note [switch interval], Note [parked workers] in gpipe.interpreter.parking)
-# --------
+# -- every path restores the interval (Note [switch interval], Note [parked workers] in gpipe.interpreter.parking) --
 
 
 def _no_workers_soon() -> bool:
