@@ -1,9 +1,9 @@
 """The numbers and the figure of the page "Pipeline parallelism in a cluster" (docs/concepts/cluster.md).
 
 Everything here is the planner's (:mod:`sim.planning`): GPT-3 175B counted on ``meta`` for each tensor-parallel degree,
-priced on the hardware catalog's A100 and links, swept by :func:`sim.planning.plan.plan`. ``make_figures`` registers
-:func:`draw_tensor_parallel` and merges :func:`fragments` into its own; tests/docs/test_cluster_page.py checks the
-numbers against the page's closed forms and finds :func:`page_numbers` in the page.
+priced on the hardware catalog's A100 and links, swept by :func:`sim.planning.plan.plan`. ``docs/figures/cluster.py``
+registers :func:`draw_tensor_parallel` and :func:`fragments` with the site's figures; tests/docs/test_cluster_page.py
+checks the numbers against the page's closed forms and finds :func:`page_numbers` in the page.
 
 Note [a ring at its slowest hop]: the planner keeps a tensor-parallel group inside a node, so ``t = 16`` on nodes of
 eight is priced as a group whose every collective runs on the network. That is the ring's own model: each of its
@@ -225,6 +225,7 @@ def page_numbers() -> dict[str, str]:
     }
 
 
+# --8<-- [start:draw_tensor_parallel]
 def draw_tensor_parallel(path: Path, save: Callable[[Any, Path], None]) -> None:
     """Step time of the fastest configuration that fits (left) and memory per GPU (right) against ``t``."""
     import matplotlib.pyplot as plt
@@ -261,6 +262,7 @@ def draw_tensor_parallel(path: Path, save: Callable[[Any, Path], None]) -> None:
     fig.suptitle("GPT-3 175B on 64 A100s, one sample per micro-batch, 1F1B: the planner's sweep", fontsize=10)
     fig.tight_layout()
     save(fig, path)
+# --8<-- [end:draw_tensor_parallel]
 
 
 def _device_memory() -> int:

@@ -2,7 +2,7 @@
 fragments.
 
 Each table is computed here from the simulator, the planner, the hardware catalog or the model shapes, never typed
-into a page; :func:`fragments` is merged into ``make_figures.fragments`` and so reaches every
+into a page; :func:`fragments` is registered in ``docs/figures/teaching.py`` and so reaches every
 ``<!-- generated: NAME -->`` marker.
 """
 
@@ -216,9 +216,9 @@ def _tokens(t: float) -> str:
 
 # -- beyond 1F1B: communication inside tasks, and bubble against memory ------------------------------------------
 
-#: The "Beyond 1F1B" page's pipelines (make_figures.beyond_schedules at p = 4): p devices, m = 2p micro-batches; a
-#: device's share costs 1 ms of each of F, B and W (a backward that is not split: 2 ms) and keeps A per micro-batch,
-#: a schedule with v stages per device gives each stage 1/v of both.
+#: The "Beyond 1F1B" page's pipelines (``docs/figures/beyond_1f1b.py``'s beyond_schedules at p = 4): p devices,
+#: m = 2p micro-batches; a device's share costs 1 ms of each of F, B and W (a backward that is not split: 2 ms) and
+#: keeps A per micro-batch, a schedule with v stages per device gives each stage 1/v of both.
 BEYOND_A = 64 * MiB
 #: Seconds of communication per F, R and B of one stage of the V (Note [communication] in sim.core.cost): free, and
 #: up to twice the stage's compute; EXPENSIVE equals it, DeepSeek-V3's 1:1 of cross-node expert parallelism.
@@ -314,8 +314,8 @@ def _beyond(simulate: Callable[..., Any], table: Table) -> dict[str, str]:
 
 
 def fragments(simulate: Callable[..., Any], table: Table, plan_result: Any) -> dict[str, str]:
-    """Every fragment of the pages past GPipe; ``simulate`` and ``table`` are ``make_figures``'s, ``plan_result``
-    the planner's answer for its worked example."""
+    """Every fragment of the pages past GPipe; ``simulate`` and ``table`` are the site figures'
+    (``docs/figures/common.py``), ``plan_result`` the planner's answer for its worked example."""
     out: dict[str, str] = {}
     out.update(_memory(simulate, table))
     out.update(_model_state(table))
