@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.distributed.ranks import free_port
+
+pytestmark = pytest.mark.slow  # launches ranks: end to end (still run in CI)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,6 +13,8 @@ from gpipe.schedule import SCHEDULES
 from tests.distributed import cases
 from tests.distributed.ranks import Case, run
 
+pytestmark = pytest.mark.slow  # launches ranks: end to end (still run in CI)
+
 WORLD = 4
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # launches ranks: end to end (still run in CI)
+
 ROOT = Path(__file__).resolve().parents[2]
 # A shell without job control starts background commands with SIGINT ignored, and an ignored signal stays ignored
 # through exec: under such a runner the launcher would never see the Ctrl-C this test sends. A terminal's Ctrl-C

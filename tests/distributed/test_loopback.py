@@ -32,6 +32,7 @@ def _rank(rank: int, world: int, port: int, said: Any, stop: Any) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_the_ranks_store_and_pairs_listen_on_loopback_only() -> None:
     context = mp.get_context("spawn")
     said, stop = context.Queue(), context.Event()

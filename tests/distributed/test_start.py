@@ -24,6 +24,7 @@ def test_what_a_rank_told_survives_its_row(told: Told) -> None:
     assert _told(row) == told
 
 
+@pytest.mark.slow
 def test_fingerprints_tell_structures_apart_and_agree_across_processes() -> None:
     one = structure_of([torch.zeros(2, 6)], False)
     assert fingerprint(one) == fingerprint(structure_of([torch.ones(2, 6)], False))

@@ -15,6 +15,8 @@ from tests.distributed import cases
 from tests.distributed.ranks import Case, run
 from tests.gpipe.losses import CASES as LOSSES
 
+pytestmark = pytest.mark.slow  # launches ranks: end to end (still run in CI)
+
 WORLD = 2
 
 

@@ -56,6 +56,7 @@ def test_a_layers_forward_runs_four_ring_collectives(cn: ModuleType, t: int) -> 
     assert cn.layer_traffic(t, "infiniband-hdr")[0] == pytest.approx(compute, rel=1e-12)  # a link moves bytes only
 
 
+@pytest.mark.slow
 def test_memory_falls_and_the_network_costs_time_as_the_page_says(cn: ModuleType) -> None:
     from sim.planning.models.gpt import gpt_config
 

@@ -119,6 +119,7 @@ def test_notebooks_pass_the_linter() -> None:
     assert lint.returncode == 0, f"`ruff check tutorials` found:\n{lint.stdout}{lint.stderr}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path: Path) -> None:
     from nbclient import NotebookClient

@@ -163,6 +163,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+@pytest.mark.slow
 def test_gpt_175b_builds_and_counts_on_meta_without_allocating() -> None:
     cfg = CONFIGS["175b"]
     before = _rss_bytes()
