@@ -6,8 +6,8 @@ ReLU, cut ``BALANCE`` = 2,1,1,2: the first and last stages do twice the work of 
 a head would. The steps:
 
 1. calibrate the four stages on this machine as the experiment does for a schedule that splits the backward
-   (:func:`sim.calibration.experiment.stage_costs` with ``split``, then ``with_executor_costs``): each task's seconds
-   as the executor runs it (the stage's recorded seconds, its host seconds and the gap between tasks), and each
+   (:func:`sim.calibration.executor_costs.stage_costs` with ``split``, then ``with_executor_costs``): each task's
+   seconds as the executor runs it (the stage's recorded seconds, its host seconds and the gap between tasks), and each
    stage's saved bytes as what a micro-batch keeps (:func:`search_input`);
 2. the memory limit is 1F1B's: each device's peak of saved bytes in the simulated ``interleaved-1f1b`` of this
    placement (the 1F1B family's schedule for stages looped on devices; :func:`memory_limit`);
@@ -83,7 +83,8 @@ from gpipe import microbatch  # noqa: E402
 from gpipe.schedule import Op, Schedule, schedule_kind, schedule_text  # noqa: E402
 from gpipe.schedule.search import SearchResult, StageCosts, search  # noqa: E402
 from sim.calibration.calibrate import partitions_of  # noqa: E402
-from sim.calibration.experiment import Setup, run, stage_costs, with_executor_costs  # noqa: E402
+from sim.calibration.executor_costs import stage_costs, with_executor_costs  # noqa: E402
+from sim.calibration.experiment import Setup, run  # noqa: E402
 from sim.calibration.machine import BackgroundLoad, cpu_count, keep_freed_memory, worker_affinity  # noqa: E402
 from sim.calibration.processes import run_processes  # noqa: E402
 from sim.core.config import SimConfig  # noqa: E402

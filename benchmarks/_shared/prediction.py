@@ -3,8 +3,8 @@ measured (``executor_speed.py``).
 
 Note [prediction]: the simulator's figure comes from calibrating this machine: each partition profiled at the
 micro-batch size (``sim.calibration.calibrate.calibrate``), the executor's own costs measured (task overhead,
-hand-off, two workers sharing the cores: ``sim.calibration.experiment.with_executor_costs``) and merged into the cost
-model, then ``simulate(gpipe(m, n, checkpoint), cost)``. A shared machine drifts (the cores' contention measured a
+hand-off, two workers sharing the cores: ``sim.calibration.executor_costs.with_executor_costs``) and merged into the
+cost model, then ``simulate(gpipe(m, n, checkpoint), cost)``. A shared machine drifts (the cores' contention measured a
 few seconds apart has ranged from 0.5 to 1.9), so a run calibrates several times, spread over its timed rounds
 (:func:`merge`): the prediction is their median, and every one is kept. Two bounds come with it: ``(m + n - 1) /
 (m n)`` of the plain step (perfect pipelining of perfectly divisible work), and the same simulation without
@@ -22,7 +22,7 @@ from typing import Any
 from gpipe.schedule import Checkpoint
 from gpipe.schedule import gpipe as gpipe_schedule
 from sim.calibration.calibrate import calibrate, on_device, partitions_of
-from sim.calibration.experiment import with_executor_costs
+from sim.calibration.executor_costs import with_executor_costs
 from sim.calibration.host import Overheads, executor_costs, with_overheads
 from sim.core.engine import simulate
 

@@ -5,7 +5,7 @@ integration tests (the steps are spelled out on the docs page *Compare on your o
 ``GPipe`` that the :class:`Setup` describes, balanced by ``balance_by_time`` unless a balance is given, asks it for
 the schedule of a step (Note [one schedule]), where its stages and workers are, and then:
 
-1. calibrates: the pipe's partitions on their devices (:func:`stage_costs`), the executor's own
+1. calibrates (:mod:`sim.calibration.executor_costs`): the pipe's partitions on their devices, the executor's own
    costs (:func:`~sim.calibration.calibrate.calibrate_executor_overheads`) and each partition alone in the
    executor (:mod:`sim.calibration.thread_costs`);
 2. runs the executor: warm-up steps, then ``steps`` recorded training steps (``GPipe.step``),
@@ -15,8 +15,8 @@ the schedule of a step (Note [one schedule]), where its stages and workers are, 
 4. compares the prediction with the measured step of median makespan (Note [median step]).
 
 It returns a :class:`sim.calibration.outcome.Outcome` (:func:`sim.calibration.outcome.write_outputs` writes
-``timeline.png``, ``trace.json`` and ``report.json``). Also here: :func:`stage_costs`, :func:`executor_config`
-and the demo's model (:func:`demo_model`), which the CLI and the benchmarks share.
+``timeline.png``, ``trace.json`` and ``report.json``). Also here: the demo's model (:func:`demo_model`), which the CLI
+and the benchmarks share.
 """
 
 from __future__ import annotations
@@ -31,15 +31,13 @@ import torch
 from torch import Tensor, nn
 
 from gpipe import microbatch
-from gpipe.interpreter.affinity import Cores
 from gpipe.microbatch import as_tensors
 from gpipe.profiling.profile import RecordedSeconds, time_recorded
-from gpipe.schedule import Checkpoint, Schedule
+from gpipe.schedule import Schedule
 from gpipe.schedule.timeline import Timeline
-from sim.calibration.calibrate import calibrate, calibrate_executor_overheads
 from sim.calibration.compare import compare
+from sim.calibration.executor_costs import Batch, rows, rows_of, stage_costs, with_executor_costs
 from sim.calibration.experiment_setup import Setup
-from sim.calibration.host import executor_costs
 from sim.calibration.machine import (
     BackgroundLoad,
     collected_after,
@@ -49,8 +47,7 @@ from sim.calibration.machine import (
     worker_affinity,
 )
 from sim.calibration.outcome import Outcome, interleaved_cost, median_step
-from sim.calibration.pairs import PHASE_PAIRS, PairMeter, measure_pairs, rebased
-from sim.calibration.thread_costs import measure_stage_extras
+from sim.calibration.pairs import PHASE_PAIRS, PairMeter, rebased
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
@@ -59,16 +56,13 @@ if TYPE_CHECKING:
     from gpipe import GPipe
 
 __all__ = [
+    "Batch",
     "Setup",
     "demo_model",
-    "executor_config",
     "loss_of",
     "progress_labels",
     "run",
-    "stage_costs",
 ]
-
-Batch = Tensor | tuple[Tensor, ...]
 Progress = Callable[[str], None]  # called with a label after each unit of work (progress_labels)
 
 
@@ -176,7 +170,7 @@ def run(model: nn.Sequential, batch: Batch, setup: Setup = Setup(), *, progress:
     with intra_op_threads(setup.threads):
         setup = _balanced(model, batch, setup, clock)
         pipe = _executor(model, setup)
-        schedule = pipe.schedule_for(len(microbatch.sizes(_rows(batch), setup.chunks)))  # Note [one schedule]
+        schedule = pipe.schedule_for(len(microbatch.sizes(rows(batch), setup.chunks)))  # Note [one schedule]
         cost, config = _calibrate(model, batch, pipe, schedule, setup, clock)
         steps = _run_steps(pipe, batch, schedule, setup, clock)
         cost, predicted = _simulate(schedule, cost, config, steps, clock)
@@ -192,7 +186,7 @@ def _trainable(model: nn.Sequential, batch: Batch) -> Batch:
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"the model must be an nn.Sequential, got {type(model).__name__}")
     _, tensors = as_tensors(batch, "the mini-batch")
-    if _rows(batch) < 1:
+    if rows(batch) < 1:
         raise ValueError("the mini-batch needs a batch dimension with at least one sample")
     # Note [nothing else to train]: the executor trains (records, and runs a backward) when a parameter or an
     # input requires grad. A model without trainable parameters (activations only) would run its forward
@@ -216,7 +210,7 @@ def _balanced(model: nn.Sequential, batch: Batch, setup: Setup, clock: _Clock) -
     balance = setup.balance
     if balance is None:
         with clock.timed("balance"):
-            first = _slice(batch, 0, microbatch.sizes(_rows(batch), setup.chunks)[0], torch.device(devices[0]))
+            first = rows_of(batch, 0, microbatch.sizes(rows(batch), setup.chunks)[0], torch.device(devices[0]))
             balance = tuple(balance_by_time(setup.partitions, model, first, timeout=setup.balance_timeout,
                                             device=devices[0]))
     return replace(setup, balance=tuple(balance), stages=None, devices=tuple(devices))
@@ -273,7 +267,7 @@ def _run_steps(pipe: GPipe, batch: Batch, schedule: Schedule, setup: Setup, cloc
     """Run the executor: warm-up steps, then the recorded ones, each followed by a profiling pass and some, on
     shared cores, by a round of pairs (Note [interleaved calibration])."""
     parts, first, devices = list(pipe.partitions), _first(batch, pipe), _names(pipe.devices)
-    target = torch.zeros(_rows(batch))  # Note [loss in the last task]
+    target = torch.zeros(rows(batch))  # Note [loss in the last task]
     measured: list[Timeline] = []
     passes: list[list[RecordedSeconds]] = []
     rounds: list[tuple[int, dict[tuple[str, int, str, int], float]]] = []
@@ -328,103 +322,10 @@ def _compare(setup: Setup, schedule: Schedule, cost: CostModel, config: SimConfi
                    tuple(tuple(p) for p in steps.passes[setup.warmup_steps:]), tuple(steps.pair_rounds))
 
 
-def with_executor_costs(cost: CostModel, parts: Sequence[nn.Module], sample: Batch, devices: Sequence[str], *,
-                        steps: int = 12, affinity: Sequence[Cores | None] | None = None, pairs: bool = True,
-                        checkpoint: Checkpoint = "except_last", two_phases: bool = False,
-                        placement: Sequence[int] | None = None) -> tuple[CostModel, SimConfig]:
-    """``cost`` with what the executor adds, and the simulator's switches for it.
-
-    The executor's own overheads from probe pipelines, what its threads add around each partition's
-    layers (:mod:`sim.calibration.thread_costs`, run with ``checkpoint``, the pipeline's policy), and, for workers
-    sharing the CPU's cores and Python's lock (:func:`sim.calibration.machine.shares_cores`), what each pair of
-    tasks costs. Partitions on one torch device hand tensors over and nothing is copied; the executor runs
-    a step in one phase (``GPipe.step``, Note [loss in the last task]), or with ``two_phases`` as
-    ``forward()`` + ``loss.backward()`` do (Note [two phases] in :mod:`sim.core.run`). ``affinity``: the
-    executor's ``cpu_affinity``; every measurement pins its threads the same way. ``pairs=False`` leaves
-    ``Overheads.pairs`` to the caller (:func:`run` measures a round of them after every step, Note
-    [interleaved calibration]).
-
-    ``devices`` and ``affinity`` are one per schedule device (worker), ``parts`` one per stage; ``placement``:
-    each stage's device (``None``: one stage per device). What the executor costs between workers (hand-offs,
-    contention, launch) is measured on the workers, what it adds to a task on that task's stage (Note [pinned per
-    worker]); pairs only of stages on different workers, the only ones that run at once.
-    """
-    placement = tuple(range(len(parts))) if placement is None else tuple(placement)
-    if len(placement) != len(parts) or sorted(set(placement)) != list(range(len(devices))):
-        raise ValueError(f"placement {placement} does not put {len(parts)} stages on the {len(devices)} devices given")
-    stage_affinity = None if affinity is None else [affinity[d] for d in placement]
-    overheads = calibrate_executor_overheads(list(devices), steps=steps, affinity=affinity)
-    executor = replace(executor_costs(cost), overheads=overheads)
-    extras = measure_stage_extras(replace(cost, runner=executor), parts, sample, checkpoint=checkpoint,
-                                  affinity=stage_affinity)
-    overheads = replace(overheads, launch=extras[0].launch, turnaround=extras[-1].turnaround)
-    executor = replace(executor, stages=tuple(replace(s, thread_start=e.thread_start, host_forward=e.host_forward,
-                                                      host_nograd=e.host_nograd, host_backward=e.host_backward)
-                                              for s, e in zip(executor.stages, extras, strict=True)))
-    cost = replace(cost, runner=executor)
-    if pairs and shares_cores(devices):
-        overheads = replace(overheads, pairs=measure_pairs(parts, sample, affinity=stage_affinity,
-                                                            recorded=_recorded_seconds(cost), placement=placement))
-    return (replace(cost, runner=replace(executor, overheads=overheads), copy_seconds=None),
-            executor_config(devices, two_phases=two_phases))
-
-
-def _recorded_seconds(cost: CostModel) -> list[RecordedSeconds] | None:
-    """The stages' recorded seconds, the baselines pairs are rebased against (Note [pair baselines] in
-    :mod:`sim.calibration.pairs`); ``None`` unless every stage has all three."""
-    found = []
-    for s, e in zip(cost.stages, executor_costs(cost).stages, strict=True):
-        if e.forward_recorded is None or e.backward_recorded is None or s.forward_checkpointed is None:
-            return None
-        found.append(RecordedSeconds(e.forward_recorded, e.backward_recorded, s.forward_checkpointed))
-    return found
-
-
-def executor_config(devices: Sequence[str], *, two_phases: bool = False) -> SimConfig:
-    """The simulator's switches for :class:`gpipe.GPipe` on ``devices`` (one per schedule device).
-
-    One phase, as ``GPipe.step`` runs a step (Note [loss in the last task]), or with ``two_phases`` as
-    ``forward()`` + ``loss.backward()`` do (Note [two phases] in :mod:`sim.core.run`); CUDA devices
-    asynchronous, and partitions on one CUDA device issuing to its one stream (Note [asynchronous devices] there);
-    copies priced by the cost model; an overlapped pair's tasks in turn, as the workers run them.
-    """
-    parsed = [torch.device(d) for d in devices]
-    cuda = ["" if d.type != "cuda" else str(d) if d.index is not None else f"cuda:{torch.cuda.current_device()}"
-            for d in parsed]
-    asynchronous = frozenset(k for k, d in enumerate(parsed) if d.type == "cuda")
-    ids = {name: k for k, name in enumerate(dict.fromkeys(c for c in cuda if c))}
-    shared = tuple(ids[c] if c else len(ids) + k for k, c in enumerate(cuda)) \
-        if len(ids) < sum(1 for c in cuda if c) else None
-    return SimConfig(link=None, backward_after_forward=two_phases, asynchronous=asynchronous, shared_streams=shared,
-                     overlap_pairs=False)
-
-
 def _spread(count: int, steps: int) -> set[int]:
     """``min(count, steps)`` of the step indices ``0 .. steps - 1``, evenly spread, the last one included."""
     count = min(count, steps)
     return {k for k in range(steps) if (k * count) // steps != ((k + 1) * count) // steps}
-
-
-def stage_costs(model: nn.Sequential, batch: Batch, balance: Sequence[int], chunks: int, devices: Sequence[str], *,
-                warmup: int = 3, repeats: int = 9, affinity: Sequence[Cores | None] | None = None,
-                split: bool = False) -> CostModel:
-    """Calibrate each partition on its device at the first micro-batch's size (no overheads).
-
-    The executor the experiment runs records its timeline, so each stage's forward and backward are
-    also measured with the recorder's hooks (``ExecutorStage.forward_recorded``, ``backward_recorded``).
-
-    An uneven split (:func:`gpipe.microbatch.sizes`: the first micro-batches one sample larger) becomes the cost
-    model's ``microbatch_scale``: sample counts relative to the first.
-    ``devices`` and ``affinity``: one per partition; ``split``: for a schedule with ``W`` tasks, each backward
-    in two parts (``StageCost.backward`` and ``weight``; Note [split runs] in :mod:`gpipe.profiling.timing`).
-    """
-    sizes = microbatch.sizes(_rows(batch), chunks)
-    first = _slice(batch, 0, sizes[0], torch.device(devices[0]))
-    cost = calibrate(model, balance, first, devices=list(devices), warmup=warmup, repeats=repeats, recorded=True,
-                     affinity=affinity, split=split)
-    if len(set(sizes)) > 1:
-        cost = replace(cost, microbatch_scale=tuple(s / sizes[0] for s in sizes))
-    return cost
 
 
 def _train_step(pipe: GPipe, batch: Batch, target: Tensor) -> Timeline:
@@ -462,23 +363,11 @@ class _Clock:
             self.tick(label)
 
 
-def _rows(batch: Batch) -> int:
-    """The samples of a mini-batch (0 for a 0-d tensor)."""
-    first = as_tensors(batch, "the mini-batch")[1][0]
-    return first.shape[0] if first.dim() else 0
-
-
 def _first(batch: Batch, pipe: GPipe) -> Batch:
     """The first micro-batch of ``batch`` as ``pipe`` cuts it (:func:`gpipe.microbatch.sizes`), on its first stage's
     device: the sample every calibration runs."""
-    return _slice(batch, 0, microbatch.sizes(_rows(batch), pipe.chunks)[0], pipe.devices[0])
+    return rows_of(batch, 0, microbatch.sizes(rows(batch), pipe.chunks)[0], pipe.devices[0])
 
 
 def _names(devices: Sequence[torch.device]) -> list[str]:
     return [str(d) for d in devices]
-
-
-def _slice(batch: Batch, start: int, stop: int, device: torch.device) -> Batch:
-    if isinstance(batch, Tensor):
-        return batch[start:stop].to(device)
-    return tuple(t[start:stop].to(device) for t in batch)

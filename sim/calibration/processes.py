@@ -46,7 +46,8 @@ from gpipe.schedule import Schedule
 from gpipe.schedule.timeline import Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
-from sim.calibration.experiment import Batch, loss_of, stage_costs
+from sim.calibration.executor_costs import Batch, stage_costs
+from sim.calibration.experiment import loss_of
 from sim.calibration.experiment_setup import Setup
 from sim.calibration.host import Overheads, with_overheads
 from sim.calibration.machine import intra_op_threads, keep_freed_memory
@@ -170,7 +171,7 @@ def _computing() -> Iterator[None]:
 # Note [no host seconds per task]: a rank runs its tasks with the threaded executor's interpreter
 # (gpipe.interpreter.worker.Worker), but on its main thread, never started fresh nor woken by a queue, and its hand-offs
 # are the wire's (priced by the link). So the threaded experiment's host seconds around a task
-# (sim.calibration.experiment.with_executor_costs: a worker thread's start, its wake-up, its queue) do not arise,
+# (sim.calibration.executor_costs.with_executor_costs: a worker thread's start, its wake-up, its queue) do not arise,
 # and a rank's task spans match its profiling passes: those host seconds are left out. What the spans leave out, the
 # host seconds between two tasks (the wire's sends, the next task's inputs), is measured in the ranks (Note [gap
 # between tasks] in sim.calibration.rank_passes).

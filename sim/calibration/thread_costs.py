@@ -5,7 +5,7 @@
 the profiling pass that follows each step. The result, one :class:`StageExtras` per stage, gives
 :class:`sim.calibration.host.ExecutorStage` its ``host_forward``, ``host_nograd``, ``host_backward`` and
 ``thread_start``, and :class:`sim.calibration.host.Overheads` its ``launch`` and ``turnaround``
-(:func:`sim.calibration.experiment.with_executor_costs` puts them into the cost model). Why these are measured
+(:func:`sim.calibration.executor_costs.with_executor_costs` puts them into the cost model). Why these are measured
 stage by stage: Note [stage extras]; why the launch and turnaround come from here: Note [launch and turnaround].
 """
 

@@ -17,7 +17,8 @@ from torch import nn
 from gpipe import GPipe
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Schedule, gpipe
 from gpipe.schedule.timeline import Timeline
-from sim.calibration.experiment import Setup, demo_model, loss_of, run, stage_costs
+from sim.calibration.executor_costs import stage_costs
+from sim.calibration.experiment import Setup, demo_model, loss_of, run
 from sim.calibration.outcome import Outcome
 from sim.core.engine import simulate
 

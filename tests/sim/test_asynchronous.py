@@ -111,7 +111,7 @@ def test_bad_configs_are_refused() -> None:
 
 
 def test_executor_config_marks_cuda_devices_and_shared_gpus() -> None:
-    from sim.calibration.experiment import executor_config
+    from sim.calibration.executor_costs import executor_config
 
     assert executor_config(["cpu", "cpu"]) == SimConfig(overlap_pairs=False)  # workers run a pair in turn
     assert executor_config(["cpu", "cpu"], two_phases=True) == SimConfig(backward_after_forward=True,
