@@ -30,6 +30,13 @@ What planning a cluster takes, from the planning layer (:mod:`sim.planning.plan`
     result = plan(PlanRequest(profile=counts, batch=256, device="a100-80gb", gpus=[64], link="nvlink"))
     result.best                                         # the fastest configuration that fits
 
+What checking a prediction against the executor takes, from the calibration layer (:mod:`sim.calibration.compare`)::
+
+    from sim import compare
+
+    comparison = compare(predicted, measured)           # two timelines of one schedule, aligned task by task
+    comparison.makespan_error                           # (predicted - measured) / measured
+
 Note [light import]: ``import sim`` loads none of its layers. The core reads schedules from :mod:`gpipe`, whose
 package imports torch, and what needs only part of sim (:mod:`sim.files`, the dispatcher in :mod:`sim.cli`)
 should not pay for that. So the names above are looked up in their modules on first use (``__getattr__``), and
@@ -38,6 +45,7 @@ should not pay for that. So the names above are looked up in their modules on fi
 
 TYPE_CHECKING = False  # typing's constant, without importing typing (Note [light import])
 if TYPE_CHECKING:
+    from sim.calibration.compare import compare
     from sim.core.config import SimConfig
     from sim.core.cost import CostModel, StageCost
     from sim.core.engine import simulate
@@ -45,12 +53,12 @@ if TYPE_CHECKING:
     from sim.planning.plan import plan
     from sim.planning.request import PlanRequest
 
-__all__ = ["CostModel", "LinkSpec", "PlanRequest", "SimConfig", "StageCost", "plan", "simulate"]
+__all__ = ["CostModel", "LinkSpec", "PlanRequest", "SimConfig", "StageCost", "compare", "plan", "simulate"]
 
 #: Where each exported name lives (Note [light import]).
 _HOMES = {"CostModel": "sim.core.cost", "LinkSpec": "sim.core.link", "SimConfig": "sim.core.config",
           "StageCost": "sim.core.cost", "simulate": "sim.core.engine", "PlanRequest": "sim.planning.request",
-          "plan": "sim.planning.plan"}
+          "plan": "sim.planning.plan", "compare": "sim.calibration.compare"}
 
 
 def __getattr__(name: str) -> object:

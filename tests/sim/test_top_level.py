@@ -25,6 +25,7 @@ def test_a_schedule_simulated_from_the_top_level_names() -> None:
 
 
 def test_the_exports_are_the_cores_own_objects() -> None:
+    from sim.calibration.compare import compare
     from sim.core.config import SimConfig
     from sim.core.cost import CostModel, StageCost
     from sim.core.engine import simulate
@@ -32,9 +33,10 @@ def test_the_exports_are_the_cores_own_objects() -> None:
     from sim.planning.plan import plan
     from sim.planning.request import PlanRequest
 
-    assert sorted(sim.__all__) == ["CostModel", "LinkSpec", "PlanRequest", "SimConfig", "StageCost", "plan", "simulate"]
-    assert (sim.CostModel, sim.LinkSpec, sim.SimConfig, sim.StageCost, sim.simulate, sim.PlanRequest, sim.plan) == \
-        (CostModel, LinkSpec, SimConfig, StageCost, simulate, PlanRequest, plan)
+    assert sorted(sim.__all__) == ["CostModel", "LinkSpec", "PlanRequest", "SimConfig", "StageCost", "compare", "plan",
+                                   "simulate"]
+    assert (sim.CostModel, sim.LinkSpec, sim.SimConfig, sim.StageCost, sim.simulate, sim.PlanRequest, sim.plan,
+            sim.compare) == (CostModel, LinkSpec, SimConfig, StageCost, simulate, PlanRequest, plan, compare)
     assert set(sim.__all__) <= set(dir(sim))
 
 
@@ -57,3 +59,14 @@ def test_import_sim_does_not_import_torch() -> None:
     loaded = _modules_after("import sim")
     assert not loaded & {"torch", "numpy", "simpy", "gpipe"}, sorted(loaded & {"torch", "numpy", "simpy", "gpipe"})
     assert "torch" in _modules_after("from sim import simulate")  # the core, on first use
+
+
+def test_a_prediction_compared_from_the_top_level() -> None:
+    """``sim.compare`` aligns two timelines of one schedule task by task: a slower one reads as the simulator fast."""
+    from sim import CostModel, compare, simulate
+
+    schedule = one_f_one_b(4, 2)
+    predicted = simulate(schedule, CostModel.uniform(2, 1.0, 2.0))
+    measured = simulate(schedule, CostModel.uniform(2, 2.0, 4.0))
+    assert compare(predicted, predicted).makespan_error == 0
+    assert compare(predicted, measured).makespan_error == pytest.approx(-0.5)
