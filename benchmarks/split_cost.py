@@ -5,15 +5,15 @@ Two tables per model::
 
     split       each stage of a two-stage cut (ZB-H1's), one micro-batch (batch 64 / --chunks): the seconds of a
                 whole backward (``torch.autograd.backward``), and of ``B`` and ``W`` as the executor runs them once
-                the stage's plan is learnt (Note [learnt split] in gpipe.autograd.split); ``learning`` is the same with
-                the plan learnt afresh (a stage's first micro-batch, and the first after its graph changes: Note [plans
-                across steps]). Ratio: (B + W) / backward, the median of per-round ratios.
+                the stage's plan is learnt (Note [learnt split] in gpipe.autograd.split_backward); ``learning`` is the
+                same with the plan learnt afresh (a stage's first micro-batch, and the first after its graph changes:
+                Note [plans across steps]). Ratio: (B + W) / backward, the median of per-round ratios.
     schedules   every registered schedule's step (``GPipe.step``, MSE loss, two CPU devices, one worker each,
                 checkpoint never), as the median of per-round ratios to 1F1B's step; the split schedules also
                 against interleaved 1F1B's. Each pipe's gradients are checked equal to the plain model's first.
 
-Note [before and after]: ``--baseline REV`` loads ``gpipe/autograd/split.py`` as it was at git revision REV (it imports
-torch alone) and times it in the same rounds, as ``before`` rows: in the split table its ``B`` and ``W``; in the
+Note [before and after]: ``--baseline REV`` loads ``gpipe/autograd/split_backward.py`` as it was at git revision REV (it
+imports torch alone) and times it in the same rounds, as ``before`` rows: in the split table its ``B`` and ``W``; in the
 schedules table the split schedules' steps with it in the executor's place (``gpipe.autograd.gradients.backward_input``
 swapped for that step, in this process only). Its plans live as the executor of REV kept them: across steps where REV's
 module has ``StagePlans``, for one step where it has ``SplitPlans`` alone, none (learnt every ``B``) before that. Ratios
@@ -63,24 +63,26 @@ from torch import nn  # noqa: E402
 
 import gpipe.autograd.gradients  # noqa: E402
 from gpipe import GPipe, microbatch  # noqa: E402
-from gpipe.autograd.split import SplitPlans, backward_input  # noqa: E402
+from gpipe.autograd.split_backward import SplitPlans, backward_input  # noqa: E402
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import SCHEDULES, schedule_kind  # noqa: E402
 from sim.calibration.calibrate import partitions_of  # noqa: E402
 
 RESULTS = results_path("split_cost")
 DEVICES = 2
-Split = Callable[..., tuple[list[torch.Tensor | None], Any]]  # gpipe.autograd.split.backward_input's signature
+Split = Callable[..., tuple[list[torch.Tensor | None], Any]]  # gpipe.autograd.split_backward.backward_input's signature
 
 
 def baseline(rev: str) -> ModuleType:
-    """``gpipe/autograd/split.py`` at git revision ``rev``, as a module of its own (Note [before and after])."""
-    for path in ("gpipe/autograd/split.py", "gpipe/split.py"):  # where it lives, where it lived before
+    """``gpipe/autograd/split_backward.py`` at git revision ``rev``, as a module of its own (Note [before and
+    after])."""
+    # where it lives, and where it lived before
+    for path in ("gpipe/autograd/split_backward.py", "gpipe/autograd/split.py", "gpipe/split.py"):
         shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
         if shown.returncode == 0:
             break
     else:
-        raise SystemExit(f"split_cost: revision {rev} has no gpipe/autograd/split.py or gpipe/split.py")
+        raise SystemExit(f"split_cost: revision {rev} has no gpipe/autograd/split_backward.py (nor an earlier home)")
     source = shown.stdout
     spec = importlib.util.spec_from_loader("split_baseline", loader=None)
     assert spec is not None
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--chunks", type=int, default=8, help="micro-batches per step (default 8)")
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="registered schedules (default: all)")
     parser.add_argument("--baseline", default=None,
-                        help="git revision whose gpipe/autograd/split.py gives the before rows "
+                        help="git revision whose gpipe/autograd/split_backward.py gives the before rows "
                              "(Note [before and after])")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of the schedules table (default 40)")
     parser.add_argument("--split-rounds", type=int, default=None, help="rounds of the split table (default 200)")
@@ -372,8 +374,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "schedules": schedules, "notes": notes, "goals": met}
     doc["rows"] = flat_rows(doc["models"])
     doc["note"] = ("Each schedule's step and its ratios to 1F1B's and interleaved 1F1B's (medians of per-round "
-                   "ratios); before: gpipe/autograd/split.py at the baseline revision; unsplit: a split that costs "
-                   "nothing (Note [the floor]). B + W against a whole backward: models.<model>.split.")
+                   "ratios); before: gpipe/autograd/split_backward.py at the baseline revision; unsplit: a split "
+                   "that costs nothing (Note [the floor]). B + W against a whole backward: models.<model>.split.")
     write_json(args.out, doc, command=command_line(__file__, argv), machine={"threads_per_worker": THREADS})
     print(f"wrote {args.out}")
     return doc

@@ -109,6 +109,7 @@ def test_a_limit_at_a_named_schedules_exact_peak_leaves_the_solver_its_hint() ->
     assert result.method.startswith("cp-sat") and result.makespan == 70 and result.optimal
 
 
+@pytest.mark.slow
 def test_the_same_input_gives_the_same_schedule() -> None:
     """A case the solver does not close within its limit, searched twice (Note [search determinism])."""
     costs = StageCosts((1, 2, 1, 3), (2, 3, 2, 5), (1, 1, 2, 2), copy=0.3)

@@ -5,12 +5,12 @@ autograd would (every leaf the graph reaches); ``backward(inputs=...)`` only int
 names; ``torch.autograd.grad`` (``collect``) leaves ``.grad`` alone: each task's parameter gradients are
 summed per partition, and the pipeline's autograd node hands them to the engine, which returns them.
 
-A split backward (``B`` then ``W``, Note [split backward] in :mod:`gpipe.autograd.split`) sends its parameters'
+A split backward (``B`` then ``W``, Note [split backward] in :mod:`gpipe.autograd.split_backward`) sends its parameters'
 gradients to the same places: ``W`` differentiates the parameters alone, so a tensor that requires grad inside a
 layer without being a parameter gets no ``.grad`` there. What its ``B`` tasks learn of each partition's graphs
-(Note [learnt split]) lives in the :class:`gpipe.autograd.split.StagePlans` the caller gives, the pipeline's, across
-steps (Note [plans across steps]); a run picks each partition's plans once, at its first ``B``, for the parameters it
-differentiates (those that require grad, those the caller asked for), which are fixed for the run.
+(Note [learnt split]) lives in the :class:`gpipe.autograd.split_backward.StagePlans` the caller gives, the pipeline's,
+across steps (Note [plans across steps]); a run picks each partition's plans once, at its first ``B``, for the
+parameters it differentiates (those that require grad, those the caller asked for), which are fixed for the run.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from gpipe.autograd.split import SplitPlans, StagePlans, WeightGrads, backward_input
+from gpipe.autograd.split_backward import SplitPlans, StagePlans, WeightGrads, backward_input
 
 __all__ = ["Gradients"]
 
@@ -31,7 +31,7 @@ class Gradients:
     Args:
         partitions: the pipeline's.
         learnt: per partition, the split plans of earlier runs (Note [plans across steps] in
-        :mod:`gpipe.autograd.split`);
+        :mod:`gpipe.autograd.split_backward`);
             ``None``: this run's own, learnt afresh.
     """
 
@@ -79,7 +79,7 @@ class Gradients:
     def input_grads(self, j: int, pairs: list[tuple[Tensor, Tensor]],
                     leaves: list[Tensor]) -> tuple[list[Tensor | None], WeightGrads | None]:
         """``B`` of a split backward of partition ``j``: the gradients of ``leaves`` alone, and what ``W`` needs
-        for the parameters the caller asked for (Note [split backward] in :mod:`gpipe.autograd.split`)."""
+        for the parameters the caller asked for (Note [split backward] in :mod:`gpipe.autograd.split_backward`)."""
         if not pairs:
             return [None] * len(leaves), None
         outs, grads = [o for o, _ in pairs], [g for _, g in pairs]

@@ -13,8 +13,8 @@ without checkpoints), so the checkpoint policy reaches a run inside its :class:`
 Note [learnt state]: ``draws``, ``writes_input`` and ``split_plans`` are the only fields whose contents change: runs
 learn, per partition, which layers draw random numbers (Note [learning which layers draw] in :mod:`gpipe.autograd.rng`),
 whether the partition writes its input in place (Note [entering a partition] in :mod:`gpipe.interpreter.worker`) and how
-its backward splits (Note [plans across steps] in :mod:`gpipe.autograd.split`). What they learnt belongs to this
-pipeline: the description never swaps them for other objects.
+its backward splits (Note [plans across steps] in :mod:`gpipe.autograd.split_backward`). What they learnt belongs to
+this pipeline: the description never swaps them for other objects.
 
 Note [placed stages]: a worker is one schedule device and runs every stage the schedule places there, each on
 its partition's device; the stages of one worker must share a torch device and CPU cores (one thread, one
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from gpipe.autograd.rng import Draws
-from gpipe.autograd.split import StagePlans
+from gpipe.autograd.split_backward import StagePlans
 from gpipe.schedule import Schedule
 from gpipe.skip.layout import SkipLayout
 

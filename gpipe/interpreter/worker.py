@@ -40,7 +40,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from gpipe.autograd.gradients import Gradients
 from gpipe.autograd.phase import checkpointing, recomputing
 from gpipe.autograd.rng import Plan
-from gpipe.autograd.split import WeightGrads
+from gpipe.autograd.split_backward import WeightGrads
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.interpreter.pipeline import Pipeline
 from gpipe.loss import LossPlan
@@ -92,7 +92,8 @@ class Worker:
         self.n = step.schedule.n
         self.leaves: dict[tuple[int, int], tuple[tuple[Tensor, ...], bool]] = {}  # with whether it was a tuple
         self.graphs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
-        self.pending: dict[tuple[int, int], WeightGrads | None] = {}  # kept by a split B for W (gpipe.autograd.split)
+        # kept by a split B for W (gpipe.autograd.split_backward)
+        self.pending: dict[tuple[int, int], WeightGrads | None] = {}
         self.split = {(t.microbatch, t.stage) for t in step.schedule.tasks[d] if t.op is Op.W}
         self.out_grads: dict[int, Grads] = {}  # step(): the gradient of the last stage's loss
         self.targets: dict[int, Message] = {}
@@ -251,7 +252,7 @@ class Worker:
         leaves = self.leaves.pop((i, j))[0]
         popped = self.skips.popped.pop((i, j), {})
         inputs = [t for t in leaves if t.requires_grad] + list(popped.values())
-        if (i, j) in self.split:  # Note [split backward] in gpipe.autograd.split: W(i, j) takes the rest
+        if (i, j) in self.split:  # Note [split backward] in gpipe.autograd.split_backward: W(i, j) takes the rest
             some, self.pending[(i, j)] = step.gradients.input_grads(j, pairs, inputs)
             found = iter(some)
         else:

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from gpipe.autograd.phase import checkpointing
 from gpipe.autograd.saved import SavedBytes
-from gpipe.autograd.split import SplitPlans, backward_input
+from gpipe.autograd.split_backward import SplitPlans, backward_input
 from gpipe.checks import check_positive
 from gpipe.interpreter.affinity import Cores, check_affinity, pinned
 from gpipe.profiling.session import Device, TensorOrTensors, _call, _fresh, _session, _Step
@@ -158,13 +158,13 @@ Times = tuple[float, float, float, float, float, float]  # forward, backward, we
 
 
 # Note [split runs]: a schedule with ``W`` tasks runs a stage's backward as two tasks, ``B`` the gradients of the
-# stage's inputs and ``W`` the parameters' from what ``B`` kept (Note [split backward] in gpipe.autograd.split).
-# ``split=True`` times the two with the executor's own functions, one after the other on one graph: ``backward``
-# is the ``B`` part (0 for a block whose input needs no gradient, as the first stage's, whose ``B`` only hands
-# the outputs to ``W``) and ``weight`` the ``W`` part (0 for a block without trainable parameters); without it
-# ``weight`` is 0. Each block keeps its split plans across passes, as the executor keeps a stage's across steps
-# (Note [plans across steps] in gpipe.autograd.split), and learns its graph's before its first ``B``, untimed: the times
-# are the executor's in steady state, where every ``B`` finds its plan.
+# stage's inputs and ``W`` the parameters' from what ``B`` kept (Note [split backward] in
+# gpipe.autograd.split_backward). ``split=True`` times the two with the executor's own functions, one after the other on
+# one graph: ``backward`` is the ``B`` part (0 for a block whose input needs no gradient, as the first stage's, whose
+# ``B`` only hands the outputs to ``W``) and ``weight`` the ``W`` part (0 for a block without trainable parameters);
+# without it ``weight`` is 0. Each block keeps its split plans across passes, as the executor keeps a stage's across
+# steps (Note [plans across steps] in gpipe.autograd.split_backward), and learns its graph's before its first ``B``,
+# untimed: the times are the executor's in steady state, where every ``B`` finds its plan.
 
 def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence[Cores | None],
                 plans: Sequence[SplitPlans], recorded: bool = False, streak: int = 1,
@@ -199,7 +199,7 @@ def _train_pass(steps: Sequence[_Step], clocks: Sequence[Clock], cores: Sequence
                 backward = backward_issue = weight = weight_issue = 0.0
                 if tensors and not split:
                     backward, backward_issue, _ = clock(lambda: torch.autograd.backward(tensors, grads))  # noqa: B023
-                elif tensors:  # Note [split runs]: B then W, as the executor runs them (gpipe.autograd.split)
+                elif tensors:  # Note [split runs]: B then W, as the executor runs them (gpipe.autograd.split_backward)
                     if inputs:
                         if not learnt.plans:  # the block's first B: learns its plan untimed
                             learnt.plan(learnt.walk(tensors, inputs)[0])

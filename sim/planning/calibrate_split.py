@@ -2,9 +2,9 @@
 
 A middle stage of small layers (``LAYERS`` linear layers of ``WIDTH`` features and their ReLUs, ``ROWS`` rows: the
 host-bound regime where the overhead shows) runs one whole backward, and the executor's ``B`` then ``W``
-(:func:`gpipe.autograd.split.backward_input` with its plans learnt, as a step reuses them), in turn for ``repeats``
-rounds; each is the thread's CPU time, its median over the rounds. The counted model says which share of the whole
-backward is ``B``'s kernels; what ``B`` and ``W`` take beyond their shares of the measured whole backward, per
+(:func:`gpipe.autograd.split_backward.backward_input` with its plans learnt, as a step reuses them), in turn for
+``repeats`` rounds; each is the thread's CPU time, its median over the rounds. The counted model says which share of the
+whole backward is ``B``'s kernels; what ``B`` and ``W`` take beyond their shares of the measured whole backward, per
 parameter tensor, is the device's :attr:`~sim.planning.roofline.Roofline.split_input_seconds` and
 :attr:`~sim.planning.roofline.Roofline.split_weight_seconds`.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from gpipe.autograd.split import SplitPlans, backward_input
+from gpipe.autograd.split_backward import SplitPlans, backward_input
 from sim.planning.costs_from_flops import FlopCosts
 from sim.planning.flops import count_layers
 from sim.planning.hardware import DeviceSpec

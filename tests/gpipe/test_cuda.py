@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from gpipe import GPipe
-from gpipe.autograd.split import backward_input
+from gpipe.autograd.split_backward import backward_input
 from gpipe.schedule import CHECKPOINT_MODES, Op, schedule_kind
 from tests.gpipe.models import convnet, mlp, skipnet
 from tests.gpipe.test_split_backward import _Matmuls
@@ -144,8 +144,8 @@ def test_every_schedule_trains_like_the_plain_model_on_cuda(checkpoint: str, sch
 
 
 def test_split_backward_on_cuda_runs_one_backward_and_gives_its_gradients() -> None:
-    """gpipe.autograd.split on the GPU: B's input gradient and W's weight gradients equal the plain backward's, and B +
-    W run each of its matrix multiplies once (Note [split backward] in gpipe.autograd.split)."""
+    """gpipe.autograd.split_backward on the GPU: B's input gradient and W's weight gradients equal the plain backward's,
+    and B + W run each of its matrix multiplies once (Note [split backward] in gpipe.autograd.split_backward)."""
     torch.manual_seed(0)
     stage = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).cuda()
     x, grad = torch.randn(4, 8, device="cuda", requires_grad=True), torch.randn(4, 8, device="cuda")

@@ -1,6 +1,6 @@
-"""The split backward (Note [split backward] in gpipe.autograd.split): B + W run each matrix multiply of one backward
-once, and give the plain backward's gradients, for a stage of several layers, a first stage, a parameter-free stage,
-shared weights and in-place layers, alone and in the executor."""
+"""The split backward (Note [split backward] in gpipe.autograd.split_backward): B + W run each matrix multiply of one
+backward once, and give the plain backward's gradients, for a stage of several layers, a first stage, a parameter-free
+stage, shared weights and in-place layers, alone and in the executor."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpipe import GPipe
-from gpipe.autograd.split import backward_input
+from gpipe.autograd.split_backward import backward_input
 from gpipe.schedule import CHECKPOINT_MODES
 
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}

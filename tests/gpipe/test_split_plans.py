@@ -1,6 +1,7 @@
-"""What the split backward learns about a stage's graph (Note [learnt split] in gpipe.autograd.split): a static stage is
-learnt once and reused, and a graph that changes (a data-dependent branch, another input shape, a frozen parameter, a
-Python autograd.Function holding a weight) still gets the plain model's gradients, alone and in the executor."""
+"""What the split backward learns about a stage's graph (Note [learnt split] in gpipe.autograd.split_backward): a static
+stage is learnt once and reused, and a graph that changes (a data-dependent branch, another input shape, a frozen
+parameter, a Python autograd.Function holding a weight) still gets the plain model's gradients, alone and in the
+executor."""
 
 from __future__ import annotations
 
@@ -11,22 +12,22 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import gpipe.autograd.split
+import gpipe.autograd.split_backward
 import gpipe.profiling.timing
 from gpipe import GPipe
-from gpipe.autograd.split import SplitPlans, StagePlans, backward_input
+from gpipe.autograd.split_backward import SplitPlans, StagePlans, backward_input
 from gpipe.profiling.timing import time_recorded
 
 
 def _counting_learns(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     count = [0]
-    learn = gpipe.autograd.split._learn
+    learn = gpipe.autograd.split_backward._learn
 
     def counted(shape: Any) -> Any:
         count[0] += 1
         return learn(shape)
 
-    monkeypatch.setattr(gpipe.autograd.split, "_learn", counted)
+    monkeypatch.setattr(gpipe.autograd.split_backward, "_learn", counted)
     return count
 
 

@@ -222,8 +222,8 @@ def _weights_last(m: int, n: int, checkpoint: Checkpoint = "never", placement: S
 
 @pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
 def test_a_split_backward_holds_its_bytes_until_w(checkpoint: Checkpoint) -> None:
-    """``B`` of a split backward keeps the graph for ``W`` (Note [split backward] in gpipe.autograd.split), so with
-    every ``W`` last nothing is freed before them: each device peaks at all its micro-batches' bytes, measured and
+    """``B`` of a split backward keeps the graph for ``W`` (Note [split backward] in gpipe.autograd.split_backward), so
+    with every ``W`` last nothing is freed before them: each device peaks at all its micro-batches' bytes, measured and
     predicted alike."""
     m = 3
     register("weights-last-test", "GPipe's fill-drain, every W at the end of its device")(_weights_last)
