@@ -48,7 +48,8 @@ from gpipe.checks import check_balance, check_chunks, check_unique
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Op, Schedule, ScheduleKind, schedule_kind
 from gpipe.skip.layout import SkipLayout
 
-__all__ = ["Arguments", "FrontEnd", "PipelineSpec", "given_schedule", "stage_placement", "step_schedule"]
+__all__ = ["Arguments", "FrontEnd", "PipelineSpec", "given_schedule", "rank_counts", "stage_placement",
+           "step_schedule"]
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,11 @@ class Arguments:
         try:
             placement = self.kind.layout(n, world)
         except ValueError as error:
+            counts = [p for p in rank_counts(self.kind, n) if p > 1] or rank_counts(self.kind, n)
+            fix = f"launch {_either(counts)} processes (e.g. torchrun --nproc-per-node {counts[-1]}) or change the " \
+                "balance" if counts else "change the balance"
             raise ValueError(f"balance {list(self.balance)} makes {n} stages, which schedule {self.schedule_name!r} "
-                             f"cannot place on {world} ranks: {error} (launch {n} processes, e.g. torchrun "
-                             f"--nproc-per-node {n}, or change the balance)") from None
+                             f"cannot place on {world} ranks: {error} ({fix})") from None
         return PipelineSpec(self, placement, placement)
 
 
@@ -242,6 +245,20 @@ class FrontEnd(nn.Module):
         """The schedule of a full training step: ``chunks`` micro-batches, this pipeline's checkpoint mode."""
         return self.schedule_for(self.chunks)
 
+
+def rank_counts(kind: ScheduleKind, stages: int) -> list[int]:
+    """The numbers of ranks (one schedule device each) on which ``kind``'s layout places ``stages`` stages, as
+    :class:`gpipe.distributed.DistributedGPipe` places them (Note [a device count]); the hint of a refusal."""
+    counts = []
+    for p in range(1, stages + 1):
+        try:
+            kind.layout(stages, p)
+        except ValueError:
+            continue
+        counts.append(p)
+    return counts
+
+
 def stage_placement(schedule: str | Schedule, stages: int, devices: int | None, chunks: int,
                     checkpoint: Checkpoint) -> tuple[int, ...]:
     """Each stage's schedule device when :class:`gpipe.GPipe` runs ``stages`` stages by ``schedule`` (a registered
@@ -317,3 +334,8 @@ def step_schedule(given: Schedule, m: int, checkpoint: str) -> Schedule:
     tasks = tuple(tuple(t for t in ts if t.op is not Op.R) for ts in given.tasks)
     pairs = tuple((a, b) for a, b in given.pairs if Op.R not in (a.op, b.op))
     return Schedule(given.m, given.n, "never", given.placement, tasks, name=given.name, pairs=pairs).validate()
+
+
+def _either(counts: Sequence[int]) -> str:
+    """``[2, 4]`` as ``"2 or 4"``."""
+    return str(counts[0]) if len(counts) == 1 else ", ".join(map(str, counts[:-1])) + " or " + str(counts[-1])

@@ -40,9 +40,9 @@ from torch import Tensor, nn
 
 from gpipe import microbatch
 from gpipe.distributed.loopback import free_port, init_loopback_group
-from gpipe.frontend import Arguments
+from gpipe.frontend import Arguments, rank_counts
 from gpipe.profiling.profile import RecordedSeconds
-from gpipe.schedule import Schedule
+from gpipe.schedule import Schedule, schedule_kind
 from gpipe.schedule.timeline import Timeline
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
@@ -299,14 +299,14 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
     if given is not None and given.num_devices != processes:  # before any work, in the command's words
         raise ValueError(f"schedule {given.name!r} runs on {given.num_devices} devices, a rank each: give "
                          f"--processes {given.num_devices}")
+    n = _stage_count(setup, processes)
     torch.manual_seed(setup.seed)
     model, batch = build()
     tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
     sizes = microbatch.sizes(tensors[0].shape[0], setup.chunks)
     with intra_op_threads(setup.threads):
         balance = setup.balance
-        if balance is None:  # one stage per rank unless the setup says how many
-            n = processes if setup.stages is None and given is None else setup.partitions
+        if balance is None:
             first = tensors[0][:sizes[0]] if isinstance(batch, Tensor) else tuple(t[:sizes[0]] for t in tensors)
             balance = tuple(balance_by_time(n, model, first, timeout=setup.balance_timeout, device="cpu"))
         schedule = _rank_schedule(model, balance, setup, processes, len(sizes))
@@ -328,6 +328,30 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
     return ProcessOutcome(processes, schedule, tuple(balance), link, cost, predicted, measured[chosen], makespans,
                           chosen, compare(predicted, measured[chosen]), description,
                           tuple(tuple(p) for p in passes[setup.warmup_steps:]))
+
+
+def _stage_count(setup: Setup, processes: int) -> int:
+    """The stages of a run on ``processes`` ranks: the setup's (its balance's, ``stages``, a given schedule's), else the
+    fewest the schedule's layout places on them (one per rank, two for a V). Checked here, before any work, by the
+    front-end's rule (:func:`gpipe.frontend.rank_counts`), and refused in the command's words.
+
+    Raises:
+        ValueError: the schedule cannot place the setup's stages on ``processes`` ranks.
+    """
+    if isinstance(setup.schedule, Schedule):
+        return setup.schedule.n
+    kind = schedule_kind(setup.schedule)
+    if setup.balance is None and setup.stages is None:
+        return next((n for n in range(processes, 4 * processes + 1) if processes in rank_counts(kind, n)), processes)
+    n = setup.partitions
+    try:
+        kind.layout(n, processes)
+    except ValueError as error:
+        counts = [p for p in rank_counts(kind, n) if p > 1]
+        fix = f" (a rank per device: --processes {' or '.join(map(str, counts))})" if counts else ""
+        raise ValueError(f"{n} stages, which schedule {kind.name!r} cannot place on {processes} processes: "
+                         f"{error}{fix}") from None
+    return n
 
 
 def _rank_schedule(model: nn.Sequential, balance: Sequence[int], setup: Setup, processes: int, m: int) -> Schedule:

@@ -85,7 +85,9 @@ def test_compare_on_two_processes_places_four_stages_by_the_layout(tmp_path: Pat
     (["--processes", "2", "--devices", "2"], "--processes runs a rank per schedule device"),
     # refused before "spawning N processes" is printed, and before any rank starts
     (["--processes", "64"], "--processes 64 runs a stage on each rank, more than the 20 layers of the demo's model"),
-    (["--processes", "2", "--schedule", "zb-v"], "a V places two stages on each device"),
+    (["--processes", "2", "--schedule", "zb-v", "--stages", "3"], "3 stages, which schedule 'zb-v' cannot place on 2 "
+     "processes: a V places two stages on each device"),
+    (["--processes", "2", "--schedule", "zb-v", "--stages", "6"], "give 3 devices (a rank per device: --processes 3)"),
     (["--processes", "2", "--chunks", "1000"], "--chunks 1000 is more than the 64 samples of the mini-batch"),
 ])
 def test_bad_processes_are_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -93,3 +95,12 @@ def test_bad_processes_are_refused_in_one_line(tmp_path: Path, capsys: pytest.Ca
     assert main(["demo", *args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_stages_default_to_the_fewest_the_layout_places_on_the_ranks() -> None:
+    """A rank per stage, or two for a V: what ``--processes P`` runs without ``--stages`` or ``--balance``."""
+    from sim.calibration.experiment_setup import Setup
+    from sim.calibration.processes import _stage_count
+
+    assert [_stage_count(Setup(schedule=name), 2) for name in ("gpipe", "1f1b", "zb-v", "dualpipe-v")] == [2, 2, 4, 4]
+    assert _stage_count(Setup(schedule="interleaved-1f1b", stages=4), 2) == 4

@@ -111,8 +111,11 @@ def test_ranks_take_the_layout_for_the_group_size() -> None:
     assert spec.schedule(4).placement == (0, 1, 1, 0)
     with pytest.raises(ValueError, match=r"^balance \[1, 1, 1, 1\] makes 4 stages, which schedule 'zb-v' cannot "
                                          r"place on 4 ranks: a V places two stages on each device.*"
-                                         r"torchrun --nproc-per-node 4, or change the balance\)$"):
-        arguments.on_ranks(4)
+                                         r"\(launch 2 processes \(e.g. torchrun --nproc-per-node 2\) or change the "
+                                         r"balance\)$"):
+        arguments.on_ranks(4)  # the hint is a count the V places four stages on, not the stage count
+    with pytest.raises(ValueError, match=r"\(change the balance\)$"):  # no rank count places three stages in a V
+        check(chain(3), [1] * 3, schedule="zb-v").on_ranks(2)
     with pytest.raises(ValueError, match="schedule 'gpipe' cannot place on 3 ranks"):
         check(chain(2), [1, 1]).on_ranks(3)
 
