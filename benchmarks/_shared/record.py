@@ -1,6 +1,6 @@
 """What a benchmark writes: its results as JSON, stamped with the command that produced them, the date and the machine.
 
-The docs render each ``benchmarks/results/NAME.json`` (``docs/make_figures.py``: ``render_result``) from its
+The docs render each ``benchmarks/results/NAME.json`` (``docs/figures/benchmarks.py``: ``render_result``) from its
 ``command``, ``date``, ``machine``, ``note`` and ``rows``; :func:`write_json` sets the first three, the script the rest.
 """
 
