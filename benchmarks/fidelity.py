@@ -7,9 +7,9 @@ step of median makespan with the prediction. The grid::
 
     model       conv: a compute-heavy convolutional stack (10 convolutions, 48 channels, 32x32 images)
                 mlp:  many small layers (64 x (Linear(64, 64), ReLU)), where per-task host costs dominate
-    schedule    gpipe, 1f1b (--schedules: any registered name; Note [schedule axis])
-    chunks      1, 2, 4, 8, 16
-    checkpoint  always, except_last, never
+    schedule    every registered schedule (--schedules: any of them; Note [schedule axis])
+    chunks      2, 8 (--chunks)
+    checkpoint  never, except_last (--checkpoints)
 
 Every schedule runs on the same two workers, as many stages on them as its layout takes, and a shape its generator
 refuses is listed in ``skipped`` (Note [schedule axis] in ``_shared/fidelity.py``).
@@ -92,8 +92,9 @@ again, calibration and steps together, would move its error by. A row whose erro
 two ``noise`` of zero does not show a fault of the simulator at that sample size.
 
 Run: ``.venv/bin/python benchmarks/fidelity.py``: the default grid is every registered schedule on both models,
-chunks 2 and 8, checkpoints ``never`` and ``except_last`` (64 rows, hours on two quiet cores, rows run again
-included); ``--quick`` the conv model, chunks 1, 4, 16; any axis narrowed by its option. Writes
+chunks 2 and 8, checkpoints ``never`` and ``except_last`` (64 rows, 4 of them refused by DualPipeV; with
+``--steps 21`` about 65 minutes on two quiet cores, rows run again included, with the default steps hours);
+``--quick`` the conv model, chunks 1, 4, 16; any axis narrowed by its option. Writes
 ``benchmarks/results/fidelity.json``.
 """
 

@@ -9,7 +9,7 @@ from figures.common import ROOT, md_table
 
 BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "executor_speed_wide", "schedule_speed",
               "split_cost", "distributed_speed", "gloo_directions", "rng_cost", "fidelity", "fidelity_quick",
-              "fidelity_schedules", "fidelity_mlp_schedules", "step_spread", "fidelity_processes", "switch_interval",
+              "fidelity_gaps", "step_spread", "fidelity_processes", "switch_interval",
               "pair_probes", "gpu_check", "fidelity_cuda", "published", "unet_memory", "cpu_check", "plan_speed")
 
 
