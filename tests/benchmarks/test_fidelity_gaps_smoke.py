@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from fidelity_gaps import busy_idle, combined, duration_ratios, handoff_waits
 
 from gpipe.schedule import COMPUTE, Op, Task, Timeline
 from gpipe.schedule.timeline import Span
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _timeline(*spans: tuple[int, str, int, int, float, float]) -> Timeline:
@@ -54,12 +50,8 @@ def test_combined_takes_medians_and_keeps_runs() -> None:
 
 
 @pytest.mark.slow
-def test_fidelity_gaps_quick(tmp_path: Path) -> None:
-    out = tmp_path / "fidelity_gaps.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "fidelity_gaps.py"), "--quick", "--out", str(out)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
-    doc = json.loads(out.read_text())
+def test_fidelity_gaps_quick(run_benchmark: Callable[..., Any]) -> None:
+    doc = run_benchmark("fidelity_gaps", "--quick").doc
     assert {"command", "date", "machine", "note", "rows"} <= set(doc)
     (row,) = doc["rows"]
     assert row["model"] == "mlp" and row["schedule"] == "1f1b" and row["busy_measured_ms"] > 0

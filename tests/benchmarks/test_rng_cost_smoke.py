@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_rng_cost_one_round(tmp_path: Path) -> None:
-    out = tmp_path / "rng_cost.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "rng_cost.py"), "--rounds", "1", "--out", str(out)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
-    doc = json.loads(out.read_text())
+def test_rng_cost_one_round(run_benchmark: Callable[..., Any]) -> None:
+    doc = run_benchmark("rng_cost", "--rounds", "1").doc
     assert {"command", "machine", "note", "rows"} <= set(doc)
     assert {(r["model"], r["checkpoint"]) for r in doc["rows"]} == {
         (m, c) for m in ("mlp", "dropout") for c in ("always", "except_last", "never")}

@@ -3,25 +3,17 @@ two processes, a JSON of the expected shape; no timing is asserted."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from gpipe.schedule import parse_schedule
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_search_gain_quick(tmp_path: Path) -> None:
-    out = tmp_path / "search_gain.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search_gain.py"), "--quick", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    doc = json.loads(out.read_text())
+def test_search_gain_quick(run_benchmark: Callable[..., Any]) -> None:
+    doc, out, stdout = run_benchmark("search_gain", "--quick", timeout=600)
     assert doc["command"].endswith("search_gain.py --quick --out " + str(out))
     assert {"date", "machine", "threads", "workload", "search", "rows", "gains", "goals"} <= set(doc)
     assert doc["threads"]["intra_op_threads_per_worker"] == 1
@@ -44,4 +36,4 @@ def test_search_gain_quick(tmp_path: Path) -> None:
         assert {"predicted_ms", "measured_ms", "error"} <= set(row)
     assert {"predicted", "measured", "measured_per_round"} <= set(doc["gains"]["threads"])
     assert {"fidelity_met", "met", "gain_threads", "gain_processes"} <= set(doc["goals"])
-    assert "goal: mean |error|" in done.stdout
+    assert "goal: mean |error|" in stdout

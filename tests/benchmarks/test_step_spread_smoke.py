@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_step_spread_quick(tmp_path: Path) -> None:
-    out = tmp_path / "step_spread.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "step_spread.py"), "--quick", "--out", str(out)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
-    doc = json.loads(out.read_text())
+def test_step_spread_quick(run_benchmark: Callable[..., Any]) -> None:
+    doc = run_benchmark("step_spread", "--quick").doc
     assert {"command", "date", "machine", "note", "rows"} <= set(doc)
     kinds = {(r["model"], r["step"], r["collector"]) for r in doc["rows"]}
     assert len(kinds) == len(doc["rows"]) == 10  # the loop, then each model's plain step and pipeline, gc on and off
