@@ -60,7 +60,8 @@ from _shared.machine import set_threads  # noqa: E402
 from _shared.record import command_line, results_path, write_json  # noqa: E402
 
 from gpipe.interpreter.gil import DEFAULT_SWITCH_INTERVAL, switch_interval  # noqa: E402
-from gpipe.schedule import COMPUTE, Op, Task, Timeline  # noqa: E402
+from gpipe.schedule import COMPUTE, Task, Timeline  # noqa: E402
+from gpipe.schedule.task import dependencies  # noqa: E402
 from gpipe.schedule.timeline import Span  # noqa: E402
 from sim.calibration.experiment import Setup, run  # noqa: E402
 from sim.calibration.machine import keep_freed_memory  # noqa: E402
@@ -81,34 +82,30 @@ def compute_spans(timeline: Timeline) -> dict[Task, Span]:
 
 def busy_idle(timeline: Timeline) -> tuple[float, float]:
     """The mean over the workers of the seconds inside tasks, and of those between the first and last task outside."""
-    spans = compute_spans(timeline).values()
     busy, idle = [], []
-    for d in {s.device for s in spans}:
-        mine = [s for s in spans if s.device == d]
-        inside = sum(s.duration for s in mine)
-        busy.append(inside)
-        idle.append(max(s.end for s in mine) - min(s.start for s in mine) - inside)
+    for d in {s.device for s in timeline.compute_spans()}:
+        mine = timeline.compute_spans(d)
+        busy.append(timeline.busy(d))
+        idle.append(max(s.end for s in mine) - mine[0].start - busy[-1])
     return statistics.mean(busy), statistics.mean(idle)
 
 
 def handoff_waits(timeline: Timeline, placement: Sequence[int], stages: int) -> list[float]:
     """For each task whose input came from a task on the other worker while its own worker waited (its previous task
-    ended before the input's): its start less the input's end, seconds."""
+    ended before the input's): its start less the input's end, seconds. Inputs are the tasks' dependencies
+    (Note [dependencies] in gpipe.schedule.task; these rows never checkpoint)."""
     spans = compute_spans(timeline)
     before: dict[Task, Span] = {}
     for d in {s.device for s in spans.values()}:
-        order = sorted((s for s in spans.values() if s.device == d), key=lambda s: s.start)
+        order = timeline.compute_spans(d)
         before.update({b.task: a for a, b in zip(order, order[1:], strict=False)})
     waits = []
     for task, span in spans.items():
-        if task.op is Op.F and task.stage > 0:
-            source = spans.get(Task(Op.F, task.microbatch, task.stage - 1))
-        elif task.op is Op.B and task.stage < stages - 1:
-            source = spans.get(Task(Op.B, task.microbatch, task.stage + 1))
-        else:
+        sources = [spans[t] for t in dependencies(task, stages, False)
+                   if t in spans and placement[t.stage] != placement[task.stage]]
+        if not sources:
             continue
-        if source is None or placement[source.task.stage] == placement[task.stage]:
-            continue
+        source = max(sources, key=lambda s: s.end)
         previous = before.get(task)
         if previous is not None and previous.end > source.end:
             continue  # its worker was still busy when the input arrived: nothing waited on the hand-off
