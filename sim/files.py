@@ -6,12 +6,13 @@ default folder is a fresh one: Note [fresh folder]; JSON is written by :func:`js
 
     out = OutputFolder(args.out, ("trace.json", "timeline.png"), force=args.force)   # checks; writes nothing
     ...                                                                           # the work
-    out.write_json("trace.json", doc)     # each file written whole, then moved into place
-    out.finish()                          # earlier runs' stale files removed; the manifest written
+    out.write_json("trace.json", doc)     # each file written whole, beside its name
+    out.finish()                          # all moved into place; stale files removed; the manifest written
 
-A command that writes one file the user names (``hardware --out cpu.json``, ``--export-schedule s.csv``) goes
-through an :class:`OutputFile` by the same rules: checked before the work, an existing file replaced only with
-``--force``, written whole and moved into place (Note [no links]).
+A run that fails leaves the folder as it was (Note [all or nothing]). A command that writes one file the user
+names (``hardware --out cpu.json``, ``--export-schedule s.csv``) goes through an :class:`OutputFile` by the same
+rules: checked before the work, an existing file replaced only with ``--force``, written whole and moved into
+place (Note [no links]).
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from gpipe.schedule.size import write_beside
 
 __all__ = ["MANIFEST", "FolderError", "OutputFile", "OutputFolder", "check_folder", "fresh_folder", "json_text"]
 
@@ -106,10 +110,11 @@ def _refuse_dangling(path: Path, where: str) -> None:
                               "another path, or remove the link")
 
 
-# Note [no links]: a file gpipe-sim writes is written beside its final name and moved into place
-# (os.replace), so a symbolic link of that name is replaced by the file, never written through: a link
-# planted where a file goes cannot make a run overwrite the file it points to. A single file the user names
-# (OutputFile) that is a link is refused before the run, with or without --force.
+# Note [no links]: a file gpipe-sim writes is written into a new temporary beside its final name, made
+# exclusively (never a link or a file planted there), and moved into place by a rename, which replaces a link
+# of that name instead of writing through it: a link planted where a file goes cannot make a run overwrite the
+# file it points to (Note [written whole] in gpipe.schedule.size, the one rule for every writer). A single file
+# the user names (OutputFile) that is a link is refused before the run, with or without --force.
 class OutputFile:
     """One file a run writes, named by the user (Note [no links]); checked when made, before any work.
 
@@ -142,25 +147,108 @@ class OutputFile:
             raise FolderError(f"{where}: folder {target.parent} does not exist")
         check_folder(target.parent, flag)
         self.path = target
+        self._staged = _Staged(self)
 
     def write_text(self, text: str) -> str:
         """Write ``text``; return the file's path."""
         return self.write_with(lambda tmp: tmp.write_text(text))
 
     def write_with(self, write: Callable[[Path], object]) -> str:
-        """Call ``write`` with a temporary path beside the file (same suffix), then move it into place."""
-        _replace(self.path, write)
+        """Call ``write`` with a temporary path beside the file (same suffix), then move it into place; return the
+        file's path."""
+        self.stage(write)
+        return self.finish()
+
+    def stage(self, write: Callable[[Path], object]) -> str:
+        """Call ``write`` with a temporary path beside the file (same suffix); :meth:`finish` moves it into place,
+        so a run that writes other files too puts them all in place at its end (Note [all or nothing]). Returns
+        the path the file will have.
+
+        Raises:
+            FolderError: the write failed with an ``OSError`` (a full disk); nothing is left behind.
+        """
+        self._staged.discard()
+        self._staged.write(self.path, write)
         return str(self.path)
 
+    def finish(self) -> str:
+        """Move the file :meth:`stage` wrote into place; return its path."""
+        self._staged.move(self.path)
+        return str(self.path)
 
-def _replace(final: Path, write: Callable[[Path], object]) -> None:
-    """``write`` a temporary file beside ``final``, then move it onto ``final`` (Note [no links])."""
-    tmp = final.with_name(f".{final.stem}.partial{final.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
+    def discard(self) -> None:
+        """Remove what :meth:`stage` wrote, for a run that fails before :meth:`finish` (Note [all or nothing])."""
+        self._staged.discard()
+
+
+# Note [all or nothing]: a run that fails leaves its output as it was before the run, so that running it
+# again is neither refused (by files of a half-written run) nor misled (by a new trace beside an old picture).
+# Every file is written into a temporary beside its name (the work that takes space and may fail: a full disk,
+# a plot that raises); only when all are written does finish() rename them into place, the manifest last. A
+# failure before that removes the temporaries and the folders the run made; so does a run abandoned without
+# finish() (the interpreter's exit, or the objects' collection, runs the cleanup). A rename in one folder takes
+# no space; a file that cannot be renamed over (a folder of that name) is found before any is moved.
+class _Staged:
+    """The temporaries of one run, by the final path each goes to, and the folders the run made."""
+
+    def __init__(self, owner: object) -> None:
+        self.files: dict[Path, Path] = {}  # final path -> its temporary
+        self.folders: list[Path] = []  # made by this run, innermost first
+        weakref.finalize(owner, self.discard)  # Note [all or nothing]: a run abandoned
+
+    def write(self, final: Path, write: Callable[[Path], object]) -> None:
+        """Write ``final``'s temporary (a second write of one file replaces the first); on any error, discard
+        everything this run wrote, and report an ``OSError`` as a :class:`FolderError`."""
+        try:
+            tmp = write_beside(final, write)
+        except OSError as error:
+            self.discard()
+            raise FolderError(f"cannot write {final}: {error.strerror or error}") from None
+        except BaseException:
+            self.discard()
+            raise
+        earlier = self.files.pop(final, None)
+        if earlier is not None:
+            earlier.unlink(missing_ok=True)
+        self.files[final] = tmp
+
+    def move(self, *finals: Path) -> None:
+        """Rename the temporaries of ``finals``, in that order, onto their final paths; once none is left, the
+        folders made are kept.
+
+        Raises:
+            FolderError: a final path of any file written is a folder (found before anything is moved), or a
+                rename failed; the temporaries left are discarded.
+        """
+        for final in self.files:
+            if final.is_dir() and not final.is_symlink():
+                self.discard()
+                raise FolderError(f"{final} is a folder; gpipe-sim replaces only files: remove it, or name another "
+                                  "path")
+        for final in (f for f in finals if f in self.files):
+            try:
+                os.replace(self.files[final], final)
+            except OSError as error:
+                self.discard()
+                raise FolderError(f"cannot write {final}: {error.strerror or error}") from None
+            del self.files[final]
+        if not self.files:
+            self.folders.clear()
+
+    def discard(self) -> None:
+        """Remove the temporaries, then the folders this run made (each only if it is empty)."""
+        for tmp in self.files.values():
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+        self.files.clear()
+        for folder in self.folders:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (another's file, or one this run moved in): kept, and those above it
+                break
+        self.folders.clear()
 
 
 # Note [fresh folder]: a command run twice with its default folder must not fail the second time, nor
@@ -212,9 +300,10 @@ class OutputFolder:
                  fresh: bool = False) -> None:
         self.path = check_folder(fresh_folder(path) if fresh else path, flag)
         self.names = tuple(names)
-        self.written: list[str] = []
+        self.written: list[str] = []  # the names this run wrote; emptied if it fails (Note [all or nothing])
         self._fresh = Path(path) if fresh else None  # the default name, to choose again from (Note [fresh folder])
         self._made = False
+        self._staged = _Staged(self)  # this run's files until finish() (Note [all or nothing])
         self._earlier = self._manifest()
         present = [n for n in (*self.names, *self._earlier) if (self.path / n).exists()]
         clash = list(dict.fromkeys(present))
@@ -232,42 +321,73 @@ class OutputFolder:
         return self.write_text(name, json_text(doc, indent=indent))
 
     def write_with(self, name: str, write: Callable[[Path], object]) -> str:
-        """Call ``write`` with a temporary path beside ``name`` (same suffix), then move it into place.
+        """Call ``write`` with a temporary path beside ``name`` (same suffix); :meth:`finish` moves it into place.
+        Returns the path the file will have.
 
         A file is never seen half written, one the user may not write to is replaced, not edited, and a link of
-        that name is replaced, not written through (Note [no links]).
+        that name is replaced, not written through (Note [no links]). A write that fails leaves the folder as it
+        was before the run (Note [all or nothing]).
+
+        Raises:
+            FolderError: the write failed with an ``OSError`` (a full disk: "cannot write PATH: No space left on
+                device"); whatever else ``write`` raises, after the same cleanup.
         """
         if name not in self.names:
             raise ValueError(f"{name!r} is not among the files this run declared: {', '.join(self.names)}")
         self._make()
-        _replace(self.path / name, write)
+        try:
+            self._staged.write(self.path / name, write)
+        except BaseException:
+            self.written.clear()  # Note [all or nothing]: the run wrote nothing after all
+            raise
         if name not in self.written:
             self.written.append(name)
         return str(self.path / name)
 
     def finish(self) -> None:
-        """Remove the files of ours an earlier run left that this one did not write, and write the manifest."""
+        """Write the manifest, move every file written into place, the manifest last, and remove the files of
+        ours an earlier run left that this one did not write (Note [all or nothing]).
+
+        Raises:
+            FolderError: the manifest cannot be written (the folder is left as it was), or a file cannot be moved
+                into place.
+        """
         self._make()
+        manifest = json_text({"written_by": "gpipe-sim", "files": self.written}, indent=1)
+        try:
+            self._staged.write(self.path / MANIFEST, lambda tmp: tmp.write_text(manifest))  # before any moves
+            self._staged.move(*(self.path / name for name in self.written))
+        except BaseException:
+            self.written.clear()  # Note [all or nothing]: the run wrote nothing after all
+            raise
         for name in self._earlier:
             stale = self.path / name
             if name not in self.written and (stale.is_file() or stale.is_symlink()):
                 stale.unlink()
-        manifest = json_text({"written_by": "gpipe-sim", "files": self.written}, indent=1)
-        _replace(self.path / MANIFEST, lambda tmp: tmp.write_text(manifest))  # Note [no links]
+        self._staged.move(self.path / MANIFEST)
 
     def _make(self) -> None:
-        """Make the folder, at the first write; a fresh one taken meanwhile by another run is chosen again."""
+        """Make the folder, at the first write; a fresh one taken meanwhile by another run is chosen again. The
+        folders made are noted, to be removed if the run fails (Note [all or nothing])."""
         if self._made:
             return
-        while self._fresh is not None:
-            try:
-                self.path.mkdir(parents=True)
-                break
-            except FileExistsError:
-                if _free(self.path):
+        try:
+            while self._fresh is not None:
+                made = _absent(self.path)
+                try:
+                    self.path.mkdir(parents=True)
+                    self._staged.folders = made
                     break
-                self.path = fresh_folder(self._fresh)
-        self.path.mkdir(parents=True, exist_ok=True)
+                except FileExistsError:
+                    if _free(self.path):
+                        break
+                    self.path = fresh_folder(self._fresh)
+            if self._fresh is None:
+                made = _absent(self.path)
+                self.path.mkdir(parents=True, exist_ok=True)
+                self._staged.folders = made
+        except OSError as error:
+            raise FolderError(f"cannot make the folder {self.path}: {error.strerror or error}") from None
         self._made = True
 
     def _manifest(self) -> list[str]:
@@ -278,3 +398,8 @@ class OutputFolder:
         except (OSError, ValueError, KeyError):
             return []
         return [f for f in files if isinstance(f, str) and f and f == Path(f).name and f not in (".", "..", MANIFEST)]
+
+
+def _absent(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, innermost first: what making it would make."""
+    return [p for p in (folder, *folder.parents) if not p.exists() and not p.is_symlink()]

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpipe.schedule.size import replace_file
+
 from .machine import facts
 
 __all__ = ["RESULTS", "STAMPS", "command_line", "results_path", "utc_now", "write_json"]
@@ -61,7 +63,4 @@ def write_json(path: Path, payload: Mapping[str, Any], *, command: str,
     doc = {"command": command, "date": utc_now(), "machine": {**found, **(machine or {})}, **payload}
     text = json.dumps(doc, indent=1) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(text)
-    partial.replace(path)
-    return path
+    return replace_file(path, lambda tmp: tmp.write_text(text))  # Note [written whole] in gpipe.schedule.size

@@ -29,8 +29,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from gpipe.schedule.schedule import Schedule
-from gpipe.schedule.size import bounded_text
-from gpipe.schedule.task import Checkpoint, Op, Task, checkpointed
+from gpipe.schedule.size import bounded_text, replace_file
+from gpipe.schedule.task import INDEX, Checkpoint, Op, Task, checkpointed
 
 __all__ = ["COMMUNICATION", "MAX_CSV_BYTES", "from_pipelining", "read_pipelining_csv", "to_pipelining",
            "write_pipelining_csv"]
@@ -44,7 +44,7 @@ _SHOWN = 40  # characters of an action a message shows
 #: the dependencies (the simulator and the executor place them), and we model no FSDP or data-parallel step.
 COMMUNICATION = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"})
 _COMPUTE = ("F", "I", "W", "B")
-_ACTION = re.compile(r"^(\d+)([A-Z][A-Z_]*[A-Z]|[A-Z])(\d*)$")  # 0F1, 1SEND_F0, 2REDUCE_GRAD
+_ACTION = re.compile(rf"^({INDEX})([A-Z][A-Z_]*[A-Z]|[A-Z])({INDEX})?$")  # 0F1, 1SEND_F0, 2REDUCE_GRAD
 _OVERLAP = re.compile(r"^\((.*)\)([A-Z_]+)$")  # (2F3;1B0)OVERLAP_F_B
 
 Actions = Mapping[int, Sequence[object]] | Sequence[Sequence[object]]
@@ -210,7 +210,7 @@ def _word(text: str, rank: int, whole: str) -> tuple[int, str, int] | None:
     match = _ACTION.match(text)
     if match is None:
         raise ValueError(f"rank {rank}: not an action: {whole} (expected e.g. '0F1': stage, type, micro-batch)")
-    stage, kind, microbatch = match.groups()
+    stage, kind, microbatch = match.groups()  # microbatch None: none given
     if kind in COMMUNICATION:
         return None
     if kind not in _COMPUTE:
@@ -226,33 +226,37 @@ def _word(text: str, rank: int, whole: str) -> tuple[int, str, int] | None:
 def write_pipelining_csv(schedule: Schedule, path: str | Path, *, overwrite: bool = False) -> Path:
     """Write ``schedule`` as their CSV (one row per rank, :func:`to_pipelining`'s actions); returns the path.
 
-    Their ``PipelineScheduleMulti._load_csv`` reads it back.
+    Their ``PipelineScheduleMulti._load_csv`` reads it back. The file is written whole and moved into place, never
+    through a link (Note [written whole] in :mod:`gpipe.schedule.size`).
 
     Raises:
         FileExistsError: ``path`` exists and ``overwrite`` is not set (nothing a user has is lost unasked).
     """
-    target = Path(path)
     rows = to_pipelining(schedule)
-    with open(target, "w" if overwrite else "x", newline="") as f:  # "x": refuse an existing file
-        writer = csv.writer(f)
-        for r in range(len(rows)):
-            writer.writerow(rows[r])
-    return target
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f)
+            for r in range(len(rows)):
+                writer.writerow(rows[r])
+
+    return replace_file(path, write, overwrite=overwrite)
 
 
 def read_pipelining_csv(path: str | Path, checkpoint: Checkpoint = "never", name: str | None = None) -> Schedule:
-    """The schedule in their CSV at ``path`` (one row per rank; empty cells idle), by :func:`from_pipelining`.
+    """The schedule in their CSV at ``path`` (one row per rank; empty cells idle; blank lines at the end dropped,
+    Note [blank lines]), by :func:`from_pipelining`.
 
     ``name``: the schedule's name; default the file's name without its suffix. A file of more than
     :data:`MAX_CSV_BYTES` (8 MiB) is refused before it is parsed (Note [indices before tasks]).
 
     Raises:
-        ValueError: the file is larger than :data:`MAX_CSV_BYTES`, is not UTF-8 CSV, or its actions cannot
-            be read (see :func:`from_pipelining`); ``ScheduleError`` among them.
+        ValueError: the file is not a regular file, is larger than :data:`MAX_CSV_BYTES`, is not UTF-8 CSV, or its
+            actions cannot be read (see :func:`from_pipelining`); ``ScheduleError`` among them.
         OSError: the file cannot be opened.
     """
     source = Path(path)
-    text = bounded_text(source, MAX_CSV_BYTES, "utf-8", expected="expected a CSV of actions",
+    text = bounded_text(source, MAX_CSV_BYTES, expected="expected a CSV of actions",
                         too_large="the most a schedule CSV may be (MAX_CSV_BYTES in gpipe.schedule.pipelining); a "
                                   "schedule of a million actions fits")
     reader = csv.reader(io.StringIO(text, newline=""))
@@ -260,4 +264,15 @@ def read_pipelining_csv(path: str | Path, checkpoint: Checkpoint = "never", name
         rows = list(reader)
     except csv.Error as error:
         raise ValueError(f"line {reader.line_num}: not CSV: {error}") from None
+    while rows and _blank(rows[-1]):  # Note [blank lines]
+        rows.pop()
     return from_pipelining(rows, checkpoint, name=source.stem if name is None else name)
+
+
+# Note [blank lines]: each row of their CSV is a rank, an empty one a rank that runs nothing (their _load_csv
+# reads it so), which this project refuses by its number. Blank lines at the end are no rank, only how a file
+# or an editor ends: they are dropped. A file is UTF-8, a byte-order mark dropped, as the text form's
+# (Note [a schedule file read] in gpipe.schedule.size).
+def _blank(row: list[str]) -> bool:
+    """A row read from an empty line, or one of spaces only."""
+    return len(row) <= 1 and not "".join(row).strip()

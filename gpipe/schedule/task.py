@@ -29,6 +29,7 @@ from typing import Literal
 
 __all__ = [
     "CHECKPOINT_MODES",
+    "INDEX",
     "Checkpoint",
     "Op",
     "Task",
@@ -54,7 +55,12 @@ class Op(str, enum.Enum):
         return self.value
 
 
-_TASK_RE = re.compile(r"^\s*([FBRW])(\d+)@(\d+)\s*$")
+#: An index (a micro-batch, a stage, a count) in every text form of a schedule, ours (``F2@1``) and torch
+#: pipelining's (``1F2``): ASCII digits. Python's ``\d``, ``str.isdigit`` and ``int()`` also take other scripts'
+#: digits (``"٣"`` is 3), which would read a word that torch, or a person, reads otherwise.
+INDEX = "[0-9]+"
+
+_TASK_RE = re.compile(rf"^\s*([FBRW])({INDEX})@({INDEX})\s*$")
 
 
 @dataclass(frozen=True, order=True, init=False, slots=True)

@@ -34,12 +34,13 @@ line. With the size cap, :data:`MAX_TEXT_BYTES` (16 MiB, about two million tasks
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import cast
 
 from gpipe.schedule.schedule import Schedule
-from gpipe.schedule.size import bounded_text
-from gpipe.schedule.task import CHECKPOINT_MODES, Checkpoint, Task
+from gpipe.schedule.size import bounded_text, replace_file
+from gpipe.schedule.task import CHECKPOINT_MODES, INDEX, Checkpoint, Task
 
 __all__ = ["HEADER", "MAX_TEXT_BYTES", "parse_schedule", "read_schedule", "schedule_text", "write_schedule"]
 
@@ -162,17 +163,15 @@ def parse_schedule(text: str) -> Schedule:
 
 
 def write_schedule(schedule: Schedule, path: str | Path, *, overwrite: bool = False) -> Path:
-    """Write ``schedule`` in the text form (:func:`schedule_text`) to ``path``; returns the path.
+    """Write ``schedule`` in the text form (:func:`schedule_text`) to ``path``; returns the path. The file is written
+    whole and moved into place, never through a link (Note [written whole] in :mod:`gpipe.schedule.size`).
 
     Raises:
         FileExistsError: ``path`` exists and ``overwrite`` is not set (nothing a user has is lost unasked).
         ScheduleError, ValueError: as :func:`schedule_text`, before the file is opened.
     """
-    target = Path(path)
     text = schedule_text(schedule)
-    with open(target, "w" if overwrite else "x", encoding="utf-8", newline="\n") as f:  # "x": refuse an existing file
-        f.write(text)
-    return target
+    return replace_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8", newline="\n"), overwrite=overwrite)
 
 
 def read_schedule(path: str | Path) -> Schedule:
@@ -182,11 +181,12 @@ def read_schedule(path: str | Path) -> Schedule:
     tasks]).
 
     Raises:
-        ValueError: the file is larger than :data:`MAX_TEXT_BYTES`, is not UTF-8 text, or is not a valid schedule
-            in the text form (the message names the line; see :func:`parse_schedule`).
+        ValueError: the file is not a regular file, is larger than :data:`MAX_TEXT_BYTES`, is not UTF-8 text (a
+            byte-order mark at its start is dropped), or is not a valid schedule in the text form (the message
+            names the line; see :func:`parse_schedule`).
         OSError: the file cannot be opened.
     """
-    text = bounded_text(path, MAX_TEXT_BYTES, "utf-8-sig", expected="expected a schedule in gpipe-sim's text form",
+    text = bounded_text(path, MAX_TEXT_BYTES, expected="expected a schedule in gpipe-sim's text form",
                         too_large="the most a schedule's text may be (MAX_TEXT_BYTES in gpipe.schedule.text); a "
                                   "schedule of two million tasks fits")
     return parse_schedule(text)
@@ -195,7 +195,7 @@ def read_schedule(path: str | Path) -> Schedule:
 def _number(text: str, line: int, what: str, minimum: int = 1) -> int:
     """``text`` as a decimal integer ``>= minimum``, else a ``ValueError`` naming ``line`` and ``what`` it is."""
     word = text.strip()
-    if not word.isascii() or not word.isdigit() or len(word) > _MAX_DIGITS or int(word) < minimum:
+    if not re.fullmatch(INDEX, word) or len(word) > _MAX_DIGITS or int(word) < minimum:
         low = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"line {line}: {what} is {low} (at most {_MAX_DIGITS} digits), got {_show(word)!r}")
     return int(word)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpipe.schedule import Task
+from gpipe.schedule.size import replace_file
 
 __all__ = [
     "COMPUTE",
@@ -303,7 +304,7 @@ class Timeline:
         """
         text = "".join(self._json_pieces())
         if path is not None:
-            Path(path).write_text(text)
+            replace_file(path, lambda tmp: tmp.write_text(text))  # Note [written whole] in gpipe.schedule.size
         return text
 
     def _json_pieces(self) -> Iterator[str]:
@@ -436,13 +437,14 @@ def write_chrome_trace(path: str | Path, timelines: Timeline | Sequence[Timeline
     The same text as ``json.dumps(chrome_trace(...))``, encoded a few thousand events at a time, so
     a big timeline's events never all exist at once.
     """
-    p = Path(path)
-    with p.open("w") as f:
-        f.write('{"traceEvents": [')
-        events, sep = _trace_events(timelines, titles), ""
-        while batch := list(islice(events, 4096)):
-            f.write(sep + json.dumps(batch)[1:-1])
-            sep = ", "
-        f.write('], "displayTimeUnit": "ms"}')
-    return p
+    def write(tmp: Path) -> None:
+        with tmp.open("w") as f:
+            f.write('{"traceEvents": [')
+            events, sep = _trace_events(timelines, titles), ""
+            while batch := list(islice(events, 4096)):
+                f.write(sep + json.dumps(batch)[1:-1])
+                sep = ", "
+            f.write('], "displayTimeUnit": "ms"}')
+
+    return replace_file(path, write)  # Note [written whole] in gpipe.schedule.size
 

@@ -200,7 +200,7 @@ def schedule_file(text: str, checkpoint: str | None) -> Schedule | None:
     if suffix not in (".txt", ".csv"):
         raise CommandError(f"--schedule {text!r} is neither a registered schedule ({', '.join(SCHEDULES)}) nor a "
                            "schedule file: FILE.txt (gpipe-sim's text form) or FILE.csv (torch pipelining's)")
-    if not path.is_file():
+    if not path.exists():  # a folder, a FIFO or a device is named by the reader (gpipe.schedule.size.bounded_text)
         raise CommandError(f"--schedule {path}: no such file")
     try:
         if suffix == ".txt":

@@ -41,7 +41,7 @@ def imported(args: argparse.Namespace) -> Schedule | None:
     if args.import_schedule is None:
         return None
     path = Path(args.import_schedule)
-    if not path.is_file():
+    if not path.exists():  # a folder, a FIFO or a device is named by the reader (gpipe.schedule.size.bounded_text)
         raise CommandError(f"--import-schedule {path}: no such file")
     try:
         return read_pipelining_csv(path, args.checkpoint or "never")
@@ -52,7 +52,8 @@ def imported(args: argparse.Namespace) -> Schedule | None:
 
 
 def export(out: OutputFile | None, schedule: Schedule) -> str | None:
-    """Write ``schedule`` into ``out`` (from :func:`check_export`); the path written."""
+    """Write ``schedule`` beside ``out`` (from :func:`check_export`); ``out.finish()`` moves it into place, with the
+    run's other files (Note [all or nothing] in :mod:`sim.files`). Returns the path it will have."""
     if out is None:
         return None
-    return out.write_with(lambda tmp: write_pipelining_csv(schedule, tmp, overwrite=True))
+    return out.stage(lambda tmp: write_pipelining_csv(schedule, tmp, overwrite=True))

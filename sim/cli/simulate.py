@@ -264,9 +264,15 @@ def run(args: argparse.Namespace) -> int:
     out = output_folder(args, FILES)
     timeline = simulate(schedule, cost, config)
     limits = (None, None) if args.all_files else (PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
-    files = write_files(timeline, out, plot_limit=limits[0], trace_limit=limits[1])
+    schedule_files.export(export, schedule)  # written first, moved into place last: Note [all or nothing] in sim.files
+    try:
+        files = write_files(timeline, out, plot_limit=limits[0], trace_limit=limits[1])
+    except BaseException:
+        if export is not None:
+            export.discard()
+        raise
     if export is not None:
-        files["schedule"] = str(schedule_files.export(export, schedule))
+        files["schedule"] = export.finish()
     note = None if args.all_files else skipped_note(files, len(timeline.spans), PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
     summary = timeline.summary()  # Note [metrics in one pass] in gpipe.schedule.timeline
     model_state = timeline.meta["model_state_bytes"]

@@ -3,6 +3,7 @@ every registered schedule survives a round trip, the words are theirs, bad input
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,15 @@ from gpipe.schedule import (
     Op,
     Schedule,
     ScheduleError,
+    Task,
     from_pipelining,
     gpipe,
     one_f_one_b,
+    parse_schedule,
     parse_tasks,
     read_pipelining_csv,
+    read_schedule,
+    schedule_text,
     to_pipelining,
     write_pipelining_csv,
 )
@@ -157,3 +162,50 @@ def test_a_csv_with_idle_cells_reads(tmp_path: Path) -> None:
     path = tmp_path / "idle.csv"
     path.write_text("0F0,,0B0\n,1F0,1B0\n")
     assert read_pipelining_csv(path).tasks == gpipe(1, 2, "never").tasks
+
+
+def test_a_byte_order_mark_and_blank_lines_at_the_end_are_read_as_the_text_form_reads_them(tmp_path: Path) -> None:
+    """Note [blank lines]: once, a BOM was 'not an action' and a blank last line 'rank 2 runs no compute action'."""
+    plain = "0F0,0F1,0B1,0B0\n1F0,1F1,1B1,1B0\n"
+    for name, data in [("bom.csv", b"\xef\xbb\xbf" + plain.encode()), ("blank.csv", (plain + "\n\n  \n").encode()),
+                       ("crlf.csv", plain.replace("\n", "\r\n").encode() + b"\r\n")]:
+        (tmp_path / name).write_bytes(data)
+        assert read_pipelining_csv(tmp_path / name).tasks == gpipe(2, 2, "never").tasks, name
+    (tmp_path / "middle.csv").write_text("0F0,0B0\n\n1F0,1B0\n")  # a blank row in the middle is a rank: refused
+    with pytest.raises(ValueError, match="rank 1 runs no compute action"):
+        read_pipelining_csv(tmp_path / "middle.csv")
+    (tmp_path / "bad.csv").write_bytes(b"\xef\xbb\xbf0F0,\xff\n")
+    with pytest.raises(ValueError, match=r"byte 7 cannot be read"):  # counted in the file, the mark included
+        read_pipelining_csv(tmp_path / "bad.csv")
+
+
+@pytest.mark.timeout(20)  # a FIFO once waited for a writer forever
+def test_a_folder_a_fifo_or_a_device_is_named_as_what_it_is(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    for path, what in [(tmp_path, "is a folder, not a file"), (fifo, r"is a FIFO \(named pipe\), not a regular file"),
+                       (Path("/dev/zero"), "is a character device, not a regular file")]:
+        with pytest.raises(ValueError, match=what):
+            read_pipelining_csv(path)
+        with pytest.raises(ValueError, match=what):
+            read_schedule(path)
+
+
+# Arabic-Indic three, superscript three, full-width three, mathematical bold three
+@pytest.mark.parametrize("digit", ["\u0663", "\u00b3", "\uff13", "\U0001d7d1"])
+def test_indices_are_ascii_digits_in_both_text_forms(digit: str) -> None:
+    """``0F٣`` once read as ``0F3``, and ``F٣@0`` as ``F3@0``: Python's ``\\d`` and ``int()`` take any script's
+    digits (INDEX in gpipe.schedule.task, the one rule)."""
+    with pytest.raises(ValueError, match="not an action"):
+        from_pipelining([[f"0F{digit}", "0F0", "0B0"]])
+    with pytest.raises(ValueError, match="not an action"):
+        from_pipelining([[f"{digit}F0", "0F0", "0B0"]])
+    with pytest.raises(ValueError, match="not a task"):
+        Task.parse(f"F{digit}@0")
+    with pytest.raises(ValueError, match="not a task"):
+        parse_tasks(f"F0@{digit}")
+    text = schedule_text(gpipe(1, 1, "never")).replace("F0@0", f"F{digit}@0")
+    with pytest.raises(ValueError, match="line 7: not a task"):
+        parse_schedule(text)
+    with pytest.raises(ValueError, match="the micro-batch count is a positive integer"):
+        parse_schedule(schedule_text(gpipe(1, 1, "never")).replace("microbatches: 1", f"microbatches: {digit}"))
