@@ -44,6 +44,9 @@ SOLVERS = ("auto", "cp-sat", "greedy")
 MAX_SOLVER_TASKS = 4_000
 #: Above this many tasks the heuristic tries its ``QUICK`` rules only (each rule costs seconds there).
 MANY_TASKS = 50_000
+#: Tasks one rule of the heuristic orders per second on a slow machine (about half of what a busy two-core
+#: machine does at 48,000 tasks): the rules tried are those this rate fits in half the time limit (Note [rule budget]).
+RULE_TASKS_PER_SECOND = 25_000
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,8 @@ def search(m: int, placement: Sequence[int], costs: StageCosts, memory_limit: fl
         memory_limit: the most activation a device may hold at once (Note [search memory]), in the unit of
             ``costs.activation`` (micro-batches of the device's share when that is ``None``): one number for
             every device, one per device, or ``None`` for no limit.
-        time_limit: seconds for the whole search, model building included; the solver stops within it.
+        time_limit: seconds for the whole search, model building included: the heuristic tries the rules that fit
+            half of it (Note [rule budget]), the solver stops within it.
         seed: the solver's random seed.
         solver: ``"auto"`` (CP-SAT when OR-Tools is installed and the problem is not too large, else the
             heuristic), ``"cp-sat"`` (the heuristic when OR-Tools is missing) or ``"greedy"``.
@@ -111,7 +115,7 @@ def search(m: int, placement: Sequence[int], costs: StageCosts, memory_limit: fl
                                  f"(one micro-batch of each of its stages), limit {limit:g}; raise memory_limit")
     lower = lower_bound(m, problem.placement, costs)
     named, fitting = _named(problem, unit)
-    rules = RULES if problem.size <= MANY_TASKS else RULES[:QUICK]
+    rules = (RULES if problem.size <= MANY_TASKS else RULES[:QUICK])[:_affordable_rules(problem.size, time_limit)]
     orders = [list_schedule(problem, rule) for rule in rules]
     safe = one_at_a_time(problem)
     orders.append((safe, span(problem, safe)))
@@ -142,6 +146,15 @@ def search(m: int, placement: Sequence[int], costs: StageCosts, memory_limit: fl
     seconds = makespan(schedule, costs)
     optimal = (what == "solver" and solved is not None and solved.optimal) or fits(seconds, lower)
     return SearchResult(schedule, seconds, lower, named, peaks, method, optimal)
+
+
+# Note [rule budget]: each rule of the heuristic costs about the same per task, and a large problem's rules
+# alone would outlast a short time limit (nine rules of 48,000 tasks: ten seconds). So the rules tried are the
+# first that fit half the time limit at ``RULE_TASKS_PER_SECOND``, the first one always: a count of the input,
+# not of the clock, so the same input still gives the same schedule (Note [search determinism]).
+def _affordable_rules(size: int, time_limit: float) -> int:
+    """How many of the heuristic's rules fit half of ``time_limit`` for ``size`` tasks (Note [rule budget])."""
+    return max(1, math.floor(0.5 * time_limit * RULE_TASKS_PER_SECOND / max(size, 1)))
 
 
 def _named(problem: Problem, unit: str) -> tuple[dict[str, float | str], list[tuple[str, Schedule]]]:

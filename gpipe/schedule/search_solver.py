@@ -32,10 +32,12 @@ a search it stops may differ from run to run, and its method then says "stopped 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from gpipe.schedule.search_costs import Problem
 from gpipe.schedule.search_greedy import Lists, span
@@ -170,7 +172,8 @@ def solve(problem: Problem, hints: Sequence[Lists], lower: float, *, time_limit:
     params.max_deterministic_time = WORK_PER_SECOND * time_limit
     clock = time.monotonic()
     params.max_time_in_seconds = max(deadline - clock, 0.01)
-    status = solver.solve(model)
+    params.catch_sigint_signal = False  # Note [interrupted search]
+    status = _interruptible(solver, model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     lists: Lists = [[] for _ in range(problem.devices)]
@@ -180,6 +183,40 @@ def solve(problem: Problem, hints: Sequence[Lists], lower: float, *, time_limit:
         return Solved(lists, exact, "cp-sat, optimal" if exact else "cp-sat, optimal for costs rounded to ticks")
     stopped = " (stopped by the wall clock)" if time.monotonic() - clock >= params.max_time_in_seconds * 0.98 else ""
     return Solved(lists, False, f"cp-sat, not proven optimal within the {time_limit:g} s limit{stopped}")
+
+
+# Note [interrupted search]: CP-SAT catches SIGINT itself, stops and returns its best schedule as if its time
+# limit had passed, so a Ctrl-C would read as a result. So it solves without its handler, in a thread of its own,
+# while the caller waits where Python's handler raises KeyboardInterrupt; the search is then stopped and waited
+# for, and the interrupt goes on up: an interrupted search returns nothing.
+def _interruptible(solver: Any, model: Any) -> Any:
+    """``solver.solve(model)``'s status; an exception in the caller's wait (Ctrl-C) stops the search and is raised
+    once it has ended (Note [interrupted search])."""
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def work() -> None:
+        try:
+            outcome.append(solver.solve(model))
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+            outcome.append(error)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="cp-sat", daemon=True).start()
+    try:
+        done.wait()
+    except BaseException:
+        while not done.is_set():  # stop_search does nothing until the solve has begun: ask until it ends
+            try:
+                solver.stop_search()
+                done.wait(0.05)
+            except KeyboardInterrupt:  # a second Ctrl-C: it is stopping already
+                pass
+        raise
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def _in_ticks(problem: Problem, lists: Lists, dur: Sequence[int], copy: int) -> tuple[list[int], int]:

@@ -25,7 +25,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import torch
 from torch import Tensor, nn
@@ -108,13 +108,43 @@ def loss_of(output: Batch) -> Tensor:
     return torch.stack([t.to(terms[0].device) for t in terms]).sum()
 
 
-def progress_labels(setup: Setup) -> list[str]:
-    """The units of work :func:`run` reports to its ``progress`` callback, in order (for a progress bar)."""
-    labels = [] if setup.balance is not None else ["balance"]
-    labels += ["calibrate", "overheads"]
-    labels += [f"warm-up step {k + 1}" for k in range(setup.warmup_steps)]
-    labels += [f"step {k + 1}" for k in range(setup.steps)]
-    return labels + ["simulate", "compare"]
+def progress_labels(setup: Setup) -> Sequence[str]:
+    """The units of work :func:`run` reports to its ``progress`` callback, in order (for a progress bar); each label
+    is made when it is asked for, so any number of steps costs no memory."""
+    return _Labels(() if setup.balance is not None else ("balance",), setup.warmup_steps, setup.steps)
+
+
+class _Labels(Sequence[str]):
+    """The labels of :func:`progress_labels`: ``first``, the warm-up steps, the steps, then simulate and compare."""
+
+    LAST = ("simulate", "compare")
+
+    def __init__(self, first: tuple[str, ...], warmup_steps: int, steps: int) -> None:
+        self.first = (*first, "calibrate", "overheads")
+        self.warmup_steps, self.steps = warmup_steps, steps
+
+    def __len__(self) -> int:
+        return len(self.first) + self.warmup_steps + self.steps + len(self.LAST)
+
+    @overload
+    def __getitem__(self, k: int) -> str: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, k: int | slice) -> str | Sequence[str]:
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"label {k} of {len(self)}")
+        k %= len(self)
+        if k < len(self.first):
+            return self.first[k]
+        k -= len(self.first)
+        if k < self.warmup_steps:
+            return f"warm-up step {k + 1}"
+        k -= self.warmup_steps
+        return f"step {k + 1}" if k < self.steps else self.LAST[k - self.steps]
 
 
 # -- the run ---------------------------------------------------------------------------------------

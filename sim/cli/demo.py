@@ -42,7 +42,11 @@ from sim.cli import CommandError, processes  # noqa: E402
 from sim.cli.options import ScheduleNames, add_out, integer, output_folder, schedules_help, seed  # noqa: E402
 from sim.files import OutputFolder, json_text  # noqa: E402
 
-__all__ = ["add_common_options", "add_parser", "check_chunks", "describe", "execute", "run_command"]
+__all__ = ["MAX_STEPS", "add_common_options", "add_parser", "check_chunks", "describe", "execute", "run_command"]
+
+#: The most ``--steps``: each step runs a training step and a profiling pass, and its timeline and pass stay in
+#: memory until the comparison, so a thousand already take many minutes; a billion would fill the memory first.
+MAX_STEPS = 1000
 
 
 def add_parser(subparsers: Any) -> None:
@@ -73,7 +77,7 @@ def add_common_options(p: argparse.ArgumentParser, *, out: str) -> None:
                    help="partitions of the model, balanced by time (default: one per device, two without --devices)")
     p.add_argument("--steps", type=int, default=Setup.steps, metavar="K",
                    help="training steps measured; the step of median makespan is compared (default: "
-                        f"{Setup.steps})")
+                        f"{Setup.steps}; at most {MAX_STEPS})")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the input and PyTorch (default: 0)")
     add_out(p, out, "timeline.png, trace.json and report.json")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of the table")
@@ -88,7 +92,7 @@ def check_common(args: argparse.Namespace) -> OutputFolder:
     """Reject bad values of the shared options (one-line errors); return the output folder, checked before any
     work (:mod:`sim.files`)."""
     integer("--chunks", args.chunks, 1)
-    integer("--steps", args.steps, 1)
+    integer("--steps", args.steps, 1, MAX_STEPS)
     if args.stages is not None:
         integer("--stages", args.stages, 1)
     seed("--seed", args.seed)
@@ -141,13 +145,15 @@ def execute(model: nn.Sequential, batch: Batch, setup: Setup, args: argparse.Nam
 
     check_chunks(setup.chunks, batch)
     keep_freed_memory()  # sim.calibration.machine, Note [allocator]
-    labels = progress_labels(setup)
+    labels = progress_labels(setup)  # each made when shown: a count and a label per position, not a list
+    done = 0
     with tqdm(total=len(labels), desc="starting", unit="step", file=sys.stderr, leave=False,
               disable=args.no_progress, bar_format="{desc:<18}{bar}| {n_fmt}/{total_fmt} [{elapsed}]") as bar:
-        def progress(label: str) -> None:
+        def progress(_label: str) -> None:  # run reports the units of progress_labels in their order
+            nonlocal done
+            done += 1
             bar.update(1)
-            k = labels.index(label) + 1 if label in labels else len(labels)
-            bar.set_description_str(labels[k] if k < len(labels) else "done")
+            bar.set_description_str(labels[done] if done < len(labels) else "done")
 
         bar.set_description_str(labels[0])
         outcome = run(model, batch, setup, progress=progress, description=description)

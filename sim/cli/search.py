@@ -13,7 +13,8 @@ then writes into ``--out``::
     timeline.png   the simulated timeline of the searched schedule
     search.json    makespan, lower_bound, named (each named schedule's makespan, or why it does not fit), schedule
 
-Bad input is one line naming the flag, exit status 2, before anything is written.
+Bad input is one line naming the flag, exit status 2, before anything is written. A search interrupted (Ctrl-C)
+exits with status 130 and leaves ``--out`` as it was (Note [all or nothing] in :mod:`sim.files`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--memory-bytes", default=None, metavar="LIST",
                    help="bytes of activations each device may hold (with --activation-bytes)")
     p.add_argument("--time-limit", type=float, default=10.0, metavar="S",
-                   help="seconds the solver may take (default: 10); the heuristic's answer stands when it runs out")
+                   help="seconds the search may take: the heuristic tries the rules that fit half of it, the solver "
+                        "stops within it and the heuristic's answer stands when it runs out (default: 10)")
     p.add_argument("--solver", choices=("auto", "cp-sat", "greedy"), default="auto",
                    help="auto: OR-Tools' CP-SAT where installed and the problem is not too large, else the greedy "
                         "heuristic (default: auto)")
@@ -184,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
 
     files.append(out.write_with("timeline.png", lambda path: plot_timeline(timeline, path)))
     files.append(out.write_json("search.json", doc, indent=1))
-    out.finish()
+    out.finish()  # every file moves into place only now (Note [all or nothing] in sim.files)
     if args.json:
         print(json_text(doc))
         return 0

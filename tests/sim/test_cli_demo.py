@@ -124,7 +124,7 @@ def test_a_file_path_target_loads(models: Path) -> None:
 
 
 def test_progress_labels_count_every_unit() -> None:
-    labels = progress_labels(Setup(steps=3, warmup_steps=1))
+    labels = list(progress_labels(Setup(steps=3, warmup_steps=1)))
     assert labels == ["balance", "calibrate", "overheads", "warm-up step 1", "step 1", "step 2", "step 3",
                       "simulate", "compare"]
     assert progress_labels(Setup(balance=(1, 2), steps=1, warmup_steps=0))[0] == "calibrate"
