@@ -7,7 +7,6 @@ import argparse
 from typing import Any
 
 from sim.cli import CommandError
-from sim.cli.options import integer
 from sim.files import OutputFile, json_text
 from sim.planning.hardware import DEVICES, LINKS
 
@@ -34,9 +33,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from sim.planning.calibrate_device import calibrate_cpu
+    from sim.planning.calibrate_device import calibrate_cpu, check_threads
 
-    integer("--threads", args.threads, 1)
+    check_threads(args.threads, "--threads")  # before the file is checked and anything is timed
     out = OutputFile(args.out, force=args.force, example="cpu.json") if args.out is not None else None  # before
     result = calibrate_cpu(threads=args.threads)
     dev = result.device

@@ -27,7 +27,8 @@ all-reduces that cross nodes use (:mod:`sim.planning.cluster`).
 
 ``--model`` takes a built-in (``gpt:SIZE``, ``llama:SIZE``, ``gpt:layers=...``, ``llama:layers=...``, ``resnet101``,
 ``unet:B,C``, ``amoebanet:L,D``; ``--help`` has them) or a user's ``MODULE:FUNCTION`` (a dotted module or a file),
-whose function takes no arguments and returns an ``nn.Sequential`` and a sample input (batch in dimension 0).
+whose function takes no arguments and returns an ``nn.Sequential`` and a sample input (batch in dimension 0). A
+built-in past a size cap (:mod:`sim.planning.models.limits`) is refused with an estimate before anything is counted.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from sim.planning.plan import (
     resolve_network,
 )
 from sim.planning.recompute import CHECKPOINTS
+from sim.planning.request import shard_keys
 from sim.planning.training import training_policy
 from sim.planning.zero import ZERO_STAGES
 
@@ -403,10 +405,9 @@ def _shards(spec: str, degrees: list[int], splits: list[bool]) -> dict[tuple[int
         return None
     entry = get_model(spec)
     out = {(1, False): entry}
-    for t in sorted(set(degrees)):
-        for sp in dict.fromkeys(splits):
-            if t > 1 or not sp:
-                out[(t, sp)] = entry.tensor_parallel(t, sequence_parallel=sp)
+    for t, sp in shard_keys(degrees, splits):  # t = 1 without sequence parallelism (Note [sequence parallel needs
+        # ranks] in sim.planning.request)
+        out[(t, sp)] = entry.tensor_parallel(t, sequence_parallel=sp)
     return out
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import sysconfig
@@ -82,8 +83,8 @@ def load_target(spec: str, what: str = "") -> Target:
         what: a prefix for messages (``"--model: "``).
 
     Raises:
-        CommandError: a malformed spec, a module or file that is not there, a function that is not there
-            or is not callable.
+        CommandError: a malformed spec, a module or file that is not there, a function that is not there,
+            is not callable or cannot be called with no arguments.
         UserCodeError: the module raised while it was imported.
     """
     module_name, sep, func_name = spec.rpartition(":")
@@ -95,7 +96,24 @@ def load_target(spec: str, what: str = "") -> Target:
         raise CommandError(f"{what}module {module_name!r} has no function {func_name!r}")
     if not callable(func):
         raise CommandError(f"{what}{spec} is a {type(func).__name__}, not a function")
+    _check_no_arguments(func, spec, what)
     return Target(spec, func, getattr(module, "__file__", None))
+
+
+def _check_no_arguments(func: Callable[..., Any], spec: str, what: str) -> None:
+    """Refuse a function that cannot be called with no arguments: the spec names the wrong function, which is the
+    user's input (one line), not a bug in their code. A ``TypeError`` raised inside the function stays theirs."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # a builtin or extension without a signature: its call will tell
+        return
+    try:
+        signature.bind()
+    except TypeError:
+        required = [p.name for p in signature.parameters.values() if p.default is p.empty
+                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        raise CommandError(f"{what}{spec} takes arguments ({', '.join(required)}); name a function of no arguments "
+                           "that returns (nn.Sequential, sample input)") from None
 
 
 def call(target: Target) -> Any:

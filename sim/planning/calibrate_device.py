@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gpipe.interpreter.affinity import available_cores
 from sim.planning.calibrate_split import measure_split, with_split_overhead
 from sim.planning.counts import VECTOR_MATH
 from sim.planning.flops import count_layers
@@ -36,7 +37,8 @@ from sim.planning.operators import _Recorder
 from sim.planning.roofline import Roofline
 from sim.planning.roofline_fit import Fit, Timed, fit_roofline, predict_seconds
 
-__all__ = ["CONVOLUTIONS", "GEMMS", "MEMORY_SIZES", "POOL_BYTES", "Calibration", "Measurement", "calibrate_cpu"]
+__all__ = ["CONVOLUTIONS", "GEMMS", "MEMORY_SIZES", "POOL_BYTES", "Calibration", "Measurement", "calibrate_cpu",
+           "check_threads"]
 
 #: Matrix multiplies timed: (layout, batch, M, N, K); ``tn``/``nt`` read the first/second operand transposed (as a
 #: linear layer's weight and input gradients do), ``bmm`` stacks ``batch`` products.
@@ -265,6 +267,18 @@ def _measure(repeats: int, between: Callable[[], object] | None) -> tuple[float,
     return dispatch.seconds, step.seconds / kernels, 2 * big.nbytes / stream.seconds, timings
 
 
+def check_threads(threads: int, what: str = "threads") -> None:
+    """Refuse fewer than one thread, or more than the cores this process may run on: more threads than cores time
+    contention, not the CPU, and torch crashes on tens of thousands of them.
+
+    Raises:
+        ValueError: one line naming ``what`` and the cores.
+    """
+    cores = len(available_cores())
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= cores:
+        raise ValueError(f"{what} must be from 1 to {cores} (the cores this process may run on), got {threads!r}")
+
+
 def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-machine",
                   between: Callable[[], object] | None = None) -> Calibration:
     """Time kernels on this CPU with ``threads`` threads and fit its fp32 roofline (see the module docstring).
@@ -278,10 +292,11 @@ def calibrate_cpu(repeats: int = 5, threads: int = 1, name: str = "cpu-this-mach
     its peak is the fastest compute class's rate (Note [fitting order] in :mod:`sim.planning.roofline_fit`).
 
     Raises:
-        ValueError: ``repeats`` or ``threads`` below 1.
+        ValueError: ``repeats`` below 1, or ``threads`` not from 1 to this process's cores (:func:`check_threads`).
     """
-    if repeats < 1 or threads < 1:
-        raise ValueError(f"repeats and threads must be >= 1, got {repeats} and {threads}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    check_threads(threads)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

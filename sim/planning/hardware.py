@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sim.core.link import LinkSpec
-from sim.planning.roofline import Roofline
+from sim.planning.roofline import Roofline, json_number, short
 
 __all__ = ["DEVICES", "LINKS", "DeviceSpec", "get_device", "get_link", "load_device"]
 
@@ -33,11 +33,24 @@ GB = 10**9  # bytes (bandwidths)
 TFLOPS = 1e12  # FLOP/s
 
 
-def _positive(what: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
-        raise ValueError(f"{what} must be a finite number, got {value!r}")
+# Note [device bounds]: a device's figures are bounded far above any product's (GB200: 5e15 FLOP/s dense fp8,
+# 8e12 bytes/s; MI325X: 2.6e11 bytes), so a description from a file with a typo or a huge literal is refused when
+# it is read, and every sum of its seconds and bytes stays a finite float. A description is a few kilobytes of JSON.
+MAX_FLOPS = 1e18  # FLOP/s: 200 times the fastest device's
+MAX_BANDWIDTH = 1e15  # bytes/s
+MAX_MEMORY = 2**50  # bytes, a pebibyte: a host with terabytes of memory still fits
+MAX_FILE_BYTES = 2**20  # of a device description
+MAX_PRICE = 1e9  # USD per hour
+
+
+def _positive(what: str, value: float, maximum: float = math.inf) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
+                                                                            and not math.isfinite(value)):
+        raise ValueError(f"{what} must be a finite number, got {short(value)}")
     if value <= 0:
-        raise ValueError(f"{what} must be > 0, got {value!r}")
+        raise ValueError(f"{what} must be > 0, got {short(value)}")
+    if value > maximum:  # an int too large for a float compares exactly
+        raise ValueError(f"{what} must be at most {maximum:.3g} (Note [device bounds]), got {short(value)}")
 
 
 @dataclass(frozen=True)
@@ -72,15 +85,15 @@ class DeviceSpec:
         if not self.peak_flops:
             raise ValueError(f"device {self.name!r} needs a peak FLOP/s figure for at least one dtype")
         for dtype, flops in self.peak_flops.items():
-            _positive(f"device {self.name!r} peak FLOP/s for {dtype}", flops)
+            _positive(f"device {self.name!r} peak FLOP/s for {dtype}", flops, MAX_FLOPS)
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
-        _positive(f"device {self.name!r} memory bandwidth (bytes/s)", self.memory_bandwidth)
-        _positive(f"device {self.name!r} memory capacity (bytes)", self.memory_bytes)
+        _positive(f"device {self.name!r} memory bandwidth (bytes/s)", self.memory_bandwidth, MAX_BANDWIDTH)
+        _positive(f"device {self.name!r} memory capacity (bytes)", self.memory_bytes, MAX_MEMORY)
         _positive(f"device {self.name!r} efficiency", self.efficiency)
         if self.efficiency > 1:
             raise ValueError(f"device {self.name!r} efficiency is a fraction of peak, got {self.efficiency!r} > 1")
         if self.price_per_hour is not None:
-            _positive(f"device {self.name!r} price per hour", self.price_per_hour)
+            _positive(f"device {self.name!r} price per hour", self.price_per_hour, MAX_PRICE)
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -131,9 +144,11 @@ class DeviceSpec:
         if missing:
             raise ValueError(f"a device description needs {', '.join(missing)} (see DeviceSpec.to_dict)")
         roofline = data.get("roofline")
-        return cls(str(data["name"]), dict(data["peak_flops"]), float(data["memory_bandwidth"]),
-                   int(data["memory_bytes"]), float(data.get("efficiency", 0.5)), data.get("price_per_hour"),
-                   str(data.get("description", "")), None if roofline is None else Roofline.from_dict(roofline))
+        return cls(str(data["name"]), dict(data["peak_flops"]), json_number(data, "memory_bandwidth"),
+                   json_number(data, "memory_bytes", int), json_number(data, "efficiency", default=0.5),
+                   data.get("price_per_hour"), str(data.get("description", "")),
+                   None if roofline is None else Roofline.from_dict(roofline))
+
 
 
 # -- the catalog -------------------------------------------------------------------------------------
@@ -330,15 +345,30 @@ def load_device(path: str | Path) -> DeviceSpec:
     """A device saved as JSON (:meth:`DeviceSpec.to_dict`; ``gpipe-sim hardware --calibrate-cpu --out``).
 
     Raises:
-        ValueError: the file is not a device description (the message names the file and the field).
-        OSError: the file cannot be read.
+        ValueError: the file is not a device description: not JSON, nested too deep, larger than a description
+            (:data:`MAX_FILE_BYTES`), a field missing or out of range (Note [device bounds]); or it cannot be read.
+            The message is one line naming the file.
+        FileNotFoundError: there is no such file.
     """
     import json
 
     try:
-        return DeviceSpec.from_dict(json.loads(Path(path).read_text()))
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path}: not a device description: {exc}") from None
+        with open(path, "rb") as file:
+            raw = file.read(MAX_FILE_BYTES + 1)  # a FIFO or a device file ends here too
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValueError(f"{path}: not a device description: larger than {MAX_FILE_BYTES:,} bytes (one is a few "
+                         "kilobytes of JSON)")
+    try:
+        return DeviceSpec.from_dict(json.loads(raw))
+    except RecursionError:
+        raise ValueError(f"{path}: not a device description: JSON nested too deep") from None
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        raise ValueError(f"{path}: not a device description: {lines[0]}") from None
 
 
 def get_device(name: str) -> DeviceSpec:

@@ -24,7 +24,7 @@ from sim.planning.training import Training, training_policy
 from sim.planning.zero import ZERO_STAGES
 
 __all__ = ["GPUS_PER_NODE", "VIRTUAL", "PlanRequest", "check_request", "check_search", "check_tensor_parallel",
-           "check_zero_stages", "default_training", "resolve_link", "resolve_network"]
+           "check_zero_stages", "default_training", "resolve_link", "resolve_network", "shard_keys"]
 
 GPUS_PER_NODE = 8  # a tensor-parallel group stays inside a node (Note [tensor parallel ranks])
 VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages], sweep.py)
@@ -124,6 +124,15 @@ def check_tensor_parallel(tensor_parallel: Sequence[int], gpus: Sequence[int],
         bad = [g for g in gpus if g % t]
         if bad:
             raise ValueError(f"tensor parallel {t} does not divide {bad[0]} GPUs")
+
+
+# Note [sequence parallel needs ranks]: sequence parallelism splits the tokens over the tensor-parallel ranks; at
+# t = 1 there is nothing to split, so it is the same as none (as Megatron-LM runs it), and a sweep prices t = 1
+# without it: ``--tensor-parallel 1,2 --sequence-parallel on`` prices (1, off) and (2, on).
+def shard_keys(degrees: Sequence[int], splits: Sequence[bool]) -> list[tuple[int, bool]]:
+    """The ``(tensor_parallel, sequence_parallel)`` pairs a sweep prices, each once (Note [sequence parallel needs
+    ranks])."""
+    return list(dict.fromkeys((t, bool(sp) and t > 1) for t in dict.fromkeys(degrees) for sp in dict.fromkeys(splits)))
 
 
 def check_zero_stages(zero: Sequence[int]) -> None:
@@ -281,10 +290,9 @@ class PlanRequest:
 
     @property
     def shards(self) -> list[tuple[int, bool]]:
-        """The ``(tensor_parallel, sequence_parallel)`` counts the sweep prices (sequence parallelism only with
-        ``t > 1``)."""
-        degrees, splits = self.degrees, self.splits
-        return [(t, sp) for t in degrees for sp in splits if t > 1 or not sp] or [(t, False) for t in degrees]
+        """The ``(tensor_parallel, sequence_parallel)`` counts the sweep prices: each pair asked, less sequence
+        parallelism at ``t = 1`` (:func:`shard_keys`)."""
+        return shard_keys(self.degrees, self.splits)
 
     @property
     def layers(self) -> int:
@@ -298,6 +306,8 @@ class PlanRequest:
         resolve_link(self.link, device)
         counts = self.counts
         check_tensor_parallel(self.degrees, self.gpus, self.gpus_per_node)
+        if not self.splits:
+            raise ValueError("sequence_parallel lists False and/or True, got none")
         check_zero_stages(self.zero)
         check_search(self.search)
         for t, sp in self.shards:

@@ -45,9 +45,40 @@ class MissingDeviceParameterError(KeyError):
 
 
 def _fraction(what: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or not 0 < value <= 1:
-        raise ValueError(f"{what} is a fraction in (0, 1], got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:  # NaN fails too
+        raise ValueError(f"{what} is a fraction in (0, 1], got {short(value)}")
     return float(value)
+
+
+def short(value: object) -> str:
+    """``repr(value)`` cut to part of a line: a huge integer from a file prints as its length."""
+    if isinstance(value, int) and abs(value) >= 10**40:
+        return f"an integer of about {value.bit_length() * 3 // 10 + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def json_number(data: Mapping[str, Any], key: str, kind: type = float, default: float | None = None,
+                what: str = "") -> Any:
+    """``kind(data[key])`` (``default`` where absent, ``None`` kept), refused in one line naming ``what`` and ``key``
+    where it is not a number of that kind: a string, a list, an integer too large for a float, an infinity for an
+    integer."""
+    value = data.get(key, default)
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{what}{key} must be a finite number, got {short(value)}") from None
+
+
+# Note [roofline bounds]: a kernel's fixed cost and a split's host seconds are microseconds and a GEMM tile is tens to
+# hundreds wide, so a roofline read from a file refuses more than a second per kernel or a half_dim above 2^20: the
+# sums of a step's seconds stay finite and meaningful.
+MAX_KERNEL_SECONDS = 1.0
+MAX_HALF_DIM = 2.0**20
 
 
 # Note [GEMM shape factor]: a GEMM runs in tiles (a GPU's thread blocks, a CPU's register blocks); a dimension
@@ -129,15 +160,17 @@ class Roofline:
         _fraction("roofline memory fraction", self.memory)
         if self.vector_math is not None:
             _fraction("roofline vector_math fraction", self.vector_math)
-        if not (isinstance(self.kernel_seconds, (int, float)) and 0 <= self.kernel_seconds < math.inf):
-            raise ValueError(f"roofline kernel_seconds must be a finite number >= 0, got {self.kernel_seconds!r}")
-        for name in ("half_dim", "split_input_seconds", "split_weight_seconds"):
+        for name, most in (("kernel_seconds", MAX_KERNEL_SECONDS), ("half_dim", MAX_HALF_DIM),
+                           ("split_input_seconds", MAX_KERNEL_SECONDS), ("split_weight_seconds", MAX_KERNEL_SECONDS)):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value < math.inf):
-                raise ValueError(f"roofline {name} must be a finite number >= 0, got {value!r}")
+                raise ValueError(f"roofline {name} must be a finite number >= 0, got {short(value)}")
+            if value > most:
+                raise ValueError(f"roofline {name} must be at most {most:g} (Note [roofline bounds]), got {value!r}")
         conv = self.convolution_half_dim
-        if conv is not None and not (isinstance(conv, (int, float)) and 0 <= conv < math.inf):
-            raise ValueError(f"roofline convolution_half_dim must be a finite number >= 0 or None, got {conv!r}")
+        if conv is not None and not (isinstance(conv, (int, float)) and 0 <= conv <= MAX_HALF_DIM):
+            raise ValueError(f"roofline convolution_half_dim must be a finite number from 0 to {MAX_HALF_DIM:g} or "
+                             f"None, got {short(conv)}")
 
     def fraction(self, kind: int, dtype: str, device: str = "this device", backward: bool = False) -> float:
         """The fraction of peak kernels of ``kind`` reach in ``dtype`` (``backward``: in the backward pass).
@@ -200,9 +233,10 @@ class Roofline:
         missing = [k for k in ("matmul", "convolution", "memory", "kernel_seconds", "half_dim") if k not in data]
         if missing:
             raise ValueError(f"a roofline needs {', '.join(missing)}; see sim.planning.roofline.Roofline")
-        return cls(dict(data["matmul"]), dict(data["convolution"]), float(data["memory"]),
-                   float(data["kernel_seconds"]), float(data["half_dim"]), str(data.get("source", "")),
-                   dict(data.get("convolution_backward", {})),
-                   None if data.get("vector_math") is None else float(data["vector_math"]),
-                   None if data.get("convolution_half_dim") is None else float(data["convolution_half_dim"]),
-                   float(data.get("split_input_seconds", 0.0)), float(data.get("split_weight_seconds", 0.0)))
+        def number(key: str, default: float | None = None) -> Any:
+            return json_number(data, key, default=default, what="roofline ")
+
+        return cls(dict(data["matmul"]), dict(data["convolution"]), number("memory"), number("kernel_seconds"),
+                   number("half_dim"), str(data.get("source", "")), dict(data.get("convolution_backward", {})),
+                   number("vector_math"), number("convolution_half_dim"), number("split_input_seconds", 0.0),
+                   number("split_weight_seconds", 0.0))

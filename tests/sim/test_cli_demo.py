@@ -89,7 +89,7 @@ def test_both_commands_are_registered_with_their_options() -> None:
     (["compare", "usermodels:good", "--devices", "tpu,cpu"], "'tpu'"),
     (["compare", "usermodels:good", "--devices", "cpu,cpu,cpu,cpu"], "4 partitions for a model of 3 layers"),
     (["compare", "usermodels:good", "--chunks", "0"], "--chunks must be >= 1"),
-    (["demo", "--steps", "0"], "--steps must be >= 1"),
+    (["demo", "--steps", "0"], "--steps 0 is out of range: it takes integers from 1 to 1000"),
     (["demo", "--chunks", "65"], "--chunks 65 is more than the 64 samples"),
     (["compare", "usermodels:good", "--chunks", "9"], "--chunks 9 is more than the 8 samples"),
 ])

@@ -18,6 +18,9 @@ Specs::
     unet:B,C          U-Net (B, C): B convolutions per block, C channels at the top (unet = unet:5,64)
     amoebanet:L,D     AmoebaNet-D (L, D): L normal cells, D filters (amoebanet = amoebanet:18,256)
 
+Each size has a cap far above the family's largest published model (up to 2,048 decoder blocks, U-Net B 64,
+AmoebaNet-D L 96; Note [size caps] in :mod:`sim.planning.models.limits`): past it a spec is refused when it is read.
+
 :func:`get_model` returns a :class:`ModelSpec`, which builds the module (on the meta device by
 default, so a 175B model costs nothing) and a sample input of any batch size; for the decoders,
 :meth:`ModelSpec.tensor_parallel` names one rank's shard of a tensor-parallel split, with sequence parallelism or
@@ -300,12 +303,12 @@ def get_model(spec: str) -> ModelSpec:
                          resnet101, lambda b, d: resnet_sample(b, 224, d))
     if family == "unet":
         blocks, channels = _ints(spec, arg, ("B", "C")) if arg else (5, 64)
-        check_unet(blocks, channels)
+        _config(spec, check_unet, {"blocks": blocks, "channels": channels})
         return ModelSpec(f"unet:{blocks},{channels}", f"U-Net ({blocks}, {channels}), 192x192 images",
                          lambda: unet(blocks, channels), lambda b, d: unet_sample(b, 192, d))
     if family == "amoebanet":
         layers, filters = _ints(spec, arg, ("L", "D")) if arg else (18, 256)
-        check_amoebanet(layers, filters)
+        _config(spec, check_amoebanet, {"layers": layers, "filters": filters})
         return ModelSpec(f"amoebanet:{layers},{filters}", f"AmoebaNet-D ({layers}, {filters}), 224x224 images",
                          lambda: amoebanet(layers, filters), lambda b, d: amoebanet_sample(b, 224, d))
     raise KeyError(f"unknown model {spec!r}; known: {', '.join(KNOWN)}")

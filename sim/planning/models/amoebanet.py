@@ -26,6 +26,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from sim.planning.models.limits import check_amoebanet_size
+
 __all__ = ["Cell", "amoebanet", "amoebanet_sample", "check_amoebanet"]
 
 
@@ -151,10 +153,12 @@ class Classifier(nn.Module):
 
 
 def check_amoebanet(layers: int, filters: int) -> None:
-    """Raise ``ValueError`` unless L is a positive multiple of 3 and D a positive multiple of 16."""
+    """Raise ``ValueError`` unless L is a positive multiple of 3 and D a positive multiple of 16, both within the
+    planner's caps (Note [size caps] in :mod:`sim.planning.models.limits`)."""
     if layers < 3 or layers % 3 or filters < 16 or filters % 16:
         raise ValueError(f"AmoebaNet-D needs L a positive multiple of 3 and D a multiple of 16, "
                          f"got L={layers}, D={filters}")
+    check_amoebanet_size(layers, filters)
 
 
 def amoebanet(layers: int = 18, filters: int = 256, num_classes: int = 1000) -> nn.Sequential:

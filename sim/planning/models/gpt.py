@@ -84,6 +84,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sim.planning.models.kernels import bias_dropout_add, bias_gelu, causal_softmax, flash_attention
+from sim.planning.models.limits import check_decoder_size
 from sim.planning.tensor_parallel import column_parallel, reduce_from_tensor_parallel, scatter_to_sequence_parallel
 
 __all__ = ["ATTENTIONS", "CONFIGS", "GPTConfig", "gpt", "gpt_config", "gpt_sample"]
@@ -159,6 +160,8 @@ class GPTConfig:
         if self.d_ff % t:
             raise ValueError(f"tensor parallel {t} does not divide the MLP's width {self.d_ff}")
         check_sequence_parallel(self.sequence_parallel, t, self.seq_len)
+        check_decoder_size(self.n_layer, self.d_model, self.d_ff, self.seq_len, self.vocab_size, self.n_head,
+                           self.parameters)
 
     @property
     def shard_vocab(self) -> int:

@@ -49,6 +49,7 @@ from torch import nn
 
 from sim.planning.models.gpt import ATTENTIONS, check_sequence_parallel, decoder, token_ids
 from sim.planning.models.kernels import flash_attention
+from sim.planning.models.limits import check_decoder_size
 from sim.planning.tensor_parallel import column_parallel, reduce_from_tensor_parallel
 
 __all__ = ["CONFIGS", "LlamaConfig", "llama", "llama_config", "llama_sample"]
@@ -108,6 +109,8 @@ class LlamaConfig:
         if self.ffn % t:
             raise ValueError(f"tensor parallel {t} does not divide the MLP's width {self.ffn}")
         check_sequence_parallel(self.sequence_parallel, t, self.seq_len)
+        check_decoder_size(self.n_layer, self.d_model, self.ffn, self.seq_len, self.vocab_size, self.n_head,
+                           self.parameters)
 
     @property
     def shard_vocab(self) -> int:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sim.planning.models.layers import Fork, OnFirst
+from sim.planning.models.limits import check_unet_size
 
 __all__ = ["PopCat", "check_unet", "unet", "unet_sample"]
 
@@ -60,9 +61,11 @@ def _units(prefix: str, c_in: int, c_mid: int, c_out: int, count: int) -> list[t
 
 
 def check_unet(blocks: int, channels: int) -> None:
-    """Raise ``ValueError`` unless B >= 1 and C is even and >= 2 (the last decoder level has C/2)."""
+    """Raise ``ValueError`` unless B >= 1 and C is even and >= 2 (the last decoder level has C/2), both within the
+    planner's caps (Note [size caps] in :mod:`sim.planning.models.limits`)."""
     if blocks < 1 or channels < 2 or channels % 2:
         raise ValueError(f"U-Net needs B >= 1 and an even C >= 2, got B={blocks}, C={channels}")
+    check_unet_size(blocks, channels)
 
 
 def unet(blocks: int = 5, channels: int = 64, in_channels: int = 3, out_channels: int = 1) -> nn.Sequential:
