@@ -13,7 +13,8 @@ from figures.common import save
 #: every tensor-parallel degree with sequence parallelism off and on, ZeRO 0, 1 and 3, recompute per layer or of
 #: the attention core alone (1,234 configurations, a few seconds).
 LARGE_PLAN: dict[str, Any] = {
-    "model": "llama:layers=80,hidden=8192,heads=64,kv-heads=8,ffn=28672,seq=8192,vocab=128256",
+    "model": "llama:layers=80,hidden=8192,heads=64,kv-heads=8,ffn=28672,seq=8192,vocab=128256,kernels=eager,"
+             "attention=math",  # the math attention, for selective recompute
     "device": "h100-sxm", "batch": 256, "gpus": 64, "link": "nvlink4", "network": "infiniband-ndr",
     "tensor_parallel": (1, 2, 4, 8), "zero": (0, 1, 3), "checkpoints": ("layers", "selective")}
 

@@ -92,9 +92,10 @@ def add_parser(subparsers: Any) -> None:
                    help="gpt:SIZE (125m..175b), llama:SIZE (8b, 70b, 405b), "
                         "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F], "
                         "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V, "
-                        "resnet101, unet:B,C, amoebanet:L,D, or MODULE:FUNCTION; a gpt or llama size or shape takes "
-                        "the options attention=flash (FlashAttention, no s x s tensor kept; gpt:175b,attention=flash) "
-                        "and, for gpt, kernels=megatron (Megatron-LM's fused kernels)")
+                        "resnet101, unet:B,C, amoebanet:L,D, or MODULE:FUNCTION; a gpt or llama runs by default "
+                        "what Megatron-Core runs: FlashAttention (no s x s tensor kept) and the fused kernels; "
+                        "attention=math writes attention out (for --checkpoint selective), kernels=eager runs every "
+                        "operator as its own kernel (gpt:175b,kernels=eager,attention=math)")
     p.add_argument("--batch", type=int, default=None, metavar="N",
                    help=f"global batch, samples per step (required, but {BUYER_BATCH} with --target-throughput)")
     p.add_argument("--gpus", default=None, metavar="LIST",

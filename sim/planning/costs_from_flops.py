@@ -10,7 +10,8 @@ each at their own fraction). A device without one falls back to one ``efficiency
 Model state per parameter comes from a :class:`Training` policy: mixed-precision Adam keeps 16-bit
 weights and gradients, 32-bit master weights and two 32-bit moments: 2 + 2 + 4 + 4 + 4 = 16 bytes
 (Rajbhandari et al., 2020, ZeRO, section 3.1), 18 with 32-bit gradients (``bf16-adam-fp32grad``, as Megatron-LM
-accumulates and reduces its gradients).
+accumulates and reduces its gradients). An FP8 policy (``fp8-adam``) runs the linear products of the inner layers in
+FP8, each fed by a cast kernel (Note [fp8 training] in :mod:`sim.planning.fp8`), and everything else in BF16.
 
 A tensor-parallel shard's collectives (:data:`~sim.planning.counts.COLLECTIVE`, :mod:`sim.planning.tensor_parallel`)
 are priced on the link given for tensor parallelism, each as a ring of its kind (all-reduce, reduce-scatter,
@@ -39,6 +40,7 @@ from sim.planning.counts import (
     VECTOR_MATH,
 )
 from sim.planning.flops import ModelProfile, OpTable
+from sim.planning.fp8 import fp8_tables
 from sim.planning.hardware import DeviceSpec
 from sim.planning.recompute import core_table
 from sim.planning.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
@@ -76,9 +78,13 @@ class _Flat:
     kinds: np.ndarray  # (ops,) MEMORY_BOUND, MATMUL, CONVOLUTION or VECTOR_MATH (COLLECTIVE: in collective)
     collective: np.ndarray  # (ops,) ALL_REDUCE, REDUCE_SCATTER or ALL_GATHER where a tensor-parallel collective, else 0
     dims: np.ndarray  # (ops, 3, 2) GEMM M, N, K as fixed + per-sample
+    fp8: np.ndarray  # (ops,) a product that runs in FP8 (Note [fp8 training] in sim.planning.fp8)
 
 
-def _flatten(tables: Sequence[OpTable]) -> _Flat:
+def _flatten(tables: Sequence[OpTable], fp8: bool = False) -> _Flat:
+    """The operators of ``tables`` (one per layer, in order) in one array; ``fp8``: as FP8 training runs them."""
+    pairs = fp8_tables(tables) if fp8 else [(t, np.zeros(t.kernels, dtype=bool)) for t in tables]
+    tables = [t for t, _ in pairs]
     counts = np.array([t.kernels for t in tables])
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     flops = np.concatenate([t.flops for t in tables] + [np.zeros((1, 2))])
@@ -88,7 +94,8 @@ def _flatten(tables: Sequence[OpTable]) -> _Flat:
     collective = np.concatenate([t.collectives_or_default() for t in tables] + [np.zeros(1, dtype=np.int8)])
     collective = np.where(kinds == COLLECTIVE, collective, 0).astype(np.int64)
     kinds[kinds == COLLECTIVE] = MEMORY_BOUND  # to index the roofline's tables; priced apart
-    return _Flat(flops, nbytes, starts, counts == 0, kinds, collective, dims)
+    in_fp8 = np.concatenate([mask for _, mask in pairs] + [np.zeros(1, dtype=bool)])
+    return _Flat(flops, nbytes, starts, counts == 0, kinds, collective, dims, in_fp8)
 
 
 #: The ring that prices each collective: ``(bytes, ranks, link) -> seconds`` (:mod:`sim.planning.collectives`).
@@ -160,11 +167,14 @@ class FlopCosts:
             memory_efficiency = device.efficiency if roofline is None else roofline.memory
         self.memory_efficiency = memory_efficiency
         self.bandwidth = device.memory_bandwidth * self.memory_efficiency  # Note [one efficiency]
-        self._fwd = _flatten([t.forward for t in profile.layers])
-        self._bwd = _flatten([t.backward for t in profile.layers])
+        fp8 = self.training.other_compute is not None  # Note [fp8 training] in sim.planning.fp8
+        self._dtype = self.training.other_compute or self.training.compute  # of every kernel not in fp8
+        self._fwd = _flatten([t.forward for t in profile.layers], fp8)
+        self._bwd = _flatten([t.backward for t in profile.layers], fp8)
         apart = [t.input_backward for t in profile.layers]
-        self._bwd_in = None if any(t is None for t in apart) else _flatten([t for t in apart if t is not None])
+        self._bwd_in = None if any(t is None for t in apart) else _flatten([t for t in apart if t is not None], fp8)
         self.rate, self._kind_rate, self._half_dim = self._rates(device)
+        self._fp8_rate = self._linear_rate(device) if fp8 else 0.0
         self._half_dims = np.full(4, self._half_dim) if roofline is None else roofline.half_dims()
         self._backward_rate = self._backward_rates(device)
         self._kind_bandwidth = np.full(4, self.bandwidth)  # Note [vector math] in sim.planning.operators
@@ -185,7 +195,7 @@ class FlopCosts:
 
     def _rates(self, device: DeviceSpec) -> tuple[float, np.ndarray | None, float]:
         """The matrix-multiply rate, the rate per kind (roofline only) and the roofline's ``half_dim``."""
-        dtype = self.training.compute
+        dtype = self._dtype
         kinds = set(np.concatenate([self._fwd.kinds, self._bwd.kinds]).tolist()) & {MATMUL, CONVOLUTION}
         if device.roofline is None:
             return device.achievable_flops(dtype), None, 0.0  # raises KeyError for a missing dtype
@@ -202,6 +212,18 @@ class FlopCosts:
         rate = per_kind[MATMUL] if MATMUL in kinds else peak * device.roofline.matmul.get(dtype.lower(), 1.0)
         return rate, per_kind, device.roofline.half_dim
 
+    def _linear_rate(self, device: DeviceSpec) -> float:
+        """The rate of the products FP8 training runs in ``compute`` (Note [fp8 training] in sim.planning.fp8).
+
+        Raises:
+            KeyError: the device has no peak for ``compute`` (one line), or its roofline no fraction for it.
+        """
+        dtype = self.training.compute
+        rate = device.achievable_flops(dtype)  # refuses a device without the dtype
+        if device.roofline is None:
+            return rate
+        return device.peak_flops[dtype.lower()] * device.roofline.fraction(MATMUL, dtype, device.name)
+
     def _backward_rates(self, device: DeviceSpec) -> np.ndarray | None:
         """The rate per kind in the backward: its convolutions at their own fraction (Note [backward
         convolutions] in :mod:`sim.planning.roofline`); ``None`` without a roofline."""
@@ -209,7 +231,7 @@ class FlopCosts:
             return None
         per_kind = self._kind_rate.copy()
         if CONVOLUTION in set(self._bwd.kinds.tolist()):
-            dtype = self.training.compute
+            dtype = self._dtype
             per_kind[CONVOLUTION] = device.peak_flops[dtype.lower()] * device.roofline.fraction(
                 CONVOLUTION, dtype, device.name, backward=True)
         return per_kind
@@ -228,12 +250,14 @@ class FlopCosts:
         flops = np.maximum(flat.flops[:, 0] + flat.flops[:, 1] * batch, 0.0)
         nbytes = np.maximum(flat.bytes[:, 0] + flat.bytes[:, 1] * batch, 0.0)
         if self._kind_rate is None:
-            per_op = np.maximum(flops / self.rate, nbytes / self._kind_bandwidth[flat.kinds]) + self.kernel_seconds
+            rate = np.where(flat.fp8, self._fp8_rate, self.rate)
+            per_op = np.maximum(flops / rate, nbytes / self._kind_bandwidth[flat.kinds]) + self.kernel_seconds
         else:  # the roofline of each kernel's kind and GEMM shape (sim.planning.roofline)
             rates = self._backward_rate if backward and self._backward_rate is not None else self._kind_rate
             dims = flat.dims[:, :, 0] + flat.dims[:, :, 1] * batch
-            per_op = roofline_seconds(flops, nbytes, rates[flat.kinds], dims, self._half_dims[flat.kinds],
-                                      self._kind_bandwidth[flat.kinds], self.kernel_seconds)
+            per_op = roofline_seconds(flops, nbytes, np.where(flat.fp8, self._fp8_rate, rates[flat.kinds]), dims,
+                                      self._half_dims[flat.kinds], self._kind_bandwidth[flat.kinds],
+                                      self.kernel_seconds)
         if flat.collective.any():  # Note [collectives in the stage]
             assert self.tensor_link is not None
             group, link = self.profile.tensor_parallel, self.tensor_link

@@ -43,6 +43,9 @@ class OpTable:
             operator (a convolution's implicit GEMM); 0 where unknown or not a GEMM. ``None``: all unknown.
         collectives: shape ``(ops,)``: :data:`ALL_REDUCE`, :data:`REDUCE_SCATTER` or :data:`ALL_GATHER` for each
             :data:`COLLECTIVE` operator, 0 for the others; ``None``: every collective an all-reduce.
+        linear: shape ``(ops,)``: True for a 2-D matrix product (``mm``, ``addmm``: a Linear layer's forward and
+            gradients; Note [linear products] in :mod:`sim.planning.operators`), the products FP8 training runs in
+            FP8; ``None``: none is known to be one.
     """
 
     flops: np.ndarray
@@ -50,6 +53,7 @@ class OpTable:
     kinds: np.ndarray | None = None
     dims: np.ndarray | None = None
     collectives: np.ndarray | None = None
+    linear: np.ndarray | None = None
 
     def kinds_or_default(self) -> np.ndarray:
         """:attr:`kinds`, or for a table built by hand: matrix multiply where it has FLOPs, else memory-bound."""
@@ -66,6 +70,10 @@ class OpTable:
         if self.collectives is not None:
             return self.collectives
         return np.where(self.kinds_or_default() == COLLECTIVE, ALL_REDUCE, 0).astype(np.int8)
+
+    def linear_or_default(self) -> np.ndarray:
+        """:attr:`linear`, or False for every operator."""
+        return self.linear if self.linear is not None else np.zeros(self.kernels, dtype=bool)
 
     @property
     def kernels(self) -> int:

@@ -183,7 +183,7 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
             bwd_in = list(bwd)
     for p in params.values():  # accumulating into .grad: read both, write one
         if p.requires_grad:
-            bwd.append((0.0, 3.0 * _tensor_bytes(p), 0.0, 0.0, 0.0, 0.0))  # memory-bound
+            bwd.append((0.0, 3.0 * _tensor_bytes(p), 0.0, 0.0, 0.0, 0.0, 0.0))  # memory-bound
     keep.extend(inputs)
     new = sum(_tensor_bytes(t) for t in outputs if _storage_key(t) not in input_keys)
     return _Pass(fwd, bwd, bwd_in, sum(map(_tensor_bytes, outputs)), sum(map(_tensor_bytes, inputs)),
@@ -325,8 +325,8 @@ def _groups_of(identical: Iterable[Collection[int]], layers: int) -> dict[int, i
 
 
 def _table(ops1: Sequence[Op], ops2: Sequence[Op], b: int, what: str) -> OpTable:
-    a1 = np.asarray(ops1, dtype=np.float64).reshape(-1, 6)
-    a2 = np.asarray(ops2, dtype=np.float64).reshape(-1, 6)
+    a1 = np.asarray(ops1, dtype=np.float64).reshape(-1, 7)
+    a2 = np.asarray(ops2, dtype=np.float64).reshape(-1, 7)
     if len(a1) != len(a2) or not np.array_equal(a1[:, 2], a2[:, 2]):
         raise RuntimeError(f"{what} runs {len(ops1)} operators at batch {b} but {len(ops2)} at batch {2 * b}; "
                            "counts need the same operators at every batch size")
@@ -336,7 +336,7 @@ def _table(ops1: Sequence[Op], ops2: Sequence[Op], b: int, what: str) -> OpTable
     kinds = a1[:, 2].astype(np.int8)  # a collective's says which one (operators.collective_kind)
     collectives = np.where(kinds >= COLLECTIVE, kinds - COLLECTIVE + ALL_REDUCE, 0).astype(np.int8)
     return OpTable(np.stack([fixed[:, 0], slope[:, 0]], axis=1), np.stack([fixed[:, 1], slope[:, 1]], axis=1),
-                   np.minimum(kinds, COLLECTIVE).astype(np.int8), dims, collectives)
+                   np.minimum(kinds, COLLECTIVE).astype(np.int8), dims, collectives, a1[:, 6] > 0)
 
 
 def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None = None,

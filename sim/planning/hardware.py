@@ -37,7 +37,7 @@ TFLOPS = 1e12  # FLOP/s
 # 8e12 bytes/s; MI325X: 2.6e11 bytes), so a description from a file with a typo or a huge literal is refused when
 # it is read, and every sum of its seconds and bytes stays a finite float. A description is a few kilobytes of JSON.
 MAX_FLOPS = 1e18  # FLOP/s: 200 times the fastest device's
-MAX_BANDWIDTH = 1e15  # bytes/s
+MAX_BANDWIDTH = 1e18  # bytes/s: a toy device "too fast to be memory-bound" stays expressible
 MAX_MEMORY = 2**50  # bytes, a pebibyte: a host with terabytes of memory still fits
 MAX_FILE_BYTES = 2**20  # of a device description
 MAX_PRICE = 1e9  # USD per hour
@@ -104,13 +104,13 @@ class DeviceSpec:
         """``peak_flops[dtype] * efficiency``, FLOP/s.
 
         Raises:
-            KeyError: the device has no figure for ``dtype`` (the message lists those it has).
+            KeyError: the device has no figure for ``dtype``; the message is one line naming the dtypes it has.
         """
         try:
             peak = self.peak_flops[dtype.lower()]
         except KeyError:
-            raise KeyError(f"device {self.name!r} has no peak for dtype {dtype!r}; "
-                           f"it has {', '.join(self.dtypes)}") from None
+            raise KeyError(f"{self.name} has no {dtype.upper()} peak (it computes in {', '.join(self.dtypes)}): "
+                           f"train in one of those, or on a device with {dtype.upper()}") from None
         return peak * self.efficiency
 
     def compute_seconds(self, flops: float, dtype: str = "fp32") -> float:
@@ -240,6 +240,15 @@ _DEVICE_LIST = (
     # NVIDIA H200 product page / datasheet (2023/2024), SXM: same compute as H100 SXM (fp32 67,
     # TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS with sparsity); 141 GB HBM3e at 4.8 TB/s.
     # Memory: nvidia-smi 143,771 MiB (public nvidia-smi outputs, 2025-2026).
+    # NVIDIA H800 SXM5 80GB: the H100 SXM's GH100 with NVLink cut to 400 GB/s (both directions) for export to China
+    # (NVIDIA DGX H800 and HGX H800 specifications, 2023: "8x NVIDIA H800 GPUs, 640 GB total GPU memory", "NVLink:
+    # 400 GB/s"; the H800 SXM5 datasheet: FP64 34 (tensor 67), FP32 67, TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS
+    # with sparsity, 80 GB HBM3 at 3.35 TB/s, as the H100 SXM's). Memory: no nvidia-smi report found; taken as the
+    # H100 SXM's 81,559 MiB, the same board and HBM3 stacks (Note [memory as reported]).
+    DeviceSpec("h800", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
+                        "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
+               3350 * GB, 81559 * MiB, description="NVIDIA H800 SXM 80 GB (Hopper, NVLink 400 GB/s)",
+               roofline=_TENSOR_CORE),
     DeviceSpec("h200", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                         "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
                4800 * GB, 143771 * MiB, description="NVIDIA H200 SXM 141 GB (Hopper)", roofline=_TENSOR_CORE),
@@ -306,6 +315,9 @@ _LINK_LIST = (
     LinkSpec("nvlink3", 5e-6, 300 * GB, "NVLink 3.0, A100 (12 links, 600 GB/s both directions)"),
     # H100 datasheet: NVLink 900 GB/s total (18 fourth-generation links) -> 450 GB/s per direction.
     LinkSpec("nvlink4", 5e-6, 450 * GB, "NVLink 4.0, H100/H200 (18 links, 900 GB/s both directions)"),
+    # H800 (DGX/HGX H800 specifications, 2023): NVLink 400 GB/s total per GPU through NVSwitch (8 of the H100's 18
+    # fourth-generation links) -> 200 GB/s per direction.
+    LinkSpec("nvlink4-h800", 5e-6, 200 * GB, "NVLink 4.0, H800 (8 links, 400 GB/s both directions)"),
     # H100 datasheet (PCIe) and product page (NVL): an NVLink bridge joins two cards at 600 GB/s total
     # -> 300 GB/s per direction, between that pair only (Note [NVSwitch]).
     LinkSpec("nvlink4-bridge", 5e-6, 300 * GB,
@@ -328,6 +340,9 @@ _LINK_LIST = (
     # IEEE 802.3bs-2017 400 Gigabit Ethernet with RoCE v2 (RDMA; e.g. ConnectX-7, BlueField-3): 400 Gb/s
     # = 50 GB/s. Latency assumed as InfiniBand's (RDMA, no TCP stack; Note [latencies]).
     LinkSpec("roce-400g", 5e-6, 400e9 / 8, "400 Gigabit Ethernet, RoCE v2 (RDMA)"),
+    # IEEE 802.3df-2024 800 Gigabit Ethernet with RoCE v2 (e.g. NVIDIA ConnectX-8 SuperNIC, Spectrum-X800; AMD
+    # Pollara 400 is half): 800 Gb/s = 100 GB/s per port; latency as roce-400g's.
+    LinkSpec("roce-800g", 5e-6, 800e9 / 8, "800 Gigabit Ethernet, RoCE v2 (RDMA)"),
     # IEEE 802.3 100 Gigabit Ethernet: 100 Gb/s = 12.5 GB/s; TCP adds tens of microseconds.
     LinkSpec("ethernet-100g", 30e-6, 100e9 / 8, "100 Gigabit Ethernet (TCP)"),
     # A copy inside one host's memory (CPU "devices"): a single-threaded memcpy reaches roughly

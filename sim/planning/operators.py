@@ -8,6 +8,7 @@ The counter runs each layer under :class:`_Recorder`, a
     bytes   bytes read and written: every tensor argument plus every output (views are free)
     kind    what bounds it (sim.planning.counts: MATMUL, CONVOLUTION, MEMORY_BOUND, VECTOR_MATH or COLLECTIVE)
     M N K   the GEMM shape of a compute-bound operator (Note [GEMM shape]); 0 otherwise
+    linear  1 for a 2-D product (mm, addmm: a Linear layer and its gradients; Note [linear products]); 0 otherwise
 
 An operator that is neither free, nor has a FLOP formula, nor is known to be memory-bound stops the count
 (Note [no free operators]).
@@ -33,12 +34,13 @@ from torch.utils.flop_counter import flop_registry
 from sim.planning.counts import ALL_REDUCE, COLLECTIVE, CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
 from sim.planning.tensor_parallel import MARKERS
 
-__all__ = ["FUSED_KERNELS", "MEMORY_BOUND_OPERATORS", "VECTOR_MATH_OPERATORS", "UnknownOperatorError"]
+__all__ = ["FUSED_KERNELS", "LINEAR_PRODUCTS", "MEMORY_BOUND_OPERATORS", "VECTOR_MATH_OPERATORS",
+           "UnknownOperatorError"]
 
-#: One counted kernel: FLOPs, bytes, kind, and GEMM dimensions M, N, K (0 where not a GEMM). A collective's kind is
-#: :func:`collective_kind` of which one it is (:func:`sim.planning.flops.count_layers` splits it into the table's
-#: ``kinds`` and ``collectives``).
-Op = tuple[float, float, float, float, float, float]
+#: One counted kernel: FLOPs, bytes, kind, GEMM dimensions M, N, K (0 where not a GEMM), and 1 for a linear product
+#: (Note [linear products]), else 0. A collective's kind is :func:`collective_kind` of which one it is
+#: (:func:`sim.planning.flops.count_layers` splits it into the table's ``kinds`` and ``collectives``).
+Op = tuple[float, float, float, float, float, float, float]
 
 _FREE_PREFIXES = ("empty", "new_empty", "detach", "alias", "lift_fresh", "_unsafe_view", "set_")
 
@@ -59,6 +61,15 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+# Note [linear products]: the counter marks each 2-D matrix product (``mm``, ``addmm``): a Linear layer's forward
+# and its input and weight gradients, which PyTorch runs as 2-D GEMMs over the flattened tokens. Batched products
+# (``bmm``, ``baddbmm``: attention's ``Q K^T`` and ``@ V``; FlashAttention) and convolutions are not marked. FP8
+# training runs exactly the marked ones in FP8, as TransformerEngine's Linear layers do (Note [fp8 training] in
+# :mod:`sim.planning.fp8`).
+#: The ATen products a Linear layer runs (Note [linear products]).
+LINEAR_PRODUCTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm})
 
 
 # Note [attention on meta]: ``F.scaled_dot_product_attention`` has no fused kernel on meta; it
@@ -84,7 +95,7 @@ class _Recorder(TorchDispatchMode):
         if func in MARKERS:  # the whole message; priced on the link (sim.planning.tensor_parallel)
             self.groups.add(int(_arg(args, kwargs, 1, "group")))
             message = max(_tensor_bytes(_arg(args, kwargs, 0, "x")), _tensor_bytes(out))
-            self.ops.append((0.0, float(message), collective_kind(MARKERS[func]), 0.0, 0.0, 0.0))
+            self.ops.append((0.0, float(message), collective_kind(MARKERS[func]), 0.0, 0.0, 0.0, 0.0))
             return out
         qualified = func._schema.name
         name = qualified.split("::")[-1]
@@ -96,7 +107,7 @@ class _Recorder(TorchDispatchMode):
             traffic = float(sum(map(_tensor_bytes, inputs)) + sum(map(_tensor_bytes, outputs)))
             pass_ = _FLASH_PASSES.get(qualified)
             work = (0.0, 0.0, 0.0, 0.0) if pass_ is None else _flash_attention(_arg(args, kwargs, 0, "q"), pass_)
-            self.ops.append((work[0], traffic, FUSED_KERNELS[qualified], *work[1:]))
+            self.ops.append((work[0], traffic, FUSED_KERNELS[qualified], *work[1:], 0.0))
             return out
         packet = func._overloadpacket
         kernels = _kernels(packet, args, kwargs, out)
@@ -108,7 +119,8 @@ class _Recorder(TorchDispatchMode):
             flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
             conv = "conv" in name
             dims = _gemm_dims(outputs[0] if outputs else None, flops, conv, _groups(args, kwargs, conv))
-            self.ops.append((flops, traffic, CONVOLUTION if conv else MATMUL, *dims))
+            linear = float(packet in LINEAR_PRODUCTS)  # Note [linear products]
+            self.ops.append((flops, traffic, CONVOLUTION if conv else MATMUL, *dims, linear))
             return out
         if not func._schema.is_mutable:
             in_keys = {_storage_key(t) for t in inputs}
@@ -116,7 +128,8 @@ class _Recorder(TorchDispatchMode):
                 return out  # returns an alias of an input: no kernel
         if not (torch.Tag.pointwise in func.tags or name in MEMORY_BOUND_OPERATORS or name in self.memory_bound):
             raise UnknownOperatorError(name)
-        self.ops.append((0.0, traffic, VECTOR_MATH if name in VECTOR_MATH_OPERATORS else MEMORY_BOUND, 0.0, 0.0, 0.0))
+        kind = VECTOR_MATH if name in VECTOR_MATH_OPERATORS else MEMORY_BOUND
+        self.ops.append((0.0, traffic, kind, 0.0, 0.0, 0.0, 0.0))
         return out
 
 
@@ -168,16 +181,22 @@ VECTOR_MATH_OPERATORS = frozenset({
 })
 
 
-# Note [fused kernels]: a fused kernel (Megatron-LM's, Note [Megatron's kernels] in :mod:`sim.planning.models.gpt`)
-# is a custom operator, so the counter sees it whole: one kernel that reads each tensor argument and writes each
-# output once, whatever it computes inside (the scores' scale, mask and softmax in one pass). Its backward is
-# another such operator, or ATen's (dropout's backward, the bias gradient's sum). Each is named here with what bounds
-# it, as the ATen operators it replaces are.
+# Note [fused kernels]: a fused kernel (Megatron-LM's, Note [Megatron's kernels] in :mod:`sim.planning.models.gpt`;
+# Megatron-Core's and TransformerEngine's, Note [fused kernels] in :mod:`sim.planning.models.llama`) is a custom
+# operator, so the counter sees it whole: one kernel that reads each tensor argument and writes each output once,
+# whatever it computes inside (the scores' scale, mask and softmax in one pass). Its backward is another such
+# operator, or ATen's (dropout's backward, the bias gradient's sum). Each is named here with what bounds it, as the
+# ATen operators it replaces are: a normalisation and the exp of softmax, GELU and SiLU are vector math; RoPE's
+# products and sums, and the dropout-add, are memory-bound. None has a FLOP formula: its FLOPs are 0, as those of
+# the elementwise ATen operators it replaces.
 #: Fused kernels (qualified operator names) the counter knows, each with its kind.
 FUSED_KERNELS = {
     "gpipe_sim::causal_softmax": VECTOR_MATH, "gpipe_sim::causal_softmax_backward": VECTOR_MATH,
     "gpipe_sim::bias_gelu": VECTOR_MATH, "gpipe_sim::bias_gelu_backward": VECTOR_MATH,
     "gpipe_sim::bias_dropout_add": MEMORY_BOUND,
+    "gpipe_sim::rms_norm": VECTOR_MATH, "gpipe_sim::rms_norm_backward": VECTOR_MATH,
+    "gpipe_sim::swiglu": VECTOR_MATH, "gpipe_sim::swiglu_backward": VECTOR_MATH,
+    "gpipe_sim::rope": MEMORY_BOUND, "gpipe_sim::rope_backward": MEMORY_BOUND,
     "gpipe_sim::flash_attention": MATMUL, "gpipe_sim::flash_attention_backward": MATMUL,
 }
 
@@ -292,26 +311,26 @@ def _kernels(packet: Any, args: Any, kwargs: dict[str, Any], out: Any) -> list[O
                 flops = float(flop_registry[packet](*only_args, **only_kwargs, out_val=out))
             traffic = float(sum(map(_tensor_bytes, reads[k])) + _tensor_bytes(out[k]))
             if k == 2:
-                kernels.append((0.0, traffic, MEMORY_BOUND, 0.0, 0.0, 0.0))
+                kernels.append((0.0, traffic, MEMORY_BOUND, 0.0, 0.0, 0.0, 0.0))
             elif k == 0:  # backward-data: a GEMM whose output is the input's gradient
-                kernels.append((flops, traffic, CONVOLUTION, *_gemm_dims(out[0], flops, True, groups)))
+                kernels.append((flops, traffic, CONVOLUTION, *_gemm_dims(out[0], flops, True, groups), 0.0))
             else:  # backward-filter: C[Cout, Cin·kh·kw], K over batch x output pixels
                 wg = out[1]
                 dims = (0.0, 0.0, 0.0) if groups != 1 or flops <= 0 else \
                     (float(wg.shape[0]), float(wg.numel() // wg.shape[0]), flops / (2.0 * wg.numel()))
-                kernels.append((flops, traffic, CONVOLUTION, *dims))
+                kernels.append((flops, traffic, CONVOLUTION, *dims, 0.0))
         return kernels
     if packet not in _BATCH_NORM and packet is not _aten.native_batch_norm_backward:
         return None
     single_pass = sum(map(_tensor_bytes, _tensors((args, kwargs)))) + sum(map(_tensor_bytes, _tensors(out)))
     if packet in _BATCH_NORM and _arg(args, kwargs, 5, "training"):
         x = _arg(args, kwargs, 0, "input")
-        return [(0.0, float(_tensor_bytes(x)), VECTOR_MATH, 0.0, 0.0, 0.0),  # statistics, then normalisation
-                (0.0, float(single_pass), VECTOR_MATH, 0.0, 0.0, 0.0)]
+        return [(0.0, float(_tensor_bytes(x)), VECTOR_MATH, 0.0, 0.0, 0.0, 0.0),  # statistics, then normalisation
+                (0.0, float(single_pass), VECTOR_MATH, 0.0, 0.0, 0.0, 0.0)]
     if packet is _aten.native_batch_norm_backward and _arg(args, kwargs, 7, "train"):
         grad_out, x = _arg(args, kwargs, 0, "grad_out"), _arg(args, kwargs, 1, "input")
-        return [(0.0, float(_tensor_bytes(grad_out) + _tensor_bytes(x)), VECTOR_MATH, 0.0, 0.0, 0.0),
-                (0.0, float(single_pass), VECTOR_MATH, 0.0, 0.0, 0.0)]
+        return [(0.0, float(_tensor_bytes(grad_out) + _tensor_bytes(x)), VECTOR_MATH, 0.0, 0.0, 0.0, 0.0),
+                (0.0, float(single_pass), VECTOR_MATH, 0.0, 0.0, 0.0, 0.0)]
     return None
 
 

@@ -67,4 +67,5 @@ def core_table(table: OpTable, core: AttentionCore) -> OpTable:
     keep = np.zeros(table.kernels, dtype=bool)
     if len(rows) >= 2:
         keep[rows[0]:rows[1] + 1] = True
-    return OpTable(table.flops[keep], table.bytes[keep], kinds[keep], dims[keep])
+    return OpTable(table.flops[keep], table.bytes[keep], kinds[keep], dims[keep],
+                   linear=table.linear_or_default()[keep])

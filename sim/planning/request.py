@@ -32,10 +32,11 @@ VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (N
 _LINK_FAMILIES = {  # a family name picks the generation that comes with the device (first prefix that matches;
     # "" matches any). The PCIe and NVL H100 cards reach one peer over a bridge; an MI300 has no NVLink (name
     # its link, xgmi-mi300).
-    "nvlink": {"v100": "nvlink2", "a100": "nvlink3", "h100-pcie": "nvlink4-bridge", "h100-nvl": "nvlink4-bridge",
+    "nvlink": {"v100": "nvlink2", "a100": "nvlink3", "h800": "nvlink4-h800", "h100-pcie": "nvlink4-bridge",
+               "h100-nvl": "nvlink4-bridge",
                "h100": "nvlink4", "h200": "nvlink4", "b200": "nvlink5", "gb200": "nvlink5"},
     "pcie": {"tesla-p40": "pcie3-x16", "v100": "pcie3-x16", "a100": "pcie4-x16", "h100": "pcie5-x16",
-             "h200": "pcie5-x16", "b200": "pcie5-x16", "gb200": "pcie5-x16", "l40s": "pcie4-x16",
+             "h800": "pcie5-x16", "h200": "pcie5-x16", "b200": "pcie5-x16", "gb200": "pcie5-x16", "l40s": "pcie4-x16",
              "mi3": "pcie5-x16", "": "pcie4-x16"},
 }
 

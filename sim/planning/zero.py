@@ -105,7 +105,9 @@ def _shard(nbytes: int, replicas: int) -> int:
 # in mixed precision includes the 32-bit master weights (its K = 12 for Adam: master, momentum, variance), so the
 # master's shard moves with it; stage 2 adds the gradients, stage 3 the 16-bit parameters. Without mixed precision
 # the weights are the compute copy and there is no master. A shard rounds up: implementations pad the flat buffer
-# to a multiple of d (DeepSpeed's partitions, FSDP's FlatParameter).
+# to a multiple of d (DeepSpeed's partitions, FSDP's FlatParameter). FP8 training's weight copies
+# (``Training.fp8_weight_bytes``) are cast from the 16-bit copy for every step's products, so every stage keeps them
+# whole, with the buffers.
 def sharded_state(stage: StageBytes, parameters: int, training: Training, zero: int, replicas: int) -> ModelState:
     """The model state one of ``replicas`` devices holds for ``stage`` under ZeRO stage ``zero`` (Note [zero memory]).
 
@@ -121,7 +123,7 @@ def sharded_state(stage: StageBytes, parameters: int, training: Training, zero: 
     """
     check_zero(zero, replicas)
     copy = compute_copy_bytes(parameters, training)
-    master = parameters * training.weight_bytes - copy
+    master = parameters * (training.weight_bytes - training.fp8_weight_bytes) - copy  # FP8 copies: never sharded
     rest = stage.parameter_bytes - copy - master
     if master < 0 or rest < 0:
         raise ValueError(f"{stage.parameter_bytes} parameter bytes cannot hold {parameters} parameters of "

@@ -12,13 +12,14 @@ GB = 10**9
 GiB = 2**30
 MiB = 2**20
 
-NEW_DEVICES = ("h100-pcie", "h100-nvl", "b200", "gb200", "l40s", "mi300x", "mi325x")
-NEW_LINKS = ("nvlink4-bridge", "nvlink5", "xgmi-mi300", "infiniband-ndr", "infiniband-xdr", "roce-400g")
+NEW_DEVICES = ("h100-pcie", "h100-nvl", "h800", "b200", "gb200", "l40s", "mi300x", "mi325x")
+NEW_LINKS = ("nvlink4-bridge", "nvlink4-h800", "nvlink5", "xgmi-mi300", "infiniband-ndr", "infiniband-xdr", "roce-400g",
+             "roce-800g")
 GPUS = [d for d in DEVICES.values() if d.name != "cpu"]
 #: The memory each datasheet prints, "GB".
 LABEL_GB = {"tesla-p40": 24, "v100-sxm2-16gb": 16, "v100-sxm2-32gb": 32, "a100-40gb": 40, "a100-80gb": 80,
-            "h100-sxm": 80, "h100-pcie": 80, "h100-nvl": 94, "h200": 141, "b200": 180, "gb200": 186, "l40s": 48,
-            "mi300x": 192, "mi325x": 256}
+            "h100-sxm": 80, "h800": 80, "h100-pcie": 80, "h100-nvl": 94, "h200": 141, "b200": 180, "gb200": 186,
+            "l40s": 48, "mi300x": 192, "mi325x": 256}
 
 
 def test_every_new_name_resolves_and_old_names_still_do() -> None:
@@ -72,6 +73,14 @@ def test_links_are_per_direction_bytes_per_second() -> None:
     assert get_link("infiniband-ndr").bandwidth == 400e9 / 8 == get_link("roce-400g").bandwidth
     assert get_link("infiniband-xdr").bandwidth == 800e9 / 8 == 4 * get_link("infiniband-hdr").bandwidth
     assert get_link("xgmi-mi300").bandwidth == 64 * GB
+    assert get_link("nvlink4-h800").bandwidth == 200 * GB  # 400 GB/s both directions
+    assert get_link("roce-800g").bandwidth == 800e9 / 8 == get_link("infiniband-xdr").bandwidth
+
+
+def test_the_h800_is_an_h100_sxm_with_less_nvlink() -> None:
+    h800, h100 = get_device("h800"), get_device("h100-sxm")
+    assert dict(h800.peak_flops) == dict(h100.peak_flops) and h800.peak_flops["fp8"] == 1979e12
+    assert (h800.memory_bandwidth, h800.memory_bytes) == (h100.memory_bandwidth, h100.memory_bytes)
     for link in LINKS.values():
         assert 0 < link.latency < 1e-4 and link.bandwidth > 0
 

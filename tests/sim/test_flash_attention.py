@@ -1,4 +1,5 @@
-"""FlashAttention (``attention=flash``; Note [flash attention] in sim.planning.models.gpt and sim.planning.operators):
+"""FlashAttention (``attention=flash``, a spec's default; Note [flash attention] in sim.planning.models.gpt and
+sim.planning.operators):
 the math attention's output and gradients, one kernel each way with the FLOPs it executes and no ``s × s`` tensor,
 and no ``s × s`` tensor kept.
 
@@ -33,9 +34,10 @@ from sim.planning.models.llama import LlamaConfig, llama, llama_sample
 from sim.planning.plan import PlanRequest, plan
 
 H, A, S, V = 256, 8, 128, 1000  # hidden, heads, tokens, vocabulary of the small GPT
-GPT = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V}"
+GPT = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V},kernels=eager"  # each test names the attention
+FUSED_GPT = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V}"
 LH, LA, LK, LS = 128, 8, 4, 32  # the small Llama's hidden, query heads, key/value heads, tokens
-LLAMA = f"llama:layers=2,hidden={LH},heads={LA},kv-heads={LK},ffn=256,seq={LS},vocab=100"
+LLAMA = f"llama:layers=2,hidden={LH},heads={LA},kv-heads={LK},ffn=256,seq={LS},vocab=100,kernels=eager"
 
 
 def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None = None,
@@ -151,7 +153,7 @@ def test_one_gpt_kernel_each_way_executes_the_causal_half_and_moves_no_square(t:
     assert _flash_rows(block.forward, b, S, d) == [(forward, 4 * x + lse + 16, dims)]
     assert _flash_rows(block.backward, b, S, d) == [(2.5 * forward, 8 * x + lse + 16, dims)]
     assert _flash_rows(block.input_backward, b, S, d) == _flash_rows(block.backward, b, S, d)  # a split backward's B
-    math_block = _profile(GPT, t, sp).layers[1].at(b)
+    math_block = _profile(GPT + ",attention=math", t, sp).layers[1].at(b)
     flash = _profile(GPT + ",attention=flash", t, sp).layers[1].at(b)
     attention = 4 * b * S * S * H // t  # the math form's forward QK^T and @V, the full square
     assert math_block.forward_flops - flash.forward_flops == attention // 2
@@ -167,24 +169,25 @@ def test_one_llama_kernel_each_way_reads_the_key_value_heads_once() -> None:
     assert _flash_rows(block.backward, b, LS, d) == [(2.5 * forward, 4 * q + 4 * kv + lse, (b * LA * LS, LS, d))]
 
 
-@pytest.mark.parametrize("kernels", ["", ",kernels=megatron"])
+@pytest.mark.parametrize("spec", [GPT, FUSED_GPT])
 @pytest.mark.parametrize(("t", "sp"), [(1, False), (2, False), (4, False), (2, True), (4, True)])
 @pytest.mark.parametrize("b", [2, 3])
-def test_a_gpt_block_keeps_korthikantis_activations_less_the_square(kernels: str, t: int, sp: bool, b: int) -> None:
-    block = _profile(GPT + kernels + ",attention=flash", t, sp).at(b)[1]
+def test_a_gpt_block_keeps_korthikantis_activations_less_the_square(spec: str, t: int, sp: bool, b: int) -> None:
+    block = _profile(spec + ",attention=flash", t, sp).at(b)[1]
     if sp:
         formula = (S * b * H * 34 + 4 * A * S * b) / t + 16 + 16 * S * b / t
     else:
         formula = S * b * H * (10 + 24 / t) + 4 * A * S * b / t + 16 + 16 * S * b
     assert block.saved_bytes == formula
-    math_block = _profile(GPT + kernels, t, sp).at(b)[1]
+    math_block = _profile(spec + ",attention=math", t, sp).at(b)[1]
     assert math_block.saved_bytes - block.saved_bytes == 5 * A * S * S * b / t - 4 * A * S * b / t - 16
 
 
 @pytest.mark.parametrize(("t", "sp"), [(1, False), (2, False), (2, True)])
 def test_a_llama_block_keeps_the_math_forms_less_the_probabilities(t: int, sp: bool) -> None:
     b = 3
-    math_block, flash = _profile(LLAMA, t, sp).at(b)[1], _profile(LLAMA + ",attention=flash", t, sp).at(b)[1]
+    math_block = _profile(LLAMA + ",attention=math", t, sp).at(b)[1]
+    flash = _profile(LLAMA + ",attention=flash", t, sp).at(b)[1]
     assert math_block.saved_bytes - flash.saved_bytes == (2 * LA * LS * LS * b - 4 * LA * LS * b) / t
 
 
@@ -200,25 +203,28 @@ def test_sequence_parallelism_leaves_the_flops_the_shards(spec: str) -> None:
 
 
 @pytest.mark.parametrize(("spec", "canonical"), [
-    ("llama:70b,attention=flash", "llama:70b,attention=flash"),
-    ("LLAMA:70B, attention = flash", "llama:70b,attention=flash"),
-    ("llama:8b,attention=math", "llama:8b"),  # the default, left out
-    ("gpt:175b,attention=flash,kernels=megatron", "gpt:175b,kernels=megatron,attention=flash"),
-    (f"gpt:attention=flash,vocab={V},seq={S},heads={A},hidden={H},layers=2", GPT + ",attention=flash"),
-    (LLAMA + ",attention=flash", LLAMA + ",attention=flash"),
+    ("llama:70b,attention=math", "llama:70b,attention=math"),
+    ("LLAMA:70B, attention = math", "llama:70b,attention=math"),
+    ("llama:8b,attention=flash", "llama:8b"),  # the default, left out
+    ("llama:8b", "llama:8b"),
+    ("gpt:175b,attention=math,kernels=megatron", "gpt:175b,attention=math"),
+    ("gpt:175b,attention=flash,kernels=eager", "gpt:175b,kernels=eager"),
+    (f"gpt:attention=math,kernels=eager,vocab={V},seq={S},heads={A},hidden={H},layers=2", GPT + ",attention=math"),
+    (LLAMA + ",attention=math", LLAMA + ",attention=math"),
+    (LLAMA + ",attention=flash", LLAMA),
 ])
 def test_the_spec_names_the_attention(spec: str, canonical: str) -> None:
     entry = get_model(spec)
     assert entry.name == canonical and get_model(entry.name).description == entry.description
-    assert ("FlashAttention" in entry.description) == ("flash" in canonical)
-    assert (entry.attention_core is None) == ("flash" in canonical)  # no core for selective recompute
+    assert ("FlashAttention" in entry.description) == ("math" not in canonical)
+    assert (entry.attention_core is None) == ("math" not in canonical)  # no core for selective recompute
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("llama:70b,attention=fast", "attention='fast' is not one of math, flash"),
-    (GPT + ",attention=sdpa", "attention='sdpa' is not one of math, flash"),
+    ("llama:70b,attention=fast", "attention='fast' is not one of flash, math"),
+    (GPT + ",attention=sdpa", "attention='sdpa' is not one of flash, math"),
     ("gpt:175b,layers=3", "a size takes only kernels, attention after it, not 'layers'"),
-    ("llama:70b,kernels=megatron", "a size takes only attention after it, not 'kernels'"),
+    ("llama:70b,kv-heads=4", "a size takes only kernels, attention after it, not 'kv-heads'"),
     ("llama:70b,attention=flash,attention=flash", "attention given twice"),
 ])
 def test_a_bad_option_is_refused_in_one_line(spec: str, message: str) -> None:
@@ -232,5 +238,5 @@ def test_a_bad_option_is_refused_in_one_line(spec: str, message: str) -> None:
 def test_selective_recompute_is_refused() -> None:
     with pytest.raises(ValueError, match="checkpoint selective recomputes the attention core, which this model has "
                                          "not"):
-        plan(PlanRequest(profile=_profile(GPT + ",attention=flash"), batch=8, device="a100-80gb", gpus=[2],
+        plan(PlanRequest(profile=_profile(FUSED_GPT), batch=8, device="a100-80gb", gpus=[2],
                          link="nvlink3", training="fp16-adam", checkpoints=["selective"]))

@@ -89,6 +89,6 @@ def test_specs_are_frozen_and_rates_use_efficiency() -> None:
     assert dev.achievable_flops("tf32") == 156e12 * dev.efficiency
     assert dev.compute_seconds(156e12, "tf32") == pytest.approx(1 / dev.efficiency)
     assert dev.memory_seconds(dev.memory_bandwidth) == pytest.approx(1 / dev.efficiency)
-    with pytest.raises(KeyError, match="has no peak for dtype 'fp8'"):
+    with pytest.raises(KeyError, match="a100-40gb has no FP8 peak"):
         dev.achievable_flops("fp8")
     assert hash(dev) == hash(get_device("a100-40gb"))

@@ -24,7 +24,7 @@ from sim.planning.plan import PlanRequest, plan
 from sim.planning.recompute import core_table, schedule_checkpoint
 
 H, A, S, V = 256, 8, 128, 1000
-SMALL = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V}"
+SMALL = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V},attention=math"  # Korthikanti et al.'s attention
 LINK = LinkSpec("test-link", 1e-6, 1e11)
 
 
@@ -81,7 +81,7 @@ def test_selective_recomputes_the_cores_forward_in_the_backward() -> None:
 
 
 def test_a_llama_block_has_a_core_of_its_softmax() -> None:
-    spec = "llama:layers=1,hidden=128,heads=8,kv-heads=2,ffn=256,seq=16,vocab=100"
+    spec = "llama:layers=1,hidden=128,heads=8,kv-heads=2,ffn=256,seq=16,vocab=100,attention=math"
     profile = _profile(2, spec)
     costs = FlopCosts(profile, get_device("a100-80gb"), "fp16-adam", tensor_link=LINK)
     never, selective = (costs.stages([1, 1, 1], 2, recompute=r)[1] for r in ("never", "selective"))

@@ -23,8 +23,8 @@ from sim.planning.models.gpt import GPTConfig, gpt
 from sim.planning.recompute import core_table
 
 H, A, S, V = 256, 8, 128, 1000  # hidden, heads, tokens, vocabulary of the small GPT
-SMALL = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V}"
-LLAMA = "llama:layers=2,hidden=128,heads=8,kv-heads=4,ffn=256,seq=32,vocab=100"
+SMALL = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V},attention=math"  # Korthikanti et al.'s attention
+LLAMA = "llama:layers=2,hidden=128,heads=8,kv-heads=4,ffn=256,seq=32,vocab=100,attention=math"
 AG, RS, AR = ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE
 SLOW, INSTANT = LinkSpec("slow", 1e-3, 1e9), LinkSpec("instant", 0.0, 1e30)
 
@@ -101,7 +101,7 @@ def test_a_layers_forward_moves_what_its_all_reduces_did(t: int) -> None:
         assert priced == pytest.approx(4 * ring)
 
 
-@pytest.mark.parametrize("spec", [SMALL, SMALL + ",kernels=megatron", LLAMA])
+@pytest.mark.parametrize("spec", [SMALL, SMALL + ",kernels=eager", LLAMA, LLAMA + ",kernels=eager"])
 @pytest.mark.parametrize("t", [2, 4])
 def test_the_flops_are_the_shards_without_it(spec: str, t: int) -> None:
     split, whole = _profile(t, True, spec), _profile(t, False, spec)

@@ -9,11 +9,14 @@ Specs::
     llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V
                       a Llama-style decoder of that shape (K key/value heads shared by A query heads)
 
-    options, after a size or among a shape's keys (gpt:175b,attention=flash; llama:70b,attention=flash):
-    attention=flash   FlashAttention, one kernel each way that keeps no s x s tensor (gpt and llama; Note [flash
-                      attention] in sim.planning.models.gpt); attention=math, the default, writes it out
-    kernels=megatron  Megatron-LM's fused kernels (gpt; Note [Megatron's kernels] in sim.planning.models.gpt);
-                      kernels=eager, the default, runs every operator as its own kernel
+    options, after a size or among a shape's keys (gpt:175b,attention=math; llama:70b,kernels=eager), each
+    defaulting to what Megatron-Core runs today (Note [spec defaults]):
+    attention=flash   the default: FlashAttention, one kernel each way that keeps no s x s tensor (Note [flash
+                      attention] in sim.planning.models.gpt); attention=math writes it out (QK^T, softmax, @V)
+    kernels=megatron  the default: the fused kernels (gpt: Megatron-LM's, Note [Megatron's kernels] in
+                      sim.planning.models.gpt; llama: Megatron-Core's and TransformerEngine's RMSNorm, SwiGLU and
+                      RoPE, Note [fused kernels] in sim.planning.models.llama); kernels=eager runs every operator
+                      as its own kernel, as PyTorch's eager mode does
     resnet101         ResNet-101 in torchgpipe's 370-layer flattening
     unet:B,C          U-Net (B, C): B convolutions per block, C channels at the top (unet = unet:5,64)
     amoebanet:L,D     AmoebaNet-D (L, D): L normal cells, D filters (amoebanet = amoebanet:18,256)
@@ -25,6 +28,12 @@ AmoebaNet-D L 96; Note [size caps] in :mod:`sim.planning.models.limits`): past i
 default, so a 175B model costs nothing) and a sample input of any batch size; for the decoders,
 :meth:`ModelSpec.tensor_parallel` names one rank's shard of a tensor-parallel split, with sequence parallelism or
 without.
+
+Note [spec defaults]: a spec's options default to the kernels frameworks run today, FlashAttention and the fused
+kernels (``attention=flash``, ``kernels=megatron``), so ``gpt:175b`` plans what a practitioner trains; the
+default is left out of a canonical name, and the other value is written out (``gpt:175b,kernels=eager,attention=math``
+is the model Korthikanti et al. (2022) count). The configs' own fields default to the math form, every operator
+its own kernel: the module as PyTorch writes it, the reference each kernel's gradients are checked against.
 """
 
 from __future__ import annotations
@@ -51,20 +60,20 @@ __all__ = ["KNOWN", "ModelSpec", "get_model"]
 _C = TypeVar("_C")
 
 #: The spec forms :func:`get_model` understands, for messages and ``--help``.
-KNOWN = ("gpt:" + "|".join(CONFIGS) + "[,kernels=megatron][,attention=flash]",
-         "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F][,kernels=megatron][,attention=flash]",
-         "llama:" + "|".join(LLAMA_CONFIGS) + "[,attention=flash]",
-         "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V[,attention=flash]",
+KNOWN = ("gpt:" + "|".join(CONFIGS) + "[,kernels=megatron|eager][,attention=flash|math]",
+         "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F][,kernels=megatron|eager][,attention=flash|math]",
+         "llama:" + "|".join(LLAMA_CONFIGS) + "[,kernels=megatron|eager][,attention=flash|math]",
+         "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V[,kernels=megatron|eager][,attention=flash|math]",
          "resnet101", "unet:B,C", "amoebanet:L,D")
 
 # The keys of a shape spec, in their canonical order, each with the config field it sets.
 _GPT_KEYS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "ffn": "ffn", "seq": "seq_len",
              "vocab": "vocab_size", "kernels": "kernels", "attention": "attention"}
-# The keys whose value is a word, with the words each takes (the first is the default, left out of a canonical name);
-# the options, which a size takes after it too.
-_WORDS = {"kernels": ("eager", "megatron"), "attention": ("math", "flash")}
+# The keys whose value is a word, with the words each takes (the first is the default, left out of a canonical name;
+# Note [spec defaults]); the options, which a size takes after it too.
+_WORDS = {"kernels": ("megatron", "eager"), "attention": ("flash", "math")}
 _LLAMA_KEYS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "kv-heads": "n_kv_head", "ffn": "ffn",
-               "seq": "seq_len", "vocab": "vocab_size", "attention": "attention"}
+               "seq": "seq_len", "vocab": "vocab_size", "kernels": "kernels", "attention": "attention"}
 
 
 @dataclass(frozen=True)
@@ -141,7 +150,8 @@ def _ints(spec: str, arg: str, names: tuple[str, str]) -> tuple[int, int]:
 
 def _shape(spec: str, arg: str, keys: dict[str, str], optional: tuple[str, ...] = ()) -> dict[str, int | str]:
     """``key=value`` pairs after the ':' as config fields; every key of ``keys`` but ``optional`` is required. A key
-    of :data:`_WORDS` takes one of its words, every other key an integer >= 1."""
+    of :data:`_WORDS` takes one of its words, its default where not given (Note [spec defaults]); every other key an
+    integer >= 1."""
     given: dict[str, int | str] = {}
     for item in arg.split(",") if arg else ():
         key, eq, value = (part.strip() for part in item.partition("="))
@@ -167,7 +177,8 @@ def _shape(spec: str, arg: str, keys: dict[str, str], optional: tuple[str, ...] 
     missing = [k for k in required if k not in given]
     if missing:
         raise KeyError(f"model {spec!r}: missing {', '.join(missing)} (needs {', '.join(required)})")
-    return {keys[k]: v for k, v in given.items()}
+    defaults = {k: words[0] for k, words in _WORDS.items() if k in keys and k not in given}
+    return {keys[k]: v for k, v in (given | defaults).items()}
 
 
 def _canonical(family: str, cfg: object, keys: dict[str, str], skip: tuple[str, ...] = ()) -> str:
@@ -271,8 +282,9 @@ def _flash(attention: str) -> str:
 
 def _llama_spec(name: str, title: str, cfg: LlamaConfig) -> ModelSpec:
     shard = _shard(cfg.tensor_parallel, cfg.sequence_parallel)
+    kernels = _flash(cfg.attention) + (", fused kernels (Megatron-Core)" if cfg.kernels == "megatron" else "")
     return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
-                     f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens{_flash(cfg.attention)}{shard})",
+                     f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens{kernels}{shard})",
                      lambda: llama(cfg), lambda b, d: llama_sample(cfg, b, d),
                      lambda t, sp: _llama_spec(name, title, replace(cfg, tensor_parallel=t, sequence_parallel=sp)),
                      _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, False) if cfg.attention == "math" else None,

@@ -6,7 +6,8 @@ Layers (pre-LayerNorm, as GPT-2 and GPT-3)::
     Block x L     x + Attention(LN(x)), then x + MLP(LN(x)); MLP is C -> F -> GELU -> C (F = 4C by default)
     Head          LN, then a linear layer to the vocabulary: (B, T, C) -> (B, T, V)
 
-Note [attention]: ``attention="math"`` (the default) writes attention out as Megatron-LM did in
+Note [attention]: ``attention="math"`` (the config's default; a spec's is flash, Note [spec defaults] in
+:mod:`sim.planning.models`) writes attention out as Megatron-LM did in
 Korthikanti et al. (2022): QK^T, scale, causal mask, softmax, dropout, times V. What it keeps for
 backward is their ``s·b·h·(34 + 5·a·s/h)`` bytes per layer in 16-bit precision. ``attention="sdpa"``
 calls ``F.scaled_dot_product_attention`` (the fused kernel on a GPU); both count the same FLOPs, and on meta the same
@@ -37,8 +38,23 @@ kernels. Two differences from Megatron's code that cost nothing here: GELU is th
 the tanh approximation), so both settings compute the same function; and activations stay (B, T, C), so q, k and v
 are copied to contiguous heads where Megatron's (T, B, C) layout lets the batched GEMMs read them in place.
 A split backward's ``B`` (the input's gradient alone) runs their bias gradients' sums too, one small reduction
-each: a custom operator computes every gradient its inputs require. ``kernels="eager"`` (the default) runs every
-operator as its own kernel, as PyTorch's eager mode runs the math form.
+each: a custom operator computes every gradient its inputs require. ``kernels="eager"`` (the config's default; a
+spec's is megatron) runs every operator as its own kernel, as PyTorch's eager mode runs the math form.
+
+Note [saved activations]: a block of a spec's default (``attention="flash"``, ``kernels="megatron"``) keeps for
+backward, in 16 bits on one of ``t`` tensor-parallel ranks (s tokens, b samples, h hidden, a heads, F = 4h)::
+
+    LayerNorm x 2         input 2·s·b·h each, mean and 1/std in fp32 8·s·b each      4·s·b·h + 16·s·b
+    QKV and fc GEMMs      their inputs, the LayerNorms' outputs                       4·s·b·h
+    FlashAttention        q, k, v; its output (the projection's input); logsumexp   8·s·b·h/t + 4·a·s·b/t
+                          in fp32; the dropout's seed                                 + 16
+    bias_dropout_add x 2  the dropout's one-byte mask                                 2·s·b·h
+    bias_gelu, proj       GELU's input and the second GEMM's input, F/t wide each     16·s·b·h/t
+
+that is ``s·b·h·(10 + 24/t) + 4·a·s·b/t + 16·s·b + 16`` bytes: Korthikanti et al.'s form less its ``5·a·s²·b/t``
+attention core, plus the logsumexp and the LayerNorms' statistics. With sequence parallelism every term but the
+seed is over ``t``. At t = 8 a gpt:175b block keeps 13.0·s·b·h bytes, where ``kernels=eager,attention=math`` keeps
+23.0 (4.25 and 14.25 with sequence parallelism).
 
 Note [untied head]: the output projection has its own weight, as pipelines keep it (the embedding
 and the head live on different stages), so a model has ``V·C`` more parameters than the tied count

@@ -1,6 +1,7 @@
-"""The decoders' kernels as custom operators the counter sees one each way: Megatron-LM's fused kernels and
-FlashAttention (Note [Megatron's kernels] and Note [flash attention] in :mod:`sim.planning.models.gpt`; their
-FLOPs, bytes and rate: Note [fused kernels] and Note [flash attention] in :mod:`sim.planning.operators`).
+"""The decoders' kernels as custom operators the counter sees one each way: Megatron-LM's fused kernels, the fused
+RMSNorm, SwiGLU and RoPE of Megatron-Core and TransformerEngine, and FlashAttention (Note [Megatron's kernels] and
+Note [flash attention] in :mod:`sim.planning.models.gpt`, Note [fused kernels] in :mod:`sim.planning.models.llama`;
+their FLOPs, bytes and rate: Note [fused kernels] and Note [flash attention] in :mod:`sim.planning.operators`).
 
 Each computes the real thing on a CPU, so a model built with them trains and its gradients can be checked against
 the math form's; on meta its fake returns the shapes.
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["bias_dropout_add", "bias_gelu", "causal_softmax", "flash_attention"]
+__all__ = ["bias_dropout_add", "bias_gelu", "causal_softmax", "flash_attention", "rms_norm", "rope", "swiglu"]
 
 
 # -- Megatron-LM's fused kernels (Note [Megatron's kernels]) -------------------------------------------------------
@@ -233,3 +234,133 @@ def _flash_grad(ctx: Any, grad: torch.Tensor | None, _: Any, __: Any) -> tuple[t
 
 
 flash_attention.register_autograd(_flash_grad, setup_context=_flash_context)
+
+
+# -- Megatron-Core's and TransformerEngine's kernels of a Llama block (Note [fused kernels] in llama) ---------------
+
+
+def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """A normalisation's statistics' dtype: float32 for 16-bit inputs, as the fused kernels keep them."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+@torch.library.custom_op("gpipe_sim::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight * x / sqrt(mean(x²) + eps)`` over the last dimension and each row's ``1/rms`` (float32 for 16-bit
+    inputs), one kernel (TransformerEngine's fused RMSNorm)."""
+    rstd = torch.rsqrt(x.to(_stats_dtype(x.dtype)).pow(2).mean(-1) + eps)  # (...,)
+    return (x * rstd.unsqueeze(-1)).to(x.dtype) * weight, rstd
+
+
+@torch.library.custom_op("gpipe_sim::rms_norm_backward", mutates_args=())
+def rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of :func:`rms_norm`'s ``x`` and ``weight`` from its output's gradient, one kernel."""
+    r = rstd.unsqueeze(-1)
+    normed = x.to(r.dtype) * r
+    scaled = grad.to(r.dtype) * weight.to(r.dtype)  # the gradient of the normalised x
+    grad_x = r * (scaled - normed * (scaled * normed).mean(-1, keepdim=True))
+    grad_w = (grad.to(r.dtype) * normed).sum(tuple(range(x.dim() - 1)))
+    return grad_x.to(x.dtype), grad_w.to(weight.dtype)
+
+
+@torch.library.custom_op("gpipe_sim::swiglu", mutates_args=())
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``, one kernel (Megatron-Core's ``bias_swiglu`` without a bias)."""
+    return F.silu(gate) * up
+
+
+@torch.library.custom_op("gpipe_sim::swiglu_backward", mutates_args=())
+def swiglu_backward(grad: torch.Tensor, gate: torch.Tensor,
+                    up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of :func:`swiglu`'s ``gate`` and ``up``, one kernel."""
+    sig = torch.sigmoid(gate)
+    return grad * up * sig * (1 + gate * (1 - sig)), grad * gate * sig
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """RoPE's partner of each element: (-second half, first half) of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+@torch.library.custom_op("gpipe_sim::rope", mutates_args=())
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``x`` (B, T, heads, d) from the position tables ``cos`` and ``sin`` (T, d), one kernel
+    (TransformerEngine's fused RoPE in its ``bshd`` layout)."""
+    return (x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)).to(x.dtype)
+
+
+@torch.library.custom_op("gpipe_sim::rope_backward", mutates_args=())
+def rope_backward(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The gradient of :func:`rope`'s ``x``: the rotation back, one kernel that needs only the tables."""
+    turned = grad * sin.unsqueeze(1)
+    g1, g2 = turned.chunk(2, dim=-1)
+    return (grad * cos.unsqueeze(1) + torch.cat((g2, -g1), dim=-1)).to(grad.dtype)  # the transpose of the turn
+
+
+@rms_norm.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), x.new_empty(x.shape[:-1], dtype=_stats_dtype(x.dtype))
+
+
+@rms_norm_backward.register_fake
+def _(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+@swiglu.register_fake
+def _(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(gate)
+
+
+@swiglu_backward.register_fake
+def _(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(gate), torch.empty_like(up)
+
+
+@rope.register_fake
+def _(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@rope_backward.register_fake
+def _(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(grad, memory_format=torch.contiguous_format)
+
+
+def _rms_norm_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(inputs[0], inputs[1], output[1])  # x, the weight (a parameter) and 1/rms: no output
+
+
+def _rms_norm_grad(ctx: Any, grad: torch.Tensor | None, _: Any) -> tuple[torch.Tensor | None, ...]:
+    if grad is None:
+        return None, None, None
+    x, weight, rstd = ctx.saved_tensors
+    return (*rms_norm_backward(grad, x, weight, rstd), None)
+
+
+def _swiglu_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs)  # gate and up, the GEMMs' outputs; not the product
+
+
+def _swiglu_grad(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    gate, up = ctx.saved_tensors
+    return swiglu_backward(grad, gate, up)
+
+
+def _rope_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(inputs[1], inputs[2])  # the tables alone (buffers): no activation kept
+
+
+def _rope_grad(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    cos, sin = ctx.saved_tensors
+    return rope_backward(grad, cos, sin), None, None
+
+
+rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_context)
+swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_context)
+rope.register_autograd(_rope_grad, setup_context=_rope_context)

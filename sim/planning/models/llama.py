@@ -12,14 +12,35 @@ Note [grouped attention]: the ``G = A / K`` query heads of a group share one key
 stacks a group's queries along the rows, (B, K, G·T, d) against (B, K, T, d) keys, so one matrix product per
 group serves all its heads and the keys and values are never copied G times; a fused kernel keeps them once
 too. The FLOPs are those of A full heads, 4·b·s²·C forward, as in :mod:`~sim.planning.models.gpt`.
-``attention="sdpa"`` calls ``F.scaled_dot_product_attention(..., enable_gqa=True)``. ``attention="flash"`` runs
-:mod:`~sim.planning.models.gpt`'s FlashAttention operator (Note [flash attention] there) on the rotated q (A heads) and
-k and on v (K heads each), without dropout: it reads and keeps the keys and values once, and keeps q, its output and
-the logsumexp but no ``s × s`` probabilities (the math form's ``2·a·s²·b`` bytes less the logsumexp's ``4·a·s·b``).
+``attention="sdpa"`` calls ``F.scaled_dot_product_attention(..., enable_gqa=True)``. ``attention="flash"`` (a spec's
+default) runs :mod:`~sim.planning.models.gpt`'s FlashAttention operator (Note [flash attention] there) on the rotated
+q (A heads) and k and on v (K heads each), without dropout: it reads and keeps the keys and values once, and keeps q,
+its output and the logsumexp but no ``s × s`` probabilities (the math form's ``2·a·s²·b`` bytes less the logsumexp's
+``4·a·s·b``).
 
 Note [RMSNorm on meta]: ``nn.RMSNorm`` has no single ATen operator on meta; it runs as its decomposition (a
-square, a mean, an add, a reciprocal square root and two products), so the counter sees six memory-bound
-kernels where a GPU may run one fused kernel, and what they save for backward.
+square, a mean, an add, a reciprocal square root and two products), so with ``kernels="eager"`` the counter sees six
+memory-bound kernels, and what they save for backward, where the fused kernels run one (Note [fused kernels]).
+
+Note [fused kernels]: ``kernels="megatron"`` (a spec's default; the config's is ``"eager"``) runs a block as
+Megatron-Core does with TransformerEngine: each RMSNorm as one kernel each way (TE's fused RMSNorm, keeping its input
+and each row's 1/rms in fp32), SwiGLU's ``silu(gate) * up`` as one (Megatron-Core's ``bias_swiglu``, keeping gate and
+up), and RoPE on q and on k as one each (TE's fused RoPE, which keeps nothing but the position tables); the residual
+adds run as they are. Each is a custom operator (``gpipe_sim::rms_norm``, ``swiglu``, ``rope`` and their backwards)
+that computes the math form on the CPU, so the gradients agree; its bytes and kind: Note [fused kernels] in
+:mod:`sim.planning.operators`. With FlashAttention a block keeps, in 16 bits on one of ``t`` ranks (s tokens, b
+samples, h hidden, a query and K key/value heads, F the MLP's width)::
+
+    RMSNorm x 2        input 2·s·b·h each, 1/rms in fp32 4·s·b each                  4·s·b·h + 8·s·b
+    q/k/v, gate/up     their inputs, the RMSNorms' outputs                            4·s·b·h
+    FlashAttention     rotated q, its output (o's input); rotated k and v; lse       4·s·b·h/t + 4·s·b·h·K/(a·t)
+                                                                                      + 4·a·s·b/t
+    SwiGLU, down       gate and up; down's input                                      6·s·b·F/t
+
+that is ``s·b·h·(8 + (4 + 4·K/a)/t) + 6·s·b·F/t + 4·a·s·b/t + 8·s·b`` bytes; with sequence parallelism all of it over
+``t``. Per s·b·h at t = 1 that is 12 + 4·K/a + 6·F/h, about 34 at every Llama 3 size (31.8 for 405B, 33.5 for 70B);
+the eager block keeps 50.3 for 405B with FlashAttention. At t = 8 a llama:405b block keeps 10.97·s·b·h bytes, where
+``kernels=eager,attention=math`` keeps 39.8 (3.97 and 22.3 with sequence parallelism).
 
 Note [tensor parallel]: ``tensor_parallel=t`` builds one rank's shard, split as Megatron-LM splits a layer: A/t
 query heads and K/t key/value heads (q: C -> C/t; k and v: C -> K·d/t; o: C/t -> C), SwiGLU's gate and up by columns
@@ -48,7 +69,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sim.planning.models.gpt import ATTENTIONS, check_sequence_parallel, decoder, token_ids
-from sim.planning.models.kernels import flash_attention
+from sim.planning.models.kernels import flash_attention, rms_norm, rope, swiglu
 from sim.planning.models.limits import check_decoder_size
 from sim.planning.tensor_parallel import column_parallel, reduce_from_tensor_parallel
 
@@ -70,6 +91,8 @@ class LlamaConfig:
         rope_theta: RoPE's base frequency; 500000 in Llama 3.
         norm_eps: RMSNorm's epsilon; 1e-5 as in the released models.
         attention: ``"math"``, ``"sdpa"`` or ``"flash"`` (see Note [grouped attention]).
+        kernels: ``"eager"``, every operator its own kernel, or ``"megatron"``, the fused kernels of Megatron-Core and
+            TransformerEngine (Note [fused kernels]).
         tensor_parallel: ranks a layer is split over; the model built is one rank's shard (Note [tensor parallel]).
         sequence_parallel: split the tokens between the tensor-parallel regions over the ranks too (Note [tensor
             parallel]); needs ``tensor_parallel > 1``.
@@ -85,6 +108,7 @@ class LlamaConfig:
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
     attention: Literal["math", "sdpa", "flash"] = "math"
+    kernels: Literal["eager", "megatron"] = "eager"
     tensor_parallel: int = 1
     sequence_parallel: bool = False
 
@@ -100,6 +124,8 @@ class LlamaConfig:
             raise ValueError(f"n_head={self.n_head} does not divide into n_kv_head={self.n_kv_head} groups")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be 'math', 'sdpa' or 'flash', got {self.attention!r}")
+        if self.kernels not in ("eager", "megatron"):
+            raise ValueError(f"kernels must be 'eager' or 'megatron', got {self.kernels!r}")
         t = self.tensor_parallel
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise ValueError(f"tensor_parallel must be an integer >= 1, got {t!r}")
@@ -209,6 +235,7 @@ class Attention(nn.Module):
         self.v = nn.Linear(cfg.d_model, kv, bias=False)
         self.o = nn.Linear(width, cfg.d_model, bias=False)  # row-parallel
         self.attention = cfg.attention
+        self.fused = cfg.kernels == "megatron"
         self.sequence_parallel = cfg.sequence_parallel
         # Buffers, so they are model state and follow the model's device; not saved with its weights.
         cos, sin = _rope_tables(cfg)
@@ -223,11 +250,15 @@ class Attention(nn.Module):
         q, k, v = column_parallel(x, [(self.q.weight, None), (self.k.weight, None), (self.v.weight, None)],
                                   self.group, self.sequence_parallel)
         b, t, _ = q.shape  # every token, with sequence parallelism too
-        q = q.view(b, t, a, d).transpose(1, 2)  # (B, A, T, d)
-        k = k.view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
-        v = v.view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
         cos, sin = self.cos[:t], self.sin[:t]
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if self.fused:  # TransformerEngine's fused RoPE in flash_attn_func's layout, (B, T, heads, d)
+            q, k = rope(q.view(b, t, a, d), cos, sin), rope(k.view(b, t, k_heads, d), cos, sin)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.view(b, t, k_heads, d).transpose(1, 2)  # views
+        else:
+            q = q.view(b, t, a, d).transpose(1, 2)  # (B, A, T, d)
+            k = k.view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
+            v = v.view(b, t, k_heads, d).transpose(1, 2)  # (B, K, T, d)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if self.attention == "flash":  # in flash_attn_func's layout, (B, T, heads, d): views
             y = flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 1.0 / math.sqrt(d), 0.0)[0]
             return reduce_from_tensor_parallel(self.o(y.view(b, t, c)), self.group, self.sequence_parallel)
@@ -253,12 +284,19 @@ class MLP(nn.Module):
         self.gate = nn.Linear(cfg.d_model, width, bias=False)  # column-parallel
         self.up = nn.Linear(cfg.d_model, width, bias=False)
         self.down = nn.Linear(width, cfg.d_model, bias=False)  # row-parallel
+        self.fused = cfg.kernels == "megatron"
         self.sequence_parallel = cfg.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sp = self.sequence_parallel
         gate, up = column_parallel(x, [(self.gate.weight, None), (self.up.weight, None)], self.group, sp)
-        return reduce_from_tensor_parallel(self.down(F.silu(gate) * up), self.group, sp)
+        hidden = swiglu(gate, up) if self.fused else F.silu(gate) * up  # (B, T, F/t)
+        return reduce_from_tensor_parallel(self.down(hidden), self.group, sp)
+
+
+def _norm(norm: nn.RMSNorm, x: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
+    """``norm(x)``, as TransformerEngine's fused kernel where ``fused`` (Note [fused kernels])."""
+    return rms_norm(x, norm.weight, eps)[0] if fused else norm(x)
 
 
 class Block(nn.Module):
@@ -270,10 +308,11 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = MLP(cfg)
+        self.eps, self.fused = cfg.norm_eps, cfg.kernels == "megatron"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        x = x + self.attn(_norm(self.norm1, x, self.eps, self.fused))  # the residual adds as they are
+        return x + self.mlp(_norm(self.norm2, x, self.eps, self.fused))
 
 
 class Head(nn.Module):
@@ -285,9 +324,11 @@ class Head(nn.Module):
         self.out = nn.Linear(cfg.d_model, cfg.shard_vocab, bias=False)  # this rank's logits: (B, T, V/t)
         self.group = cfg.tensor_parallel
         self.sequence_parallel = cfg.sequence_parallel
+        self.eps, self.fused = cfg.norm_eps, cfg.kernels == "megatron"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return column_parallel(self.norm(x), [(self.out.weight, None)], self.group, self.sequence_parallel)[0]
+        x = _norm(self.norm, x, self.eps, self.fused)
+        return column_parallel(x, [(self.out.weight, None)], self.group, self.sequence_parallel)[0]
 
 
 def llama(cfg: LlamaConfig | str = "8b", **overrides: object) -> nn.Sequential:
