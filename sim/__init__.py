@@ -9,7 +9,8 @@
                      (:func:`sim.planning.plan.plan` of a :class:`sim.planning.request.PlanRequest`)
     sim.cli          the ``gpipe-sim`` command line on top of all three
 
-:mod:`sim.files` (output folders that never overwrite a user's files unasked) serves every layer that writes.
+:mod:`sim.files` (output folders that never overwrite a user's files unasked) serves every layer that writes,
+:mod:`sim.workers` (child processes that end with their parent) every layer that starts processes.
 
 What simulating a schedule from Python takes is exported here, from the core::
 

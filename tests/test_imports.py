@@ -155,12 +155,13 @@ def test_sim_uses_only_public_gpipe_names() -> None:
     assert not found, "sim imports private names of gpipe:\n" + "\n".join(found)
 
 
-#: The simulator's layers (the docstring of :mod:`sim`): what each may import of sim; ``sim.files`` serves all.
+#: The simulator's layers (the docstring of :mod:`sim`): what each may import of sim; ``sim.files`` serves those
+#: that write, ``sim.workers`` those that start processes.
 LAYERS = {
     "sim.core": {"sim.core"},
-    "sim.planning": {"sim.core", "sim.planning"},
-    "sim.calibration": {"sim.core", "sim.calibration", "sim.files"},
-    "sim.cli": {"sim.core", "sim.planning", "sim.calibration", "sim.cli", "sim.files"},
+    "sim.planning": {"sim.core", "sim.planning", "sim.workers"},
+    "sim.calibration": {"sim.core", "sim.calibration", "sim.files", "sim.workers"},
+    "sim.cli": {"sim.core", "sim.planning", "sim.calibration", "sim.cli", "sim.files", "sim.workers"},
 }
 
 

@@ -29,6 +29,12 @@ outside: it is abandoned, a daemon thread that ends after its task returns, and 
 reaches the caller names its thread, device and task. Everything the step set is restored without it (the
 switch interval).
 
+Note [abandoned at exit]: the interpreter's exit waits for the workers a step abandoned, and a second Ctrl-C stops
+the wait. An interpreter that finalizes while a daemon thread is inside a torch operation aborts the process
+(``terminate called without an active exception``, SIGABRT) when the operation returns, so an uncaught Ctrl-C in the
+middle of a long operation would end in a crash rather than exit status 130. The abandoned worker's step is
+stopped, so it ends as soon as its task returns.
+
 Note [where a fault happened]: an exception raised in a task reaches the caller as itself (same type, message
 and traceback), with a note (``BaseException.add_note``, Python 3.11+) naming the task, its stage, micro-batch
 and device and the worker's thread, as the distributed executor's report names rank, stage and task.
@@ -36,7 +42,9 @@ and device and the worker's thread, as the distributed executor's report names r
 
 from __future__ import annotations
 
+import atexit
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -62,6 +70,8 @@ from gpipe.transport.base import DRIVER, Message, Stopped
 from gpipe.transport.inprocess import InProcess, device_context
 
 __all__ = ["STOP_SECONDS", "Loss", "ThreadRun"]
+
+_log = logging.getLogger(__name__)
 
 STOP_SECONDS = 1.0
 """After an interrupt, how long in all the caller waits for the workers to stop (Note [interrupts])."""
@@ -232,13 +242,14 @@ class ThreadRun:
         if not stuck:
             return
         places = "; ".join(self._place(d, self.current[d]) for d in stuck)
+        _join_at_exit([self.threads[d] for d in stuck], places)
         within = f"within {STOP_SECONDS:g} s"
         if len(stuck) == 1:
             left = (f"a worker did not stop {within} and is left running (a daemon thread, which ends when its task "
-                    "returns)")
+                    "returns; the interpreter's exit waits for it)")
         else:
             left = (f"{len(stuck)} workers did not stop {within} and are left running (daemon threads, which end when "
-                    "their tasks return)")
+                    "their tasks return; the interpreter's exit waits for them)")
         text = f"the step was interrupted, but {left}: {places}"
         if isinstance(interrupt, KeyboardInterrupt) and not interrupt.args:
             interrupt.args = (text,)
@@ -363,6 +374,24 @@ class ThreadRun:
                 self.error = error
         self.transport.stop()
         self.gate.release()  # parked workers leave too
+
+
+def _join_at_exit(threads: list[threading.Thread], places: str) -> None:
+    """The interpreter's exit waits for abandoned ``threads``; a Ctrl-C stops the wait (Note [abandoned at exit])."""
+
+    def join() -> None:
+        alive = [thread for thread in threads if thread.is_alive()]
+        if not alive:
+            return
+        _log.warning("exiting once the abandoned pipeline workers' tasks return (Ctrl-C again to exit now): %s",
+                     places)
+        try:
+            for thread in alive:
+                thread.join()
+        except KeyboardInterrupt:  # the second Ctrl-C: exit now, as before this wait
+            pass
+
+    atexit.register(join)
 
 
 def _note(error: BaseException, text: str) -> None:

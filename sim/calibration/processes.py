@@ -23,8 +23,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import multiprocessing
-import os
 import queue
 import statistics
 import threading
@@ -58,6 +56,7 @@ from sim.core.config import SimConfig
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
+from sim.workers import exit_with_parent
 
 __all__ = ["ProcessOutcome", "measure_link", "process_config", "run_processes"]
 
@@ -220,7 +219,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
     [calibrated in the ranks]); rank 0 gets every recorded step and every rank's passes."""
     from gpipe.distributed import DistributedGPipe
 
-    _exit_with_parent()
+    exit_with_parent()  # Note [orphaned children] in sim.workers
     try:
         torch.set_num_threads(setup.threads or 1)
         keep_freed_memory()  # as the launcher's own process keeps it (Note [allocator] in sim.calibration.machine)
@@ -260,23 +259,6 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the launcher reports it
         results.put(("error", rank, traceback.format_exc()))
-
-
-# Note [orphaned ranks]: the launcher ends its ranks on its way out, Ctrl-C included (``_spawn``), but a launcher
-# killed outright (SIGKILL, the OOM killer) runs no code, and a rank training for many steps would go on alone,
-# holding a core. So each rank watches its parent and exits when it is gone (re-parented: ``getppid`` changes). The
-# parent is the launcher's pid as multiprocessing handed it over at the spawn, not ``getppid`` read here: a rank
-# reaches this after importing torch, and a launcher killed meanwhile would leave ``getppid`` already the new parent.
-def _exit_with_parent(every: float = 0.5) -> None:
-    launcher = multiprocessing.parent_process()
-    parent = launcher.pid if launcher is not None and launcher.pid is not None else os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="gpipe-sim parent watch", daemon=True).start()
 
 
 def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float = 600.0,

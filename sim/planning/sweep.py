@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import multiprocessing
+import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -55,6 +56,7 @@ from sim.planning.zero import (
     stretched,
     transient_bytes,
 )
+from sim.workers import exit_with_parent
 
 __all__ = ["MAX_CHUNKS", "Configuration", "Sweep", "configurations", "evaluate_all"]
 
@@ -381,10 +383,34 @@ def _evaluate_run(points: Sequence[Configuration]) -> tuple[list[PlanRow | None]
     return [_forked.evaluate(p) for p in points], dict(_forked.why)
 
 
+# Note [interrupting a sweep]: the parent alone answers Ctrl-C, and no worker outlives it.
+# 1. A worker ignores SIGINT: Ctrl-C reaches the whole process group, and a worker's KeyboardInterrupt would only
+#    print a traceback. The parent blocks SIGINT while it forks, so none arrives before a worker ignores it.
+# 2. On an interrupt the parent kills its workers and re-raises at once: the pool's own shutdown would wait for
+#    every run already queued (seconds), and Python 3.11's pool has no public way to end its processes.
+# 3. A parent killed outright runs no code, so each worker watches it and exits when it is gone (the ranks' own
+#    watch, Note [orphaned children] in :mod:`sim.workers`).
+def _start_worker() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    exit_with_parent()
+
+
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
+    """End ``pool`` now: its queued runs cancelled, its processes killed (Note [interrupting a sweep])."""
+    processes = list((pool._processes or {}).values())  # before shutdown drops them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.join()
+
+
 def evaluate_all(sweep: Sweep, points: Sequence[Configuration], workers: int = 1,
                  progress: Callable[[int], None] | None = None) -> list[PlanRow | None]:
     """:meth:`Sweep.evaluate` of every configuration, in order, over ``workers`` processes (Note [sweep workers]);
-    ``progress(n)`` is told as each run of ``n`` configurations ends."""
+    ``progress(n)`` is told as each run of ``n`` configurations ends. An interrupt ends the workers with it (Note
+    [interrupting a sweep])."""
     global _forked
     workers = max(1, min(workers, len(points) // MIN_PER_WORKER))
     if workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
@@ -397,14 +423,23 @@ def evaluate_all(sweep: Sweep, points: Sequence[Configuration], workers: int = 1
     size = -(-len(points) // (workers * _RUNS_PER_WORKER))
     runs = [points[k:k + size] for k in range(0, len(points), size)]
     _forked = sweep
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker)
     try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            out = []
-            for (rows, why), run in zip(pool.map(_evaluate_run, runs), runs, strict=True):
-                out.extend(rows)
-                sweep.why.update(why)
-                if progress is not None:
-                    progress(len(run))
-            return out
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            done = pool.map(_evaluate_run, runs)  # forks every worker (the fork context starts them all at once)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        out = []
+        for (rows, why), run in zip(done, runs, strict=True):
+            out.extend(rows)
+            sweep.why.update(why)
+            if progress is not None:
+                progress(len(run))
+    except BaseException:
+        _kill_workers(pool)
+        raise
     finally:
         _forked = None
+    pool.shutdown()
+    return out

@@ -106,7 +106,7 @@ def test_sigint_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
 def test_a_killed_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
-    """Note [orphaned ranks]: SIGKILL runs none of the launcher's code; its ranks notice and exit."""
+    """Note [orphaned children] in sim.workers: SIGKILL runs none of the launcher's code; its ranks notice and exit."""
     with _launched(tmp_path, subprocess.DEVNULL) as (launcher, ranks):
         launcher.kill()
         launcher.wait(timeout=30)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -63,8 +64,10 @@ class _OnBackward(torch.autograd.Function):
 
 # -- one Ctrl-C stops a step whose stage hangs -----------------------------------------------------
 
-WATCHDOG_SECONDS = 8.0  # releases a hung layer that nothing else released (the executor before the fix)
-BOUND_SECONDS = 3.0  # from the signal to the caller's KeyboardInterrupt: ~1 s expected, generous on a busy machine
+# Releases a hung layer that nothing else released (the executor before the fix), 8 s after the interrupt: a caller
+# that gets its KeyboardInterrupt while the layer is still hung did not wait for it (~1 s expected; no wall-time
+# bound beside this one, which a loaded machine could break).
+WATCHDOG_SECONDS = 8.0
 
 
 class Hang(nn.Module):
@@ -140,9 +143,7 @@ def test_one_ctrl_c_stops_a_step_whose_stage_hangs(release: threading.Event, how
         else:
             out = pipe(x)
             out.sum().backward()
-    caught = time.monotonic()
     assert sent, "the interrupt was never sent: the layer did not hang"
-    assert caught - sent[0] < BOUND_SECONDS, f"the caller waited {caught - sent[0]:.1f} s after Ctrl-C"
     message = str(info.value)
     task = "B1@1" if how == "backward" else "F1@1"
     assert "gpipe-worker-1" in message and task in message and "cpu" in message, message
@@ -250,3 +251,50 @@ def test_a_fault_in_forward_then_backward_names_its_place(where: str) -> None:
         pipe(_marked(4)).sum().backward()
     _check_placed(info.value, where, "F2@1" if where == "forward" else "B2@1")
     assert _no_workers_soon()
+
+
+# -- a Ctrl-C in the middle of a long torch operation exits 130 --------------------------------------------
+
+# A step whose second partition runs matrix products for 3 s; the script says "long" when they start. The first
+# step warms the executor up (its lazy imports), so the interrupt lands in the products.
+LONG_OPERATION = """
+import sys, time, torch
+from torch import nn
+from gpipe import GPipe
+
+class Long(nn.Module):
+    seconds = 0.0
+    def forward(self, x):
+        end, a = time.monotonic() + self.seconds, torch.randn(1000, 1000)
+        if self.seconds:
+            print("long", flush=True)
+        while time.monotonic() < end:
+            a = torch.mm(a, a).clamp_(-1, 1)
+        return x * 1.0
+
+long = Long()
+pipe = GPipe(nn.Sequential(nn.Linear(4, 4), long, nn.Linear(4, 4)), [1, 2], devices=["cpu", "cpu"], chunks=2)
+pipe.step(torch.randn(4, 4), torch.randn(4, 4), nn.functional.mse_loss)
+long.seconds = 3.0
+pipe.step(torch.randn(4, 4), torch.randn(4, 4), nn.functional.mse_loss)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT")
+def test_a_ctrl_c_in_a_long_torch_operation_exits_130() -> None:
+    """Note [abandoned at exit]: the worker is abandoned to the caller, and the exit waits for its task, so the
+    interpreter never finalizes under a torch operation (which aborted: 'terminate called without an active
+    exception'). An uncaught KeyboardInterrupt ends Python by SIGINT: a shell's 130."""
+    proc = subprocess.Popen([sys.executable, "-c", LONG_OPERATION], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "long\n"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "terminate called" not in err, err
+    assert "KeyboardInterrupt: the step was interrupted" in err, err
+    assert proc.returncode == -signal.SIGINT, err
