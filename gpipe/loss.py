@@ -29,10 +29,15 @@ from typing import Literal, cast
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LOSS_REDUCTIONS", "LossPlan", "loss_plan", "reduction_of"]
+__all__ = ["LOSS_REDUCTIONS", "NO_GRAD", "LossPlan", "loss_plan", "reduction_of"]
 
 LossReduction = Literal["mean", "sum"]
 LOSS_REDUCTIONS: tuple[str, ...] = ("mean", "sum")
+
+#: A step's error when its loss has no gradient, as ``loss.backward()`` raises it (the first words are torch's).
+NO_GRAD = ("element 0 of tensors does not require grad and does not have a grad_fn: loss_fn's result does not "
+           "require grad (it was detached or computed under torch.no_grad(), or no parameter and no input that it "
+           "depends on requires grad), so the step has no gradient to compute")
 
 #: Losses whose mean divides by the class weight of the counted targets (Note [an exact loss]).
 _CLASS_WEIGHTED = (nn.CrossEntropyLoss, nn.NLLLoss)

@@ -55,7 +55,7 @@ from gpipe.interpreter.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.interpreter.parking import Parked
 from gpipe.interpreter.pipeline import Pipeline
 from gpipe.interpreter.threads import ThreadRun
-from gpipe.loss import loss_plan, reduction_of
+from gpipe.loss import NO_GRAD, loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
 from gpipe.schedule import Schedule
 from gpipe.schedule.timeline import Timeline
@@ -247,6 +247,8 @@ class GPipe(FrontEnd):
             ValueError: the target's batch size differs from the input's; a loss module with
                 ``reduction="none"``; a ``loss_reduction`` other than ``"mean"`` or ``"sum"``, or one that
                 contradicts the module's own.
+            RuntimeError: grad is disabled, or the loss does not require grad (detached, or nothing it depends on
+                requires grad), as ``loss.backward()`` raises; no gradient is written and the pipeline stays usable.
         """
         was_tuple, tensors = as_tensors(input, "GPipe's input")
         _, targets = as_tensors(target, "the target")
@@ -257,6 +259,9 @@ class GPipe(FrontEnd):
                              f"{tensors[0].size(0)}")
         if not torch.is_grad_enabled():
             raise RuntimeError("pipe.step trains: call it with grad enabled (not under torch.no_grad())")
+        # a later stage's input always requires grad (it takes the gradient back), so the last stage cannot tell
+        if not any(t.requires_grad for t in tensors) and not any(p.requires_grad for p in self.parameters()):
+            raise RuntimeError(NO_GRAD)
         mode = self.checkpoint if self.training else "never"
         plan = loss_plan(loss_fn, reduction_of(loss_fn, loss_reduction), targets, [b[0].size(0) for b in batches])
         run = ThreadRun(self.pipeline, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record,

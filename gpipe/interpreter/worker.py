@@ -43,7 +43,7 @@ from gpipe.autograd.rng import Plan
 from gpipe.autograd.split_backward import WeightGrads
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.interpreter.pipeline import Pipeline
-from gpipe.loss import LossPlan
+from gpipe.loss import NO_GRAD, LossPlan
 from gpipe.microbatch import as_tensors
 from gpipe.profiling.recorder import Recorder
 from gpipe.schedule import Op, Schedule, Task
@@ -174,6 +174,8 @@ class Worker:
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             raise TypeError("loss_fn must return a scalar tensor (a reduced loss), got "
                             f"{type(loss).__name__ if not isinstance(loss, Tensor) else tuple(loss.shape)}")
+        if torch.is_grad_enabled() and not loss.requires_grad:  # a checkpointed forward checks in its recompute
+            raise RuntimeError(NO_GRAD)
         return loss * plan.scales[i]
 
     def _forward(self, task: Task) -> None:

@@ -185,6 +185,20 @@ def fail(rank: int, world: int, stage: int, where: str, schedule: str) -> str:
     return "no error"
 
 
+def detached_loss(rank: int, world: int) -> str:
+    """A loss with no grad_fn raises as ``loss.backward()`` does, on the last stage's rank, and ends every rank before
+    any gradient is written."""
+    torch.manual_seed(0)
+    pipe = DistributedGPipe(nn.Sequential(*[nn.Linear(6, 6) for _ in range(world)]), [1] * world, chunks=2, timeout=30)
+    try:
+        pipe.step(torch.randn(4, 6), torch.randn(4, 6), lambda o, t: nn.functional.mse_loss(o, t).detach())
+    except Exception as error:  # noqa: BLE001
+        written = [n for n, p in pipe.named_parameters() if p.grad is not None]
+        pipe.close()
+        return f"{type(error).__name__}: {error}".splitlines()[0] + f"\nGRADS: {written}"
+    return "no error"
+
+
 def _again(pipe: DistributedGPipe, x: Tensor, y: Tensor) -> str:
     try:
         pipe.step(x, y, nn.functional.mse_loss)

@@ -1,7 +1,8 @@
 """DistributedGPipe on 2 gloo processes on loopback (one spawn for the whole module, :mod:`tests.distributed.ranks`):
 every registered schedule x checkpoint policy trains like the plain model (a stage per rank; 4 stages by the
 schedule's layout), skips and tuples cross ranks, draws and deferred batch norm match one process, a meta model
-is materialised alike; a failing task, a hanging rank and bad input end every rank with the expected message.
+is materialised alike; a failing task, a hanging rank, a detached loss and bad input end every rank with the expected
+message.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ OTHER: dict[str, Case] = {
     "fail-B-stage0": functools.partial(cases.fail, stage=0, where="B", schedule="1f1b"),
     "fail-B-stage1": functools.partial(cases.fail, stage=1, where="B", schedule="gpipe"),
     "hang": cases.hang,
+    "detached-loss": cases.detached_loss,
     "gathered-1f1b": functools.partial(cases.gathered, schedule="1f1b", balance=[3, 2], m=4),
     "gathered-interleaved-1f1b": functools.partial(cases.gathered, schedule="interleaved-1f1b", balance=[1, 2, 1, 1],
                                                    m=4),
@@ -104,6 +106,13 @@ def test_a_failing_task_ends_every_rank_naming_it(results: dict[str, list[str | 
             first == f"PipelineFailed: rank {rank} stopped because {said}", first
         assert f"--- traceback on rank {stage} ---" in result and "Traceback (most recent call last)" in result
         assert "AFTER: PipelineFailed: this pipeline failed in an earlier step" in result
+
+
+def test_a_detached_loss_ends_every_rank_as_backward_raises(results: dict[str, list[str | None]]) -> None:
+    for rank, result in enumerate(results["detached-loss"]):
+        assert result is not None, f"rank {rank} never answered"
+        assert result.startswith("PipelineFailed: ") and "loss_fn's result does not require grad" in result, result
+        assert "element 0 of tensors does not require grad" in result and result.endswith("GRADS: []"), result
 
 
 def test_a_shape_mismatch_between_stages_is_refused_on_every_rank(results: dict[str, list[str | None]]) -> None:

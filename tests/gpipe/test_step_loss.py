@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 
 import pytest
 import torch
@@ -159,3 +160,63 @@ def test_an_int_from_the_loss_is_named_as_an_int() -> None:
     x, t = data(case)
     with pytest.raises(TypeError, match="got int"):
         pipe.step(x, t, lambda output, target: 3)
+
+
+def _gpipe_workers() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("gpipe-worker") and t.is_alive()]
+
+
+@pytest.mark.parametrize(("schedule", "checkpoint"), [("gpipe", "except_last"), ("1f1b", "always"), ("gpipe", "never")])
+def test_a_detached_loss_raises_as_backward_does(schedule: str, checkpoint: str) -> None:
+    """Plain torch's ``loss.backward()`` raises on a loss with no grad_fn; so does the step, and cleanly: no gradient
+    written, no worker left, and the next step trains."""
+    case = CASES["mse"]
+    torch.manual_seed(0)
+    module = model(case)
+    reference = copy.deepcopy(module)
+    pipe = _pipe(module, schedule, checkpoint)
+    x, t = data(case)
+    with pytest.raises(RuntimeError, match="element 0 of tensors does not require grad"):
+        F.mse_loss(reference(x), t).detach().backward()
+    with pytest.raises(RuntimeError, match="loss_fn's result does not require grad"):
+        pipe.step(x, t, lambda o, target: F.mse_loss(o, target).detach())
+    assert all(p.grad is None for p in pipe.parameters())
+    assert not _gpipe_workers()
+    assert torch.isfinite(pipe.step(x, t, F.mse_loss))
+    assert all(p.grad is not None for p in pipe.parameters())
+
+
+def test_a_loss_under_no_grad_raises() -> None:
+    case = CASES["mse"]
+    pipe = _pipe(model(case), "gpipe")
+    x, t = data(case)
+
+    def loss_fn(o: Tensor, target: Tensor) -> Tensor:
+        with torch.no_grad():
+            return F.mse_loss(o, target)
+
+    with pytest.raises(RuntimeError, match="loss_fn's result does not require grad"):
+        pipe.step(x, t, loss_fn)
+    assert all(p.grad is None for p in pipe.parameters())
+
+
+def test_nothing_that_requires_grad_raises_as_the_plain_model_does() -> None:
+    """A frozen model on an input that does not require grad: plain torch raises, and so does the step (before any
+    work); with an input that requires grad both run and only the input gets a gradient."""
+    case = CASES["mse"]
+    torch.manual_seed(0)
+    module = model(case).requires_grad_(False)
+    reference = copy.deepcopy(module)
+    pipe = _pipe(module, "gpipe")
+    x, t = data(case)
+    with pytest.raises(RuntimeError, match="element 0 of tensors does not require grad"):
+        F.mse_loss(reference(x), t).backward()
+    with pytest.raises(RuntimeError, match="element 0 of tensors does not require grad"):
+        pipe.step(x, t, F.mse_loss)
+    assert not _gpipe_workers()
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    F.mse_loss(reference(a), t).backward()
+    pipe.step(b, t, F.mse_loss)
+    assert b.grad is not None and a.grad is not None
+    torch.testing.assert_close(b.grad, a.grad)
+    assert all(p.grad is None for p in pipe.parameters())
