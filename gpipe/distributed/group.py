@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from gpipe.distributed.faults import store_client
+from gpipe.distributed.loopback import init_loopback_group, is_loopback
 
 __all__ = ["Ranks", "default_device", "join"]
 
@@ -80,8 +81,16 @@ def join(group: Any, device: torch.device | str | None, timeout: float) -> Ranks
                 raise ValueError(f"no process group and no torchrun environment ({', '.join(missing)} unset): launch "
                                  "with torchrun --nproc-per-node N script.py, or call "
                                  "torch.distributed.init_process_group first, or pass group=")
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                    timeout=datetime.timedelta(seconds=max(timeout, 1.0)))
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            span = datetime.timedelta(seconds=max(timeout, 1.0))
+            # Note [loopback only] in gpipe.distributed.loopback: torch's env:// store would listen on every
+            # interface. Under torchrun the agent serves the store, where torchrun binds it.
+            if is_loopback(os.environ["MASTER_ADDR"]) and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+                init_loopback_group(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                                    int(os.environ["MASTER_PORT"]), span, backend=backend,
+                                    address=os.environ["MASTER_ADDR"])
+            else:
+                dist.init_process_group(backend, timeout=span)
         # Note [a group per pipeline]
         group = dist.new_group(backend="nccl" if device.type == "cuda" else "gloo")
     if device.type == "cuda":

@@ -10,18 +10,23 @@ gloo reads whenever a group is made, so the groups made later in the process lis
 
     port = free_port()                                     # in the launcher
     init_loopback_group(rank, world, port, timeout)        # in each spawned rank, instead of init_process_group
+
+The same holds for ranks launched by hand with ``MASTER_ADDR`` a loopback address: torch's ``env://`` store would
+listen on every interface too (``TCPStore``'s ``host_name`` is where clients connect, not where its server binds),
+so :class:`gpipe.distributed.DistributedGPipe` starts their group here (:func:`is_loopback`).
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import re
 import socket
 
 import torch.distributed as dist
 
-__all__ = ["LOOPBACK", "free_port", "init_loopback_group", "loopback_interface"]
+__all__ = ["LOOPBACK", "free_port", "init_loopback_group", "is_loopback", "loopback_interface"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -47,27 +52,44 @@ def loopback_interface() -> str:
     return found[0]
 
 
-def init_loopback_group(rank: int, world: int, port: int, timeout: datetime.timedelta) -> None:
-    """Start the default gloo group of ``world`` ranks on this machine, listening on loopback only (Note
-    [loopback only]): rank 0 serves the store on ``127.0.0.1:port``; this process's gloo groups, this one and
-    those made later, bind to the loopback interface.
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP address or ``localhost``) is this machine's loopback, where no network reaches."""
+    if address.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
+def init_loopback_group(rank: int, world: int, port: int, timeout: datetime.timedelta, *, backend: str = "gloo",
+                        address: str = LOOPBACK) -> None:
+    """Start the default ``backend`` group of ``world`` ranks on this machine, listening on loopback only (Note
+    [loopback only]): rank 0 serves the store on ``address:port`` (a loopback address: :func:`is_loopback`;
+    ``localhost`` is served on 127.0.0.1); this process's gloo groups, this one and those made later, bind to the
+    loopback interface.
 
     Raises:
+        ValueError: ``address`` is not a loopback address.
         RuntimeError: no loopback interface (:func:`loopback_interface`); the store or a rank did not answer
             within ``timeout``.
-        OSError: rank 0 cannot bind ``127.0.0.1:port``.
+        OSError: rank 0 cannot bind ``address:port``.
     """
+    if not is_loopback(address):
+        raise ValueError(f"{address!r} is not a loopback address; ranks on a network use torch's own rendezvous")
+    address = LOOPBACK if address.lower() == "localhost" else address
     os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()  # read by gloo at each group's making
     if rank == 0:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((LOOPBACK, port))
+            listener.bind((address, port))
             listener.listen(max(world, 128))
         except OSError:
             listener.close()
             raise
-        store = dist.TCPStore(LOOPBACK, port, world, True, timeout, master_listen_fd=listener.detach())
+        store = dist.TCPStore(address, port, world, True, timeout, master_listen_fd=listener.detach())
     else:
-        store = dist.TCPStore(LOOPBACK, port, world, False, timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        store = dist.TCPStore(address, port, world, False, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)

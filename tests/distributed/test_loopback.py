@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gpipe.distributed.loopback import free_port, init_loopback_group, loopback_interface
+from gpipe.distributed.loopback import is_loopback as is_loopback_address
 from tests.distributed.listening import is_loopback, listening
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,3 +59,50 @@ def test_the_ranks_store_and_pairs_listen_on_loopback_only() -> None:
 
 def test_the_loopback_interface_is_found() -> None:
     assert loopback_interface().startswith("lo")
+
+
+# Each rank of the hand-launched pipeline: one step, then "ready PID", then waits for a line on stdin to exit.
+BY_HAND = """
+import os, sys, torch
+from torch import nn
+from gpipe.distributed import DistributedGPipe
+
+pipe = DistributedGPipe(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), balance=[1, 1], chunks=2, timeout=60)
+loss = pipe.step(torch.ones(4, 4), torch.zeros(4, 4), nn.functional.mse_loss)
+print("ready", os.getpid(), flush=True)
+sys.stdin.readline()
+pipe.close()
+"""
+
+
+@pytest.mark.slow
+def test_ranks_launched_by_hand_listen_on_loopback_only() -> None:
+    """RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT set by hand, no torchrun: DistributedGPipe starts
+    the group itself, and its store (torch's env:// one listened on every interface) and pairs listen on loopback."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
+    env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(ROOT))
+    env.pop("GLOO_SOCKET_IFNAME", None)
+    procs = [subprocess.Popen([sys.executable, "-c", BY_HAND], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        lines = [p.stdout.readline() if p.stdout else "" for p in procs]
+        assert all(line.startswith("ready") for line in lines), [p.communicate(timeout=60)[1] for p in procs]
+        sockets = listening(p.pid for p in procs)
+        assert any(port == p for _, _, p in sockets)  # the store, on rank 0
+        assert all(is_loopback(address) for _, address, _ in sockets), sockets
+        for p in procs:
+            _, err = p.communicate("\n", timeout=60)
+            assert p.returncode == 0, err
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_only_a_loopback_master_is_served_here() -> None:
+    assert all(is_loopback_address(a) for a in ("127.0.0.1", "127.0.0.2", "::1", "localhost", "LOCALHOST"))
+    assert not any(is_loopback_address(a) for a in ("0.0.0.0", "10.0.0.1", "::", "node-0"))
+    with pytest.raises(ValueError, match="not a loopback address"):
+        init_loopback_group(0, 2, free_port(), datetime.timedelta(seconds=1), address="10.0.0.1")
