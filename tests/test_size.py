@@ -22,7 +22,7 @@ MiB = 2**20
 def test_the_estimate_is_arithmetic_and_grows_with_the_pairs() -> None:
     start = time.perf_counter()
     assert schedule_bytes(10**12, 10**6) == 10**18 * PAIR_BYTES  # no task built
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < 5.0  # microseconds; building 10**18 tasks would never return
     assert simulation_bytes(8, 4) > schedule_bytes(8, 4)
     assert simulation_bytes(8, 4, written_spans=100, plot_rows=4) > simulation_bytes(8, 4)
     assert format_bytes(512) == "512 B" and format_bytes(3 * MiB) == "3 MiB" and format_bytes(2.5 * 2**40) == "2.5 TiB"
@@ -50,7 +50,7 @@ def test_gpipe_s_chunks_are_bounded_before_any_task_is_built() -> None:
         check_chunks(10**9, 2)
     with pytest.raises(ValueError, match="chunks=1000 on 4 stages"):
         check_chunks(1000, 4, available=lambda: MiB)
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 10.0  # milliseconds; the bug took 53 s, generous on a loaded machine
     with pytest.raises(ValueError, match="chunks .* must be a positive integer, got 0"):
         check_chunks(0, 2)
 

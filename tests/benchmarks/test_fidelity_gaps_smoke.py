@@ -50,8 +50,12 @@ def test_combined_takes_medians_and_keeps_runs() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_fidelity_gaps_quick(run_benchmark: Callable[..., Any]) -> None:
-    doc = run_benchmark("fidelity_gaps", "--quick").doc
+    """Structure only: every number the run measures may stretch on a loaded machine (20 s on a quiet one, minutes
+    on a busy one: its time limits are generous), but a makespan holds its busy seconds and a median its 90th
+    percentile."""
+    doc = run_benchmark("fidelity_gaps", "--quick", timeout=840).doc
     assert {"command", "date", "machine", "note", "rows"} <= set(doc)
     (row,) = doc["rows"]
     assert row["model"] == "mlp" and row["schedule"] == "1f1b" and row["busy_measured_ms"] > 0

@@ -28,6 +28,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
+# A build takes a minute or two on a quiet machine; a loaded one has run past pytest's 300 s. The test that first
+# asks for the site builds it, so every test on the site gets this timeout, and the build a little less.
+SITE_TIMEOUT = 900
 
 
 def build_site(site_dir: Path) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -36,7 +39,7 @@ def build_site(site_dir: Path) -> tuple[subprocess.CompletedProcess[str], float]
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=SITE_TIMEOUT - 60,
     )
     return proc, time.perf_counter() - t0
 
@@ -49,6 +52,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site_dir
 
 
+@pytest.mark.timeout(SITE_TIMEOUT)
 @pytest.mark.slow
 def test_site_builds_strict(site: Path) -> None:
     for page in ("index.html", "concepts/bubble/index.html", "ablation/index.html", "tutorials/01_bubble/index.html",
@@ -102,6 +106,7 @@ def test_a_function_shadowed_by_its_submodule_gets_rendered(tmp_path: Path) -> N
     assert "::: pkg.sub.thing.thing" in hook.reference_page("pkg.sub", tmp_path)
 
 
+@pytest.mark.timeout(SITE_TIMEOUT)
 @pytest.mark.slow
 def test_reference_pages_render_the_docstrings(site: Path) -> None:
     for module in _hook().reference_modules():
@@ -111,6 +116,7 @@ def test_reference_pages_render_the_docstrings(site: Path) -> None:
     assert "sim.core.engine" in index and "gpipe.schedule" in index
 
 
+@pytest.mark.timeout(SITE_TIMEOUT)
 @pytest.mark.slow
 def test_site_loads_nothing_remote(site: Path) -> None:
     """No page pulls a script, stylesheet or font from another host (links to papers are fine)."""
@@ -152,6 +158,7 @@ def _is_page(url: str) -> bool:
     return path.endswith("/") or path.endswith(".html")
 
 
+@pytest.mark.timeout(SITE_TIMEOUT)
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's chromium at {CHROMIUM}")
@@ -222,6 +229,7 @@ def _drawn(browser: Any, *keys: str) -> dict[str, Any]:
             return state
 
 
+@pytest.mark.timeout(SITE_TIMEOUT)
 @pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's chromium at {CHROMIUM}")
