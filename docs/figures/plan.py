@@ -55,4 +55,28 @@ def plan_fragments() -> dict[str, str]:
     fits = len([r for r in result.rows if r.fits])
     head = (f"{result.model}, batch {result.batch}, on {result.device} over {result.link}, training "
             f"{result.training}: {len(result.rows)} configurations simulated, {fits} fit in memory; the fastest:")
-    return {"plan_table": head + "\n\n" + table}
+    return {"plan_table": head + "\n\n" + table, "plan_reading": plan_reading(result)}
+
+
+def plan_reading(result: Any) -> str:
+    """The numbers the page reads off the table and the memory figure, computed from the same plan.
+
+    Raises:
+        RuntimeError: the fastest row recomputes; the page explains one that keeps every activation.
+    """
+    best = result.best
+    if best.checkpoint != "never":
+        raise RuntimeError(f"docs/how-to/plan.md explains a fastest row that checkpoints `never`; the planner now "
+                           f"picks `{best.checkpoint}`: rewrite the page's reading of the 13B plan")
+    fewest = min(r.gpus for r in result.rows)
+    depths = sorted({r.stages for r in result.rows if r.gpus == fewest})
+    shallowest = min(r.stages for r in result.rows if r.gpus == fewest and r.fits)
+    layout = (best.gpus, best.stages, best.schedule, best.virtual)
+    same = [r for r in result.rows if (r.gpus, r.stages, r.schedule, r.virtual) == layout]
+    smallest = min((r for r in same if r.fits and r.checkpoint == best.checkpoint), key=lambda r: r.chunks)
+    recompute = {r.checkpoint: r.throughput for r in same if r.chunks == best.chunks and r.fits}
+    slower = ", ".join(f"`{c}` {recompute[c]:.2f}" for c in ("except_last", "always") if c in recompute)
+    return (f"On {fewest} GPUs it tries {', '.join(map(str, depths[:-1]))} and {depths[-1]} stages, and "
+            f"{shallowest} is the shallowest that fits. The fastest row keeps every activation (`never`); the same "
+            f"configuration runs at {best.throughput:.2f} samples/s, against {slower} with a recompute. In the "
+            f"figure it fits only from {smallest.chunks} chunks on, {smallest.microbatch} samples per micro-batch.")
