@@ -67,7 +67,7 @@ from sim.planning.plan import (
     resolve_network,
 )
 from sim.planning.recompute import CHECKPOINTS
-from sim.planning.request import shard_keys
+from sim.planning.request import PRACTICE_ZERO, practice_checkpoints, practice_degrees, shard_keys
 from sim.planning.training import training_policy
 from sim.planning.zero import ZERO_STAGES
 
@@ -110,17 +110,18 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--replicas", default=None, metavar="LIST", help="data-parallel copies to allow, e.g. 1")
     p.add_argument("--stages", "--pipeline", dest="stages", default=None, metavar="LIST",
                    help="pipeline depths (devices per replica) to allow, e.g. 8 (default: every divisor)")
-    p.add_argument("--sequence-parallel", default="off", metavar="LIST",
+    p.add_argument("--sequence-parallel", default=None, metavar="LIST",
                    help="sequence parallelism (Korthikanti et al., 2022) off, on, or off,on to try both; on splits "
-                        "the norms and dropouts over the tensor-parallel ranks by tokens (gpt and llama, with "
-                        "--tensor-parallel above 1; default: off)")
-    p.add_argument("--zero", default="0", metavar="LIST",
+                        "the norms and dropouts over the tensor-parallel ranks by tokens (gpt and llama; at tensor "
+                        "parallel 1 it is off; default: on for gpt and llama, else off)")
+    p.add_argument("--zero", default=None, metavar="LIST",
                    help="ZeRO stages of the data parallelism to try, of 0,1,2,3: 1 shards the optimizer state (and "
                         "32-bit master weights) over the replicas, 2 also the gradients, 3 also the weights "
-                        "(default: 0)")
-    p.add_argument("--tensor-parallel", default="1", metavar="LIST",
+                        f"(default: {','.join(map(str, PRACTICE_ZERO))})")
+    p.add_argument("--tensor-parallel", default=None, metavar="LIST",
                    help="tensor-parallel degrees to try (gpt and llama models; each divides the heads, the KV heads "
-                        "and every GPU count, at most --gpus-per-node; default: 1)")
+                        "and a GPU count, at most --gpus-per-node; default: every such divisor of --gpus-per-node "
+                        "for gpt and llama, else 1)")
     p.add_argument("--gpus-per-node", type=int, default=GPUS_PER_NODE, metavar="N",
                    help=f"GPUs in a node, the most a tensor-parallel group spans (default: {GPUS_PER_NODE})")
     p.add_argument("--network", default=None, metavar="NAME",
@@ -138,10 +139,11 @@ def add_parser(subparsers: Any) -> None:
                    help="price per GPU-hour, to cost each row; per device as NAME=USD,NAME=USD")
     p.add_argument("--chunks", default=None, metavar="LIST",
                    help="micro-batch counts to try (default: powers of two up to the batch, at most 128)")
-    p.add_argument("--checkpoint", default=",".join(CHECKPOINT_MODES), metavar="LIST",
+    p.add_argument("--checkpoint", default=None, metavar="LIST",
                    help=f"checkpoint policies to try, of {','.join(CHECKPOINTS)}: torchgpipe's per stage, "
                         "layers (each layer keeps its input and recomputes itself) or selective (the attention "
-                        f"core alone recomputed) (default: {','.join(CHECKPOINT_MODES)})")
+                        f"core alone recomputed) (default: {','.join(CHECKPOINT_MODES)},layers, and selective for a "
+                        "model that writes its attention out, attention=math)")
     p.add_argument("--schedule", default=",".join(SCHEDULES), metavar="LIST",
                    help=f"schedules to try, of {schedules_help()} (default: {','.join(SCHEDULES)})")
     p.add_argument("--virtual", default=",".join(map(str, VIRTUAL)), metavar="LIST",
@@ -162,7 +164,10 @@ def add_parser(subparsers: Any) -> None:
                    help="after the sweep, search a schedule for the K fastest configurations that fit, for their own "
                         "stage costs (gpipe-sim search), and print what each gained over its named schedule; a faster "
                         "one joins the table as schedule 'searched' (default: 0, none)")
-    p.add_argument("--top", type=int, default=20, metavar="K", help="rows to print (default: 20; 0: all)")
+    p.add_argument("--top", type=int, default=20, metavar="K",
+                   help="rows to print (default: 20; 0: all). Without --json, --out or --top 0 the sweep evaluates "
+                        "only what may be among the K fastest of each GPU count (the others cannot be: their "
+                        "compute alone is slower) and counts the rest as skipped")
     p.add_argument("--json", action="store_true", help="print the whole plan as one JSON object")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write plan.json, throughput.png and memory.png here; a folder that already holds them is "
@@ -318,12 +323,10 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     balance = _ints("--balance", args.balance) if args.balance is not None else None
     replicas = _ints("--replicas", args.replicas) if args.replicas is not None else None
     stages = _ints("--stages", args.stages) if args.stages is not None else None
-    degrees = _ints("--tensor-parallel", args.tensor_parallel)
-    zero = _ints("--zero", args.zero)
+    zero = _ints("--zero", args.zero) if args.zero is not None else list(PRACTICE_ZERO)
     if any(z not in ZERO_STAGES for z in zero):
         raise CommandError(f"--zero lists ZeRO stages, of {','.join(map(str, ZERO_STAGES))}; got {args.zero!r}")
     integer("--gpus-per-node", args.gpus_per_node, 1)
-    checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINTS)
     schedules = schedule_names("--schedule", args.schedule)
     virtual = _ints("--virtual", args.virtual)
     if min(virtual) < 1:
@@ -338,6 +341,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     if args.objective == "cost" and price is None:
         raise CommandError("--objective cost needs --price")
     check_request(args.batch, gpus, chunks)  # before the (seconds-long) count
+    degrees, splits, checkpoints = _layout(args, gpus)  # Note [today's defaults] in sim.planning.request
     check_tensor_parallel(degrees, gpus, args.gpus_per_node)
     if stages is not None and min(stages) < 1:
         raise CommandError(f"--stages lists pipeline depths, each at least 1, got {args.stages!r}")
@@ -345,8 +349,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     network = resolve_network(args.network) if args.network is not None else None
     if args.network_ports is not None:
         integer("--network-ports", args.network_ports, 1)
-    splits = _words("--sequence-parallel", args.sequence_parallel, ("off", "on"))
-    shards = _shards(args.model, degrees, [w == "on" for w in splits])  # refuses a bad degree before counting
+    shards = _shards(args.model, degrees, splits)  # refuses a bad degree before counting
     out = output_folder(args, FILES) if args.out is not None and args.target_throughput is None else None
     profiles: dict[tuple[int, bool], ModelProfile] = {}
     tokens = _tokens(args.model)
@@ -374,9 +377,49 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
                           replicas=replicas, copy_streams=args.copy_streams, tensor_parallel=degrees,
                           gpus_per_node=args.gpus_per_node, stages=stages, network=network,
                           network_ports=args.network_ports, tokens_per_sample=tokens, zero=zero,
-                          sequence_parallel=[w == "on" for w in splits], search=args.search)
+                          sequence_parallel=splits, search=args.search, keep=_keep(args))
     result = plan(request, progress=not args.no_progress and sys.stderr.isatty())
     return result, out
+
+
+def _layout(args: argparse.Namespace, gpus: list[int]) -> tuple[list[int], list[bool], list[str]]:
+    """``--tensor-parallel``, ``--sequence-parallel`` and ``--checkpoint``, each as given or, left out, today's
+    practice for the model (Note [today's defaults] in :mod:`sim.planning.request`)."""
+    family = args.model.strip().lower().partition(":")[0]
+    decoder = family in DECODERS
+    if args.tensor_parallel is not None:
+        degrees = _ints("--tensor-parallel", args.tensor_parallel)
+    elif decoder:
+        integer("--gpus-per-node", args.gpus_per_node, 1, 1024)
+        degrees = list(practice_degrees(_splits(get_model(args.model)), gpus, args.gpus_per_node))
+    else:
+        degrees = [1]
+    words = _words("--sequence-parallel", args.sequence_parallel or ("on" if decoder else "off"), ("off", "on"))
+    if args.checkpoint is not None:
+        checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINTS)
+    else:
+        core = decoder and get_model(args.model).attention_core is not None
+        checkpoints = list(practice_checkpoints(core, args.copy_streams))
+    return degrees, [w == "on" for w in words], checkpoints
+
+
+def _splits(entry: Any) -> Any:
+    """Whether ``entry`` splits over ``t`` tensor-parallel ranks (its heads, KV heads and MLP divide)."""
+    def takes(t: int) -> bool:
+        try:
+            entry.tensor_parallel(t)
+        except ValueError:
+            return False
+        return True
+    return takes
+
+
+def _keep(args: argparse.Namespace) -> int | None:
+    """The rows of each GPU count to rank exactly (Note [bounded sweep] in :mod:`sim.planning.sweep`): the table's
+    ``--top`` (and ``--search``'s), or every one for ``--json``, ``--out`` or ``--top 0``, which show them all."""
+    if args.json or args.out is not None or args.top == 0:
+        return None
+    return max(args.top, args.search, 1)
 
 
 def _tokens(spec: str) -> int | None:

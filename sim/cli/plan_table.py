@@ -77,14 +77,17 @@ def print_table(result: Plan, top: int) -> None:
     fitting = sum(r.fits for r in result.rows)
     print(f"{result.model}: batch {result.batch} on {result.device} ({gib(result.device_memory_bytes)} GiB), "
           f"link {result.link}{f', network {result.network}' if result.network else ''}, training {result.training}; "
-          f"{len(result.rows)} configurations, {fitting} fit")
+          f"{len(result.rows) + result.skipped} configurations, {fitting} fit"
+          + (f", {result.skipped} skipped (slower at their compute alone than the fastest shown)"
+             if result.skipped else ""))
     cols = _columns(result, max(5, *(len(r.schedule) for r in shown)))
     print("  " + " ".join(f"{title:>{w}}" if title not in ("tp x pp x dp", "pp x dp") else f"{title:<{w}}"
                           for title, w, _ in cols) + "  balance")
     for r in shown:
         print(f"{'*' if r.best else ' '} " + " ".join(cell(r) for _, _, cell in cols) + f"  {_balance(r)}")
-    if len(shown) < len(rows):
-        print(f"  ... {len(rows) - len(shown)} more (--top 0 shows all, --json gives every row)")
+    if len(shown) < len(rows) + result.skipped:
+        print(f"  ... {len(rows) + result.skipped - len(shown)} more (--top 0 shows and evaluates all, --json gives "
+              "every row)")
     for name, why in result.missing.items():
         print(f"{name}: no configuration ran ({why})")
     for g in result.searches:

@@ -83,7 +83,8 @@ def plan(request: PlanRequest, *, progress: bool = False, workers: int | None = 
     why: dict[str, str] = {}
     points = configurations(request, why)
     with collector_paused(), _progress(len(points), progress) as tick:  # Note [gc]: a sweep's caches stay alive
-        run = evaluate_all(sweep, points, workers if workers is not None else len(available_cores()), tick)
+        run, skipped = evaluate_all(sweep, points, workers if workers is not None else len(available_cores()), tick,
+                                    request.keep)
     why.update(sweep.why)
     rows = [r for r in run if r is not None]
     if not rows:
@@ -92,14 +93,15 @@ def plan(request: PlanRequest, *, progress: bool = False, workers: int | None = 
             (f" and replicas {list(request.replicas)}" if request.replicas is not None else "")
         raise ValueError(f"nothing to sweep: no configuration of {list(request.gpus)} GPUs fits batch "
                          f"{request.batch} and {request.layers} layers{pins}{reasons}")
-    ran = {r.schedule for r in rows}
+    ran = {r.schedule for r in rows} | {p.schedule for p in skipped}  # a schedule skipped ran, slower
     missing = {s: why.get(s, "no configuration") for s in request.schedule_names if s not in ran}
     searched, gains = search_rows(sweep, rows, request.search, SEARCH_SECONDS)
     device, cluster = request.device_spec, sweep.cluster
     return Plan(request.model_name, request.batch, device.name, device.memory_bytes, cluster.link.name,
                 request.policy.name, request.price_per_gpu_hour,
                 tuple(_mark_best(rows + searched, request.objective)), missing,
-                cluster.network.name if cluster.network else None, request.tokens_per_sample, tuple(gains))
+                cluster.network.name if cluster.network else None, request.tokens_per_sample, tuple(gains),
+                len(skipped))
 
 
 @contextmanager

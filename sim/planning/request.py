@@ -9,7 +9,7 @@ refusal is one line.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -23,8 +23,9 @@ from sim.planning.recompute import CHECKPOINTS
 from sim.planning.training import Training, training_policy
 from sim.planning.zero import ZERO_STAGES
 
-__all__ = ["GPUS_PER_NODE", "VIRTUAL", "PlanRequest", "check_request", "check_search", "check_tensor_parallel",
-           "check_zero_stages", "default_training", "resolve_link", "resolve_network", "shard_keys"]
+__all__ = ["GPUS_PER_NODE", "PRACTICE_ZERO", "VIRTUAL", "PlanRequest", "check_request", "check_search",
+           "check_tensor_parallel", "check_zero_stages", "default_training", "practice_checkpoints",
+           "practice_degrees", "resolve_link", "resolve_network", "shard_keys"]
 
 GPUS_PER_NODE = 8  # a tensor-parallel group stays inside a node (Note [tensor parallel ranks])
 VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages], sweep.py)
@@ -83,6 +84,30 @@ def default_training(device: DeviceSpec, optimizer: str = "adam") -> Training:
     return training_policy(f"fp32-{optimizer}")
 
 
+# Note [today's defaults]: asked without layout flags, the planner sweeps what practitioners run (Megatron-Core,
+# TorchTitan, the Llama 3 and Nemotron reports): tensor parallelism over each degree inside a node that the model's
+# heads take, with sequence parallelism (it only saves memory: its collectives move what the all-reduces did);
+# per-layer recompute (``layers``, and ``selective`` where the model writes its attention core out) beside
+# torchgpipe's per-stage policies; and ZeRO-1 beside plain data parallelism (Megatron's distributed optimizer).
+# ZeRO-2 and -3 and sequence parallelism off stay options: they never win where ZeRO-1 fits, or cost a sweep.
+PRACTICE_ZERO = (0, 1)
+
+
+def practice_degrees(takes: Callable[[int], bool], gpus: Sequence[int], gpus_per_node: int = GPUS_PER_NODE
+                     ) -> tuple[int, ...]:
+    """The tensor-parallel degrees of Note [today's defaults]: each divisor of a node's GPUs that the model
+    ``takes`` (its heads divide) and that divides one of ``gpus``."""
+    return tuple(t for t in range(1, gpus_per_node + 1)
+                 if gpus_per_node % t == 0 and any(g % t == 0 for g in gpus) and (t == 1 or takes(t)))
+
+
+def practice_checkpoints(attention_core: bool, copy_streams: str = "shared") -> tuple[str, ...]:
+    """The recompute policies of Note [today's defaults]: torchgpipe's, ``layers`` (with one copy stream) and
+    ``selective`` (for a model with an attention core)."""
+    return (*CHECKPOINT_MODES, *(("layers",) if copy_streams == "shared" else ()),
+            *(("selective",) if attention_core else ()))
+
+
 def check_request(batch: int, gpus: Sequence[int], chunks: Sequence[int] | None = None) -> None:
     """Reject a batch below 1 or below every chunk count asked for, and fewer than one GPU.
 
@@ -108,8 +133,8 @@ def check_request(batch: int, gpus: Sequence[int], chunks: Sequence[int] | None 
 # it (:mod:`sim.planning.cluster`); without one, they are priced on the link as in one node.
 def check_tensor_parallel(tensor_parallel: Sequence[int], gpus: Sequence[int],
                           gpus_per_node: int = GPUS_PER_NODE) -> None:
-    """Reject tensor-parallel degrees below 1, above a node, or not dividing a GPU count (Note [tensor parallel
-    ranks]).
+    """Reject tensor-parallel degrees below 1, above a node, or dividing none of the GPU counts (Note [tensor
+    parallel ranks]).
 
     Raises:
         ValueError: with a one-line message.
@@ -122,9 +147,9 @@ def check_tensor_parallel(tensor_parallel: Sequence[int], gpus: Sequence[int],
         if t > gpus_per_node:
             raise ValueError(f"tensor parallel {t} spans more than a node of {gpus_per_node} GPUs; a tensor-parallel "
                              "group stays inside a node")
-        bad = [g for g in gpus if g % t]
-        if bad:
-            raise ValueError(f"tensor parallel {t} does not divide {bad[0]} GPUs")
+        if all(g % t for g in gpus):  # a count it does not divide is skipped (sweep.configurations)
+            them = f"{gpus[0]} GPUs" if len(gpus) == 1 else f"any of {', '.join(map(str, gpus))} GPUs"
+            raise ValueError(f"tensor parallel {t} does not divide {them}")
 
 
 # Note [sequence parallel needs ranks]: sequence parallelism splits the tokens over the tensor-parallel ranks; at
@@ -232,6 +257,11 @@ class PlanRequest:
     costs (Note [search in a plan] in :mod:`sim.planning.search_plan`): their rows join the plan as schedule
     ``searched`` and :attr:`~sim.planning.rows.Plan.searches` says what each gained; 0: none."""
 
+    keep: int | None = None
+    """Rank exactly the ``keep`` fastest configurations of each GPU count and skip those a lower bound shows cannot be
+    among them (Note [bounded sweep] in :mod:`sim.planning.sweep`): the best row is the full sweep's; ``None``:
+    evaluate every configuration."""
+
     def __post_init__(self) -> None:
         if isinstance(self.profile, Mapping):
             object.__setattr__(self, "profile", MappingProxyType(dict(self.profile)))
@@ -311,6 +341,10 @@ class PlanRequest:
             raise ValueError("sequence_parallel lists False and/or True, got none")
         check_zero_stages(self.zero)
         check_search(self.search)
+        keep = self.keep
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < max(1, self.search)):
+            raise ValueError(f"keep is the number of fastest configurations per GPU count to rank exactly, an integer "
+                             f">= 1 and >= search ({self.search}), got {keep!r}")
         for t, sp in self.shards:
             if (t, sp) not in counts or counts[(t, sp)].tensor_parallel != t or counts[(t, sp)].sequence_parallel != sp:
                 what = " with sequence parallelism" if sp else ""

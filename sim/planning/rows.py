@@ -152,6 +152,9 @@ class Plan:
     network: str | None = None
     tokens_per_sample: int | None = None
     searches: tuple[SearchGain, ...] = ()
+    skipped: int = 0
+    """Configurations not evaluated: none could be among the fastest :attr:`PlanRequest.keep
+    <sim.planning.request.PlanRequest.keep>` of its GPU count (Note [bounded sweep] in :mod:`sim.planning.sweep`)."""
 
     @property
     def best(self) -> PlanRow | None:
@@ -165,4 +168,4 @@ class Plan:
                 "training": self.training, "price_per_gpu_hour": self.price_per_gpu_hour,
                 "best": best.to_dict() if best else None, "rows": [r.to_dict() for r in self.rows],
                 "missing": dict(self.missing), "network": self.network, "tokens_per_sample": self.tokens_per_sample,
-                "searches": [g.to_dict() for g in self.searches]}
+                "searches": [g.to_dict() for g in self.searches], "skipped": self.skipped}

@@ -105,7 +105,7 @@ def _virtuals(kind: ScheduleKind, depth: int, layers: int, virtual: Sequence[int
 
 
 def configurations(request: PlanRequest, why: dict[str, str]) -> list[Configuration]:
-    """Every configuration of ``request``, under its constraints: ``t`` divides each GPU count, a pipeline has at
+    """Every configuration of ``request``, under its constraints: ``t`` divides the GPU count, a pipeline has at
     most one device per layer, a replica at least one sample and a micro-batch at least one; sequence parallelism
     only with ``t > 1`` and ZeRO only with replicas to shard over (``why`` collects each schedule's refusals)."""
     batch, layers, chunks, stages, replicas = (request.batch, request.layers, request.chunks, request.stages,
@@ -113,7 +113,7 @@ def configurations(request: PlanRequest, why: dict[str, str]) -> list[Configurat
     pinned = len(request.balance) if request.balance is not None else None
     out: list[Configuration] = []
     kinds = [schedule_kind(s) for s in request.schedule_names]
-    for t, g in ((t, g) for t in request.degrees for g in request.gpus):
+    for t, g in ((t, g) for t in request.degrees for g in request.gpus if g % t == 0):
         pipelines = g // t  # devices per tensor-parallel rank
         sps = [sp for sp in request.splits if t > 1 or not sp] or [False]
         for n in (s for s in range(1, min(pipelines, layers) + 1)
@@ -180,6 +180,7 @@ class Sweep:
         self._timelines: dict[tuple[object, ...], Timeline] = {}  # the latest (Note [reuse in a sweep])
         self._tasks: dict[tuple[object, ...], list[Schedule]] = {}  # schedules by (m, n, devices, checkpoint)
         self._counted: dict[tuple[int, bool], tuple[tuple[float, float], ...]] = {}
+        self._work: dict[tuple[object, ...], float] = {}  # a micro-batch's compute, per shard and policy (floor)
 
     def _canonical(self, schedule: Schedule) -> Schedule:
         """``schedule``, or an earlier one of this sweep with the same tasks in the same places (interleaved 1F1B
@@ -204,6 +205,23 @@ class Sweep:
                 bwd = bwd + costs.core_seconds(mb)
             self._balances[key] = block_partition(fwd * (1 + recompute_fraction(p.checkpoint, p.chunks)) + bwd, n)
         return self._balances[key]
+
+    def floor(self, p: Configuration) -> float:
+        """A lower bound on ``p``'s step seconds: its replica's compute, recompute included, spread evenly over its
+        pipeline's devices (Note [bounded sweep]). Cheap: no balance, no schedule, no replay."""
+        per_replica = math.ceil(self.batch / p.replicas)
+        mb = -(-per_replica // p.chunks)
+        key = (p.tensor_parallel, p.sequence_parallel, mb, p.checkpoint,
+               p.chunks if p.checkpoint == "except_last" else 0)
+        work = self._work.get(key)
+        if work is None:
+            costs = self.costs[(p.tensor_parallel, p.sequence_parallel)]
+            fwd, bwd = costs.layer_seconds(mb)
+            work = float(fwd.sum()) * (1 + recompute_fraction(p.checkpoint, p.chunks)) + float(bwd.sum())
+            if p.checkpoint == "selective":
+                work += float(costs.core_seconds(mb).sum())
+            self._work[key] = work
+        return per_replica / mb * work / p.stages  # an uneven last micro-batch runs scaled (CostModel's scale)
 
     def evaluate(self, p: Configuration, given: Schedule | None = None) -> PlanRow | None:
         """The row of ``p``, or ``None`` (its reason in :attr:`why`) where its schedule refuses the shape.
@@ -406,40 +424,120 @@ def _kill_workers(pool: ProcessPoolExecutor) -> None:
         process.join()
 
 
+# Note [bounded sweep]: a sweep asked for the fastest ``keep`` configurations of each GPU count need not evaluate the
+# rest. A configuration's step is at least its floor (:meth:`Sweep.floor`: its compute spread evenly over its
+# devices, as no device can be busier than the mean), so the sweep evaluates in order of floors, in waves, and
+# skips a configuration whose floor is slower than the ``keep``-th fastest step its GPU count has found so far:
+# it cannot enter that count's top ``keep``. The rows it returns are the full sweep's top ``keep`` per GPU count,
+# exactly (tested against a full sweep); the others are counted, not evaluated. Ties keep the sweep's order, so
+# configurations that share a simulation stay together (Note [reuse in a sweep]).
+WAVE = 64  # configurations per worker a wave hands out: small enough to prune early, large enough to keep them busy
+
+
 def evaluate_all(sweep: Sweep, points: Sequence[Configuration], workers: int = 1,
-                 progress: Callable[[int], None] | None = None) -> list[PlanRow | None]:
+                 progress: Callable[[int], None] | None = None, keep: int | None = None
+                 ) -> tuple[list[PlanRow | None], list[Configuration]]:
     """:meth:`Sweep.evaluate` of every configuration, in order, over ``workers`` processes (Note [sweep workers]);
     ``progress(n)`` is told as each run of ``n`` configurations ends. An interrupt ends the workers with it (Note
-    [interrupting a sweep])."""
-    global _forked
-    workers = max(1, min(workers, len(points) // MIN_PER_WORKER))
-    if workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
-        out = []
-        for p in points:
-            out.append(sweep.evaluate(p))
-            if progress is not None:
-                progress(1)
-        return out
-    size = -(-len(points) // (workers * _RUNS_PER_WORKER))
-    runs = [points[k:k + size] for k in range(0, len(points), size)]
-    _forked = sweep
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker)
-    try:
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            done = pool.map(_evaluate_run, runs)  # forks every worker (the fork context starts them all at once)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        out = []
-        for (rows, why), run in zip(done, runs, strict=True):
-            out.extend(rows)
-            sweep.why.update(why)
+    [interrupting a sweep]).
+
+    ``keep``: evaluate only what may be among the ``keep`` fastest rows of its GPU count (Note [bounded sweep]);
+    ``None``: every configuration.
+
+    Returns:
+        A row (or ``None``, its reason in :attr:`Sweep.why`) per configuration in ``points``' order, ``None`` for
+        one skipped too; and the configurations skipped.
+    """
+    if keep is None:
+        return _evaluate(sweep, points, workers, progress), []
+    floors = [sweep.floor(p) for p in points]
+    order = sorted(range(len(points)), key=lambda k: floors[k])  # stable: ties in the sweep's order
+    out: list[PlanRow | None] = [None] * len(points)
+    steps: dict[int, list[float]] = {}  # per GPU count, the fastest ``keep`` steps found so far, ascending
+    skipped: list[Configuration] = []
+    at = 0
+    with _Pool(sweep, workers, len(points)) as pool:
+        while at < len(order):
+            wave: list[int] = []
+            while at < len(order) and len(wave) < WAVE * pool.workers:
+                k = order[at]
+                at += 1
+                found = steps.get(points[k].gpus, [])
+                if len(found) >= keep and floors[k] > found[keep - 1]:
+                    skipped.append(points[k])
+                    if progress is not None:
+                        progress(1)
+                    continue
+                wave.append(k)
+            for k, row in zip(wave, pool.evaluate([points[k] for k in wave], progress), strict=True):
+                out[k] = row
+                if row is not None and row.fits:
+                    found = steps.setdefault(row.gpus, [])
+                    found.append(row.step_seconds)
+                    found.sort()
+                    del found[keep:]
+    return out, skipped
+
+
+def _evaluate(sweep: Sweep, points: Sequence[Configuration], workers: int,
+              progress: Callable[[int], None] | None) -> list[PlanRow | None]:
+    with _Pool(sweep, workers, len(points)) as pool:
+        return pool.evaluate(points, progress)
+
+
+class _Pool:
+    """Worker processes forked from this one for the life of a sweep (Note [sweep workers]), or none: then the
+    configurations are evaluated here. An exit by an exception (Ctrl-C) kills the workers (Note [interrupting a
+    sweep])."""
+
+    def __init__(self, sweep: Sweep, workers: int, points: int) -> None:
+        self.sweep = sweep
+        self.workers = max(1, min(workers, points // MIN_PER_WORKER))
+        if "fork" not in multiprocessing.get_all_start_methods():
+            self.workers = 1
+        self.pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> _Pool:
+        global _forked
+        if self.workers > 1:
+            _forked = self.sweep
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
+                                            initializer=_start_worker)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:  # the fork context starts every worker at the first submit
+                self.pool.submit(int).result()
+            except BaseException:
+                _kill_workers(self.pool)
+                raise
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return self
+
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        global _forked
+        _forked = None
+        if self.pool is not None:
+            if error is not None:
+                _kill_workers(self.pool)
+            else:
+                self.pool.shutdown()
+
+    def evaluate(self, points: Sequence[Configuration], progress: Callable[[int], None] | None
+                 ) -> list[PlanRow | None]:
+        """The rows of ``points``, in order, in contiguous runs over the workers."""
+        if self.pool is None:
+            out = []
+            for p in points:
+                out.append(self.sweep.evaluate(p))
+                if progress is not None:
+                    progress(1)
+            return out
+        size = max(1, -(-len(points) // (self.workers * _RUNS_PER_WORKER)))
+        runs = [points[k:k + size] for k in range(0, len(points), size)]
+        rows: list[PlanRow | None] = []
+        for (part, why), run in zip(self.pool.map(_evaluate_run, runs), runs, strict=True):
+            rows.extend(part)
+            self.sweep.why.update(why)
             if progress is not None:
                 progress(len(run))
-    except BaseException:
-        _kill_workers(pool)
-        raise
-    finally:
-        _forked = None
-    pool.shutdown()
-    return out
+        return rows

@@ -211,12 +211,14 @@ def test_cli_plans_a_users_model(tmp_path: Path, capsys: pytest.CaptureFixture[s
     path.write_text(MODEL_FILE)
     out = tmp_path / "out"
     code = main(["plan", "--model", f"{path}:build", "--batch", "32", "--gpus", "1,2", "--hardware", "a100-80gb",
-                 "--link", "nvlink", "--price", "2.5", "--chunks", "1,4", "--json", "--out", str(out)])
+                 "--link", "nvlink", "--price", "2.5", "--chunks", "1,4", "--zero", "0", "--json", "--out", str(out)])
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["device"] == "a100-80gb" and doc["link"] == "nvlink3" and doc["training"] == "bf16-adam"
     one_per_device = [r for r in doc["rows"] if r["schedule"] in ("gpipe", "1f1b")]
-    assert doc["best"]["fits"] and len(one_per_device) == 2 * 3 * 2 * 3  # (gpus, stages) x chunks x sched x ckpt
+    # (gpus, stages) x chunks x sched x ckpt: a user's model is swept with per-layer recompute, not selective
+    assert {r["checkpoint"] for r in doc["rows"]} == {"always", "except_last", "never", "layers"}
+    assert doc["best"]["fits"] and len(one_per_device) == 3 * 2 * 2 * 4
     assert {r["schedule"] for r in doc["rows"]} == set(SCHEDULES)
     assert {p.name for p in out.iterdir()} == {"plan.json", "throughput.png", "memory.png", ".gpipe-sim.json"}
     assert set(json.loads((out / ".gpipe-sim.json").read_text())["files"]) == {"plan.json", "throughput.png",

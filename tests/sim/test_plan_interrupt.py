@@ -90,7 +90,7 @@ def test_ctrl_c_ends_the_sweep_and_its_workers(sweeping: tuple[subprocess.Popen[
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_workers_end_with_their_parent(sweeping: tuple[subprocess.Popen[str], list[int]], how: int) -> None:
-    """A parent killed outright runs no code: its workers see it gone and exit (Note [orphaned children] in sim.workers)."""
+    """A parent killed outright runs no code: its workers see it gone and exit (Note [orphaned children])."""
     proc, workers = sweeping
     proc.send_signal(how)
     proc.wait(timeout=WAIT)

@@ -131,7 +131,7 @@ def test_the_buyer_gets_the_fewest_gpus_that_reach_the_target(small_unet: ModelP
 def test_cli_pins_balance_replicas_and_optimizer(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "--model", "unet:1,4", "--batch", "8", "--gpus", "4", "--hardware", "tesla-p40", "--chunks",
             "4", "--checkpoint", "except_last", "--schedule", "gpipe", "--balance", "30,35", "--replicas", "2",
-            "--optimizer", "rmsprop", "--json"]
+            "--optimizer", "rmsprop", "--zero", "0", "--json"]
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["training"] == "fp32-rmsprop" and len(doc["rows"]) == 1

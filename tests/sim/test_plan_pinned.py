@@ -41,7 +41,7 @@ def test_sequence_parallelism_saves_activations_at_the_same_flops(capsys: pytest
 
 def test_sequence_parallelism_without_tensor_parallelism_is_plain(capsys: pytest.CaptureFixture[str]) -> None:
     rows = _rows(capsys, "--gpus", "2", "--chunks", "2", "--schedule", "gpipe", "--checkpoint", "never",
-                 "--sequence-parallel", "off,on")
+                 "--sequence-parallel", "off,on", "--tensor-parallel", "1")
     assert rows and not any(r["sequence_parallel"] for r in rows)
 
 

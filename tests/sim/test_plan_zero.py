@@ -127,7 +127,7 @@ def test_the_cli_refuses_a_bad_zero_stage_in_one_line(capsys: pytest.CaptureFixt
 def test_the_cli_sweeps_zero_stages_and_prints_them(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["plan", "--model", SMALL, "--batch", "32", "--gpus", "4", "--hardware", "a100-80gb",
                  "--link", "nvlink3", "--zero", "0,1,3", "--pipeline", "1", "--chunks", "4", "--schedule", "1f1b",
-                 "--checkpoint", "never", "--json"])
+                 "--checkpoint", "never", "--tensor-parallel", "1", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     assert sorted(r["zero"] for r in doc["rows"]) == [0, 1, 3]

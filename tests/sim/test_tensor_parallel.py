@@ -189,4 +189,5 @@ def test_the_cli_plans_with_tensor_parallelism(capsys: pytest.CaptureFixture[str
                  "--link", "nvlink", "--tensor-parallel", "2", "--stages", "2", "--chunks", "2",
                  "--checkpoint", "never", "--schedule", "1f1b", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "tp x pp x dp" in out and "best: 4 GPUs as tensor parallel 2 x 2 stages x 1 replicas" in out
+    assert "tp x pp x dp" in out  # sequence parallelism comes with it by default (Note [today's defaults])
+    assert "best: 4 GPUs as tensor parallel 2 with sequence parallelism x 2 stages x 1 replicas" in out
