@@ -180,7 +180,7 @@ class Sweep:
         self._timelines: dict[tuple[object, ...], Timeline] = {}  # the latest (Note [reuse in a sweep])
         self._tasks: dict[tuple[object, ...], list[Schedule]] = {}  # schedules by (m, n, devices, checkpoint)
         self._counted: dict[tuple[int, bool], tuple[tuple[float, float], ...]] = {}
-        self._work: dict[tuple[object, ...], float] = {}  # a micro-batch's compute, per shard and policy (floor)
+        self._work: dict[tuple[object, ...], tuple[float, float]] = {}  # floor's: a micro-batch's compute, its chain
 
     def _canonical(self, schedule: Schedule) -> Schedule:
         """``schedule``, or an earlier one of this sweep with the same tasks in the same places (interleaved 1F1B
@@ -207,8 +207,9 @@ class Sweep:
         return self._balances[key]
 
     def floor(self, p: Configuration) -> float:
-        """A lower bound on ``p``'s step seconds: its replica's compute, recompute included, spread evenly over its
-        pipeline's devices (Note [bounded sweep]). Cheap: no balance, no schedule, no replay."""
+        """A lower bound on ``p``'s step seconds (Note [bounded sweep]): its replica's compute, recompute included,
+        spread evenly over its pipeline's devices, or one micro-batch's forward and input-gradient chain through
+        every stage, whichever is longer. Cheap: no balance, no schedule, no replay."""
         per_replica = math.ceil(self.batch / p.replicas)
         mb = -(-per_replica // p.chunks)
         key = (p.tensor_parallel, p.sequence_parallel, mb, p.checkpoint,
@@ -217,11 +218,14 @@ class Sweep:
         if work is None:
             costs = self.costs[(p.tensor_parallel, p.sequence_parallel)]
             fwd, bwd = costs.layer_seconds(mb)
-            work = float(fwd.sum()) * (1 + recompute_fraction(p.checkpoint, p.chunks)) + float(bwd.sum())
-            if p.checkpoint == "selective":
-                work += float(costs.core_seconds(mb).sum())
-            self._work[key] = work
-        return per_replica / mb * work / p.stages  # an uneven last micro-batch runs scaled (CostModel's scale)
+            core = float(costs.core_seconds(mb).sum()) if p.checkpoint == "selective" else 0.0
+            spread = float(fwd.sum()) * (1 + recompute_fraction(p.checkpoint, p.chunks)) + float(bwd.sum()) + core
+            # the chain: F of micro-batch 0 on every stage, then its B back (a split B without W; a recompute may
+            # run while the gradient travels, so it is off the chain; selective's is inside B)
+            chain = float(fwd.sum()) + float(costs.split_backward_seconds(mb)[0].sum()) + core
+            work = self._work[key] = (spread, chain)
+        # an uneven last micro-batch runs scaled (CostModel's microbatch_scale); the first is whole
+        return max(per_replica / mb * work[0] / p.stages, work[1])
 
     def evaluate(self, p: Configuration, given: Schedule | None = None) -> PlanRow | None:
         """The row of ``p``, or ``None`` (its reason in :attr:`why`) where its schedule refuses the shape.
