@@ -391,7 +391,7 @@ def _layout(args: argparse.Namespace, gpus: list[int]) -> tuple[list[int], list[
         degrees = _ints("--tensor-parallel", args.tensor_parallel)
     elif decoder:
         integer("--gpus-per-node", args.gpus_per_node, 1, 1024)
-        degrees = list(practice_degrees(_splits(get_model(args.model)), gpus, args.gpus_per_node))
+        degrees = list(practice_degrees(get_model(args.model).splits_over, gpus, args.gpus_per_node))
     else:
         degrees = [1]
     words = _words("--sequence-parallel", args.sequence_parallel or ("on" if decoder else "off"), ("off", "on"))
@@ -401,17 +401,6 @@ def _layout(args: argparse.Namespace, gpus: list[int]) -> tuple[list[int], list[
         core = decoder and get_model(args.model).attention_core is not None
         checkpoints = list(practice_checkpoints(core, args.copy_streams))
     return degrees, [w == "on" for w in words], checkpoints
-
-
-def _splits(entry: Any) -> Any:
-    """Whether ``entry`` splits over ``t`` tensor-parallel ranks (its heads, KV heads and MLP divide)."""
-    def takes(t: int) -> bool:
-        try:
-            entry.tensor_parallel(t)
-        except ValueError:
-            return False
-        return True
-    return takes
 
 
 def _keep(args: argparse.Namespace) -> int | None:

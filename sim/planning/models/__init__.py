@@ -120,6 +120,14 @@ class ModelSpec:
         except ValueError as exc:
             raise ValueError(f"model {self.name}: {exc}") from None
 
+    def splits_over(self, t: int) -> bool:
+        """Whether :meth:`tensor_parallel` takes ``t`` ranks (its heads, key/value heads and MLP divide by ``t``)."""
+        try:
+            self.tensor_parallel(t)
+        except ValueError:
+            return False
+        return True
+
     def module(self, device: str | torch.device = "meta", dtype: torch.dtype | None = None) -> nn.Sequential:
         """Build the model on ``device`` (meta by default: nothing is allocated), in ``dtype`` if given."""
         with torch.device(device):
