@@ -50,16 +50,6 @@ def _outcome(measured_peak: bool = True) -> Outcome:
 
 
 @pytest.fixture
-def no_experiment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``demo`` and ``compare`` fail the test if they get as far as calibrating."""
-    def calibrate(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the experiment started")
-
-    monkeypatch.setattr("sim.cli.demo.run", calibrate)
-    monkeypatch.setattr("sim.cli.demo.progress_labels", calibrate)
-
-
-@pytest.fixture
 def fake_experiment(monkeypatch: pytest.MonkeyPatch) -> list[Outcome]:
     """``demo`` and ``compare`` get a synthetic outcome at once; the list holds what the next run returns."""
     outcomes = [_outcome()]

@@ -28,16 +28,6 @@ from sim.cli.search import simulated
 SEARCH = ["search", "--stages", "4", "--time-limit", "2", "--solver", "greedy"]
 
 
-@pytest.fixture
-def no_experiment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``demo`` and ``compare`` fail the test if they get as far as labelling or running the experiment."""
-    def started(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the experiment started")
-
-    monkeypatch.setattr("sim.cli.demo.run", started)
-    monkeypatch.setattr("sim.cli.demo.progress_labels", started)
-
-
 @pytest.mark.parametrize("command", [["demo"], ["compare", "no_such_module:build"]])
 @pytest.mark.parametrize("steps", [MAX_STEPS + 1, 10**9])
 def test_steps_past_the_cap_are_one_line_exit_2_before_any_work(command: list[str], steps: int, tmp_path: Path,
