@@ -38,7 +38,7 @@ from gpipe.interpreter.affinity import available_cores  # noqa: E402
 from sim.planning.hardware import get_device  # noqa: E402
 from sim.planning.models import get_model  # noqa: E402
 from sim.planning.plan import PlanRequest, default_training, plan  # noqa: E402
-from sim.planning.request import PRACTICE_ZERO, practice_checkpoints, practice_degrees  # noqa: E402
+from sim.planning.request import PRACTICE_ZERO, practice_checkpoints, practice_degrees, shard_keys  # noqa: E402
 
 GOAL_SECONDS = 10.0
 TOP = 20  # the table's rows, which the CLI's default sweep ranks exactly
@@ -52,7 +52,7 @@ def _case(name: str, spec: str, device: str, gpus: Sequence[int], link: str, deg
     model = get_model(spec)
     start = time.perf_counter()
     counts = {(t, sp): model.tensor_parallel(t, sequence_parallel=sp).count(training.torch_dtype)
-              for t in degrees for sp in splits if t > 1 or not sp}
+              for t, sp in shard_keys(degrees, splits)}
     counted = time.perf_counter() - start
     seconds = {}
     for workers in (len(available_cores()), 1):
