@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="re
 # About 5,000 configurations, minutes of sweeping on any machine this runs on.
 PLAN = ["plan", "--model", "gpt:175b,attention=math", "--batch", "4096", "--gpus", "1024,2048,4096,8192",
         "--tensor-parallel", "1,2,4,8", "--zero", "0,1,2,3", "--sequence-parallel", "off,on",
-        "--checkpoint", "always,except_last,never,layers,selective", "--hardware", "h100-sxm", "--no-progress"]
+        "--checkpoint", "always,except_last,never,layers,selective", "--hardware", "h100-sxm", "--no-progress",
+        "--top", "0"]  # every configuration evaluated (Note [bounded sweep] would skip most)
 # The CLI sweeps with a worker per core: two on any machine, so the test has workers to end. SIGINT is restored
 # to Python's handler, which a parent started in the background with SIGINT ignored would pass on as ignored.
 BOOT = ("import signal, sys\n"
@@ -74,7 +75,9 @@ def sweeping() -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
         proc.wait()
 
 
-@pytest.mark.parametrize("to", ["parent", "group"])
+# Ctrl-C reaches the whole group, whose workers ignore it; SIGINT to the parent alone is the harder case, and the one
+# tested. SIGTERM, which Python does not handle, kills the parent as SIGKILL does.
+@pytest.mark.parametrize("to", ["parent"])
 def test_ctrl_c_ends_the_sweep_and_its_workers(sweeping: tuple[subprocess.Popen[str], list[int]], to: str) -> None:
     """SIGINT to the parent alone (``kill -INT``) or to its group (Ctrl-C): exit 130 without a traceback, no workers."""
     proc, workers = sweeping
@@ -88,7 +91,7 @@ def test_ctrl_c_ends_the_sweep_and_its_workers(sweeping: tuple[subprocess.Popen[
     assert not [pid for pid in workers if _alive(pid)]
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("how", [signal.SIGKILL])
 def test_workers_end_with_their_parent(sweeping: tuple[subprocess.Popen[str], list[int]], how: int) -> None:
     """A parent killed outright runs no code: its workers see it gone and exit (Note [orphaned children])."""
     proc, workers = sweeping
