@@ -16,7 +16,7 @@ Cases:
 
 Counting the model on the meta device happens once per tensor-parallel degree, before, and is timed apart. The
 sweep runs in worker processes, one per core this process may use (Note [sweep workers] in
-:mod:`sim.planning.sweep`), and in one process for the ratio; each process is single-threaded (pure Python).
+:mod:`sim.planning.sweep_workers`), and in one process for the ratio; each process is single-threaded (pure Python).
 
 Run: ``.venv/bin/python benchmarks/plan_speed.py``; writes ``benchmarks/results/plan_speed.json``.
 """

@@ -404,8 +404,8 @@ def _layout(args: argparse.Namespace, gpus: list[int]) -> tuple[list[int], list[
 
 
 def _keep(args: argparse.Namespace) -> int | None:
-    """The rows of each GPU count to rank exactly (Note [bounded sweep] in :mod:`sim.planning.sweep`): the table's
-    ``--top`` (and ``--search``'s), or every one for ``--json``, ``--out`` or ``--top 0``, which show them all."""
+    """The rows of each GPU count to rank exactly (Note [bounded sweep] in :mod:`sim.planning.sweep_workers`): the
+    table's ``--top`` (and ``--search``'s), or every one for ``--json``, ``--out`` or ``--top 0``, which show all."""
     if args.json or args.out is not None or args.top == 0:
         return None
     return max(args.top, args.search, 1)

@@ -39,7 +39,8 @@ from sim.planning.request import (
 )
 from sim.planning.rows import Plan, PlanRow
 from sim.planning.search_plan import search_rows
-from sim.planning.sweep import MAX_CHUNKS, Sweep, configurations, evaluate_all
+from sim.planning.sweep import MAX_CHUNKS, Sweep, configurations
+from sim.planning.sweep_workers import evaluate_all
 
 __all__ = ["GPUS_PER_NODE", "MAX_CHUNKS", "VIRTUAL", "Plan", "PlanRequest", "PlanRow", "block_partition",
            "check_request", "check_tensor_parallel", "default_training", "plan", "resolve_link", "resolve_network"]
@@ -67,7 +68,7 @@ def plan(request: PlanRequest, *, progress: bool = False, workers: int | None = 
     Args:
         request: what to sweep, checked when it was built (its fields say what each means).
         progress: show a ``tqdm`` progress bar on stderr.
-        workers: processes to sweep with (Note [sweep workers] in :mod:`sim.planning.sweep`); default the cores
+        workers: processes to sweep with (Note [sweep workers] in :mod:`sim.planning.sweep_workers`); default the cores
             this process may use. The rows are the same for any number.
 
     Returns:

@@ -259,7 +259,7 @@ class PlanRequest:
 
     keep: int | None = None
     """Rank exactly the ``keep`` fastest configurations of each GPU count and skip those a lower bound shows cannot be
-    among them (Note [bounded sweep] in :mod:`sim.planning.sweep`): the best row is the full sweep's; ``None``:
+    among them (Note [bounded sweep] in :mod:`sim.planning.sweep_workers`): the best row is the full sweep's; ``None``:
     evaluate every configuration."""
 
     def __post_init__(self) -> None:

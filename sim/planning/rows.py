@@ -154,7 +154,8 @@ class Plan:
     searches: tuple[SearchGain, ...] = ()
     skipped: int = 0
     """Configurations not evaluated: none could be among the fastest :attr:`PlanRequest.keep
-    <sim.planning.request.PlanRequest.keep>` of its GPU count (Note [bounded sweep] in :mod:`sim.planning.sweep`)."""
+    <sim.planning.request.PlanRequest.keep>` of its GPU count (Note [bounded sweep] in
+    :mod:`sim.planning.sweep_workers`)."""
 
     @property
     def best(self) -> PlanRow | None:

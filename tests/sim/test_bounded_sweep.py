@@ -1,5 +1,6 @@
-"""A sweep asked for its fastest rows skips what cannot be among them (Note [bounded sweep] in sim.planning.sweep),
-and the CLI's default layout is today's practice (Note [today's defaults] in sim.planning.request)."""
+"""A sweep asked for its fastest rows skips what cannot be among them (Note [bounded sweep] in
+sim.planning.sweep_workers), and the CLI's default layout is today's practice (Note [today's defaults] in
+sim.planning.request)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """A ``gpipe-sim plan`` sweep over worker processes stops on Ctrl-C, and its workers never outlive it.
 
-Note [interrupting a sweep] in :mod:`sim.planning.sweep`. Each test starts a sweep of minutes in a subprocess of its
-own session, waits for its two workers, signals it and checks the workers are gone; a sweep that ignores the signal
-fails on the wait's timeout, which is generous (the normal case is about a second).
+Note [interrupting a sweep] in :mod:`sim.planning.sweep_workers`. Each test starts a sweep of minutes in a subprocess
+of its own session, waits for its two workers, signals it and checks the workers are gone; a sweep that ignores the
+signal fails on the wait's timeout, which is generous (the normal case is about a second).
 """
 
 from __future__ import annotations
