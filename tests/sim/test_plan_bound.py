@@ -55,7 +55,7 @@ def test_a_deep_pipeline_of_one_micro_batch_is_bound_by_its_bubble() -> None:
 
 def test_workers_give_the_rows_of_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Note [sweep workers]: the sweep split over forked processes returns the same rows, in the same order."""
-    monkeypatch.setattr("sim.planning.sweep.MIN_PER_WORKER", 4)
+    monkeypatch.setattr("sim.planning.sweep_workers.MIN_PER_WORKER", 4)
     kwargs = dict(training="fp16-adam", chunks=[1, 2, 4], checkpoints=["never", "always"], zero=[0, 1],
                   tokens_per_sample=128)
     one = plan(PlanRequest(profile=_profile(1), batch=16, device="a100-80gb", gpus=[1, 2, 4], link=FAST,
