@@ -44,6 +44,7 @@ from torch import nn
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
 from sim.cli import CommandError
 from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedule_names, schedules_help
+from sim.cli.plan_defaults import DECODERS, ints, keep, layout
 from sim.cli.plan_table import print_answers, print_table
 from sim.cli.user_code import Target, blame, call, layer_failure, load_target
 from sim.core.size import check_simulation_size
@@ -67,14 +68,13 @@ from sim.planning.plan import (
     resolve_network,
 )
 from sim.planning.recompute import CHECKPOINTS
-from sim.planning.request import PRACTICE_ZERO, practice_checkpoints, practice_degrees, shard_keys
+from sim.planning.request import PRACTICE_ZERO, shard_keys
 from sim.planning.training import training_policy
 from sim.planning.zero import ZERO_STAGES
 
 __all__ = ["add_parser", "load_model", "run"]
 
 BUILTIN_FAMILIES = ("gpt", "llama", "resnet101", "resnet", "unet", "amoebanet")
-DECODERS = ("gpt", "llama")  # the built-ins with a tensor-parallel split
 BUILTINS = "gpt:SIZE, llama:SIZE, gpt:layers=..., llama:layers=..., resnet101, unet:B,C, amoebanet:L,D"
 FILES = ("plan.json", "throughput.png", "memory.png")  # what --out receives
 BUYER_FILES = ("answer.json", "answer.png")  # what --out receives with --target-throughput
@@ -175,26 +175,6 @@ def add_parser(subparsers: Any) -> None:
     add_force(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
-
-
-def _ints(flag: str, text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CommandError(f"{flag} takes comma-separated integers, got {text!r}") from None
-    if not values:
-        raise CommandError(f"{flag} needs at least one value")
-    for v in values:  # the lower bounds are sim.planning.request.check_request's
-        integer(flag, v, -MAX_INT - 1)
-    return values
-
-
-def _words(flag: str, text: str, known: tuple[str, ...]) -> list[str]:
-    words = [w.strip() for w in text.split(",") if w.strip()]
-    for w in words:
-        if w not in known:
-            raise CommandError(f"{flag}: unknown value {w!r}; use {', '.join(known)}")
-    return words
 
 
 def load_model(spec: str) -> tuple[str, nn.Sequential, Any]:
@@ -318,17 +298,17 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     integer("--batch", args.batch, -MAX_INT - 1)  # check_request below says what a batch needs
     integer("--top", args.top, -MAX_INT - 1)
     integer("--search", args.search, 0, 64)
-    gpus = _ints("--gpus", args.gpus)
-    chunks = _ints("--chunks", args.chunks) if args.chunks is not None else None
-    balance = _ints("--balance", args.balance) if args.balance is not None else None
-    replicas = _ints("--replicas", args.replicas) if args.replicas is not None else None
-    stages = _ints("--stages", args.stages) if args.stages is not None else None
-    zero = _ints("--zero", args.zero) if args.zero is not None else list(PRACTICE_ZERO)
+    gpus = ints("--gpus", args.gpus)
+    chunks = ints("--chunks", args.chunks) if args.chunks is not None else None
+    balance = ints("--balance", args.balance) if args.balance is not None else None
+    replicas = ints("--replicas", args.replicas) if args.replicas is not None else None
+    stages = ints("--stages", args.stages) if args.stages is not None else None
+    zero = ints("--zero", args.zero) if args.zero is not None else list(PRACTICE_ZERO)
     if any(z not in ZERO_STAGES for z in zero):
         raise CommandError(f"--zero lists ZeRO stages, of {','.join(map(str, ZERO_STAGES))}; got {args.zero!r}")
     integer("--gpus-per-node", args.gpus_per_node, 1)
     schedules = schedule_names("--schedule", args.schedule)
-    virtual = _ints("--virtual", args.virtual)
+    virtual = ints("--virtual", args.virtual)
     if min(virtual) < 1:
         raise CommandError(f"--virtual lists stages per device, each at least 1, got {args.virtual!r}")
     device = get_device(hardware)
@@ -341,7 +321,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     if args.objective == "cost" and price is None:
         raise CommandError("--objective cost needs --price")
     check_request(args.batch, gpus, chunks)  # before the (seconds-long) count
-    degrees, splits, checkpoints = _layout(args, gpus)  # Note [today's defaults] in sim.planning.request
+    degrees, splits, checkpoints = layout(args, gpus)  # Note [today's defaults] in sim.planning.request
     check_tensor_parallel(degrees, gpus, args.gpus_per_node)
     if stages is not None and min(stages) < 1:
         raise CommandError(f"--stages lists pipeline depths, each at least 1, got {args.stages!r}")
@@ -377,38 +357,9 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
                           replicas=replicas, copy_streams=args.copy_streams, tensor_parallel=degrees,
                           gpus_per_node=args.gpus_per_node, stages=stages, network=network,
                           network_ports=args.network_ports, tokens_per_sample=tokens, zero=zero,
-                          sequence_parallel=splits, search=args.search, keep=_keep(args))
+                          sequence_parallel=splits, search=args.search, keep=keep(args))
     result = plan(request, progress=not args.no_progress and sys.stderr.isatty())
     return result, out
-
-
-def _layout(args: argparse.Namespace, gpus: list[int]) -> tuple[list[int], list[bool], list[str]]:
-    """``--tensor-parallel``, ``--sequence-parallel`` and ``--checkpoint``, each as given or, left out, today's
-    practice for the model (Note [today's defaults] in :mod:`sim.planning.request`)."""
-    family = args.model.strip().lower().partition(":")[0]
-    decoder = family in DECODERS
-    if args.tensor_parallel is not None:
-        degrees = _ints("--tensor-parallel", args.tensor_parallel)
-    elif decoder:
-        integer("--gpus-per-node", args.gpus_per_node, 1, 1024)
-        degrees = list(practice_degrees(get_model(args.model).splits_over, gpus, args.gpus_per_node))
-    else:
-        degrees = [1]
-    words = _words("--sequence-parallel", args.sequence_parallel or ("on" if decoder else "off"), ("off", "on"))
-    if args.checkpoint is not None:
-        checkpoints = _words("--checkpoint", args.checkpoint, CHECKPOINTS)
-    else:
-        core = decoder and get_model(args.model).attention_core is not None
-        checkpoints = list(practice_checkpoints(core, args.copy_streams))
-    return degrees, [w == "on" for w in words], checkpoints
-
-
-def _keep(args: argparse.Namespace) -> int | None:
-    """The rows of each GPU count to rank exactly (Note [bounded sweep] in :mod:`sim.planning.sweep_workers`): the
-    table's ``--top`` (and ``--search``'s), or every one for ``--json``, ``--out`` or ``--top 0``, which show all."""
-    if args.json or args.out is not None or args.top == 0:
-        return None
-    return max(args.top, args.search, 1)
 
 
 def _tokens(spec: str) -> int | None:
