@@ -48,6 +48,7 @@ def _start_worker() -> None:
 def _kill_workers(pool: ProcessPoolExecutor) -> None:
     """End ``pool`` now: its queued runs cancelled, its processes killed (Note [interrupting a sweep])."""
     processes = list((pool._processes or {}).values())  # before shutdown drops them
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown drops it too
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.kill()
@@ -55,7 +56,6 @@ def _kill_workers(pool: ProcessPoolExecutor) -> None:
         process.join()
     # The pool's manager thread ends once its workers are gone; the interpreter's exit would still wake it through a
     # pipe it may have half closed ("Exception ignored ... Bad file descriptor"), so it is forgotten there.
-    manager = getattr(pool, "_executor_manager_thread", None)
     if manager is not None:
         futures_process._threads_wakeups.pop(manager, None)
         manager.join(timeout=5.0)
