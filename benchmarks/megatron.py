@@ -15,7 +15,8 @@ Their TF/s counts the model's FLOPs with their Eq. 3, ``F = 96·B·s·l·h²·(1
 (recompute included), so a step took ``F / (n·X)``. Here each row is planned from FLOP and byte counts on the
 ``meta`` device (one tensor-parallel rank's shard) divided by the catalog's A100 80GB, whose parameters are set
 once for every model (Note [roofline sources] in :mod:`sim.planning.hardware`): nothing is fitted here. The model
-runs with ``kernels=megatron,attention=math`` (Note [Megatron's kernels] in :mod:`sim.planning.models.gpt`), because
+runs with ``kernels=megatron,attention=math`` (Note [fused kernels] in
+:mod:`sim.planning.models.decoder_layers`), because
 those were the kernels these runs used: Megatron-LM's defaults of 2021 fuse the scores' scale, mask and softmax, the
 MLP's bias and GELU, and each residual branch's bias, dropout and add (the paper's section 4.2), and write attention
 out over the ``b·a·s²`` scores; FlashAttention, a spec's default today, came a year later. The

@@ -127,10 +127,9 @@ def zero_plan() -> Any:
 
 def _zero_sent(row: Any, parameters: float) -> float:
     """Bytes the first device sends per step in its data-parallel group's collectives (sim.planning.zero)."""
-    from sim.planning.zero import stage_traffic
+    from sim.planning.zero import sent_per_step
 
-    traffic = stage_traffic(2 * parameters, 2 * parameters, row.zero, row.replicas)  # bf16 gradients and weights
-    return sum(c.sent_bytes(row.replicas) * c.per_step(row.chunks) for c in traffic)
+    return sent_per_step(2 * parameters, 2 * parameters, row.zero, row.replicas, row.chunks)  # bf16
 
 
 def fragments(table: Table) -> dict[str, str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpipe.schedule import Op
-from gpipe.schedule.timeline import COMPUTE, Timeline
+from gpipe.schedule.timeline import COLLECTIVE, COMPUTE, Timeline
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -22,11 +22,17 @@ COLOURS: dict[str, str] = {
     "R": "#55a868",  # recompute: green
     "W": "#c44e52",  # weight gradient: red
     "copy": "#8c8c8c",  # copies: grey
+    "collective": "#8172b3",  # data-parallel collectives: purple
 }
 
 
+def _kind(stream: str, op: Op) -> str:
+    """The key of :data:`COLOURS` a span is drawn in."""
+    return op.value if stream == COMPUTE else "collective" if stream == COLLECTIVE else "copy"
+
+
 def _colour(stream: str, op: Op) -> str:
-    return COLOURS[op.value] if stream == COMPUTE else COLOURS["copy"]
+    return COLOURS[_kind(stream, op)]
 
 
 # Note [one collection per colour]: a chart's bars are drawn as one collection per row and colour, not one
@@ -62,7 +68,8 @@ def _rows(timeline: Timeline) -> list[tuple[int, str]]:
 
 
 #: The legend's word for each kind of span.
-NAMES: dict[str, str] = {"F": "forward", "B": "backward", "R": "recompute", "W": "weight grad", "copy": "copy"}
+NAMES: dict[str, str] = {"F": "forward", "B": "backward", "R": "recompute", "W": "weight grad", "copy": "copy",
+                         "collective": "collective"}
 
 
 def drawn_kinds(timelines: Sequence[Timeline]) -> list[str]:
@@ -70,7 +77,7 @@ def drawn_kinds(timelines: Sequence[Timeline]) -> list[str]:
 
     The legend lists these and no others: a chart without copies or weight gradients does not name them.
     """
-    kinds = {s.task.op.value if s.stream == COMPUTE else "copy" for t in timelines for s in t.spans}
+    kinds = {_kind(s.stream, s.task.op) for t in timelines for s in t.spans}
     return [k for k in COLOURS if k in kinds]
 
 

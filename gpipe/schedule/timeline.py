@@ -11,6 +11,9 @@ Streams::
     "copy"     the receiving device's copy stream: a copy is recorded on the device it arrives at,
                and its ``task`` is the task whose result it carries (F(i, j) for an activation sent
                to stage j+1, B(i, j) for a gradient sent to stage j-1)
+    "collective"  the device's communication stream: a data-parallel all-gather, reduce-scatter or
+               all-reduce (:mod:`sim.core.collectives`), its ``task`` the compute task it serves and
+               its label what it moves
 
 Note [metrics in one pass]: a simulated timeline holds a span per task, millions for a big run, and
 a summary asks every device for its busy time, utilisation, bubble and peak memory. So a timeline
@@ -36,6 +39,7 @@ from gpipe.schedule import Task
 from gpipe.schedule.size import replace_file
 
 __all__ = [
+    "COLLECTIVE",
     "COMPUTE",
     "COPY",
     "MemorySample",
@@ -49,6 +53,7 @@ _START_END = attrgetter("start", "end")  # spans in time order, ties by end
 
 COMPUTE = "compute"
 COPY = "copy"
+COLLECTIVE = "collective"
 
 
 @dataclass(frozen=True, init=False, slots=True)
@@ -85,7 +90,9 @@ class Span:
 
     @property
     def name(self) -> str:
-        """Display name: ``F2@1``, or ``copy F2@1`` for a copy."""
+        """Display name: ``F2@1``, ``copy F2@1`` for a copy, ``all-gather unit 0 (1 GB) for F2@1`` for a collective."""
+        if self.stream == COLLECTIVE:
+            return f"{self.label or self.stream} for {self.task}"
         base = str(self.task) if self.stream == COMPUTE else f"{self.stream} {self.task}"
         return f"{base} ({self.label})" if self.label else base
 
@@ -170,7 +177,13 @@ class Timeline:
         return sorted(spans, key=_START_END)
 
     def copy_spans(self, device: int | None = None) -> list[Span]:
-        spans = [s for s in self._spans_of(device) if s.stream != COMPUTE]
+        """Copy spans (of ``device``, or all), sorted by start: every span neither compute nor collective."""
+        spans = [s for s in self._spans_of(device) if s.stream != COMPUTE and s.stream != COLLECTIVE]
+        return sorted(spans, key=_START_END)
+
+    def collective_spans(self, device: int | None = None) -> list[Span]:
+        """Collective spans (of ``device``, or all), sorted by start."""
+        spans = [s for s in self._spans_of(device) if s.stream == COLLECTIVE]
         return sorted(spans, key=_START_END)
 
     def task_order(self, device: int) -> list[Task]:
@@ -384,7 +397,7 @@ def _union_length(spans: list[Span]) -> float:
 
 # -- Chrome / Perfetto trace -------------------------------------------------------------------------
 
-_STREAM_TID = {COMPUTE: 0, COPY: 1}
+_STREAM_TID = {COMPUTE: 0, COPY: 1, COLLECTIVE: 2}
 
 
 def chrome_trace(timelines: Timeline | Sequence[Timeline], titles: Sequence[str] | None = None) -> dict[str, Any]:

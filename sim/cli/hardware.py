@@ -1,4 +1,4 @@
-"""``gpipe-sim hardware``: list the catalog of devices and links, as tables or as JSON; or measure this CPU's
+"""``gpipe-sim hardware``: list the catalog of devices, links and systems, as tables or as JSON; or measure this CPU's
 roofline (``--calibrate-cpu``) and save it for the planner (``--out cpu.json``, then ``--hardware cpu.json``)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 from sim.cli import CommandError
 from sim.files import OutputFile, json_text
 from sim.planning.hardware import DEVICES, LINKS
+from sim.planning.systems import SYSTEMS
 
 __all__ = ["add_parser", "run"]
 
@@ -17,9 +18,10 @@ _DTYPES = ("fp32", "tf32", "fp16", "bf16")
 
 def add_parser(subparsers: Any) -> None:
     """Register ``hardware`` on the ``gpipe-sim`` subcommand parser."""
-    p = subparsers.add_parser("hardware", help="list the hardware catalog (devices and links)",
-                              description="List the catalog of devices and links the simulator prices with; "
-                                          "every figure's public source is beside it in sim/planning/hardware.py.")
+    p = subparsers.add_parser("hardware", help="list the hardware catalog (devices, links, systems)",
+                              description="List the catalog of devices, links and systems the simulator prices with; "
+                                          "every figure's public source is beside it in sim/planning/hardware.py and "
+                                          "sim/planning/systems.py.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     p.add_argument("--calibrate-cpu", action="store_true",
                    help="time GEMMs, convolutions and memory-bound kernels on this CPU (one thread, as each executor "
@@ -70,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--out saves a calibration; add --calibrate-cpu")
     if args.json:
         print(json_text({"devices": [d.to_dict() for d in DEVICES.values()],
-                          "links": [link.to_dict() for link in LINKS.values()]}))
+                          "links": [link.to_dict() for link in LINKS.values()],
+                          "systems": [system.to_dict() for system in SYSTEMS.values()]}))
         return 0
     print("devices (peak TFLOP/s, dense; memory; memory bandwidth; assumed efficiency)")
     print(f"{'name':<16}" + "".join(f"{d:>8}" for d in _DTYPES)
@@ -84,4 +87,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'name':<16}{'latency':>10}{'bandwidth':>14}  description")
     for link in LINKS.values():
         print(f"{link.name:<16}{link.latency * 1e6:>7.3g} us{link.bandwidth / 1e9:>9.4g} GB/s  {link.description}")
+    print()
+    print("systems (gpipe-sim plan --system NAME: a node is one NVLink domain, its ports the network between them)")
+    print(f"{'name':<16}{'device':<11}{'GPUs':>5}  {'link':<18}{'network':<16}{'ports':>5}  source")
+    for sy in SYSTEMS.values():
+        print(f"{sy.name:<16}{sy.device:<11}{sy.gpus_per_node:>5}  {sy.link:<18}{sy.network:<16}{sy.network_ports:>5}  "
+              f"{sy.source}")
     return 0

@@ -15,7 +15,8 @@ reaches the target and fits (``sim.planning.buyer``)::
 One published configuration is evaluated exactly with ``--balance`` (the partition), ``--replicas`` and
 ``--optimizer``; ``--json`` gives each row's memory per device part by part. ``--tensor-parallel`` splits every layer
 of a ``gpt`` or ``llama`` model over ranks inside a node (Megatron-LM's tensor parallelism; its all-reduces run over
-``--link``), each configuration then using ``t x stages x replicas`` GPUs::
+``--link``), each configuration then using ``t x stages x replicas`` GPUs; ``--context-parallel`` splits each
+sequence over ``c`` more (:mod:`sim.planning.context_parallel`)::
 
     gpipe-sim plan --model gpt:175b --batch 1536 --gpus 64 --hardware a100-80gb --link nvlink3 \
         --network infiniband-hdr --tensor-parallel 8 --stages 8 --schedule 1f1b --chunks 1536 \
@@ -23,7 +24,9 @@ of a ``gpt`` or ``llama`` model over ranks inside a node (Megatron-LM's tensor p
 
 ``--checkpoint layers`` and ``selective`` recompute per layer (:mod:`sim.planning.recompute`); ``--network`` (and
 ``--network-ports``) puts the nodes of ``--gpus-per-node`` GPUs on a network, which stage copies and data-parallel
-all-reduces that cross nodes use (:mod:`sim.planning.cluster`).
+all-reduces that cross nodes use (:mod:`sim.planning.cluster`); ``--system`` names the machine whole
+(:mod:`sim.planning.systems`: ``gb200-nvl72`` is one NVLink domain of 72 GPUs). A sweep estimated past a minute is
+refused before the count, with the flags that narrow it (:mod:`sim.planning.sweep_size`; ``--no-limit`` runs it).
 
 ``--model`` takes a built-in (``gpt:SIZE``, ``llama:SIZE``, ``gpt:layers=...``, ``llama:layers=...``, ``resnet101``,
 ``unet:B,C``, ``amoebanet:L,D``; ``--help`` has them) or a user's ``MODULE:FUNCTION`` (a dotted module or a file),
@@ -41,10 +44,12 @@ from typing import Any
 
 from torch import nn
 
+from gpipe.interpreter.affinity import available_cores
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
+from gpipe.schedule.timeline import write_chrome_trace
 from sim.cli import CommandError
 from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedule_names, schedules_help
-from sim.cli.plan_defaults import DECODERS, ints, keep, layout
+from sim.cli.plan_defaults import DECODERS, LINK, add_sharding_options, context, ints, keep, layout, sharding, system
 from sim.cli.plan_table import print_answers, print_table
 from sim.cli.user_code import Target, blame, call, layer_failure, load_target
 from sim.core.size import check_simulation_size
@@ -66,17 +71,20 @@ from sim.planning.plan import (
     plan,
     resolve_link,
     resolve_network,
+    row_timeline,
 )
 from sim.planning.recompute import CHECKPOINTS
-from sim.planning.request import PRACTICE_ZERO, shard_keys
+from sim.planning.request import shard_keys
+from sim.planning.search_plan import SEARCHED
+from sim.planning.sweep_size import SweepSpace, check_sweep_size
 from sim.planning.training import training_policy
-from sim.planning.zero import ZERO_STAGES
 
 __all__ = ["add_parser", "load_model", "run"]
 
-BUILTIN_FAMILIES = ("gpt", "llama", "resnet101", "resnet", "unet", "amoebanet")
-BUILTINS = "gpt:SIZE, llama:SIZE, gpt:layers=..., llama:layers=..., resnet101, unet:B,C, amoebanet:L,D"
-FILES = ("plan.json", "throughput.png", "memory.png")  # what --out receives
+BUILTIN_FAMILIES = ("gpt", "llama", "nemotron", "resnet101", "resnet", "unet", "amoebanet")
+BUILTINS = ("gpt:SIZE, llama:SIZE, nemotron:SIZE, gpt:layers=..., llama:layers=..., nemotron:layers=..., "
+            "resnet101, unet:B,C, amoebanet:L,D")
+FILES = ("plan.json", "throughput.png", "memory.png", "best.trace.json")  # what --out receives
 BUYER_FILES = ("answer.json", "answer.png")  # what --out receives with --target-throughput
 BUYER_BATCH = 512  # the buyer's form without --batch: a common global batch for the GPT sizes
 BUYER_GPUS = "4,8,16,32"  # and without --gpus
@@ -89,10 +97,12 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("plan", help="what-if capacity planning: sweep pipeline configurations of a model",
                               description=__doc__.split("\n\n", 1)[0].split(": ", 1)[1] if __doc__ else None)
     p.add_argument("--model", required=True, metavar="SPEC",
-                   help="gpt:SIZE (125m..175b), llama:SIZE (8b, 70b, 405b), "
+                   help="gpt:SIZE (125m..175b), llama:SIZE (8b, 70b, 405b), nemotron:SIZE (15b, 340b), "
                         "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F], "
-                        "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V, "
-                        "resnet101, unet:B,C, amoebanet:L,D, or MODULE:FUNCTION; a gpt or llama runs by default "
+                        "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V, nemotron:layers=... (as "
+                        "llama); any family's shape also takes kv-heads=K, mlp=gelu|swiglu|relu2, "
+                        "norm=layernorm|rmsnorm, position=learned|rope, qkv=fused|split, bias=on|off, tied=on|off; "
+                        "resnet101, unet:B,C, amoebanet:L,D, or MODULE:FUNCTION; a decoder runs by default "
                         "what Megatron-Core runs: FlashAttention (no s x s tensor kept) and the fused kernels; "
                         "attention=math writes attention out (for --checkpoint selective), kernels=eager runs every "
                         "operator as its own kernel (gpt:175b,kernels=eager,attention=math)")
@@ -100,8 +110,13 @@ def add_parser(subparsers: Any) -> None:
                    help=f"global batch, samples per step (required, but {BUYER_BATCH} with --target-throughput)")
     p.add_argument("--gpus", default=None, metavar="LIST",
                    help=f"GPU counts to try, e.g. 1,2,4,8 (required, but {BUYER_GPUS} with --target-throughput)")
-    p.add_argument("--hardware", required=True, metavar="NAME",
-                   help="catalog device (see gpipe-sim hardware); several, comma-separated, with --target-throughput")
+    p.add_argument("--hardware", default=None, metavar="NAME",
+                   help="catalog device (see gpipe-sim hardware); several, comma-separated, with --target-throughput "
+                        "(required, but the system's with --system)")
+    p.add_argument("--system", default=None, metavar="NAME",
+                   help="catalog system (dgx-h100, gb200-nvl72, ...; see gpipe-sim hardware): sets --hardware, "
+                        "--link, --gpus-per-node (its NVLink domain), --network and --network-ports; each of those "
+                        "given explicitly wins over the system's")
     p.add_argument("--target-throughput", default=None, metavar="RATE",
                    help="samples/s to reach (40, or 40samples), or tokens/s for a gpt or llama model (2e6tokens): "
                         "answer with the cheapest configuration per device that reaches it")
@@ -114,27 +129,32 @@ def add_parser(subparsers: Any) -> None:
                    help="sequence parallelism (Korthikanti et al., 2022) off, on, or off,on to try both; on splits "
                         "the norms and dropouts over the tensor-parallel ranks by tokens (gpt and llama; at tensor "
                         "parallel 1 it is off; default: on for gpt and llama, else off)")
-    p.add_argument("--zero", default=None, metavar="LIST",
-                   help="ZeRO stages of the data parallelism to try, of 0,1,2,3: 1 shards the optimizer state (and "
-                        "32-bit master weights) over the replicas, 2 also the gradients, 3 also the weights "
-                        f"(default: {','.join(map(str, PRACTICE_ZERO))})")
+    add_sharding_options(p)
     p.add_argument("--tensor-parallel", default=None, metavar="LIST",
                    help="tensor-parallel degrees to try (gpt and llama models; each divides the heads, the KV heads "
                         "and a GPU count, at most --gpus-per-node; default: every such divisor of --gpus-per-node "
                         "for gpt and llama, else 1)")
-    p.add_argument("--gpus-per-node", type=int, default=GPUS_PER_NODE, metavar="N",
-                   help=f"GPUs in a node, the most a tensor-parallel group spans (default: {GPUS_PER_NODE})")
+    p.add_argument("--context-parallel", default="1", metavar="LIST",
+                   help="context-parallel degrees to try (gpt and llama with FlashAttention): each sequence split "
+                        "over c GPUs in 2c chunks that divide it, c x tensor parallel GPUs per pipeline device; "
+                        "gradients reduced over the replicas and the c ranks (default: 1, none)")
+    p.add_argument("--cp-comm", default="ring", metavar="NAME",
+                   help="how context-parallel ranks pass keys and values: ring (Megatron-Core's default, p2p, "
+                        "overlapped with attention) or all-gather (Llama 3's, exposed) (default: ring)")
+    p.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
+                   help="GPUs in a node (an NVLink domain), the most a tensor-parallel group spans (default: the "
+                        f"system's, else {GPUS_PER_NODE})")
     p.add_argument("--network", default=None, metavar="NAME",
                    help="catalog link between nodes, one port (infiniband-hdr, infiniband-ndr, roce-400g, ...); "
-                        "stage copies and data-parallel all-reduces that cross nodes use it (default: none, "
-                        "everything on --link)")
+                        "stage copies and data-parallel all-reduces that cross nodes use it (default: the system's, "
+                        "else none: everything on --link)")
     p.add_argument("--network-ports", type=int, default=None, metavar="K",
-                   help="network ports per node (default: one per GPU, as in DGX A100/H100)")
+                   help="network ports per node (default: the system's, else one per GPU, as in DGX A100/H100)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="optimizer, with the device's default precision (or name both with --training)")
-    p.add_argument("--link", default="pcie", metavar="NAME",
-                   help="catalog link, or nvlink/pcie for the generation of the device (default: pcie); the link "
-                        "inside a node, which the tensor-parallel all-reduces use too")
+    p.add_argument("--link", default=None, metavar="NAME",
+                   help=f"catalog link, or nvlink/pcie for the generation of the device (default: the system's, else "
+                        f"{LINK}); the link inside a node, which the tensor-parallel all-reduces use too")
     p.add_argument("--price", default=None, metavar="USD",
                    help="price per GPU-hour, to cost each row; per device as NAME=USD,NAME=USD")
     p.add_argument("--chunks", default=None, metavar="LIST",
@@ -174,6 +194,8 @@ def add_parser(subparsers: Any) -> None:
                         "refused unless --force")
     add_force(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-limit", action="store_true",
+                   help="run a sweep estimated past a minute (refused without it, with the flags that narrow it)")
     p.set_defaults(func=run)
 
 
@@ -243,6 +265,7 @@ def _training(args: argparse.Namespace, device: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Count the model, sweep, print the table (or JSON) and write the files; return the exit status."""
+    system(args)  # Note [a system's flags] in sim.cli.plan_defaults
     target = _target(args.target_throughput, args.model) if args.target_throughput is not None else None
     if args.batch is None and target is None:
         raise CommandError("--batch is required (the global batch, samples per step)")
@@ -293,8 +316,9 @@ def _target(text: str, model: str) -> float:
     return rate / tokens
 
 
-def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tuple[Plan, Any]:
-    """Check the options, count the model and sweep on one device; return the plan and the --out folder."""
+def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tuple[Plan, Any, PlanRequest]:
+    """Check the options, count the model and sweep on one device; return the plan, the --out folder and the
+    request swept."""
     integer("--batch", args.batch, -MAX_INT - 1)  # check_request below says what a batch needs
     integer("--top", args.top, -MAX_INT - 1)
     integer("--search", args.search, 0, 64)
@@ -303,9 +327,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     balance = ints("--balance", args.balance) if args.balance is not None else None
     replicas = ints("--replicas", args.replicas) if args.replicas is not None else None
     stages = ints("--stages", args.stages) if args.stages is not None else None
-    zero = ints("--zero", args.zero) if args.zero is not None else list(PRACTICE_ZERO)
-    if any(z not in ZERO_STAGES for z in zero):
-        raise CommandError(f"--zero lists ZeRO stages, of {','.join(map(str, ZERO_STAGES))}; got {args.zero!r}")
+    zero, reshard, shard_group = sharding(args)
     integer("--gpus-per-node", args.gpus_per_node, 1)
     schedules = schedule_names("--schedule", args.schedule)
     virtual = ints("--virtual", args.virtual)
@@ -330,11 +352,23 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     if args.network_ports is not None:
         integer("--network-ports", args.network_ports, 1)
     shards = _shards(args.model, degrees, splits)  # refuses a bad degree before counting
+    tokens = _tokens(args.model)
+    contexts, cp_comm = context(args, tokens)
     out = output_folder(args, FILES) if args.out is not None and args.target_throughput is None else None
     profiles: dict[tuple[int, bool], ModelProfile] = {}
-    tokens = _tokens(args.model)
     if shards is None:
         name, module, sample, target = _load(args.model)
+    layers = len(module if shards is None else shards[(1, False)].module("meta"))  # built, not counted
+    # the sweep's largest simulation, refused before the count if it would not fit (sim.core.size)
+    m = min(max(chunks) if chunks is not None else MAX_CHUNKS, args.batch)
+    n = len(balance) if balance is not None else min(layers, max(gpus) * max(virtual))
+    check_simulation_size(m, n, given=f"{'--chunks ' if chunks is not None else 'up to '}{m} micro-batches on up to "
+                          f"{n} stages", fix="lower --chunks or --gpus")
+    if not args.no_limit:  # Note [sweep limit] in sim.planning.sweep_size: before the (seconds-long) count
+        space = SweepSpace(args.batch, layers, gpus, degrees, contexts, splits, checkpoints, schedules, virtual, zero,
+                           chunks, stages, replicas, balance, reshard, shard_group)
+        check_sweep_size(space, bounded=keep(args) is not None, workers=len(available_cores()))
+    if shards is None:
         try:
             with blame(target) if target is not None else nullcontext():  # the user's layers run on meta here
                 profiles[(1, False)] = count_layers(module, sample, dtype=training.torch_dtype)
@@ -346,20 +380,17 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
         name = shards[(1, False)].name
         for key, shard in shards.items():  # each shard counted once, its identical blocks once
             profiles[key] = shard.count(training.torch_dtype)
-    # the sweep's largest simulation, refused before the first if it would not fit (sim.core.size)
-    m = min(max(chunks) if chunks is not None else MAX_CHUNKS, args.batch)
-    n = len(balance) if balance is not None else min(max(map(len, profiles.values())), max(gpus) * max(virtual))
-    check_simulation_size(m, n, given=f"{'--chunks ' if chunks is not None else 'up to '}{m} micro-batches on up to "
-                          f"{n} stages", fix="lower --chunks or --gpus")
     request = PlanRequest(profile=profiles, batch=args.batch, device=device, gpus=gpus, link=link, training=training,
                           chunks=chunks, checkpoints=checkpoints, schedules=schedules, virtual=virtual,
                           price_per_gpu_hour=price, objective=args.objective, model_name=name, balance=balance,
                           replicas=replicas, copy_streams=args.copy_streams, tensor_parallel=degrees,
                           gpus_per_node=args.gpus_per_node, stages=stages, network=network,
                           network_ports=args.network_ports, tokens_per_sample=tokens, zero=zero,
-                          sequence_parallel=splits, search=args.search, keep=keep(args))
+                          sequence_parallel=splits, search=args.search, keep=keep(args),
+                          context_parallel=contexts, cp_comm=cp_comm, reshard_after_forward=reshard,
+                          shard_group=shard_group)
     result = plan(request, progress=not args.no_progress and sys.stderr.isatty())
-    return result, out
+    return result, out, request
 
 
 def _tokens(spec: str) -> int | None:
@@ -396,18 +427,24 @@ def _shards(spec: str, degrees: list[int], splits: list[bool]) -> dict[tuple[int
 
 
 def _run_one(args: argparse.Namespace) -> int:
-    result, out = _sweep(args, args.hardware.strip(), args.price)
+    result, out, request = _sweep(args, args.hardware.strip(), args.price)
+    traced = ""
     if out is not None:
         from sim.planning.plan_plot import plot_memory, plot_throughput
 
         written = out.write_json("plan.json", result.to_dict(), indent=1)
         out.write_with("throughput.png", lambda path: plot_throughput(result, path))
         out.write_with("memory.png", lambda path: plot_memory(result, path=path))
+        best = next((r for r in result.rows if r.best and r.schedule != SEARCHED), None)
+        if best is not None:  # the best named schedule's predicted timeline, collectives and all, for Perfetto
+            timeline = row_timeline(request, best)
+            out.write_with("best.trace.json", lambda path: write_chrome_trace(path, timeline))
+            traced = ", best.trace.json"
         out.finish()
     if args.json:
         print(json_text(result.to_dict()))
         return 0
     print_table(result, args.top)
     if out is not None:
-        print(f"wrote {written}, throughput.png, memory.png")
+        print(f"wrote {written}, throughput.png, memory.png{traced}")
     return 0

@@ -27,19 +27,18 @@ def _columns(result: Plan, width: int) -> list[tuple[str, int, Any]]:
     """The table's columns: (title, width, row -> text); a dimension the plan does not vary is left out."""
     rows = result.rows
     tp = any(r.tensor_parallel > 1 for r in rows)  # the table of a plan without one keeps its columns
+    cp = any(r.context_parallel > 1 for r in rows)
     cols: list[tuple[str, int, Any]] = [
         ("gpus", 4, lambda r: f"{r.gpus:>4}"),
-        ("tp x pp x dp" if tp else "pp x dp", 10 if tp else 7,
-         (lambda r: f"{r.tensor_parallel:>2}x{r.stages:>3}x{r.replicas:<3}") if tp else
-         (lambda r: f"{r.stages:>3}x{r.replicas:<3}")),
+        _layout(tp, cp),
         ("chunks", 6, lambda r: f"{r.chunks:>6}"),
         ("mb", 5, lambda r: f"{r.microbatch:>5}"),
         ("checkpoint", 11, lambda r: f"{r.checkpoint:>11}"),
         ("sched", width, lambda r: f"{r.schedule:>{width}}"),
         ("v", 2, lambda r: f"{r.virtual:>2}"),
     ]
-    if any(r.zero for r in rows):
-        cols.append(("zero", 4, lambda r: f"{r.zero:>4}"))
+    if any(r.zero for r in rows):  # ZeRO-3 kept gathered through the step: 3k; hybrid sharding: /group
+        cols.append(("zero", 6, lambda r: f"{_zero(r):>6}"))
     if any(r.sequence_parallel for r in rows):
         cols.append(("sp", 3, lambda r: f"{'on' if r.sequence_parallel else 'off':>3}"))
     cols.append(("samples/s", 11, lambda r: _number(r.throughput, ".2f", 11)))
@@ -56,6 +55,20 @@ def _columns(result: Plan, width: int) -> list[tuple[str, int, Any]]:
     if result.price_per_gpu_hour is not None:
         cols.append(("$/M samp", 9, lambda r: _number(r.cost_per_million, ".2f", 9)))
     return cols
+
+
+#: The layout column's titles, each left-aligned.
+_LAYOUTS = ("tp x cp x pp x dp", "tp x pp x dp", "pp x dp")
+
+
+def _layout(tp: bool, cp: bool) -> tuple[str, int, Any]:
+    """The layout column: ``pp x dp``, after ``tp`` where a row splits its layers, and ``cp`` where its sequence."""
+    if cp:
+        return _LAYOUTS[0], 17, lambda r: (f"{r.tensor_parallel:>2}x{r.context_parallel:>3}x{r.stages:>3}"
+                                           f"x{r.replicas:<6}")
+    if tp:
+        return _LAYOUTS[1], 10, lambda r: f"{r.tensor_parallel:>2}x{r.stages:>3}x{r.replicas:<3}"
+    return _LAYOUTS[2], 7, lambda r: f"{r.stages:>3}x{r.replicas:<3}"
 
 
 def _balance(r: PlanRow) -> str:
@@ -81,7 +94,7 @@ def print_table(result: Plan, top: int) -> None:
           + (f", {result.skipped} skipped (slower at their compute alone than the fastest shown)"
              if result.skipped else ""))
     cols = _columns(result, max(5, *(len(r.schedule) for r in shown)))
-    print("  " + " ".join(f"{title:>{w}}" if title not in ("tp x pp x dp", "pp x dp") else f"{title:<{w}}"
+    print("  " + " ".join(f"{title:>{w}}" if title not in _LAYOUTS else f"{title:<{w}}"
                           for title, w, _ in cols) + "  balance")
     for r in shown:
         print(f"{'*' if r.best else ' '} " + " ".join(cell(r) for _, _, cell in cols) + f"  {_balance(r)}")
@@ -95,6 +108,8 @@ def print_table(result: Plan, top: int) -> None:
         where = f"{c['stages']} stages x {c['replicas']} replicas, {c['chunks']} chunks, v {c['virtual']}"
         if c["tensor_parallel"] > 1:
             where = f"tensor parallel {c['tensor_parallel']}, " + where
+        if c.get("context_parallel", 1) > 1:
+            where = f"context parallel {c['context_parallel']}, " + where
         found = "" if g.searched_step is None else f" -> searched {g.searched_step:.6g} s ({g.gain:+.1%} throughput)"
         print(f"search, {where}: {g.named} {g.named_step:.6g} s/step{found}; {g.method}")
     best = result.best
@@ -109,7 +124,12 @@ def describe(r: PlanRow) -> str:
     virtual = f" ({r.virtual} stages per device)" if r.virtual > 1 else ""
     split = f"tensor parallel {r.tensor_parallel}{' with sequence parallelism' if r.sequence_parallel else ''} x " \
         if r.tensor_parallel > 1 else ""
+    split += f"context parallel {r.context_parallel} x " if r.context_parallel > 1 else ""
     zero = f", ZeRO-{r.zero}" if r.zero else ""
+    if r.zero == 3 and not r.reshard_after_forward:
+        zero += " (gathered once a step)"
+    if r.zero and r.shard_group is not None:
+        zero += f" sharded in groups of {r.shard_group} replicas"
     tokens = f", {r.tokens_per_second:,.0f} tokens/s" if r.tokens_per_second else ""
     mfu = f", MFU {r.mfu:.1%}" if r.mfu else ""
     return (f"{r.gpus} GPUs as {split}{r.stages} stages x {r.replicas} replicas{zero}, {r.chunks} chunks, "
@@ -131,3 +151,11 @@ def print_answers(answers: list[Answer]) -> None:
         cost = f", ${a.dollars_per_hour:.2f}/h, ${r.cost_per_million:.2f} per million samples" \
             if a.dollars_per_hour is not None and r.cost_per_million is not None else ""
         print(f"  {a.plan.device}: {describe(r)}, {gib(r.peak_memory_bytes)} GiB peak per device{cost}")
+
+
+def _zero(r: PlanRow) -> str:
+    """The zero column: the stage, ``k`` where ZeRO-3 keeps its layers gathered through the step, ``/g`` for a hybrid
+    sharding group of ``g`` replicas."""
+    kept = "k" if r.zero == 3 and not r.reshard_after_forward else ""
+    group = f"/{r.shard_group}" if r.zero and r.shard_group is not None else ""
+    return f"{r.zero}{kept}{group}"

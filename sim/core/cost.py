@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from gpipe.schedule import Op
+from sim.core.collectives import StageCollectives
 
 __all__ = ["IDEAL_RUNNER", "TASK_KINDS", "CostModel", "IdealRunner", "Pair", "RunnerCosts", "StageCost", "check_cost"]
 
@@ -63,6 +64,8 @@ class StageCost:
             ``None``: all it held for ``B`` (Note [memory] in :mod:`sim.core.memory`).
         communication: seconds of each ``F``, ``R`` and ``B`` of the stage that wait on the network, not on the
             device's compute (Note [communication]); ``W`` has none.
+        collectives: the stage's data-parallel gathers and reductions, run as tasks on its device's communication
+            stream (:mod:`sim.core.collectives`); ``None``: none.
     """
 
     forward: float
@@ -78,6 +81,7 @@ class StageCost:
     forward_checkpointed: float | None = None
     weight_bytes: int | None = None
     communication: float = 0.0
+    collectives: StageCollectives | None = None
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",

@@ -32,6 +32,11 @@ _KIND = {F: "F", R: "F", B: "B", W: "B"}  # a task's kind for RunnerCosts.pairs;
 # each step of t as a timeout and t is env.now throughout; the rules and the arithmetic are the same. A stall (Note
 # [fork/join]) releases held copies at the latest clock of a blocked or finished device.
 
+# Note [collective tasks]: a device whose stages have collectives (sim.core.collectives) prices each task through
+# its communication stream, which computes the task unit by unit behind the gathers it waits for and issues the
+# reductions it makes due. The task keeps one compute span, from its first unit's start to its last unit's end, so a
+# unit waiting for its gather shows as a longer task with the gather beside it on the collective stream.
+
 # Note [host seconds share nothing]: sharing cores stretches a task's stage seconds, not its host seconds
 # (SharedCores.run(seconds, key, host)); it still slows the others for its whole span. Contention and pairs are
 # measured on loops of the stage's work alone, so the runner's host time was never in them, and stretching it
@@ -59,6 +64,7 @@ def device(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
     fresh = prefix if two_phases else 0  # a fresh worker thread's first task: task 0, or the first of phase two
     stream, shared, cores = run.streams[d] if run.streams is not None else None, run.shared[d], run.cores
     starts, first_half = run.pair_starts[d], None
+    comm = run.comms[d] if run.comms is not None else None  # only on the plain path (sim.core.engine)
     issued_by = 0.0  # an asynchronous device's host time once it has issued the task
     t = 0.0  # this device's clock
     for k, task in enumerate(tasks):
@@ -114,7 +120,12 @@ def device(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
                 yield timeout(ready - t)
             t = t + (ready - t)
         if first_half is not None:  # the second task of a pair: both run now
+            if comm is not None:
+                t = comm.pair((k - 1, k), t)
             t, backward_left = pair(run, d, first_half, (task, op, i, j, sends, seconds), t, backward_left)
+            if comm is not None:
+                comm.after_pair(k - 1, t)
+                comm.after_pair(k, t)
             first_half = None
             if gap:
                 free_at = t + gap
@@ -133,7 +144,9 @@ def device(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
         if track_memory and op == R:
             memory.hold(d, i, j, run.cost.stages[j].saved_bytes, t)
         start = t
-        if not follow:
+        if comm is not None:  # Note [collective tasks]: unit by unit, beside the device's collectives
+            start, t = comm.task(k, t, seconds)
+        elif not follow:
             t = t + seconds
         else:
             # Note [asynchronous devices]: the host issues the task for its host seconds H (with the issue seconds);

@@ -61,6 +61,9 @@ def run_validated(schedule: Schedule, cost: CostModel, config: SimConfig) -> Tim
     """:func:`simulate` of a schedule and cost model already checked (benchmarks time the simulation alone)."""
     run = Run(schedule, cost, config)
     check_pairs(run)
+    if run.comms is not None and not run.local_clocks():
+        raise ValueError("stages with collectives (StageCost.collectives) are simulated on the plain path only: "
+                         "copy streams, synchronous devices, no shared cores or streams, no lockstep, one phase")
     for d in range(run.devices):
         run.env.process(device(run, d))
     run.env.run()

@@ -12,6 +12,7 @@ import simpy
 
 from gpipe.schedule import Op, Schedule, ScheduleError, Task
 from gpipe.schedule.timeline import Span, Timeline
+from sim.core.collectives import CommStream
 from sim.core.config import SimConfig
 from sim.core.copies import Copies, Sends
 from sim.core.cost import CostModel
@@ -57,6 +58,9 @@ class Run:
         travelling = 1 + max((op for c in (0, 1) for op in range(4) if any(outputs[c][op])), default=-1)
         self.copies = Copies(self.env, cost, config.link, self.scales, travelling * m * n * fanout, self.stride,
                              devices, config.asynchronous, self.host_end, self.streams, config.stage_links)
+        collectives = [stage.collectives for stage in cost.stages]
+        self.comms = [CommStream(schedule, collectives, d) for d in range(devices)] \
+            if any(c is not None for c in collectives) else None  # each device's communication stream
         self.clock = [0.0] * devices  # Note [local clocks]: each device's time when it last blocked or finished
         # a compute stream shared by several devices (Note [asynchronous devices])
         self.shared: list[simpy.Resource | None] = [None] * devices
@@ -182,5 +186,6 @@ class Run:
                        "turnaround": runner.turnaround, "contention": runner.contention,
                        "pairs": [list(p) for p in runner.pairs]},
         }
-        spans = (*chain.from_iterable(self.spans), *chain.from_iterable(self.copies.spans))
+        spans = (*chain.from_iterable(self.spans), *chain.from_iterable(self.copies.spans),
+                 *(chain.from_iterable(c.spans for c in self.comms) if self.comms is not None else ()))
         return Timeline(spans, tuple(chain.from_iterable(self.memory.samples)), self.devices, "simulated", meta)

@@ -15,7 +15,8 @@ FP8, each fed by a cast kernel (Note [fp8 training] in :mod:`sim.planning.fp8`),
 
 A tensor-parallel shard's collectives (:data:`~sim.planning.counts.COLLECTIVE`, :mod:`sim.planning.tensor_parallel`)
 are priced on the link given for tensor parallelism, each as a ring of its kind (all-reduce, reduce-scatter,
-all-gather) among the profile's ``tensor_parallel`` ranks (Note [collectives in the stage]).
+all-gather) among the profile's ``tensor_parallel`` ranks (Note [collectives in the stage]). A context-parallel rank's
+key/value traffic joins its layers' seconds the same way (:mod:`sim.planning.context_parallel`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
 from sim.core.link import LinkSpec
 from sim.planning.collectives import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
+from sim.planning.context_parallel import ContextParallel, attention_kernels, kv_bytes
 from sim.planning.counts import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -79,6 +81,7 @@ class _Flat:
     collective: np.ndarray  # (ops,) ALL_REDUCE, REDUCE_SCATTER or ALL_GATHER where a tensor-parallel collective, else 0
     dims: np.ndarray  # (ops, 3, 2) GEMM M, N, K as fixed + per-sample
     fp8: np.ndarray  # (ops,) a product that runs in FP8 (Note [fp8 training] in sim.planning.fp8)
+    attention: np.ndarray  # (ops,) a FlashAttention kernel (sim.planning.context_parallel.attention_kernels)
 
 
 def _flatten(tables: Sequence[OpTable], fp8: bool = False) -> _Flat:
@@ -95,7 +98,8 @@ def _flatten(tables: Sequence[OpTable], fp8: bool = False) -> _Flat:
     collective = np.where(kinds == COLLECTIVE, collective, 0).astype(np.int64)
     kinds[kinds == COLLECTIVE] = MEMORY_BOUND  # to index the roofline's tables; priced apart
     in_fp8 = np.concatenate([mask for _, mask in pairs] + [np.zeros(1, dtype=bool)])
-    return _Flat(flops, nbytes, starts, counts == 0, kinds, collective, dims, in_fp8)
+    attention = np.concatenate([attention_kernels(t) for t in tables] + [np.zeros(1, dtype=bool)])
+    return _Flat(flops, nbytes, starts, counts == 0, kinds, collective, dims, in_fp8, attention)
 
 
 #: The ring that prices each collective: ``(bytes, ranks, link) -> seconds`` (:mod:`sim.planning.collectives`).
@@ -126,7 +130,7 @@ class FlopCosts:
 
     def __init__(self, profile: ModelProfile, device: DeviceSpec, training: Training | str = "fp32-adam",
                  kernel_seconds: float | None = None, memory_efficiency: float | None = None,
-                 tensor_link: LinkSpec | None = None) -> None:
+                 tensor_link: LinkSpec | None = None, context: ContextParallel | None = None) -> None:
         """Args:
             profile: the counts (:func:`sim.planning.flops.count_layers`).
             device: the hardware: its roofline times each kernel; without one its ``efficiency`` scales every rate.
@@ -138,13 +142,17 @@ class FlopCosts:
                 ``efficiency`` (Note [one efficiency]).
             tensor_link: what the tensor-parallel collectives run over (Note [collectives in the stage]); needed
                 by a profile counted with ``tensor_parallel > 1``.
+            context: the context-parallel group of a profile split by
+                :func:`~sim.planning.context_parallel.split_sequence`, whose key/value traffic joins each layer's
+                seconds (Note [context parallel traffic] in :mod:`sim.planning.context_parallel`); needed by such a
+                profile.
 
         Raises:
             KeyError: the device has no peak for the policy's compute dtype, or an unknown policy;
                 :class:`~sim.planning.roofline.MissingDeviceParameterError` (a ``KeyError``) when the model runs
                 an operator whose fraction the device's roofline lacks (the message names both).
-            ValueError: a negative ``kernel_seconds``, a ``memory_efficiency`` outside (0, 1], or a tensor-parallel
-                profile without ``tensor_link``.
+            ValueError: a negative ``kernel_seconds``, a ``memory_efficiency`` outside (0, 1], a tensor-parallel
+                profile without ``tensor_link``, or a context-parallel one without its ``context`` of that degree.
         """
         self.profile = profile
         self.device = device
@@ -160,7 +168,11 @@ class FlopCosts:
         if profile.tensor_parallel > 1 and tensor_link is None:
             raise ValueError(f"the model was counted as a shard of {profile.tensor_parallel} tensor-parallel ranks; "
                              "give the link their collectives run over (tensor_link)")
-        self.tensor_link = tensor_link
+        if (context.degree if context is not None else 1) != profile.context_parallel:
+            raise ValueError(f"the model was counted as one of {profile.context_parallel} context-parallel ranks; give "
+                             "a context of that degree")
+        self.tensor_link, self.context = tensor_link, context
+        self._kv = np.array([kv_bytes(x, profile.dtype.itemsize) for x in profile.layers])
         self.kernel_seconds = kernel_seconds
         memory_efficiency_given = memory_efficiency
         if memory_efficiency is None:
@@ -192,6 +204,7 @@ class FlopCosts:
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._split_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._collective_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._context_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _rates(self, device: DeviceSpec) -> tuple[float, np.ndarray | None, float]:
         """The matrix-multiply rate, the rate per kind (roofline only) and the roofline's ``half_dim``."""
@@ -236,8 +249,10 @@ class FlopCosts:
                 CONVOLUTION, dtype, device.name, backward=True)
         return per_kind
 
-    def _seconds(self, flat: _Flat, batch: int, backward: bool = False, collectives: bool = False) -> np.ndarray:
-        """Seconds of each layer of ``flat`` at ``batch``; ``collectives``: of its tensor-parallel collectives only."""
+    def _seconds(self, flat: _Flat, batch: int, backward: bool = False, collectives: bool = False,
+                 attention: bool = False) -> np.ndarray:
+        """Seconds of each layer of ``flat`` at ``batch``; ``collectives``: of its tensor-parallel collectives only;
+        ``attention``: of its attention kernels only."""
         if collectives:
             per_op = np.zeros(len(flat.collective))
             if flat.collective.any():
@@ -263,6 +278,8 @@ class FlopCosts:
             group, link = self.profile.tensor_parallel, self.tensor_link
             where = np.flatnonzero(flat.collective)
             per_op[where] = [_RING[int(flat.collective[i])](nbytes[i], group, link) for i in where]
+        if attention:
+            per_op = np.where(flat.attention, per_op, 0.0)
         return _per_layer(per_op, flat)
 
     def collective_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -272,13 +289,27 @@ class FlopCosts:
                                                   self._seconds(self._bwd, microbatch, True, collectives=True))
         return self._collective_cache[microbatch]
 
+    def context_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Of :meth:`layer_seconds`, what each layer's context-parallel key/value traffic adds, forward and backward
+        (Note [context parallel traffic] in :mod:`sim.planning.context_parallel`); zeros without a context."""
+        if microbatch not in self._context_cache:
+            if self.context is None:
+                none = np.zeros(len(self.profile))
+                self._context_cache[microbatch] = (none, none)
+            else:
+                self._context_cache[microbatch] = self.context.seconds(
+                    self._kv * microbatch, self._seconds(self._fwd, microbatch, attention=True),
+                    self._seconds(self._bwd, microbatch, True, attention=True))
+        return self._context_cache[microbatch]
+
     def layer_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward seconds of every layer for one micro-batch of ``microbatch`` samples."""
         if microbatch < 1:
             raise ValueError(f"a micro-batch needs at least one sample, got {microbatch}")
         if microbatch not in self._cache:
-            self._cache[microbatch] = (self._seconds(self._fwd, microbatch),
-                                       self._seconds(self._bwd, microbatch, backward=True))
+            fwd, bwd = self.context_seconds(microbatch)
+            self._cache[microbatch] = (self._seconds(self._fwd, microbatch) + fwd,
+                                       self._seconds(self._bwd, microbatch, backward=True) + bwd)
         return self._cache[microbatch]
 
     def core_seconds(self, microbatch: int) -> np.ndarray:
@@ -311,7 +342,7 @@ class FlopCosts:
                              "backward by; count the model with sim.planning.flops.count_layers")
         if microbatch not in self._split_cache:
             whole = self.layer_seconds(microbatch)[1]
-            inputs = self._seconds(self._bwd_in, microbatch, backward=True)
+            inputs = self._seconds(self._bwd_in, microbatch, backward=True) + self.context_seconds(microbatch)[1]
             weights = np.maximum(whole - inputs, 0.0)
             roofline = self.device.roofline
             if roofline is not None:  # Note [split overhead]

@@ -196,6 +196,8 @@ class ModelProfile:
             (Korthikanti et al., 2022): it runs reduce-scatters and all-gathers, not all-reduces.
         attention_core: the blocks' attention core, for selective recompute; ``None``: the model has none the
             planner can find (a user's model, a fused attention).
+        context_parallel: the ranks each sample's tokens are split over; the count is one rank's
+            (:func:`sim.planning.context_parallel.split_sequence`); 1: the whole sequence.
     """
 
     layers: tuple[LayerProfile, ...]
@@ -203,6 +205,7 @@ class ModelProfile:
     tensor_parallel: int = 1
     attention_core: AttentionCore | None = None
     sequence_parallel: bool = False
+    context_parallel: int = 1
 
     def __len__(self) -> int:
         return len(self.layers)

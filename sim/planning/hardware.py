@@ -237,9 +237,6 @@ _DEVICE_LIST = (
                             "fp16": 835.5 * TFLOPS, "bf16": 835.5 * TFLOPS, "fp8": 1670.5 * TFLOPS},
                3900 * GB, 95830 * MiB, description="NVIDIA H100 NVL 94 GB (Hopper, PCIe with NVLink bridge)",
                roofline=_TENSOR_CORE),
-    # NVIDIA H200 product page / datasheet (2023/2024), SXM: same compute as H100 SXM (fp32 67,
-    # TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS with sparsity); 141 GB HBM3e at 4.8 TB/s.
-    # Memory: nvidia-smi 143,771 MiB (public nvidia-smi outputs, 2025-2026).
     # NVIDIA H800 SXM5 80GB: the H100 SXM's GH100 with NVLink cut to 400 GB/s (both directions) for export to China
     # (NVIDIA DGX H800 and HGX H800 specifications, 2023: "8x NVIDIA H800 GPUs, 640 GB total GPU memory", "NVLink:
     # 400 GB/s"; the H800 SXM5 datasheet: FP64 34 (tensor 67), FP32 67, TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS
@@ -249,19 +246,23 @@ _DEVICE_LIST = (
                         "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
                3350 * GB, 81559 * MiB, description="NVIDIA H800 SXM 80 GB (Hopper, NVLink 400 GB/s)",
                roofline=_TENSOR_CORE),
+    # NVIDIA H200 product page / datasheet (2023/2024), SXM: same compute as H100 SXM (fp32 67,
+    # TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS with sparsity); 141 GB HBM3e at 4.8 TB/s.
+    # Memory: nvidia-smi 143,771 MiB (public nvidia-smi outputs, 2025-2026).
     DeviceSpec("h200", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                         "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
                4800 * GB, 143771 * MiB, description="NVIDIA H200 SXM 141 GB (Hopper)", roofline=_TENSOR_CORE),
     # NVIDIA HGX B200 specifications (NVIDIA's HGX B200 / GB200 NVL72 table, 2024-2025), per GPU: FP64/FP64
-    # tensor 37, FP32 75 TFLOPS; TF32 2.2, FP16/BF16 4.5, FP8 9 PFLOPS with sparsity; 180 GB HBM3e at 7.7 TB/s;
-    # NVLink 5 1.8 TB/s.
+    # tensor 37, FP32 75 TFLOPS; TF32 2.2, FP16/BF16 4.5, FP8 9 PFLOPS with sparsity (the catalog's dense: half,
+    # 1.1, 2.25 and 4.5 PFLOPS; Note [dense peaks]); 180 GB HBM3e at 7.7 TB/s; NVLink 5 1.8 TB/s.
     # Memory: nvidia-smi 183,359 MiB (public nvidia-smi outputs, 2025-2026).
     DeviceSpec("b200", {"fp64": 37 * TFLOPS, "fp32": 75 * TFLOPS, "tf32": 1100 * TFLOPS,
                         "fp16": 2250 * TFLOPS, "bf16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS},
                7700 * GB, 183359 * MiB, description="NVIDIA B200 180 GB (Blackwell, HGX)", roofline=_TENSOR_CORE),
     # NVIDIA GB200 NVL72 specifications (same page, 2025), per Blackwell GPU of the superchip (two per Grace
-    # CPU): FP64/FP64 tensor 40, FP32 80 TFLOPS; TF32 2.5, FP16/BF16 5, FP8 10 PFLOPS with sparsity; 186 GB HBM3e
-    # at 8 TB/s; NVLink 5 1.8 TB/s. Memory: nvidia-smi 189,471 MiB (public nvidia-smi outputs, 2025-2026).
+    # CPU): FP64/FP64 tensor 40, FP32 80 TFLOPS; TF32 2.5, FP16/BF16 5, FP8 10 PFLOPS with sparsity (dense: half,
+    # Note [dense peaks]); 186 GB HBM3e at 8 TB/s; NVLink 5 1.8 TB/s. Memory: nvidia-smi 189,471 MiB (public
+    # nvidia-smi outputs, 2025-2026).
     DeviceSpec("gb200", {"fp64": 40 * TFLOPS, "fp32": 80 * TFLOPS, "tf32": 1250 * TFLOPS,
                          "fp16": 2500 * TFLOPS, "bf16": 2500 * TFLOPS, "fp8": 5000 * TFLOPS},
                8000 * GB, 189471 * MiB, description="NVIDIA GB200, one Blackwell GPU of the superchip (NVL72)",
@@ -299,7 +300,10 @@ _DEVICE_LIST = (
 # switch all-to-all without blocking: any two GPUs of the NVLink domain copy at the GPU's full NVLink rate,
 # so one link per NVLink generation serves every pair (nvlink2 to nvlink5). Without a switch a pair has only
 # its own links: a bridged pair of PCIe cards (nvlink4-bridge), AMD's Infinity Fabric mesh (xgmi-mi300: one
-# link per pair), DGX-1's cube mesh. A GPU copying to several peers at once shares its rate among them.
+# link per pair), DGX-1's cube mesh. A GPU copying to several peers at once shares its rate among them. On a full
+# mesh a collective of the whole board runs one ring per link of a GPU at once (8 GPUs: 7 rings, each pair's link
+# in each direction used by one ring), so it reaches the sum of the GPU's links (xgmi-mi300-board); a copy between
+# two GPUs still has one link.
 _LINK_LIST = (
     # PCI Express Base Specification (PCI-SIG): 3.0 runs 8 GT/s per lane with 128b/130b encoding,
     # 16 lanes -> 8e9 * 16 * 128/130 / 8 = 15.75 GB/s per direction; 4.0 doubles it (16 GT/s,
@@ -330,6 +334,11 @@ _LINK_LIST = (
     # per direction (896 GB/s is the sum over all 7 peers).
     LinkSpec("xgmi-mi300", 5e-6, 64 * GB,
              "AMD Infinity Fabric (xGMI), MI300X/MI325X: one link per GPU pair, 128 GB/s both directions"),
+    # The same datasheets' 896 GB/s: all 7 links of a GPU on an 8-GPU board, 448 GB/s per direction, what a collective
+    # of the whole board reaches (Note [NVSwitch]: 7 rings at once, each on its own links).
+    LinkSpec("xgmi-mi300-board", 5e-6, 448 * GB,
+             "AMD Infinity Fabric (xGMI), MI300X/MI325X 8-GPU board: collectives on all 7 links (896 GB/s both "
+             "directions)"),
     # InfiniBand HDR (IBTA; NVIDIA ConnectX-6 product brief): 200 Gb/s per port = 25 GB/s.
     LinkSpec("infiniband-hdr", 5e-6, 200e9 / 8, "InfiniBand HDR, 200 Gb/s per port"),
     # InfiniBand NDR (IBTA; NVIDIA ConnectX-7 product brief, 2022): 400 Gb/s per port = 50 GB/s.

@@ -181,8 +181,8 @@ VECTOR_MATH_OPERATORS = frozenset({
 })
 
 
-# Note [fused kernels]: a fused kernel (Megatron-LM's, Note [Megatron's kernels] in :mod:`sim.planning.models.gpt`;
-# Megatron-Core's and TransformerEngine's, Note [fused kernels] in :mod:`sim.planning.models.llama`) is a custom
+# Note [fused kernels]: a fused kernel (Megatron-LM's, Megatron-Core's and TransformerEngine's, Note [fused kernels]
+# in :mod:`sim.planning.models.decoder_layers`) is a custom
 # operator, so the counter sees it whole: one kernel that reads each tensor argument and writes each output once,
 # whatever it computes inside (the scores' scale, mask and softmax in one pass). Its backward is another such
 # operator, or ATen's (dropout's backward, the bias gradient's sum). Each is named here with what bounds it, as the
@@ -202,7 +202,7 @@ FUSED_KERNELS = {
 
 
 # Note [flash attention]: FlashAttention (Dao et al., 2022; FlashAttention-2, Dao, 2023) computes causal attention
-# in tiles held on chip, one kernel each way (Note [flash attention] in :mod:`sim.planning.models.gpt`):
+# in tiles held on chip, one kernel each way (Note [flash attention] in :mod:`sim.planning.models.decoder_layers`):
 #   FLOPs     the kernel's own: 4·b·a·s²·d forward for the s×s score and output products, halved, since the causal
 #             kernel skips the tiles above the diagonal; backward 2.5 times that (five s×s-sized products to the
 #             forward's two: the scores again, dV, dP, dQ, dK). FlashAttention's benchmarks count so

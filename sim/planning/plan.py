@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from gpipe.interpreter.affinity import available_cores
 from gpipe.schedule.collector import collector_paused
+from gpipe.schedule.timeline import Timeline
 from sim.planning.partition import block_partition
 from sim.planning.request import (
     GPUS_PER_NODE,
@@ -38,12 +39,13 @@ from sim.planning.request import (
     resolve_network,
 )
 from sim.planning.rows import Plan, PlanRow
-from sim.planning.search_plan import search_rows
+from sim.planning.search_plan import SEARCHED, configuration_of, search_rows
 from sim.planning.sweep import MAX_CHUNKS, Sweep, configurations
 from sim.planning.sweep_workers import evaluate_all
 
 __all__ = ["GPUS_PER_NODE", "MAX_CHUNKS", "VIRTUAL", "Plan", "PlanRequest", "PlanRow", "block_partition",
-           "check_request", "check_tensor_parallel", "default_training", "plan", "resolve_link", "resolve_network"]
+           "check_request", "check_tensor_parallel", "default_training", "plan", "resolve_link", "resolve_network",
+           "row_timeline"]
 
 SEARCH_SECONDS = 5.0  # the solver's time for each configuration searched (its heuristic answers at once)
 
@@ -103,6 +105,24 @@ def plan(request: PlanRequest, *, progress: bool = False, workers: int | None = 
                 tuple(_mark_best(rows + searched, request.objective)), missing,
                 cluster.network.name if cluster.network else None, request.tokens_per_sample, tuple(gains),
                 len(skipped))
+
+
+def row_timeline(request: PlanRequest, row: PlanRow) -> Timeline:
+    """The simulated timeline of ``row``, a row of ``plan(request)``: its tasks, copies and data-parallel
+    collectives (:mod:`sim.core.collectives`), for a Perfetto trace or a Gantt chart.
+
+    Raises:
+        ValueError: the row was not simulated (it does not fit, or it was skipped), or it is a searched schedule's.
+    """
+    if row.schedule == SEARCHED or not row.simulated:
+        raise ValueError(f"row {row.gpus} GPUs {row.schedule} was not simulated as a named schedule; only a "
+                         "simulated row of the sweep has a timeline")
+    sweep = Sweep(request)
+    evaluated = sweep.evaluate(configuration_of(row))
+    if evaluated is None or sweep.last_timeline is None:
+        raise ValueError(f"the configuration of row {row.gpus} GPUs {row.schedule} no longer simulates: "
+                         f"{sweep.why.get(row.schedule, 'it does not fit')}")
+    return sweep.last_timeline
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, schedule_kind
 from sim.core.link import LinkSpec
+from sim.planning.context_parallel import check_context_parallel, check_splittable
 from sim.planning.counts import ModelProfile
 from sim.planning.hardware import LINKS, DeviceSpec, get_device, get_link
 from sim.planning.memory import COPY_STREAMS
@@ -90,6 +91,10 @@ def default_training(device: DeviceSpec, optimizer: str = "adam") -> Training:
 # per-layer recompute (``layers``, and ``selective`` where the model writes its attention core out) beside
 # torchgpipe's per-stage policies; and ZeRO-1 beside plain data parallelism (Megatron's distributed optimizer).
 # ZeRO-2 and -3 and sequence parallelism off stay options: they never win where ZeRO-1 fits, or cost a sweep.
+# Context parallelism is 1 unless asked (``--context-parallel``), with Megatron-Core's ring (its default
+# ``cp_comm_type``, p2p): practitioners turn it on for long sequences, whose one sample's activations do not fit a
+# pipeline stage (Llama 3 at 128K tokens; Megatron-Core's long-context recipes), and pick its degree with the
+# sequence; a sweep of every degree would multiply every other dimension's.
 PRACTICE_ZERO = (0, 1)
 
 
@@ -189,7 +194,8 @@ class PlanRequest:
         ValueError: a batch below 1 or below the chunks asked for, fewer than one GPU, an unknown checkpoint mode,
             schedule, objective or copy streams, a price below 0, a balance that does not cover the model's layers,
             a tensor-parallel degree above a node, not dividing a GPU count or without its shard's count, a model
-            counted in another precision than the policy's.
+            counted in another precision than the policy's, a context-parallel degree below 1, whose ``2c`` chunks
+            do not divide the sequence, that no GPU count takes, or of a model without FlashAttention.
     """
 
     profile: ModelProfile | Mapping[Any, ModelProfile] = field(hash=False)
@@ -249,6 +255,12 @@ class PlanRequest:
     """Tokens in one sample (a decoder's sequence), for tokens per second; ``None``: none."""
     zero: Sequence[int] = (0,)
     """ZeRO stages to try (:mod:`sim.planning.zero`); a configuration with one replica runs stage 0 only."""
+    reshard_after_forward: Sequence[bool] = (True,)
+    """ZeRO-3 only, FSDP's switch: gather each unit again before its backward (``True``, FSDP's default) and/or keep
+    the stage's units gathered from its first forward to the step's end (``False``; Note [zero traffic])."""
+    shard_group: int | None = None
+    """Hybrid sharding (HSDP): ZeRO shards within groups of this many replicas and all-reduces each reduced shard
+    across the groups; ``None``, or a group no smaller than the replicas: over all of them."""
     sequence_parallel: Sequence[bool] = (False,)
     """Sequence parallelism off and/or on, for tensor-parallel degrees above 1; on needs the counts of the
     sequence-parallel shards (keys ``(t, True)`` of ``profile``)."""
@@ -256,6 +268,14 @@ class PlanRequest:
     """After the sweep, search a schedule for this many of the fastest configurations that fit, for their own stage
     costs (Note [search in a plan] in :mod:`sim.planning.search_plan`): their rows join the plan as schedule
     ``searched`` and :attr:`~sim.planning.rows.Plan.searches` says what each gained; 0: none."""
+
+    context_parallel: Sequence[int] = (1,)
+    """Context-parallel degrees to try (:mod:`sim.planning.context_parallel`): each sample's tokens split over ``c``
+    ranks, in ``2c`` chunks that divide :attr:`tokens_per_sample`; a configuration then uses ``t * c * stages *
+    replicas`` GPUs. Above 1 it needs a decoder counted with FlashAttention."""
+    cp_comm: str = "ring"
+    """How the context-parallel ranks pass keys and values: ``ring`` (Megatron-Core's default) or ``all-gather``
+    (Llama 3's; :data:`sim.planning.context_parallel.CP_COMMS`)."""
 
     keep: int | None = None
     """Rank exactly the ``keep`` fastest configurations of each GPU count and skip those a lower bound shows cannot be
@@ -265,7 +285,8 @@ class PlanRequest:
     def __post_init__(self) -> None:
         if isinstance(self.profile, Mapping):
             object.__setattr__(self, "profile", MappingProxyType(dict(self.profile)))
-        for name in ("gpus", "checkpoints", "virtual", "zero", "sequence_parallel"):
+        for name in ("gpus", "checkpoints", "virtual", "zero", "sequence_parallel", "context_parallel",
+                     "reshard_after_forward"):
             object.__setattr__(self, name, _tuple(name, getattr(self, name)))
         for name in ("chunks", "schedules", "stages", "replicas", "tensor_parallel"):
             if getattr(self, name) is not None:
@@ -326,6 +347,11 @@ class PlanRequest:
         return shard_keys(self.degrees, self.splits)
 
     @property
+    def contexts(self) -> tuple[int, ...]:
+        """The context-parallel degrees swept, each once."""
+        return tuple(dict.fromkeys(self.context_parallel))
+
+    @property
     def layers(self) -> int:
         """The model's layers (every shard has as many)."""
         return len(self.counts[self.shards[0]])
@@ -340,6 +366,11 @@ class PlanRequest:
         if not self.splits:
             raise ValueError("sequence_parallel lists False and/or True, got none")
         check_zero_stages(self.zero)
+        if not self.reshard_after_forward or any(not isinstance(x, bool) for x in self.reshard_after_forward):
+            raise ValueError(f"reshard_after_forward lists True and/or False, got {list(self.reshard_after_forward)}")
+        group = self.shard_group
+        if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group < 1):
+            raise ValueError(f"shard_group is a number of replicas, an integer >= 1, got {group!r}")
         check_search(self.search)
         keep = self.keep
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < max(1, self.search)):
@@ -354,6 +385,14 @@ class PlanRequest:
             _check_count(counts[(t, sp)], self, policy)
         if any(len(counts[k]) != self.layers for k in self.shards):
             raise ValueError("the counts of the tensor-parallel shards have different numbers of layers")
+        check_context_parallel(self.context_parallel, self.cp_comm, self.tokens_per_sample)
+        for c in self.contexts:
+            if c > 1:
+                for k in self.shards:
+                    check_splittable(counts[k])
+            if all(g % (t * c) for t in self.degrees for g in self.gpus):
+                raise ValueError(f"context parallel {c} times each tensor-parallel degree divides none of "
+                                 f"{', '.join(map(str, self.gpus))} GPUs")
         if self.copy_streams not in COPY_STREAMS:
             raise ValueError(f"copy_streams must be one of {', '.join(COPY_STREAMS)}, got {self.copy_streams!r}")
         if self.copy_streams == "per_microbatch" and "layers" in self.checkpoints:

@@ -28,7 +28,7 @@ class PlanRow:
     """One simulated configuration.
 
     Attributes:
-        gpus: devices used (``tensor_parallel * stages * replicas``).
+        gpus: devices used (``tensor_parallel * context_parallel * stages * replicas``).
         stages: pipeline depth: devices per replica.
         replicas: data-parallel copies of the pipeline.
         chunks: micro-batches per replica per step.
@@ -61,8 +61,15 @@ class PlanRow:
             second, over the dense peak of every GPU of the configuration in the compute dtype.
         hfu: hardware FLOPs utilisation: as ``mfu`` with the recomputed forward FLOPs counted too.
         bound: what bounds the step: the largest of ``compute``, ``bubble`` (devices idle inside the pipeline),
-            ``tensor-parallel`` (its collectives), ``data-parallel`` (traffic the backward left exposed) and
-            ``optimizer``; ``memory`` for a configuration that does not fit.
+            ``tensor-parallel`` (its collectives), ``context-parallel`` (its key/value traffic that attention did not
+            hide), ``data-parallel`` (traffic the backward left exposed) and ``optimizer``; ``memory`` for a
+            configuration that does not fit.
+        context_parallel: ranks each sample's tokens are split over (:mod:`sim.planning.context_parallel`); memory,
+            model state and ``microbatch`` (in whole samples) are per rank.
+        reshard_after_forward: ZeRO-3's gathers before each backward as well as each forward (FSDP's default), or
+            once a step (Note [zero traffic] in :mod:`sim.planning.zero`).
+        shard_group: hybrid sharding's group of replicas (Note [hybrid sharding] in :mod:`sim.planning.sweep`);
+            ``None``: ZeRO shards over every replica.
     """
 
     gpus: int
@@ -94,6 +101,9 @@ class PlanRow:
     mfu: float | None = None
     hfu: float | None = None
     bound: str = ""
+    context_parallel: int = 1
+    reshard_after_forward: bool = True
+    shard_group: int | None = None
 
     @property
     def peak_memory_bytes(self) -> int:

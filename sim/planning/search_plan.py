@@ -26,18 +26,20 @@ from sim.planning.request import check_search
 from sim.planning.rows import PlanRow, SearchGain
 from sim.planning.sweep import Configuration, Sweep, make_schedule
 
-__all__ = ["SEARCHED", "search_rows"]
+__all__ = ["SEARCHED", "configuration_of", "search_rows"]
 
 #: The schedule name of a searched row.
 SEARCHED = "searched"
 #: The fields that say which configuration a row is, its schedule aside.
 _SHAPE = ("gpus", "stages", "replicas", "chunks", "checkpoint", "virtual", "tensor_parallel", "zero",
-          "sequence_parallel")
+          "sequence_parallel", "context_parallel", "reshard_after_forward", "shard_group")
 
 
-def _configuration(row: PlanRow) -> Configuration:
+def configuration_of(row: PlanRow) -> Configuration:
+    """The configuration a row of the sweep was evaluated for."""
     return Configuration(row.gpus, row.stages, row.replicas, row.chunks, row.checkpoint, row.schedule, row.virtual,
-                         row.tensor_parallel, row.zero, row.sequence_parallel)
+                         row.tensor_parallel, row.zero, row.sequence_parallel, row.context_parallel,
+                         row.reshard_after_forward, row.shard_group)
 
 
 def _why_not(row: PlanRow) -> str | None:
@@ -49,9 +51,9 @@ def _why_not(row: PlanRow) -> str | None:
 
 
 def _costs(sweep: Sweep, row: PlanRow, placement: tuple[int, ...]) -> StageCosts:
-    costs = sweep.costs[(row.tensor_parallel, row.sequence_parallel)]
+    costs = sweep.costs[configuration_of(row).count_key]
     stages = costs.stages(row.balance, row.microbatch, split=True, recompute=row.checkpoint)
-    links = sweep.cluster.stage_links(placement, row.tensor_parallel, row.stages, row.replicas)
+    links = sweep.cluster.stage_links(placement, row.tensor_parallel, row.stages, row.replicas, row.context_parallel)
     copy = max((((links[j] if links else sweep.cluster.link).transfer_seconds(s.send_bytes))
                 for j, s in enumerate(stages[:-1]) if placement[j] != placement[j + 1]), default=0.0)
     return StageCosts(tuple(s.forward for s in stages), tuple(s.backward for s in stages),
@@ -64,9 +66,9 @@ def _search_one(sweep: Sweep, row: PlanRow, time_limit: float, seed: int) -> tup
     why = _why_not(row)
     if why is not None:
         return None, SearchGain(shape, row.schedule, row.step_seconds, None, None, why)
-    placement = make_schedule(_configuration(row)).placement
+    placement = make_schedule(configuration_of(row)).placement
     costs = _costs(sweep, row, placement)
-    capacity = sweep.costs[(row.tensor_parallel, row.sequence_parallel)].device.memory_bytes
+    capacity = sweep.costs[configuration_of(row).count_key].device.memory_bytes
     free = tuple(float(capacity - (total - saved)) for total, saved in zip(row.memory_bytes, row.activation_bytes,
                                                                              strict=True))
     method = ""
@@ -76,7 +78,7 @@ def _search_one(sweep: Sweep, row: PlanRow, time_limit: float, seed: int) -> tup
         except ValueError as exc:
             method = f"not searched: {exc}"
             continue
-        searched = sweep.evaluate(replace(_configuration(row), schedule=SEARCHED), given=found.schedule)
+        searched = sweep.evaluate(replace(configuration_of(row), schedule=SEARCHED), given=found.schedule)
         method = found.method
         if searched is not None and searched.fits:
             gain = row.step_seconds / searched.step_seconds - 1 if searched.step_seconds > 0 else 0.0

@@ -1,6 +1,7 @@
 """The planner's sweep: the configurations a request spans, and one configuration evaluated.
 
-A configuration (:class:`Configuration`) is ``t x p x d`` GPUs (tensor-parallel ranks, pipeline devices, replicas),
+A configuration (:class:`Configuration`) is ``t x c x p x d`` GPUs (tensor- and context-parallel ranks, pipeline
+devices, replicas),
 a number of micro-batches, a recompute policy, a schedule and its stages per device, a ZeRO stage and sequence
 parallelism on or off. :class:`Sweep` evaluates one: balance its stages by cost, price them, replay its task
 order for memory and, if it fits, simulate it (Note [not simulated] in :mod:`sim.planning.rows`).
@@ -20,7 +21,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from gpipe.schedule import Schedule, ScheduleKind, schedule_kind
 from gpipe.schedule.timeline import Timeline
@@ -28,6 +29,8 @@ from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.planning.cluster import Cluster
+from sim.planning.collectives import allreduce_seconds
+from sim.planning.context_parallel import ContextParallel, split_sequence
 from sim.planning.costs_from_flops import FlopCosts
 from sim.planning.counts import OpTable
 from sim.planning.memory import (
@@ -45,16 +48,15 @@ from sim.planning.replicas import step_seconds
 from sim.planning.request import PlanRequest
 from sim.planning.rows import PlanRow
 from sim.planning.zero import (
-    Collective,
     Kind,
+    after_step_bytes,
     compute_copy_bytes,
     sharded_state,
-    stage_traffic,
-    stretched,
+    stage_collectives,
     transient_bytes,
 )
 
-__all__ = ["MAX_CHUNKS", "Configuration", "Sweep", "configurations"]
+__all__ = ["MAX_CHUNKS", "Configuration", "Space", "Sweep", "configurations"]
 
 MAX_CHUNKS = 128  # default sweep: powers of two up to this (a simulation grows with chunks x stages)
 # simulations kept: configurations that share one are close in the sweep's order (the schedules of one shape, then the
@@ -65,7 +67,8 @@ NAN = math.nan
 
 @dataclass(frozen=True)
 class Configuration:
-    """One point of a sweep (see the module docstring); ``gpus = tensor_parallel * stages * replicas``."""
+    """One point of a sweep (see the module docstring); ``gpus = tensor_parallel * context_parallel * stages *
+    replicas``."""
 
     gpus: int
     stages: int
@@ -77,6 +80,26 @@ class Configuration:
     tensor_parallel: int = 1
     zero: int = 0
     sequence_parallel: bool = False
+    context_parallel: int = 1
+    reshard: bool = True
+    shard_group: int | None = None
+
+    @property
+    def sharding_group(self) -> int:
+        """Ranks a ZeRO shard spans: :attr:`data_group`, or under hybrid sharding ``shard_group`` replicas' ranks."""
+        return self.data_group if self.shard_group is None else self.shard_group * self.context_parallel
+
+    @property
+    def data_group(self) -> int:
+        """Ranks that hold the same weights and reduce their gradients together: the replicas times the
+        context-parallel ranks (Megatron-Core's data-parallel group with context parallelism)."""
+        return self.replicas * self.context_parallel
+
+    @property
+    def count_key(self) -> tuple[int, bool, int]:
+        """What one GPU's count is a shard by: ``(tensor_parallel, sequence_parallel, context_parallel)``, the key
+        of :attr:`Sweep.costs`."""
+        return self.tensor_parallel, self.sequence_parallel, self.context_parallel
 
 
 # Note [virtual stages]: a schedule registered with a layout (``ScheduleKind.place``: several stages per device)
@@ -100,8 +123,46 @@ def _virtuals(kind: ScheduleKind, depth: int, layers: int, virtual: Sequence[int
     return out
 
 
-def configurations(request: PlanRequest, why: dict[str, str]) -> list[Configuration]:
-    """Every configuration of ``request``, under its constraints: ``t`` divides the GPU count, a pipeline has at
+class Space(Protocol):
+    """What :func:`configurations` reads of a request: a :class:`PlanRequest`, or the CLI's options before the model
+    is counted (:class:`sim.planning.sweep_size.SweepSpace`, which prices the sweep before it runs)."""
+
+    @property
+    def batch(self) -> int: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def gpus(self) -> Sequence[int]: ...
+    @property
+    def degrees(self) -> Sequence[int]: ...
+    @property
+    def contexts(self) -> Sequence[int]: ...
+    @property
+    def splits(self) -> Sequence[bool]: ...
+    @property
+    def checkpoints(self) -> Sequence[str]: ...
+    @property
+    def schedule_names(self) -> Sequence[str]: ...
+    @property
+    def virtual(self) -> Sequence[int]: ...
+    @property
+    def zero(self) -> Sequence[int]: ...
+    @property
+    def chunks(self) -> Sequence[int] | None: ...
+    @property
+    def stages(self) -> Sequence[int] | None: ...
+    @property
+    def replicas(self) -> Sequence[int] | None: ...
+    @property
+    def balance(self) -> Sequence[int] | None: ...
+    @property
+    def reshard_after_forward(self) -> Sequence[bool]: ...
+    @property
+    def shard_group(self) -> int | None: ...
+
+
+def configurations(request: Space, why: dict[str, str]) -> list[Configuration]:
+    """Every configuration of ``request``, under its constraints: ``t * c`` divides the GPU count, a pipeline has at
     most one device per layer, a replica at least one sample and a micro-batch at least one; sequence parallelism
     only with ``t > 1`` and ZeRO only with replicas to shard over (``why`` collects each schedule's refusals)."""
     batch, layers, chunks, stages, replicas = (request.batch, request.layers, request.chunks, request.stages,
@@ -109,8 +170,9 @@ def configurations(request: PlanRequest, why: dict[str, str]) -> list[Configurat
     pinned = len(request.balance) if request.balance is not None else None
     out: list[Configuration] = []
     kinds = [schedule_kind(s) for s in request.schedule_names]
-    for t, g in ((t, g) for t in request.degrees for g in request.gpus if g % t == 0):
-        pipelines = g // t  # devices per tensor-parallel rank
+    for t, c, g in ((t, c, g) for t in request.degrees for c in request.contexts for g in request.gpus
+                    if g % (t * c) == 0):
+        pipelines = g // (t * c)  # devices per tensor- and context-parallel rank
         sps = [sp for sp in request.splits if t > 1 or not sp] or [False]
         for n in (s for s in range(1, min(pipelines, layers) + 1)
                   if pipelines % s == 0 and (stages is None or s in stages)):
@@ -118,6 +180,13 @@ def configurations(request: PlanRequest, why: dict[str, str]) -> list[Configurat
             if r > batch or (replicas is not None and r not in replicas):
                 continue
             zs = [z for z in dict.fromkeys(request.zero) if r > 1 or z == 0] or [0]
+            # hybrid sharding (Note [hybrid sharding]): a group of at least the replicas is plain sharding; one that
+            # does not divide them is no layout (skipped, as a tensor-parallel degree that divides no GPU count is)
+            group = request.shard_group if request.shard_group is not None and request.shard_group < r else None
+            if group is not None and r % group:
+                continue
+            zeros = [(z, reshard) for z in zs
+                     for reshard in (dict.fromkeys(request.reshard_after_forward) if z == 3 else (True,))]
             per_replica = math.ceil(batch / r)
             ms = chunks if chunks is not None else [2**k for k in range(8) if 2**k <= min(per_replica, MAX_CHUNKS)]
             vs = [(k.name, [v for v in _virtuals(k, n, layers, request.virtual, why) if pinned in (None, v * n)])
@@ -125,8 +194,9 @@ def configurations(request: PlanRequest, why: dict[str, str]) -> list[Configurat
             for m in ms:
                 if m > per_replica:
                     continue
-                out.extend(Configuration(g, n, r, m, ck, s, v, t, z, sp)
-                           for ck in request.checkpoints for s, each in vs for v in each for sp in sps for z in zs)
+                out.extend(Configuration(g, n, r, m, ck, s, v, t, z, sp, c, reshard, group if z else None)
+                           for ck in request.checkpoints for s, each in vs for v in each for sp in sps
+                           for z, reshard in zeros)
     return out
 
 
@@ -149,7 +219,7 @@ def _per_device(values: Sequence[float], placement: Sequence[int], devices: int)
 class Sweep:
     """Evaluates the configurations of one request, reusing what repeats (Note [reuse in a sweep]): its counts priced
     on the device (one :class:`~sim.planning.costs_from_flops.FlopCosts` per ``(tensor_parallel,
-    sequence_parallel)`` count, :attr:`costs`) and laid out on the machine (:attr:`cluster`).
+    sequence_parallel, context_parallel)`` count, :attr:`costs`) and laid out on the machine (:attr:`cluster`).
 
     Raises:
         KeyError: the device has no peak for the policy's dtype, or its roofline lacks an operator the model runs
@@ -161,9 +231,11 @@ class Sweep:
         device, policy, link = request.device_spec, request.policy, request.link_spec
         counts = request.counts
         self.request = request
-        self.costs = {k: FlopCosts(counts[k], device, policy, request.kernel_seconds, tensor_link=link)
-                      for k in request.shards}
         self.cluster = Cluster(link, request.gpus_per_node, request.network_spec, request.network_ports)
+        self.costs = {(t, sp, c): FlopCosts(split_sequence(counts[(t, sp)], c), device, policy, request.kernel_seconds,
+                                            tensor_link=link,
+                                            context=ContextParallel.on(self.cluster, t, c, request.cp_comm))
+                      for t, sp in request.shards for c in request.contexts}
         self.batch, self.price = request.batch, request.price_per_gpu_hour
         self.pinned = None if request.balance is None else tuple(request.balance)
         self.copy_streams, self.tokens = request.copy_streams, request.tokens_per_sample
@@ -174,8 +246,9 @@ class Sweep:
         self._given: dict[int, Schedule] = {}  # held, so that no other schedule takes an id a timeline is kept by
         self._stages: dict[tuple[object, ...], tuple[StageCost, ...]] = {}
         self._timelines: dict[tuple[object, ...], Timeline] = {}  # the latest (Note [reuse in a sweep])
+        self.last_timeline: Timeline | None = None  # of the configuration evaluated last, if it was simulated
         self._tasks: dict[tuple[object, ...], list[Schedule]] = {}  # schedules by (m, n, devices, checkpoint)
-        self._counted: dict[tuple[int, bool], tuple[tuple[float, float], ...]] = {}
+        self._counted: dict[tuple[int, bool, int], tuple[tuple[float, float], ...]] = {}
         self._work: dict[tuple[object, ...], tuple[float, float]] = {}  # floor's: a micro-batch's compute, its chain
 
     def _canonical(self, schedule: Schedule) -> Schedule:
@@ -193,7 +266,7 @@ class Sweep:
         if self.pinned is not None:
             return self.pinned
         n = p.stages * p.virtual
-        key = (p.tensor_parallel, p.sequence_parallel, n, mb, p.checkpoint,
+        key = (p.count_key, n, mb, p.checkpoint,
                p.chunks if p.checkpoint == "except_last" else 0)
         if key not in self._balances:
             fwd, bwd = costs.layer_seconds(mb)
@@ -208,11 +281,11 @@ class Sweep:
         and input-gradient chain through every stage, whichever is longer. Cheap: no balance, schedule or replay."""
         per_replica = math.ceil(self.batch / p.replicas)
         mb = -(-per_replica // p.chunks)
-        key = (p.tensor_parallel, p.sequence_parallel, mb, p.checkpoint,
+        key = (p.count_key, mb, p.checkpoint,
                p.chunks if p.checkpoint == "except_last" else 0)
         work = self._work.get(key)
         if work is None:
-            costs = self.costs[(p.tensor_parallel, p.sequence_parallel)]
+            costs = self.costs[p.count_key]
             fwd, bwd = costs.layer_seconds(mb)
             core = float(costs.core_seconds(mb).sum()) if p.checkpoint == "selective" else 0.0
             spread = float(fwd.sum()) * (1 + recompute_fraction(p.checkpoint, p.chunks)) + float(bwd.sum()) + core
@@ -234,18 +307,19 @@ class Sweep:
                 self._schedules[shape] = self._canonical(make_schedule(p))
             except ValueError as exc:  # a shape the generator does not take (e.g. chunks not a multiple of devices)
                 self._schedules[shape] = str(exc)
+        self.last_timeline = None
         schedule = self._schedules[shape] if given is None else self._given.setdefault(id(given), given)
         if isinstance(schedule, str):
             self.why[p.schedule] = schedule
             return None
-        costs = self.costs[(p.tensor_parallel, p.sequence_parallel)]
+        costs = self.costs[p.count_key]
         per_replica = math.ceil(self.batch / p.replicas)
         q, rem = divmod(per_replica, p.chunks)
         mb = q + (1 if rem else 0)
         scale = tuple((q + (1 if i < rem else 0)) / mb for i in range(p.chunks)) if rem else ()
         balance = self._balance(p, costs, mb)
         split = schedule.splits_weight_gradient
-        key = (p.tensor_parallel, p.sequence_parallel, balance, mb, split, p.checkpoint)
+        key = (p.count_key, balance, mb, split, p.checkpoint)
         if key not in self._stages:
             self._stages[key] = costs.stages(balance, mb, split, p.checkpoint)
         whole = self._stages[key]  # each stage's model state unsharded
@@ -253,14 +327,16 @@ class Sweep:
         working = stage_working_bytes(costs.profile, balance, mb)
         backward = stage_backward_working_bytes(costs.profile, balance, mb, costs.training.gradient_bytes)
         stages: Sequence[StageCost] = whole
-        if p.zero and p.replicas > 1:
-            stages, working, backward = self._sharded(p, costs, balance, whole, working, backward, placement, split)
+        if p.data_group > 1:
+            stages, working, backward = self._sharded(p, costs, balance, mb, whole, working, backward, placement)
         state = [int(x) for x in _per_device([s.model_state_bytes for s in stages], placement, devices)]
         limit = costs.device.memory_bytes
         base: dict[str, Any] = dict(gpus=p.gpus, stages=p.stages, replicas=p.replicas, chunks=p.chunks, microbatch=mb,
                                     checkpoint=p.checkpoint, schedule=p.schedule, balance=balance, virtual=p.virtual,
                                     parameters=costs.profile.parameters, tensor_parallel=p.tensor_parallel,
-                                    zero=p.zero, sequence_parallel=p.sequence_parallel, model_state_bytes=tuple(state))
+                                    zero=p.zero, reshard_after_forward=p.reshard, shard_group=p.shard_group,
+                                    sequence_parallel=p.sequence_parallel, model_state_bytes=tuple(state),
+                                    context_parallel=p.context_parallel)
         if max(state) > limit:  # Note [not simulated]: the model state alone does not fit
             parts = [_state_only(stages, schedule.stages_on(d)) for d in range(devices)]
             return PlanRow(step_seconds=NAN, throughput=NAN, bubble_fraction=NAN,
@@ -273,9 +349,10 @@ class Sweep:
             return PlanRow(step_seconds=NAN, throughput=NAN, bubble_fraction=NAN, memory_bytes=memory,
                            activation_bytes=tuple(x.saved for x in parts), fits=False, memory_parts=tuple(parts),
                            simulated=False, bound="memory", **base)
-        links = self.cluster.stage_links(placement, p.tensor_parallel, p.stages, p.replicas)
-        stretched = p.zero == 3 and p.replicas > 1  # its tasks last as long as their gathers (sim.planning.zero)
-        sim_key = (id(schedule), key, scale, links, p.replicas if stretched else 0)
+        links = self.cluster.stage_links(placement, p.tensor_parallel, p.stages, p.replicas, p.context_parallel)
+        # the collectives are part of the simulation (sim.planning.zero.stage_collectives)
+        sim_key = (id(schedule), key, scale, links,
+                   (p.data_group, p.zero, p.reshard, p.shard_group) if p.data_group > 1 else None)
         timeline = self._timelines.get(sim_key)
         if timeline is None:
             cost = CostModel(tuple(stages), copy_seconds=None, microbatch_scale=scale)
@@ -284,13 +361,13 @@ class Sweep:
             if len(self._timelines) >= TIMELINES_KEPT:
                 self._timelines.pop(next(iter(self._timelines)))
             self._timelines[sim_key] = timeline
+        self.last_timeline = timeline
         updates = _per_device(costs.update_seconds(balance), placement, devices)
-        step, exposed = step_seconds(
-            schedule, timeline, [s.gradient_bytes for s in whole], updates, p.replicas, self.cluster.link,
-            self._collective(p, "allreduce_seconds"), zero=p.zero,
-            parameter_bytes=[compute_copy_bytes(n, costs.training) for n in costs.stage_parameters(balance)],
-            reduce_scatter=self._collective(p, "reduce_scatter_seconds"),
-            allgather=self._collective(p, "allgather_seconds"))
+        gather = self._collective(p, "allgather_seconds", sharding=True)
+        after = [after_step_bytes(compute_copy_bytes(n, costs.training), p.zero, p.sharding_group)
+                 for n in costs.stage_parameters(balance)]
+        step, exposed = step_seconds(timeline, updates, p.sharding_group, p.zero, [
+            sum(gather(after[j], d) for j in schedule.stages_on(d) if after[j]) for d in range(devices)])
         throughput = self.batch / step if step > 0 else math.inf
         dollars = p.gpus * self.price / 3600 * 1e6 / throughput if self.price is not None else None
         activations = tuple(timeline.peak_memory(d) for d in range(devices))
@@ -301,39 +378,57 @@ class Sweep:
                                           timeline),
                        **base)
 
-    def _collective(self, p: Configuration, name: str) -> Callable[[float, int], float]:
-        """``(bytes, device) -> seconds`` of the cluster's collective ``name`` in ``p``'s data-parallel groups."""
+    def _collective(self, p: Configuration, name: str, sharding: bool = False) -> Callable[[float, int], float]:
+        """``(bytes, device) -> seconds`` of the cluster's collective ``name`` in ``p``'s data-parallel groups: its
+        replicas times its context-parallel ranks, which hold the same weights (Megatron-Core reduces gradients over
+        the data-and-context-parallel group); with ``sharding`` under hybrid sharding, in a sharding group of
+        ``shard_group`` consecutive replicas."""
         method = getattr(self.cluster, name)
-        return lambda nbytes, device: method(nbytes, p.tensor_parallel, p.stages, p.replicas, device)
+        replicas = p.shard_group if sharding and p.shard_group is not None else p.replicas
+        return lambda nbytes, device: method(nbytes, p.tensor_parallel, p.stages, replicas, device,
+                                             p.context_parallel)
 
-    def _in_task(self, p: Configuration, device: int) -> Callable[[Collective], float]:
-        """Seconds of one of ZeRO-3's collectives inside a task on pipeline device ``device``."""
-        rs, ag = self._collective(p, "reduce_scatter_seconds"), self._collective(p, "allgather_seconds")
+    def _across_groups(self, p: Configuration) -> Callable[[float], float] | None:
+        """Under hybrid sharding, ``bytes -> seconds`` of the all-reduce of a reduced shard across the sharding
+        groups; ``None`` without it.
 
-        def seconds(c: Collective) -> float:
-            return (rs if c.kind is Kind.REDUCE_SCATTER else ag)(c.nbytes, device)
-        return seconds
+        Note [hybrid sharding]: the groups' members at one position sit a sharding group apart, which fills a node
+        or more where hybrid sharding is worth it, so the ring runs on the network (one GPU's share of its node's
+        ports) when there is one, else on the link."""
+        if p.shard_group is None or not p.zero:
+            return None
+        link = self.cluster.nic or self.cluster.link
+        groups = p.data_group // p.sharding_group
+        return lambda nbytes: allreduce_seconds(nbytes, groups, link)
 
-    def _sharded(self, p: Configuration, costs: FlopCosts, balance: tuple[int, ...], whole: Sequence[StageCost],
-                 working: Sequence[int], backward: Sequence[int], placement: Sequence[int],
-                 split: bool) -> tuple[list[StageCost], list[int], list[int]]:
-        """Stages, working sets and backward working sets under ``p``'s ZeRO stage (:mod:`sim.planning.zero`): the
-        model state a device holds of each stage, what the stage's tasks hold besides (a gathered layer, a gradient
-        bucket; unscaled by an uneven micro-batch, a bound), and under ZeRO-3 each task as long as its gathers."""
+    def _sharded(self, p: Configuration, costs: FlopCosts, balance: tuple[int, ...], mb: int,
+                 whole: Sequence[StageCost], working: Sequence[int], backward: Sequence[int],
+                 placement: Sequence[int]) -> tuple[list[StageCost], list[int], list[int]]:
+        """Stages, working sets and backward working sets of ``p``'s replicas (:mod:`sim.planning.zero`): the model
+        state a device holds of each stage under the ZeRO stage, what the stage's tasks hold besides (a gathered
+        layer, a gradient bucket; unscaled by an uneven micro-batch, a bound), and the stage's collectives."""
         training, layers = costs.training, costs.profile.layers
+        forward = costs.layer_seconds(mb)[0]
         bounds = [0, *itertools.accumulate(balance)]
+        prices = {kind: self._collective(p, name, sharding=p.zero > 0) for kind, name in (
+            (Kind.ALL_REDUCE, "allreduce_seconds"), (Kind.REDUCE_SCATTER, "reduce_scatter_seconds"),
+            (Kind.ALL_GATHER, "allgather_seconds"))}
+        group = p.sharding_group if p.zero else p.data_group
+        across = self._across_groups(p)
         stages, work, back = [], [], []
         for j, stage in enumerate(whole):
             own = [x.parameters for x in layers[bounds[j]:bounds[j + 1]]]
-            held = sharded_state(stage, sum(own), training, p.zero, p.replicas)
-            extra = transient_bytes(own, training, p.zero, p.replicas)
-            stage = replace(stage, parameter_bytes=held.parameters, gradient_bytes=held.gradients,
-                            optimizer_bytes=held.optimizer)
-            if p.zero == 3:
-                traffic = stage_traffic(whole[j].gradient_bytes, compute_copy_bytes(sum(own), training), p.zero,
-                                        p.replicas)
-                stage = stretched(stage, traffic, split, self._in_task(p, placement[j]))
-            stages.append(stage)
+            device = placement[j]
+            held = sharded_state(stage, sum(own), training, p.zero, group)
+            extra = transient_bytes(own, training, p.zero, group, reshard_after_forward=p.reshard)
+
+            def price(kind: Kind, nbytes: float, d: int = device) -> float:
+                return prices[kind](nbytes, d)
+            collectives = stage_collectives(own, [float(x) for x in forward[bounds[j]:bounds[j + 1]]], training,
+                                            p.zero, p.data_group, price, reshard_after_forward=p.reshard,
+                                            shard=group, replicate=across)
+            stages.append(replace(stage, parameter_bytes=held.parameters, gradient_bytes=held.gradients,
+                                  optimizer_bytes=held.optimizer, collectives=collectives))
             work.append(working[j] + extra.forward)
             back.append(backward[j] + extra.backward)
         return stages, work, back
@@ -341,7 +436,7 @@ class Sweep:
     def _flops(self, p: Configuration, costs: FlopCosts) -> tuple[float, float]:
         """A step's model FLOPs (forward and backward, every rank) and the FLOPs its recompute adds."""
         profile = costs.profile
-        key = (p.tensor_parallel, p.sequence_parallel)
+        key = p.count_key
         if key not in self._counted:
             def per_step(tables: Sequence[OpTable]) -> tuple[float, float]:  # (fixed, per sample)
                 return (sum(float(t.flops[:, 0].sum()) for t in tables),
@@ -351,10 +446,11 @@ class Sweep:
                                   per_step([x.backward for x in profile.layers]),
                                   per_step([core_table(x.forward, core) for x in profile.layers] if core else []))
         fwd, bwd, core_fwd = self._counted[key]
-        runs = p.chunks * p.replicas * p.tensor_parallel  # micro-batches of every rank in a step
+        ranks = p.tensor_parallel * p.context_parallel  # of a pipeline device, each running its own count
+        runs = p.chunks * p.replicas * ranks  # micro-batches of every rank in a step
 
         def total(q: tuple[float, float]) -> float:
-            return q[0] * runs + q[1] * self.batch * p.tensor_parallel
+            return q[0] * runs + q[1] * self.batch * ranks
 
         recomputed = total(fwd) * recompute_fraction(p.checkpoint, p.chunks)
         if p.checkpoint == "selective":
@@ -368,9 +464,11 @@ class Sweep:
         peak = p.gpus * costs.device.peak_flops.get(costs.training.compute.lower(), NAN) * step
         busy = max(timeline.busy(d) for d in range(timeline.num_devices))
         fwd, bwd = costs.layer_seconds(mb)
-        collective = sum(float(x.sum()) for x in costs.collective_seconds(mb)) / max(float(fwd.sum() + bwd.sum()),
-                                                                                     1e-300)
-        parts = {"compute": busy * (1 - collective), "tensor-parallel": busy * collective,
+        whole = max(float(fwd.sum() + bwd.sum()), 1e-300)
+        collective = sum(float(x.sum()) for x in costs.collective_seconds(mb)) / whole
+        context = sum(float(x.sum()) for x in costs.context_seconds(mb)) / whole
+        parts = {"compute": busy * (1 - collective - context), "tensor-parallel": busy * collective,
+                 "context-parallel": busy * context,
                  "bubble": timeline.end - timeline.start - busy, "data-parallel": exposed, "optimizer": update}
         return {"tokens_per_second": throughput * self.tokens if self.tokens else None,
                 "mfu": model / peak if peak > 0 else None, "hfu": (model + recomputed) / peak if peak > 0 else None,

@@ -10,19 +10,20 @@ DeepSpeed, Megatron-LM's distributed optimizer (stage 1) and PyTorch FSDP (stage
     2      ... and gradients               2 Psi + (2 + K) Psi / d
     3      ... and the 16-bit parameters   (2 + 2 + K) Psi / d
 
-Traffic, per pipeline stage and step (Note [zero traffic]); ``d = 1`` shards nothing and sends nothing::
+Traffic, per pipeline stage and step (Note [zero traffic]), unit by unit (Note [units]); ``d = 1`` shards nothing
+and sends nothing::
 
-    ZeRO   gradients                                parameters (the 16-bit copy)
-    0      all-reduce after the last backward       -
-    1      reduce-scatter after the last backward   all-gather after the optimizer step (exposed)
-    2      reduce-scatter after every backward      all-gather after the optimizer step (exposed)
-    3      reduce-scatter inside every backward     all-gather inside every forward and every backward
+    ZeRO   gradients                                   parameters (the 16-bit copy)
+    0      all-reduce as the last backward makes them  -
+    1      reduce-scatter, as stage 0                   all-gather after the optimizer step (exposed)
+    2      reduce-scatter after every backward          all-gather after the optimizer step (exposed)
+    3      reduce-scatter after every backward          all-gather before every forward and (resharded) backward
 
 A sweep takes each pipeline stage's :func:`sharded_state` as its model state (``MemoryParts``' parameters,
-gradients, optimizer), adds :func:`transient_bytes` to its forward and backward working sets, stretches its tasks
-by the collectives inside them (:func:`stretched`, only ZeRO-3 has any) before simulating, and gives ``zero`` and
-each stage's :func:`compute_copy_bytes` to :func:`sim.planning.replicas.step_seconds`, which schedules the
-collectives between tasks (:attr:`When.in_task` false) on each device's link.
+gradients, optimizer), adds :func:`transient_bytes` to its forward and backward working sets, and gives the stage
+its :func:`stage_collectives`: tasks on its device's communication stream in the simulation
+(:mod:`sim.core.collectives`), so the timeline holds every collective; :func:`sim.planning.replicas.step_seconds`
+adds the optimizer step and the gather after it (:func:`after_step_bytes`).
 """
 
 from __future__ import annotations
@@ -30,18 +31,17 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from gpipe.schedule import Op
-from sim.core.cost import StageCost
+from sim.core.collectives import Gather, StageCollectives, Unit
 
 if TYPE_CHECKING:
     from sim.planning.training import Training
 
-__all__ = ["REDUCE_BUCKET_ELEMENTS", "ZERO_STAGES", "Collective", "Kind", "ModelState", "StageBytes", "Transient",
-           "When", "check_zero", "compute_copy_bytes", "sharded_state", "stage_traffic", "stretched", "task_seconds",
-           "transient_bytes"]
+__all__ = ["REDUCE_BUCKET_ELEMENTS", "UNIT_FRACTION", "ZERO_STAGES", "Kind", "ModelState", "StageBytes", "Transient",
+           "after_step_bytes", "check_shard", "check_zero", "compute_copy_bytes", "sent_per_step", "sharded_state",
+           "stage_collectives", "transient_bytes", "units"]
 
 #: The ZeRO stages: 0 plain data parallelism, 1 optimizer state, 2 and gradients, 3 and parameters.
 ZERO_STAGES = (0, 1, 2, 3)
@@ -153,7 +153,7 @@ class Transient:
 # 16-bit parameters of the layer it computes and of the next one, prefetched: FSDP's ``limit_all_gathers`` (on by
 # default) allows two layers' all-gathers in flight. Stages 0 and 1 accumulate into the persistent gradients.
 def transient_bytes(layer_parameters: Sequence[int], training: Training, zero: int, replicas: int,
-                    bucket_elements: int = REDUCE_BUCKET_ELEMENTS) -> Transient:
+                    bucket_elements: int = REDUCE_BUCKET_ELEMENTS, *, reshard_after_forward: bool = True) -> Transient:
     """What ZeRO adds to a stage's working set (Note [buckets]); the caller adds it to each task's working bytes.
 
     Args:
@@ -162,6 +162,8 @@ def transient_bytes(layer_parameters: Sequence[int], training: Training, zero: i
         zero: a stage of :data:`ZERO_STAGES`.
         replicas: ``d``; with 1 nothing is sharded, so nothing is gathered or bucketed.
         bucket_elements: gradient elements a bucket holds.
+        reshard_after_forward: ZeRO-3 only; ``False`` keeps the stage's whole compute copy gathered through the
+            step (Note [zero traffic]).
 
     Raises:
         ValueError: an unknown stage or ``replicas < 1``.
@@ -173,7 +175,8 @@ def transient_bytes(layer_parameters: Sequence[int], training: Training, zero: i
     if zero == 2:
         return Transient(backward=bucket)
     pairs = [a + b for a, b in itertools.pairwise(layer_parameters)]
-    gathered = compute_copy_bytes(max(pairs or layer_parameters or [0]), training)
+    held = max(pairs or layer_parameters or [0]) if reshard_after_forward else sum(layer_parameters)
+    gathered = compute_copy_bytes(held, training)
     return Transient(forward=gathered, backward=gathered + bucket)
 
 
@@ -188,116 +191,126 @@ class Kind(str, enum.Enum):
         return self.value
 
 
-class When(str, enum.Enum):
-    """When a collective runs in a step. A *gradient task* is ``B``, or ``W`` where the schedule splits it off."""
-
-    LAST_GRADIENT = "after the stage's last gradient task"
-    EACH_GRADIENT = "after each gradient task"
-    AFTER_STEP = "after the optimizer step"
-    FORWARD = "inside each F and R"
-    BACKWARD = "inside each B"
-    GRADIENT = "inside each gradient task"
-
-    @property
-    def in_task(self) -> bool:
-        """Inside a task (it stretches the task, :func:`stretched`) rather than queued on the link after one."""
-        return self in (When.FORWARD, When.BACKWARD, When.GRADIENT)
-
-    def __str__(self) -> str:
-        return self.value
+#: A unit is closed once it holds this fraction of the stage's largest layer's parameters (Note [units]).
+UNIT_FRACTION = 0.5
 
 
-@dataclass(frozen=True)
-class Collective:
-    """One collective of a stage's data-parallel group.
+# Note [units]: FSDP wraps each transformer block as a unit and leaves the small layers (embedding dropout, final
+# norm) to the root unit; DDP and Megatron's distributed optimizer fill gradient buckets in the backward's order.
+# Here consecutive layers join one unit until it holds half the stage's largest layer: blocks are a unit each, and
+# a norm does not pay a collective's latency alone (which over 64 replicas is 63 link latencies, more than its
+# bytes take). A unit computes its layers' share of every task's seconds.
+def units(layer_parameters: Sequence[int], layer_shares: Sequence[float]) -> list[tuple[int, float]]:
+    """The stage's units as ``(parameters, share of compute)``, in forward order (Note [units]).
 
-    Attributes:
-        kind: all-reduce, reduce-scatter or all-gather.
-        nbytes: the unsharded tensor's bytes (a reduce-scatter's input, an all-gather's output).
-        when: where in the step it runs, once per step or once per task.
-    """
-
-    kind: Kind
-    nbytes: float
-    when: When
-
-    def per_step(self, micro_batches: int, recomputes: int = 0) -> int:
-        """How many times it runs in a step of ``micro_batches`` with ``recomputes`` ``R`` tasks of the stage."""
-        if self.when in (When.LAST_GRADIENT, When.AFTER_STEP):
-            return 1
-        return micro_batches + (recomputes if self.when is When.FORWARD else 0)
-
-    def sent_bytes(self, replicas: int) -> float:
-        """Bytes each device sends once: ``(d - 1) / d`` of ``nbytes`` (twice for an all-reduce), as a ring does."""
-        share = (replicas - 1) / replicas * self.nbytes
-        return 2 * share if self.kind is Kind.ALL_REDUCE else share
-
-    def __str__(self) -> str:
-        return f"{self.kind} of {self.nbytes} B {self.when}"
+    ``layer_shares``: each layer's share of the stage's compute (forward seconds), summing to 1, or all 0 (the
+    parameters' shares are used then)."""
+    if len(layer_parameters) != len(layer_shares):
+        raise ValueError(f"{len(layer_parameters)} layers' parameters but {len(layer_shares)} shares")
+    total = sum(layer_shares)
+    shares = [x / total for x in layer_shares] if total > 0 else \
+        [n / sum(layer_parameters) if sum(layer_parameters) else 1 / len(layer_parameters) for n in layer_parameters]
+    least = UNIT_FRACTION * max(layer_parameters, default=0)
+    out: list[tuple[int, float]] = []
+    held, share = 0, 0.0
+    for n, x in zip(layer_parameters, shares, strict=True):
+        held, share = held + n, share + x
+        if held >= least and held:
+            out.append((held, share))
+            held, share = 0, 0.0
+    if out and (held or share):
+        last = out.pop()
+        out.append((last[0] + held, last[1] + share))
+    elif not out:
+        out.append((held, share or 1.0))
+    return out
 
 
-# Note [zero traffic]: the choices where implementations differ.
-# - Gradients: stage 0 all-reduces and stage 1 reduce-scatters once, when the last micro-batch's gradients are
-#   accumulated (DDP under no_sync, Megatron's distributed optimizer). Stage 2 reduce-scatters every micro-batch
-#   and accumulates only its shard: DeepSpeed reduces at every micro-step for stages >= 2 (its engine's
-#   allreduce_gradients), FSDP unless under no_sync, which would accumulate unsharded gradients and lose stage 2's
-#   saving. So with m micro-batches stage 2 sends m reduce-scatters a step (this is why DeepSpeed's pipeline engine
-#   refuses stages 2 and 3), and its memory holds the shard plus a bucket (Note [buckets]).
+# Note [zero traffic]: the choices where implementations differ. Each is a collective task on the device's
+# communication stream (sim.core.collectives), unit by unit.
+# - Gradients: stage 0 all-reduces and stage 1 reduce-scatters each unit's gradients as the stage's last gradient
+#   task computes that unit (DDP under no_sync, overlapping the last backward bucket by bucket; Megatron's
+#   distributed optimizer). Stages 2 and 3 reduce-scatter every micro-batch and accumulate only their shard:
+#   DeepSpeed reduces at every micro-step for stages >= 2 (its engine's allreduce_gradients), FSDP unless under
+#   no_sync, which would accumulate unsharded gradients and lose the saving; its memory holds the shard plus a
+#   bucket (Note [buckets]).
 # - The updated 16-bit parameters of stages 1 and 2 are all-gathered after the optimizer step and counted exposed,
 #   as DeepSpeed's step does and Megatron does without --overlap-param-gather (which hides it behind the next
-#   forward): the default of both.
-# - Stage 3 gathers the stage's parameters before every F, R and B of every micro-batch (they are released after
-#   use, Note [buckets]) and reduce-scatters the gradients inside every gradient task; prefetching overlaps the
-#   gathers with compute, so a task lasts max(compute, its collectives). Its volume for one micro-batch is 1.5
-#   times the all-reduce's (section 7.2.2): two all-gathers and a reduce-scatter, each half an all-reduce.
-def stage_traffic(gradient_bytes: float, gathered_bytes: float, zero: int, replicas: int) -> tuple[Collective, ...]:
-    """One stage's data-parallel collectives in a step (Note [zero traffic]); none with one replica.
+#   forward): the default of both (:func:`after_step_bytes`).
+# - Stage 3 gathers each unit before every F, R and, resharded after the forward (FSDP's default), B, one unit
+#   prefetched; W reads no weights. Without resharding after the forward a pipeline would keep the gathered units
+#   from one micro-batch's F to its B while the next ones run, so it gathers each unit once a step, before the
+#   stage's first F, and keeps the stage's compute copy whole until the step ends (Transient).
+# - Hybrid sharding (HSDP): the shards and the collectives above run in groups of ``shard`` replicas; after the
+#   stage's last gradient task each unit's reduced shard is all-reduced across the ``replicas / shard`` groups.
+def stage_collectives(layer_parameters: Sequence[int], layer_shares: Sequence[float], training: Training,
+                      zero: int, replicas: int, price: Callable[[Kind, float], float], *,
+                      reshard_after_forward: bool = True, shard: int | None = None,
+                      replicate: Callable[[float], float] | None = None) -> StageCollectives | None:
+    """A stage's data-parallel collectives as tasks (Note [zero traffic]); ``None`` with one replica.
 
     Args:
-        gradient_bytes: the stage's unsharded gradient bytes (``StageCost.gradient_bytes``).
-        gathered_bytes: the stage's unsharded compute copy (:func:`compute_copy_bytes`).
+        layer_parameters: parameters of each of the stage's layers, in order.
+        layer_shares: each layer's share of the stage's compute (Note [units]).
+        training: the policy (bytes of a gradient and of the compute copy).
         zero: a stage of :data:`ZERO_STAGES`.
-        replicas: ``d``.
+        replicas: ``d``, the data-parallel group.
+        price: ``(kind, bytes) -> seconds`` of one collective in the stage's sharding group (of ``shard`` replicas).
+        reshard_after_forward: ZeRO-3 only: gather again before each ``B`` (FSDP's default), or once a step.
+        shard: the sharding group's size, a divisor of ``replicas``; ``None``: all of them.
+        replicate: ``bytes -> seconds`` of the all-reduce across the ``replicas / shard`` groups; needed when
+            ``shard < replicas``.
 
     Raises:
-        ValueError: an unknown stage or ``replicas < 1``.
+        ValueError: an unknown stage, ``replicas < 1``, or a ``shard`` that does not divide ``replicas``.
     """
     check_zero(zero, replicas)
+    group = check_shard(shard, replicas)
     if replicas == 1:
-        return ()
-    rs, ag = Kind.REDUCE_SCATTER, Kind.ALL_GATHER
-    if zero == 0:
-        return (Collective(Kind.ALL_REDUCE, gradient_bytes, When.LAST_GRADIENT),)
-    if zero == 1:
-        return Collective(rs, gradient_bytes, When.LAST_GRADIENT), Collective(ag, gathered_bytes, When.AFTER_STEP)
-    if zero == 2:
-        return Collective(rs, gradient_bytes, When.EACH_GRADIENT), Collective(ag, gathered_bytes, When.AFTER_STEP)
-    return (Collective(ag, gathered_bytes, When.FORWARD), Collective(ag, gathered_bytes, When.BACKWARD),
-            Collective(rs, gradient_bytes, When.GRADIENT))
+        return None
+    if group < replicas and replicate is None:
+        raise ValueError("hybrid sharding needs the price of the all-reduce across the groups (replicate)")
+    reduce_kind = Kind.ALL_REDUCE if zero == 0 else Kind.REDUCE_SCATTER
+    out = []
+    for n, share in units(layer_parameters, layer_shares):
+        grads, copy = n * training.gradient_bytes, compute_copy_bytes(n, training)
+        gather = price(Kind.ALL_GATHER, copy) if zero == 3 and group > 1 else 0.0
+        across = replicate(grads / group) if group < replicas and replicate is not None else 0.0
+        out.append(Unit(share, gather=gather, reduce=price(reduce_kind, grads) if group > 1 else 0.0,
+                        replicate=across, gather_bytes=copy if gather else 0.0, reduce_bytes=grads))
+    mode = Gather.NEVER if zero < 3 else Gather.EACH_TASK if reshard_after_forward else Gather.ONCE
+    return StageCollectives(tuple(out), mode, gather_backward=zero == 3 and reshard_after_forward,
+                            reduce_each=zero >= 2, reduce_kind=str(reduce_kind))
 
 
-def task_seconds(traffic: Sequence[Collective], op: Op, split: bool,
-                 seconds: Callable[[Collective], float]) -> float:
-    """Seconds of the collectives inside one ``op`` task of the stage, run one after another on its link.
-
-    ``split``: the schedule has ``W`` tasks (then ``B`` gathers and ``W`` reduces); ``seconds``: one collective's.
-    """
-    when = {Op.F: (When.FORWARD,), Op.R: (When.FORWARD,), Op.W: (When.GRADIENT,) if split else (),
-            Op.B: (When.BACKWARD,) if split else (When.BACKWARD, When.GRADIENT)}[op]
-    return sum((seconds(c) for c in traffic if c.when in when), 0.0)
+def check_shard(shard: int | None, replicas: int) -> int:
+    """The sharding group's size: ``shard``, or ``replicas`` for ``None``; ``ValueError`` unless it divides them."""
+    if shard is None:
+        return replicas
+    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 1 or replicas % shard:
+        raise ValueError(f"a sharding group of {shard!r} replicas does not divide the {replicas} replicas")
+    return shard
 
 
-def stretched(stage: StageCost, traffic: Sequence[Collective], split: bool,
-              seconds: Callable[[Collective], float]) -> StageCost:
-    """``stage`` with each task lasting ``max(its compute, its collectives)`` (:func:`task_seconds`).
+def after_step_bytes(copy_bytes: float, zero: int, replicas: int) -> float:
+    """Bytes of the stage's compute copy all-gathered after the optimizer step: stages 1 and 2 (Note [zero
+    traffic]); 0 otherwise and with one replica."""
+    check_zero(zero, replicas)
+    return copy_bytes if zero in (1, 2) and replicas > 1 else 0.0
 
-    Only stage 3 has collectives inside tasks; for the others ``stage`` comes back unchanged.
-    """
-    if not any(c.when.in_task for c in traffic):
-        return stage
-    f, b, w = (task_seconds(traffic, op, split, seconds) for op in (Op.F, Op.B, Op.W))
-    return replace(stage, forward=max(stage.forward, f), backward=max(stage.backward, b),
-                   weight=max(stage.weight, w) if split else stage.weight,
-                   recompute=None if stage.recompute is None else max(stage.recompute, f),
-                   forward_checkpointed=None if stage.forward_checkpointed is None
-                   else max(stage.forward_checkpointed, f))
+
+def sent_per_step(gradient_bytes: float, copy_bytes: float, zero: int, replicas: int, micro_batches: int,
+                  recomputes: int = 0, *, reshard_after_forward: bool = True) -> float:
+    """Bytes each device of a stage's data-parallel group sends in a step (Note [zero traffic]), as a ring sends
+    them: ``(d - 1) / d`` of a reduce-scatter's or an all-gather's bytes, twice that for an all-reduce::
+
+        ZeRO 0   2 G                 ZeRO 2   m G + P
+        ZeRO 1   G + P               ZeRO 3   m G + (2m + r) P   (m G + P without resharding after the forward)
+
+    times ``(d - 1) / d``; ``G`` the stage's gradient bytes, ``P`` its compute copy's, ``m`` micro-batches, ``r``
+    recompute tasks. Stages 1 and 2 send what the all-reduce sends for one micro-batch (the paper's section 7.2.1),
+    stage 3 1.5 times (7.2.2)."""
+    check_zero(zero, replicas)
+    gathers = {0: 0, 1: 1, 2: 1, 3: 2 * micro_batches + recomputes if reshard_after_forward else 1}[zero]
+    reductions = {0: 2, 1: 1, 2: micro_batches, 3: micro_batches}[zero]
+    return (replicas - 1) / replicas * (reductions * gradient_bytes + gathers * copy_bytes)

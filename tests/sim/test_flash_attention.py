@@ -1,5 +1,5 @@
-"""FlashAttention (``attention=flash``, a spec's default; Note [flash attention] in sim.planning.models.gpt and
-sim.planning.operators):
+"""FlashAttention (``attention=flash``, a spec's default; Note [flash attention] in
+sim.planning.models.decoder_layers and sim.planning.operators):
 the math attention's output and gradients, one kernel each way with the FLOPs it executes and no ``s × s`` tensor,
 and no ``s × s`` tensor kept.
 

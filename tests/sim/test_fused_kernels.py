@@ -1,12 +1,12 @@
 """The fused kernels, a spec's default (Note [spec defaults] in sim.planning.models).
 
-Megatron-LM's for gpt (Note [Megatron's kernels] in sim.planning.models.gpt): each counted as one kernel with the bytes
-it reads and writes, gradients that are the math form's, and a block with the eager one's FLOPs and saved activations
-(Korthikanti et al.'s ``s·b·h·(34 + 5·a·s/h)`` in 16 bits, plus the LayerNorms' fp32 statistics, 16·s·b) that moves
-fewer bytes in fewer kernels. Megatron-Core's and TransformerEngine's for llama (Note [fused kernels] in
-sim.planning.models.llama): RMSNorm, SwiGLU and RoPE one kernel each way, the eager model's outputs and gradients.
+Megatron-LM's for gpt (Note [fused kernels] in sim.planning.models.decoder_layers): each counted as one kernel with
+the bytes it reads and writes, gradients that are the math form's, and a block with the eager one's FLOPs and saved
+activations (Korthikanti et al.'s ``s·b·h·(34 + 5·a·s/h)`` in 16 bits, plus the LayerNorms' fp32 statistics, 16·s·b)
+that moves fewer bytes in fewer kernels. Megatron-Core's and TransformerEngine's for llama (the same Note): RMSNorm,
+SwiGLU and RoPE one kernel each way, the eager model's outputs and gradients.
 And what a default block keeps, with FlashAttention, against each family's closed form (Note [saved activations] in
-sim.planning.models.gpt; Note [fused kernels] in sim.planning.models.llama)."""
+sim.planning.models.gpt and sim.planning.models.llama)."""
 
 from __future__ import annotations
 
@@ -282,7 +282,7 @@ def test_a_default_gpt_block_keeps_the_closed_form(t: int, sp: bool, b: int) -> 
 @pytest.mark.parametrize(("t", "sp"), [(1, False), (2, False), (2, True)])
 @pytest.mark.parametrize("b", [2, 3])
 def test_a_default_llama_block_keeps_the_closed_form(t: int, sp: bool, b: int) -> None:
-    """Note [fused kernels] in sim.planning.models.llama: ``s·b·h·(8 + (4 + 4·K/a)/t) + 6·s·b·F/t + 4·a·s·b/t +
+    """Note [saved activations] in sim.planning.models.llama: ``s·b·h·(8 + (4 + 4·K/a)/t) + 6·s·b·F/t + 4·a·s·b/t +
     8·s·b``, all of it over ``t`` with sequence parallelism; the K and V heads a fraction K/a of the queries."""
     block = _profile("", t, sp, LLAMA).at(b)[1]
     s, h = LS * b, LH  # s·b and h

@@ -220,9 +220,9 @@ def test_cli_plans_a_users_model(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert {r["checkpoint"] for r in doc["rows"]} == {"always", "except_last", "never", "layers"}
     assert doc["best"]["fits"] and len(one_per_device) == 3 * 2 * 2 * 4
     assert {r["schedule"] for r in doc["rows"]} == set(SCHEDULES)
-    assert {p.name for p in out.iterdir()} == {"plan.json", "throughput.png", "memory.png", ".gpipe-sim.json"}
-    assert set(json.loads((out / ".gpipe-sim.json").read_text())["files"]) == {"plan.json", "throughput.png",
-                                                                               "memory.png"}  # sim.files
+    written = {"plan.json", "throughput.png", "memory.png", "best.trace.json"}  # the best row's timeline too
+    assert {p.name for p in out.iterdir()} == written | {".gpipe-sim.json"}
+    assert set(json.loads((out / ".gpipe-sim.json").read_text())["files"]) == written  # sim.files
 
 
 def test_cli_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="re
 PLAN = ["plan", "--model", "gpt:175b,attention=math", "--batch", "4096", "--gpus", "1024,2048,4096,8192",
         "--tensor-parallel", "1,2,4,8", "--zero", "0,1,2,3", "--sequence-parallel", "off,on",
         "--checkpoint", "always,except_last,never,layers,selective", "--hardware", "h100-sxm", "--no-progress",
-        "--top", "0"]  # every configuration evaluated (Note [bounded sweep] would skip most)
+        "--top", "0", "--no-limit"]  # every configuration evaluated (Note [bounded sweep] would skip most), minutes
 # The CLI sweeps with a worker per core: two on any machine, so the test has workers to end. SIGINT is restored
 # to Python's handler, which a parent started in the background with SIGINT ignored would pass on as ignored.
 BOOT = ("import signal, sys\n"

@@ -7,10 +7,14 @@ two moments), as the paper's Figure 1 (7.5 B parameters, 64 GPUs: 120, 31.4, 16.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
 from gpipe.schedule import Checkpoint, Op, gpipe, schedule_kind
+from gpipe.schedule.timeline import COLLECTIVE, Timeline, chrome_trace
+from sim.core.collectives import Gather, StageCollectives, Unit
+from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
@@ -27,21 +31,26 @@ from sim.planning.replicas import step_seconds
 from sim.planning.training import TRAINING, Training, training_policy
 from sim.planning.zero import (
     ZERO_STAGES,
-    Collective,
     Kind,
     ModelState,
     Transient,
-    When,
-    compute_copy_bytes,
+    after_step_bytes,
+    sent_per_step,
     sharded_state,
-    stage_traffic,
-    stretched,
-    task_seconds,
+    stage_collectives,
     transient_bytes,
+    units,
 )
 
 PSI, ND, K = 7_500_000_000, 64, 12
 UNIT = LinkSpec("unit", 0.0, 1.0)  # 1 B/s: a ring over 2 replicas moves half the bytes in as many seconds
+
+
+def _ring(replicas: int, link: LinkSpec = UNIT) -> Callable[[Kind, float], float]:
+    """``(kind, bytes) -> seconds`` of a ring over ``replicas`` on ``link``."""
+    ring = {Kind.ALL_REDUCE: allreduce_seconds, Kind.REDUCE_SCATTER: reduce_scatter_seconds,
+            Kind.ALL_GATHER: allgather_seconds}
+    return lambda kind, nbytes: ring[kind](nbytes, replicas, link)
 
 
 def _stage(training: Training, parameters: int = PSI) -> StageCost:
@@ -76,7 +85,8 @@ def test_one_replica_shards_nothing_and_sends_nothing() -> None:
     for z in ZERO_STAGES:
         assert sharded_state(stage, 1000, training, z, 1) == ModelState(6000, 2000, 8000)
         assert transient_bytes([400, 600], training, z, 1) == Transient()
-        assert stage_traffic(2000, 2000, z, 1) == ()
+        assert stage_collectives([400, 600], [0.5, 0.5], training, z, 1, _ring(1)) is None
+        assert after_step_bytes(2000, z, 1) == 0.0
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 3, 8, 64])
@@ -107,20 +117,21 @@ def test_clear_errors(zero: int, replicas: int, message: str) -> None:
     training = training_policy("bf16-adam")
     for call in (lambda: sharded_state(_stage(training, 10), 10, training, zero, replicas),
                  lambda: transient_bytes([10], training, zero, replicas),
-                 lambda: stage_traffic(20, 20, zero, replicas)):
+                 lambda: stage_collectives([10], [1.0], training, zero, replicas, _ring(replicas)),
+                 lambda: after_step_bytes(20, zero, replicas)):
         with pytest.raises(ValueError, match=message):
             call()
     schedule = gpipe(1, 1)
     with pytest.raises(ValueError, match=message):
-        step_seconds(schedule, simulate(schedule, CostModel.uniform(1, 1.0, 1.0)), [1], [0.0], replicas, UNIT,
-                     zero=zero, parameter_bytes=[1])
+        step_seconds(simulate(schedule, CostModel.uniform(1, 1.0, 1.0)), [0.0], replicas, zero)
 
 
-def test_sharded_stages_need_the_parameter_bytes_they_gather() -> None:
-    schedule = gpipe(2, 2)
-    timeline = simulate(schedule, CostModel.uniform(2, 1.0, 2.0))
-    with pytest.raises(ValueError, match="ZeRO-1 needs parameter_bytes per stage"):
-        step_seconds(schedule, timeline, [1, 3], [0.0, 0.0], 2, UNIT, zero=1)
+def test_a_sharding_group_divides_the_replicas() -> None:
+    training = training_policy("bf16-adam")
+    with pytest.raises(ValueError, match="a sharding group of 3 replicas does not divide the 8 replicas"):
+        stage_collectives([10], [1.0], training, 3, 8, _ring(8), shard=3)
+    with pytest.raises(ValueError, match="hybrid sharding needs the price of the all-reduce across the groups"):
+        stage_collectives([10], [1.0], training, 3, 8, _ring(4), shard=4)
 
 
 def test_transient_bytes_a_bucket_and_two_gathered_layers() -> None:
@@ -160,112 +171,156 @@ def test_a_reduce_scatter_across_nodes_is_hierarchical() -> None:
     assert Cluster(link, 8).reduce_scatter_seconds(nbytes, 1, 2, 8, 0) == reduce_scatter_seconds(nbytes, 8, link)
 
 
-def _volume(zero: int, micro_batches: int, replicas: int = 8) -> float:
-    training, parameters = training_policy("bf16-adam"), 1_000_000
-    traffic = stage_traffic(parameters * training.gradient_bytes, compute_copy_bytes(parameters, training), zero,
-                            replicas)
-    return sum(c.per_step(micro_batches) * c.sent_bytes(replicas) for c in traffic)
+def test_units_join_small_layers() -> None:
+    """Note [units]: a unit closes at half the largest layer (50): 1 + 100, 100, 2 + 100, and the trailing 3 joins
+    the last; each unit computes its layers' shares."""
+    got = units([1, 100, 100, 2, 100, 3], [0.0, 0.25, 0.25, 0.0, 0.25, 0.25])
+    assert [n for n, _ in got] == [101, 100, 105]
+    assert [x for _, x in got] == pytest.approx([0.25, 0.25, 0.5])
+    assert units([4, 4], [0.0, 0.0]) == [(4, 0.5), (4, 0.5)]  # no compute counted: the parameters' shares
 
 
-def test_volumes_per_step() -> None:
-    """Stages 1 and 2 send what the all-reduce sends (section 7.2.1), stage 3 1.5 times (7.2.2), for one
-    micro-batch; with m, stage 2 reduce-scatters every one: (m + 1) / 2 times, stage 3 3m / 2 times."""
-    plain = _volume(0, 1)
-    assert plain == 2 * 7 / 8 * 2_000_000 == _volume(0, 4)
-    assert _volume(1, 1) == _volume(1, 4) == plain and _volume(2, 1) == plain
-    assert _volume(3, 1) == pytest.approx(1.5 * plain, rel=1e-15)
-    assert _volume(2, 4) == pytest.approx(5 / 2 * plain, rel=1e-15)
-    assert _volume(3, 4) == pytest.approx(6 * plain, rel=1e-15)
-
-
-def test_the_traffic_as_data() -> None:
-    rs, ag = Kind.REDUCE_SCATTER, Kind.ALL_GATHER
-    assert stage_traffic(4, 2, 0, 2) == (Collective(Kind.ALL_REDUCE, 4, When.LAST_GRADIENT),)
-    assert stage_traffic(4, 2, 1, 2) == (Collective(rs, 4, When.LAST_GRADIENT), Collective(ag, 2, When.AFTER_STEP))
-    assert stage_traffic(4, 2, 2, 2) == (Collective(rs, 4, When.EACH_GRADIENT), Collective(ag, 2, When.AFTER_STEP))
-    zero3 = stage_traffic(4, 2, 3, 2)
-    assert zero3 == (Collective(ag, 2, When.FORWARD), Collective(ag, 2, When.BACKWARD),
-                     Collective(rs, 4, When.GRADIENT))
-    assert [c.when.in_task for c in zero3] == [True] * 3
-    assert str(zero3[2]) == "reduce-scatter of 4 B inside each gradient task"
-    assert [c.per_step(4, recomputes=3) for c in zero3] == [7, 4, 4]
-
-
-# Today's step_seconds on four simulated schedules (stage j: F = 1 + j/4, B = 2 + (j mod 2)/2, W = 3/4 where
-# split; copies 1/8 s; 3 + j gradient bytes; 4 replicas on a link of 4 B/s and 1 ms): alone, and through a
-# cluster of 2 GPUs a node whose port (1 B/s, 10 ms) makes the reduction hierarchical.
-PINNED = [
-    ("1f1b", 8, 4, None, "never", (47.131, 1.1310000000000002), (50.56, 4.560000000000002)),
-    ("gpipe", 4, 3, None, "except_last", (28.381, 1.1310000000000002), (31.81, 4.559999999999999)),
-    ("zb-h1", 6, 4, None, "never", (40.881, 1.1310000000000002), (44.435, 4.685000000000002)),
-    ("interleaved-1f1b", 4, 4, 2, "never", (37.381, 1.1310000000000002), (44.245000000000005, 7.9950000000000045)),
-]
-
-
-@pytest.mark.parametrize(("name", "m", "n", "devices", "checkpoint", "ring", "hierarchical"), PINNED)
-def test_zero_0_is_todays_step(name: str, m: int, n: int, devices: int | None, checkpoint: Checkpoint,
-                               ring: tuple[float, float], hierarchical: tuple[float, float]) -> None:
-    kind = schedule_kind(name)
+def _run(schedule_name: str, zero: int, m: int = 4, checkpoint: Checkpoint = "never", *, reshard: bool = True,
+         layers: int = 2, n: int = 2, devices: int | None = None) -> Timeline:
+    """A schedule whose stages each hold ``layers`` layers of 10 parameters, its collectives over 4 replicas."""
+    training = training_policy("bf16-adam")
+    kind = schedule_kind(schedule_name)
     schedule = kind(m, n, checkpoint) if devices is None else kind(m, n, checkpoint, devices=devices)
     split = schedule.splits_weight_gradient
-    stages = tuple(StageCost(1.0 + 0.25 * j, 2.0 + 0.5 * (j % 2), weight=0.75 if split else 0.0) for j in range(n))
-    timeline = simulate(schedule, CostModel(stages, copy_seconds=0.125))
-    grads, updates, link = [3.0 + j for j in range(n)], [0.25 * (d + 1) for d in range(schedule.num_devices)], \
-        LinkSpec("l", 1e-3, 4.0)
-    cluster = Cluster(link, 2, LinkSpec("p", 1e-2, 1.0))
+    collectives = stage_collectives([10] * layers, [1.0] * layers, training, zero, 4, _ring(4),
+                                    reshard_after_forward=reshard)
+    stage = StageCost(1.0, 2.0, weight=0.5 if split else 0.0, collectives=collectives)
+    return simulate(schedule, CostModel((stage,) * n))
 
-    def over(nbytes: float, d: int) -> float:
-        return cluster.allreduce_seconds(nbytes, 1, schedule.num_devices, 4, d)
 
-    assert step_seconds(schedule, timeline, grads, updates, 4, link) == ring
-    assert step_seconds(schedule, timeline, grads, updates, 4, link, zero=0) == ring
-    assert step_seconds(schedule, timeline, grads, updates, 4, link, over, zero=0) == hierarchical
+def _count(timeline: Timeline, device: int = 0) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for span in timeline.collective_spans(device):
+        kind = span.label.split(" unit")[0]
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize(("zero", "checkpoint", "reshard", "expected"), [
+    (0, "never", True, {"all-reduce": 2}),  # each of the 2 units once, as the last backward makes it
+    (1, "never", True, {"reduce-scatter": 2}),
+    (2, "never", True, {"reduce-scatter": 2 * 4}),  # every micro-batch
+    (3, "never", True, {"all-gather": 2 * (4 + 4), "reduce-scatter": 2 * 4}),  # before every F and B
+    (3, "always", True, {"all-gather": 2 * (4 + 4 + 4), "reduce-scatter": 2 * 4}),  # and every R
+    (3, "never", False, {"all-gather": 2, "reduce-scatter": 2 * 4}),  # once a step
+])
+def test_the_collective_tasks_of_each_stage(zero: int, checkpoint: Checkpoint, reshard: bool,
+                                            expected: dict[str, int]) -> None:
+    """1F1B, 4 micro-batches, 2 stages of 2 units each, 4 replicas: the collectives on device 0's stream."""
+    timeline = _run("1f1b", zero, checkpoint=checkpoint, reshard=reshard)
+    assert _count(timeline) == expected == _count(timeline, 1)
+    assert all(s.stream == COLLECTIVE and s.end > s.start for s in timeline.collective_spans())
+    assert timeline.copy_spans() == []  # copies are free here, and a collective is not a copy
+
+
+def test_split_backward_reduces_after_w_and_gathers_before_b() -> None:
+    """ZB-H1 splits B and W: ZeRO-3 reduces each unit after every W, and W gathers nothing."""
+    timeline = _run("zb-h1", 3)
+    assert _count(timeline) == {"all-gather": 2 * (4 + 4), "reduce-scatter": 2 * 4}
+    served = {s.task.op.value for s in timeline.collective_spans() if s.label.startswith("reduce-scatter")}
+    assert served == {"W"}
+    assert {s.task.op.value for s in timeline.collective_spans() if s.label.startswith("all-gather")} == {"F", "B"}
+
+
+def test_overlapped_pairs_gather_first_and_reduce_after() -> None:
+    """DualPipeV's pairs: every collective of a ZeRO-3 stage still runs, none during a pair's own tasks."""
+    timeline = _run("dualpipe-v", 3, m=8, n=4, devices=2)
+    assert _count(timeline) == {"all-gather": 2 * 2 * (8 + 8), "reduce-scatter": 2 * 2 * 8}
+
+
+def test_buckets_overlap_the_last_backward() -> None:
+    """One stage, one micro-batch, F = 1 s, B = 4 s, 2 replicas on 1 B/s. One unit of 4 parameters (8 B of
+    gradients, all-reduced in 8 s) reduces after B: 5 -> 13. Four units of 1 reduce as B makes each (reverse order,
+    each 2 s): 2 -> 4, 4 -> 6, 6 -> 8, 8 -> 10."""
+    training = training_policy("bf16-adam")
+    ends = []
+    for layers in ([4], [1, 1, 1, 1]):
+        shares = [1.0] * len(layers)
+        stage = StageCost(1.0, 4.0, collectives=stage_collectives(layers, shares, training, 0, 2, _ring(2)))
+        ends.append(simulate(gpipe(1, 1, "never"), CostModel((stage,))).end)
+    assert ends == [13.0, 10.0]
 
 
 def test_the_step_of_each_stage() -> None:
-    """GPipe, 2 stages, 2 micro-batches, F = 1 s, B = 2 s, 2 replicas on 1 B/s; gradients 1 and 6 B, compute
-    copies 2 and 4 B, optimizer steps 0.25 and 0.5 s. Stage 1's backwards end at 5 and 7, stage 0's at 7 and 9::
+    """GPipe, 2 stages, 2 micro-batches, F = 1 s, B = 2 s, 2 replicas on 1 B/s; stages of 1 and 3 parameters
+    (bf16: gradients and compute copies of 2 and 6 B), optimizer steps 0.25 and 0.5 s. Stage 1's backwards end at
+    5 and 7, stage 0's at 7 and 9::
 
-        ZeRO-0  all-reduce  s1 7 -> 13 (6 s)            s0 9 -> 10        step 13 + 0.5
-        ZeRO-1  reduce-sc.  s1 7 -> 10 (3 s)            s0 9 -> 9.5       step 10 + max(0.125 + 1, 0.25 + 2)
-        ZeRO-2  reduce-sc.  s1 5 -> 8, 8 -> 11          s0 7.5, 9.5       step 11 + 2.25
+        ZeRO-0  all-reduce  s1 7 -> 13                  s0 9 -> 11        step 13 + 0.5
+        ZeRO-1  reduce-sc.  s1 7 -> 10                  s0 9 -> 10        step 10 + max(0.125 + 1, 0.25 + 3)
+        ZeRO-2  reduce-sc.  s1 5 -> 8, 8 -> 11          s0 7 -> 8, 9 -> 10   step 11 + 3.25
     """
-    schedule = gpipe(2, 2, "never")
-    timeline = simulate(schedule, CostModel.uniform(2, 1.0, 2.0))
-    assert timeline.makespan == 9.0
+    training, schedule = training_policy("bf16-adam"), gpipe(2, 2, "never")
 
     def step(zero: int) -> tuple[float, float]:
-        return step_seconds(schedule, timeline, [1, 6], [0.25, 0.5], 2, UNIT, zero=zero, parameter_bytes=[2, 4])
+        stages = tuple(StageCost(1.0, 2.0, collectives=stage_collectives([n], [1.0], training, zero, 2, _ring(2)))
+                       for n in (1, 3))
+        timeline = simulate(schedule, CostModel(stages))
+        after = [allgather_seconds(after_step_bytes(2 * n, zero, 2), 2, UNIT) for n in (1, 3)]
+        return step_seconds(timeline, [0.25, 0.5], 2, zero, after)
 
     assert step(0) == (13.5, 4.0)
-    assert step(1) == (12.25, 1.0 + 2.0)
-    assert step(2) == (13.25, 2.0 + 2.0)
-    cluster = Cluster(UNIT, 8)
-    priced = step_seconds(schedule, timeline, [1, 6], [0.25, 0.5], 2, UNIT, zero=2, parameter_bytes=[2, 4],
-                          reduce_scatter=lambda b, d: cluster.reduce_scatter_seconds(b, 1, 2, 2, d),
-                          allgather=lambda b, d: cluster.allgather_seconds(b, 1, 2, 2, d))
-    assert priced == step(2)
+    assert step(1) == (13.25, 1.0 + 3.0)
+    assert step(2) == (14.25, 2.0 + 3.0)
 
 
-def test_zero_3_stretches_the_tasks_and_adds_nothing_after_them() -> None:
-    """2 replicas on 1 B/s, a 3 B compute copy (gathered in 1.5 s) and 2 B of gradients (reduced in 1 s): F lasts
-    max(1, 1.5) and B max(2, 1.5 + 1), so GPipe takes (m + n - 1)(1.5 + 2.5); the optimizer steps half its state."""
-    traffic = stage_traffic(2, 3, 3, 2)
+def test_zero_3_gathers_before_each_task_one_unit_ahead() -> None:
+    """One stage, GPipe, 2 micro-batches, F = 1 s, B = 2 s, one unit of 1 parameter over 2 replicas on 1 B/s (each
+    gather and reduce-scatter 1 s). Gathers: F0's at 0 -> 1; F1's prefetched as F0 starts, 1 -> 2; B1's as F1
+    starts, 2 -> 3; B0's as B1 starts, 3 -> 4. F0 1 -> 2, F1 2 -> 3, B1 3 -> 5 (reduce 5 -> 6), B0 5 -> 7 (reduce
+    7 -> 8): the step is 8 + the halved optimizer step."""
+    training = training_policy("bf16-adam")
+    stage = StageCost(1.0, 2.0, collectives=stage_collectives([1], [1.0], training, 3, 2, _ring(2)))
+    timeline = simulate(gpipe(2, 1, "never"), CostModel((stage,)))
+    assert [(s.start, s.end) for s in timeline.collective_spans()] == [
+        (0.0, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0), (5.0, 6.0), (7.0, 8.0)]
+    assert [(s.start, s.end) for s in timeline.compute_spans()] == [(1.0, 2.0), (2.0, 3.0), (3.0, 5.0), (5.0, 7.0)]
+    assert step_seconds(timeline, [0.5], 2, 3) == (8.25, 1.0)
 
-    def seconds(c: Collective) -> float:
-        return reduce_scatter_seconds(c.nbytes, 2, UNIT)
 
-    assert [task_seconds(traffic, op, False, seconds) for op in (Op.F, Op.R, Op.B, Op.W)] == [1.5, 1.5, 2.5, 0.0]
-    assert [task_seconds(traffic, op, True, seconds) for op in (Op.F, Op.R, Op.B, Op.W)] == [1.5, 1.5, 1.5, 1.0]
-    stage = stretched(StageCost(1.0, 2.0), traffic, False, seconds)
-    assert (stage.forward, stage.backward, stage.recompute) == (1.5, 2.5, None)
-    split = stretched(StageCost(1.0, 1.0, 0.25, weight=1.5, forward_checkpointed=0.5), traffic, True, seconds)
-    assert (split.forward, split.backward, split.weight, split.recompute, split.forward_checkpointed) == \
-        (1.5, 1.5, 1.5, 1.5, 1.5)
-    plain = StageCost(1.0, 2.0)
-    assert stretched(plain, stage_traffic(2, 3, 2, 2), False, seconds) is plain
-    schedule = gpipe(2, 2, "never")
-    timeline = simulate(schedule, CostModel((stage, stage), copy_seconds=0.0))
-    assert timeline.makespan == 3 * 4.0
-    assert step_seconds(schedule, timeline, [2, 2], [0.5, 1.0], 2, UNIT, zero=3, parameter_bytes=[3, 3]) == \
-        (12.5, 0.0)
+def test_hybrid_sharding_all_reduces_the_shard_across_groups() -> None:
+    """HSDP: 8 replicas in groups of 4; each unit's reduced shard (1/4 of its gradients) is all-reduced across the
+    2 groups after the last backward, once a step."""
+    training = training_policy("bf16-adam")
+    collectives = stage_collectives([8, 8], [1.0, 1.0], training, 3, 8, _ring(4), shard=4,
+                                    replicate=lambda nbytes: allreduce_seconds(nbytes, 2, UNIT))
+    assert collectives is not None
+    assert [u.replicate for u in collectives.units] == [allreduce_seconds(16 / 4, 2, UNIT)] * 2
+    timeline = simulate(gpipe(3, 1, "never"), CostModel((StageCost(1.0, 2.0, collectives=collectives),)))
+    assert _count(timeline)["all-reduce across replicas"] == 2
+
+
+def test_collectives_need_the_plain_path_and_show_in_the_trace() -> None:
+    stage = StageCost(1.0, 2.0, collectives=StageCollectives((Unit(1.0, reduce=0.5),)))
+    with pytest.raises(ValueError, match="plain path only"):
+        simulate(gpipe(2, 1), CostModel((stage,)), SimConfig(copy_streams=False))
+    with pytest.raises(ValueError, match="shares of a stage must sum to 1"):
+        StageCollectives((Unit(0.5),))
+    with pytest.raises(ValueError, match="Unit.gather must be a finite number >= 0"):
+        Unit(1.0, gather=-1.0)
+    timeline = simulate(gpipe(2, 1), CostModel((stage,)))
+    threads = {e["args"]["name"] for e in chrome_trace(timeline)["traceEvents"] if e["name"] == "thread_name"}
+    assert threads == {"compute", "collective"}
+    once = StageCollectives((Unit(1.0),), Gather.ONCE)
+    assert [once.gathers(op, first) for op, first in ((Op.F, True), (Op.F, False), (Op.B, False))] == \
+        [True, False, False]
+
+
+@pytest.mark.parametrize(("zero", "checkpoint", "reshard"), [
+    (0, "never", True), (1, "never", True), (2, "never", True), (3, "never", True), (3, "always", True),
+    (3, "never", False)])
+def test_the_bytes_sent_are_the_simulated_collectives(zero: int, checkpoint: Checkpoint, reshard: bool) -> None:
+    """sent_per_step's closed form against the collectives the simulation ran: each span's label carries its bytes
+    (1F1B, 4 micro-batches, 2 units of 10 bf16 parameters a stage, 4 replicas)."""
+    timeline = _run("1f1b", zero, checkpoint=checkpoint, reshard=reshard)
+    share = {"all-reduce": 2 * 3 / 4, "reduce-scatter": 3 / 4, "all-gather": 3 / 4}
+    sent = sum(share[s.label.split(" unit")[0]] * float(s.label.split("(")[1].split(" B")[0])
+               for s in timeline.collective_spans(0))
+    recomputes = 4 if checkpoint == "always" else 0
+    assert sent == pytest.approx(sent_per_step(40, 40, zero, 4, 4, recomputes, reshard_after_forward=reshard)
+                                 - after_step_bytes(40, zero, 4) * 3 / 4)

@@ -8,15 +8,23 @@ Specs::
     llama:8b          a Llama 3 size (8b, 70b, 405b), at 8192 tokens
     llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V
                       a Llama-style decoder of that shape (K key/value heads shared by A query heads)
+    nemotron:15b      a Nemotron-4 size (15b, 340b), at 4096 tokens
+    nemotron:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V
+                      a Nemotron-style decoder of that shape
+
+    a shape of any family takes the decoder's other choices too, each defaulting to the family's (Note [decoder
+    options] in sim.planning.models.decoder): kv-heads=K (gpt: the heads), mlp=gelu|swiglu|relu2,
+    norm=layernorm|rmsnorm, position=learned|rope, qkv=fused|split, bias=on|off, tied=on|off
+    (gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000,kv-heads=2,mlp=swiglu,norm=rmsnorm,bias=off,tied=on)
 
     options, after a size or among a shape's keys (gpt:175b,attention=math; llama:70b,kernels=eager), each
     defaulting to what Megatron-Core runs today (Note [spec defaults]):
     attention=flash   the default: FlashAttention, one kernel each way that keeps no s x s tensor (Note [flash
-                      attention] in sim.planning.models.gpt); attention=math writes it out (QK^T, softmax, @V)
-    kernels=megatron  the default: the fused kernels (gpt: Megatron-LM's, Note [Megatron's kernels] in
-                      sim.planning.models.gpt; llama: Megatron-Core's and TransformerEngine's RMSNorm, SwiGLU and
-                      RoPE, Note [fused kernels] in sim.planning.models.llama); kernels=eager runs every operator
-                      as its own kernel, as PyTorch's eager mode does
+                      attention] in sim.planning.models.decoder_layers); attention=math writes it out (QK^T, softmax,
+                      @V)
+    kernels=megatron  the default: the fused kernels of Megatron-LM, Megatron-Core and TransformerEngine (Note [fused
+                      kernels] in sim.planning.models.decoder_layers); kernels=eager runs every operator as its own
+                      kernel, as PyTorch's eager mode does
     resnet101         ResNet-101 in torchgpipe's 370-layer flattening
     unet:B,C          U-Net (B, C): B convolutions per block, C channels at the top (unet = unet:5,64)
     amoebanet:L,D     AmoebaNet-D (L, D): L normal cells, D filters (amoebanet = amoebanet:18,256)
@@ -34,13 +42,13 @@ kernels (``attention=flash``, ``kernels=megatron``), so ``gpt:175b`` plans what 
 default is left out of a canonical name, and the other value is written out (``gpt:175b,kernels=eager,attention=math``
 is the model Korthikanti et al. (2022) count). The configs' own fields default to the math form, every operator
 its own kernel: the module as PyTorch writes it, the reference each kernel's gradients are checked against.
+A shape's other keys are left out of its canonical name where they are the family's default.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import TypeVar
 
 import torch
@@ -49,9 +57,10 @@ from torch import nn
 from sim.planning.counts import AttentionCore, ModelProfile
 from sim.planning.flops import count_layers
 from sim.planning.models.amoebanet import amoebanet, amoebanet_sample, check_amoebanet
-from sim.planning.models.gpt import CONFIGS, GPTConfig, decoder_blocks, gpt, gpt_config, gpt_sample
-from sim.planning.models.llama import CONFIGS as LLAMA_CONFIGS
-from sim.planning.models.llama import LlamaConfig, llama, llama_config, llama_sample
+from sim.planning.models.decoder import DecoderConfig
+from sim.planning.models.decoder_layers import decoder, decoder_blocks, token_ids
+from sim.planning.models.decoder_specs import FAMILIES, describe, parse
+from sim.planning.models.decoder_specs import KNOWN as DECODERS
 from sim.planning.models.resnet import resnet101, resnet_sample
 from sim.planning.models.unet import check_unet, unet, unet_sample
 
@@ -60,20 +69,7 @@ __all__ = ["KNOWN", "ModelSpec", "get_model"]
 _C = TypeVar("_C")
 
 #: The spec forms :func:`get_model` understands, for messages and ``--help``.
-KNOWN = ("gpt:" + "|".join(CONFIGS) + "[,kernels=megatron|eager][,attention=flash|math]",
-         "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F][,kernels=megatron|eager][,attention=flash|math]",
-         "llama:" + "|".join(LLAMA_CONFIGS) + "[,kernels=megatron|eager][,attention=flash|math]",
-         "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V[,kernels=megatron|eager][,attention=flash|math]",
-         "resnet101", "unet:B,C", "amoebanet:L,D")
-
-# The keys of a shape spec, in their canonical order, each with the config field it sets.
-_GPT_KEYS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "ffn": "ffn", "seq": "seq_len",
-             "vocab": "vocab_size", "kernels": "kernels", "attention": "attention"}
-# The keys whose value is a word, with the words each takes (the first is the default, left out of a canonical name;
-# Note [spec defaults]); the options, which a size takes after it too.
-_WORDS = {"kernels": ("megatron", "eager"), "attention": ("flash", "math")}
-_LLAMA_KEYS = {"layers": "n_layer", "hidden": "d_model", "heads": "n_head", "kv-heads": "n_kv_head", "ffn": "ffn",
-               "seq": "seq_len", "vocab": "vocab_size", "kernels": "kernels", "attention": "attention"}
+KNOWN = (*DECODERS, "resnet101", "unet:B,C", "amoebanet:L,D")
 
 
 @dataclass(frozen=True)
@@ -105,7 +101,7 @@ class ModelSpec:
         """The spec of one rank's shard over ``t`` ranks (itself for ``t = 1``); cheap: nothing is built.
 
         ``sequence_parallel``: the tokens between the tensor-parallel regions split over the ranks too (Korthikanti
-        et al., 2022; Note [sequence parallel] in :mod:`sim.planning.models.gpt`); the description says so.
+        et al., 2022; Note [sequence parallel] in :mod:`sim.planning.models.decoder`); the description says so.
 
         Raises:
             ValueError: the model has no tensor-parallel split, or ``t`` does not divide its heads (or with sequence
@@ -114,7 +110,7 @@ class ModelSpec:
         if t == 1:
             return self
         if self.shard is None:
-            raise ValueError(f"model {self.name} has no tensor-parallel split (gpt and llama have)")
+            raise ValueError(f"model {self.name} has no tensor-parallel split (gpt, llama and nemotron have)")
         try:
             return self.shard(t, sequence_parallel)
         except ValueError as exc:
@@ -156,78 +152,6 @@ def _ints(spec: str, arg: str, names: tuple[str, str]) -> tuple[int, int]:
     return a, b
 
 
-def _shape(spec: str, arg: str, keys: dict[str, str], optional: tuple[str, ...] = ()) -> dict[str, int | str]:
-    """``key=value`` pairs after the ':' as config fields; every key of ``keys`` but ``optional`` is required. A key
-    of :data:`_WORDS` takes one of its words, its default where not given (Note [spec defaults]); every other key an
-    integer >= 1."""
-    given: dict[str, int | str] = {}
-    for item in arg.split(",") if arg else ():
-        key, eq, value = (part.strip() for part in item.partition("="))
-        if not eq or not key:
-            raise KeyError(f"model {spec!r}: expected key=value pairs, got {item.strip()!r}")
-        if key not in keys:
-            raise KeyError(f"model {spec!r}: unknown key {key!r}; keys: {', '.join(keys)}")
-        if key in given:
-            raise KeyError(f"model {spec!r}: {key} given twice")
-        if key in _WORDS:
-            if value not in _WORDS[key]:
-                raise KeyError(f"model {spec!r}: {key}={value!r} is not one of {', '.join(_WORDS[key])}")
-            given[key] = value
-            continue
-        try:
-            number = int(value)
-        except ValueError:
-            raise KeyError(f"model {spec!r}: {key}={value!r} is not an integer") from None
-        if number < 1:
-            raise ValueError(f"model {spec!r}: {key} must be >= 1, got {number}")
-        given[key] = number
-    required = [k for k in keys if k not in optional]
-    missing = [k for k in required if k not in given]
-    if missing:
-        raise KeyError(f"model {spec!r}: missing {', '.join(missing)} (needs {', '.join(required)})")
-    defaults = {k: words[0] for k, words in _WORDS.items() if k in keys and k not in given}
-    return {keys[k]: v for k, v in (given | defaults).items()}
-
-
-def _canonical(family: str, cfg: object, keys: dict[str, str], skip: tuple[str, ...] = ()) -> str:
-    """The spec that builds ``cfg`` again: every key in canonical order, less ``skip`` and words at their default."""
-    return f"{family}:" + ",".join(f"{k}={getattr(cfg, f)}" for k, f in keys.items()
-                                   if k not in skip and getattr(cfg, f) != _WORDS.get(k, (None,))[0])
-
-
-def _options(keys: dict[str, str]) -> dict[str, str]:
-    """Of a family's ``keys``, the options (:data:`_WORDS`) a size takes after it."""
-    return {k: f for k, f in keys.items() if k in _WORDS}
-
-
-def _size(arg: str) -> tuple[str, str] | None:
-    """A size and the options after it (``"70b"``, ``"attention=flash"``); ``None`` for a shape spec."""
-    size, _, options = arg.partition(",")
-    return None if "=" in size else (size.strip(), options)
-
-
-def _size_options(spec: str, options: str, keys: dict[str, str]) -> dict[str, int | str]:
-    """The options after a size as config fields (:func:`_shape` of the family's options).
-
-    Raises:
-        KeyError: a key that is not an option (a shape's key: a shape is given whole, every key).
-    """
-    allowed = _options(keys)
-    for item in options.split(",") if options else ():
-        key = item.partition("=")[0].strip()
-        if key not in allowed:
-            raise KeyError(f"model {spec!r}: a size takes only {', '.join(allowed)} after it, not {key!r}; for "
-                           f"another shape, expected key=value pairs for every key ({', '.join(keys)})")
-    return _shape(spec, options, allowed, optional=tuple(_WORDS))
-
-
-def _sized_name(family: str, size: str, cfg: object, keys: dict[str, str]) -> str:
-    """The canonical name of a size with options: the size, then the options not at their default in canonical
-    order."""
-    words = [f"{k}={getattr(cfg, f)}" for k, f in _options(keys).items() if getattr(cfg, f) != _WORDS[k][0]]
-    return ",".join([f"{family}:{size}", *words])
-
-
 def _config(spec: str, kind: Callable[..., _C], fields: dict[str, int | str]) -> _C:
     """``kind(**fields)``, its refusal prefixed with the spec."""
     try:
@@ -236,66 +160,15 @@ def _config(spec: str, kind: Callable[..., _C], fields: dict[str, int | str]) ->
         raise ValueError(f"model {spec!r}: {exc}") from None
 
 
-def _gpt(spec: str, arg: str) -> ModelSpec:
-    sized = _size(arg)
-    if sized is None:
-        cfg = _config(spec, GPTConfig, _shape(spec, arg, _GPT_KEYS, optional=("ffn", *_WORDS)))
-        name = _canonical("gpt", cfg, _GPT_KEYS, skip=("ffn",) if cfg.d_ff == 4 * cfg.d_model else ())
-        title = "GPT"
-    else:
-        key = sized[0] or "125m"
-        options = _size_options(spec, sized[1], _GPT_KEYS)
-        cfg = _config(spec, partial(replace, gpt_config(key)), options)
-        name = _sized_name("gpt", key, cfg, _GPT_KEYS)
-        title = f"GPT-3 {key.upper()}"
-    return _gpt_spec(name, title, cfg)
+def _decoder(name: str, title: str, family: str, cfg: DecoderConfig) -> ModelSpec:
+    """The spec of the decoder ``cfg``, named ``name``; its shards keep the name (Note [tensor parallel] in
+    :mod:`sim.planning.models.decoder`)."""
+    def shard(t: int, sp: bool) -> ModelSpec:
+        return _decoder(name, title, family, replace(cfg, tensor_parallel=t, sequence_parallel=sp))
 
-
-def _shard(t: int, sequence_parallel: bool) -> str:
-    """What a description adds for one rank's shard."""
-    if t == 1:
-        return ""
-    return f", tensor-parallel shard of {t}" + (", sequence parallel" if sequence_parallel else "")
-
-
-def _gpt_spec(name: str, title: str, cfg: GPTConfig) -> ModelSpec:
-    shard = _shard(cfg.tensor_parallel, cfg.sequence_parallel)
-    kernels = _flash(cfg.attention) + (", Megatron-LM's fused kernels" if cfg.kernels == "megatron" else "")
-    return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
-                     f"MLP {cfg.d_ff}, {cfg.seq_len} tokens{kernels}{shard})", lambda: gpt(cfg),
-                     lambda b, d: gpt_sample(cfg, b, d),
-                     lambda t, sp: _gpt_spec(name, title, replace(cfg, tensor_parallel=t, sequence_parallel=sp)),
-                     _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, cfg.dropout > 0)
-                     if cfg.attention == "math" else None, (decoder_blocks(cfg.n_layer),))
-
-
-def _llama(spec: str, arg: str) -> ModelSpec:
-    sized = _size(arg)
-    if sized is None:
-        cfg = _config(spec, LlamaConfig, _shape(spec, arg, _LLAMA_KEYS, optional=tuple(_WORDS)))
-        name, title = _canonical("llama", cfg, _LLAMA_KEYS), "Llama-style decoder"
-    else:
-        key = sized[0] or "8b"
-        options = _size_options(spec, sized[1], _LLAMA_KEYS)
-        cfg = _config(spec, partial(replace, llama_config(key)), options)
-        name = _sized_name("llama", key, cfg, _LLAMA_KEYS)
-        title = f"Llama 3 {key.upper()}"
-    return _llama_spec(name, title, cfg)
-
-
-def _flash(attention: str) -> str:
-    """What a description adds for the attention."""
-    return ", FlashAttention" if attention == "flash" else ""
-
-
-def _llama_spec(name: str, title: str, cfg: LlamaConfig) -> ModelSpec:
-    shard = _shard(cfg.tensor_parallel, cfg.sequence_parallel)
-    kernels = _flash(cfg.attention) + (", fused kernels (Megatron-Core)" if cfg.kernels == "megatron" else "")
-    return ModelSpec(name, f"{title} ({cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.n_head} heads, "
-                     f"{cfg.n_kv_head} KV heads, MLP {cfg.ffn}, {cfg.seq_len} tokens{kernels}{shard})",
-                     lambda: llama(cfg), lambda b, d: llama_sample(cfg, b, d),
-                     lambda t, sp: _llama_spec(name, title, replace(cfg, tensor_parallel=t, sequence_parallel=sp)),
-                     _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, False) if cfg.attention == "math" else None,
+    core = _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, cfg.dropout > 0) if cfg.attention == "math" else None
+    return ModelSpec(name, describe(family, title, cfg), lambda: decoder(cfg),
+                     lambda b, d: token_ids(b, cfg.seq_len, cfg.vocab_size, d), shard, core,
                      (decoder_blocks(cfg.n_layer),))
 
 
@@ -314,10 +187,9 @@ def get_model(spec: str) -> ModelSpec:
     """
     text = spec.strip().lower()
     family, _, arg = text.partition(":")
-    if family == "gpt":
-        return _gpt(spec, arg)
-    if family == "llama":
-        return _llama(spec, arg)
+    if family in FAMILIES:
+        name, title, cfg = parse(spec, family, arg)
+        return _decoder(name, title, family, cfg)
     if family in ("resnet101", "resnet") and arg in ("", "101"):
         return ModelSpec("resnet101", "ResNet-101, 370 layers (torchgpipe's flattening), 224x224 images",
                          resnet101, lambda b, d: resnet_sample(b, 224, d))

@@ -1,7 +1,7 @@
 """The decoders' kernels as custom operators the counter sees one each way: Megatron-LM's fused kernels, the fused
-RMSNorm, SwiGLU and RoPE of Megatron-Core and TransformerEngine, and FlashAttention (Note [Megatron's kernels] and
-Note [flash attention] in :mod:`sim.planning.models.gpt`, Note [fused kernels] in :mod:`sim.planning.models.llama`;
-their FLOPs, bytes and rate: Note [fused kernels] and Note [flash attention] in :mod:`sim.planning.operators`).
+RMSNorm, SwiGLU and RoPE of Megatron-Core and TransformerEngine, and FlashAttention (Note [fused kernels] and Note
+[flash attention] in :mod:`sim.planning.models.decoder_layers`; their FLOPs, bytes and rate: Note [fused kernels]
+and Note [flash attention] in :mod:`sim.planning.operators`).
 
 Each computes the real thing on a CPU, so a model built with them trains and its gradients can be checked against
 the math form's; on meta its fake returns the shapes.
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 __all__ = ["bias_dropout_add", "bias_gelu", "causal_softmax", "flash_attention", "rms_norm", "rope", "swiglu"]
 
 
-# -- Megatron-LM's fused kernels (Note [Megatron's kernels]) -------------------------------------------------------
+# -- Megatron-LM's fused kernels (Note [fused kernels] in decoder_layers) ------------------------------------------
 
 
 @torch.library.custom_op("gpipe_sim::causal_softmax", mutates_args=())
@@ -49,11 +49,12 @@ def bias_gelu_backward(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) 
 
 
 @torch.library.custom_op("gpipe_sim::bias_dropout_add", mutates_args=())
-def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                      p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``residual + dropout(x + bias)`` and the dropout's mask (one byte an element), one kernel."""
+    """``residual + dropout(x + bias)`` (``dropout(x)`` without a bias) and the dropout's mask (one byte an element),
+    one kernel."""
     keep = torch.rand(x.shape, device=x.device) >= p
-    return residual + (x + bias) * keep * _dropout_scale(p), keep
+    return residual + (x if bias is None else x + bias) * keep * _dropout_scale(p), keep
 
 
 def _dropout_scale(p: float) -> float:
@@ -81,7 +82,8 @@ def _(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 
 
 @bias_dropout_add.register_fake
-def _(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
+      p: float) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(residual), torch.empty_like(x, dtype=torch.bool)
 
 
@@ -107,6 +109,7 @@ def _gelu_grad(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 def _dropout_add_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
     ctx.scale = _dropout_scale(inputs[3])
+    ctx.bias = inputs[1] is not None
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)  # no zero gradient made for the mask
     ctx.save_for_backward(output[1])  # the mask alone
@@ -117,7 +120,8 @@ def _dropout_add_grad(ctx: Any, grad: torch.Tensor | None, _: Any) -> tuple[torc
         return None, None, None, None
     (keep,) = ctx.saved_tensors
     grad_x = torch.ops.aten.native_dropout_backward(grad, keep, ctx.scale)
-    return grad_x, grad_x.sum(tuple(range(grad_x.dim() - 1))), grad, None
+    grad_bias = grad_x.sum(tuple(range(grad_x.dim() - 1))) if ctx.bias else None
+    return grad_x, grad_bias, grad, None
 
 
 causal_softmax.register_autograd(_softmax_grad, setup_context=_softmax_context)
@@ -236,7 +240,7 @@ def _flash_grad(ctx: Any, grad: torch.Tensor | None, _: Any, __: Any) -> tuple[t
 flash_attention.register_autograd(_flash_grad, setup_context=_flash_context)
 
 
-# -- Megatron-Core's and TransformerEngine's kernels of a Llama block (Note [fused kernels] in llama) ---------------
+# -- Megatron-Core's and TransformerEngine's kernels (Note [fused kernels] in decoder_layers) ----------------------
 
 
 def _stats_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -43,7 +43,7 @@ def _cap(what: str, value: int, cap: int, known: str, estimate: str) -> None:
 
 def check_decoder_size(layers: int, hidden: int, ffn: int, seq: int, vocab: int, heads: int,
                        parameters: int) -> None:
-    """Refuse a GPT or Llama decoder past a cap (Note [size caps]); the message estimates what it would cost.
+    """Refuse a decoder of any family past a cap (Note [size caps]); the message estimates what it would cost.
 
     Raises:
         ValueError: one line naming the size, the cap and the estimate.
