@@ -12,7 +12,7 @@ Cases:
 - ``gpipe-sim plan``'s default for ``gpt:175b`` on 1,024 A100s and for ``llama:405b`` on 16,384 H100s (NVLink 4,
   InfiniBand NDR; batch 2,048 of 8,192 tokens): today's layouts (Note [today's defaults] in
   :mod:`sim.planning.request`), the fastest 20 per GPU count ranked exactly and the rest skipped (Note [bounded
-  sweep] in :mod:`sim.planning.sweep`). Goals: 15 s and 30 s.
+  sweep] in :mod:`sim.planning.sweep_workers`). Goals: 15 s and 30 s.
 
 Counting the model on the meta device happens once per tensor-parallel degree, before, and is timed apart. The
 sweep runs in worker processes, one per core this process may use (Note [sweep workers] in

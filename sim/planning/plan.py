@@ -5,7 +5,8 @@ For every GPU count ``g`` and tensor-parallel degree ``t`` the planner tries eac
 :mod:`sim.planning.request`), each number of
 micro-batches (chunks), each checkpoint
 policy and each registered schedule (:data:`gpipe.schedule.SCHEDULES`), and for a schedule that
-places several stages per device each number ``v`` of stages per device (Note [virtual stages]).
+places several stages per device each number ``v`` of stages per device (Note [virtual stages] in
+:mod:`sim.planning.configurations`).
 Each configuration is balanced by cost (:mod:`sim.planning.partition`), priced with the backward
 split into B and W where the schedule has W tasks, simulated (:func:`sim.core.engine.simulate`) and
 checked against device memory as the allocator sees it; :func:`plan` runs the sweep a
@@ -27,6 +28,7 @@ from dataclasses import replace
 from gpipe.interpreter.affinity import available_cores
 from gpipe.schedule.collector import collector_paused
 from gpipe.schedule.timeline import Timeline
+from sim.planning.configurations import MAX_CHUNKS, configurations
 from sim.planning.partition import block_partition
 from sim.planning.request import (
     GPUS_PER_NODE,
@@ -40,7 +42,7 @@ from sim.planning.request import (
 )
 from sim.planning.rows import Plan, PlanRow
 from sim.planning.search_plan import SEARCHED, configuration_of, search_rows
-from sim.planning.sweep import MAX_CHUNKS, Sweep, configurations
+from sim.planning.sweep import Sweep
 from sim.planning.sweep_workers import evaluate_all
 
 __all__ = ["GPUS_PER_NODE", "MAX_CHUNKS", "VIRTUAL", "Plan", "PlanRequest", "PlanRow", "block_partition",

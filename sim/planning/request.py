@@ -29,7 +29,7 @@ __all__ = ["GPUS_PER_NODE", "PRACTICE_ZERO", "VIRTUAL", "PlanRequest", "check_re
            "practice_degrees", "resolve_link", "resolve_network", "shard_keys"]
 
 GPUS_PER_NODE = 8  # a tensor-parallel group stays inside a node (Note [tensor parallel ranks])
-VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages], sweep.py)
+VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages], configurations.py)
 
 _LINK_FAMILIES = {  # a family name picks the generation that comes with the device (first prefix that matches;
     # "" matches any). The PCIe and NVL H100 cards reach one peer over a bridge; an MI300 has no NVLink (name
@@ -152,7 +152,7 @@ def check_tensor_parallel(tensor_parallel: Sequence[int], gpus: Sequence[int],
         if t > gpus_per_node:
             raise ValueError(f"tensor parallel {t} spans more than a node of {gpus_per_node} GPUs; a tensor-parallel "
                              "group stays inside a node")
-        if all(g % t for g in gpus):  # a count it does not divide is skipped (sweep.configurations)
+        if all(g % t for g in gpus):  # a count it does not divide is skipped (configurations.configurations)
             them = f"{gpus[0]} GPUs" if len(gpus) == 1 else f"any of {', '.join(map(str, gpus))} GPUs"
             raise ValueError(f"tensor parallel {t} does not divide {them}")
 
@@ -223,7 +223,7 @@ class PlanRequest:
     """Pipeline depths (devices per replica) to allow; ``None``: every divisor of each GPU count."""
     virtual: Sequence[int] = VIRTUAL
     """Stages per device to try for a schedule registered with a layout (Note [virtual stages] in
-    :mod:`sim.planning.sweep`)."""
+    :mod:`sim.planning.configurations`)."""
     balance: Sequence[int] | None = None
     """Layers per stage, pinned (a published partition): only pipelines of ``len(balance)`` stages run, and none is
     balanced by the planner."""

@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import process as futures_process
 
+from sim.planning.configurations import Configuration
 from sim.planning.rows import PlanRow
-from sim.planning.sweep import Configuration, Sweep
+from sim.planning.sweep import Sweep
 from sim.workers import exit_with_parent
 
 __all__ = ["evaluate_all"]

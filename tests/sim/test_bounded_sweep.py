@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from sim.cli import main
+from sim.planning.configurations import Configuration
 from sim.planning.models import get_model
 from sim.planning.plan import PlanRequest, plan
 from sim.planning.request import practice_checkpoints, practice_degrees
-from sim.planning.sweep import Configuration, Sweep
+from sim.planning.sweep import Sweep
 
 SPEC = "gpt:layers=8,hidden=512,heads=8,seq=256,vocab=1000"
 
