@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -180,7 +180,8 @@ class DeviceSpec:
 # they were set): large cuBLAS GEMMs near 70% of the dense tensor peak, convolutions 60%, HBM streams 90% of the
 # datasheet bandwidth, 128-wide tensor-core tiles; calibrate them on the device (gpipe-sim hardware) before trusting
 # an absolute number. _TENSOR_CORE serves every tensor-core family here, AMD's matrix cores (MI300X, MI325X) and
-# Ada's L40S (its GDDR6 at HBM's 90%) included: the same a-priori fractions for each, measured on none of them.
+# Ada's L40S (its GDDR6 at HBM's 90%) included, with one correction where a family's matmul ceiling was measured
+# (Note [measured matmul ceilings]); its other fractions are measured on none of them.
 _PASCAL = Roofline({"fp32": 0.859}, {"fp32": 0.859}, memory=0.8, kernel_seconds=5e-6, half_dim=64,
                    convolution_backward={"fp32": 0.859}, vector_math=0.8,
                    source="matmul/convolution/convolution_backward: one fraction solved once from torchgpipe's "
@@ -195,6 +196,31 @@ _TENSOR_CORE = Roofline({"fp64": 0.85, "fp32": 0.85, "tf32": 0.7, "fp16": 0.7, "
                         source="assumed, not measured (Note [roofline sources] in sim/planning/hardware.py); the "
                                "backward's convolutions assumed at the forward's fraction, vector-math kernels at "
                                "the memory fraction")
+# Note [measured matmul ceilings]: the Maximum Achievable Matmul FLOPS (MAMF) of a device is the best BF16 matmul
+# rate a brute-force search of shapes finds (Bekman, "Machine Learning Engineering", compute/accelerator, MAMF
+# comparison table): A100 SXM 267.9 of 312 TFLOPS (85.9%, CUDA 12.1), H100 SXM 792.1 of 989 (80.1%, CUDA 12.1),
+# MI300X 781.9 of 1,300 (60.1%, ROCm 6.2). A training step's GEMMs are not that best shape, so _TENSOR_CORE's a-priori
+# 0.7 of the peak is read as a fixed share of the A100's ceiling (0.7 / 0.859 = 0.815), and a device whose ceiling
+# was measured takes the same share of its own on its tensor-core paths (TF32, FP16, BF16, FP8; only BF16 was
+# measured, the others are taken with it). Each family's measurement serves its whole family (Hopper: the H100 SXM's
+# for the PCIe and NVL cards, H800 and H200, the same GH100 die; CDNA 3: MI300X's for MI325X); a family measured on
+# none keeps 0.7 (V100, Blackwell, the L40S). One microbenchmark per family, set once for every model.
+_A100_CEILING = 267.9 / 312
+
+
+def _measured(ceiling: float, source: str) -> Roofline:
+    """_TENSOR_CORE with its tensor-core matmul fractions scaled to a measured ceiling (Note [measured matmul
+    ceilings])."""
+    scale = ceiling / _A100_CEILING
+    matmul = {k: v * scale if k in ("tf32", "fp16", "bf16", "fp8") else v for k, v in _TENSOR_CORE.matmul.items()}
+    return replace(_TENSOR_CORE, matmul=matmul, source=f"{_TENSOR_CORE.source}; matmul: {source}")
+
+
+_HOPPER = _measured(792.1 / 989, "the H100 SXM's measured ceiling, 80.1% of the BF16 peak (Note [measured matmul "
+                                 "ceilings] in sim/planning/hardware.py)")
+_CDNA3 = _measured(781.9 / 1300, "the MI300X's measured ceiling, 60.1% of the BF16 peak (Note [measured matmul "
+                                 "ceilings] in sim/planning/hardware.py)")
+
 _DEVICE_LIST = (
     # NVIDIA Tesla P40 datasheet (2016): 12 TFLOPS single precision, 47 TOPS INT8, 24 GB GDDR5,
     # 346 GB/s. Pascal GP102 has no fast fp16 path; the datasheet lists none, so neither do we.
@@ -223,20 +249,20 @@ _DEVICE_LIST = (
     # 80 GB HBM3 at 3.35 TB/s. Memory: nvidia-smi 81,559 MiB (NVIDIA/nccl issue 1264, 2024; modal PR 2797).
     DeviceSpec("h100-sxm", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                             "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
-               3350 * GB, 81559 * MiB, description="NVIDIA H100 SXM 80 GB (Hopper)", roofline=_TENSOR_CORE),
+               3350 * GB, 81559 * MiB, description="NVIDIA H100 SXM 80 GB (Hopper)", roofline=_HOPPER),
     # The same datasheet, PCIe: fp64 26 (tensor 51), fp32 51, TF32 756, BF16/FP16 1,513, FP8 3,026 TFLOPS with
     # sparsity; 80 GB HBM2e at 2 TB/s; NVLink bridge 600 GB/s. Memory: nvidia-smi 81,559 MiB (a public
     # TensorRT-LLM test report).
     DeviceSpec("h100-pcie", {"fp64": 51 * TFLOPS, "fp32": 51 * TFLOPS, "tf32": 378 * TFLOPS,
                              "fp16": 756.5 * TFLOPS, "bf16": 756.5 * TFLOPS, "fp8": 1513 * TFLOPS},
-               2000 * GB, 81559 * MiB, description="NVIDIA H100 PCIe 80 GB (Hopper)", roofline=_TENSOR_CORE),
+               2000 * GB, 81559 * MiB, description="NVIDIA H100 PCIe 80 GB (Hopper)", roofline=_HOPPER),
     # NVIDIA H100 product page (2024; per GPU, where the 2023 NVL datasheet gave a pair): fp64 30 (tensor 60),
     # fp32 60, TF32 835, BF16/FP16 1,671, FP8 3,341 TFLOPS with sparsity; 94 GB HBM3 at 3.9 TB/s; NVLink bridge
     # 600 GB/s. Memory: nvidia-smi 95,830 MiB (public nvidia-smi output, 2026).
     DeviceSpec("h100-nvl", {"fp64": 60 * TFLOPS, "fp32": 60 * TFLOPS, "tf32": 417.5 * TFLOPS,
                             "fp16": 835.5 * TFLOPS, "bf16": 835.5 * TFLOPS, "fp8": 1670.5 * TFLOPS},
                3900 * GB, 95830 * MiB, description="NVIDIA H100 NVL 94 GB (Hopper, PCIe with NVLink bridge)",
-               roofline=_TENSOR_CORE),
+               roofline=_HOPPER),
     # NVIDIA H800 SXM5 80GB: the H100 SXM's GH100 with NVLink cut to 400 GB/s (both directions) for export to China
     # (NVIDIA DGX H800 and HGX H800 specifications, 2023: "8x NVIDIA H800 GPUs, 640 GB total GPU memory", "NVLink:
     # 400 GB/s"; the H800 SXM5 datasheet: FP64 34 (tensor 67), FP32 67, TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS
@@ -245,13 +271,13 @@ _DEVICE_LIST = (
     DeviceSpec("h800", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                         "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
                3350 * GB, 81559 * MiB, description="NVIDIA H800 SXM 80 GB (Hopper, NVLink 400 GB/s)",
-               roofline=_TENSOR_CORE),
+               roofline=_HOPPER),
     # NVIDIA H200 product page / datasheet (2023/2024), SXM: same compute as H100 SXM (fp32 67,
     # TF32 989, BF16/FP16 1,979, FP8 3,958 TFLOPS with sparsity); 141 GB HBM3e at 4.8 TB/s.
     # Memory: nvidia-smi 143,771 MiB (public nvidia-smi outputs, 2025-2026).
     DeviceSpec("h200", {"fp64": 67 * TFLOPS, "fp32": 67 * TFLOPS, "tf32": 494.5 * TFLOPS,
                         "fp16": 989.5 * TFLOPS, "bf16": 989.5 * TFLOPS, "fp8": 1979 * TFLOPS},
-               4800 * GB, 143771 * MiB, description="NVIDIA H200 SXM 141 GB (Hopper)", roofline=_TENSOR_CORE),
+               4800 * GB, 143771 * MiB, description="NVIDIA H200 SXM 141 GB (Hopper)", roofline=_HOPPER),
     # NVIDIA HGX B200 specifications (NVIDIA's HGX B200 / GB200 NVL72 table, 2024-2025), per GPU: FP64/FP64
     # tensor 37, FP32 75 TFLOPS; TF32 2.2, FP16/BF16 4.5, FP8 9 PFLOPS with sparsity (the catalog's dense: half,
     # 1.1, 2.25 and 4.5 PFLOPS; Note [dense peaks]); 180 GB HBM3e at 7.7 TB/s; NVLink 5 1.8 TB/s.
@@ -278,13 +304,13 @@ _DEVICE_LIST = (
     # (196,592 MiB; ROCm issue 4750, 2025), torch.cuda's total_memory the same (ROCm issue 4203).
     DeviceSpec("mi300x", {"fp64": 163.4 * TFLOPS, "fp32": 163.4 * TFLOPS, "tf32": 653.7 * TFLOPS,
                           "fp16": 1307.4 * TFLOPS, "bf16": 1307.4 * TFLOPS, "fp8": 2614.9 * TFLOPS},
-               5300 * GB, 196592 * MiB, description="AMD Instinct MI300X 192 GB (CDNA 3)", roofline=_TENSOR_CORE),
+               5300 * GB, 196592 * MiB, description="AMD Instinct MI300X 192 GB (CDNA 3)", roofline=_CDNA3),
     # AMD Instinct MI325X datasheet (2024): the MI300X's compute (FP64 matrix 163.4, FP32 163.4, TF32 653.7,
     # FP16/BF16 1,307.4, FP8 2,614.9 TFLOPS dense); 256 GB HBM3E at 6 TB/s. Memory: no rocm-smi report found,
     # so 256 GB read as decimal bytes (Note [memory as reported]); by the MI300X's, it likely reports ~7% more.
     DeviceSpec("mi325x", {"fp64": 163.4 * TFLOPS, "fp32": 163.4 * TFLOPS, "tf32": 653.7 * TFLOPS,
                           "fp16": 1307.4 * TFLOPS, "bf16": 1307.4 * TFLOPS, "fp8": 2614.9 * TFLOPS},
-               6000 * GB, 256 * GB, description="AMD Instinct MI325X 256 GB (CDNA 3)", roofline=_TENSOR_CORE),
+               6000 * GB, 256 * GB, description="AMD Instinct MI325X 256 GB (CDNA 3)", roofline=_CDNA3),
     # A placeholder for a small x86 host, not a product: ~100 GFLOP/s fp32 (a few cores with AVX2 FMA:
     # 32 FLOP/cycle/core at ~3 GHz), one DDR4-3200 channel (JEDEC: 3200 MT/s x 8 bytes = 25.6 GB/s),
     # 16 GiB. Calibrate before trusting it.
