@@ -1,4 +1,5 @@
-"""DualPipeV (DeepSeek-AI, 2024, DeepSeek-V3 report; DualPipe "cut in half"): ``2p`` stages in a V on ``p``
+"""DualPipeV: DeepSeek-V3's two-direction DualPipe (DeepSeek-AI, 2024) "cut in half" to one direction, as DeepSeek's
+DualPipe repository credits Sea AI Lab with (2025): ``2p`` stages in a V on ``p``
 devices, every backward split into ``B`` and ``W``, and in the steady phase a forward of one micro-batch beside
 a backward of another, as an overlapped pair (Note [overlapped pairs] in :mod:`gpipe.schedule.schedule`)."""
 
