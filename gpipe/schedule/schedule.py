@@ -83,6 +83,13 @@ class Schedule:
         """True when the schedule has ``W`` tasks (backward split into input and weight gradient)."""
         return any(t.op is Op.W for ts in self.tasks for t in ts)
 
+    @cached_property
+    def gradient_positions(self) -> tuple[tuple[int, ...], ...]:
+        """For each device, the positions in its list of its gradient tasks (``W`` where the backward is split, else
+        ``B``): where a stage's gradients are final for a micro-batch, and a data-parallel reduction may start."""
+        op = Op.W if self.splits_weight_gradient else Op.B
+        return tuple(tuple(k for k, t in enumerate(ts) if t.op is op) for ts in self.tasks)
+
     @property
     def forwards_first(self) -> bool:
         """True when every device runs all its forwards before any other task (GPipe's fill-drain; not

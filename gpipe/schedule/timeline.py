@@ -197,6 +197,33 @@ class Timeline:
                 return s
         raise KeyError(f"no compute span for {task}")
 
+    def compute_spans_by_task(self, device: int) -> dict[Task, Span]:
+        """The compute spans of ``device``, keyed by their task."""
+        return {s.task: s for s in self._spans_of(device) if s.stream == COMPUTE}
+
+    def with_spans(self, extra: Sequence[Span]) -> Timeline:
+        """This timeline with ``extra`` spans beside its own, none of them compute (collectives added after the fact,
+        :func:`sim.core.collectives.add_collectives`). What it has grouped and measured per device carries over
+        (Note [metrics in one pass]): only the new spans are grouped.
+
+        Raises:
+            ValueError: an extra span is on the compute stream (it would change what was measured).
+        """
+        if any(s.stream == COMPUTE for s in extra):
+            raise ValueError("with_spans adds spans beside the compute; a compute span changes the timeline's tasks")
+        out = Timeline((*self.spans, *extra), self.memory, self.num_devices, self.source, dict(self.meta))
+        known = self.__dict__  # cached_property values (a timeline is immutable)
+        if "_by_device" in known:
+            groups = [list(g) for g in known["_by_device"]]
+            groups.extend([] for _ in range(out.num_devices - len(groups)))
+            for span in extra:
+                groups[span.device].append(span)
+            out.__dict__["_by_device"] = groups
+        for name in ("_busy", "_memory_by_device"):  # compute spans and memory samples are the same
+            if name in known and out.num_devices == self.num_devices:
+                out.__dict__[name] = known[name]
+        return out
+
     def shifted(self, offset: float) -> Timeline:
         """The same timeline with every time moved by ``offset`` seconds."""
         return Timeline(

@@ -18,13 +18,14 @@ compute task it serves, so the Perfetto trace and the Gantt chart show them.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpipe.schedule import Op, Schedule, Task
-from gpipe.schedule.timeline import COLLECTIVE, Span
+from gpipe.schedule.timeline import COLLECTIVE, COMPUTE, Span, Timeline
 
-__all__ = ["Gather", "StageCollectives", "Unit", "CommStream"]
+__all__ = ["CommStream", "Gather", "StageCollectives", "Unit", "add_collectives"]
 
 
 class Gather(str, enum.Enum):
@@ -63,9 +64,12 @@ class Unit:
     reduce_bytes: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("share", "gather", "reduce", "replicate", "gather_bytes", "reduce_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        values = (self.share, self.gather, self.reduce, self.replicate, self.gather_bytes, self.reduce_bytes)
+        if all(type(v) is float and 0.0 <= v < math.inf for v in values):  # the usual case, checked cheaply
+            return
+        for name, value in zip(("share", "gather", "reduce", "replicate", "gather_bytes", "reduce_bytes"), values,
+                               strict=True):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"Unit.{name} must be a finite number >= 0, got {value!r}")
 
 
@@ -121,19 +125,36 @@ def _bytes(n: float) -> str:
 class CommStream:
     """Device ``d``'s communication stream: when each collective runs, and the compute it holds back."""
 
-    def __init__(self, schedule: Schedule, stages: Sequence[StageCollectives | None], d: int) -> None:
+    def __init__(self, schedule: Schedule, stages: Sequence[StageCollectives | None], d: int,
+                 reductions_only: bool = False) -> None:
+        """``reductions_only``: no stage gathers, so only gradient tasks have collectives (a shorter setup)."""
         self.d, self.stages, self.tasks = d, stages, schedule.tasks[d]
         self.free = 0.0  # when the stream finishes what it was given
         self.spans: list[Span] = []
-        gradient = Op.W if any(t.op is Op.W for t in self.tasks) else Op.B
-        self.last_gradient: dict[int, int] = {}  # stage -> index of its last gradient task on this device
-        self.first_forward: dict[int, int] = {}
-        for k, t in enumerate(self.tasks):
-            if t.op is gradient:
-                self.last_gradient[t.stage] = k
-            if t.op is Op.F:
-                self.first_forward.setdefault(t.stage, k)
-        self.gradient = gradient
+        tasks = self.tasks
+        gradient = Op.W if schedule.splits_weight_gradient else Op.B
+        gradients = schedule.gradient_positions[d]
+        last_gradient = {tasks[k].stage: k for k in gradients if stages[tasks[k].stage] is not None}
+        first_forward: dict[int, int] = {}
+        if not reductions_only:
+            for k, t in enumerate(tasks):
+                if t.op is Op.F and t.stage not in first_forward:
+                    first_forward[t.stage] = k
+        # each stage's units in forward and in backward order, shared by its tasks
+        orders = {j: (list(range(len(c.units))), list(range(len(c.units)))[::-1])
+                  for j, c in enumerate(stages) if c is not None}
+        # per task: its units in the order it computes them, whether it gathers, reduces, replicates; None: no work
+        self.plan: list[tuple[StageCollectives, list[int], bool, bool, bool] | None] = [None] * len(tasks)
+        for k in (k for k in gradients if tasks[k].stage in last_gradient) if reductions_only else range(len(tasks)):
+            t = tasks[k]
+            c = stages[t.stage]
+            if c is None:
+                continue
+            gathers = c.gather is not Gather.NEVER and c.gathers(t.op, first_forward.get(t.stage) == k)
+            last = last_gradient.get(t.stage) == k
+            reduces = t.op is gradient and (c.reduce_each or last)
+            if gathers or reduces:
+                self.plan[k] = (c, orders[t.stage][t.op in (Op.B, Op.W)], gathers, reduces, last)
         self.prefetched: dict[int, float] = {}  # task index -> end of its first unit's gather, issued early
         self.previous_end = 0.0  # when the device's previous task ended
 
@@ -143,61 +164,52 @@ class CommStream:
         self.spans.append(Span(self.d, COLLECTIVE, task, start, end, label))
         return end
 
-    def _order(self, k: int) -> tuple[StageCollectives | None, list[int], bool]:
-        """Task ``k``'s stage collectives, its units in the order it computes them, and whether it gathers them."""
-        task = self.tasks[k]
-        c = self.stages[task.stage]
-        if c is None:
-            return None, [], False
-        backward = task.op in (Op.B, Op.W)
-        order = list(range(len(c.units)))[::-1] if backward else list(range(len(c.units)))
-        return c, order, c.gathers(task.op, self.first_forward.get(task.stage) == k)
-
-    def _gather(self, k: int, unit: int, issue: float) -> float:
-        task = self.tasks[k]
-        c = self.stages[task.stage]
-        assert c is not None
+    def _gather(self, k: int, c: StageCollectives, unit: int, issue: float) -> float:
         u = c.units[unit]
-        return self._run(issue, u.gather, task, f"all-gather unit {unit} ({_bytes(u.gather_bytes)})")
+        return self._run(issue, u.gather, self.tasks[k], f"all-gather unit {unit} ({_bytes(u.gather_bytes)})")
+
+    def _reduce(self, k: int, c: StageCollectives, unit: int, end: float, last: bool) -> None:
+        u = c.units[unit]
+        if u.reduce:
+            self._run(end, u.reduce, self.tasks[k], f"{c.reduce_kind} unit {unit} ({_bytes(u.reduce_bytes)})")
+        if last and u.replicate:
+            self._run(end, u.replicate, self.tasks[k], f"all-reduce across replicas unit {unit}")
 
     def task(self, k: int, t: float, seconds: float) -> tuple[float, float]:
         """Task ``k`` of the device, ready to compute at ``t`` for ``seconds``: its start and end, with the
         collectives it waits for and issues on the stream."""
-        c, order, gathers = self._order(k)
-        if c is None:
-            self.previous_end = t + seconds
-            return t, t + seconds
-        task = self.tasks[k]
-        reduces = task.op is self.gradient and (c.reduce_each or self.last_gradient.get(task.stage) == k)
-        last = self.last_gradient.get(task.stage) == k
+        plan = self.plan[k]
+        if plan is None:
+            end = t + seconds
+            if k + 1 < len(self.plan) and self.plan[k + 1] is not None:
+                self._prefetch(k + 1, t)
+            self.previous_end = end
+            return t, end
+        c, order, gathers, reduces, last = plan
         start = end = t
         gathered = 0.0
         if gathers:
             early = self.prefetched.pop(k, None)
-            gathered = early if early is not None else self._gather(k, order[0], self.previous_end)
+            gathered = early if early is not None else self._gather(k, c, order[0], self.previous_end)
+        final = len(order) - 1
         for n, unit in enumerate(order):
             begin = end if end > gathered else gathered
             if n == 0:
                 start = begin
-            if gathers and n + 1 < len(order):  # prefetch the next unit as this one starts
-                gathered = self._gather(k, order[n + 1], begin)
-            if n + 1 == len(order):  # prefetch the device's next task's first unit
+            if gathers and n < final:  # prefetch the next unit as this one starts
+                gathered = self._gather(k, c, order[n + 1], begin)
+            if n == final:  # prefetch the device's next task's first unit
                 self._prefetch(k + 1, begin)
             end = begin + seconds * c.units[unit].share
-            u = c.units[unit]
-            if reduces and u.reduce:
-                self._run(end, u.reduce, task, f"{c.reduce_kind} unit {unit} ({_bytes(u.reduce_bytes)})")
-            if last and u.replicate:
-                self._run(end, u.replicate, task, f"all-reduce across replicas unit {unit}")
+            if reduces:
+                self._reduce(k, c, unit, end, last)
         self.previous_end = end
         return start, end
 
     def _prefetch(self, k: int, issue: float) -> None:
-        if k >= len(self.tasks):
-            return
-        _, order, gathers = self._order(k)
-        if gathers:
-            self.prefetched[k] = self._gather(k, order[0], issue)
+        plan = self.plan[k] if k < len(self.plan) else None
+        if plan is not None and plan[2]:
+            self.prefetched[k] = self._gather(k, plan[0], plan[1][0], issue)
 
     def pair(self, ks: tuple[int, int], t: float) -> float:
         """An overlapped pair of tasks ``ks`` ready at ``t``: when it can start, every unit of both gathered first.
@@ -207,28 +219,71 @@ class CommStream:
         not overlapped with its own collectives, only with the other tasks'."""
         ready = t
         for k in ks:
-            c, order, gathers = self._order(k)
-            if c is None or not gathers:
+            plan = self.plan[k]
+            if plan is None or not plan[2]:
                 continue
+            c, order = plan[0], plan[1]
             first = self.prefetched.pop(k, None)
-            ready = max(ready, first if first is not None else self._gather(k, order[0], self.previous_end))
+            ready = max(ready, first if first is not None else self._gather(k, c, order[0], self.previous_end))
             for unit in order[1:]:
-                ready = max(ready, self._gather(k, unit, self.previous_end))
+                ready = max(ready, self._gather(k, c, unit, self.previous_end))
         return ready
 
     def after_pair(self, k: int, end: float) -> None:
         """Task ``k`` of a pair ended at ``end``: issue its reductions."""
-        c, order, _ = self._order(k)
         self.previous_end = max(self.previous_end, end)
-        if c is None:
-            return
-        task = self.tasks[k]
-        last = self.last_gradient.get(task.stage) == k
-        if task.op is not self.gradient or not (c.reduce_each or last):
-            return
-        for unit in order:
-            u = c.units[unit]
-            if u.reduce:
-                self._run(end, u.reduce, task, f"{c.reduce_kind} unit {unit} ({_bytes(u.reduce_bytes)})")
-            if last and u.replicate:
-                self._run(end, u.replicate, task, f"all-reduce across replicas unit {unit}")
+        plan = self.plan[k]
+        if plan is not None and plan[3]:
+            for unit in plan[1]:
+                self._reduce(k, plan[0], unit, end, plan[4])
+
+    @property
+    def gathers(self) -> bool:
+        """Whether any of the device's tasks waits for a gather (else its collectives never hold compute back)."""
+        return any(plan is not None and plan[2] for plan in self.plan)
+
+
+# Note [collectives after the fact]: where no stage gathers (DDP, ZeRO-1 and -2), no compute waits for a collective,
+# so the compute timeline is the one without collectives, and each device's stream can be run afterwards over its
+# compute spans in task order: the same CommStream, the same issue times (a unit's reduction at its share of its
+# task's span). A planner sweep simulates the compute once and adds each data-parallel layout's collectives to it.
+def add_collectives(timeline: Timeline, schedule: Schedule, stages: Sequence[StageCollectives | None],
+                    pairs: bool = True) -> Timeline:
+    """``timeline`` (simulated without collectives) with the collectives of ``stages`` on each device's stream;
+    ``pairs``: the schedule's overlapped pairs ran together (``SimConfig.overlap_pairs``).
+
+    Raises:
+        ValueError: a stage gathers (its compute would wait: simulate it with the collectives instead).
+    """
+    if any(c is not None and c.gather is not Gather.NEVER for c in stages):
+        raise ValueError("a stage that gathers its parameters delays its compute: simulate it with its collectives")
+    added: list[Span] = []
+    offset = 0
+    for d in range(schedule.num_devices):
+        stream = CommStream(schedule, stages, d, reductions_only=True)
+        tasks = stream.tasks
+        # only the tasks that reduce issue anything: without gathers nothing else reaches the stream
+        due = [k for k in schedule.gradient_positions[d] if stream.plan[k] is not None]
+        starts = schedule.pair_starts[d] if pairs and schedule.pairs else frozenset()
+        for k in due:
+            pair = k if k in starts else k - 1 if k - 1 in starts else None
+            if pair is not None:  # an overlapped pair: each reduces after it (Note [pairs gather first])
+                stream.after_pair(k, max(_span(timeline, offset + pair, d, tasks[pair]).end,
+                                         _span(timeline, offset + pair + 1, d, tasks[pair + 1]).end))
+            else:
+                s = _span(timeline, offset + k, d, tasks[k])
+                stream.task(k, s.start, s.end - s.start)
+        added.extend(stream.spans)
+        offset += len(tasks)
+    return timeline.with_spans(added)
+
+
+def _span(timeline: Timeline, at: int, device: int, task: Task) -> Span:
+    """``task``'s compute span on ``device``, expected at ``at`` among the timeline's spans: a simulated timeline lists
+    a device's compute spans in task order, device by device (Note [span order] in :mod:`sim.core.run`), a pair's two
+    in the order they end; any other timeline is searched."""
+    spans = timeline.spans
+    for i in (at, at - 1, at + 1):
+        if 0 <= i < len(spans) and spans[i].task == task and spans[i].stream == COMPUTE and spans[i].device == device:
+            return spans[i]
+    return timeline.compute_spans_by_task(device)[task]

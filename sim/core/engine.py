@@ -13,8 +13,11 @@ it leaves out; :class:`SimConfig` (:mod:`sim.core.config`) switches the executor
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpipe.schedule import Schedule, collector_paused
 from gpipe.schedule.timeline import Timeline
+from sim.core.collectives import Gather, add_collectives
 from sim.core.config import DEFAULT_CONFIG, SimConfig
 from sim.core.cost import CostModel
 from sim.core.device import device
@@ -59,11 +62,18 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
 
 def run_validated(schedule: Schedule, cost: CostModel, config: SimConfig) -> Timeline:
     """:func:`simulate` of a schedule and cost model already checked (benchmarks time the simulation alone)."""
+    collectives = [stage.collectives for stage in cost.stages]
+    if any(c is not None for c in collectives) and not any(c is not None and c.gather is not Gather.NEVER
+                                                            for c in collectives):
+        # Note [collectives after the fact] in sim.core.collectives: nothing waits for them
+        plain = replace(cost, stages=tuple(replace(stage, collectives=None) for stage in cost.stages))
+        return add_collectives(run_validated(schedule, plain, config), schedule, collectives, config.overlap_pairs)
     run = Run(schedule, cost, config)
     check_pairs(run)
     if run.comms is not None and not run.local_clocks():
-        raise ValueError("stages with collectives (StageCost.collectives) are simulated on the plain path only: "
-                         "copy streams, synchronous devices, no shared cores or streams, no lockstep, one phase")
+        raise ValueError("stages that gather their parameters (StageCollectives.gather) are simulated on the plain "
+                         "path only: copy streams, synchronous devices, no shared cores or streams, no lockstep, one "
+                         "phase")
     for d in range(run.devices):
         run.env.process(device(run, d))
     run.env.run()

@@ -26,7 +26,7 @@ __all__ = ["step_seconds"]
 # Note [zero step]: from stage 1 each device updates only its 1/d shard of the optimizer state, so its optimizer
 # step touches 1/d of the bytes and takes 1/d of the seconds.
 def step_seconds(timeline: Timeline, update_seconds: Sequence[float], replicas: int, zero: int = 0,
-                 after_step: Sequence[float] = ()) -> tuple[float, float]:
+                 after_step: Sequence[float] = (), drained: float | None = None) -> tuple[float, float]:
     """The step's seconds and the data-parallel seconds it did not hide (Note [all-reduce]).
 
     Args:
@@ -36,6 +36,8 @@ def step_seconds(timeline: Timeline, update_seconds: Sequence[float], replicas: 
         zero: the ZeRO stage (:data:`sim.planning.zero.ZERO_STAGES`).
         after_step: per device, seconds of the all-gather after its optimizer step (ZeRO stages 1 and 2); empty:
             none.
+        drained: when the last compute or copy ended, where the caller knows it (the timeline before its
+            collectives were added); ``None``: found among the timeline's spans.
 
     Returns:
         ``(step seconds, exposed seconds)``: the second is the collectives' end past the last compute or copy plus
@@ -45,7 +47,8 @@ def step_seconds(timeline: Timeline, update_seconds: Sequence[float], replicas: 
         ValueError: an unknown ZeRO stage or ``replicas < 1``.
     """
     check_zero(zero, replicas)
-    drained = max((s.end for s in timeline.spans if s.stream != COLLECTIVE), default=timeline.start)
+    if drained is None:
+        drained = max((s.end for s in timeline.spans if s.stream != COLLECTIVE), default=timeline.start)
     end = timeline.end
     updates = [u / replicas for u in update_seconds] if zero else list(update_seconds)
     update = max(updates, default=0.0)

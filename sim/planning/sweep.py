@@ -21,6 +21,7 @@ from typing import Any
 
 from gpipe.schedule import Schedule
 from gpipe.schedule.timeline import Timeline
+from sim.core.collectives import Gather, add_collectives
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
@@ -102,6 +103,8 @@ class Sweep:
         self._tasks: dict[tuple[object, ...], list[Schedule]] = {}  # schedules by (m, n, devices, checkpoint)
         self._counted: dict[tuple[int, bool, int], tuple[tuple[float, float], ...]] = {}
         self._work: dict[tuple[object, ...], tuple[float, float]] = {}  # floor's: a micro-batch's compute, its chain
+        # each stage's sharded state, working sets and collectives per data-parallel layout (the latest few)
+        self._shards: dict[tuple[object, ...], tuple[list[StageCost], list[int], list[int]]] = {}
 
     def _canonical(self, schedule: Schedule) -> Schedule:
         """``schedule``, or an earlier one of this sweep with the same tasks in the same places (interleaved 1F1B
@@ -180,7 +183,12 @@ class Sweep:
         backward = stage_backward_working_bytes(costs.profile, balance, mb, costs.training.gradient_bytes)
         stages: Sequence[StageCost] = whole
         if p.data_group > 1:
-            stages, working, backward = self._sharded(p, costs, balance, mb, whole, working, backward, placement)
+            shard_key = (key, placement, p.zero, p.replicas, p.context_parallel, p.reshard, p.shard_group)
+            if shard_key not in self._shards:
+                if len(self._shards) >= TIMELINES_KEPT:
+                    self._shards.pop(next(iter(self._shards)))
+                self._shards[shard_key] = self._sharded(p, costs, balance, mb, whole, working, backward, placement)
+            stages, working, backward = self._shards[shard_key]
         state = [int(x) for x in _per_device([s.model_state_bytes for s in stages], placement, devices)]
         limit = costs.device.memory_bytes
         base: dict[str, Any] = dict(gpus=p.gpus, stages=p.stages, replicas=p.replicas, chunks=p.chunks, microbatch=mb,
@@ -202,24 +210,31 @@ class Sweep:
                            activation_bytes=tuple(x.saved for x in parts), fits=False, memory_parts=tuple(parts),
                            simulated=False, bound="memory", **base)
         links = self.cluster.stage_links(placement, p.tensor_parallel, p.stages, p.replicas, p.context_parallel)
-        # the collectives are part of the simulation (sim.planning.zero.stage_collectives)
+        # Note [collectives after the fact] in sim.core.collectives: where no stage gathers (ZeRO below 3) the
+        # compute is simulated once for every data-parallel layout and each adds its collectives to it
+        collectives = [stage.collectives for stage in stages]
+        gathers = any(c is not None and c.gather is not Gather.NEVER for c in collectives)
         sim_key = (id(schedule), key, scale, links,
-                   (p.data_group, p.zero, p.reshard, p.shard_group) if p.data_group > 1 else None)
+                   (p.data_group, p.zero, p.reshard, p.shard_group) if gathers else None)
         timeline = self._timelines.get(sim_key)
         if timeline is None:
-            cost = CostModel(tuple(stages), copy_seconds=None, microbatch_scale=scale)
+            simulated = stages if gathers else [replace(stage, collectives=None) for stage in stages]
+            cost = CostModel(tuple(simulated), copy_seconds=None, microbatch_scale=scale)
             config = self.config if links is None else replace(self.config, stage_links=links)
             timeline = simulate(schedule, cost, config)
             if len(self._timelines) >= TIMELINES_KEPT:
                 self._timelines.pop(next(iter(self._timelines)))
             self._timelines[sim_key] = timeline
+        drained = None if gathers else timeline.end
+        if not gathers and any(c is not None for c in collectives):
+            timeline = add_collectives(timeline, schedule, collectives, self.config.overlap_pairs)
         self.last_timeline = timeline
         updates = _per_device(costs.update_seconds(balance), placement, devices)
         gather = self._collective(p, "allgather_seconds", sharding=True)
         after = [after_step_bytes(compute_copy_bytes(n, costs.training), p.zero, p.sharding_group)
                  for n in costs.stage_parameters(balance)]
         step, exposed = step_seconds(timeline, updates, p.sharding_group, p.zero, [
-            sum(gather(after[j], d) for j in schedule.stages_on(d) if after[j]) for d in range(devices)])
+            sum(gather(after[j], d) for j in schedule.stages_on(d) if after[j]) for d in range(devices)], drained)
         throughput = self.batch / step if step > 0 else math.inf
         dollars = p.gpus * self.price / 3600 * 1e6 / throughput if self.price is not None else None
         activations = tuple(timeline.peak_memory(d) for d in range(devices))

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
+from operator import attrgetter
 
 import pytest
 
-from gpipe.schedule import Checkpoint, Op, gpipe, schedule_kind
+from gpipe.schedule import Checkpoint, Op, Schedule, gpipe, schedule_kind
 from gpipe.schedule.timeline import COLLECTIVE, Timeline, chrome_trace
-from sim.core.collectives import Gather, StageCollectives, Unit
+from sim.core.collectives import Gather, StageCollectives, Unit, add_collectives
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
+from sim.core.device import device
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
+from sim.core.run import Run
 from sim.planning.cluster import Cluster
 from sim.planning.collectives import (
     allgather_seconds,
@@ -295,10 +299,13 @@ def test_hybrid_sharding_all_reduces_the_shard_across_groups() -> None:
     assert _count(timeline)["all-reduce across replicas"] == 2
 
 
-def test_collectives_need_the_plain_path_and_show_in_the_trace() -> None:
-    stage = StageCost(1.0, 2.0, collectives=StageCollectives((Unit(1.0, reduce=0.5),)))
+def test_gathers_need_the_plain_path_and_collectives_show_in_the_trace() -> None:
+    gathering = StageCost(1.0, 2.0, collectives=StageCollectives((Unit(1.0, gather=0.5),), Gather.EACH_TASK))
     with pytest.raises(ValueError, match="plain path only"):
-        simulate(gpipe(2, 1), CostModel((stage,)), SimConfig(copy_streams=False))
+        simulate(gpipe(2, 1), CostModel((gathering,)), SimConfig(copy_streams=False))
+    stage = StageCost(1.0, 2.0, collectives=StageCollectives((Unit(1.0, reduce=0.5),)))
+    off_path = simulate(gpipe(2, 1, "never"), CostModel((stage,)), SimConfig(copy_streams=False))
+    assert [(s.start, s.end) for s in off_path.collective_spans()] == [(6.0, 6.5)]  # after the last B, 4 -> 6
     with pytest.raises(ValueError, match="shares of a stage must sum to 1"):
         StageCollectives((Unit(0.5),))
     with pytest.raises(ValueError, match="Unit.gather must be a finite number >= 0"):
@@ -324,3 +331,54 @@ def test_the_bytes_sent_are_the_simulated_collectives(zero: int, checkpoint: Che
     recomputes = 4 if checkpoint == "always" else 0
     assert sent == pytest.approx(sent_per_step(40, 40, zero, 4, 4, recomputes, reshard_after_forward=reshard)
                                  - after_step_bytes(40, zero, 4) * 3 / 4)
+
+
+def _in_loop(schedule: Schedule, cost: CostModel) -> Timeline:
+    """The device loop with the collectives in it (what a gathering stage runs), for stages that only reduce."""
+    run = Run(schedule, cost, SimConfig())
+    for d in range(run.devices):
+        run.env.process(device(run, d))
+    run.env.run()
+    return run.timeline()
+
+
+@pytest.mark.parametrize(("name", "devices"), [("1f1b", None), ("zb-h1", None), ("interleaved-1f1b", 2),
+                                               ("dualpipe-v", 2)])
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_reductions_after_the_fact_are_the_device_loop_s(name: str, devices: int | None, zero: int) -> None:
+    """Note [collectives after the fact]: where nothing gathers, the compute timeline plus each device's stream run
+    over it equals the simulation with the collectives in the loop, span for span."""
+    training = training_policy("bf16-adam")
+    kind = schedule_kind(name)
+    schedule = kind(8, 4, "never") if devices is None else kind(8, 4, "never", devices=devices)
+    split = schedule.splits_weight_gradient
+    rng = random.Random(zero)
+    stages = tuple(StageCost(rng.uniform(0.5, 1.5), rng.uniform(1.0, 2.0), weight=0.5 if split else 0.0,
+                             collectives=stage_collectives([10, 20, 30], [0.2, 0.3, 0.5], training, zero, 4,
+                                                           _ring(4)))
+                   for _ in range(4))
+    cost = CostModel(stages, copy_seconds=0.1)
+    after, loop = simulate(schedule, cost), _in_loop(schedule, cost)
+    key = attrgetter("device", "stream", "task", "label")
+    got, want = {key(s): (s.start, s.end) for s in after.spans}, {key(s): (s.start, s.end) for s in loop.spans}
+    assert got.keys() == want.keys() and len(got) == len(after.spans)
+    for k, times in got.items():  # equal but for rounding: a unit's end is summed from its task's span here
+        assert times == pytest.approx(want[k], rel=1e-12), k
+    assert after.collective_spans()
+
+
+def test_collectives_added_keep_the_timeline_s_measures() -> None:
+    """Timeline.with_spans: a timeline measured before its collectives are added carries its per-device measures
+    over, and they equal those of one measured after."""
+    stage = StageCost(1.0, 2.0, saved_bytes=10, collectives=StageCollectives((Unit(1.0, reduce=0.5),)))
+    cost = CostModel((stage, stage), copy_seconds=0.25)
+    base = simulate(gpipe(4, 2, "never"), CostModel((replace(stage, collectives=None),) * 2, copy_seconds=0.25))
+    measured = [(base.busy(d), base.peak_memory(d), len(base.compute_spans(d))) for d in range(2)]
+    added = add_collectives(base, gpipe(4, 2, "never"), [stage.collectives] * 2)
+    fresh = simulate(gpipe(4, 2, "never"), cost)
+    for timeline in (added, fresh):
+        assert [(timeline.busy(d), timeline.peak_memory(d), len(timeline.compute_spans(d))) for d in range(2)] == \
+            measured
+        assert [len(timeline.collective_spans(d)) for d in range(2)] == [1, 1]
+    with pytest.raises(ValueError, match="with_spans adds spans beside the compute"):
+        base.with_spans(base.compute_spans(0)[:1])
