@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpipe.schedule import Schedule
-from gpipe.schedule.timeline import Timeline
+from gpipe.schedule.timeline import COLLECTIVE, Timeline
 from sim.core.collectives import Gather, add_collectives
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
@@ -225,7 +225,9 @@ class Sweep:
             if len(self._timelines) >= TIMELINES_KEPT:
                 self._timelines.pop(next(iter(self._timelines)))
             self._timelines[sim_key] = timeline
-        drained = None if gathers else timeline.end
+        # when the last compute or copy ends: the pipeline's makespan, the collectives' exposed tail after it
+        drained = timeline.end if not gathers else \
+            max((s.end for s in timeline.spans if s.stream != COLLECTIVE), default=timeline.start)
         if not gathers and any(c is not None for c in collectives):
             timeline = add_collectives(timeline, schedule, collectives, self.config.overlap_pairs)
         self.last_timeline = timeline
@@ -238,11 +240,13 @@ class Sweep:
         throughput = self.batch / step if step > 0 else math.inf
         dollars = p.gpus * self.price / 3600 * 1e6 / throughput if self.price is not None else None
         activations = tuple(timeline.peak_memory(d) for d in range(devices))
-        return PlanRow(step_seconds=step, throughput=throughput, bubble_fraction=timeline.bubble_fraction(),
+        span = drained - timeline.start
+        bubble = sum(1 - timeline.busy(d) / span for d in range(devices)) / devices if span > 0 else 0.0
+        return PlanRow(step_seconds=step, throughput=throughput, bubble_fraction=bubble,
                        memory_bytes=memory, activation_bytes=activations, fits=True, cost_per_million=dollars,
                        memory_parts=tuple(parts), allreduce_exposed_seconds=exposed,
                        **self._utilisation(p, costs, mb, step, throughput, max(updates, default=0.0), exposed,
-                                          timeline),
+                                          timeline, drained),
                        **base)
 
     def _collective(self, p: Configuration, name: str, sharding: bool = False) -> Callable[[float, int], float]:
@@ -325,8 +329,9 @@ class Sweep:
         return total(fwd) + total(bwd), recomputed
 
     def _utilisation(self, p: Configuration, costs: FlopCosts, mb: int, step: float, throughput: float, update: float,
-                     exposed: float, timeline: Timeline) -> dict[str, Any]:
-        """``tokens_per_second``, ``mfu``, ``hfu`` and ``bound`` of a simulated configuration (:class:`PlanRow`)."""
+                     exposed: float, timeline: Timeline, drained: float) -> dict[str, Any]:
+        """``tokens_per_second``, ``mfu``, ``hfu`` and ``bound`` of a simulated configuration (:class:`PlanRow`);
+        ``drained``: when its last compute or copy ended (the collectives' exposed tail is ``exposed``)."""
         model, recomputed = self._flops(p, costs)
         peak = p.gpus * costs.device.peak_flops.get(costs.training.compute.lower(), NAN) * step
         busy = max(timeline.busy(d) for d in range(timeline.num_devices))
@@ -336,7 +341,7 @@ class Sweep:
         context = sum(float(x.sum()) for x in costs.context_seconds(mb)) / whole
         parts = {"compute": busy * (1 - collective - context), "tensor-parallel": busy * collective,
                  "context-parallel": busy * context,
-                 "bubble": timeline.end - timeline.start - busy, "data-parallel": exposed, "optimizer": update}
+                 "bubble": drained - timeline.start - busy, "data-parallel": exposed, "optimizer": update}
         return {"tokens_per_second": throughput * self.tokens if self.tokens else None,
                 "mfu": model / peak if peak > 0 else None, "hfu": (model + recomputed) / peak if peak > 0 else None,
                 "bound": max(parts, key=lambda k: parts[k])}
