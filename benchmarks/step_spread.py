@@ -14,8 +14,9 @@ one that grows only with threads, or falls with the collector off, comes from th
 Thread counts: one intra-op thread per worker and in the plain step (``--threads``; Note [threads] in
 ``_shared/machine.py``).
 
-Run: ``.venv/bin/python benchmarks/step_spread.py`` (about two minutes) or ``--quick`` (few steps, for the smoke
-test); writes ``benchmarks/results/step_spread.json``.
+Run: ``.venv/bin/python benchmarks/step_spread.py`` (about two minutes) or ``--quick`` (every row, on a quarter of
+the batch, ten steps after one untimed: for the smoke test, not a spread to read); writes
+``benchmarks/results/step_spread.json``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ from gpipe.balance import balance_by_time  # noqa: E402
 RESULTS = results_path("step_spread")
 STEPS = {"loop": 121, "mlp": 121, "conv": 31}  # per row; the conv model's steps are 50 times longer
 WARMUP = 5
+# --quick: ten steps, the fewest whose deciles (statistics.quantiles, exclusive) lie strictly between the fastest and
+# the slowest step (nine put them on those steps, off by a rounding), on a quarter of the batch (two rows a micro-batch)
+QUICK_STEPS, QUICK_WARMUP, QUICK_BATCH = 10, 1, 16
 
 
 def _loop(n: int = 60_000) -> int:
@@ -60,11 +64,13 @@ def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return output.float().pow(2).mean() + 0 * target.sum()
 
 
-def steps_of(name: str) -> dict[str, Callable[[], Any]]:
-    """The kinds of step of row ``name``: the loop alone, or a model's plain step and its pipeline's."""
+def steps_of(name: str, batch: int | None = None) -> dict[str, Callable[[], Any]]:
+    """The kinds of step of row ``name``: the loop alone, or a model's plain step and its pipeline's, on the model's
+    mini-batch or its first ``batch`` rows."""
     if name == "loop":
         return {"python loop": _loop}
     model, x = MODELS[name](0)
+    x = x[:batch]
     target = torch.zeros(x.shape[0])
     plain: nn.Sequential = model
 
@@ -83,12 +89,12 @@ def steps_of(name: str) -> dict[str, Callable[[], Any]]:
     return {"plain step, one thread": plain_step, "1F1B on two workers": pipe_step}
 
 
-def measure(step: Callable[[], Any], count: int, collector: bool) -> dict[str, float]:
-    """``count`` timed steps after :data:`WARMUP` untimed ones, the collector on or off throughout."""
+def measure(step: Callable[[], Any], count: int, collector: bool, warmup: int = WARMUP) -> dict[str, float]:
+    """``count`` timed steps after ``warmup`` untimed ones, the collector on or off throughout."""
     was = gc.isenabled()
     (gc.enable if collector else gc.disable)()
     try:
-        for _ in range(WARMUP):
+        for _ in range(warmup):
             step()
         times = []
         for _ in range(count):
@@ -105,23 +111,26 @@ def measure(step: Callable[[], Any], count: int, collector: bool) -> dict[str, f
 
 def main(argv: list[str] | None = None) -> None:
     parser = options.parser(__doc__)
-    options.add_quick(parser, "eleven steps a row (the smoke test's)")
+    options.add_quick(parser, f"{QUICK_STEPS} steps a row after {QUICK_WARMUP} untimed, on {QUICK_BATCH} rows "
+                              "(the smoke test's)")
     options.add_threads(parser)
     options.add_out(parser, RESULTS)
     args = parser.parse_args(argv)
     set_threads(args.threads)
+    warmup = QUICK_WARMUP if args.quick else WARMUP
     rows = []
     print(f"{'model':6} {'step':24} {'collector':>9} {'median ms':>10} {'spread':>8} {'p90-p10':>8}")
     for name in STEPS:
-        for kind, step in steps_of(name).items():
+        for kind, step in steps_of(name, QUICK_BATCH if args.quick else None).items():
             for collector in (True, False):
                 row = {"model": name, "step": kind, "collector": "on" if collector else "off",
-                       **measure(step, 11 if args.quick else STEPS[name], collector)}
+                       **measure(step, QUICK_STEPS if args.quick else STEPS[name], collector, warmup)}
                 rows.append(row)
                 print(f"{name:6} {kind:24} {row['collector']:>9} {row['median_ms']:10.2f} {row['spread']:8.1%} "
                       f"{row['p90_p10']:8.1%}")
     note = ("spread = (slowest - fastest step) / median; p90_p10 = (90th - 10th percentile) / median; "
-            f"steps per row: {'11' if args.quick else STEPS}, after {WARMUP} untimed; one intra-op thread per worker.")
+            f"steps per row: {QUICK_STEPS if args.quick else STEPS}, after {warmup} untimed"
+            f"{f', on {QUICK_BATCH} rows' if args.quick else ''}; one intra-op thread per worker.")
     write_json(args.out, {"rows": rows, "note": note}, command=command_line(__file__, argv),
                machine={"threads_per_worker": args.threads})
     print(f"wrote {args.out}")

@@ -35,6 +35,8 @@ for _path in (ROOT, DOCS):  # the packages, and the docs' own modules (the docs 
 import figures  # noqa: E402
 from figures import FIGURES, FORGET, MARKDOWN  # noqa: E402
 
+from gpipe.schedule.size import replace_file  # noqa: E402
+
 __all__ = ["FIGURES", "build", "fragments", "main", "simulated_fragments"]
 
 OUT = DOCS / "img" / "generated"
@@ -90,9 +92,10 @@ def fragments(cache: Path | None = None) -> dict[str, str]:
             out = dict(saved["fragments"])
     if out is None:
         out = simulated_fragments()
-        if cache_file is not None:
+        if cache_file is not None:  # written whole, then renamed: the tests and a build may read it meanwhile
             cache_file.parent.mkdir(parents=True, exist_ok=True)
-            cache_file.write_text(json.dumps({"stamp": stamp, "fragments": out}))
+            text = json.dumps({"stamp": stamp, "fragments": out})
+            replace_file(cache_file, lambda path: path.write_text(text))
     out.update(benchmark_fragments())
     return out
 

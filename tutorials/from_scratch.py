@@ -10,6 +10,11 @@ Note [bounded ranks]: a notebook must never hang. Every wait is bounded: the ran
 that nobody answers raises), the launcher waits for the results with a deadline, a rank that fails sends its
 traceback (raised in the notebook as a ``RuntimeError`` naming the rank), and the launcher kills whatever is still
 running on its way out.
+
+Note [gradients by value]: a rank sends its gradients as numpy arrays, which pickle by value. A tensor put on
+``torch.multiprocessing``'s queue travels as a file descriptor of its shared storage, which the launcher fetches from
+the sending process when it takes the result; a rank that has put its result and exited is gone by then, and the
+launcher failed in ``multiprocessing.resource_sharer`` (``FileNotFoundError`` or ``ConnectionRefusedError``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import datetime
 import queue
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -142,10 +148,16 @@ def _rank(rank: int, world: int, port: int, m: int, orders: list[Order], wait: f
         library = {f"{k}.{name}": p.grad for k, layer in enumerate(model) for name, p in layer.named_parameters()
                    if p.grad is not None}
         pipe.close()
-        results.put(("ok", rank, report, scratch, library, float(loss)))
+        results.put(("ok", rank, report, _by_value(scratch), _by_value(library), float(loss)))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the launcher raises it (Note [bounded ranks])
         results.put(("error", rank, traceback.format_exc()))
+
+
+def _by_value(grads: Mapping[str, Tensor | None]) -> dict[str, Any]:
+    """The gradients in ``grads`` as numpy copies, for the launcher (Note [gradients by value]); a parameter without
+    one is left out, and the notebook's comparison names it."""
+    return {name: g.detach().numpy().copy() for name, g in grads.items() if g is not None}
 
 
 def run(world: int = 2, m: int = 4, orders: list[Order] | None = None, *, wait: float = 20.0) -> Result:
@@ -188,8 +200,9 @@ def run(world: int = 2, m: int = 4, orders: list[Order] | None = None, *, wait: 
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-    return Result([got[r][0] for r in range(world)], {k: g for r in range(world) for k, g in got[r][1].items()},
-                  {k: g for r in range(world) for k, g in got[r][2].items()}, got[world - 1][3])
+    return Result([got[r][0] for r in range(world)],
+                  {k: torch.from_numpy(g) for r in range(world) for k, g in got[r][1].items()},
+                  {k: torch.from_numpy(g) for r in range(world) for k, g in got[r][2].items()}, got[world - 1][3])
 
 
 def plain_gradients() -> tuple[float, dict[str, Tensor]]:

@@ -2,11 +2,13 @@
 
 Used by ``test_site.py``. One browser process, one tab (a flattened target session over one websocket):
 for each page it navigates, waits for the load event, and reports the console errors, failed requests,
-images that did not load, the links on the page and the ids that anchors can point to.
+images that did not load, the links on the page and the ids that anchors can point to. :meth:`Chromium.answer`
+serves a URL from the test instead of the server (the request still counts as made).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -68,6 +70,7 @@ class Chromium:
         self._session = ""
         self._next_id = 0
         self._events: list[dict[str, Any]] = []
+        self._answers: dict[str, bytes] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
@@ -142,7 +145,7 @@ class Chromium:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return msg.get("result", {})
             if "method" in msg:
-                self._events.append(msg)
+                self._event(msg)
 
     def _drain(self, seconds: float, until: str | None = None) -> bool:
         """Collect events for ``seconds``, or until an event named ``until`` arrives (then True)."""
@@ -152,9 +155,37 @@ class Chromium:
             if msg is None:
                 return False
             if "method" in msg:
-                self._events.append(msg)
+                self._event(msg)
                 if until is not None and msg["method"] == until:
                     return True
+
+    def _event(self, msg: dict[str, Any]) -> None:
+        """Keep an event for the page's report; answer a request paused for :meth:`answer` (the reply to that
+        command arrives later, with an id nobody waits for)."""
+        self._events.append(msg)
+        if msg["method"] == "Fetch.requestPaused":
+            p = msg["params"]
+            body = self._answers.get(p["request"]["url"])
+            if body is None:
+                self._send("Fetch.continueRequest", {"requestId": p["requestId"]}, True)
+            else:
+                self._send("Fetch.fulfillRequest", {"requestId": p["requestId"], "responseCode": 200,
+                                                    "responseHeaders": [{"name": "Content-Type",
+                                                                         "value": "application/json"}],
+                                                    "body": base64.b64encode(body).decode()}, True)
+
+    def answer(self, url: str, body: bytes | None) -> None:
+        """From now on, answer requests of exactly ``url`` with ``body`` (a 200 of JSON) instead of the server's
+        response; ``None``: let the server answer again."""
+        if body is None:
+            self._answers.pop(url, None)
+        else:
+            self._answers[url] = body
+        if self._answers:
+            self._call("Fetch.enable", {"patterns": [{"urlPattern": u, "requestStage": "Request"}
+                                                     for u in self._answers]})
+        else:
+            self._call("Fetch.disable")
 
     # -- pages -------------------------------------------------------------------------------------------
 

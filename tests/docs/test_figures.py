@@ -51,8 +51,11 @@ def test_every_figure_a_page_shows_is_drawn_by_make_figures() -> None:
 
 @pytest.fixture(scope="module")
 def fragments() -> dict[str, str]:
-    """Computed once for the module: the planning fragment counts and sweeps a 13B GPT (seconds)."""
-    return dict(_load("make_figures").fragments())
+    """Computed once for the module (the planning fragment counts and sweeps a 13B GPT: seconds) and kept where the
+    site's build reads them, with the stamp of their sources (:func:`make_figures.fragments`): a test run computes
+    them once for both, and reads the build's when they are current."""
+    mf = _load("make_figures")
+    return dict(mf.fragments(mf.OUT))
 
 
 def test_every_marker_has_a_fragment(fragments: dict[str, str]) -> None:

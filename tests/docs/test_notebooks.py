@@ -141,3 +141,21 @@ def test_notebook_runs_top_to_bottom(path: Path) -> None:
                  if "image/png" in o.get("data", {}))
     assert images >= 1, f"{path.name} drew no figure"
     _outputs().store(path, nb)  # the site shows these outputs (docs/notebook_outputs.py): run once, used twice
+
+
+def test_notebook_09s_ranks_send_their_gradients_by_value() -> None:
+    """Note [gradients by value] in ``tutorials/from_scratch.py``: what a rank puts on its queue holds no shared
+    tensor, whose storage the launcher would fetch from the rank's process after the rank may have exited."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+
+    if str(TUTORIALS) not in sys.path:
+        sys.path.insert(0, str(TUTORIALS))
+    from from_scratch import _by_value
+
+    grads = {"0.weight": torch.arange(4.0).reshape(2, 2)}
+    assert b"resource_sharer" in bytes(ForkingPickler.dumps(grads))  # a tensor as it is: a handle into the rank
+    payload = bytes(ForkingPickler.dumps(_by_value(grads)))
+    assert b"resource_sharer" not in payload and b"rebuild_storage" not in payload
+    assert torch.equal(torch.from_numpy(ForkingPickler.loads(payload)["0.weight"]), grads["0.weight"])
