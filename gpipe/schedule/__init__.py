@@ -69,7 +69,8 @@ from gpipe.schedule.dualpipe import dualpipe_v  # registers last (Note [one regi
 
 # isort: split
 from gpipe.schedule.plot import plot_side_by_side, plot_timeline  # matplotlib only when a chart is drawn
-from gpipe.schedule.timeline import COMPUTE, COPY, MemorySample, Span, Timeline, chrome_trace, write_chrome_trace
+from gpipe.schedule.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
+from gpipe.schedule.trace import chrome_trace, write_chrome_trace
 
 __all__ = [
     "CHECKPOINT_MODES",

@@ -2,8 +2,8 @@
 
 Pure Python (no torch). A :class:`Timeline` is a tuple of :class:`Span` (device, stream, task, start,
 end) and a tuple of :class:`MemorySample` (device, time, bytes). Times are seconds from the start of
-the step. Everything downstream (metrics, JSON, the Chrome/Perfetto trace, the Gantt chart in
-:mod:`gpipe.schedule.plot`, the comparison) takes either kind.
+the step. Everything downstream (metrics, JSON, the Chrome/Perfetto trace of :mod:`gpipe.schedule.trace`, the
+Gantt chart in :mod:`gpipe.schedule.plot`, the comparison) takes either kind.
 
 Streams::
 
@@ -29,7 +29,6 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import islice
 from json.encoder import encode_basestring_ascii as _json_str  # what json.dumps uses by default
 from operator import attrgetter
 from pathlib import Path
@@ -45,8 +44,6 @@ __all__ = [
     "MemorySample",
     "Span",
     "Timeline",
-    "chrome_trace",
-    "write_chrome_trace",
 ]
 
 _START_END = attrgetter("start", "end")  # spans in time order, ties by end
@@ -196,6 +193,10 @@ class Timeline:
             if s.stream == COMPUTE and s.task == task:
                 return s
         raise KeyError(f"no compute span for {task}")
+
+    def device_spans(self, device: int) -> Sequence[Span]:
+        """Every span of ``device``, any stream, in no particular order (grouped once, Note [metrics in one pass])."""
+        return self._spans_of(device)
 
     def compute_spans_by_task(self, device: int) -> dict[Task, Span]:
         """The compute spans of ``device``, keyed by their task."""
@@ -420,71 +421,3 @@ def _union_length(spans: list[Span]) -> float:
     if cur_end is not None and cur_start is not None:
         total += cur_end - cur_start
     return total
-
-
-# -- Chrome / Perfetto trace -------------------------------------------------------------------------
-
-_STREAM_TID = {COMPUTE: 0, COPY: 1, COLLECTIVE: 2}
-
-
-def chrome_trace(timelines: Timeline | Sequence[Timeline], titles: Sequence[str] | None = None) -> dict[str, Any]:
-    """A Chrome trace-event document (opens in https://ui.perfetto.dev and chrome://tracing).
-
-    One process per device (per timeline, when several are given: predicted and measured side by
-    side), one thread per stream, one complete (``"X"``) event per span, memory as a counter track.
-    Times are microseconds, as the format requires.
-    """
-    return {"traceEvents": list(_trace_events(timelines, titles)), "displayTimeUnit": "ms"}
-
-
-def _trace_events(timelines: Timeline | Sequence[Timeline], titles: Sequence[str] | None) -> Iterator[dict[str, Any]]:
-    """The events of :func:`chrome_trace`, one at a time: by timeline, then device, then start."""
-    tls = [timelines] if isinstance(timelines, Timeline) else list(timelines)
-    names = list(titles) if titles is not None else [t.source or f"timeline {k}" for k, t in enumerate(tls)]
-    pid_base = 0
-    for k, tl in enumerate(tls):
-        prefix = f"{names[k]}: " if len(tls) > 1 else ""
-        origin = tl.start
-        for d, spans in enumerate(tl._by_device):
-            pid = pid_base + d
-            yield {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"{prefix}device {d}"}}
-            yield {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
-            for stream in sorted({s.stream for s in spans} | {COMPUTE}, key=_tid):
-                yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": _tid(stream), "args": {"name": stream}}
-        for d, spans in enumerate(tl._by_device):
-            for s in sorted(spans, key=attrgetter("start")):
-                yield {
-                    "ph": "X", "name": s.name, "cat": s.task.op.value if s.stream == COMPUTE else s.stream,
-                    "pid": pid_base + d, "tid": _tid(s.stream),
-                    "ts": (s.start - origin) * 1e6, "dur": max(s.duration, 0.0) * 1e6,
-                    "args": {"task": str(s.task), "microbatch": s.task.microbatch, "stage": s.task.stage},
-                }
-        for d, samples in enumerate(tl._memory_by_device):
-            for m in sorted(samples, key=attrgetter("time")):
-                yield {"ph": "C", "name": "memory", "pid": pid_base + d, "tid": 0,
-                       "ts": max(m.time - origin, 0.0) * 1e6, "args": {"bytes": m.bytes}}
-        pid_base += max(tl.num_devices, 1)
-
-
-def _tid(stream: str) -> int:
-    return _STREAM_TID.get(stream, 2 + sum(map(ord, stream)) % 1000)
-
-
-def write_chrome_trace(path: str | Path, timelines: Timeline | Sequence[Timeline],
-                       titles: Sequence[str] | None = None) -> Path:
-    """Write :func:`chrome_trace` to ``path`` and return the path.
-
-    The same text as ``json.dumps(chrome_trace(...))``, encoded a few thousand events at a time, so
-    a big timeline's events never all exist at once.
-    """
-    def write(tmp: Path) -> None:
-        with tmp.open("w") as f:
-            f.write('{"traceEvents": [')
-            events, sep = _trace_events(timelines, titles), ""
-            while batch := list(islice(events, 4096)):
-                f.write(sep + json.dumps(batch)[1:-1])
-                sep = ", "
-            f.write('], "displayTimeUnit": "ms"}')
-
-    return replace_file(path, write)  # Note [written whole] in gpipe.schedule.size
-

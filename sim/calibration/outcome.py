@@ -26,7 +26,8 @@ import torch
 from gpipe.checks import check_positive
 from gpipe.profiling.profile import RecordedSeconds
 from gpipe.schedule import Schedule
-from gpipe.schedule.timeline import Timeline, chrome_trace
+from gpipe.schedule.timeline import Timeline
+from gpipe.schedule.trace import chrome_trace
 from sim.calibration.compare import Comparison
 from sim.calibration.experiment_setup import Setup
 from sim.calibration.host import ExecutorCosts, ExecutorStage, executor_costs

@@ -46,7 +46,7 @@ from torch import nn
 
 from gpipe.interpreter.affinity import available_cores
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
-from gpipe.schedule.timeline import write_chrome_trace
+from gpipe.schedule.trace import write_chrome_trace
 from sim.cli import CommandError
 from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedule_names, schedules_help
 from sim.cli.plan_defaults import DECODERS, LINK, add_sharding_options, context, ints, keep, layout, sharding, system

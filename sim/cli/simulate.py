@@ -25,7 +25,8 @@ import sys
 from typing import Any
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Schedule, schedule_kind
-from gpipe.schedule.timeline import Timeline, chrome_trace
+from gpipe.schedule.timeline import Timeline
+from gpipe.schedule.trace import chrome_trace
 from sim.cli import CommandError, schedule_files
 from sim.cli.options import MAX_SECONDS, add_out, integer, number, number_list, output_folder, schedules_help
 from sim.core.config import SimConfig

@@ -109,7 +109,8 @@ def test_the_library_writers_replace_a_link_instead_of_writing_through_it(tmp_pa
 
 def test_a_timeline_and_its_trace_replace_a_link_instead_of_writing_through_it(tmp_path: Path,
                                                                                victim: Path) -> None:
-    from gpipe.schedule.timeline import Span, Timeline, write_chrome_trace
+    from gpipe.schedule.timeline import Span, Timeline
+    from gpipe.schedule.trace import write_chrome_trace
 
     timeline = Timeline([Span(0, "compute", one_f_one_b(2, 1).tasks[0][0], 0.0, 1.0)], num_devices=1)
     for name, write in [("t.json", timeline.to_json), ("trace.json", lambda p: write_chrome_trace(p, timeline))]:

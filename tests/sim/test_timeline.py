@@ -11,7 +11,8 @@ import pytest
 
 from gpipe.schedule import Task, gpipe, one_f_one_b
 from gpipe.schedule.plot import drawn_kinds, plot_side_by_side, plot_timeline
-from gpipe.schedule.timeline import COMPUTE, COPY, MemorySample, Span, Timeline, chrome_trace, write_chrome_trace
+from gpipe.schedule.timeline import COMPUTE, COPY, MemorySample, Span, Timeline
+from gpipe.schedule.trace import chrome_trace, write_chrome_trace
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
 from sim.core.engine import simulate

@@ -14,7 +14,8 @@ from operator import attrgetter
 import pytest
 
 from gpipe.schedule import Checkpoint, Op, Schedule, gpipe, schedule_kind
-from gpipe.schedule.timeline import COLLECTIVE, Timeline, chrome_trace
+from gpipe.schedule.timeline import COLLECTIVE, Timeline
+from gpipe.schedule.trace import chrome_trace
 from sim.core.collectives import Gather, StageCollectives, Unit, add_collectives
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
