@@ -23,27 +23,24 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
 from sim.core.link import LinkSpec
 from sim.planning.collectives import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
-from sim.planning.context_parallel import ContextParallel, attention_kernels, kv_bytes
+from sim.planning.context_parallel import ContextParallel, kv_bytes
 from sim.planning.counts import (
     ALL_GATHER,
     ALL_REDUCE,
-    COLLECTIVE,
     CONVOLUTION,
     MATMUL,
-    MEMORY_BOUND,
     REDUCE_SCATTER,
     VECTOR_MATH,
 )
-from sim.planning.flops import ModelProfile, OpTable
-from sim.planning.fp8 import fp8_tables
+from sim.planning.flops import ModelProfile
 from sim.planning.hardware import DeviceSpec
+from sim.planning.op_arrays import OpArrays, op_arrays
 from sim.planning.recompute import core_table
 from sim.planning.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
 from sim.planning.training import Training, training_policy
@@ -69,39 +66,6 @@ def effective_efficiency(device: DeviceSpec, flops: float, dtype: str = "fp32",
     return device.efficiency * flops / (flops + kernel_seconds * rate) if flops > 0 else 0.0
 
 
-@dataclass(frozen=True, eq=False)
-class _Flat:
-    """Every operator of every layer in one array, for vectorised timing."""
-
-    flops: np.ndarray  # (ops, 2)
-    bytes: np.ndarray  # (ops, 2)
-    starts: np.ndarray  # first operator of each layer
-    empty: np.ndarray  # layers without operators
-    kinds: np.ndarray  # (ops,) MEMORY_BOUND, MATMUL, CONVOLUTION or VECTOR_MATH (COLLECTIVE: in collective)
-    collective: np.ndarray  # (ops,) ALL_REDUCE, REDUCE_SCATTER or ALL_GATHER where a tensor-parallel collective, else 0
-    dims: np.ndarray  # (ops, 3, 2) GEMM M, N, K as fixed + per-sample
-    fp8: np.ndarray  # (ops,) a product that runs in FP8 (Note [fp8 training] in sim.planning.fp8)
-    attention: np.ndarray  # (ops,) a FlashAttention kernel (sim.planning.context_parallel.attention_kernels)
-
-
-def _flatten(tables: Sequence[OpTable], fp8: bool = False) -> _Flat:
-    """The operators of ``tables`` (one per layer, in order) in one array; ``fp8``: as FP8 training runs them."""
-    pairs = fp8_tables(tables) if fp8 else [(t, np.zeros(t.kernels, dtype=bool)) for t in tables]
-    tables = [t for t, _ in pairs]
-    counts = np.array([t.kernels for t in tables])
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    flops = np.concatenate([t.flops for t in tables] + [np.zeros((1, 2))])
-    nbytes = np.concatenate([t.bytes for t in tables] + [np.zeros((1, 2))])
-    kinds = np.concatenate([t.kinds_or_default() for t in tables] + [np.zeros(1, dtype=np.int8)]).astype(np.int64)
-    dims = np.concatenate([t.dims_or_default() for t in tables] + [np.zeros((1, 3, 2))])
-    collective = np.concatenate([t.collectives_or_default() for t in tables] + [np.zeros(1, dtype=np.int8)])
-    collective = np.where(kinds == COLLECTIVE, collective, 0).astype(np.int64)
-    kinds[kinds == COLLECTIVE] = MEMORY_BOUND  # to index the roofline's tables; priced apart
-    in_fp8 = np.concatenate([mask for _, mask in pairs] + [np.zeros(1, dtype=bool)])
-    attention = np.concatenate([attention_kernels(t) for t in tables] + [np.zeros(1, dtype=bool)])
-    return _Flat(flops, nbytes, starts, counts == 0, kinds, collective, dims, in_fp8, attention)
-
-
 #: The ring that prices each collective: ``(bytes, ranks, link) -> seconds`` (:mod:`sim.planning.collectives`).
 _RING = {ALL_REDUCE: allreduce_seconds, REDUCE_SCATTER: reduce_scatter_seconds, ALL_GATHER: allgather_seconds}
 
@@ -111,8 +75,8 @@ _RING = {ALL_REDUCE: allreduce_seconds, REDUCE_SCATTER: reduce_scatter_seconds, 
 # backward seconds, as a ring on the tensor-parallel link with ``bytes`` its whole message: an all-reduce
 # ``2 (t - 1) / t * bytes / bandwidth + 2 (t - 1) * latency``, a reduce-scatter or an all-gather (sequence
 # parallelism's) half of that, ``(t - 1) / t * bytes / bandwidth + (t - 1) * latency``. The ranks of a group run
-# the same shapes at the same time, so one rank's stage time stands for the group's. Collectives as tasks of their
-# own on the timeline, which could overlap, are a later step.
+# the same shapes at the same time, so one rank's stage time stands for the group's. The data-parallel collectives,
+# which overlap compute, are tasks of their own on the timeline instead (sim.core.collectives).
 
 
 # Note [one efficiency]: applying ``efficiency`` to the bandwidth too is a modelling assumption, not a
@@ -181,10 +145,10 @@ class FlopCosts:
         self.bandwidth = device.memory_bandwidth * self.memory_efficiency  # Note [one efficiency]
         fp8 = self.training.other_compute is not None  # Note [fp8 training] in sim.planning.fp8
         self._dtype = self.training.other_compute or self.training.compute  # of every kernel not in fp8
-        self._fwd = _flatten([t.forward for t in profile.layers], fp8)
-        self._bwd = _flatten([t.backward for t in profile.layers], fp8)
+        self._fwd = op_arrays([t.forward for t in profile.layers], fp8)
+        self._bwd = op_arrays([t.backward for t in profile.layers], fp8)
         apart = [t.input_backward for t in profile.layers]
-        self._bwd_in = None if any(t is None for t in apart) else _flatten([t for t in apart if t is not None], fp8)
+        self._bwd_in = None if any(t is None for t in apart) else op_arrays([t for t in apart if t is not None], fp8)
         self.rate, self._kind_rate, self._half_dim = self._rates(device)
         self._fp8_rate = self._linear_rate(device) if fp8 else 0.0
         self._half_dims = np.full(4, self._half_dim) if roofline is None else roofline.half_dims()
@@ -199,7 +163,7 @@ class FlopCosts:
         self._tensor_prefix = np.concatenate([[0.0], np.cumsum(tensors)])
         self._tensors = tensors
         core = profile.attention_core
-        self._core = None if core is None else _flatten([core_table(t.forward, core) for t in profile.layers])
+        self._core = None if core is None else op_arrays([core_table(t.forward, core) for t in profile.layers])
         self._core_cache: dict[int, np.ndarray] = {}
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._split_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -249,7 +213,7 @@ class FlopCosts:
                 CONVOLUTION, dtype, device.name, backward=True)
         return per_kind
 
-    def _seconds(self, flat: _Flat, batch: int, backward: bool = False, collectives: bool = False,
+    def _seconds(self, flat: OpArrays, batch: int, backward: bool = False, collectives: bool = False,
                  attention: bool = False) -> np.ndarray:
         """Seconds of each layer of ``flat`` at ``batch``; ``collectives``: of its tensor-parallel collectives only;
         ``attention``: of its attention kernels only."""
@@ -437,7 +401,7 @@ class FlopCosts:
                          runner=runner, microbatch_scale=tuple(microbatch_scale))
 
 
-def _per_layer(per_op: np.ndarray, flat: _Flat) -> np.ndarray:
+def _per_layer(per_op: np.ndarray, flat: OpArrays) -> np.ndarray:
     per_op[-1] = 0.0  # the padding row
     per_layer = np.add.reduceat(per_op, flat.starts)
     per_layer[flat.empty] = 0.0
