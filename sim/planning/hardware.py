@@ -20,12 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from sim.core.link import LinkSpec
 from sim.planning.roofline import Roofline, json_number, short
 
-__all__ = ["DEVICES", "LINKS", "DeviceSpec", "get_device", "get_link", "load_device"]
+T = TypeVar("T")
+
+__all__ = ["DEVICES", "LINKS", "DeviceSpec", "catalog_entry", "get_device", "get_link", "load_device"]
 
 GiB = 2**30  # bytes
 MiB = 2**20  # bytes (nvidia-smi's unit)
@@ -429,10 +431,7 @@ def get_device(name: str) -> DeviceSpec:
     """
     if name.strip().endswith(".json"):
         return load_device(name.strip())
-    try:
-        return DEVICES[name.strip().lower()]
-    except KeyError:
-        raise KeyError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)}") from None
+    return catalog_entry(DEVICES, name, "device")
 
 
 def get_link(name: str) -> LinkSpec:
@@ -441,7 +440,16 @@ def get_link(name: str) -> LinkSpec:
     Raises:
         KeyError: unknown name; the message lists the known ones.
     """
+    return catalog_entry(LINKS, name, "link")
+
+
+def catalog_entry(table: Mapping[str, T], name: str, what: str) -> T:
+    """The entry of ``table`` called ``name`` (case-insensitive), a ``what`` of the catalog.
+
+    Raises:
+        KeyError: unknown name; the message lists the known ones.
+    """
     try:
-        return LINKS[name.strip().lower()]
+        return table[name.strip().lower()]
     except KeyError:
-        raise KeyError(f"unknown link {name!r}; known links: {', '.join(LINKS)}") from None
+        raise KeyError(f"unknown {what} {name!r}; known {what}s: {', '.join(table)}") from None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from sim.planning.hardware import DEVICES, LINKS
+from sim.planning.hardware import DEVICES, LINKS, catalog_entry
 
 __all__ = ["SYSTEMS", "System", "get_system"]
 
@@ -129,7 +129,4 @@ def get_system(name: str) -> System:
     Raises:
         KeyError: unknown name; the message lists the known ones.
     """
-    try:
-        return SYSTEMS[name.strip().lower()]
-    except KeyError:
-        raise KeyError(f"unknown system {name!r}; known systems: {', '.join(SYSTEMS)}") from None
+    return catalog_entry(SYSTEMS, name, "system")

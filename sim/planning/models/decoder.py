@@ -52,12 +52,16 @@ al. (2021), "RoFormer"; Karpathy's minGPT.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from sim.planning.models.limits import check_decoder_size
 
-__all__ = ["ATTENTIONS", "KERNELS", "MLPS", "NORMS", "POSITIONS", "QKVS", "DecoderConfig", "check_sequence_parallel"]
+__all__ = ["ATTENTIONS", "KERNELS", "MLPS", "NORMS", "POSITIONS", "QKVS", "DecoderConfig", "check_sequence_parallel",
+           "preset"]
+
+C = TypeVar("C")
 
 #: The attention forms a decoder runs: the math form, PyTorch's fused one, FlashAttention (Note [attention] in
 #: :mod:`sim.planning.models.decoder_layers`).
@@ -236,3 +240,15 @@ class DecoderConfig:
         c = self.d_model
         embeddings = (1 if self.tied else 2) * vocab * c + (self.seq_len * c if self.position == "learned" else 0)
         return embeddings + self.n_layer * block + self._norm
+
+
+def preset(configs: Mapping[str, C], name: str, family: str) -> C:
+    """The size ``name`` (case-insensitive) of a family's published ``configs``.
+
+    Raises:
+        KeyError: an unknown name; the message lists the known ones.
+    """
+    key = name.strip().lower()
+    if key not in configs:
+        raise KeyError(f"unknown {family} size {name!r}; known: {', '.join(configs)}")
+    return configs[key]

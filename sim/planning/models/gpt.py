@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sim.planning.models.decoder import DecoderConfig
+from sim.planning.models.decoder import DecoderConfig, preset
 from sim.planning.models.decoder_layers import Block, decoder, token_ids
 
 __all__ = ["CONFIGS", "Block", "GPTConfig", "gpt", "gpt_config", "gpt_sample"]
@@ -53,10 +53,7 @@ def gpt_config(name: str) -> GPTConfig:
     Raises:
         KeyError: an unknown name; the message lists the known ones.
     """
-    key = name.strip().lower()
-    if key not in CONFIGS:
-        raise KeyError(f"unknown GPT size {name!r}; known: {', '.join(CONFIGS)}")
-    return CONFIGS[key]
+    return preset(CONFIGS, name, "GPT")
 
 
 def gpt(cfg: GPTConfig | str = "125m", **overrides: object) -> nn.Sequential:

@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from sim.planning.models.decoder import DecoderConfig
+from sim.planning.models.decoder import DecoderConfig, preset
 from sim.planning.models.decoder_layers import decoder, token_ids
 
 __all__ = ["CONFIGS", "LlamaConfig", "llama", "llama_config", "llama_sample"]
@@ -74,10 +74,7 @@ def llama_config(name: str) -> LlamaConfig:
     Raises:
         KeyError: an unknown name; the message lists the known ones.
     """
-    key = name.strip().lower()
-    if key not in CONFIGS:
-        raise KeyError(f"unknown Llama size {name!r}; known: {', '.join(CONFIGS)}")
-    return CONFIGS[key]
+    return preset(CONFIGS, name, "Llama")
 
 
 def llama(cfg: LlamaConfig | str = "8b", **overrides: object) -> nn.Sequential:

@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from sim.planning.models.decoder import DecoderConfig
+from sim.planning.models.decoder import DecoderConfig, preset
 from sim.planning.models.decoder_layers import decoder, token_ids
 
 __all__ = ["CONFIGS", "NemotronConfig", "nemotron", "nemotron_config", "nemotron_sample"]
@@ -70,10 +70,7 @@ def nemotron_config(name: str) -> NemotronConfig:
     Raises:
         KeyError: an unknown name; the message lists the known ones.
     """
-    key = name.strip().lower()
-    if key not in CONFIGS:
-        raise KeyError(f"unknown Nemotron size {name!r}; known: {', '.join(CONFIGS)}")
-    return CONFIGS[key]
+    return preset(CONFIGS, name, "Nemotron")
 
 
 def nemotron(cfg: NemotronConfig | str = "15b", **overrides: object) -> nn.Sequential:
