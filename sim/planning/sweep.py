@@ -225,6 +225,8 @@ class Sweep:
             if len(self._timelines) >= TIMELINES_KEPT:
                 self._timelines.pop(next(iter(self._timelines)))
             self._timelines[sim_key] = timeline
+        if not gathers:  # measured once on the shared compute timeline; Timeline.with_spans carries it over
+            timeline.busy(0), timeline.peak_memory(0)
         # when the last compute or copy ends: the pipeline's makespan, the collectives' exposed tail after it
         drained = timeline.end if not gathers else \
             max((s.end for s in timeline.spans if s.stream != COLLECTIVE), default=timeline.start)
