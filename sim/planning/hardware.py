@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -210,18 +210,11 @@ _TENSOR_CORE = Roofline({"fp64": 0.85, "fp32": 0.85, "tf32": 0.7, "fp16": 0.7, "
 _A100_CEILING = 267.9 / 312
 
 
-def _measured(ceiling: float, source: str) -> Roofline:
-    """_TENSOR_CORE with its tensor-core matmul fractions scaled to a measured ceiling (Note [measured matmul
-    ceilings])."""
-    scale = ceiling / _A100_CEILING
-    matmul = {k: v * scale if k in ("tf32", "fp16", "bf16", "fp8") else v for k, v in _TENSOR_CORE.matmul.items()}
-    return replace(_TENSOR_CORE, matmul=matmul, source=f"{_TENSOR_CORE.source}; matmul: {source}")
-
-
-_HOPPER = _measured(792.1 / 989, "the H100 SXM's measured ceiling, 80.1% of the BF16 peak (Note [measured matmul "
-                                 "ceilings] in sim/planning/hardware.py)")
-_CDNA3 = _measured(781.9 / 1300, "the MI300X's measured ceiling, 60.1% of the BF16 peak (Note [measured matmul "
-                                 "ceilings] in sim/planning/hardware.py)")
+_TENSOR_PATHS = ("tf32", "fp16", "bf16", "fp8")
+_HOPPER = _TENSOR_CORE.matmul_scaled(792.1 / 989 / _A100_CEILING, _TENSOR_PATHS, "the H100 SXM's measured ceiling, "
+                                     "80.1% of the BF16 peak (Note [measured matmul ceilings] in hardware.py)")
+_CDNA3 = _TENSOR_CORE.matmul_scaled(781.9 / 1300 / _A100_CEILING, _TENSOR_PATHS, "the MI300X's measured ceiling, "
+                                    "60.1% of the BF16 peak (Note [measured matmul ceilings] in hardware.py)")
 
 _DEVICE_LIST = (
     # NVIDIA Tesla P40 datasheet (2016): 12 TFLOPS single precision, 47 TOPS INT8, 24 GB GDDR5,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -213,6 +213,11 @@ class Roofline:
                 f"hardware --calibrate-cpu does so for a CPU; a GPU streams them like other kernels, its memory "
                 f"fraction)")
         return self.vector_math
+
+    def matmul_scaled(self, scale: float, paths: tuple[str, ...], source: str) -> Roofline:
+        """This roofline with the matmul fractions of ``paths`` (dtypes) times ``scale``, ``source`` saying why."""
+        matmul = {k: v * scale if k in paths else v for k, v in self.matmul.items()}
+        return replace(self, matmul=matmul, source=f"{self.source}; matmul: {source}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"matmul": dict(self.matmul), "convolution": dict(self.convolution),
