@@ -362,10 +362,7 @@ def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], sizes: tuple[in
     try:
         for p in procs:
             p.start()
-        try:
-            got = results.get(timeout=timeout)
-        except queue.Empty:
-            raise RuntimeError(f"no rank answered within {timeout:g} s") from None
+        got = _answer(results, procs, timeout)
         if got[0] == "error":
             raise RuntimeError(f"rank {got[1]} failed:\n{got[2]}")
         for p in procs:
@@ -377,3 +374,27 @@ def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], sizes: tuple[in
                 p.kill()
                 p.join(timeout=5)
 
+
+def _answer(results: Any, procs: Sequence[Any], timeout: float) -> tuple[Any, ...]:
+    """The first answer on ``results``, waiting at most ``timeout`` seconds.
+
+    A rank that dies before it can answer (its arguments failed to unpickle, it was killed) never writes to the
+    queue, so the wait watches the ranks too: it ends as soon as one has exited with an error code, or all have
+    exited, naming the rank and its exit code, instead of waiting out the whole timeout.
+
+    Raises:
+        RuntimeError: no answer within ``timeout``, or a rank ended without answering.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return tuple(results.get(timeout=min(0.5, max(deadline - time.monotonic(), 0.01))))
+        except queue.Empty:
+            pass
+        failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if failed or all(p.exitcode is not None for p in procs):
+            rank, code = failed[0] if failed else (0, 0)
+            raise RuntimeError(f"rank {rank} exited with code {code} before any rank answered (its output above "
+                               "says why)")
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"no rank answered within {timeout:g} s")

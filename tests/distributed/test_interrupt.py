@@ -111,3 +111,22 @@ def test_a_killed_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
         launcher.kill()
         launcher.wait(timeout=30)
         assert _gone(ranks, 60)  # a rank still importing torch watches once it starts
+
+
+class _DiesOnArrival:
+    """Pickles in the launcher; unpickling it in a spawned rank ends that rank with exit code 3, before it runs."""
+
+    def __reduce__(self) -> tuple[object, tuple[int]]:
+        return os._exit, (3,)
+
+
+def test_a_rank_that_dies_before_answering_ends_the_wait_at_once() -> None:
+    """processes._spawn watches its ranks while it waits: a rank that dies unanswered names itself and its exit code
+    within seconds, not after the whole timeout."""
+    from sim.calibration.experiment_setup import Setup
+    from sim.calibration.processes import _spawn
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank \d exited with code 3 before any rank answered"):
+        _spawn(_DiesOnArrival(), Setup(), (1, 1), (1024,), 2, timeout=300)  # type: ignore[arg-type]
+    assert time.monotonic() - start < 60
