@@ -87,7 +87,7 @@ class Span:
 
     @property
     def name(self) -> str:
-        """Display name: ``F2@1``, ``copy F2@1`` for a copy, ``all-gather unit 0 (1 GB) for F2@1`` for a collective."""
+        """Display name: ``F2@1``, ``copy F2@1`` for a copy, ``all-gather unit 0 (1 GiB) for F2@1`` for a collective."""
         if self.stream == COLLECTIVE:
             return f"{self.label or self.stream} for {self.task}"
         base = str(self.task) if self.stream == COMPUTE else f"{self.stream} {self.task}"

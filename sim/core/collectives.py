@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpipe.schedule import Op, Schedule, Task
+from gpipe.schedule.size import format_bytes
 from gpipe.schedule.timeline import COLLECTIVE, COMPUTE, Span, Timeline
 
 __all__ = ["CommStream", "Gather", "StageCollectives", "Unit", "add_collectives"]
@@ -110,13 +111,6 @@ class StageCollectives:
         return self.gather is Gather.ONCE and op is Op.F and first
 
 
-def _bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
 # Note [one communication stream]: a device's gathers and reductions share one stream and run one at a time in the
 # order they are issued. NCCL runs FSDP's all-gathers and reduce-scatters on two streams, but both cross the same
 # links, so two at once take as long as the two in turn; the order only decides which waits, and issue order is
@@ -166,12 +160,12 @@ class CommStream:
 
     def _gather(self, k: int, c: StageCollectives, unit: int, issue: float) -> float:
         u = c.units[unit]
-        return self._run(issue, u.gather, self.tasks[k], f"all-gather unit {unit} ({_bytes(u.gather_bytes)})")
+        return self._run(issue, u.gather, self.tasks[k], f"all-gather unit {unit} ({format_bytes(u.gather_bytes)})")
 
     def _reduce(self, k: int, c: StageCollectives, unit: int, end: float, last: bool) -> None:
         u = c.units[unit]
         if u.reduce:
-            self._run(end, u.reduce, self.tasks[k], f"{c.reduce_kind} unit {unit} ({_bytes(u.reduce_bytes)})")
+            self._run(end, u.reduce, self.tasks[k], f"{c.reduce_kind} unit {unit} ({format_bytes(u.reduce_bytes)})")
         if last and u.replicate:
             self._run(end, u.replicate, self.tasks[k], f"all-reduce across replicas unit {unit}")
 
