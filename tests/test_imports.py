@@ -1,5 +1,5 @@
-"""Imports point one way: no circle among the modules of gpipe and sim, no arrow from gpipe to sim, and sim
-uses only gpipe's public names.
+"""Imports point one way: no circle among the modules of gpipe and sim, no arrow from gpipe to sim, sim uses
+only gpipe's public names, and each package's layers hold (gpipe's folders import each other in no circle).
 
 The graph is read from the source with ``ast``, nothing is imported: every ``import`` and ``from ... import``
 counts, at module level, inside functions and under ``if TYPE_CHECKING:`` alike: a function-level import that
@@ -94,6 +94,28 @@ def cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def unit(module: str) -> str:
+    """The folder or top-level module that ``module`` belongs to: ``gpipe.interpreter`` for
+    ``gpipe.interpreter.worker``, ``gpipe.pipe`` for itself, ``gpipe`` for the package."""
+    return ".".join(module.split(".")[:2])
+
+
+def units(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``edges`` between units: an arrow from one folder or top-level module into another."""
+    found: dict[str, set[str]] = {unit(m): set() for m in edges}
+    for module, targets in edges.items():
+        found[unit(module)] |= {unit(t) for t in targets} - {unit(module)}
+    return found
+
+
+def upward(edges: dict[str, set[str]], layers: tuple[set[str], ...]) -> list[str]:
+    """Each import of a module of a higher layer than the importer's, as ``"a -> b"``; ``layers`` holds units,
+    the bottom layer first, and a module whose unit is in no layer is not checked."""
+    level = {u: k for k, layer in enumerate(layers) for u in layer}
+    return sorted(f"{m} -> {t}" for m, targets in edges.items() if unit(m) in level
+                  for t in targets if level.get(unit(t), -1) > level[unit(m)])
+
+
 def private_names(root: Path, user: str = "sim", owner: str = "gpipe") -> list[str]:
     """Each private name of ``owner`` that a module of ``user`` imports or reaches by attribute, as
     ``"file:line: name"``: ``from gpipe.x import _y``, ``import gpipe._x``, ``gpipe.x._y``."""
@@ -166,12 +188,59 @@ LAYERS = {
 
 
 def test_the_simulator_imports_only_the_layers_below_it() -> None:
-    def layer(name: str) -> str:
-        return ".".join(name.split(".")[:2])
-
-    arrows = sorted(f"{m} -> {t}" for m, targets in graph(ROOT).items() if layer(m) in LAYERS
-                    for t in targets if t.startswith("sim") and t != "sim" and layer(t) not in LAYERS[layer(m)])
+    arrows = sorted(f"{m} -> {t}" for m, targets in graph(ROOT).items() if unit(m) in LAYERS
+                    for t in targets if t.startswith("sim") and t != "sim" and unit(t) not in LAYERS[unit(m)])
     assert not arrows, "a layer of sim imports one above it: " + ", ".join(arrows)
+
+
+#: The executor's layers (the docstring of :mod:`gpipe`), the bottom first: a module imports its own layer and
+#: those below it, and the units (folders and top-level modules) import each other in no circle.
+#: DistributedGPipe is built by the front-end as GPipe is, so ``gpipe.distributed`` sits above it, beside GPipe.
+GPIPE_LAYERS: tuple[set[str], ...] = (
+    {"gpipe.schedule"},  # the shared language, pure Python
+    {"gpipe.autograd", "gpipe.skip", "gpipe.checks", "gpipe.microbatch", "gpipe.loss", "gpipe.batchnorm"},
+    {"gpipe.transport"},  # the interface, and the hand-offs behind it
+    {"gpipe.interpreter"},
+    {"gpipe.profiling"},  # pins its timed passes to cores as the interpreter pins its workers
+    {"gpipe.frontend"},
+    {"gpipe.pipe", "gpipe.distributed", "gpipe.balance"},
+    {"gpipe"},
+)
+
+#: Imports up the layers, pending while gpipe/distributed/ is reshaped for data parallelism: the wire between ranks
+#: (a transport) reports through gpipe.distributed's clock, faults and group. Once the transport holds what the wire
+#: needs, this set empties.
+PENDING = {("gpipe.transport.wire", "gpipe.distributed.clock"), ("gpipe.transport.wire", "gpipe.distributed.faults"),
+           ("gpipe.transport.wire", "gpipe.distributed.group")}
+
+
+def _gpipe_graph() -> dict[str, set[str]]:
+    """gpipe's imports of itself, the pending ones left out."""
+    edges = graph(ROOT, ("gpipe",))
+    return {m: {t for t in targets if (m, t) not in PENDING} for m, targets in edges.items()}
+
+
+def test_every_unit_of_the_executor_has_a_layer() -> None:
+    placed = set().union(*GPIPE_LAYERS)
+    missing = sorted({unit(m) for m in graph(ROOT, ("gpipe",))} - placed)
+    assert not missing, "give each a layer in GPIPE_LAYERS: " + ", ".join(missing)
+
+
+def test_the_executor_imports_only_the_layers_below_it() -> None:
+    arrows = upward(_gpipe_graph(), GPIPE_LAYERS)
+    assert not arrows, "a layer of gpipe imports one above it: " + ", ".join(arrows)
+
+
+def test_the_executors_units_import_each_other_in_no_circle() -> None:
+    found = cycle(units(_gpipe_graph()))
+    assert found is None, "import circle between units of gpipe: " + " -> ".join(found or [])
+
+
+def test_each_pending_import_is_still_there() -> None:
+    """A pending import that is gone leaves :data:`PENDING`, so the layers hold it from then on."""
+    edges = graph(ROOT, ("gpipe",))
+    gone = sorted(f"{m} -> {t}" for m, t in PENDING if t not in edges.get(m, set()))
+    assert not gone, "no longer imported, take it out of PENDING: " + ", ".join(gone)
 
 
 # -- the reader itself, on small trees ----------------------------------------------------------------
@@ -218,6 +287,19 @@ def test_the_graph_counts_function_level_relative_and_type_checking_imports(tree
 def test_a_circle_is_named_from_its_first_module(tree: Path) -> None:
     (tree / "gpipe/c.py").write_text("def h():\n    import gpipe.a\n")
     assert cycle(graph(tree)) == ["gpipe.a", "gpipe.b", "gpipe.c", "gpipe.a"]
+
+
+def test_units_and_layers_are_read_per_folder(tree: Path) -> None:
+    edges = graph(tree)
+    assert units(edges)["gpipe.b"] == {"gpipe.c", "gpipe.sub"} and units(edges)["gpipe.sub"] == {"gpipe.c"}
+    layers = ({"gpipe.c"}, {"gpipe.sub", "gpipe.b"}, {"gpipe.a"}, {"gpipe"})
+    assert upward(edges, layers) == []
+    swapped = ({"gpipe.sub"}, {"gpipe.c"}, {"gpipe.b"}, {"gpipe.a"}, {"gpipe"})
+    assert upward(edges, swapped) == ["gpipe.sub.d -> gpipe.c"]
+    (tree / "gpipe/sub/e.py").write_text("E = 1\n")
+    (tree / "gpipe/c.py").write_text("def h():\n    import gpipe.sub.e\n")  # a circle of units, not of modules
+    assert cycle(graph(tree)) is None
+    assert cycle(units(graph(tree))) == ["gpipe.c", "gpipe.sub", "gpipe.c"]
 
 
 def test_private_names_imported_or_reached_by_attribute_are_found(tree: Path) -> None:

@@ -28,7 +28,7 @@ class SavedBytes:
 
     ``with counter.hooks():`` installs the pack hook (and an unpack hook that returns the tensor);
     :attr:`nbytes` is what the forwards run inside kept, each byte of storage once. The profiler
-    (:mod:`gpipe.profiling.profile`) and the executor's recorder (:mod:`gpipe.profiling.recorder`) count with this one
+    (:mod:`gpipe.profiling.profile`) and the executor's recorder (:mod:`gpipe.interpreter.recorder`) count with this one
     class.
 
     Args:

@@ -44,10 +44,10 @@ from gpipe.distributed.shapes import check_boundaries
 from gpipe.distributed.start import Told, exchange, fingerprint, seed_from, structure_from
 from gpipe.frontend import Arguments, FrontEnd
 from gpipe.interpreter.pipeline import Pipeline
+from gpipe.interpreter.recorder import Recorder
 from gpipe.interpreter.worker import Step, Worker
 from gpipe.loss import LossPlan, loss_plan, reduction_of
 from gpipe.microbatch import as_tensors, scatter
-from gpipe.profiling.recorder import Recorder
 from gpipe.schedule import Op, Schedule, Task
 from gpipe.schedule.timeline import Timeline
 from gpipe.transport.base import DRIVER, Message

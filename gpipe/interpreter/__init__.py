@@ -5,6 +5,8 @@
     interpreter/
       worker.py     Step (what one step shares) and Worker: a device's tasks in order, checkpointing, the loss
       pipeline.py   Pipeline: what a front-end decided (partitions, devices, skips), frozen for every step
+      portals.py    Portals: a worker's skip tensors that cross partitions, sent and received through the transport
+      recorder.py   Recorder: a step's spans, host clock on CPU and CUDA events on streams, into a Timeline
       threads.py    ThreadRun: one mini-batch on threads, a worker thread per schedule device (GPipe's driver)
       parking.py    workers parked between a step's forward and backward phases
       affinity.py   worker threads pinned to cores on a CPU device

@@ -60,10 +60,10 @@ from gpipe.interpreter import gil
 from gpipe.interpreter.affinity import pinned
 from gpipe.interpreter.parking import Gate
 from gpipe.interpreter.pipeline import Pipeline
+from gpipe.interpreter.recorder import Recorder
 from gpipe.interpreter.worker import Step, Worker
 from gpipe.loss import LossPlan
 from gpipe.microbatch import gather
-from gpipe.profiling.recorder import Recorder
 from gpipe.schedule import Op, Schedule, Task
 from gpipe.schedule.timeline import Timeline
 from gpipe.transport.base import DRIVER, Message, Stopped

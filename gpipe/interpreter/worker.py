@@ -43,12 +43,12 @@ from gpipe.autograd.rng import Plan
 from gpipe.autograd.split_backward import WeightGrads
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.interpreter.pipeline import Pipeline
+from gpipe.interpreter.portals import Portals
+from gpipe.interpreter.recorder import Recorder
 from gpipe.loss import NO_GRAD, LossPlan
 from gpipe.microbatch import as_tensors
-from gpipe.profiling.recorder import Recorder
 from gpipe.schedule import Op, Schedule, Task
 from gpipe.schedule.timeline import COMPUTE
-from gpipe.skip.portal import Portals
 from gpipe.skip.skippable import use_tracker
 from gpipe.transport.base import DRIVER, Message, Transport
 

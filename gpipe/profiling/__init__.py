@@ -1,4 +1,4 @@
-"""What a pipeline measures: each layer or block before a run, each task during one.
+"""What a pipeline measures before a run: each layer or block, for balancing and calibration.
 
 ::
 
@@ -6,5 +6,6 @@
       profile.py    profile_blocks(): per-block forward and backward times and bytes (balancing, calibration)
       session.py    one profiling session: a sample through the blocks in order, each on its own input
       timing.py     the timed passes: medians over repeats after warm-up
-      recorder.py   Recorder: a step's spans, host clock on CPU and CUDA events on streams, into a Timeline
+
+What a step records as it runs is the interpreter's (:mod:`gpipe.interpreter.recorder`).
 """

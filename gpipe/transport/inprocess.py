@@ -5,27 +5,51 @@ inbox (a ``queue.SimpleQueue``) of the worker of the receiving stage (:class:`gp
 receiver moves tensors to its stage's device (on the device's copy stream for CUDA, recorded as a copy span;
 on CPU devices the hand-off itself is the copy). An exception in any task is recorded, every worker is woken
 with a stop message, all threads are joined, and the original exception is raised in the caller with its
-traceback (:class:`gpipe.interpreter.threads.Run`).
+traceback (:class:`gpipe.interpreter.threads.ThreadRun`).
+
+Note [what the hand-offs read]: the transport sits below the interpreter, so it names what it reads of the
+interpreter's objects instead of importing them: each stage's device and copy stream (:class:`Stages`, which a
+:class:`gpipe.interpreter.pipeline.Pipeline` is) and where a copy is recorded (:class:`Copies`, which a
+:class:`gpipe.interpreter.recorder.Recorder` is).
 """
 
 from __future__ import annotations
 
 import queue
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from gpipe.interpreter.pipeline import Pipeline
-from gpipe.profiling.recorder import Recorder
-from gpipe.schedule import Schedule
+from gpipe.schedule import Schedule, Task
 from gpipe.schedule.timeline import COPY
 from gpipe.transport.base import DRIVER, Key, Message, Stopped, Transport
 
-__all__ = ["InProcess", "device_context", "moved"]
+__all__ = ["Copies", "InProcess", "Stages", "device_context", "moved"]
 
 _STOP = object()  # wakes a worker when another one failed
+
+
+class Stages(Protocol):
+    """Each stage's device and each device's copy stream (Note [what the hand-offs read])."""
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """The torch device of each stage."""
+
+    def copy_stream(self, device: torch.device) -> Any:
+        """The stream copies onto ``device`` run on; ``None`` off CUDA."""
+
+
+class Copies(Protocol):
+    """Where the hand-offs record each copy onto a device (Note [what the hand-offs read])."""
+
+    def now(self, d: int, copy: bool = False) -> Any:
+        """A time stamp on schedule device ``d``: on its copy stream with ``copy``."""
+
+    def span(self, d: int, stream: str, task: Task, start: Any, label: str = "") -> None:
+        """Record a span of ``task`` on ``d``'s ``stream`` from ``start`` to now."""
 
 
 class InProcess(Transport):
@@ -37,7 +61,7 @@ class InProcess(Transport):
         recorder: records a copy span per copy onto a device, or ``None``.
     """
 
-    def __init__(self, pipeline: Pipeline, schedule: Schedule, recorder: Recorder | None) -> None:
+    def __init__(self, pipeline: Stages, schedule: Schedule, recorder: Copies | None) -> None:
         self.placement = schedule.placement
         self.devices = pipeline.devices
         self.pipeline = pipeline

@@ -1,6 +1,6 @@
 """The bytes each stage keeps for backward, read from a recorded step: the memory side of a cost model.
 
-A measured timeline's ``meta["held_bytes"]`` (:mod:`gpipe.profiling.recorder`) gives the bytes each ``F`` and ``R``
+A measured timeline's ``meta["held_bytes"]`` (:mod:`gpipe.interpreter.recorder`) gives the bytes each ``F`` and ``R``
 task added to its device's count. A grad-enabled forward (an ``F`` not checkpointed, every ``R``) adds what
 autograd saves, a cost model's ``saved_bytes``; a checkpointed ``F`` adds its input, ``checkpoint_bytes``
 (Note [memory] in :mod:`sim.core.memory`). :func:`held_stage_bytes` reads them per stage and

@@ -6,6 +6,10 @@ backward, and sends its value to the popping stage (:mod:`gpipe.transport.base`,
 receives it on its own device (as a fresh leaf when training); the popping task's backward sends that leaf's
 gradient back to the stashing stage's backward. A recompute pops the leaf its forward popped. Each worker has
 its own :class:`Portals`: what it keeps is its own tasks' (Note [no shared state between workers]).
+
+Note [portals in the interpreter]: the portals sit with the worker, not in :mod:`gpipe.skip`. They send and
+receive through a transport, whose routes (:mod:`gpipe.transport.routes`) read the skip layout: so the skip
+declarations sit below the transport, and the portals above it.
 """
 
 from __future__ import annotations
