@@ -10,19 +10,28 @@ attention needs the other ranks' tokens, whose keys and values it receives::
     K and V     ring        c - 1 steps; each passes a rank's K/V block to the next while the attention on the block
                             before runs (Megatron-Core's default, cp_comm_type "p2p"); the backward passes the blocks
                             and their gradients
-                all-gather  gather K and V, then attention on the local queries (Llama 3's); the backward gathers
-                            them again and reduce-scatters their gradients, all on the critical path
+                all-gather  gather K, gather V, then attention on the local queries (Llama 3's); the backward
+                            gathers them again and reduce-scatters dK and dV, all on the critical path
 
 Note [context parallel traffic]: with ``kv`` the keys and values of a micro-batch's whole sequence on one
 tensor-parallel rank, ``2·s·b·(K/t)·d·e`` bytes (``K`` key/value heads, head width ``d``, ``e`` bytes an element),
 one rank sends ``(c - 1) / c · kv`` bytes a layer forward and ``2 (c - 1) / c · kv`` backward in both variants
-(:func:`traffic_bytes`). The all-gather's are exposed: a ring all-gather forward, an all-gather and a
-reduce-scatter backward (:mod:`sim.planning.collectives`; hierarchical when the group spans nodes with several
-members in one). The ring's step of ``kv / c`` bytes (twice that backward) overlaps the attention on one block,
+(:func:`traffic_bytes`). The all-gather's are exposed, one collective per tensor (Note [keys and values apart]):
+two all-gathers of ``kv / 2`` forward, two all-gathers and two reduce-scatters backward, each a ring
+(:mod:`sim.planning.collectives`; hierarchical when the group spans nodes with several members in one). The ring's
+step of ``kv / c`` bytes (twice that backward) overlaps the attention on one block,
 ``1 / c`` of the layer's attention kernel: only what a step takes beyond it is exposed,
 ``(c - 1) · max(0, step - attention / c)``, and a ring that crosses nodes runs at its slowest hop, the network.
 The seconds join their layer's forward and backward (the input gradient's ``B`` of a split backward), as the
 tensor-parallel collectives do (Note [collectives in the stage] in :mod:`sim.planning.costs_from_flops`).
+
+Note [keys and values apart]: the all-gather variant runs K and V as collectives of their own, as Llama 3 describes
+it ("we first all-gather the key (K) and value (V) tensors", section 3.3.2) and as TransformerEngine's
+``AttnFuncWithCPAndKVAllGather`` runs it (``gather_along_first_dim`` on k and on v, forward and again backward;
+``reduce_scatter_along_first_dim`` on dk and on dv). The bytes are those of one collective of ``kv``; each
+collective pays the ring's ``(c - 1)`` step latencies, so a layer pays ``2 (c - 1)`` of them forward and
+``4 (c - 1)`` backward. The ring variant sends K and V in one buffer a step (TransformerEngine's ``p2p``
+concatenates them), one latency a step.
 
 Note [gathered keys not kept]: the gathered K and V (the all-gather's) and the ring's two blocks in flight live only
 while their layer's attention runs; they are not added to the working set (64 MiB for a Llama 3 405B layer at 128K
@@ -57,6 +66,8 @@ __all__ = ["CP_COMMS", "ContextParallel", "attention_kernels", "check_context_pa
 
 #: How the ranks see each other's keys and values: ``ring`` (Megatron-Core's default) or ``all-gather`` (Llama 3's).
 CP_COMMS = ("ring", "all-gather")
+#: Tensors the all-gather variant gathers one collective each, K and V (Note [keys and values apart]).
+KV_TENSORS = 2
 
 
 def check_context_parallel(degrees: Sequence[int], comm: str, tokens: int | None) -> None:
@@ -202,9 +213,9 @@ class ContextParallel:
             backward_attention: the same, backward.
         """
         c = self.degree
-        if self.comm == "all-gather":
-            gather = np.array([self._gather(x) for x in kv])
-            return gather, gather + np.array([self._scatter(x) for x in kv])
+        if self.comm == "all-gather":  # Note [keys and values apart]
+            gather = np.array([KV_TENSORS * self._gather(x / KV_TENSORS) for x in kv])
+            return gather, gather + np.array([KV_TENSORS * self._scatter(x / KV_TENSORS) for x in kv])
         link = self.link if self.nic is None else self.nic  # the ring runs at its slowest hop
         steps = [(kv / c / link.bandwidth + link.latency) * (kv > 0), (2 * kv / c / link.bandwidth + link.latency)
                  * (kv > 0)]

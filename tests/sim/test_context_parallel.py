@@ -69,7 +69,8 @@ def test_degree_one_is_the_count_itself() -> None:
 def test_traffic_seconds_in_closed_form() -> None:
     kv, c = np.array([0.0, 8e6]), 4
     gather = ContextParallel(c, "all-gather", LINK)
-    step = (c - 1) / c * 8e6 / LINK.bandwidth + (c - 1) * LINK.latency
+    # K and V one ring each (Note [keys and values apart]): the bytes of one collective of kv, twice the latencies
+    step = (c - 1) / c * 8e6 / LINK.bandwidth + 2 * (c - 1) * LINK.latency
     fwd, bwd = gather.seconds(kv, np.ones(2), np.ones(2))  # exposed whatever the attention takes
     np.testing.assert_allclose(fwd, [0.0, step])
     np.testing.assert_allclose(bwd, [0.0, 2 * step])
@@ -82,6 +83,29 @@ def test_traffic_seconds_in_closed_form() -> None:
     assert fwd.tolist() == [0.0, 0.0] and bwd.tolist() == [0.0, 0.0]
     across = ContextParallel(c, "ring", LINK, NIC, 1, 4)  # a ring across nodes runs at the network's pace
     assert across.seconds(kv, np.zeros(2), np.zeros(2))[0][1] == pytest.approx((c - 1) * (2e6 / 25e9 + 5e-6))
+
+
+@pytest.mark.parametrize("c", [2, 4, 16])
+def test_all_gather_latency_is_a_ring_step_per_rank_and_tensor(c: int) -> None:
+    """With bytes that cost nothing, what is left is the rings' latency: (c - 1) steps for each of K and V forward,
+    and for each of K, V, dK and dV backward; across nodes, one GPU per node, each step on the network."""
+    kv, free = np.array([1.0]), LinkSpec("free", 2e-6, 1e30)
+    fwd, bwd = ContextParallel(c, "all-gather", free).seconds(kv, np.zeros(1), np.zeros(1))
+    assert fwd[0] == pytest.approx(2 * (c - 1) * 2e-6) and bwd[0] == pytest.approx(4 * (c - 1) * 2e-6)
+    nic = LinkSpec("free nic", 7e-6, 1e30)
+    fwd, bwd = ContextParallel(c, "all-gather", free, nic, 1, c).seconds(kv, np.zeros(1), np.zeros(1))
+    assert fwd[0] == pytest.approx(2 * (c - 1) * 7e-6) and bwd[0] == pytest.approx(4 * (c - 1) * 7e-6)
+
+
+def test_all_gather_across_nodes_is_hierarchical_per_tensor() -> None:
+    """Two ranks in each of two nodes: each of K and V gathered over the network (half its bytes, a ring of two
+    nodes), then in the node (a ring of two GPUs)."""
+    kv = 8e6
+    fwd, _ = ContextParallel(4, "all-gather", LINK, NIC, 2, 2).seconds(np.array([kv]), np.zeros(1), np.zeros(1))
+    one = kv / 2
+    network = 1 / 2 * one / 2 / NIC.bandwidth + NIC.latency
+    node = 1 / 2 * one / LINK.bandwidth + LINK.latency
+    assert fwd[0] == pytest.approx(2 * (network + node))
 
 
 def test_groups_on_the_cluster() -> None:
