@@ -8,10 +8,11 @@ scripts that set ``window.EXPLORER`` and ``window.EXPLORER_PACKS`` (so the page 
 Beside the registered schedules sit the search's (:data:`SEARCHED`), and beside each simulated number the
 schedule's closed form where it has one (:func:`form`), with the assumptions of the form that a setting breaks.
 
-Note [units]: a device's share of the model takes 1 forward; with ``v`` stages per device each stage takes
-``1/v`` of it (forward, backward, recompute), a split backward gives ``W`` the chosen share and ``B`` the rest,
-the first and the last stage take ``ends`` times a middle one's (:func:`stage_times`), and a copy takes the
-chosen time whatever ``v`` (a stage boundary carries the same activation). Every time is a whole number of
+Note [units]: a device's share of the model takes 1 forward, which the page shows as 1 ms (the unit of the
+"Beyond 1F1B" page's examples), so its axes, ticks and text share one unit. With ``v`` stages per device each
+stage takes ``1/v`` of it (forward, backward, recompute), a split backward gives ``W`` the chosen share and ``B``
+the rest, the first and the last stage take ``ends`` times a middle one's (:func:`stage_times`), and a copy takes
+the chosen time whatever ``v`` (a stage boundary carries the same activation). Every time is a whole number of
 ``1/TICKS`` forwards, checked, so a pack stores integers. Memory: a device's share keeps ``SAVED`` per
 micro-batch (each stage ``SAVED/v``), a checkpointed stage its input, ``INPUT``.
 

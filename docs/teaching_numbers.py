@@ -13,10 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 from gpipe.schedule import SCHEDULES, Schedule
+from gpipe.schedule.task import Checkpoint, Task
 from sim.core.cost import CostModel, StageCost
 
-__all__ = ["BEYOND_A", "COMMUNICATION", "EXPENSIVE", "MEMORY_M", "MEMORY_P", "ROOFLINE_WIDTHS", "beyond_cost",
-           "beyond_numbers", "communication_runs", "fragments", "frontier", "memory_rows", "min_tokens", "peak_a"]
+__all__ = ["ACROSS", "BEYOND_A", "COMMUNICATION", "EXPENSIVE", "MEMORY_M", "MEMORY_P", "ROOFLINE_WIDTHS",
+           "across_steps", "beyond_cost", "beyond_numbers", "communication_runs", "consecutive_steps", "fragments",
+           "frontier", "memory_rows", "min_tokens", "peak_a"]
 
 MiB, GiB = 2**20, 2**30
 
@@ -28,13 +30,13 @@ Table = Callable[[list[str], list[list[str]]], str]
 #: The memory table's pipeline: 4 devices, 8 micro-batches; one device's share of the model keeps A = 64 MiB per
 #: micro-batch for backward without checkpointing, and its input (A/8) with it.
 MEMORY_P, MEMORY_M, MEMORY_A = 4, 8, 64 * MiB
-POLICIES = ("never", "except_last", "always")
+POLICIES: tuple[Checkpoint, ...] = ("never", "except_last", "always")
 
 
 def memory_rows(simulate: Callable[..., Any]) -> list[tuple[str, str, float, list[int]]]:
     """(schedule, checkpoint, makespan in seconds, peak bytes per device) for every registered schedule that
     takes (p=4, m=8) and every policy; a schedule with stages per device runs two per device, each 1/2 the work."""
-    rows = []
+    rows: list[tuple[str, str, float, list[int]]] = []
     for name, kind in SCHEDULES.items():
         v = 1 if kind.place is None else 2
         for policy in POLICIES:
@@ -266,6 +268,51 @@ def peak_a(timeline: Any) -> float:
     return max(timeline.peak_memory(d) for d in range(timeline.num_devices)) / BEYOND_A
 
 
+# -- across steps -------------------------------------------------------------------------------------------
+
+#: The schedules drawn over two steps on the "Beyond 1F1B" page: one whose step ends on its first device, one whose
+#: first device ends early, and the V.
+ACROSS = ("zb-h1", "zb-h2", "zb-v")
+
+
+# Note [across steps]: an optimizer step that clips by the global gradient norm or skips on an inf or NaN waits for
+# every stage's gradients, so no device starts step k + 1 before the last device ends step k. Qi et al. (Zero Bubble
+# Pipeline Parallelism, ICLR 2024, section 4) replace that barrier with post-validation: each stage updates with a
+# partial reduction passed on from the stage before, the full one comes back during the next step's warm-up, and a
+# failed check rolls the update back. A device's step k + 1 then waits only for its own step k and its inputs: one
+# device list after another. The optimizer's time and the few bytes of the partial reduction are left out.
+def consecutive_steps(schedule: Schedule, steps: int) -> Schedule:
+    """``steps`` training steps of ``schedule`` back to back, without a barrier between them (Note [across steps]).
+
+    Step ``k`` runs micro-batches ``k·m .. (k + 1)·m - 1``; each device runs its list once per step, in order.
+
+    Raises:
+        ValueError: ``steps`` is below 1.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    m = schedule.m
+
+    def shifted(task: Task, k: int) -> Task:
+        return Task(task.op, task.microbatch + k * m, task.stage)
+
+    tasks = tuple(tuple(shifted(t, k) for k in range(steps) for t in device) for device in schedule.tasks)
+    pairs = tuple((shifted(a, k), shifted(b, k)) for k in range(steps) for a, b in schedule.pairs)
+    return Schedule(m=steps * m, n=schedule.n, checkpoint=schedule.checkpoint, placement=schedule.placement,
+                    tasks=tasks, name=f"{schedule.name}, {steps} steps", pairs=pairs).validate()
+
+
+def across_steps(simulate: Callable[..., Any], p: int = 4, m: int = 8) -> list[tuple[str, Any, Any]]:
+    """``(name, one step's timeline, two steps' timeline)`` for each of :data:`ACROSS`, on the page's costs."""
+    out = []
+    for name in ACROSS:
+        kind = SCHEDULES[name]
+        schedule = kind(m, p * (1 if kind.place is None else 2), "never", devices=p)
+        cost = beyond_cost(schedule)
+        out.append((name, simulate(schedule, cost), simulate(consecutive_steps(schedule, 2), cost)))
+    return out
+
+
 def beyond_numbers(simulate: Callable[..., Any]) -> dict[str, str]:
     """The numbers the page's exercises state, as the page writes them (tests/docs/test_teaching_numbers.py finds
     each in the page)."""
@@ -281,7 +328,13 @@ def beyond_numbers(simulate: Callable[..., Any]) -> dict[str, str]:
     def ms(seconds: float) -> str:
         return f"{seconds * 1e3:.3g} ms"
 
+    steps = {name: (one, two) for name, one, two in across_steps(simulate)}
+    across = {f"{name} {k}": ms(tl.makespan) for name, (one, two) in steps.items() for k, tl in (("one", one),
+                                                                                                  ("two", two))}
+    first_ends = {name: ms(max(s.end for s in one.compute_spans(0)) - one.start) for name, (one, _) in steps.items()}
     return {
+        **across, "zb-h2 first device ends": first_ends["zb-h2"], "zb-h1 first device ends": first_ends["zb-h1"],
+        "zb-h2 per step": ms(steps["zb-h2"][1].makespan - steps["zb-h2"][0].makespan),
         "1f1b p8": ms(wide["1f1b"].makespan), "zb-h1 p8": ms(wide["zb-h1"].makespan),
         "1f1b idle p8": ms(wide["1f1b"].makespan - wide["1f1b"].busy(0)),
         "zb-h1 idle p8": ms(wide["zb-h1"].makespan - wide["zb-h1"].busy(0)),
@@ -307,6 +360,11 @@ def _beyond(simulate: Callable[..., Any], table: Table) -> dict[str, str]:
              f"{dpv.bubble_fraction():.1%}"] for x, zbv, dpv in communication_runs(simulate)]
     out = {"communication_table": table(["communication per F and B", "ZB-V", "DualPipe-V", "DualPipe-V ahead by",
                                          "ZB-V bubble", "DualPipe-V bubble"], rows)}
+    out["across_steps_table"] = table(
+        ["schedule", "one step", "two steps with a barrier", "two steps without", "each step after the first"],
+        [[f"`{name}`", f"{one.makespan * 1e3:.1f} ms", f"{2 * one.makespan * 1e3:.1f} ms",
+          f"{two.makespan * 1e3:.1f} ms", f"{(two.makespan - one.makespan) * 1e3:.1f} ms"]
+         for name, one, two in across_steps(simulate)])
     for p in (4, 8):
         out[f"frontier_table_p{p}"] = table(
             ["schedule", "makespan", "bubble", "peak activations (A)"],

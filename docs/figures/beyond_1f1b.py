@@ -105,6 +105,25 @@ def dualpipe_communication(path: Path) -> None:
 # --8<-- [end:dualpipe_communication]
 
 
+# --8<-- [start:across_steps]
+@figure("across_steps.png")
+def across_steps(path: Path) -> None:
+    runs = tn.across_steps(simulate, BEYOND_P, BEYOND_M)  # two steps, no barrier between them (Note [across steps])
+    fig = plot_side_by_side([two for _, _, two in runs], labels=False, titles=[
+        f"{name}, two steps: {millis(two.makespan)}; with a barrier between them {millis(2 * one.makespan)} "
+        f"(dashed)" for name, one, two in runs])
+    for ax, (_, one, two) in zip(fig.axes, runs, strict=False):
+        for s in two.compute_spans():  # the second step's tasks hatched
+            if s.task.microbatch >= BEYOND_M:
+                ax.broken_barh([(s.start - two.start, s.end - s.start)], (s.device - 0.4, 0.8), facecolors="none",
+                               edgecolors="white", hatch="////", linewidth=0)
+        for x in (one.makespan, 2 * one.makespan):
+            ax.axvline(x, color="black", lw=1, ls="--")
+    fig.axes[len(runs) - 1].set_xlabel("seconds.   Hatched: the second step's tasks")
+    save(fig, path)
+# --8<-- [end:across_steps]
+
+
 # --8<-- [start:bubble_memory]
 @figure("bubble_memory.png")
 def bubble_memory(path: Path) -> None:

@@ -13,9 +13,13 @@
   var base = document.querySelector("script[src$='explorer-data.js']").getAttribute("src").replace(/explorer-data\.js$/, "");
   var COLOURS = { F: "#4c72b0", B: "#dd8452", R: "#55a868", W: "#c44e52", C: "#8c8c8c" };
   var NAMES = { F: "forward", B: "backward", R: "recompute", W: "weight grad", C: "copy" };
-  var LINES = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"];
+  // One colour per device up to eight (the grid's most devices), seaborn's "deep" palette without its grey
+  var LINES = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#ccb974"];
+  // A device's share of the model computes its forward in 1 ms (Note [units] in docs/explorer.py): every time,
+  // tick and text is in ms
+  var UNIT = "ms";
   var SVG = "http://www.w3.org/2000/svg";
-  var WIDTH = 760, LEFT = 50, ROW = 26, HEIGHT = 120;
+  var WIDTH = 760, LEFT = 50, ROW = 26, HEIGHT = 120, AXIS = 34;  // AXIS: the time axis's ticks and label
   var controls = document.getElementById("explorer-controls");
   var inputs = {}, shown = {}, sliders = {}, packs = {}, drawing = 0;
 
@@ -100,7 +104,7 @@
     return out;
   }
 
-  function fmt(ticks) { return String(Math.round(ticks / data.ticks * 1000) / 1000); }
+  function fmt(ticks) { return String(Math.round(ticks / data.ticks * 1000) / 1000) + " " + UNIT; }
   function full(units) { return (units / data.saved).toFixed(2); }
   function percent(b) { return (100 * b).toFixed(1) + "%"; }
 
@@ -162,10 +166,10 @@
     parts.gantt.setAttribute("data-key", name + "|" + f.key);
     gantt(parts.gantt, shape.orders[run.o || 0], run, scale);
     memory(parts.memory, run, scale, peak);
-    var text = name + ": makespan " + fmt(run.t) + " forwards, bubble " + percent(run.b) + ", " + shape.stages +
+    var text = name + ": makespan " + fmt(run.t) + ", bubble " + percent(run.b) + ", " + shape.stages +
       " stages; peak memory per device " + run.k.map(full).join(", ") + " full activations";
     if (run.l !== undefined) {
-      text += "; the search's lower bound " + fmt(run.l) + " forwards (" + run.h + "), within " +
+      text += "; the search's lower bound " + fmt(run.l) + " (" + run.h + "), within " +
         shape.limit.toFixed(2) + " full activations per device";
     }
     parts.summary.textContent = text;
@@ -182,7 +186,7 @@
     if (Math.abs(f.b - run.b) > 5e-4) { differ.push("bubble"); }
     if (f.k.join() !== run.k.join()) { differ.push("memory"); }
     var text = "Closed form " + form.makespan + " (memory: " + form.memory + "): makespan " + fmt(f.t) +
-      " forwards, bubble " + percent(f.b) + ", peak " + f.k.map(full).join(", ") + ". ";
+      ", bubble " + percent(f.b) + ", peak " + f.k.map(full).join(", ") + ". ";
     if (!differ.length) { return text + "Equal to the simulation."; }
     var why = run.x.map(function (code) {
       return data.reasons[code] + (code === "range" ? " (" + form.range + ")" : code === "costs" ? " (" + form.costs + ")" : "");
@@ -194,13 +198,16 @@
 
   function gantt(svg, order, run, scale) {
     var p = run.k.length, rows = 2 * p, seen = {};  // a compute and a copy row per device
-    svg.setAttribute("viewBox", "0 0 " + WIDTH + " " + (rows * ROW + 48));
-    function bar(d, task, start, end, copy) {
-      var op = copy ? "C" : task[0], y = (2 * d + (copy ? 1 : 0)) * ROW;
+    svg.setAttribute("viewBox", "0 0 " + WIDTH + " " + (rows * ROW + AXIS + 30));
+    // half: 0 a whole row; 1 and 2 the upper and lower half, for the first and second task of an overlapped pair
+    // (two tasks of one device starting together: DualPipe-V's pairs), as docs/figures/beyond_1f1b.py draws them
+    function bar(d, task, start, end, copy, half) {
+      var op = copy ? "C" : task[0], y = (2 * d + (copy ? 1 : 0)) * ROW, tall = copy ? ROW - 12 : ROW - 4;
       seen[op] = true;
-      var r = el("rect", { x: LEFT + start * scale, y: y + (copy ? 6 : 2), width: Math.max((end - start) * scale, 0.5),
-                           height: copy ? ROW - 12 : ROW - 4, fill: COLOURS[op], stroke: "white",
-                           "stroke-width": 0.5, "class": "span" }, svg);
+      var r = el("rect", { x: LEFT + start * scale, y: y + (copy ? 6 : 2) + (half === 2 ? tall / 2 : 0),
+                           width: Math.max((end - start) * scale, 0.5), height: half ? tall / 2 : tall,
+                           fill: COLOURS[op], stroke: "white", "stroke-width": 0.5,
+                           "class": half ? "span paired" : "span" }, svg);
       var parts = task.slice(1).split("@");
       el("title", {}, r).textContent = (copy ? "copy of the result of " + NAMES[task[0]] : NAMES[op]) +
         " of micro-batch " + parts[0] + " on stage " + parts[1] + ", " + fmt(start) + " to " + fmt(end);
@@ -208,34 +215,42 @@
     for (var d = 0; d < p; d++) {
       el("text", { x: 4, y: 2 * d * ROW + ROW * 0.65, "font-size": 11 }, svg).textContent = "dev " + d;
       var tasks = order.tasks[d].split(" "), times = sums(run.s[d]);
-      tasks.forEach(function (task, i) { bar(d, task, times[2 * i], times[2 * i + 1], false); });
+      tasks.forEach(function (task, i) {
+        var half = times[2 * i] === times[2 * i + 2] ? 1 : i > 0 && times[2 * i] === times[2 * i - 2] ? 2 : 0;
+        bar(d, task, times[2 * i], times[2 * i + 1], false, half);
+      });
       if (run.c[d].length) {
         var copies = order.copies[d].split(" "), ctimes = sums(run.c[d]);
-        copies.forEach(function (task, i) { bar(d, task, ctimes[2 * i], ctimes[2 * i + 1], true); });
+        copies.forEach(function (task, i) { bar(d, task, ctimes[2 * i], ctimes[2 * i + 1], true, 0); });
       }
     }
     axis(svg, rows * ROW + 2, scale);
-    var x = LEFT;
-    Object.keys(COLOURS).forEach(function (k) {
-      if (!seen[k]) { return; }
-      el("rect", { x: x, y: rows * ROW + 30, width: 12, height: 12, fill: COLOURS[k] }, svg);
-      el("text", { x: x + 16, y: rows * ROW + 40, "font-size": 11 }, svg).textContent = NAMES[k];
-      x += 110;
+    legend(svg, rows * ROW + AXIS + 4, 110, Object.keys(COLOURS).filter(function (k) { return seen[k]; })
+      .map(function (k) { return [COLOURS[k], NAMES[k]]; }));
+  }
+
+  function legend(svg, y, width, entries) {  // [colour, text] swatches in a row, each ``width`` wide
+    entries.forEach(function (entry, i) {
+      el("rect", { x: LEFT + width * i, y: y, width: 12, height: 12, fill: entry[0], "class": "legend" }, svg);
+      el("text", { x: LEFT + width * i + 16, y: y + 10, "font-size": 11 }, svg).textContent = entry[1];
     });
   }
 
-  function axis(svg, y, scale) {  // ticks in forwards, a round step that gives at most about ten of them
+  function axis(svg, y, scale) {  // ticks in ms, a round step that gives at most about ten of them, and its label
     var span = (WIDTH - LEFT - 10) / scale / data.ticks, step = 1, k = 0;
     while (span / step > 10) { k++; step = [1, 2, 5][k % 3] * Math.pow(10, Math.floor(k / 3)); }
     for (var t = 0; t <= span + 1e-9; t += step) {
       var x = LEFT + t * data.ticks * scale;
       el("line", { x1: x, x2: x, y1: y, y2: y + 4, stroke: "#888" }, svg);
-      el("text", { x: x - 4, y: y + 15, "font-size": 10 }, svg).textContent = String(Math.round(t * 100) / 100);
+      el("text", { x: x - 4, y: y + 15, "font-size": 10, "class": "tick" }, svg).textContent =
+        String(Math.round(t * 100) / 100);
     }
+    el("text", { x: WIDTH - 10, y: y + 28, "font-size": 11, "text-anchor": "end", "class": "axis-label" }, svg)
+      .textContent = "time (" + UNIT + ")";
   }
 
   function memory(svg, run, scale, peak) {
-    svg.setAttribute("viewBox", "0 0 " + WIDTH + " " + (HEIGHT + 20));
+    svg.setAttribute("viewBox", "0 0 " + WIDTH + " " + (HEIGHT + AXIS + 42));
     run.y.forEach(function (series, dev) {
       var points = [], last = 0, times = sums(series[0]);
       function at(t, v) { return (LEFT + t * scale) + "," + (HEIGHT - v / peak * (HEIGHT - 10)); }
@@ -245,10 +260,12 @@
         points.push(at(t, last));
       });
       points.push(at(run.t, last));
-      el("polyline", { points: points.join(" "), fill: "none", stroke: LINES[dev % 4], "stroke-width": 1.5,
-                       "class": "memory" }, svg);
+      el("polyline", { points: points.join(" "), fill: "none", stroke: LINES[dev % LINES.length],
+                       "stroke-width": 1.5, "class": "memory" }, svg);
     });
-    el("text", { x: 4, y: HEIGHT + 15, "font-size": 11 }, svg).textContent =
+    axis(svg, HEIGHT + 2, scale);
+    legend(svg, HEIGHT + AXIS + 4, 70, run.y.map(function (_, dev) { return [LINES[dev % LINES.length], "dev " + dev]; }));
+    el("text", { x: 4, y: HEIGHT + AXIS + 34, "font-size": 11 }, svg).textContent =
       "memory saved for backward per device (top: " + full(peak) + " full activations)";
   }
 

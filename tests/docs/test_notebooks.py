@@ -29,7 +29,7 @@ INDEX = ROOT / "docs" / "tutorials" / "index.md"  # the section's page: a table 
 CELL_TIMEOUT = 60  # seconds per cell; the notebooks take seconds in all
 BUDGET = 120  # seconds per notebook on two CPU cores, as the tutorials promise
 #: Notebooks whose answers state their numbers as assertions: each answer's ```python block runs after the notebook.
-ANSWERS_RUN = {"08_beyond_1f1b.ipynb", "09_from_scratch.ipynb"}
+ANSWERS_RUN = {"05_capacity_planning.ipynb", "08_beyond_1f1b.ipynb", "09_from_scratch.ipynb"}
 _ANSWER_CODE = re.compile(r"<details><summary>Answer</summary>.*?</details>", re.DOTALL)
 _PYTHON = re.compile(r"```python\n(.*?)```", re.DOTALL)
 

@@ -218,8 +218,13 @@ def test_every_page_loads_in_chromium(site: Path, served: str) -> None:
 
 _STATE_JS = """JSON.stringify({weight: document.getElementById('explorer-weight').disabled,
   panels: ['', '-2'].map(function (x) { var g = function (id) { return document.getElementById('explorer-' + id + x); };
+    var all = function (id, css, f) { return Array.from(g(id).querySelectorAll(css)).map(f); };
     return {key: g('gantt').getAttribute('data-key'), spans: g('gantt').querySelectorAll('rect.span').length,
             lines: g('memory').querySelectorAll('polyline.memory').length, summary: g('summary').textContent,
+            paired: g('gantt').querySelectorAll('rect.paired').length,
+            units: all('panel', 'text.axis-label', function (t) { return t.textContent; }),
+            strokes: all('memory', 'polyline.memory', function (l) { return l.getAttribute('stroke'); }),
+            legend: all('memory', 'rect.legend', function (r) { return r.getAttribute('fill'); }),
             form: g('form').textContent, scale: Number(document.getElementById('explorer-panel' + x).dataset.scale),
             shown: document.getElementById('explorer-panel' + x).style.display !== 'none'}; })})"""
 
@@ -250,6 +255,7 @@ def _drawn(browser: Any, *keys: str) -> dict[str, Any]:
 def test_the_explorer_redraws_the_simulators_run_when_a_control_changes(served: str) -> None:
     from _cdp import Chromium
 
+    from gpipe.schedule import SCHEDULES
     from tests.docs.test_explorer import unpack
 
     out = ROOT / "docs" / "img" / "generated"
@@ -272,8 +278,11 @@ def test_the_explorer_redraws_the_simulators_run_when_a_control_changes(served: 
             bars += sum(len(c.split()) for c in order["copies"]) if parts[6] != "0.0" else 0
             assert panel["key"] == f"{name}|{key}" and panel["shown"]
             assert panel["spans"] == bars and panel["lines"] == len(r["k"])
-            assert f"{name}: makespan {r['t'] / 480:g} forwards, bubble {100 * r['b']:.1f}%, {shape['stages']} " \
-                   "stages" in panel["summary"], panel["summary"]
+            assert f"{name}: makespan {r['t'] / 480:g} ms, bubble {100 * r['b']:.1f}%, {shape['stages']} " \
+                   "stages" in panel["summary"], panel["summary"]  # a forward is 1 ms (Note [units])
+            assert panel["units"] == ["time (ms)", "time (ms)"]  # the Gantt chart's axis and the memory chart's
+            devices = len(r["k"])  # a line per device, each its own colour (up to eight), as the legend shows
+            assert len(set(panel["strokes"])) == devices and panel["legend"] == panel["strokes"]
             assert panel["scale"] == pytest.approx((760 - 60) / longest)
         assert state["panels"][1]["shown"] == (len(drawn) == 2)
         return state
@@ -298,6 +307,11 @@ def test_the_explorer_redraws_the_simulators_run_when_a_control_changes(served: 
         refused = _drawn(browser, "refused")["panels"][0]
         assert refused["spans"] == 0
         assert refused["summary"] == "dualpipe-v refused: " + packs["dualpipe-v"]["shapes"]["4|2|6|never"]
+        browser.evaluate(_set("m", "8"))  # its overlapped pairs: both tasks drawn, each in half of the row
+        pairs = len(SCHEDULES["dualpipe-v"](8, 8, "never", devices=4).pairs)
+        assert pairs and check(browser, ("dualpipe-v", "4|2|8|never|2.0|0.5|0.25|1.0|0.0"))["panels"][0]["paired"] \
+            == 2 * pairs
+        browser.evaluate(_set("m", "6"))
         browser.evaluate(_set("schedule", "zb-h1"))
         browser.evaluate(_set("v", "1"))
         assert not check(browser, ("zb-h1", "4|1|6|never|2.0|0.5|0.25|1.0|0.0"))["weight"]
@@ -319,7 +333,7 @@ def test_the_explorer_redraws_the_simulators_run_when_a_control_changes(served: 
         state = check(browser, ("zb-h1", "4|1|8|never|2.0|0.5|0.25|2.0|0.0"),
                       ("searched", "4|1|8|never|2.0|0.5|0.25|2.0|0.0"))
         lower = run("searched", "4|1|8|never|2.0|0.5|0.25|2.0|0.0")["l"] / 480
-        assert f"the search's lower bound {lower:g} forwards" in state["panels"][1]["summary"]
+        assert f"the search's lower bound {lower:g} ms" in state["panels"][1]["summary"]
         browser.evaluate(_set("checkpoint", "always"))  # heavier ends ran with checkpoint never only: said so
         state = _drawn(browser, "unsimulated", "refused")
         assert state["panels"][0]["summary"].startswith("zb-h1 not simulated here: the explorer ran first and last")
