@@ -38,10 +38,9 @@ What checking a prediction against the executor takes, from the calibration laye
     comparison = compare(predicted, measured)           # two timelines of one schedule, aligned task by task
     comparison.makespan_error                           # (predicted - measured) / measured
 
-Note [light import]: ``import sim`` loads none of its layers. The core reads schedules from :mod:`gpipe`, whose
-package imports torch, and what needs only part of sim (:mod:`sim.files`, the dispatcher in :mod:`sim.cli`)
-should not pay for that. So the names above are looked up in their modules on first use (``__getattr__``), and
-``from sim import simulate`` imports the core then.
+Note [light import]: ``import sim`` loads none of its layers: what needs only part of sim (:mod:`sim.files`, the
+dispatcher in :mod:`sim.cli`) should not pay for SimPy, numpy or the planner's torch. So the names above are
+looked up in their modules on first use (``__getattr__``), and ``from sim import simulate`` imports the core then.
 """
 
 TYPE_CHECKING = False  # typing's constant, without importing typing (Note [light import])

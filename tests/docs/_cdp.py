@@ -9,6 +9,7 @@ serves a URL from the test instead of the server (the request still counts as ma
 from __future__ import annotations
 
 import base64
+import html.parser
 import json
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
+from urllib.request import urlopen
 
 import websocket  # websocket-client, in the dev extra
 
@@ -237,3 +240,52 @@ def _errors_of(event: dict[str, Any]) -> list[str]:
         if int(r.get("status", 200)) >= 400:
             return [f"HTTP {r.get('status')} for {r.get('url')}"]
     return []
+
+
+class _Collect(html.parser.HTMLParser):
+    """The links, image sources, ids and title of an HTML page, as its markup holds them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+        self.images: list[str] = []
+        self.ids: set[str] = set()
+        self.title, self._in_title = "", False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(str(a["id"]))
+        if tag == "a" and a.get("href") is not None:
+            self.links.append(str(a["href"]))
+        elif tag == "img" and a.get("src"):
+            self.images.append(str(a["src"]))
+        self._in_title = tag == "title"
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title:
+            self.title += data
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_title = False
+
+
+def read(url: str, timeout: float = 10.0) -> PageReport:
+    """What :meth:`Chromium.load` reports of a page, read from its HTML without a browser: its links (absolute),
+    ids and title, and the images whose URL does not answer 200. No script runs, so no console error is seen: for
+    pages made from one template, whose scripts a browser has run on a sibling."""
+    report = PageReport(url)
+    with urlopen(url, timeout=timeout) as response:
+        page = _Collect()
+        page.feed(response.read().decode("utf-8"))
+    report.links = [urljoin(url, href) for href in page.links]
+    report.ids, report.title = page.ids, page.title
+    for src in page.images:
+        try:
+            with urlopen(urljoin(url, src), timeout=timeout) as image:
+                ok = image.status == 200 and len(image.read()) > 0
+        except OSError:
+            ok = False
+        if not ok:
+            report.broken_images.append(urljoin(url, src))
+    return report

@@ -147,6 +147,41 @@ def test_notebook_pages_show_what_the_notebook_printed_and_drew(tmp_path: Path) 
         notebooks.notebook_markdown(path, executed=ran)
 
 
+def test_a_notebook_another_process_is_running_is_taken_last_and_run_once(tmp_path: Path) -> None:
+    """Note [one run per notebook]: while another process holds a notebook's lock, the build runs the others, then
+    waits and reads the copy the holder stored instead of running it again."""
+    import threading
+
+    import nbformat
+    from filelock import FileLock
+
+    outputs = _load("notebook_outputs")
+    cache = tmp_path / "cache"
+    held, free = tmp_path / "01_held.ipynb", tmp_path / "02_free.ipynb"
+    for path, text in ((held, "print('held')"), (free, "print('free')")):
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(text)]), path)
+    cache.mkdir()
+    holding = threading.Event()
+
+    def other_process() -> None:  # holds the held notebook's lock, runs it once the build has run the free one
+        with FileLock(str(cache / f"{held.name}.lock")):
+            holding.set()
+            while outputs.cached(free, cache) is None:
+                threading.Event().wait(0.05)
+            nb = outputs.execute(held)
+            nb.metadata["ran_by"] = "the other process"
+            outputs.store(held, nb, cache)
+
+    thread = threading.Thread(target=other_process)
+    thread.start()
+    holding.wait()
+    assert outputs.executed(held, cache, wait=False) is None
+    done = outputs.executed_all([held, free], cache)
+    thread.join()
+    assert done[held.name]["metadata"]["ran_by"] == "the other process"
+    assert "".join(done[free.name]["cells"][0]["outputs"][0]["text"]) == "free\n"
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if "```python" in p.read_text()],
                          ids=lambda p: str(p.relative_to(DOCS)))
 def test_python_examples_in_the_pages_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

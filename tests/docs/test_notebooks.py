@@ -3,18 +3,16 @@ and numbered as the site lists it, and runs top to bottom in this venv's kernel.
 
 A teacher edits ``tutorials/NN_name.ipynb`` in Jupyter, clears its outputs and commits it; these tests hold for such a
 file and name the fix when one does not. A run that passes is kept as the notebook's executed copy, whose outputs the
-site shows (docs/notebook_outputs.py). In the notebooks of :data:`ANSWERS_RUN` the answers' code runs too, after the
-notebook, in its kernel.
+site shows (docs/notebook_outputs.py), one run for both (Note [one run per notebook]). In the notebooks of
+``ANSWERS_RUN`` there the answers' code runs too, after the notebook, in its kernel.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -26,12 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = ROOT / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("[0-9][0-9]_*.ipynb"))
 INDEX = ROOT / "docs" / "tutorials" / "index.md"  # the section's page: a table with a row per notebook
-CELL_TIMEOUT = 60  # seconds per cell; the notebooks take seconds in all
 BUDGET = 120  # seconds per notebook on two CPU cores, as the tutorials promise
-#: Notebooks whose answers state their numbers as assertions: each answer's ```python block runs after the notebook.
-ANSWERS_RUN = {"05_capacity_planning.ipynb", "08_beyond_1f1b.ipynb", "09_from_scratch.ipynb"}
-_ANSWER_CODE = re.compile(r"<details><summary>Answer</summary>.*?</details>", re.DOTALL)
-_PYTHON = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 
 def _outputs() -> ModuleType:
@@ -52,18 +45,12 @@ def _as_stored(path: Path) -> nbformat.NotebookNode:
     return nbformat.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def _answers(nb: nbformat.NotebookNode) -> list[str]:
-    """The code of every answer's ```python blocks, in order."""
-    return [code for c in nb.cells if c.cell_type == "markdown"
-            for block in _ANSWER_CODE.findall(c.source) for code in _PYTHON.findall(block)]
-
-
 def test_there_are_notebooks() -> None:
     names = {p.name for p in NOTEBOOKS}
     assert {"01_bubble.ipynb", "02_checkpointing.ipynb", "03_copy_streams.ipynb", "04_executor_vs_simulator.ipynb",
             "05_capacity_planning.ipynb", "06_ablation.ipynb", "07_own_schedule.ipynb",
             "08_beyond_1f1b.ipynb", "09_from_scratch.ipynb"} <= names
-    assert ANSWERS_RUN <= names
+    assert _outputs().ANSWERS_RUN <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -122,25 +109,16 @@ def test_notebooks_pass_the_linter() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path: Path) -> None:
-    from nbclient import NotebookClient
-
-    nb = nbformat.read(path, as_version=4)
-    cells = len(nb.cells)
-    if path.name in ANSWERS_RUN:  # run after the notebook in its kernel, then dropped: the site shows the notebook
-        answers = _answers(nb)
-        assert len(answers) >= 3, f"{path.name}: its answers have no code to run"
-        nb.cells.extend(nbformat.v4.new_code_cell(code) for code in answers)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
-                            resources={"metadata": {"path": str(TUTORIALS)}})
-    t0 = time.perf_counter()
-    client.execute()  # raises CellExecutionError, with the cell and its traceback, on the first failure
-    elapsed = time.perf_counter() - t0
-    del nb.cells[cells:]
+    """Its executed copy for its current sources: run here, or by the docs build beside (Note [one run per
+    notebook] in ``docs/notebook_outputs.py``); a cell that fails raises CellExecutionError with its traceback."""
+    outputs = _outputs()
+    nb = outputs.executed(path)
+    assert nb is not None
+    elapsed = nb["metadata"][outputs.SECONDS_KEY]
     assert elapsed < BUDGET, f"{path.name} took {elapsed:.0f} s; the tutorials promise under {BUDGET} s"
-    images = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+    images = sum(1 for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
                  if "image/png" in o.get("data", {}))
     assert images >= 1, f"{path.name} drew no figure"
-    _outputs().store(path, nb)  # the site shows these outputs (docs/notebook_outputs.py): run once, used twice
 
 
 def test_notebook_09s_ranks_send_their_gradients_by_value() -> None:
