@@ -9,6 +9,8 @@
       group.py        the process group, this rank's device, the store
       loopback.py     ranks all on this machine: a group listening on the loopback interface only
       materialize.py  meta layers made real, the same weights whatever the ranks
+      replicas.py     replicas of the pipeline on a (pp, dp) device mesh: each one's batch, one timeline
+      reduction.py    a stage's gradients all-reduced over its replicas in buckets during the backward, as spans
       pipe.py         DistributedGPipe: this rank's stages, step()
 
 Its transport, the wire between ranks, is :mod:`gpipe.transport.wire` (with :mod:`~gpipe.transport.routes` and

@@ -55,11 +55,13 @@ def measure_offsets(group: Any, rank: int, world: int, rounds: int = 8) -> list[
     return list(told[0])
 
 
-def merge(parts: Sequence[dict[str, Any]], offsets: Sequence[tuple[float, float]]) -> Timeline:
+def merge(parts: Sequence[dict[str, Any]], offsets: Sequence[tuple[float, float]],
+          origin: float | None = None) -> Timeline:
     """One timeline of every rank's ``parts`` (each: ``timeline`` as a dict, ``t0`` its recorder's start on its
-    ``perf_counter``, ``transfers``), on rank 0's clock, from the earliest start of any rank."""
+    ``perf_counter``, ``transfers``), on rank 0's clock, from the earliest start of any rank (or from ``origin``, a
+    time on rank 0's clock: one origin for several pipelines' timelines)."""
     starts = [part["t0"] - offsets[r][0] for r, part in enumerate(parts)]  # each rank's t0 on rank 0's clock
-    origin = min(starts)
+    origin = min(starts) if origin is None else origin
     spans: list[Span] = []
     memory: list[MemorySample] = []
     for r, part in enumerate(parts):

@@ -45,10 +45,14 @@ class Alarm:
         rank: this process's rank.
         timeout: seconds any wait for another rank may last.
         poll: seconds between two looks of the thread at the store.
+        peers: how the ranks that waits name are numbered, where that is not the world's (a replica's pipeline:
+            its transport names its peers by schedule device); ``""``: the world's.
     """
 
-    def __init__(self, store: Any, watcher: Any, rank: int, timeout: float, poll: float = 0.25) -> None:
+    def __init__(self, store: Any, watcher: Any, rank: int, timeout: float, poll: float = 0.25,
+                 peers: str = "") -> None:
         self.store, self.watcher, self.rank, self.timeout, self.poll = store, watcher, rank, timeout, poll
+        self.peers = peers
         self.failure: str | None = None
         self.lock = threading.Lock()
         self.waiting: threading.Event | None = None
@@ -94,8 +98,9 @@ class Alarm:
             return text
         return f"rank {self.rank} stopped because {text}"
 
-    def wait(self, pending: Pending, what: str) -> None:
+    def wait(self, pending: Pending, what: str, world: bool = False) -> None:
         """Wait for ``pending`` at most the timeout; raise at once when a rank fails (Note [no rank left waiting]).
+        ``world``: ``what`` names ranks in the world (else as :attr:`peers` says).
 
         Raises:
             PipelineFailed: a rank failed, the work failed (a peer lost), or the timeout passed.
@@ -110,11 +115,12 @@ class Alarm:
             with self.lock:
                 self.waiting = None
         self.check()
+        peers = "" if world else self.peers
         if not finished:
-            text = (f"rank {self.rank} waited {self.timeout:g} s for {what}, which never came: that rank died or "
-                    "hangs (raise DistributedGPipe(timeout=...) for slow steps)")
+            text = (f"rank {self.rank} waited {self.timeout:g} s for {what}{peers}, which never came: that rank "
+                    "died or hangs (raise DistributedGPipe(timeout=...) for slow steps)")
         elif pending.error is not None:
-            text = f"rank {self.rank} lost {what}: {pending.error}"
+            text = f"rank {self.rank} lost {what}{peers}: {pending.error}"
         else:
             return
         self.fail(text)

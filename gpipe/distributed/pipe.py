@@ -6,8 +6,10 @@
     pipe = DistributedGPipe(model, balance=[2, 3], chunks=4, schedule="1f1b")
     loss = pipe.step(x, y, loss_fn)   # x read on the first stage's rank, y on the last; the loss on every rank
 
-Rank ``d`` is schedule device ``d``: it runs :class:`gpipe.interpreter.worker.Worker` on ``schedule.tasks[d]`` (one
-stage, or several as the schedule's layout places them) over :class:`gpipe.transport.wire.Wire`, and holds
+Rank ``d`` is schedule device ``d`` (with ``data_parallel=dp > 1``, each of ``dp`` replicas' pipelines runs on its
+own ranks of a ``(pp, dp)`` device mesh: :mod:`gpipe.distributed.replicas`): it runs
+:class:`gpipe.interpreter.worker.Worker` on ``schedule.tasks[d]`` (one stage, or several as the schedule's layout
+places them) over :class:`gpipe.transport.wire.Wire`, and holds
 only those stages' layers (Note [materialised weights] in :mod:`gpipe.distributed.materialize`); the others are
 empty placeholders. ``parameters()`` are this rank's, for its own optimizer. Everything else its arguments decide
 (balance, schedule, placement, the schedule of each step) is decided as for :class:`gpipe.GPipe`, in
@@ -19,7 +21,9 @@ micro-batch rows and structure of ``x``, the last stage's the rows of ``y``, eac
 random numbers, and any error. Every rank then raises the same error (a shape mismatch between stages too: Note
 [a dry run on fake tensors] in :mod:`gpipe.distributed.shapes`), or builds the same schedule; where a stage may
 draw, the first stage's rank draws the step's seed (as one process would) and sends it to all, so checkpointed
-draws are exact across processes (Note [random state] in :mod:`gpipe.autograd.rng`).
+draws are exact across processes (Note [random state] in :mod:`gpipe.autograd.rng`). With replicas, the exchange
+takes in every rank of the world: a rejected input stops every replica, and their batches must agree in rows (Note
+[a replica's batch] in :mod:`gpipe.distributed.replicas`).
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ from gpipe.autograd.gradients import Gradients
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.distributed.clock import measure_offsets, merge
 from gpipe.distributed.faults import Alarm, PipelineFailed, report
-from gpipe.distributed.group import Ranks, join
+from gpipe.distributed.group import Ranks, join, rank_device
 from gpipe.distributed.materialize import Init, materialize_layer
+from gpipe.distributed.reduction import DDP_BUCKET_BYTES, Bucket, Reduction, buckets
+from gpipe.distributed.replicas import Replicas, merge_replicas, replica_share
 from gpipe.distributed.shapes import check_boundaries
 from gpipe.distributed.start import Told, exchange, fingerprint, seed_from, structure_from
 from gpipe.frontend import Arguments, FrontEnd
@@ -77,10 +83,17 @@ class DistributedGPipe(FrontEnd):
         check_shapes: before the first step of each input structure, run the whole model on fake tensors on every
             rank to refuse a shape mismatch between stages (Note [a dry run on fake tensors]); ``False`` for a
             model whose forwards must run only on real data.
+        data_parallel: replicas of the pipeline, ``dp``: the world (the default group's, started from torchrun's
+            environment if need be; not with ``group=``) is a ``(pp, dp)`` mesh; each replica reads its own batch
+            (Note [a replica's batch]) and each stage's gradients are summed over its replicas in buckets during the
+            backward (Note [buckets as DDP fills them] in :mod:`gpipe.distributed.reduction`). ZeRO-1 is torch's
+            ``ZeroRedundancyOptimizer(pipe.parameters(), ..., process_group=pipe.replicas.group)``.
+        bucket_bytes: the most bytes of gradients one reduction moves (DDP's default, 25 MiB).
 
     Raises:
         ValueError: on every rank, for a bad balance, chunks, checkpoint mode or schedule, or a number of stages
-            the schedule cannot place on the group's ranks (a given schedule: other than one device per rank).
+            the schedule cannot place on the group's ranks (a given schedule: other than one device per rank); a
+            ``data_parallel`` that does not divide the world, or given with ``group=``.
         ScheduleError: on every rank, for a given schedule that is not valid.
     """
 
@@ -88,7 +101,7 @@ class DistributedGPipe(FrontEnd):
                  checkpoint: str | None = None, schedule: str | Schedule = "gpipe", deferred_batch_norm: bool = False,
                  record: bool = False, group: Any = None, device: torch.device | str | None = None,
                  timeout: float = 300.0, seed: int = 0, init: Init | None = None, lookahead: int = 2,
-                 check_shapes: bool = True) -> None:
+                 check_shapes: bool = True, data_parallel: int = 1, bucket_bytes: int = DDP_BUCKET_BYTES) -> None:
         super().__init__()
         # Note [one front-end] in gpipe.frontend: every argument checked before the group is joined, then placed on
         # its ranks; this rank holds only its own stages' layers
@@ -99,7 +112,19 @@ class DistributedGPipe(FrontEnd):
         self.record = record
         if not timeout > 0:
             raise ValueError(f"timeout is in seconds and positive, got {timeout!r}")
-        self.ranks: Ranks = join(group, device, timeout)
+        for name, value in (("data_parallel", data_parallel), ("bucket_bytes", bucket_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if data_parallel > 1 and group is not None:
+            raise ValueError("data_parallel > 1 lays the default group's world out as a (pp, dp) mesh: "
+                             "leave group= out")
+        self.replicas: Replicas | None = None
+        if data_parallel == 1:
+            self.ranks: Ranks = join(group, device, timeout)
+        else:
+            self.replicas = Replicas.start(data_parallel, rank_device(device), timeout)
+            self.ranks = join(self.replicas.pipeline_group, device, timeout, pipelines=self.replicas.pipelines,
+                              named_over=self.replicas.control)
         spec = self._take(arguments.on_ranks(self.ranks.world))
         self.placement = spec.placement
         stages, partitions, k = spec.stage_layers(), [], 0
@@ -114,7 +139,11 @@ class DistributedGPipe(FrontEnd):
         self._checked: set[int] = set()  # fingerprints of input structures checked (Note [one exchange a step])
         self.check_shapes = check_shapes
         self.pipeline = Pipeline.of(partitions, [self.device] * len(stages), self.skip_layout)
-        alarm = Alarm(self.ranks.store, self.ranks.watcher, self.rank, timeout)
+        self.buckets: dict[int, list[Bucket]] = {
+            j: buckets(j, [q for q in partitions[j].parameters() if q.requires_grad], bucket_bytes)
+            for j in self.stages} if self.replicas is not None else {}
+        alarm = Alarm(self.ranks.store, self.ranks.watcher, self.world_rank, timeout,
+                      peers="" if self.replicas is None else self.replicas.peers)
         self.links = Links(self.ranks, alarm, lookahead)
         self.timeline: Timeline | None = None
         self.failure: str | None = None
@@ -122,6 +151,18 @@ class DistributedGPipe(FrontEnd):
     @property
     def rank(self) -> int:
         return self.ranks.rank
+
+    @property
+    def world_rank(self) -> int:
+        """This rank in the world: :attr:`rank` (this replica's schedule device) where there are no replicas."""
+        return self.rank if self.replicas is None else self.replicas.rank
+
+    @property
+    def everyone(self) -> tuple[Any, int]:
+        """A gloo group of every rank and its size: the pipeline's ranks, or with replicas the world."""
+        if self.replicas is None:
+            return self.ranks.control, self.ranks.world
+        return self.replicas.control, self.replicas.world
 
     @property
     def device(self) -> torch.device:
@@ -191,18 +232,26 @@ class DistributedGPipe(FrontEnd):
                 target_rows_here = whole[0].size(0)
                 targets = [tuple(t.to(self.device) for t in b) for b in scatter(whole, self.chunks)]
                 plan = loss_plan(loss_fn, reduction, whole, [b[0].size(0) for b in targets])
+                if self.replicas is not None:
+                    plan = replica_share(plan, reduction, whole, self.replicas.dp)
         except (TypeError, ValueError, RuntimeError) as rejected:
             own, error = rejected, f"{type(rejected).__name__}: {rejected}"
         mine = Told(rejected=error is not None, may_draw=any(p is None or p for p in self.pipeline.draws.plan()),
                     rows=rows_here, fingerprint=0 if structure is None else fingerprint(structure),
                     input_is_tuple=is_tuple, target_rows=target_rows_here)
-        control = self.ranks.control
-        told, texts = exchange(mine, error, self.chunks, control, self.ranks.world)  # Note [one exchange a step]
+        control, replicas = self.ranks.control, self.replicas
+        told, texts = exchange(mine, error, self.chunks, *self.everyone)  # Note [one exchange a step]
         for r, text in enumerate(texts):
             if text is not None:
                 if own is not None:
                     raise own
                 raise ValueError(f"rank {r} rejected the step's input: {text}")
+        if replicas is not None:  # Note [a replica's batch]: each replica's batch alike
+            batches_rows = [told[ranks[first]].rows for ranks in replicas.pipelines]
+            if any(other != batches_rows[0] for other in batches_rows):
+                raise ValueError(f"the replicas' batches differ in micro-batch rows ({batches_rows}): give every "
+                                 "replica a batch of the same size (as DistributedSampler does)")
+            told = [told[g] for g in replicas.pipelines[replicas.replica]]
         rows, target_rows = told[first].rows, told[last].target_rows
         assert rows is not None and target_rows is not None
         if target_rows != sum(rows):
@@ -231,6 +280,9 @@ class DistributedGPipe(FrontEnd):
         gradients = Gradients(list(self.partitions), pipeline.split_plans)  # plans learnt in earlier steps kept
         step = Step(pipeline, schedule, True, recorder, draw_plan, seed, drew, gradients, plan)
         worker = Worker(step, rank, self.device, wire)
+        reduction = None if self.replicas is None else Reduction(
+            self.replicas.group, [ranks[rank] for ranks in self.replicas.pipelines], schedule, rank, self.buckets,
+            alarm, recorder)
         for i, batch in enumerate(batches):
             wire.send(0, (Task(Op.F, i, 0), "input"), Message(batch, self._input_is_tuple))
         for i, target in enumerate(targets):
@@ -239,17 +291,23 @@ class DistributedGPipe(FrontEnd):
         outside = rng.outside_state() if checkpoints else None
         where = "the start of the step"
         try:
-            for task in schedule.tasks[rank]:
+            for k, task in enumerate(schedule.tasks[rank]):
                 alarm.check()
                 where = f"stage {task.stage}, task {task}"
+                if reduction is not None:
+                    reduction.before(k, task)
                 worker.run(task)
                 wire.flush(task)
+                if reduction is not None:
+                    reduction.after(k, task)
             where = "the end of the step"
             if self.placement[n - 1] == rank:
                 assert plan is not None
                 losses = [wire.receive(DRIVER, (Task(Op.F, i, n - 1), "loss")).tensors[0]
                           for i in range(schedule.m)]
                 loss = plan.total(cast(list[Tensor], losses))
+                if reduction is not None:  # Note [a replica's batch]
+                    loss = reduction.total(loss, Task(Op.F, schedule.m - 1, n - 1))
                 wire.send_loss(loss)
             else:
                 got = wire.receive(self.stages[0], loss_key(schedule)).tensors[0]
@@ -260,17 +318,21 @@ class DistributedGPipe(FrontEnd):
                          for t, g in zip(b, wire.receive(DRIVER, (Task(Op.B, i, 0), "input-grad")).tensors, strict=True)
                          if g is not None and t.requires_grad]
                 torch.autograd.backward([t for t, _ in pairs], [cast(Tensor, g) for _, g in pairs])
+            if reduction is not None:
+                reduction.finish()
             wire.finish()
             if outside is not None:
                 rng.check_outside(outside)
         except PipelineFailed:
             raise
         except BaseException as error:
-            text = report(rank, where, error)
+            text = report(self.world_rank, where, error)
             alarm.fail(text)
             raise PipelineFailed(text) from error
         finally:
             worker.release()
+            if reduction is not None:
+                reduction.close()
         for partition in self.partitions:
             DeferredBatchNorm.commit_all(partition)
         pipeline.draws.learn(draw_plan, drew)
@@ -286,18 +348,24 @@ class DistributedGPipe(FrontEnd):
         """The last recorded step of every rank as one timeline on rank 0's clock (Note [one time base]).
 
         Every rank calls it after a step with ``record=True``; rank 0 gets the timeline, the others ``None``.
-        Device ``d`` is rank ``d``; a transfer between ranks is a copy span on the receiving rank; ``meta["clock"]``
-        holds the offsets removed and the residual (seconds) within which two ranks' times compare.
+        Device ``d`` is rank ``d`` (with replicas: replica ``r``'s schedule device ``d`` is device ``r * pp + d``,
+        :func:`gpipe.distributed.replicas.merge_replicas`); a transfer between ranks is a copy span on the receiving
+        rank; ``meta["clock"]`` holds the offsets removed and the residual (seconds) within which two ranks' times
+        compare.
 
         Raises:
             RuntimeError: on every rank, when some rank recorded no step (build with ``record=True`` and step).
         """
         part = getattr(self, "_recorded", None)
-        parts: list[Any] = [None] * self.ranks.world
-        dist.all_gather_object(parts, part, group=self.ranks.control)
+        replicas = self.replicas
+        control, world = self.everyone
+        parts: list[Any] = [None] * world
+        dist.all_gather_object(parts, part, group=control)
         missing = [r for r, p in enumerate(parts) if p is None]
         if missing:
             raise RuntimeError(f"ranks {missing} recorded no step to gather: build DistributedGPipe(..., "
                                "record=True) and call step() on every rank first")
-        offsets = measure_offsets(self.ranks.control, self.rank, self.ranks.world, rounds)
-        return merge(parts, offsets) if self.rank == 0 else None
+        offsets = measure_offsets(control, self.world_rank, world, rounds)
+        if self.world_rank != 0:
+            return None
+        return merge(parts, offsets) if replicas is None else merge_replicas(parts, offsets, replicas.pipelines)
