@@ -19,12 +19,15 @@ moved or changed. To profile a CPU model on the CPU of a machine with a GPU, pas
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from gpipe.balance import blockpartition
-from gpipe.profiling.profile import Device, TensorOrTensors, profile_blocks, profile_sizes
+
+if TYPE_CHECKING:  # the profiler loads when a balance is measured: the planner imports blockpartition alone
+    from gpipe.profiling.profile import Device, TensorOrTensors
 
 __all__ = ["balance_by_size", "balance_by_time", "blockpartition"]
 
@@ -52,6 +55,8 @@ def balance_by_time(partitions: int, module: nn.Sequential, sample: TensorOrTens
         TypeError: ``module`` is not an ``nn.Sequential``.
         ValueError: ``partitions`` is not between 1 and ``len(module)``, or ``timeout`` is negative.
     """
+    from gpipe.profiling.profile import profile_blocks
+
     _check(partitions, module)
     if not timeout >= 0:
         raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
@@ -92,6 +97,8 @@ def balance_by_size(partitions: int, module: nn.Sequential, input: TensorOrTenso
         ValueError: ``partitions`` is not between 1 and ``len(module)``, ``chunks < 1``, or
             ``param_scale < 0``.
     """
+    from gpipe.profiling.profile import profile_sizes
+
     _check(partitions, module)
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
         raise ValueError(f"chunks must be a positive integer, got {chunks!r}")

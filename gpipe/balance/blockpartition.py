@@ -8,10 +8,13 @@ balance that a pipeline wants::
     costs     3  1  1  2  2  1  4      k = 3
     blocks   [3  1  1][2  2  1][4]     sums 5 5 4: bottleneck 5, and no split does better
 
-Note [exact]: the optimal bottleneck is one of the sums of a contiguous run of costs. Those sums are
-sorted and searched by bisection with a greedy check ("can ``k`` blocks of at most ``b`` cover the
-costs?"), which is exact. Every sum is computed the same way, as a difference of one list of prefix
-sums, so float costs are compared consistently and the answer is reproducible.
+Note [exact]: the optimal bottleneck is the least run sum (a sum of contiguous costs) that passes the greedy
+check "can ``k`` blocks of at most ``b`` cover the costs?". A bisection over bounds finds it without listing the
+O(L^2) run sums. A bound that passes drops to the largest block the greedy made under it, a run sum that passes
+too. The search ends when the bound just below that fails: the next float down, or one less for integer costs.
+Every sum is a difference of one list of prefix sums, so float costs compare consistently and the answer is
+reproducible: sums only grow with the run, which the bisections need. Integer costs are summed exactly; costs
+with any float among them are summed as floats. A check finds each block's end by bisection: ``O(k log L)``.
 
 Note [ties]: many balances often share the optimal bottleneck. The one returned is the greedy one: each
 block, from the first, takes as many layers as the bottleneck allows while leaving at least one layer
@@ -23,12 +26,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Collection, Sequence
 
 __all__ = ["bottleneck", "solve"]
 
 
-def solve(costs: Sequence[float], partitions: int) -> list[int]:
+def solve(costs: Collection[float], partitions: int) -> list[int]:
     """Split ``costs`` into ``partitions`` contiguous blocks with the smallest largest sum.
 
     Args:
@@ -46,15 +50,12 @@ def solve(costs: Sequence[float], partitions: int) -> list[int]:
     limit = _optimal_bottleneck(prefix, partitions)
     balance = []
     start = 0
-    for left in range(partitions, 0, -1):  # ``left`` blocks still to fill, this one included
-        end = start + 1
+    for left in range(partitions, 1, -1):  # ``left`` blocks still to fill, this one included
         # Take layers while the block stays within the bottleneck and every later block keeps one.
-        while end < n - (left - 1) and prefix[end + 1] - prefix[start] <= limit:
-            end += 1
-        if left == 1:
-            end = n
+        end = min(max(_block_end(prefix, start, limit), start + 1), n - (left - 1))
         balance.append(end - start)
         start = end
+    balance.append(n - start)
     return balance
 
 
@@ -77,7 +78,7 @@ def bottleneck(costs: Sequence[float], balance: Sequence[int]) -> float:
     return max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds))
 
 
-def _prefix(costs: Sequence[float], partitions: int) -> list[float]:
+def _prefix(costs: Collection[float], partitions: int) -> list[float]:
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise ValueError(f"partitions must be a positive integer, got {partitions!r}")
     if partitions > len(costs):
@@ -86,29 +87,47 @@ def _prefix(costs: Sequence[float], partitions: int) -> list[float]:
     for k, c in enumerate(costs):
         if not isinstance(c, (int, float)) or math.isnan(c) or math.isinf(c) or c < 0:
             raise ValueError(f"costs must be non-negative finite numbers, got costs[{k}] = {c!r}")
-    return [0, *itertools.accumulate(costs)]
+    # Note [exact]: integers stay exact; any float makes every cost a Python float (numpy's scalars included)
+    values = list(costs) if all(isinstance(c, int) for c in costs) else [float(c) for c in costs]
+    return [0, *itertools.accumulate(values)]
 
 
-def _fits(prefix: list[float], partitions: int, limit: float) -> bool:
-    """Whether at most ``partitions`` blocks of sum ``<= limit`` cover all layers (greedy, O(n))."""
-    blocks, start = 1, 0
-    for end in range(1, len(prefix)):
-        if prefix[end] - prefix[start] > limit:  # layer end-1 opens a new block
-            start = end - 1
-            blocks += 1
-            if blocks > partitions or prefix[end] - prefix[start] > limit:
-                return False
-    return True
+def _block_end(prefix: list[float], start: int, limit: float) -> int:
+    """The last layer boundary ``end`` with ``prefix[end] - prefix[start] <= limit`` (``start`` when none past it)."""
+    base = prefix[start]
+    return bisect_right(prefix, limit, start, key=lambda x: x - base) - 1
+
+
+def _greedy(prefix: list[float], partitions: int, limit: float) -> list[int] | None:
+    """The ends of the blocks when each takes as many layers as ``limit`` allows, or ``None`` when more than
+    ``partitions`` blocks are needed or a layer alone exceeds ``limit``."""
+    ends: list[int] = []
+    start, n = 0, len(prefix) - 1
+    while start < n:
+        end = _block_end(prefix, start, limit)
+        if end == start or len(ends) == partitions:
+            return None
+        ends.append(end)
+        start = end
+    return ends
 
 
 def _optimal_bottleneck(prefix: list[float], partitions: int) -> float:
-    n = len(prefix) - 1
-    candidates = sorted({prefix[b] - prefix[a] for a in range(n) for b in range(a + 1, n + 1)})
-    lo, hi = 0, len(candidates) - 1  # the largest candidate (the whole sum) always fits
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _fits(prefix, partitions, candidates[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return candidates[lo]
+    """Note [exact]: the least run sum that passes the greedy check."""
+    integral = all(isinstance(x, int) for x in prefix)
+    lo: float = 0  # fails unless every cost is 0
+    hi = prefix[-1]  # the whole sum: passes
+    if _greedy(prefix, partitions, lo) is not None:
+        return lo
+    while True:
+        mid = (lo + hi) // 2 if integral else (lo + hi) / 2
+        if not lo < mid < hi:
+            return hi
+        ends = _greedy(prefix, partitions, mid)
+        if ends is None:
+            lo = mid
+            continue
+        hi = max(prefix[b] - prefix[a] for a, b in itertools.pairwise([0, *ends]))  # a run sum <= mid
+        below = hi - 1 if integral else math.nextafter(hi, -math.inf)
+        if _greedy(prefix, partitions, below) is None:
+            return hi

@@ -33,6 +33,7 @@ One concept per module, each importing only those above it::
     zero_bubble.py      zb_h1(), zb_h2(), zb_v(): zero-bubble schedules (B and W split)
     dualpipe.py         dualpipe_v(): DeepSeek's DualPipeV, overlapped pairs in a V
     size.py             schedule_bytes(), check_schedule_size(): a shape's memory, checked before it is built
+    saved.py            held_bytes(): what each task keeps for backward and frees, the one saved-bytes rule
     search.py           search(): the fastest schedule found for per-stage costs under a memory limit, beside
                         every named one's makespan (its parts: search_costs, _timing, _greedy, _solver)
     timeline.py         Timeline: when each task ran or is predicted to run, the one answer of both halves

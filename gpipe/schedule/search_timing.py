@@ -9,11 +9,20 @@ ended and each of its dependencies (Note [dependencies] in :mod:`gpipe.schedule.
 pairs] in :mod:`gpipe.schedule.schedule`) run one after the other here, a valid run of the same order; the
 simulator would let them share the device. With ``copy = 0`` this is the simulator with ideal costs.
 
-Note [search memory]: device ``d`` holds ``activation[s]`` for each (micro-batch ``i``, stage ``s`` on ``d``)
-whose ``F(i, s)`` has started and whose ``W(i, s)`` has not ended (``B(i, s)`` without ``W`` tasks); a
-checkpointed micro-batch holds it from its ``R`` instead (its kept stage input counts as nothing). A device's
-tasks run one at a time in list order, so its memory over time is its list read in order: the peak depends on
-the order alone, never on the seconds, and the greedy heuristic can check a limit as it builds the order.
+Note [two timing models]: this closed model and the simulator's SimPy engine (``sim.core.engine``) answer two
+questions. The closed model is a schedule's timing alone, linear in the tasks, so the search can score thousands of
+orders; :func:`finish_times` is its one definition (the search's :func:`makespan`, the greedy's ``span``, the
+solver's ticks). The engine predicts a run of a program: copies queue on streams and links, the runner adds host
+seconds, cores are shared, pairs share a device, collectives run beside compute, memory is sampled in time. With
+those off (ideal runner, free copies, pairs in turn) the two agree exactly, and a test holds the engine to this
+model there (``tests/sim/test_search_timing.py``).
+
+Note [search memory]: memory is the saved-bytes rule (Note [saved bytes] in :mod:`gpipe.schedule.saved`) with
+``activation[s]`` saved per micro-batch on stage ``s``, nothing kept by a checkpointed ``F`` and all of it kept for
+``W``: device ``d`` holds ``activation[s]`` for each (micro-batch ``i``, stage ``s`` on ``d``) from ``F(i, s)``
+(from ``R(i, s)`` when checkpointed) until the end of ``W(i, s)`` (``B(i, s)`` without ``W`` tasks). A device's
+tasks run one at a time in list order, so the peak depends on the order alone, never on the seconds, and the
+greedy heuristic can check a limit as it builds the order.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
 
 from gpipe.schedule.placement import stage_placement
+from gpipe.schedule.saved import held_bytes, held_while_running
 from gpipe.schedule.schedule import Schedule
 from gpipe.schedule.search_costs import StageCosts
 from gpipe.schedule.task import Op, Task
@@ -112,19 +122,10 @@ def peak_memory(schedule: Schedule, costs: StageCosts) -> tuple[float, ...]:
     """
     _check_shape(schedule, costs)
     schedule.validate()
-    activation = costs.activations(schedule.placement)
-    frees = Op.W if schedule.splits_weight_gradient else Op.B
-    peaks = []
-    for ts in schedule.tasks:
-        held = peak = 0.0
-        for t in ts:
-            if t.op is (Op.R if schedule.is_checkpointed(t.microbatch) else Op.F):
-                held += activation[t.stage]
-                peak = max(peak, held)
-            elif t.op is frees:
-                held -= activation[t.stage]
-        peaks.append(peak)
-    return tuple(peaks)
+    checkpointed = [schedule.is_checkpointed(i) for i in range(schedule.m)]
+    held = held_bytes(checkpointed, schedule.splits_weight_gradient,
+                      [float(a) for a in costs.activations(schedule.placement)])
+    return tuple(float(held_while_running(ts, held).max(initial=0.0)) for ts in schedule.tasks)
 
 
 def least_memory(placement: Sequence[int], costs: StageCosts) -> tuple[float, ...]:

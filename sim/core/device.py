@@ -141,8 +141,8 @@ def device(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
                 request = stream.request()
                 yield request
             t = env.now
-        if track_memory and op == R:
-            memory.hold(d, i, j, run.cost.stages[j].saved_bytes, t)
+        if track_memory:
+            memory.start(d, op, i, j, t)
         start = t
         if comm is not None:  # Note [collective tasks]: unit by unit, beside the device's collectives
             start, t = comm.task(k, t, seconds)

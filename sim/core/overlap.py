@@ -17,7 +17,7 @@ from gpipe.schedule.timeline import COMPUTE, Span
 from sim.core.copies import Sends
 from sim.core.run import Run
 from sim.core.sharing import Phase, phased_pair_ends, task_phases
-from sim.core.tables import B, R
+from sim.core.tables import B
 
 __all__ = ["Half", "check_pairs", "pair"]
 
@@ -50,8 +50,8 @@ def _end(run: Run, d: int, half: Half, start: float, end: float, backward_left: 
     returns the backwards left. The pair's tasks end in time order, so copies queue FIFO per link."""
     memory = run.memory
     task, op, i, j, sends, _ = half
-    if memory.tracked and op == R:
-        memory.hold(d, i, j, run.cost.stages[j].saved_bytes, start)
+    if memory.tracked:
+        memory.start(d, op, i, j, start)
     run.spans[d].append(Span(d, COMPUTE, task, start, end))
     if memory.tracked:
         memory.after(d, op, i, j, end)

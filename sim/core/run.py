@@ -18,7 +18,7 @@ from sim.core.copies import Copies, Sends
 from sim.core.cost import CostModel
 from sim.core.memory import Memory
 from sim.core.sharing import SharedCores
-from sim.core.tables import B, W, communication_table, remote_tables, task_table
+from sim.core.tables import B, communication_table, remote_tables, task_table
 
 __all__ = ["Copy", "Run"]
 
@@ -50,8 +50,7 @@ class Run:
         # Note [span order]: compute spans per device (one per task, in task order), copy spans per sending
         # device (in issue order), memory samples per device (one at t=0, then in time order)
         self.spans: list[list[Span]] = [[] for _ in range(devices)]
-        self.memory = Memory(cost.stages, devices, self.checkpointed, self.scales if self.scaled else None,
-                             W if splits else B)
+        self.memory = Memory(cost.stages, devices, self.checkpointed, self.scales if self.scaled else None, splits)
         self.streams = None if config.copy_streams else [simpy.Resource(self.env, 1) for _ in range(devices)]
         self.host_end = [0.0] * devices  # an asynchronous device's host time after its last task
         # slots run op by op, and only the ops up to the last whose results travel (F and B) need them

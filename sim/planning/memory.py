@@ -4,7 +4,7 @@ What decides "does it fit" is the allocator's peak, not the bytes saved for back
 task of its list runs (Note [peak as the allocator sees it])::
 
     parameters + optimizer state + gradients accumulated so far      (model state)
-  + bytes saved for backward, as the simulator holds them             (Note [memory] in sim.core.memory)
+  + bytes saved for backward                                         (Note [saved bytes] in gpipe.schedule.saved)
   + the running task's working set: the largest layer input plus the output it allocates (its gradients in B,
     and the weight gradient autograd makes before adding it into ``.grad``: Note [accumulated weight gradients])
   + the library's workspace
@@ -12,8 +12,8 @@ task of its list runs (Note [peak as the allocator sees it])::
   + with torchgpipe's copy streams, what each micro-batch's stream keeps reserved (Note [a copy stream per
     micro-batch])
 
-The peak is over the device's task order, the simulator's own :class:`~sim.core.memory.Memory` replayed, so it is
-the peak over the step and never a sum of maxima.
+The peak is over the device's task order, the saved-bytes rule applied in that order, so it is the peak over the
+step and never a sum of maxima.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from gpipe.schedule import Op, Schedule, Task
+from gpipe.schedule import Schedule, Task
+from gpipe.schedule.saved import Held, held_bytes, held_while_running, task_arrays
 from sim.core.cost import StageCost
-from sim.core.tables import B, F, R, W
+from sim.core.tables import B, W
 from sim.planning.counts import ModelProfile
 
 __all__ = ["BLOCK_BYTES", "COPY_STREAMS", "SEGMENT_BYTES", "MemoryParts", "copy_stream_bytes", "device_memory",
@@ -75,7 +76,7 @@ def stage_working_bytes(profile: ModelProfile, balance: Sequence[int], microbatc
 
     While a layer runs forward its input and the output it allocates are both live (a tuple's skips passed through
     count once, in the input); its backward holds the gradients of the same two. What the layer saves for backward
-    is counted apart (Note [memory] in :mod:`sim.core.memory`).
+    is counted apart (Note [saved bytes] in :mod:`gpipe.schedule.saved`).
     """
 
     def at(q: tuple[float, float]) -> float:
@@ -167,12 +168,9 @@ class MemoryParts:
         return {**asdict(self), "model_state": self.model_state, "total": self.total}
 
 
-_OPCODE = {Op.F: F, Op.B: B, Op.R: R, Op.W: W}
-
-
-# Note [peak as the allocator sees it]: each device's list is replayed through the simulator's Memory in task order
-# (the saved bytes depend on that order alone, not on the times), and the peak is taken while each task runs:
-# after an F's or an R's own hold, before a B's or a W's free. A stage's gradients count from its first B (its
+# Note [peak as the allocator sees it]: each device's list is replayed in task order (the saved bytes depend on that
+# order alone, not on the times: gpipe.schedule.saved.held_while_running), and the peak is taken while each task
+# runs: after an F's or an R's own hold, before a B's or a W's free. A stage's gradients count from its first B (its
 # first W when the backward is split), when autograd allocates them; the workspace from the first task. Saved bytes
 # and working sets scale with an uneven last micro-batch as the simulator's do.
 def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequence[int], workspace: int = 0,
@@ -203,7 +201,7 @@ def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
     accumulating = list(backward_working) if backward_working else list(working)
     devices = schedule.num_devices
     split = schedule.splits_weight_gradient
-    checkpointed = [int(schedule.is_checkpointed(i)) for i in range(schedule.m)]
+    checkpointed = [schedule.is_checkpointed(i) for i in range(schedule.m)]
     copies = [0] * devices
     if copy_streams == "per_microbatch":
         copies = copy_stream_bytes(schedule, stages, scales)
@@ -211,14 +209,8 @@ def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
         stages = [replace(s, checkpoint_bytes=0) if j > 0 and schedule.placement[j - 1] != schedule.placement[j]
                   else s for j, s in enumerate(stages)]
     scale = np.asarray(scales, dtype=np.float64) if scales else None
-    saved = np.array([s.saved_bytes for s in stages], dtype=np.float64)
-    kept_for_weight = [s.weight_bytes for s in stages]  # Note [memory] in sim.core.memory: None keeps all
-    hold_f = np.where(np.array(checkpointed, dtype=bool)[:, None],
-                      np.array([s.checkpoint_bytes for s in stages], dtype=np.float64)[None, :], saved[None, :])
-    hold_r = np.broadcast_to(saved[None, :], hold_f.shape)
-    if scale is not None:  # Memory.hold rounds each scaled hold half to even, as numpy does
-        hold_f, hold_r = np.round(hold_f * scale[:, None]), np.round(hold_r * scale[:, None])
-    hold_f, hold_r = hold_f.astype(np.int64), hold_r.astype(np.int64)
+    held = held_bytes(checkpointed, split, [s.saved_bytes for s in stages], [s.checkpoint_bytes for s in stages],
+                      [s.weight_bytes for s in stages], scales)
     working_a = np.asarray(working, dtype=np.float64)
     accumulating_a = np.asarray(accumulating, dtype=np.float64)
     grad_bytes = np.array([round_block(s.gradient_bytes) for s in stages], dtype=np.int64)
@@ -233,8 +225,7 @@ def device_memory(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
             rounding = round_segment(params + optimizer) - params - optimizer
             out.append(MemoryParts(params, optimizer, 0, 0, 0, 0, rounding, copies=copies[d]))
             continue
-        k = _replay(tasks, hold_f, hold_r, kept_for_weight, scale, split, working_a, accumulating_a, grad_bytes,
-                    grad_code)
+        k = _replay(tasks, held, scale, working_a, accumulating_a, grad_bytes, grad_code)
         raw = params + optimizer + k.gradients + k.saved + k.live + workspace
         at = int(np.argmax(raw))  # the first of the largest, as the allocator first reaches it
         total = int(raw[at])
@@ -252,48 +243,11 @@ class _Replayed:
     live: np.ndarray
 
 
-# Note [replay in arrays]: a device's bytes saved while task k runs are the sum of what the tasks before it held and
-# freed plus, for an F or an R, its own hold (Note [memory] in sim.core.memory: F holds at its end, R at its start,
-# and the peak is taken after either); a B (W when split) frees all that (i, j) held, its F's hold and its R's, and
-# with a split backward B first shrinks that to the stage's weight bytes, which W frees. A valid schedule runs F and
-# R of (i, j) before its B, so each free is known from the holds alone, and the whole replay is a cumulative sum.
-_ARRAYS: dict[int, tuple[tuple[Task, ...], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
-_ARRAYS_KEPT = 256  # task lists whose arrays are kept (a sweep asks the same schedule once per sharding and policy)
-
-
-def _task_arrays(tasks: tuple[Task, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Op code, micro-batch and stage of each task, built once per task list (kept by identity, with the list)."""
-    hit = _ARRAYS.get(id(tasks))
-    if hit is not None and hit[0] is tasks:
-        return hit[1]
-    n = len(tasks)
-    arrays = (np.fromiter((_OPCODE[t.op] for t in tasks), dtype=np.int64, count=n),
-              np.fromiter((t.microbatch for t in tasks), dtype=np.int64, count=n),
-              np.fromiter((t.stage for t in tasks), dtype=np.int64, count=n))
-    if len(_ARRAYS) >= _ARRAYS_KEPT:
-        _ARRAYS.pop(next(iter(_ARRAYS)))
-    _ARRAYS[id(tasks)] = (tasks, arrays)
-    return arrays
-
-
-def _replay(tasks: tuple[Task, ...], hold_f: np.ndarray, hold_r: np.ndarray, kept_for_weight: Sequence[int | None],
-            scale: np.ndarray | None, split: bool, working: np.ndarray, accumulating: np.ndarray,
-            grad_bytes: np.ndarray, grad_code: int) -> _Replayed:
-    code, i, j = _task_arrays(tasks)
-    is_f, is_r, is_b, is_w = code == F, code == R, code == B, code == W
-    holds = np.where(is_f, hold_f[i, j], 0) + np.where(is_r, hold_r[i, j], 0)
-    held = hold_f[i, j] + np.where(_has_r(i, j, is_r, hold_f.shape), hold_r[i, j], 0)  # what (i, j) holds at its B
-    frees = np.zeros(len(tasks), dtype=np.int64)
-    if split:
-        kept = np.array([held[x] if kept_for_weight[j[x]] is None else
-                         round(kept_for_weight[j[x]] * (scale[i[x]] if scale is not None else 1.0))  # type: ignore[operator]
-                         for x in np.flatnonzero(is_b | is_w)], dtype=np.int64)
-        kept = np.minimum(kept, held[is_b | is_w])
-        frees[is_b | is_w] = np.where(is_b[is_b | is_w], held[is_b | is_w] - kept, kept)
-    else:
-        frees[is_b] = held[is_b]
-    change = holds - frees
-    saved = np.cumsum(change) - change + holds  # before the task, plus its own hold
+def _replay(tasks: tuple[Task, ...], held: Held, scale: np.ndarray | None, working: np.ndarray,
+            accumulating: np.ndarray, grad_bytes: np.ndarray, grad_code: int) -> _Replayed:
+    """The parts of one device's list while each task runs: a stage's gradients from its first ``grad_code`` task,
+    the saved bytes by :func:`~gpipe.schedule.saved.held_while_running`, the task's working set."""
+    code, i, j = task_arrays(tasks)
     grad_op = code == grad_code
     first = np.zeros(len(tasks), dtype=bool)
     idx = np.flatnonzero(grad_op)
@@ -301,15 +255,8 @@ def _replay(tasks: tuple[Task, ...], hold_f: np.ndarray, hold_r: np.ndarray, kep
     first[idx[at]] = True
     gradients = np.cumsum(np.where(first, grad_bytes[j], 0))
     size = np.where(grad_op & ~first, accumulating[j], working[j]) * (scale[i] if scale is not None else 1.0)
-    live = np.where(is_w, 0, _round_blocks(size))
-    return _Replayed(gradients, saved, live)
-
-
-def _has_r(i: np.ndarray, j: np.ndarray, is_r: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Per task, whether its (micro-batch, stage) has an R task on this device."""
-    recomputed = np.zeros(shape, dtype=bool)
-    recomputed[i[is_r], j[is_r]] = True
-    return recomputed[i, j]
+    live = np.where(code == W, 0, _round_blocks(size))
+    return _Replayed(gradients, held_while_running(tasks, held), live)
 
 
 def _round_blocks(nbytes: np.ndarray) -> np.ndarray:

@@ -37,6 +37,23 @@ def test_solver_matches_brute_force(case: tuple[list[int], int]) -> None:
     assert balance == max(b for b in candidates if bottleneck(costs, b) == best)
 
 
+@settings(max_examples=300, deadline=None)
+@given((st.lists(st.floats(0, 1e3) | st.floats(0, 1e-300) | st.integers(0, 9), min_size=1, max_size=8)
+        | st.lists(st.integers(2**53, 2**62), min_size=1, max_size=8))
+       .flatmap(lambda costs: st.tuples(st.just(costs), st.integers(1, len(costs)))))
+def test_solver_is_exact_for_floats_and_huge_integers(case: tuple[list[float], int]) -> None:
+    """Note [exact]: sums as differences of prefix sums, floats of any size and integers past 2**53 alike."""
+    costs, k = case
+    prefix = [0, *itertools.accumulate(costs)]
+
+    def largest(balance: list[int]) -> float:
+        return max(prefix[b] - prefix[a] for a, b in itertools.pairwise([0, *itertools.accumulate(balance)]))
+
+    candidates = _all_balances(len(costs), k)
+    best = min(map(largest, candidates))
+    assert solve(costs, k) == max(b for b in candidates if largest(b) == best)
+
+
 @pytest.mark.parametrize(("costs", "k", "expected"), [
     ([3, 1, 1, 2, 2, 1, 4], 3, [3, 3, 1]),
     ([1, 2, 3, 4, 5, 6, 7, 8, 9], 3, [5, 2, 2]),  # sums 15 13 17

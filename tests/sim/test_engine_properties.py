@@ -11,6 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Op, Schedule, Task
+from gpipe.schedule.saved import held_bytes
 from gpipe.schedule.timeline import COMPUTE, Span, Timeline
 from sim.calibration.host import Overheads, executor_costs, with_overheads
 from sim.core.config import SimConfig
@@ -286,34 +287,25 @@ def recurrence(case: Case) -> tuple[dict[Task, tuple[float, float]], dict[tuple[
 
 
 class Replay:
-    """Note [memory] in sim.core.memory, replayed task by task on one device as the recurrence ends them."""
+    """The saved-bytes rule (Note [saved bytes] in gpipe.schedule.saved) applied on one device at the starts and ends
+    the recurrence gives its tasks."""
 
     def __init__(self, schedule: Schedule, cost: CostModel, d: int) -> None:
-        self.schedule, self.cost, self.d = schedule, cost, d
-        self.held: dict[tuple[int, int], int] = {}
+        stages = cost.stages
+        scales = [cost.scale(i) for i in range(schedule.m)] if cost.microbatch_scale else ()
+        self.held = held_bytes([schedule.is_checkpointed(i) for i in range(schedule.m)],
+                               schedule.splits_weight_gradient, [s.saved_bytes for s in stages],
+                               [s.checkpoint_bytes for s in stages], [s.weight_bytes for s in stages], scales)
         self.samples: list[tuple[float, int]] = [(0.0, 0)]
 
-    def _set(self, key: tuple[int, int], nbytes: int, time: float) -> None:
-        change = nbytes - self.held.get(key, 0)
-        self.held[key] = nbytes
-        if change:
-            self.samples.append((time, self.samples[-1][1] + change))
+    def _change(self, nbytes: int, time: float) -> None:
+        if nbytes:
+            self.samples.append((time, self.samples[-1][1] + nbytes))
 
     def task(self, task: Task, start: float, end: float) -> None:
-        stage, i, key = self.cost.stages[task.stage], task.microbatch, (task.microbatch, task.stage)
-        scaled = (lambda nbytes: round(nbytes * self.cost.scale(i))) if self.cost.microbatch_scale else int
-        held = self.held.get(key, 0)
-        splits = self.schedule.splits_weight_gradient
-        if task.op is Op.R:
-            self._set(key, held + scaled(stage.saved_bytes), start)
-            held = self.held[key]
-        if task.op is Op.F:
-            checkpointed = self.schedule.is_checkpointed(i)
-            self._set(key, held + scaled(stage.checkpoint_bytes if checkpointed else stage.saved_bytes), end)
-        elif task.op is (Op.W if splits else Op.B):
-            self._set(key, 0, end)
-        elif task.op is Op.B and stage.weight_bytes is not None:
-            self._set(key, min(held, scaled(stage.weight_bytes)), end)
+        at = (list(Op).index(task.op), task.microbatch, task.stage)
+        self._change(int(self.held.at_start[at]), start)
+        self._change(int(self.held.at_end[at]), end)
 
 
 @PROPERTIES

@@ -1,8 +1,9 @@
-"""The planner's memory replay in arrays equals the task-by-task replay through the simulator's own Memory.
+"""The planner's memory replay in arrays equals a replay task by task, its saved bytes from the simulator's Memory.
 
-``_task_by_task`` is the replay the planner ran before it worked in arrays (Note [replay in arrays] in
-:mod:`sim.planning.memory`), kept here as the reference: every registered schedule, every checkpoint policy, a split
-backward, uneven micro-batches, uneven stages and both copy-stream models give the same peak, part by part.
+Both apply the one saved-bytes rule (Note [saved bytes] in gpipe.schedule.saved): the planner in list order, the
+simulator as tasks start and end. ``_task_by_task`` is the reference for what the planner adds to it (gradients,
+working sets, rounding, copy streams, the task at the peak): every registered schedule, every checkpoint policy, a
+split backward, uneven micro-batches, uneven stages and both copy-stream models give the same peak, part by part.
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ from dataclasses import replace
 
 import pytest
 
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Op, Schedule, schedule_kind
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, Op, Schedule, schedule_kind
 from sim.core.cost import StageCost
 from sim.core.memory import Memory
-from sim.core.tables import B, F, R, W
+from sim.core.tables import OPCODE, OPS
 from sim.planning.memory import MemoryParts, copy_stream_bytes, device_memory, round_block, round_segment
-
-_OPCODE = {Op.F: F, Op.B: B, Op.R: R, Op.W: W}
 
 
 def _task_by_task(schedule: Schedule, stages: Sequence[StageCost], working: Sequence[int], workspace: int,
@@ -32,7 +31,7 @@ def _task_by_task(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
         copies = copy_stream_bytes(schedule, stages, scales)
         stages = [replace(s, checkpoint_bytes=0) if j > 0 and schedule.placement[j - 1] != schedule.placement[j]
                   else s for j, s in enumerate(stages)]
-    memory = Memory(stages, devices, checkpointed, list(scales) if scales else None, W if split else B)
+    memory = Memory(stages, devices, checkpointed, list(scales) if scales else None, split)
     grad_op = Op.W if split else Op.B
     out = []
     for d in range(devices):
@@ -44,23 +43,21 @@ def _task_by_task(schedule: Schedule, stages: Sequence[StageCost], working: Sequ
         grads: set[int] = set()
         gradients = 0
         for k, task in enumerate(schedule.tasks[d]):
-            op, i, j = _OPCODE[task.op], task.microbatch, task.stage
-            if op == R:
-                memory.hold(d, i, j, stages[j].saved_bytes, float(k))
-            if op == F:
-                memory.after(d, op, i, j, float(k))
+            op, i, j = OPCODE[task.op], task.microbatch, task.stage
+            memory.start(d, op, i, j, float(k))
+            held = memory.current[d]
+            memory.after(d, op, i, j, float(k))
+            saved = max(held, memory.current[d])  # the most the task holds, from its start to its end
             scale = scales[i] if scales else 1.0
             size = accumulating[j] if task.op is grad_op and j in grads else working[j]
             if task.op is grad_op and j not in grads:
                 grads.add(j)
                 gradients += round_block(stages[j].gradient_bytes)
-            live = 0 if op == W else round_block(size * scale)
-            raw = params + optimizer + gradients + memory.current[d] + live + workspace
+            live = 0 if task.op is Op.W else round_block(size * scale)
+            raw = params + optimizer + gradients + saved + live + workspace
             if raw > best.total - best.rounding - best.copies or not best.task:
-                best = MemoryParts(params, optimizer, gradients, memory.current[d], live, workspace,
-                                   round_segment(raw) - raw, str(task), copies[d])
-            if op != F:
-                memory.after(d, op, i, j, float(k))
+                best = MemoryParts(params, optimizer, gradients, saved, live, workspace, round_segment(raw) - raw,
+                                   str(task), copies[d])
         out.append(best)
     return out
 
@@ -88,7 +85,8 @@ def _shapes() -> list[tuple[str, int, int, int]]:
 
 @pytest.mark.parametrize(("name", "m", "devices", "v"), _shapes())
 @pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
-def test_array_replay_equals_the_task_by_task_replay(name: str, m: int, devices: int, v: int, checkpoint: str) -> None:
+def test_array_replay_equals_the_task_by_task_replay(name: str, m: int, devices: int, v: int,
+                                                     checkpoint: Checkpoint) -> None:
     kind = schedule_kind(name)
     try:
         schedule = kind(m, devices, checkpoint) if kind.place is None else \
@@ -106,3 +104,8 @@ def test_array_replay_equals_the_task_by_task_replay(name: str, m: int, devices:
             got = device_memory(schedule, stages, working, 8 * 2**20, scales, backward, streams)
             want = _task_by_task(schedule, stages, working, 8 * 2**20, scales, backward, streams)
             assert got == want, (name, checkpoint, trial, streams)
+
+
+def test_the_simulators_op_codes_index_the_rules_arrays() -> None:
+    """sim.core.memory indexes gpipe.schedule.saved's arrays by the simulator's op codes: both follow Op's order."""
+    assert OPS == tuple(Op)

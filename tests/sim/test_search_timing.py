@@ -1,7 +1,9 @@
-"""The schedule search's timing model is the simulator's with ideal costs and free copies: every registered schedule
-(read from the registry when the tests are collected, so one added later is covered too) under every checkpoint
-policy, and searched schedules, for unequal stage costs, have the same makespan and the same peak memory in both
-(a checkpointed micro-batch keeping nothing until its recompute)."""
+"""The simulator's SimPy engine against the closed timing model, where both apply (Note [two timing models] in
+gpipe.schedule.search_timing: an ideal runner, free copies, overlapped pairs in turn). Every registered schedule (read
+from the registry when the tests are collected, so one added later is covered too) under every checkpoint policy,
+and searched schedules, for unequal stage costs, end at the same time in both; and their peak memory is the same,
+the one saved-bytes rule applied at the simulated times and in list order (a checkpointed micro-batch keeping
+nothing until its recompute)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ SECONDS = st.floats(0.1, 4.0, allow_nan=False).map(lambda x: round(x, 2))
 IN_TURN = SimConfig(overlap_pairs=False)
 
 
-def simulated(schedule: Schedule, costs: StageCosts, activation: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
+def simulated(schedule: Schedule, costs: StageCosts, activation: tuple[float, ...]) -> tuple[float, tuple[int, ...]]:
     """The simulator's makespan and per-device peak bytes of ``schedule``: ideal runner, copies free, a stage's
     micro-batch keeping ``activation[s]`` bytes, ``B`` the whole backward when the schedule has no ``W``."""
     splits = schedule.splits_weight_gradient
