@@ -1,8 +1,8 @@
 """Predicted from counts against the executor's measurement, on this machine's CPU (goal: within 10%).
 
 The chain a buyer trusts on hardware they do not have, checked where it can run: this CPU's roofline is measured
-on generic kernels (:func:`sim.planning.calibrate_device.calibrate_cpu`, one thread), each model is counted on the
-``meta`` device, each kernel timed by that roofline (:class:`sim.planning.costs_from_flops.FlopCosts`) and the step
+on generic kernels (:func:`sim.planning.costs.calibrate_device.calibrate_cpu`, one thread), each model is counted on the
+``meta`` device, each kernel timed by that roofline (:class:`sim.planning.costs.from_flops.FlopCosts`) and the step
 simulated; the executor (:class:`gpipe.GPipe`, one CPU device, one thread) runs the same step on real tensors.
 Models: the demo's CNN (batch 64) and a small GPT (2 blocks, d_model 256, 128 tokens; no dropout and math
 attention, so the CPU runs the operators the count sees). The loss is counted too, as a last layer.
@@ -11,7 +11,7 @@ Both sides are measured in one run, back to back, as medians of several repeats,
 and the process's (executor) CPU seconds: on a machine shared with other work those count what this work costs,
 not how long it waited for a core. The step's wall-clock median is reported beside it, with the load average.
 
-Run: ``.venv/bin/python benchmarks/cpu_check.py [--device cpu.json]`` (a minute); writes
+Run: ``.venv/bin/python -m benchmarks.cpu_check [--device cpu.json]`` (a minute); writes
 ``benchmarks/results/cpu_check.json``.
 """
 
@@ -19,31 +19,26 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _shared import options  # noqa: E402
-from _shared.machine import set_threads  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-
-from gpipe import GPipe  # noqa: E402
-from gpipe.schedule import gpipe  # noqa: E402
-from sim.calibration.experiment import demo_model  # noqa: E402
-from sim.calibration.machine import keep_freed_memory  # noqa: E402
-from sim.core.config import SimConfig  # noqa: E402
-from sim.core.engine import simulate  # noqa: E402
-from sim.planning.calibrate_device import calibrate_cpu  # noqa: E402
-from sim.planning.costs_from_flops import FlopCosts  # noqa: E402
-from sim.planning.flops import count_layers  # noqa: E402
-from sim.planning.hardware import DeviceSpec, get_link, load_device  # noqa: E402
-from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample  # noqa: E402
+from benchmarks._shared import options
+from benchmarks._shared.machine import set_threads
+from benchmarks._shared.record import command_line, results_path, write_json
+from gpipe import GPipe
+from gpipe.schedule import gpipe
+from sim.calibration.experiment import demo_model
+from sim.calibration.machine import keep_freed_memory
+from sim.core.config import SimConfig
+from sim.core.engine import simulate
+from sim.planning.costs.calibrate_device import calibrate_cpu
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.models.gpt import GPTConfig, gpt, gpt_sample
+from sim.planning.hardware.catalog import DeviceSpec, get_link, load_device
 
 TOLERANCE = 0.10
 STEPS = 5

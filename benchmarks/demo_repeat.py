@@ -8,7 +8,7 @@ while its steps ran (``background_cores``). The goal (issue 21): every run under
 ten beyond 5% makespan error. ``--burst BUSY,IDLE`` adds a noisy neighbour for the whole series: a process that
 spins ``BUSY`` seconds and sleeps ``IDLE`` seconds, over and over (Note [a noisy neighbour]).
 
-Run: ``.venv/bin/python benchmarks/demo_repeat.py [--runs 10] [--burst 0.2,0.3] [-- demo options]``; prints a
+Run: ``.venv/bin/python -m benchmarks.demo_repeat [--runs 10] [--burst 0.2,0.3] [-- demo options]``; prints a
 table and writes ``benchmarks/results/demo_repeat.json`` (``demo_repeat_burst.json`` with ``--burst``).
 """
 
@@ -25,10 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the results record the machine through sim
-
-from _shared import options  # noqa: E402
-from _shared.record import results_path, write_json  # noqa: E402
+from benchmarks._shared import options
+from benchmarks._shared.record import results_path, write_json
 
 RESULTS = results_path("demo_repeat")
 BURST_RESULTS = RESULTS.with_name("demo_repeat_burst.json")

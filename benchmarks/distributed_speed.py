@@ -24,7 +24,7 @@ at the same speed, torch's included, steps no faster; a goal below it asks for f
 executor. The recorded step's own time is reported beside it (``recorded_ms``): its tasks carry the recorder's
 hooks, so the floor is high by what they cost, which that column bounds.
 
-Run: ``.venv/bin/python benchmarks/distributed_speed.py`` (``--quick``: few rounds). Writes
+Run: ``.venv/bin/python -m benchmarks.distributed_speed`` (``--quick``: few rounds). Writes
 ``benchmarks/results/distributed_speed.json``. Goal: each distributed step at most 0.9x torch's.
 """
 
@@ -35,28 +35,25 @@ import datetime
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from torch.nn import functional as F
 
-import torch  # noqa: E402
-from _shared import options  # noqa: E402
-from _shared.machine import set_threads  # noqa: E402
-from _shared.pipelining import DEVICES as WORLD  # noqa: E402
-from _shared.pipelining import TORCH_SCHEDULES, balance_of, layout, torch_step  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-from _shared.rounds import Runner, interleaved, ms, ratio  # noqa: E402
-from _shared.workload import Workload, pipe_step, train_step  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-
-from gpipe import GPipe  # noqa: E402
-from gpipe.distributed.loopback import free_port, init_loopback_group  # noqa: E402
-from gpipe.schedule import Schedule, Task, schedule_kind  # noqa: E402
-from gpipe.schedule.timeline import COMPUTE, Timeline  # noqa: E402
+from benchmarks._shared import options
+from benchmarks._shared.machine import set_threads
+from benchmarks._shared.pipelining import DEVICES as WORLD
+from benchmarks._shared.pipelining import TORCH_SCHEDULES, balance_of, layout, torch_step
+from benchmarks._shared.record import command_line, results_path, write_json
+from benchmarks._shared.rounds import Runner, interleaved, ms, ratio
+from benchmarks._shared.workload import Workload, pipe_step, train_step
+from gpipe import GPipe
+from gpipe.distributed.loopback import free_port, init_loopback_group
+from gpipe.schedule import Schedule, Task, schedule_kind
+from gpipe.schedule.timeline import COMPUTE, Timeline
 
 RESULTS = results_path("distributed_speed")
 GOAL = 0.9  # DistributedGPipe's step over torch.distributed.pipelining's, on the same schedule

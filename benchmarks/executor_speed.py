@@ -11,7 +11,7 @@ across two partitions (two CPU "devices"), the batch split into ``--chunks`` mic
     pipelining GPipe / 1F1B    torch.distributed.pipelining, one stage per process, two gloo processes
 
 The schedule axis (every registered schedule against plain and against torch.distributed.pipelining's schedule of
-the same name) is ``--schedules NAMES`` (or ``all``), which runs ``benchmarks/schedule_speed.py``.
+the same name) is ``--schedules NAMES`` (or ``all``), which runs ``benchmarks.schedule_speed``.
 
 Note [one thread per worker]: one intra-op thread per worker and per rank, on purpose (``--threads``; Note [threads]
 in ``_shared/machine.py``). The plain model is also shown with two threads: what a user without a pipeline gets.
@@ -32,11 +32,11 @@ torchgpipe's step for the same checkpoint policy; within 10 % of the simulator's
 within 5 % of recording off; its two entry points (``forward()`` + ``backward()``, and ``step()``) within 3 %
 of each other, measured on one pipe alternated after the rounds (Note [entry points alternated]).
 
-Run: ``.venv/bin/python benchmarks/executor_speed.py`` (about a minute on two busy cores; installs
+Run: ``.venv/bin/python -m benchmarks.executor_speed`` (about a minute on two busy cores; installs
 torchgpipe 0.0.7 with ``pip --no-deps`` when it is missing) or ``--quick``; writes
 ``benchmarks/results/executor_speed.json``. The wider model kept for checking (steps of 0.3-1 s)::
 
-    .venv/bin/python benchmarks/executor_speed.py --width 2048 --modes never --repeats 30 --skip-torchgpipe \
+    .venv/bin/python -m benchmarks.executor_speed --width 2048 --modes never --repeats 30 --skip-torchgpipe \
         --skip-pipelining --json benchmarks/results/executor_speed_wide.json
 """
 
@@ -52,21 +52,18 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from _shared import options, prediction  # noqa: E402
-from _shared.machine import load_average, set_threads  # noqa: E402
-from _shared.pipelining import run_pipelining as run_schedules  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-from _shared.rounds import Runner, alternated, block, interleaved, ms, ratio  # noqa: E402
-from _shared.workload import Workload, gradients_match, pipe_step, train_step  # noqa: E402
-from torch import nn  # noqa: E402
-
-from gpipe.schedule import Checkpoint  # noqa: E402
+from benchmarks._shared import options, prediction
+from benchmarks._shared.machine import load_average, set_threads
+from benchmarks._shared.pipelining import run_pipelining as run_schedules
+from benchmarks._shared.record import command_line, results_path, write_json
+from benchmarks._shared.rounds import Runner, alternated, block, interleaved, ms, ratio
+from benchmarks._shared.workload import Workload, gradients_match, pipe_step, train_step
+from gpipe.schedule import Checkpoint
 
 RESULTS = results_path("executor_speed")
 MODES: tuple[Checkpoint, ...] = ("never", "except_last", "always")
@@ -178,14 +175,13 @@ def main(argv: list[str] | None = None) -> int:
 def schedule_axis(argv: list[str]) -> int:
     """``--schedules``: the schedule axis, which ``schedule_speed.py`` runs with the same flags, in a process of its
     own; its exit status."""
-    script = Path(__file__).with_name("schedule_speed.py")
-    return subprocess.run([sys.executable, str(script), *argv], check=False).returncode
+    return subprocess.run([sys.executable, "-m", "benchmarks.schedule_speed", *argv], check=False).returncode
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """The flags, checked, with ``modes``, ``repeats`` and ``warmup`` resolved."""
     parser = options.parser(__doc__)
-    parser.epilog = ("--schedules NAMES: the schedule axis instead (benchmarks/schedule_speed.py takes the same "
+    parser.epilog = ("--schedules NAMES: the schedule axis instead (benchmarks.schedule_speed takes the same "
                      "flags; see its --help)")
     parser.add_argument("--batch", type=int, default=256, help="samples per step (default 256)")
     parser.add_argument("--chunks", type=int, default=4, help="micro-batches per step (default 4)")

@@ -91,7 +91,7 @@ standard error of the mean of the block errors, ``stdev / sqrt(BLOCKS)``: what m
 again, calibration and steps together, would move its error by. A row whose error is within about
 two ``noise`` of zero does not show a fault of the simulator at that sample size.
 
-Run: ``.venv/bin/python benchmarks/fidelity.py``: the default grid is every registered schedule on both models,
+Run: ``.venv/bin/python -m benchmarks.fidelity``: the default grid is every registered schedule on both models,
 chunks 2 and 8, checkpoints ``never`` and ``except_last`` (64 rows, 4 of them refused by DualPipeV; with
 ``--steps 21`` about 65 minutes on two quiet cores, rows run again included, with the default steps hours);
 ``--quick`` the conv model, chunks 1, 4, 16; any axis narrowed by its option. Writes
@@ -104,24 +104,20 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, cast
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _shared.machine import BUSY, omp_threads, set_threads, wait_until_quiet  # noqa: E402
+from benchmarks._shared.machine import BUSY, omp_threads, set_threads, wait_until_quiet
 
 omp_threads()  # before torch loads: see the module docstring
 
 import torch  # noqa: E402
-from _shared import options  # noqa: E402
-from _shared.fidelity import BATCH, DEVICES, MODELS, refusal, stages_for, summary, trimmed_mean  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
 from torch import nn  # noqa: E402
 
+from benchmarks._shared import options  # noqa: E402
+from benchmarks._shared.fidelity import BATCH, DEVICES, MODELS, refusal, stages_for, summary, trimmed_mean  # noqa: E402
+from benchmarks._shared.record import command_line, results_path, write_json  # noqa: E402
 from gpipe import microbatch  # noqa: E402
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint  # noqa: E402

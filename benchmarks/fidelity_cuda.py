@@ -17,30 +17,26 @@ it; the JSON, rewritten after every row, has them before and after the grid too.
 estimated GPU time on any machine (exit 2 past ``--budget``); a run leaves out rows that would end past ``--budget``
 (``cut``). Without CUDA or ``--devices``: "no CUDA device: skipped", exit 0. TF32 off::
 
-    python benchmarks/fidelity_cuda.py --grid checks --out benchmarks/results/fidelity_cuda.json
+    python -m benchmarks.fidelity_cuda --grid checks --out benchmarks/results/fidelity_cuda.json
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple, cast
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from _shared import fidelity, options  # noqa: E402
-from _shared.cuda_tasks import gpu_state, task_seconds  # noqa: E402
-from _shared.fidelity import mlp_model, stages_for  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-from torch import nn  # noqa: E402
-
-from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint  # noqa: E402
-from sim.calibration.experiment import Setup, run  # noqa: E402
+from benchmarks._shared import fidelity, options
+from benchmarks._shared.cuda_tasks import gpu_state, task_seconds
+from benchmarks._shared.fidelity import mlp_model, stages_for
+from benchmarks._shared.record import command_line, results_path, write_json
+from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint
+from sim.calibration.experiment import Setup, run
 
 RESULTS = results_path("fidelity_cuda")
 CHUNKS = (1, 4, 16, 32)
@@ -61,7 +57,7 @@ def wide_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
 
 def gpt_model(seed: int) -> tuple[nn.Sequential, torch.Tensor]:
     """A GPT block stack: 8 pre-LayerNorm decoder blocks of GPT-2 small's width, no dropout; input (32, 128, 768)."""
-    from sim.planning.models.gpt import Block, GPTConfig
+    from sim.planning.counting.models.gpt import Block, GPTConfig
 
     torch.manual_seed(seed)
     cfg = GPTConfig(n_layer=8, n_head=12, d_model=768, seq_len=128, dropout=0.0, attention="sdpa")

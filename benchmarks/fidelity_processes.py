@@ -19,28 +19,23 @@ waits up to ``QUIET_WAIT`` seconds for a quiet machine (``_shared.machine.wait_u
 found; no re-runs (``fidelity.py``'s gate is for its 3% goal). Writes
 ``benchmarks/results/fidelity_processes.json``::
 
-    .venv/bin/python benchmarks/fidelity_processes.py            # about 10 minutes on two cores
+    .venv/bin/python -m benchmarks.fidelity_processes            # about 10 minutes on two cores
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _shared.machine import omp_threads, set_threads, wait_until_quiet  # noqa: E402
+from benchmarks._shared.machine import omp_threads, set_threads, wait_until_quiet
 
 omp_threads()  # before torch loads: one intra-op thread per rank (Note [threads] in _shared.machine)
 
-from _shared import options  # noqa: E402
-from _shared.fidelity import BATCH, refusal, stages_for, summary, trimmed_mean  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-
+from benchmarks._shared import options  # noqa: E402
+from benchmarks._shared.fidelity import BATCH, refusal, stages_for, summary, trimmed_mean  # noqa: E402
+from benchmarks._shared.record import command_line, results_path, write_json  # noqa: E402
 from gpipe import microbatch  # noqa: E402
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import SCHEDULES  # noqa: E402

@@ -3,8 +3,8 @@
 Run on a machine with a CUDA device (under five minutes; without one it prints "no CUDA device: skipped"
 and exits 0)::
 
-    .venv/bin/python benchmarks/gpu_check.py            # writes benchmarks/results/gpu_check.json
-    .venv/bin/python benchmarks/gpu_check.py --cpu --json /tmp/gpu_check.json   # the same checks on CPU devices
+    .venv/bin/python -m benchmarks.gpu_check            # writes benchmarks/results/gpu_check.json
+    .venv/bin/python -m benchmarks.gpu_check --cpu --json /tmp/gpu_check.json   # the same checks on CPU devices
 
 Checks, with four partitions spread over the GPUs there are (all four on ``cuda:0`` when it is alone, which
 is the case CI's single-GPU machines have)::
@@ -22,19 +22,16 @@ The exit status is 1 when a check fails, 0 otherwise.
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from torch import nn
+from torch.nn import functional as F
 
-import torch  # noqa: E402
-from _shared import options  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
+from benchmarks._shared import options
+from benchmarks._shared.record import command_line, results_path, write_json
 
 RESULTS = results_path("gpu_check")
 MODES = ("never", "except_last", "always")

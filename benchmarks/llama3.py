@@ -17,28 +17,25 @@ The layout is pinned as published; the planner chooses the micro-batch (1 or 2 s
 (1, 2, 4 or 8 stages per device of interleaved 1F1B, the schedule the paper describes), and its best row is
 compared. The third row splits each 128K-token sequence over 16 GPUs (context parallelism, ``context_parallel=[16]``)
 the way the paper describes its own: K and V all-gathered, then attention on the local queries, the sequence in
-2·CP chunks for causal balance (``cp_comm="all-gather"``; :mod:`sim.planning.context_parallel`), counted from
+2·CP chunks for causal balance (``cp_comm="all-gather"``; :mod:`sim.planning.parallel.context_parallel`), counted from
 ``llama:405b``'s shape at 131,072 tokens.
 
-Run: ``.venv/bin/python benchmarks/llama3.py``; writes ``benchmarks/results/llama3.json``. One process, about a
+Run: ``.venv/bin/python -m benchmarks.llama3``; writes ``benchmarks/results/llama3.json``. One process, about a
 minute.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-from _shared.options import add_out, parser  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-
-from sim.planning.models import get_model  # noqa: E402
-from sim.planning.models.llama import LlamaConfig, llama_config  # noqa: E402
-from sim.planning.plan import PlanRequest, plan  # noqa: E402
+from benchmarks._shared.options import add_out, parser
+from benchmarks._shared.record import command_line, results_path, write_json
+from sim.planning.counting.models import get_model
+from sim.planning.counting.models.llama import LlamaConfig, llama_config
+from sim.planning.plan import PlanRequest, plan
 
 SPEC = "llama:405b"
 DEVICE = "h100-sxm"

@@ -14,9 +14,9 @@ parallelism only (pipeline depth 1):
 Their TF/s counts the model's FLOPs with their Eq. 3, ``F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` per step
 (recompute included), so a step took ``F / (n·X)``. Here each row is planned from FLOP and byte counts on the
 ``meta`` device (one tensor-parallel rank's shard) divided by the catalog's A100 80GB, whose parameters are set
-once for every model (Note [roofline sources] in :mod:`sim.planning.hardware`): nothing is fitted here. The model
-runs with ``kernels=megatron,attention=math`` (Note [fused kernels] in
-:mod:`sim.planning.models.decoder_layers`), because
+once for every model (Note [roofline sources] in :mod:`sim.planning.hardware.catalog`): nothing is fitted here. The
+model runs with ``kernels=megatron,attention=math`` (Note [fused kernels] in
+:mod:`sim.planning.counting.models.decoder_layers`), because
 those were the kernels these runs used: Megatron-LM's defaults of 2021 fuse the scores' scale, mask and softmax, the
 MLP's bias and GELU, and each residual branch's bias, dropout and add (the paper's section 4.2), and write attention
 out over the ``b·a·s²`` scores; FlashAttention, a spec's default today, came a year later. The
@@ -26,24 +26,21 @@ micro-batch is the planner's choice (the paper does not state it for these rows)
 compared. Rows 5 to 10, which pipeline the model, were kept back while the device was set and are checked here
 unchanged (Note [held back]); the rest of the record (sequence parallelism, memory) is still kept back.
 
-Run: ``.venv/bin/python benchmarks/megatron.py``; writes ``benchmarks/results/megatron.json``. One process.
+Run: ``.venv/bin/python -m benchmarks.megatron``; writes ``benchmarks/results/megatron.json``. One process.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-from _shared.options import add_out, parser  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-
-from sim.planning.hardware import get_device  # noqa: E402
-from sim.planning.models import get_model  # noqa: E402
-from sim.planning.plan import PlanRequest, plan  # noqa: E402
+from benchmarks._shared.options import add_out, parser
+from benchmarks._shared.record import command_line, results_path, write_json
+from sim.planning.counting.models import get_model
+from sim.planning.hardware.catalog import get_device
+from sim.planning.plan import PlanRequest, plan
 
 SEQ, VOCAB = 2048, 51_200
 GOAL = 0.10  # |predicted / published - 1| on each row's step time

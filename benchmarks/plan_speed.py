@@ -18,27 +18,22 @@ Counting the model on the meta device happens once per tensor-parallel degree, b
 sweep runs in worker processes, one per core this process may use (Note [sweep workers] in
 :mod:`sim.planning.sweep_workers`), and in one process for the ratio; each process is single-threaded (pure Python).
 
-Run: ``.venv/bin/python benchmarks/plan_speed.py``; writes ``benchmarks/results/plan_speed.json``.
+Run: ``.venv/bin/python -m benchmarks.plan_speed``; writes ``benchmarks/results/plan_speed.json``.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _shared.options import add_out, parser  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-
-from gpipe.interpreter.affinity import available_cores  # noqa: E402
-from sim.planning.hardware import get_device  # noqa: E402
-from sim.planning.models import get_model  # noqa: E402
-from sim.planning.plan import PlanRequest, default_training, plan  # noqa: E402
-from sim.planning.request import PRACTICE_ZERO, practice_checkpoints, practice_degrees, shard_keys  # noqa: E402
+from benchmarks._shared.options import add_out, parser
+from benchmarks._shared.record import command_line, results_path, write_json
+from gpipe.interpreter.affinity import available_cores
+from sim.planning.counting.models import get_model
+from sim.planning.hardware.catalog import get_device
+from sim.planning.plan import PlanRequest, default_training, plan
+from sim.planning.request import PRACTICE_ZERO, practice_checkpoints, practice_degrees, shard_keys
 
 GOAL_SECONDS = 10.0
 TOP = 20  # the table's rows, which the CLI's default sweep ranks exactly

@@ -2,20 +2,20 @@
 
 Speed. torchgpipe (Kim et al., 2020; ``benchmarks/resnet101-speed``) trains ResNet-101 on fake
 3x224x224 images for epochs of 50,000 samples on 8 Tesla P40s (PyTorch 1.3, CUDA 10.1) and reports
-throughput. Here every experiment is predicted from FLOP and byte counts (:mod:`sim.planning.flops`) divided by
-the catalog's P40 (:mod:`sim.planning.hardware`), simulated (:mod:`sim.core.engine`) with the same batch, chunks,
-balance and checkpointing (``except_last``, torchgpipe's default, which the benchmark keeps), over
+throughput. Here every experiment is predicted from FLOP and byte counts (:mod:`sim.planning.counting.flops`) divided by
+the catalog's P40 (:mod:`sim.planning.hardware.catalog`), simulated (:mod:`sim.core.engine`) with the same batch,
+chunks, balance and checkpointing (``except_last``, torchgpipe's default, which the benchmark keeps), over
 PCIe 3.0 x16, with plain SGD. Each kernel is timed by the catalog P40's roofline
-(:mod:`sim.planning.roofline`): its convolution fraction was solved ONCE from the single-GPU baseline
+(:mod:`sim.planning.hardware.roofline`): its convolution fraction was solved ONCE from the single-GPU baseline
 (95.862 samples/s) and is fixed in the catalog for every model (Note [roofline sources] in
-:mod:`sim.planning.hardware`); nothing is solved here, and the speed-ups are predictions. An epoch is
+:mod:`sim.planning.hardware.catalog`); nothing is solved here, and the speed-ups are predictions. An epoch is
 modelled as the benchmark runs it: full batches and a smaller last one, each split by ``torch.chunk``
 semantics (chunks of ``ceil(batch / chunks)`` samples).
 
 Two diagnostics are printed beside the prediction, neither fitted: the prediction at the balance the
 model itself finds best (the published balances were tuned on P40s, see Note [what the errors say]),
 and the errors under other values of the model's a-priori assumptions (datasheet bandwidth instead of
-Note [one efficiency] of :mod:`sim.planning.costs_from_flops`; a fixed kernel cost of 0 or 10 microseconds
+Note [one efficiency] of :mod:`sim.planning.costs.from_flops`; a fixed kernel cost of 0 or 10 microseconds
 instead of 5), so the reader sees how much each assumption moves the answer.
 
 Note [what the errors say]: with the published balances the model predicts pipeline-2 and pipeline-4
@@ -41,8 +41,8 @@ Note [what the errors say]: with the published balances the model predicts pipel
   pipeline-4 within about 2%: its throughput physics (micro-batch size, recompute, bubble, copies) holds,
   and its share of time per layer does not quite: the early, high-resolution layers cost more on a
   P40, relative to the late ones, than FLOPs and bytes through one roofline say. Two corrections with
-  a physical cause are in the counts (:mod:`sim.planning.operators`, Note [one operator, several kernels]: batch
-  norm's second pass over its input, convolution backward as its separate kernels); they moved
+  a physical cause are in the counts (:mod:`sim.planning.counting.operators`, Note [one operator, several kernels]:
+  batch norm's second pass over its input, convolution backward as its separate kernels); they moved
   pipeline-2 from -6.3% to -4.5% and pipeline-4 from -8.1% to -6.3%. What is left depends on the shape
   of each cuDNN kernel (its algorithm, Winograd or implicit GEMM, which the benchmark let cuDNN's
   heuristics pick; the efficiency of narrow 64-channel GEMMs; L2 hits on the small late-layer tensors
@@ -60,7 +60,7 @@ Memory. For each GPT-3 size: model-state bytes per parameter under mixed-precisi
 16 to 18), and the bytes one block saves for backward against Korthikanti et al. (2022),
 ``s·b·h·(34 + 5·a·s/h)`` without recomputation (b = 1, s = 2048).
 
-Run: ``.venv/bin/python benchmarks/published.py`` (under a minute); writes
+Run: ``.venv/bin/python -m benchmarks.published`` (under a minute); writes
 ``benchmarks/results/published.json``.
 """
 
@@ -68,30 +68,25 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _shared.options import add_out, parser  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-
-from gpipe.schedule import gpipe  # noqa: E402
-from sim.core.config import SimConfig  # noqa: E402
-from sim.core.engine import simulate  # noqa: E402
-from sim.planning.costs_from_flops import FlopCosts  # noqa: E402
-from sim.planning.flops import ModelProfile, count_layers  # noqa: E402
-from sim.planning.hardware import DeviceSpec, get_device, get_link  # noqa: E402
-from sim.planning.models.gpt import CONFIGS, gpt, gpt_sample  # noqa: E402
-from sim.planning.models.resnet import resnet101, resnet_sample  # noqa: E402
-from sim.planning.plan import block_partition  # noqa: E402
-from sim.planning.training import training_policy  # noqa: E402
+from benchmarks._shared.options import add_out, parser
+from benchmarks._shared.record import command_line, results_path, write_json
+from gpipe.schedule import gpipe
+from sim.core.config import SimConfig
+from sim.core.engine import simulate
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.flops import ModelProfile, count_layers
+from sim.planning.counting.models.gpt import CONFIGS, gpt, gpt_sample
+from sim.planning.counting.models.resnet import resnet101, resnet_sample
+from sim.planning.counting.training import training_policy
+from sim.planning.hardware.catalog import DeviceSpec, get_device, get_link
+from sim.planning.plan import block_partition
 
 DATASET = 50_000  # samples per epoch in torchgpipe's benchmark
 BASELINE = 95.862  # samples/s, one P40, batch 118, no pipeline

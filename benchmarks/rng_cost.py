@@ -15,29 +15,25 @@ Thread counts: one intra-op thread per worker (``torch.set_num_threads(1)``, ``-
 per round) and each ratio is the median of per-round ratios, so a slow spell of the shared machine spoils one sample
 of each.
 
-Run: ``.venv/bin/python benchmarks/rng_cost.py [--rounds 60]``; writes ``benchmarks/results/rng_cost.json``.
+Run: ``.venv/bin/python -m benchmarks.rng_cost [--rounds 60]``; writes ``benchmarks/results/rng_cost.json``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from _shared import options  # noqa: E402
-from _shared.machine import set_threads  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-from torch import nn  # noqa: E402
-
-from gpipe import GPipe  # noqa: E402
-from gpipe.schedule import CHECKPOINT_MODES  # noqa: E402
+from benchmarks._shared import options
+from benchmarks._shared.machine import set_threads
+from benchmarks._shared.record import command_line, results_path, write_json
+from gpipe import GPipe
+from gpipe.schedule import CHECKPOINT_MODES
 
 RESULTS = results_path("rng_cost")
 WAYS = ("none", "default", "seeded")

@@ -17,30 +17,26 @@ The in-process rows are timed round-robin in a shuffled order (Note [interleavin
 are medians of per-round ratios; the pipelining rows run after, schedule by schedule, in their own processes.
 One intra-op thread per worker and per rank (``--threads``; Note [threads] in _shared/machine.py).
 
-Run: ``.venv/bin/python benchmarks/schedule_speed.py`` (a few minutes on two cores) or ``--quick``; also
-``benchmarks/executor_speed.py --schedules``. Writes ``benchmarks/results/schedule_speed.json``.
+Run: ``.venv/bin/python -m benchmarks.schedule_speed`` (a few minutes on two cores) or ``--quick``; also
+``-m benchmarks.executor_speed --schedules``. Writes ``benchmarks/results/schedule_speed.json``.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-from _shared import options  # noqa: E402
-from _shared.machine import set_threads  # noqa: E402
-from _shared.pipelining import DEVICES, TORCH_SCHEDULES, balance_of, layout, run_pipelining  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-from _shared.rounds import Runner, interleaved, ms, ratio  # noqa: E402
-from _shared.workload import Workload, gradients_match, pipe_step, train_step  # noqa: E402
-
-from gpipe import GPipe  # noqa: E402
-from gpipe.schedule import SCHEDULES, schedule_kind  # noqa: E402
+from benchmarks._shared import options
+from benchmarks._shared.machine import set_threads
+from benchmarks._shared.pipelining import DEVICES, TORCH_SCHEDULES, balance_of, layout, run_pipelining
+from benchmarks._shared.record import command_line, results_path, write_json
+from benchmarks._shared.rounds import Runner, interleaved, ms, ratio
+from benchmarks._shared.workload import Workload, gradients_match, pipe_step, train_step
+from gpipe import GPipe
+from gpipe.schedule import SCHEDULES, schedule_kind
 
 RESULTS = results_path("schedule_speed")
 

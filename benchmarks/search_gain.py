@@ -50,7 +50,7 @@ intra-op thread per worker and per rank, two workers (or ranks) on two cores (No
 under ``_shared.machine.QUIET`` cores; a run during which they used more than ``BUSY`` there runs again (``TRIES``
 attempts at most, the quietest kept), and each run records what they used (``background``).
 
-Run: ``.venv/bin/python benchmarks/search_gain.py`` (about five minutes on two quiet cores) or ``--quick`` (a
+Run: ``.venv/bin/python -m benchmarks.search_gain`` (about five minutes on two quiet cores) or ``--quick`` (a
 smaller model, one round of few steps: a smoke test); writes ``benchmarks/results/search_gain.json``.
 """
 
@@ -61,24 +61,20 @@ import functools
 import os
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from _shared.machine import BUSY, THREADS, load_average, omp_threads, set_threads, wait_until_quiet  # noqa: E402
+from benchmarks._shared.machine import BUSY, THREADS, load_average, omp_threads, set_threads, wait_until_quiet
 
 omp_threads()  # before torch loads: see the module docstring
 
 import torch  # noqa: E402
-from _shared import options  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
 from torch import nn  # noqa: E402
 
+from benchmarks._shared import options  # noqa: E402
+from benchmarks._shared.record import command_line, results_path, write_json  # noqa: E402
 from gpipe import microbatch  # noqa: E402
 from gpipe.schedule import Op, Schedule, schedule_kind, schedule_text  # noqa: E402
 from gpipe.schedule.search import SearchResult, StageCosts, search  # noqa: E402
@@ -92,6 +88,7 @@ from sim.core.cost import CostModel  # noqa: E402
 from sim.core.engine import simulate  # noqa: E402
 from sim.core.link import LinkSpec  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = results_path("search_gain")
 DEVICES = 2  # CPU workers on threads, ranks on processes; one core each
 BALANCE = (2, 1, 1, 2)  # blocks per stage: heavy first and last stages

@@ -21,7 +21,7 @@ seconds (best of two), CPU seconds (from ``os.wait4``) and peak resident memory 
 :func:`run_cli`).
 The goal: m=16384 (3.1 million tasks) in under 15 s and 2 GiB.
 
-Run: ``.venv/bin/python benchmarks/sim_speed.py`` (about two minutes on two cores) or ``--quick`` (a few
+Run: ``.venv/bin/python -m benchmarks.sim_speed`` (about two minutes on two cores) or ``--quick`` (a few
 seconds, a smaller grid and one small command); writes ``benchmarks/results/sim_speed.json``.
 """
 
@@ -38,18 +38,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import simpy
 
-import simpy  # noqa: E402
-from _shared import options  # noqa: E402
-from _shared.machine import load_average  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-
-from gpipe.schedule import Schedule, checkpointed, gpipe  # noqa: E402
-from sim.core.config import SimConfig  # noqa: E402
-from sim.core.cost import CostModel  # noqa: E402
-from sim.core.engine import run_validated, simulate  # noqa: E402
-from sim.planning.hardware import get_link  # noqa: E402
+from benchmarks._shared import options
+from benchmarks._shared.machine import load_average
+from benchmarks._shared.record import command_line, results_path, write_json
+from gpipe.schedule import Schedule, checkpointed, gpipe
+from sim.core.config import SimConfig
+from sim.core.cost import CostModel
+from sim.core.engine import run_validated, simulate
+from sim.planning.hardware.catalog import get_link
 
 MiB = 2**20
 STAGES = (4, 16, 64)

@@ -17,7 +17,10 @@ imports torch alone) and times it in the same rounds, as ``before`` rows: in the
 schedules table the split schedules' steps with it in the executor's place (``gpipe.autograd.gradients.backward_input``
 swapped for that step, in this process only). Its plans live as the executor of REV kept them: across steps where REV's
 module has ``StagePlans``, for one step where it has ``SplitPlans`` alone, none (learnt every ``B``) before that. Ratios
-within one run are what this shared machine can compare.
+within one run are what this shared machine can compare, so the mode stays in this script rather than an
+investigation of its own: a second script would time the current split again. Its finding: plans kept across steps
+make the split schedules 3-4% faster than ``f1a86ff``'s on ``mlp`` and no slower on ``conv`` (docs/benchmarks.md,
+"Split backward").
 
 Note [the floor]: the ``unsplit`` rows run each split schedule with a ``B`` that is the whole backward and a ``W``
 that does nothing: the schedule's own step with a split that costs nothing, which bounds what any split can reach.
@@ -26,7 +29,7 @@ Set deliberately, and recorded: ``OMP_NUM_THREADS=1`` before torch loads and ``t
 worker thread computes on one core (Note [threads] in _shared/machine.py); the partitions are cut by
 ``balance_by_time`` as ``fidelity.py`` cuts them; workers are not pinned.
 
-Run: ``.venv/bin/python benchmarks/split_cost.py --baseline REV`` (about two minutes on two cores) or ``--quick``;
+Run: ``.venv/bin/python -m benchmarks.split_cost --baseline REV`` (about two minutes on two cores) or ``--quick``;
 writes ``benchmarks/results/split_cost.json``, whose ``rows`` (the schedules tables, flat) the docs render.
 """
 
@@ -46,28 +49,26 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from _shared.machine import THREADS, omp_threads, set_threads  # noqa: E402
+from benchmarks._shared.machine import THREADS, omp_threads, set_threads
 
 omp_threads()  # before torch loads: see the module docstring
 
 import torch  # noqa: E402
-from _shared import options  # noqa: E402
-from _shared.fidelity import BATCH, MODELS, stages_for  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-from _shared.rounds import Runner, interleaved  # noqa: E402
-from _shared.workload import gradients_match, pipe_step  # noqa: E402
 from torch import nn  # noqa: E402
 
 import gpipe.autograd.gradients  # noqa: E402
+from benchmarks._shared import options  # noqa: E402
+from benchmarks._shared.fidelity import BATCH, MODELS, stages_for  # noqa: E402
+from benchmarks._shared.record import command_line, results_path, write_json  # noqa: E402
+from benchmarks._shared.rounds import Runner, interleaved  # noqa: E402
+from benchmarks._shared.workload import gradients_match, pipe_step  # noqa: E402
 from gpipe import GPipe, microbatch  # noqa: E402
 from gpipe.autograd.split_backward import SplitPlans, backward_input  # noqa: E402
 from gpipe.balance import balance_by_time  # noqa: E402
 from gpipe.schedule import SCHEDULES, schedule_kind  # noqa: E402
 from sim.calibration.calibrate import partitions_of  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = results_path("split_cost")
 DEVICES = 2
 Split = Callable[..., tuple[list[torch.Tensor | None], Any]]  # gpipe.autograd.split_backward.backward_input's signature

@@ -8,28 +8,24 @@ replica, its chunks (torchgpipe cuts 32 samples into at most 32 micro-batches, s
 32). The goal: parameter and layer counts exact, memory within 10%; and the planner says whether the next size up
 (B + 1, C), balanced by the planner on the same devices, would still fit. torchgpipe copies each micro-batch on
 a copy stream of its own, so the plan counts each stream's reservation (Note [a copy stream per micro-batch] in
-:mod:`sim.planning.memory`).
+:mod:`sim.planning.parallel.memory`).
 
-Run: ``.venv/bin/python benchmarks/unet_memory.py``; writes ``benchmarks/results/unet_memory.json``.
+Run: ``.venv/bin/python -m benchmarks.unet_memory``; writes ``benchmarks/results/unet_memory.json``.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-from _shared.options import add_out, parser  # noqa: E402
-from _shared.record import command_line, results_path, write_json  # noqa: E402
-
-from sim.planning.flops import ModelProfile, count_layers  # noqa: E402
-from sim.planning.hardware import get_device  # noqa: E402
-from sim.planning.models.unet import unet, unet_sample  # noqa: E402
-from sim.planning.plan import PlanRequest, PlanRow, plan  # noqa: E402
+from benchmarks._shared.options import add_out, parser
+from benchmarks._shared.record import command_line, results_path, write_json
+from sim.planning.counting.flops import ModelProfile, count_layers
+from sim.planning.counting.models.unet import unet, unet_sample
+from sim.planning.hardware.catalog import get_device
+from sim.planning.plan import PlanRequest, PlanRow, plan
 
 GiB = 2**30
 BATCH = 32

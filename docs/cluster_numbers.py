@@ -42,7 +42,7 @@ def counts() -> dict[tuple[int, bool], Any]:
     (about three seconds)."""
     import torch
 
-    from sim.planning.models import get_model
+    from sim.planning.counting.models import get_model
 
     model = get_model(SWEEP["model"])
     return {(t, sp): model.tensor_parallel(t, sequence_parallel=sp).count(torch.bfloat16)
@@ -51,7 +51,7 @@ def counts() -> dict[tuple[int, bool], Any]:
 
 def _shape() -> tuple[int, int, int, int]:
     """GPT-3 175B's sequence length, hidden size, heads and layers."""
-    from sim.planning.models.gpt import gpt_config
+    from sim.planning.counting.models.gpt import gpt_config
 
     c = gpt_config("175b")
     return c.seq_len, c.d_model, c.n_head, c.n_layer
@@ -73,8 +73,8 @@ def saved_per_layer(t: int, sequence_parallel: bool, selective: bool) -> tuple[f
 def layer_traffic(t: int, link: str) -> tuple[float, float, float]:
     """One block's forward at one sample per micro-batch, ``t`` ranks with sequence parallelism: (seconds of its
     compute, seconds of its collectives on ``link``, bytes each rank sends in them)."""
-    from sim.planning.costs_from_flops import FlopCosts
-    from sim.planning.hardware import get_device, get_link
+    from sim.planning.costs.from_flops import FlopCosts
+    from sim.planning.hardware.catalog import get_device, get_link
 
     s, h, _, _ = _shape()
     costs = FlopCosts(counts()[(t, True)], get_device(SWEEP["device"]), "bf16-adam", tensor_link=get_link(link))
@@ -126,15 +126,15 @@ def zero_plan() -> Any:
 
 
 def _zero_sent(row: Any, parameters: float) -> float:
-    """Bytes the first device sends per step in its data-parallel group's collectives (sim.planning.zero)."""
-    from sim.planning.zero import sent_per_step
+    """Bytes the first device sends per step in its data-parallel group's collectives (sim.planning.parallel.zero)."""
+    from sim.planning.parallel.zero import sent_per_step
 
     return sent_per_step(2 * parameters, 2 * parameters, row.zero, row.replicas, row.chunks)  # bf16
 
 
 def fragments(table: Table) -> dict[str, str]:
     """The page's tables, for its ``<!-- generated: NAME -->`` markers."""
-    from sim.planning.hardware import get_link
+    from sim.planning.hardware.catalog import get_link
 
     links = [get_link(name) for name in ("nvlink3", "nvlink4", "infiniband-hdr", "infiniband-ndr")]
     out = {"cluster_links": table(["link", "GB/s per direction", "latency", "what it is"], [
@@ -189,8 +189,8 @@ def fragments(table: Table) -> dict[str, str]:
 
 def page_numbers() -> dict[str, str]:
     """The numbers the page's text states, as it writes them (tests/docs/test_cluster_page.py finds each)."""
-    from sim.planning.hardware import get_link
-    from sim.planning.models.gpt import gpt_config
+    from sim.planning.counting.models.gpt import gpt_config
+    from sim.planning.hardware.catalog import get_link
 
     s, h, a, layers = _shape()
     sweep = tensor_sweep()
@@ -267,7 +267,7 @@ def draw_tensor_parallel(path: Path, save: Callable[[Any, Path], None]) -> None:
 
 
 def _device_memory() -> int:
-    from sim.planning.hardware import get_device
+    from sim.planning.hardware.catalog import get_device
 
     return get_device(SWEEP["device"]).memory_bytes
 

@@ -67,8 +67,8 @@ def _memory(simulate: Callable[..., Any], table: Table) -> dict[str, str]:
 
 
 def _model_state(table: Table) -> dict[str, str]:
-    from sim.planning.models.gpt import gpt_config
-    from sim.planning.training import TRAINING
+    from sim.planning.counting.models.gpt import gpt_config
+    from sim.planning.counting.training import TRAINING
 
     params = gpt_config("13b").parameters
     rows = [[f"`{t.name}`", str(t.weight_bytes), str(t.gradient_bytes), str(t.optimizer_bytes),
@@ -80,7 +80,7 @@ def _model_state(table: Table) -> dict[str, str]:
 
 
 def _activations(table: Table) -> dict[str, str]:
-    from sim.planning.models.gpt import gpt_config
+    from sim.planning.counting.models.gpt import gpt_config
 
     rows = []
     for name in ("125m", "1.3b", "13b", "175b"):
@@ -101,10 +101,10 @@ def _activations(table: Table) -> dict[str, str]:
 
 def _traffic(plan_result: Any, table: Table) -> dict[str, str]:
     """Bytes one GPU sends per step in the planner's fastest configurations, by kind of parallelism."""
-    from sim.planning.collectives import allreduce_seconds
-    from sim.planning.hardware import get_link
-    from sim.planning.models.gpt import gpt_config
-    from sim.planning.training import TRAINING
+    from sim.planning.counting.models.gpt import gpt_config
+    from sim.planning.counting.training import TRAINING
+    from sim.planning.hardware.catalog import get_link
+    from sim.planning.parallel.collectives import allreduce_seconds
 
     cfg = gpt_config("13b")
     s, h, layers, word = cfg.seq_len, cfg.d_model, cfg.n_layer, 2  # bf16
@@ -189,7 +189,7 @@ def min_tokens(h: int, ridge: float) -> float:
 
 
 def _roofline(table: Table) -> dict[str, str]:
-    from sim.planning.hardware import DEVICES
+    from sim.planning.hardware.catalog import DEVICES
 
     rows = []
     for d in DEVICES.values():
@@ -199,8 +199,8 @@ def _roofline(table: Table) -> dict[str, str]:
         ridge = d.peak_flops[dtype] / d.memory_bandwidth
         rows.append([d.name, dtype, f"{d.peak_flops[dtype] / 1e12:.0f}", f"{d.memory_bandwidth / 1e9:.0f}",
                      f"{ridge:.0f}"] + [_tokens(min_tokens(h, ridge)) for h in ROOFLINE_WIDTHS])
-    from sim.planning.hardware import get_device
-    from sim.planning.models.gpt import gpt_config
+    from sim.planning.counting.models.gpt import gpt_config
+    from sim.planning.hardware.catalog import get_device
 
     a100, cfg = get_device("a100-80gb"), gpt_config("13b")
     ridge = a100.peak_flops["bf16"] / a100.memory_bandwidth

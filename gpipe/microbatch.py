@@ -58,7 +58,7 @@ def scatter(tensors: tuple[Tensor, ...], chunks: int) -> list[tuple[Tensor, ...]
                              "before the pipeline, or keep it inside a layer")
         if t.is_meta:
             raise ValueError("inputs must hold data, got a tensor on the meta device: the executor runs real "
-                             "tensors (the simulator's FLOP counting, sim.planning.flops, takes meta tensors)")
+                             "tensors (the simulator's FLOP counting, sim.planning.counting.flops, takes meta tensors)")
     batches = {t.size(0) if t.dim() else None for t in tensors}
     if None in batches:
         raise ValueError("inputs need a batch dimension (dim 0) to be split into micro-batches; got a 0-d tensor")

@@ -5,9 +5,12 @@
                      executor
     sim.calibration  measures the executor (gpipe) on this machine and turns what it measures into the core's costs:
                      the experiment behind ``gpipe-sim demo`` and ``compare``, and its outcome
-    sim.planning     FLOP counting, the hardware catalog, built-in models and capacity-planning sweeps
-                     (:func:`sim.planning.plan.plan` of a :class:`sim.planning.request.PlanRequest`)
-    sim.cli          the ``gpipe-sim`` command line on top of all three
+    sim.planning     capacity-planning sweeps (:func:`sim.planning.plan.plan` of a
+                     :class:`sim.planning.request.PlanRequest`) on rooms layered below them: ``counting`` (FLOPs and
+                     bytes on ``meta``, the built-in models), ``hardware`` (the catalog, rooflines), ``parallel``
+                     (the layout, its nodes, each dimension's price), ``costs`` (a count priced on a device)
+    sim.ablation     the torchgpipe paper's U-Net ablation, simulated on counted costs
+    sim.cli          the ``gpipe-sim`` command line on top of the core, calibration and planning
 
 :mod:`sim.files` (output folders that never overwrite a user's files unasked) serves every layer that writes,
 :mod:`sim.workers` (child processes that end with their parent) every layer that starts processes.

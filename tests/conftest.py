@@ -18,7 +18,7 @@ SLOW_FIRST = (
     "tests/docs/test_figures.py",
     "tests/benchmarks/test_search_gain_smoke.py",
     "tests/docs/test_explorer.py",
-    "tests/benchmarks/test_step_spread_smoke.py",
+    "tests/benchmarks/investigations/test_step_spread_smoke.py",
 )
 
 

@@ -11,7 +11,7 @@ already running.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -108,12 +108,13 @@ def units(edges: dict[str, set[str]]) -> dict[str, set[str]]:
     return found
 
 
-def upward(edges: dict[str, set[str]], layers: tuple[set[str], ...]) -> list[str]:
-    """Each import of a module of a higher layer than the importer's, as ``"a -> b"``; ``layers`` holds units,
-    the bottom layer first, and a module whose unit is in no layer is not checked."""
+def upward(edges: dict[str, set[str]], layers: tuple[set[str], ...],
+           unit_of: Callable[[str], str] = unit) -> list[str]:
+    """Each import of a module of a higher layer than the importer's, as ``"a -> b"``; ``layers`` holds units
+    (``unit_of`` a module), the bottom layer first, and a module whose unit is in no layer is not checked."""
     level = {u: k for k, layer in enumerate(layers) for u in layer}
-    return sorted(f"{m} -> {t}" for m, targets in edges.items() if unit(m) in level
-                  for t in targets if level.get(unit(t), -1) > level[unit(m)])
+    return sorted(f"{m} -> {t}" for m, targets in edges.items() if unit_of(m) in level
+                  for t in targets if level.get(unit_of(t), -1) > level[unit_of(m)])
 
 
 def private_names(root: Path, user: str = "sim", owner: str = "gpipe") -> list[str]:
@@ -182,6 +183,7 @@ def test_sim_uses_only_public_gpipe_names() -> None:
 LAYERS = {
     "sim.core": {"sim.core"},
     "sim.planning": {"sim.core", "sim.planning", "sim.workers"},
+    "sim.ablation": {"sim.core", "sim.planning", "sim.ablation"},
     "sim.calibration": {"sim.core", "sim.calibration", "sim.files", "sim.workers"},
     "sim.cli": {"sim.core", "sim.planning", "sim.calibration", "sim.cli", "sim.files", "sim.workers"},
 }
@@ -191,6 +193,42 @@ def test_the_simulator_imports_only_the_layers_below_it() -> None:
     arrows = sorted(f"{m} -> {t}" for m, targets in graph(ROOT).items() if unit(m) in LAYERS
                     for t in targets if t.startswith("sim") and t != "sim" and unit(t) not in LAYERS[unit(m)])
     assert not arrows, "a layer of sim imports one above it: " + ", ".join(arrows)
+
+
+# Note [planning rooms]: sim.planning's rooms, the bottom first. Counting knows nothing of devices; the hardware's
+# rooflines price the kinds of kernel a count names, so hardware sits above counting. Parallelism lays a
+# configuration's groups on nodes and prices each dimension on the catalog's links (rings for ZeRO and context).
+# Costs divide a count by a device with the tensor- and context-parallel traffic and recompute included, and measuring
+# this machine's roofline runs through that cost model, so both sit above parallel. The planner (request, sweep,
+# rows, plan: the package's own modules) uses them all.
+PLANNING_ROOMS: tuple[set[str], ...] = (
+    {"sim.planning.counting"}, {"sim.planning.hardware"}, {"sim.planning.parallel"}, {"sim.planning.costs"},
+    {"sim.planning"},
+)
+
+
+def room(module: str) -> str:
+    """The room of sim.planning that ``module`` is in: ``sim.planning.counting`` for
+    ``sim.planning.counting.models.gpt``, ``sim.planning`` (the planner) for ``sim.planning.sweep``."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if (ROOT / Path(*parts[:3])).is_dir() else "sim.planning"
+
+
+def _planning_graph() -> dict[str, set[str]]:
+    """sim.planning's imports of itself."""
+    return {m: {t for t in targets if t.startswith("sim.planning")} for m, targets in graph(ROOT).items()
+            if m.startswith("sim.planning")}
+
+
+def test_every_room_of_the_planner_has_a_layer() -> None:
+    placed = set().union(*PLANNING_ROOMS)
+    missing = sorted({room(m) for m in _planning_graph()} - placed)
+    assert not missing, "give each a layer in PLANNING_ROOMS: " + ", ".join(missing)
+
+
+def test_the_planners_rooms_import_only_the_rooms_below_them() -> None:
+    arrows = upward(_planning_graph(), PLANNING_ROOMS, room)
+    assert not arrows, "a room of sim.planning imports one above it: " + ", ".join(arrows)
 
 
 #: The executor's layers (the docstring of :mod:`gpipe`), the bottom first: a module imports its own layer and

@@ -24,8 +24,8 @@ from gpipe.schedule import (
     unregister,
 )
 from sim.cli import main
-from sim.planning.flops import count_layers
-from sim.planning.hardware import get_device, get_link
+from sim.planning.counting.flops import count_layers
+from sim.planning.hardware.catalog import get_device, get_link
 from sim.planning.plan import PlanRequest, plan
 
 ROUND = "schedule 'interleaved-1f1b' takes the option round=N \\(N a positive integer; e.g. interleaved-1f1b:round=4\\)"

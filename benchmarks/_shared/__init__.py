@@ -6,5 +6,5 @@ scripts take), :mod:`_shared.workload` and :mod:`_shared.rounds` (the speed benc
 it), :mod:`_shared.pipelining` (torch.distributed.pipelining beside our schedules), :mod:`_shared.prediction` (the
 simulator's figure for the speed workload), :mod:`_shared.fidelity` (the fidelity grid's models and axes) and
 :mod:`_shared.cuda_tasks` (what a GPU run says about its tasks). None of them is a script: none has a ``main``. The
-scripts find this package beside them (``benchmarks/`` is the first entry of ``sys.path`` when one of them runs).
+scripts import it as ``benchmarks._shared``: they run as modules from the repository's root.
 """

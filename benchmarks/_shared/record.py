@@ -18,9 +18,10 @@ from gpipe.schedule.size import replace_file
 
 from .machine import facts
 
-__all__ = ["RESULTS", "STAMPS", "command_line", "results_path", "utc_now", "write_json"]
+__all__ = ["BENCHMARKS", "RESULTS", "STAMPS", "command_line", "results_path", "utc_now", "write_json"]
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+BENCHMARKS = Path(__file__).resolve().parents[1]  # the package the scripts are modules of
+RESULTS = BENCHMARKS / "results"
 STAMPS = ("command", "date", "machine")  # the keys write_json sets
 
 
@@ -31,9 +32,14 @@ def results_path(name: str) -> Path:
 
 def command_line(script: str, argv: Sequence[str] | None = None) -> str:
     """The command that runs ``script`` (a benchmark's ``__file__``) with ``argv`` (this process's arguments when
-    ``None``), from the repository's root, as the docs show it."""
+    ``None``) as a module, from the repository's root, as the docs show it: ``.venv/bin/python -m benchmarks.NAME``.
+
+    Raises:
+        ValueError: ``script`` is not a file of the benchmarks package.
+    """
+    module = Path(script).resolve().with_suffix("").relative_to(BENCHMARKS.parent)
     words = list(sys.argv[1:] if argv is None else argv)
-    return " ".join([f".venv/bin/python benchmarks/{Path(script).name}", *map(shlex.quote, words)])
+    return " ".join([f".venv/bin/python -m {'.'.join(module.parts)}", *map(shlex.quote, words)])
 
 
 def utc_now() -> str:

@@ -14,8 +14,8 @@ from figures.common import md_table, millis, save
 def ablation(path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    from sim.planning.ablation import run
-    from sim.planning.ablation_counted import counted_unet
+    from sim.ablation.counted import counted_unet
+    from sim.ablation.study import run
 
     rows = run(counted_unet())
     labels = [r.step for r in rows]
@@ -45,8 +45,8 @@ def ablation(path: Path) -> None:
 
 @markdown
 def ablation_fragments() -> dict[str, str]:
-    from sim.planning.ablation import STEPS, portal_slack, run, simulate_step
-    from sim.planning.ablation_counted import ONE_P40, counted_unet, one_device_throughput
+    from sim.ablation.counted import ONE_P40, counted_unet, one_device_throughput
+    from sim.ablation.study import STEPS, portal_slack, run, simulate_step
 
     unet = counted_unet()
     rows = run(unet)

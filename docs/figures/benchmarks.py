@@ -22,7 +22,9 @@ def benchmark_fragments(results: Path | None = None) -> dict[str, str]:
         if path.exists():
             out[f"bench_{name}"] = render_result(path)
         else:
-            out[f"bench_{name}"] = (f"*No results yet.* Run `.venv/bin/python benchmarks/{name}.py` to produce "
+            found = (ROOT / "benchmarks" / "investigations" / f"{name}.py").exists()
+            module = f"benchmarks.investigations.{name}" if found else f"benchmarks.{name}"
+            out[f"bench_{name}"] = (f"*No results yet.* Run `.venv/bin/python -m {module}` to produce "
                                     f"`benchmarks/results/{name}.json`; the next site build renders it here.")
     return out
 

@@ -35,7 +35,7 @@ LINK_NAMES = ("nvlink2", "pcie5-x16", "pcie4-x16", "pcie3-x16", "ethernet-100g")
 def copy_latency(path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    from sim.planning.hardware import get_link
+    from sim.planning.hardware.catalog import get_link
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     copies = [k * 0.25e-3 for k in range(0, 13)]

@@ -16,9 +16,9 @@ PLAN_EXAMPLE = {"model": "gpt:13b", "device": "a100-80gb", "batch": 512, "gpus":
 @functools.cache
 def plan_example() -> Any:
     """The planner's answer for :data:`PLAN_EXAMPLE` (counted and swept once per process: a few seconds)."""
-    from sim.planning.flops import count_layers
-    from sim.planning.hardware import get_device
-    from sim.planning.models import get_model
+    from sim.planning.counting.flops import count_layers
+    from sim.planning.counting.models import get_model
+    from sim.planning.hardware.catalog import get_device
     from sim.planning.plan import PlanRequest, default_training, plan
 
     ex = PLAN_EXAMPLE

@@ -26,8 +26,8 @@ def plan_large_model(path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    from sim.planning.hardware import get_device
-    from sim.planning.models import get_model
+    from sim.planning.counting.models import get_model
+    from sim.planning.hardware.catalog import get_device
     from sim.planning.plan import PlanRequest, default_training, plan
 
     ex = LARGE_PLAN

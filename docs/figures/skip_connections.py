@@ -14,7 +14,7 @@ from gpipe.schedule.plot import plot_side_by_side
 # --8<-- [start:skip_portals]
 @figure("skip_portals.png")
 def skip_portals(path: Path) -> None:
-    from sim.planning.ablation_counted import counted_unet
+    from sim.ablation.counted import counted_unet
 
     unet = counted_unet()
     sched = gpipe(unet.chunks, unet.devices, unet.checkpoint)

@@ -10,8 +10,8 @@ or receive takes locks of that connection that gloo's own thread also takes to m
 that thread is descheduled holding them and the post waits for its next time slice, on the rank's critical
 path. A group for messages to a higher rank and one for messages to a lower keep the two directions' posts off
 each other's locks, which removes nearly all those stalls; more groups per direction add nothing (how often a
-post stalls each way: ``benchmarks/gloo_directions.py``; docs/benchmarks.md). NCCL keeps one group: whether it
-gains from two is not measured.
+post stalls each way: ``benchmarks/investigations/gloo_directions.py``; docs/benchmarks.md). NCCL keeps one
+group: whether it gains from two is not measured.
 
 Note [a group per pipeline]: a step that fails leaves messages in flight; without ``group=``, each pipeline
 talks on a new group of the default one's ranks, so a pipeline built after a failure starts clean. A caller's

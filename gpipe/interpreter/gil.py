@@ -8,8 +8,8 @@ So while two or more workers run, :class:`gpipe.GPipe` sets the interval to ``sw
 default; ``None`` leaves it alone) and restores it when they are done or parked: the caller's code between
 the phases (the loss) runs with its own interval. On by default for every model, not by a rule: small-layer
 steps gain from it, and a task of long C++ kernels holds no lock while they run, so a shorter interval
-forces no hand-offs there (``benchmarks/switch_interval.py``: the ``conv`` and ``wide`` rows show no cost
-beyond their run's noise; the results are in its JSON).
+forces no hand-offs there (``benchmarks/investigations/switch_interval.py``: the ``conv`` and ``wide`` rows
+show no cost beyond their run's noise; the results are in its JSON).
 
 The interval is the process's, not the thread's: overlapping users (two pipelines at once, the pair
 measurements of :mod:`sim.calibration.pairs`) share one setting, kept until the last of them leaves (the

@@ -1,7 +1,7 @@
 """What a device keeps for backward: the bytes each task holds and frees (Note [saved bytes]).
 
 The one home of the rule. The simulator applies it as each task starts and ends (:mod:`sim.core.memory`). The
-planner's memory replay (:mod:`sim.planning.memory`) and the search's
+planner's memory replay (:mod:`sim.planning.parallel.memory`) and the search's
 :func:`~gpipe.schedule.search_timing.peak_memory` apply it in list order, through :func:`held_while_running`.
 
 Note [saved bytes]: micro-batch ``i`` keeps ``saved[j]`` on stage ``j``'s device from the end of ``F(i, j)``. A

@@ -8,8 +8,8 @@ from typing import Any
 
 from sim.cli import CommandError
 from sim.files import OutputFile, json_text
-from sim.planning.hardware import DEVICES, LINKS
-from sim.planning.systems import SYSTEMS
+from sim.planning.hardware.catalog import DEVICES, LINKS
+from sim.planning.hardware.systems import SYSTEMS
 
 __all__ = ["add_parser", "run"]
 
@@ -20,8 +20,8 @@ def add_parser(subparsers: Any) -> None:
     """Register ``hardware`` on the ``gpipe-sim`` subcommand parser."""
     p = subparsers.add_parser("hardware", help="list the hardware catalog (devices, links, systems)",
                               description="List the catalog of devices, links and systems the simulator prices with; "
-                                          "every figure's public source is beside it in sim/planning/hardware.py and "
-                                          "sim/planning/systems.py.")
+                                          "every figure's public source is beside it in "
+                                          "sim/planning/hardware/catalog.py and sim/planning/hardware/systems.py.")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     p.add_argument("--calibrate-cpu", action="store_true",
                    help="time GEMMs, convolutions and memory-bound kernels on this CPU (one thread, as each executor "
@@ -35,7 +35,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from sim.planning.calibrate_device import calibrate_cpu, check_threads
+    from sim.planning.costs.calibrate_device import calibrate_cpu, check_threads
 
     check_threads(args.threads, "--threads")  # before the file is checked and anything is timed
     out = OutputFile(args.out, force=args.force, example="cpu.json") if args.out is not None else None  # before

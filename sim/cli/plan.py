@@ -16,22 +16,23 @@ One published configuration is evaluated exactly with ``--balance`` (the partiti
 ``--optimizer``; ``--json`` gives each row's memory per device part by part. ``--tensor-parallel`` splits every layer
 of a ``gpt`` or ``llama`` model over ranks inside a node (Megatron-LM's tensor parallelism; its all-reduces run over
 ``--link``), each configuration then using ``t x stages x replicas`` GPUs; ``--context-parallel`` splits each
-sequence over ``c`` more (:mod:`sim.planning.context_parallel`)::
+sequence over ``c`` more (:mod:`sim.planning.parallel.context_parallel`)::
 
     gpipe-sim plan --model gpt:175b --batch 1536 --gpus 64 --hardware a100-80gb --link nvlink3 \
         --network infiniband-hdr --tensor-parallel 8 --stages 8 --schedule 1f1b --chunks 1536 \
         --checkpoint layers,selective
 
-``--checkpoint layers`` and ``selective`` recompute per layer (:mod:`sim.planning.recompute`); ``--network`` (and
-``--network-ports``) puts the nodes of ``--gpus-per-node`` GPUs on a network, which stage copies and data-parallel
-all-reduces that cross nodes use (:mod:`sim.planning.cluster`); ``--system`` names the machine whole
-(:mod:`sim.planning.systems`: ``gb200-nvl72`` is one NVLink domain of 72 GPUs). A sweep estimated past a minute is
-refused before the count, with the flags that narrow it (:mod:`sim.planning.sweep_size`; ``--no-limit`` runs it).
+``--checkpoint layers`` and ``selective`` recompute per layer (:mod:`sim.planning.parallel.recompute`); ``--network``
+(and ``--network-ports``) puts the nodes of ``--gpus-per-node`` GPUs on a network, which stage copies and data-parallel
+all-reduces that cross nodes use (:mod:`sim.planning.parallel.cluster`); ``--system`` names the machine whole
+(:mod:`sim.planning.hardware.systems`: ``gb200-nvl72`` is one NVLink domain of 72 GPUs). A sweep estimated past a minute
+is refused before the count, with the flags that narrow it (:mod:`sim.planning.sweep_size`; ``--no-limit`` runs it).
 
 ``--model`` takes a built-in (``gpt:SIZE``, ``llama:SIZE``, ``gpt:layers=...``, ``llama:layers=...``, ``resnet101``,
 ``unet:B,C``, ``amoebanet:L,D``; ``--help`` has them) or a user's ``MODULE:FUNCTION`` (a dotted module or a file),
 whose function takes no arguments and returns an ``nn.Sequential`` and a sample input (batch in dimension 0). A
-built-in past a size cap (:mod:`sim.planning.models.limits`) is refused with an estimate before anything is counted.
+built-in past a size cap (:mod:`sim.planning.counting.models.limits`) is refused with an estimate before anything is
+counted.
 """
 
 from __future__ import annotations
@@ -55,10 +56,12 @@ from sim.cli.user_code import Target, blame, call, layer_failure, load_target
 from sim.core.size import check_simulation_size
 from sim.files import json_text
 from sim.planning.buyer import answer
-from sim.planning.flops import CountError, ModelProfile, count_layers
-from sim.planning.hardware import get_device
-from sim.planning.memory import COPY_STREAMS
-from sim.planning.models import get_model
+from sim.planning.counting.flops import CountError, ModelProfile, count_layers
+from sim.planning.counting.models import get_model
+from sim.planning.counting.training import training_policy
+from sim.planning.hardware.catalog import get_device
+from sim.planning.parallel.memory import COPY_STREAMS
+from sim.planning.parallel.recompute import CHECKPOINTS
 from sim.planning.plan import (
     GPUS_PER_NODE,
     MAX_CHUNKS,
@@ -73,11 +76,9 @@ from sim.planning.plan import (
     resolve_network,
     row_timeline,
 )
-from sim.planning.recompute import CHECKPOINTS
 from sim.planning.request import shard_keys
 from sim.planning.search_plan import SEARCHED
 from sim.planning.sweep_size import SweepSpace, check_sweep_size
-from sim.planning.training import training_policy
 
 __all__ = ["add_parser", "load_model", "run"]
 

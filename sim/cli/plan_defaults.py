@@ -9,12 +9,12 @@ import argparse
 
 from sim.cli import CommandError
 from sim.cli.options import MAX_INT, integer
-from sim.planning.context_parallel import CP_COMMS, check_context_parallel
-from sim.planning.models import ModelSpec, get_model
-from sim.planning.recompute import CHECKPOINTS
+from sim.planning.counting.models import ModelSpec, get_model
+from sim.planning.hardware.systems import get_system
+from sim.planning.parallel.context_parallel import CP_COMMS, check_context_parallel
+from sim.planning.parallel.recompute import CHECKPOINTS
+from sim.planning.parallel.zero import ZERO_STAGES
 from sim.planning.request import GPUS_PER_NODE, PRACTICE_ZERO, practice_checkpoints, practice_degrees
-from sim.planning.systems import get_system
-from sim.planning.zero import ZERO_STAGES
 
 __all__ = ["DECODERS", "LINK", "add_sharding_options", "context", "ints", "keep", "layout", "sharding", "system",
            "words"]
@@ -85,7 +85,7 @@ def context(args: argparse.Namespace, tokens: int | None) -> tuple[list[int], st
         CommandError: a degree above 1 for a model that is not a built-in decoder, or one that writes its attention
             out (``attention=math``).
         ValueError: a degree below 1, or whose chunks do not divide the sequence
-            (:func:`sim.planning.context_parallel.check_context_parallel`).
+            (:func:`sim.planning.parallel.context_parallel.check_context_parallel`).
     """
     degrees = ints("--context-parallel", args.context_parallel)
     comm = words("--cp-comm", args.cp_comm, CP_COMMS)
@@ -103,9 +103,9 @@ def context(args: argparse.Namespace, tokens: int | None) -> tuple[list[int], st
 
 
 # Note [a system's flags]: ``--system NAME`` fills ``--hardware``, ``--link``, ``--gpus-per-node``, ``--network`` and
-# ``--network-ports`` from the catalog's system (sim.planning.systems), and a flag given explicitly wins: a system
-# is the machine a buyer names, and asking what changes with one part of it replaced (``--system dgx-h100 --network
-# roce-400g``; ``--system gb200-nvl72 --gpus-per-node 36`` for an NVL36) is the question that follows.
+# ``--network-ports`` from the catalog's system (sim.planning.hardware.systems), and a flag given explicitly wins: a
+# system is the machine a buyer names, and asking what changes with one part of it replaced (``--system dgx-h100
+# --network roce-400g``; ``--system gb200-nvl72 --gpus-per-node 36`` for an NVL36) is the question that follows.
 def system(args: argparse.Namespace) -> None:
     """Fill the machine's options left out from ``--system`` (Note [a system's flags]), then from their defaults.
 

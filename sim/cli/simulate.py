@@ -35,7 +35,7 @@ from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 from sim.core.size import SPANS_PER_PAIR, check_simulation_size
 from sim.files import OutputFolder, json_text
-from sim.planning.hardware import DeviceSpec, get_device, get_link
+from sim.planning.hardware.catalog import DeviceSpec, get_device, get_link
 
 __all__ = ["add_parser", "run"]
 

@@ -2,7 +2,7 @@
 
 One type, several sources: explicit numbers (teaching, the CLI), measurements of real partitions
 (:mod:`sim.calibration.calibrate`), and FLOPs and bytes counted on the ``meta`` device divided by a hardware spec
-(:mod:`sim.planning.flops`). What the program that runs the schedule adds beyond the stage seconds (host time
+(:mod:`sim.planning.counting.flops`). What the program that runs the schedule adds beyond the stage seconds (host time
 per task, hand-offs, cores shared by its workers) reaches the simulator through :class:`RunnerCosts`, an
 interface that a cost source implements (:mod:`sim.calibration.host` for this project's executor). The
 simulator consumes a :class:`CostModel` and never changes it.

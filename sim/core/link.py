@@ -1,7 +1,7 @@
 """A link between two devices, as the simulator prices a copy: ``latency + bytes / bandwidth`` seconds.
 
 Units are bytes, bytes/s (per direction: links are full duplex) and seconds. The catalog of real links
-with their sources is planning's (:mod:`sim.planning.hardware`).
+with their sources is planning's (:mod:`sim.planning.hardware.catalog`).
 """
 
 from __future__ import annotations

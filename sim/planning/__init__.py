@@ -1,7 +1,13 @@
-"""Planning: costs from FLOP counts on a hardware catalog, built-in models, and sweeps that rank configurations.
+"""Planning: sweeps that rank configurations, on rooms that count, price and lay out a model.
 
-:mod:`~sim.planning.flops` counts a model on the ``meta`` device, :mod:`~sim.planning.hardware` holds real
-devices and links with their sources, :mod:`~sim.planning.costs_from_flops` divides one by the other into a
-cost model, and :mod:`~sim.planning.plan` sweeps the pipeline configurations a
-:class:`~sim.planning.request.PlanRequest` asks for through the core simulator.
+Each room imports only those listed before it (Note [planning rooms] in ``tests/test_imports.py``)::
+
+    counting   a model's FLOPs and bytes, counted on the ``meta`` device, and the built-in models
+    hardware   devices, links and systems with their sources, and their rooflines
+    parallel   the layout of a configuration, its groups on nodes and links, and what each dimension adds
+    costs      a count priced on a device (the core's cost model), and this machine's roofline measured
+
+The planner itself is this package's own modules: :mod:`~sim.planning.plan` sweeps the configurations a
+:class:`~sim.planning.request.PlanRequest` asks for (:mod:`~sim.planning.sweep`) through the core simulator into
+rows (:mod:`~sim.planning.rows`).
 """

@@ -6,17 +6,17 @@ For every GPU count ``g`` and tensor-parallel degree ``t`` the planner tries eac
 micro-batches (chunks), each checkpoint
 policy and each registered schedule (:data:`gpipe.schedule.SCHEDULES`), and for a schedule that
 places several stages per device each number ``v`` of stages per device (Note [virtual stages] in
-:mod:`sim.planning.configurations`).
-Each configuration is balanced by cost (:mod:`sim.planning.partition`), priced with the backward
+:mod:`sim.planning.parallel.configurations`).
+Each configuration is balanced by cost (:mod:`sim.planning.parallel.partition`), priced with the backward
 split into B and W where the schedule has W tasks, simulated (:func:`sim.core.engine.simulate`) and
 checked against device memory as the allocator sees it; :func:`plan` runs the sweep a
 :class:`~sim.planning.request.PlanRequest` asks for::
 
-    step seconds  = simulated pipeline, the all-reduce across replicas overlapped (sim.planning.replicas;
-                    hierarchical across nodes: sim.planning.cluster), then the optimizer step
+    step seconds  = simulated pipeline, the all-reduce across replicas overlapped (sim.planning.parallel.replicas;
+                    hierarchical across nodes: sim.planning.parallel.cluster), then the optimizer step
     throughput    = global batch / step seconds                              (samples/s)
     memory        = per device, the peak the allocator reserves: model state, saved bytes, the running
-                    task's working set, workspace, rounding (sim.planning.memory)      (fits or out of memory)
+                    task's working set, workspace, rounding (sim.planning.parallel.memory)      (fits or out of memory)
     cost          = gpus * price per GPU-hour / 3600 * 1e6 / throughput      ($ per million samples)
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dataclasses import replace
 from gpipe.interpreter.affinity import available_cores
 from gpipe.schedule.collector import collector_paused
 from gpipe.schedule.timeline import Timeline
-from sim.planning.configurations import MAX_CHUNKS, configurations
-from sim.planning.partition import block_partition
+from sim.planning.parallel.configurations import MAX_CHUNKS, configurations
+from sim.planning.parallel.partition import block_partition
 from sim.planning.request import (
     GPUS_PER_NODE,
     VIRTUAL,

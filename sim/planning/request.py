@@ -16,13 +16,13 @@ from typing import Any
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, schedule_kind
 from sim.core.link import LinkSpec
-from sim.planning.context_parallel import check_context_parallel, check_splittable
-from sim.planning.counts import ModelProfile
-from sim.planning.hardware import LINKS, DeviceSpec, get_device, get_link
-from sim.planning.memory import COPY_STREAMS
-from sim.planning.recompute import CHECKPOINTS
-from sim.planning.training import Training, training_policy
-from sim.planning.zero import ZERO_STAGES
+from sim.planning.counting.counts import ModelProfile
+from sim.planning.counting.training import Training, training_policy
+from sim.planning.hardware.catalog import LINKS, DeviceSpec, get_device, get_link
+from sim.planning.parallel.context_parallel import check_context_parallel, check_splittable
+from sim.planning.parallel.memory import COPY_STREAMS
+from sim.planning.parallel.recompute import CHECKPOINTS
+from sim.planning.parallel.zero import ZERO_STAGES
 
 __all__ = ["GPUS_PER_NODE", "PRACTICE_ZERO", "VIRTUAL", "PlanRequest", "check_request", "check_search",
            "check_tensor_parallel", "check_zero_stages", "default_training", "practice_checkpoints",
@@ -131,11 +131,11 @@ def check_request(batch: int, gpus: Sequence[int], chunks: Sequence[int] | None 
 
 
 # Note [tensor parallel ranks]: ``t`` ranks split every layer (Megatron-LM's tensor parallelism), each running its
-# shard of the model (its own count: :mod:`sim.planning.tensor_parallel`) with the shard's all-reduces inside its
-# stages, priced on the link. They work in lockstep, so one rank's pipeline is simulated and stands for all ``t``;
+# shard of the model (its own count: :mod:`sim.planning.counting.tensor_parallel`) with the shard's all-reduces inside
+# its stages, priced on the link. They work in lockstep, so one rank's pipeline is simulated and stands for all ``t``;
 # a configuration uses ``t * stages * replicas`` GPUs. The group stays inside a node (``t <= gpus_per_node``),
 # where the link is. With a network, the pipeline's copies and the data-parallel all-reduce that cross nodes use
-# it (:mod:`sim.planning.cluster`); without one, they are priced on the link as in one node.
+# it (:mod:`sim.planning.parallel.cluster`); without one, they are priced on the link as in one node.
 def check_tensor_parallel(tensor_parallel: Sequence[int], gpus: Sequence[int],
                           gpus_per_node: int = GPUS_PER_NODE) -> None:
     """Reject tensor-parallel degrees below 1, above a node, or dividing none of the GPU counts (Note [tensor
@@ -167,7 +167,7 @@ def shard_keys(degrees: Sequence[int], splits: Sequence[bool]) -> list[tuple[int
 
 
 def check_zero_stages(zero: Sequence[int]) -> None:
-    """Raise ``ValueError`` unless ``zero`` lists ZeRO stages (:data:`sim.planning.zero.ZERO_STAGES`)."""
+    """Raise ``ValueError`` unless ``zero`` lists ZeRO stages (:data:`sim.planning.parallel.zero.ZERO_STAGES`)."""
     if not zero or any(isinstance(z, bool) or z not in ZERO_STAGES for z in zero):
         raise ValueError(f"zero lists ZeRO stages, of {', '.join(map(str, ZERO_STAGES))}; got {list(zero)}")
 
@@ -199,31 +199,31 @@ class PlanRequest:
     """
 
     profile: ModelProfile | Mapping[Any, ModelProfile] = field(hash=False)
-    """The counted model (:func:`sim.planning.flops.count_layers`, in the policy's dtype), or for each tensor-parallel
-    degree the count of one rank's shard (``{1: whole, 2: shard, ...}``; a key ``(t, True)`` for a sequence-parallel
-    shard)."""
+    """The counted model (:func:`sim.planning.counting.flops.count_layers`, in the policy's dtype), or for each
+    tensor-parallel degree the count of one rank's shard (``{1: whole, 2: shard, ...}``; a key ``(t, True)`` for a
+    sequence-parallel shard)."""
     batch: int
     """Global batch, samples per step."""
     device: DeviceSpec | str
-    """A :class:`~sim.planning.hardware.DeviceSpec` or catalog name."""
+    """A :class:`~sim.planning.hardware.catalog.DeviceSpec` or catalog name."""
     gpus: Sequence[int]
     """GPU counts to try."""
     link: LinkSpec | str = "pcie"
     """A :class:`~sim.core.link.LinkSpec`, a catalog name, or ``nvlink``/``pcie`` (the generation that comes with the
     device)."""
     training: Training | str | None = None
-    """Precision and optimizer (:data:`sim.planning.training.TRAINING`); ``None``: :func:`default_training`."""
+    """Precision and optimizer (:data:`sim.planning.counting.training.TRAINING`); ``None``: :func:`default_training`."""
     chunks: Sequence[int] | None = None
     """Micro-batch counts to try; ``None``: powers of two up to the batch per replica (at most 128)."""
     checkpoints: Sequence[str] = CHECKPOINT_MODES
-    """Checkpoint policies to try (:data:`sim.planning.recompute.CHECKPOINTS`)."""
+    """Checkpoint policies to try (:data:`sim.planning.parallel.recompute.CHECKPOINTS`)."""
     schedules: Sequence[str] | None = None
     """Schedule names to try; ``None``: every registered one (:data:`gpipe.schedule.SCHEDULES`) when the plan runs."""
     stages: Sequence[int] | None = None
     """Pipeline depths (devices per replica) to allow; ``None``: every divisor of each GPU count."""
     virtual: Sequence[int] = VIRTUAL
     """Stages per device to try for a schedule registered with a layout (Note [virtual stages] in
-    :mod:`sim.planning.configurations`)."""
+    :mod:`sim.planning.parallel.configurations`)."""
     balance: Sequence[int] | None = None
     """Layers per stage, pinned (a published partition): only pipelines of ``len(balance)`` stages run, and none is
     balanced by the planner."""
@@ -234,12 +234,12 @@ class PlanRequest:
     objective: str = "throughput"
     """``throughput`` (the fastest row that fits is best) or ``cost`` (the cheapest per sample; needs a price)."""
     kernel_seconds: float | None = None
-    """Fixed cost per kernel; ``None``: the device's (:mod:`sim.planning.costs_from_flops`)."""
+    """Fixed cost per kernel; ``None``: the device's (:mod:`sim.planning.costs.from_flops`)."""
     model_name: str = ""
     """For the result's display."""
     copy_streams: str = "shared"
     """``shared`` (this project's executor) or ``per_microbatch`` (torchgpipe's copy streams; Note [a copy stream per
-    micro-batch] in :mod:`sim.planning.memory`)."""
+    micro-batch] in :mod:`sim.planning.parallel.memory`)."""
     tensor_parallel: Sequence[int] | None = None
     """Tensor-parallel degrees to try (Note [tensor parallel ranks]); ``None``: the degrees of ``profile`` (1 for one
     count). Their all-reduces run over ``link``."""
@@ -247,14 +247,14 @@ class PlanRequest:
     """GPUs in a node, the most a tensor-parallel group spans."""
     network: LinkSpec | str | None = None
     """One port of the network between nodes (a catalog name or a LinkSpec); ``None``: every transfer on ``link``, as
-    in one node. With it, stages and replicas are laid out on nodes (:mod:`sim.planning.cluster`): a stage copy that
-    crosses nodes and a data-parallel all-reduce that spans them use the network."""
+    in one node. With it, stages and replicas are laid out on nodes (:mod:`sim.planning.parallel.cluster`): a stage copy
+    that crosses nodes and a data-parallel all-reduce that spans them use the network."""
     network_ports: int | None = None
     """Network ports per node; ``None``: one per GPU."""
     tokens_per_sample: int | None = None
     """Tokens in one sample (a decoder's sequence), for tokens per second; ``None``: none."""
     zero: Sequence[int] = (0,)
-    """ZeRO stages to try (:mod:`sim.planning.zero`); a configuration with one replica runs stage 0 only."""
+    """ZeRO stages to try (:mod:`sim.planning.parallel.zero`); a configuration with one replica runs stage 0 only."""
     reshard_after_forward: Sequence[bool] = (True,)
     """ZeRO-3 only, FSDP's switch: gather each unit again before its backward (``True``, FSDP's default) and/or keep
     the stage's units gathered from its first forward to the step's end (``False``; Note [zero traffic])."""
@@ -270,12 +270,12 @@ class PlanRequest:
     ``searched`` and :attr:`~sim.planning.rows.Plan.searches` says what each gained; 0: none."""
 
     context_parallel: Sequence[int] = (1,)
-    """Context-parallel degrees to try (:mod:`sim.planning.context_parallel`): each sample's tokens split over ``c``
-    ranks, in ``2c`` chunks that divide :attr:`tokens_per_sample`; a configuration then uses ``t * c * stages *
+    """Context-parallel degrees to try (:mod:`sim.planning.parallel.context_parallel`): each sample's tokens split over
+    ``c`` ranks, in ``2c`` chunks that divide :attr:`tokens_per_sample`; a configuration then uses ``t * c * stages *
     replicas`` GPUs. Above 1 it needs a decoder counted with FlashAttention."""
     cp_comm: str = "ring"
     """How the context-parallel ranks pass keys and values: ``ring`` (Megatron-Core's default) or ``all-gather``
-    (Llama 3's; :data:`sim.planning.context_parallel.CP_COMMS`)."""
+    (Llama 3's; :data:`sim.planning.parallel.context_parallel.CP_COMMS`)."""
 
     keep: int | None = None
     """Rank exactly the ``keep`` fastest configurations of each GPU count and skip those a lower bound shows cannot be

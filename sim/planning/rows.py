@@ -1,8 +1,8 @@
 """What a capacity plan answers: one row per configuration (:class:`PlanRow`) and the plan itself (:class:`Plan`).
 
 Note [not simulated]: a configuration is checked for memory before it is simulated (its peak follows from the order
-of its tasks alone, Note [peak as the allocator sees it] in :mod:`sim.planning.memory`), and one that does not fit
-is not simulated: a step it cannot take has no time. Its row has ``fits`` false, ``simulated`` false, its memory
+of its tasks alone, Note [peak as the allocator sees it] in :mod:`sim.planning.parallel.memory`), and one that does not
+fit is not simulated: a step it cannot take has no time. Its row has ``fits`` false, ``simulated`` false, its memory
 part by part, and NaN for the step, the throughput and the bubble (``null`` in JSON). A configuration whose model
 state alone exceeds the device is not even replayed: its memory is that model state, a lower bound.
 """
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sim.planning.memory import MemoryParts
+from sim.planning.parallel.memory import MemoryParts
 
 __all__ = ["Plan", "PlanRow", "SearchGain"]
 
@@ -34,7 +34,7 @@ class PlanRow:
         chunks: micro-batches per replica per step.
         microbatch: samples in the largest micro-batch.
         checkpoint: ``never``, ``except_last`` or ``always`` (torchgpipe's, per stage), ``layers`` or
-            ``selective`` (per layer; :mod:`sim.planning.recompute`).
+            ``selective`` (per layer; :mod:`sim.planning.parallel.recompute`).
         schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`).
         balance: layers per stage (``stages * virtual`` stages).
         step_seconds: one training step (see the module docstring).
@@ -47,12 +47,12 @@ class PlanRow:
         cost_per_million: dollars per million samples, if a price was given.
         best: the configuration the planner recommends.
         virtual: stages per device (Note [virtual stages]); 1 for a schedule without a layout.
-        memory_parts: per device, its peak part by part (:class:`~sim.planning.memory.MemoryParts`).
+        memory_parts: per device, its peak part by part (:class:`~sim.planning.parallel.memory.MemoryParts`).
         parameters: the parameters one device holds a share of: the model's, or one tensor-parallel rank's shard.
         allreduce_exposed_seconds: of the step, the gradient all-reduce the backward did not hide.
         tensor_parallel: ranks each layer is split over (Note [tensor parallel ranks] in
             :mod:`sim.planning.request`); memory and model state are per rank.
-        zero: the ZeRO stage of its data parallelism (:mod:`sim.planning.zero`); 0: plain replicas.
+        zero: the ZeRO stage of its data parallelism (:mod:`sim.planning.parallel.zero`); 0: plain replicas.
         sequence_parallel: LayerNorms and dropouts split over the tensor-parallel ranks by tokens.
         simulated: false for a configuration that does not fit (Note [not simulated]).
         tokens_per_second: ``throughput`` times the tokens in a sample; ``None`` for a model without a sequence.
@@ -64,10 +64,10 @@ class PlanRow:
             ``tensor-parallel`` (its collectives), ``context-parallel`` (its key/value traffic that attention did not
             hide), ``data-parallel`` (traffic the backward left exposed) and ``optimizer``; ``memory`` for a
             configuration that does not fit.
-        context_parallel: ranks each sample's tokens are split over (:mod:`sim.planning.context_parallel`); memory,
-            model state and ``microbatch`` (in whole samples) are per rank.
+        context_parallel: ranks each sample's tokens are split over (:mod:`sim.planning.parallel.context_parallel`);
+            memory, model state and ``microbatch`` (in whole samples) are per rank.
         reshard_after_forward: ZeRO-3's gathers before each backward as well as each forward (FSDP's default), or
-            once a step (Note [zero traffic] in :mod:`sim.planning.zero`).
+            once a step (Note [zero traffic] in :mod:`sim.planning.parallel.zero`).
         shard_group: hybrid sharding's group of replicas (Note [hybrid sharding] in :mod:`sim.planning.sweep`);
             ``None``: ZeRO shards over every replica.
     """

@@ -21,8 +21,8 @@ from dataclasses import replace
 from typing import Any
 
 from gpipe.schedule.search import StageCosts, search
-from sim.planning.configurations import Configuration, make_schedule
-from sim.planning.recompute import schedule_checkpoint
+from sim.planning.parallel.configurations import Configuration, make_schedule
+from sim.planning.parallel.recompute import schedule_checkpoint
 from sim.planning.request import check_search
 from sim.planning.rows import PlanRow, SearchGain
 from sim.planning.sweep import Sweep

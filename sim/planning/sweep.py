@@ -1,4 +1,4 @@
-"""The planner's sweep: one configuration of the sweep's space (:mod:`sim.planning.configurations`) evaluated.
+"""The planner's sweep: one configuration of the sweep's space (:mod:`sim.planning.parallel.configurations`) evaluated.
 
 :class:`Sweep` evaluates a configuration: balance its stages by cost, price them, replay its task order for memory
 and, if it fits, simulate it with its data-parallel collectives (Note [not simulated] in :mod:`sim.planning.rows`).
@@ -25,13 +25,13 @@ from sim.core.collectives import Gather, add_collectives
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
-from sim.planning.cluster import Cluster
-from sim.planning.collectives import allreduce_seconds
-from sim.planning.configurations import Configuration, make_schedule
-from sim.planning.context_parallel import ContextParallel, split_sequence
-from sim.planning.costs_from_flops import FlopCosts
-from sim.planning.counts import OpTable
-from sim.planning.memory import (
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.counts import OpTable
+from sim.planning.parallel.cluster import Cluster
+from sim.planning.parallel.collectives import allreduce_seconds
+from sim.planning.parallel.configurations import Configuration, make_schedule
+from sim.planning.parallel.context_parallel import ContextParallel, split_sequence
+from sim.planning.parallel.memory import (
     MemoryParts,
     device_memory,
     round_block,
@@ -40,12 +40,10 @@ from sim.planning.memory import (
     stage_working_bytes,
     workspace_bytes,
 )
-from sim.planning.partition import block_partition
-from sim.planning.recompute import core_table, recompute_fraction, schedule_checkpoint
-from sim.planning.replicas import step_seconds
-from sim.planning.request import PlanRequest
-from sim.planning.rows import PlanRow
-from sim.planning.zero import (
+from sim.planning.parallel.partition import block_partition
+from sim.planning.parallel.recompute import core_table, recompute_fraction, schedule_checkpoint
+from sim.planning.parallel.replicas import step_seconds
+from sim.planning.parallel.zero import (
     Kind,
     after_step_bytes,
     compute_copy_bytes,
@@ -53,6 +51,8 @@ from sim.planning.zero import (
     stage_collectives,
     transient_bytes,
 )
+from sim.planning.request import PlanRequest
+from sim.planning.rows import PlanRow
 
 __all__ = ["Sweep"]
 
@@ -71,7 +71,7 @@ def _per_device(values: Sequence[float], placement: Sequence[int], devices: int)
 
 class Sweep:
     """Evaluates the configurations of one request, reusing what repeats (Note [reuse in a sweep]): its counts priced
-    on the device (one :class:`~sim.planning.costs_from_flops.FlopCosts` per ``(tensor_parallel,
+    on the device (one :class:`~sim.planning.costs.from_flops.FlopCosts` per ``(tensor_parallel,
     sequence_parallel, context_parallel)`` count, :attr:`costs`) and laid out on the machine (:attr:`cluster`).
 
     Raises:
@@ -277,8 +277,8 @@ class Sweep:
     def _sharded(self, p: Configuration, costs: FlopCosts, balance: tuple[int, ...], mb: int,
                  whole: Sequence[StageCost], working: Sequence[int], backward: Sequence[int],
                  placement: Sequence[int]) -> tuple[list[StageCost], list[int], list[int]]:
-        """Stages, working sets and backward working sets of ``p``'s replicas (:mod:`sim.planning.zero`): the model
-        state a device holds of each stage under the ZeRO stage, what the stage's tasks hold besides (a gathered
+        """Stages, working sets and backward working sets of ``p``'s replicas (:mod:`sim.planning.parallel.zero`): the
+        model state a device holds of each stage under the ZeRO stage, what the stage's tasks hold besides (a gathered
         layer, a gradient bucket; unscaled by an uneven micro-batch, a bound), and the stage's collectives."""
         training, layers = costs.training, costs.profile.layers
         forward = costs.layer_seconds(mb)[0]

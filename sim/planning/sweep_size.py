@@ -1,6 +1,6 @@
 """How long a sweep will take, estimated before the model is counted, and the refusal of one past a minute.
 
-A sweep's time is its configurations' (:func:`sim.planning.configurations.configurations`), each priced by its
+A sweep's time is its configurations' (:func:`sim.planning.parallel.configurations.configurations`), each priced by its
 schedule's size (Note [sweep seconds])::
 
     seconds = share * sum over configurations (SECONDS_PER_CONFIGURATION + SECONDS_PER_PAIR * m * v * p) / workers
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.planning.configurations import Configuration, configurations
+from sim.planning.parallel.configurations import Configuration, configurations
 
 __all__ = ["BOUNDED_SHARE", "FULL_SHARE", "LIMIT_SECONDS", "SECONDS_PER_CONFIGURATION", "SECONDS_PER_PAIR",
            "SweepSize", "SweepSpace", "check_sweep_size", "sweep_size"]
@@ -52,7 +52,7 @@ NARROWING = ("--gpus", "--stages", "--chunks", "--schedule", "--virtual", "--ten
 
 @dataclass(frozen=True)
 class SweepSpace:
-    """What :func:`sim.planning.configurations.configurations` reads of a request, known before the model is
+    """What :func:`sim.planning.parallel.configurations.configurations` reads of a request, known before the model is
     counted: the CLI's options resolved, and the model's layer count (its ``nn.Sequential``'s length). The degrees
     and sequence parallelism are kept each once, as :class:`~sim.planning.request.PlanRequest` keeps them."""
 

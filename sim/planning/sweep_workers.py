@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import process as futures_process
 
-from sim.planning.configurations import Configuration
+from sim.planning.parallel.configurations import Configuration
 from sim.planning.rows import PlanRow
 from sim.planning.sweep import Sweep
 from sim.workers import exit_with_parent

@@ -4,14 +4,10 @@ BUSY,IDLE seconds or refused with the form to use, and the process it starts spi
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from demo_repeat import burst, neighbour  # noqa: E402
+from benchmarks.demo_repeat import burst, neighbour
 
 
 def test_a_burst_is_busy_then_idle_seconds() -> None:

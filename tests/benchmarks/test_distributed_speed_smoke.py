@@ -1,4 +1,4 @@
-"""benchmarks/distributed_speed.py runs end to end on a tiny model: ours and torch's on two gloo processes."""
+"""``benchmarks.distributed_speed`` runs end to end on a tiny model: ours and torch's on two gloo processes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_distributed_speed_quick(tmp_path: Path) -> None:
     out = tmp_path / "distributed_speed.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "distributed_speed.py"), "--schedules", "1f1b,interleaved-1f1b",
+        [sys.executable, "-m", "benchmarks.distributed_speed", "--schedules", "1f1b,interleaved-1f1b",
          "--batch", "8", "--chunks", "2", "--layers", "4", "--width", "16", "--repeats", "2", "--quick",
          "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -35,6 +35,6 @@ def test_distributed_speed_quick(tmp_path: Path) -> None:
 
 
 def test_a_schedule_torch_lacks_is_refused() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "distributed_speed.py"), "--schedules",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.distributed_speed", "--schedules",
                            "nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "nope" in done.stderr

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "executor_speed.py"
 
 
 @pytest.mark.slow
@@ -21,8 +20,8 @@ def test_executor_speed_quick(tmp_path: Path) -> None:
     out = tmp_path / "executor_speed.json"
     # No torchgpipe (it may need the network to install) and no second processes.
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--skip-torchgpipe", "--skip-pipelining", "--batch", "16",
-         "--chunks", "2", "--layers", "2", "--width", "32", "--repeats", "3", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.executor_speed", "--quick", "--skip-torchgpipe", "--skip-pipelining",
+         "--batch", "16", "--chunks", "2", "--layers", "2", "--width", "32", "--repeats", "3", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr

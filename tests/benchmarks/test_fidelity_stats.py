@@ -3,32 +3,23 @@ and its schedule axis (``benchmarks/_shared/fidelity.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
 import statistics
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity.py"
-
 
 @pytest.fixture(scope="module")
 def fidelity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fidelity_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.fidelity")
 
 
 def test_trimmed_mean_drops_a_fifth_at_each_end() -> None:
-    from _shared.fidelity import trimmed_mean
+    from benchmarks._shared.fidelity import trimmed_mean
 
     values = (100.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, -50.0)
     assert trimmed_mean(values) == statistics.mean([2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
@@ -83,8 +74,7 @@ def test_standard_error_of_the_block_errors(fidelity: ModuleType) -> None:
 def test_the_schedule_axis_takes_any_registered_name(fidelity: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     """Note [schedule axis]: two stages per worker for a schedule with a layout, one otherwise; a shape the generator
     refuses is named, not run; an unregistered name is refused before anything runs."""
-    from _shared.fidelity import refusal, stages_for
-
+    from benchmarks._shared.fidelity import refusal, stages_for
     from gpipe.schedule import Checkpoint, Schedule, gpipe, looped, register, unregister
 
     def picky(m: int, n: int, checkpoint: Checkpoint = "never", placement: Any = None) -> Schedule:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import subprocess
 import sys
@@ -22,12 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def fidelity_cuda() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fidelity_cuda_benchmark", ROOT / "benchmarks" / "fidelity_cuda.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.fidelity_cuda")
 
 
 def test_dry_run_prints_the_grid_and_its_estimate(fidelity_cuda: ModuleType,
@@ -81,7 +76,7 @@ def test_even_balance(fidelity_cuda: ModuleType) -> None:
 def test_task_seconds_of_a_run_that_costs_what_it_profiled() -> None:
     """The simulator's own timeline as the measured one, with an ideal runner: every task's spans are its profiled
     seconds, so each ratio is exactly 1 and the seconds are the cost model's."""
-    from _shared.cuda_tasks import task_seconds
+    from benchmarks._shared.cuda_tasks import task_seconds
 
     schedule = gpipe(4, 2, "except_last")
     cost = CostModel.uniform(2, 1.0, 2.0, recompute=1.5)
@@ -94,7 +89,7 @@ def test_task_seconds_of_a_run_that_costs_what_it_profiled() -> None:
 
 
 def test_gpu_state_without_cuda_is_empty() -> None:
-    from _shared.cuda_tasks import gpu_state
+    from benchmarks._shared.cuda_tasks import gpu_state
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU path")

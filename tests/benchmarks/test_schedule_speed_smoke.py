@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_schedule_speed_quick(tmp_path: Path) -> None:
     out = tmp_path / "schedule_speed.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "executor_speed.py"), "--schedules", "all", "--quick",
+        [sys.executable, "-m", "benchmarks.executor_speed", "--schedules", "all", "--quick",
          "--batch", "8", "--chunks", "2", "--layers", "4", "--width", "16", "--repeats", "2", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
@@ -40,6 +40,6 @@ def test_schedule_speed_quick(tmp_path: Path) -> None:
 
 def test_bad_schedule_names_are_refused(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "schedule_speed.py"), "--schedules", "nope",
+        [sys.executable, "-m", "benchmarks.schedule_speed", "--schedules", "nope",
          "--json", str(tmp_path / "x.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "unknown schedule 'nope'" in done.stderr

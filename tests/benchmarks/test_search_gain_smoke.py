@@ -1,4 +1,4 @@
-"""benchmarks/search_gain.py runs end to end (``--quick``): a search per backend, both schedules on threads and on
+"""``benchmarks.search_gain`` runs end to end (``--quick``): a search per backend, both schedules on threads and on
 two processes, a JSON of the expected shape; no timing is asserted."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from gpipe.schedule import parse_schedule
 @pytest.mark.slow
 def test_search_gain_quick(run_benchmark: Callable[..., Any]) -> None:
     doc, out, stdout = run_benchmark("search_gain", "--quick", timeout=600)
-    assert doc["command"].endswith("search_gain.py --quick --out " + str(out))
+    assert doc["command"].endswith("-m benchmarks.search_gain --quick --out " + str(out))
     assert {"date", "machine", "threads", "workload", "search", "rows", "gains", "goals"} <= set(doc)
     assert doc["threads"]["intra_op_threads_per_worker"] == 1
     assert doc["workload"]["placement"] == [0, 1, 0, 1] and doc["workload"]["balance"] == [2, 1, 1, 2]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from sim.planning.ablation import PUBLISHED, STEPS, Skip, UNetSetup, portal_slack, run, simulate_step
-from sim.planning.ablation_counted import BALANCE, counted_costs, counted_unet, one_device_throughput, tuple_tensors
-from sim.planning.models.layers import Fork, OnFirst
-from sim.planning.models.unet import PopCat, unet
+from sim.ablation.counted import BALANCE, counted_costs, counted_unet, one_device_throughput, tuple_tensors
+from sim.ablation.study import PUBLISHED, STEPS, Skip, UNetSetup, portal_slack, run, simulate_step
+from sim.planning.counting.models.layers import Fork, OnFirst
+from sim.planning.counting.models.unet import PopCat, unet
 
 MB = 16  # samples per micro-batch: mini-batch 128 in 8 chunks
 

@@ -42,8 +42,8 @@ def test_saved_bytes_per_layer_are_korthikantis_plus_the_norms_statistics(cn: Mo
 def test_a_layers_forward_runs_four_ring_collectives(cn: ModuleType, t: int) -> None:
     """With sequence parallelism: two all-gathers and two reduce-scatters of ``2bsh`` bytes, each
     ``(t - 1)/t · bytes / bandwidth + (t - 1) · latency`` on its link."""
-    from sim.planning.collectives import reduce_scatter_seconds
-    from sim.planning.hardware import get_link
+    from sim.planning.hardware.catalog import get_link
+    from sim.planning.parallel.collectives import reduce_scatter_seconds
 
     s, h, _, _ = _shape(cn)
     message = 2 * s * h  # one sample, bf16
@@ -58,7 +58,7 @@ def test_a_layers_forward_runs_four_ring_collectives(cn: ModuleType, t: int) -> 
 
 @pytest.mark.slow
 def test_memory_falls_and_the_network_costs_time_as_the_page_says(cn: ModuleType) -> None:
-    from sim.planning.models.gpt import gpt_config
+    from sim.planning.counting.models.gpt import gpt_config
 
     sweep = cn.tensor_sweep()
     s, h, _, layers = _shape(cn)

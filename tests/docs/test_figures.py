@@ -106,7 +106,7 @@ def test_benchmark_results_render_as_tables(tmp_path: Path) -> None:
     assert "Command: `.venv/bin/python benchmarks/sim_speed.py`" in text
     assert "| m | n | tasks_per_s |" in text and "| 8 | 4 | 1.235e+04 |" in text
     assert "samples" not in text  # raw samples stay in the JSON
-    assert "No results yet" in out["bench_fidelity"] and "benchmarks/fidelity.py" in out["bench_fidelity"]
+    assert "No results yet" in out["bench_fidelity"] and "-m benchmarks.fidelity`" in out["bench_fidelity"]
 
 
 def test_notebook_pages_keep_text_and_code(tmp_path: Path) -> None:

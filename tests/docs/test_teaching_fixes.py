@@ -14,8 +14,8 @@ from sim.core.collectives import StageCollectives, Unit
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
-from sim.planning.collectives import allreduce_seconds
-from sim.planning.replicas import step_seconds
+from sim.planning.parallel.collectives import allreduce_seconds
+from sim.planning.parallel.replicas import step_seconds
 from tests.docs.test_figures import _load
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

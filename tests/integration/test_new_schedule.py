@@ -36,8 +36,8 @@ from sim.cli import main
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel
 from sim.core.engine import simulate
-from sim.planning.flops import count_layers
-from sim.planning.hardware import DeviceSpec
+from sim.planning.counting.flops import count_layers
+from sim.planning.hardware.catalog import DeviceSpec
 from sim.planning.plan import PlanRequest, plan
 from tests.gpipe.models import dropnet, mlp, skipnet
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from sim.cli import main
-from sim.planning.configurations import Configuration
-from sim.planning.models import get_model
+from sim.planning.counting.models import get_model
+from sim.planning.parallel.configurations import Configuration
 from sim.planning.plan import PlanRequest, plan
 from sim.planning.request import practice_checkpoints, practice_degrees
 from sim.planning.sweep import Sweep

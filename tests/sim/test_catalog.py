@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sim.cli import main
-from sim.planning.hardware import DEVICES, LINKS, DeviceSpec, get_device, get_link
+from sim.planning.hardware.catalog import DEVICES, LINKS, DeviceSpec, get_device, get_link
 from sim.planning.plan import resolve_link
 
 GB = 10**9

@@ -328,7 +328,7 @@ def calibration(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """``hardware --calibrate-cpu`` gets a catalog device at once; the list counts the calibrations."""
     from types import SimpleNamespace
 
-    from sim.planning.hardware import DEVICES
+    from sim.planning.hardware.catalog import DEVICES
 
     calls: list[int] = []
 
@@ -336,7 +336,7 @@ def calibration(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(threads)
         return SimpleNamespace(device=next(iter(DEVICES.values())), measurements=[])
 
-    monkeypatch.setattr("sim.planning.calibrate_device.calibrate_cpu", calibrate_cpu)
+    monkeypatch.setattr("sim.planning.costs.calibrate_device.calibrate_cpu", calibrate_cpu)
     return calls
 
 

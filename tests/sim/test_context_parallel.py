@@ -1,5 +1,5 @@
-"""Context parallelism (:mod:`sim.planning.context_parallel`): one rank's count, its key/value traffic in closed form,
-where its groups sit, and the planner's rows and refusals."""
+"""Context parallelism (:mod:`sim.planning.parallel.context_parallel`): one rank's count, its key/value traffic in
+closed form, where its groups sit, and the planner's rows and refusals."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import torch
 
 from sim.cli import main
 from sim.core.link import LinkSpec
-from sim.planning.cluster import Cluster
-from sim.planning.context_parallel import (
+from sim.planning.counting.counts import ModelProfile
+from sim.planning.counting.models import get_model
+from sim.planning.parallel.cluster import Cluster
+from sim.planning.parallel.context_parallel import (
     ContextParallel,
     attention_kernels,
     kv_bytes,
     split_sequence,
     traffic_bytes,
 )
-from sim.planning.counts import ModelProfile
-from sim.planning.models import get_model
 from sim.planning.plan import PlanRequest, plan
 
 SEQ, HEADS, KV_HEADS, HIDDEN = 64, 8, 2, 256
@@ -109,7 +109,7 @@ def test_all_gather_across_nodes_is_hierarchical_per_tensor() -> None:
 
 
 def test_groups_on_the_cluster() -> None:
-    """Ranks in the order tensor, context, pipeline, data (Note [layout] in sim.planning.cluster)."""
+    """Ranks in the order tensor, context, pipeline, data (Note [layout] in sim.planning.parallel.cluster)."""
     cluster = Cluster(LINK, 8, NIC)
     assert cluster.context_group(8, 16) == (1, 16)  # Llama 3: TP fills a node, one rank of a CP group per node
     assert cluster.context_group(2, 4) == (4, 1)

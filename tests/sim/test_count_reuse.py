@@ -1,5 +1,5 @@
-"""Counting a decoder's identical blocks once (Note [identical layers] in sim.planning.flops): the profile is the full
-count's, every table and byte equal, and only the layers whose inputs differ are run."""
+"""Counting a decoder's identical blocks once (Note [identical layers] in sim.planning.counting.flops): the profile is
+the full count's, every table and byte equal, and only the layers whose inputs differ are run."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from sim.planning import flops
-from sim.planning.counts import ModelProfile, OpTable
-from sim.planning.flops import count_layers
-from sim.planning.models import get_model
+from sim.planning.counting import flops
+from sim.planning.counting.counts import ModelProfile, OpTable
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.models import get_model
 
 GPT = "gpt:layers=4,hidden=128,heads=4,seq=32,vocab=100"
 LLAMA = "llama:layers=3,hidden=128,heads=8,kv-heads=2,ffn=256,seq=16,vocab=100"

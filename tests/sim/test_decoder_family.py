@@ -1,6 +1,7 @@
-"""One decoder, every family (sim.planning.models.decoder): Nemotron-4's published sizes, every option's parameters,
-the activation bytes a fused block keeps against Note [saved activations] in sim.planning.models.decoder_layers for
-each family, the spec's new keys and their refusals, and the options' modules on the CPU."""
+"""One decoder, every family (sim.planning.counting.models.decoder): Nemotron-4's published sizes, every option's
+parameters, the activation bytes a fused block keeps against Note [saved activations] in
+sim.planning.counting.models.decoder_layers for each family, the spec's new keys and their refusals, and the options'
+modules on the CPU."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ import torch
 from torch import nn
 
 from sim.cli import main
-from sim.planning.flops import count_layers
-from sim.planning.models import get_model
-from sim.planning.models.decoder import DecoderConfig
-from sim.planning.models.decoder_layers import decoder, token_ids
-from sim.planning.models.decoder_specs import parse
-from sim.planning.models.nemotron import CONFIGS as NEMOTRON
-from sim.planning.models.nemotron import NemotronConfig
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.models import get_model
+from sim.planning.counting.models.decoder import DecoderConfig
+from sim.planning.counting.models.decoder_layers import decoder, token_ids
+from sim.planning.counting.models.decoder_specs import parse
+from sim.planning.counting.models.nemotron import CONFIGS as NEMOTRON
+from sim.planning.counting.models.nemotron import NemotronConfig
 
 
 def _params(model: nn.Module) -> int:
@@ -82,7 +83,8 @@ def test_tied_embeddings_share_one_weight_that_the_counter_counts_once() -> None
     assert tied.count(torch.float32).parameters == _params(model)
 
 
-# -- what a fused block keeps (Note [saved activations] in sim.planning.models.decoder_layers) -----------------------
+# -- what a fused block keeps (Note [saved activations] in sim.planning.counting.models.decoder_layers)
+# -----------------------
 
 
 def _closed_form(cfg: DecoderConfig, b: int) -> float:

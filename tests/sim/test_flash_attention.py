@@ -1,5 +1,5 @@
 """FlashAttention (``attention=flash``, a spec's default; Note [flash attention] in
-sim.planning.models.decoder_layers and sim.planning.operators):
+sim.planning.counting.models.decoder_layers and sim.planning.counting.operators):
 the math attention's output and gradients, one kernel each way with the FLOPs it executes and no ``s × s`` tensor,
 and no ``s × s`` tensor kept.
 
@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.planning.counts import MATMUL, ModelProfile, OpTable
-from sim.planning.models import get_model
-from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
-from sim.planning.models.kernels import flash_attention
-from sim.planning.models.llama import LlamaConfig, llama, llama_sample
+from sim.planning.counting.counts import MATMUL, ModelProfile, OpTable
+from sim.planning.counting.models import get_model
+from sim.planning.counting.models.gpt import GPTConfig, gpt, gpt_sample
+from sim.planning.counting.models.kernels import flash_attention
+from sim.planning.counting.models.llama import LlamaConfig, llama, llama_sample
 from sim.planning.plan import PlanRequest, plan
 
 H, A, S, V = 256, 8, 128, 1000  # hidden, heads, tokens, vocabulary of the small GPT

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from sim.planning.costs_from_flops import FlopCosts
-from sim.planning.flops import count_layers
-from sim.planning.hardware import get_device
-from sim.planning.models.gpt import CONFIGS, GPTConfig, gpt, gpt_sample
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.models.gpt import CONFIGS, GPTConfig, gpt, gpt_sample
+from sim.planning.hardware.catalog import get_device
 
 
 def test_linear_forward_is_2_b_in_out_and_backward_twice_that() -> None:

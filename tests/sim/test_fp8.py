@@ -1,4 +1,5 @@
-"""FP8 training (Note [fp8 training] in sim.planning.fp8): model state, which kernels run in FP8, the casts, refusal."""
+"""FP8 training (Note [fp8 training] in sim.planning.counting.fp8): model state, which kernels run in FP8, the casts,
+refusal."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from torch import nn
 
 from sim.cli import main
 from sim.core.cost import StageCost
-from sim.planning.costs_from_flops import FlopCosts
-from sim.planning.counts import MATMUL, MEMORY_BOUND, ModelProfile
-from sim.planning.flops import count_layers
-from sim.planning.fp8 import CAST_BYTES_PER_ELEMENT, fp8_tables
-from sim.planning.hardware import get_device
-from sim.planning.training import training_policy
-from sim.planning.zero import sharded_state
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.counts import MATMUL, MEMORY_BOUND, ModelProfile
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.fp8 import CAST_BYTES_PER_ELEMENT, fp8_tables
+from sim.planning.counting.training import training_policy
+from sim.planning.hardware.catalog import get_device
+from sim.planning.parallel.zero import sharded_state
 
 WIDTH, TOKENS = 2048, 256  # a Linear of WIDTH x WIDTH over (batch, TOKENS, WIDTH)
 

@@ -1,12 +1,12 @@
-"""The fused kernels, a spec's default (Note [spec defaults] in sim.planning.models).
+"""The fused kernels, a spec's default (Note [spec defaults] in sim.planning.counting.models).
 
-Megatron-LM's for gpt (Note [fused kernels] in sim.planning.models.decoder_layers): each counted as one kernel with
-the bytes it reads and writes, gradients that are the math form's, and a block with the eager one's FLOPs and saved
+Megatron-LM's for gpt (Note [fused kernels] in sim.planning.counting.models.decoder_layers): each counted as one kernel
+with the bytes it reads and writes, gradients that are the math form's, and a block with the eager one's FLOPs and saved
 activations (Korthikanti et al.'s ``s·b·h·(34 + 5·a·s/h)`` in 16 bits, plus the LayerNorms' fp32 statistics, 16·s·b)
 that moves fewer bytes in fewer kernels. Megatron-Core's and TransformerEngine's for llama (the same Note): RMSNorm,
 SwiGLU and RoPE one kernel each way, the eager model's outputs and gradients.
 And what a default block keeps, with FlashAttention, against each family's closed form (Note [saved activations] in
-sim.planning.models.gpt and sim.planning.models.llama)."""
+sim.planning.counting.models.gpt and sim.planning.counting.models.llama)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import pytest
 import torch
 from torch import nn
 
-from sim.planning.counts import MEMORY_BOUND, VECTOR_MATH, ModelProfile
-from sim.planning.flops import count_layers
-from sim.planning.models import get_model
-from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
-from sim.planning.models.kernels import bias_dropout_add, bias_gelu, causal_softmax, rms_norm, rope, swiglu
-from sim.planning.models.llama import LlamaConfig, llama, llama_sample
-from sim.planning.recompute import core_table
+from sim.planning.counting.counts import MEMORY_BOUND, VECTOR_MATH, ModelProfile
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.models import get_model
+from sim.planning.counting.models.gpt import GPTConfig, gpt, gpt_sample
+from sim.planning.counting.models.kernels import bias_dropout_add, bias_gelu, causal_softmax, rms_norm, rope, swiglu
+from sim.planning.counting.models.llama import LlamaConfig, llama, llama_sample
+from sim.planning.parallel.recompute import core_table
 
 H, A, S, V = 256, 8, 128, 1000
 SPEC = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V}"
@@ -269,8 +269,8 @@ def test_the_fused_llama_block_has_the_eager_blocks_flops_in_fewer_kernels(t: in
 @pytest.mark.parametrize(("t", "sp"), [(1, False), (2, False), (4, False), (2, True), (4, True)])
 @pytest.mark.parametrize("b", [2, 3])
 def test_a_default_gpt_block_keeps_the_closed_form(t: int, sp: bool, b: int) -> None:
-    """Note [saved activations] in sim.planning.models.gpt: ``s·b·h·(10 + 24/t) + 4·a·s·b/t + 16·s·b + 16``, every
-    term but the seed over ``t`` with sequence parallelism."""
+    """Note [saved activations] in sim.planning.counting.models.gpt: ``s·b·h·(10 + 24/t) + 4·a·s·b/t + 16·s·b + 16``,
+    every term but the seed over ``t`` with sequence parallelism."""
     block = _profile("", t, sp).at(b)[1]
     if sp:
         formula = (S * b * H * 34 + 4 * A * S * b + 16 * S * b) / t + 16
@@ -282,8 +282,9 @@ def test_a_default_gpt_block_keeps_the_closed_form(t: int, sp: bool, b: int) -> 
 @pytest.mark.parametrize(("t", "sp"), [(1, False), (2, False), (2, True)])
 @pytest.mark.parametrize("b", [2, 3])
 def test_a_default_llama_block_keeps_the_closed_form(t: int, sp: bool, b: int) -> None:
-    """Note [saved activations] in sim.planning.models.llama: ``s·b·h·(8 + (4 + 4·K/a)/t) + 6·s·b·F/t + 4·a·s·b/t +
-    8·s·b``, all of it over ``t`` with sequence parallelism; the K and V heads a fraction K/a of the queries."""
+    """Note [saved activations] in sim.planning.counting.models.llama: ``s·b·h·(8 + (4 + 4·K/a)/t) + 6·s·b·F/t +
+    4·a·s·b/t + 8·s·b``, all of it over ``t`` with sequence parallelism; the K and V heads a fraction K/a of the
+    queries."""
     block = _profile("", t, sp, LLAMA).at(b)[1]
     s, h = LS * b, LH  # s·b and h
     if sp:

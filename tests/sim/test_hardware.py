@@ -7,7 +7,7 @@ import math
 import pytest
 
 from sim.core.link import LinkSpec
-from sim.planning.hardware import DEVICES, LINKS, DeviceSpec, get_device, get_link
+from sim.planning.hardware.catalog import DEVICES, LINKS, DeviceSpec, get_device, get_link
 
 GB = 1e9
 GiB = 2**30

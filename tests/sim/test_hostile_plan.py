@@ -12,10 +12,9 @@ import torch
 
 from gpipe.interpreter.affinity import available_cores
 from sim.cli import main
-from sim.planning.calibrate_device import check_threads
-from sim.planning.hardware import DEVICES, MAX_FILE_BYTES
-from sim.planning.models import get_model
-from sim.planning.models.limits import (
+from sim.planning.costs.calibrate_device import check_threads
+from sim.planning.counting.models import get_model
+from sim.planning.counting.models.limits import (
     AMOEBANET_FILTERS,
     AMOEBANET_LAYERS,
     DECODER_LAYERS,
@@ -26,6 +25,7 @@ from sim.planning.models.limits import (
     UNET_CHANNELS,
     VOCAB,
 )
+from sim.planning.hardware.catalog import DEVICES, MAX_FILE_BYTES
 from sim.planning.request import shard_keys
 
 SMALL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
@@ -42,8 +42,8 @@ def no_count(monkeypatch: pytest.MonkeyPatch) -> None:
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError("the count started")
 
-    monkeypatch.setattr("sim.planning.models.ModelSpec.module", started)
-    monkeypatch.setattr("sim.planning.models.count_layers", started)
+    monkeypatch.setattr("sim.planning.counting.models.ModelSpec.module", started)
+    monkeypatch.setattr("sim.planning.counting.models.count_layers", started)
     monkeypatch.setattr("sim.cli.plan.count_layers", started)
 
 
@@ -56,7 +56,8 @@ def _one_line(capsys: pytest.CaptureFixture[str], code: int, *needles: str) -> s
     return out.err
 
 
-# -- sizes past the caps (Note [size caps] in sim.planning.models.limits) -------------------------------------------
+# -- sizes past the caps (Note [size caps] in sim.planning.counting.models.limits)
+# -------------------------------------------
 
 @pytest.mark.parametrize(("model", "needles"), [
     ("gpt:layers=1000000000,hidden=768,heads=12,seq=512,vocab=1000",
@@ -213,7 +214,7 @@ def test_more_threads_than_cores_is_refused_before_calibrating(capsys: pytest.Ca
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError("the calibration started")
 
-    monkeypatch.setattr("sim.planning.calibrate_device._measure", started)
+    monkeypatch.setattr("sim.planning.costs.calibrate_device._measure", started)
     out = tmp_path / "cpu.json"
     code = main(["hardware", "--calibrate-cpu", "--threads", str(threads), "--out", str(out)])
     _one_line(capsys, code, "--threads", f"from 1 to {len(available_cores())}")

@@ -18,7 +18,7 @@ from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, Checkpoint, Op, Schedule
 from sim.core.cost import StageCost
 from sim.core.memory import Memory
 from sim.core.tables import OPCODE, OPS
-from sim.planning.memory import MemoryParts, copy_stream_bytes, device_memory, round_block, round_segment
+from sim.planning.parallel.memory import MemoryParts, copy_stream_bytes, device_memory, round_block, round_segment
 
 
 def _task_by_task(schedule: Schedule, stages: Sequence[StageCost], working: Sequence[int], workspace: int,

@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from sim.cli import main
-from sim.planning.flops import count_layers
-from sim.planning.models import get_model
-from sim.planning.models.decoder_layers import _rope_tables, _rotate
-from sim.planning.models.gpt import CONFIGS, Block, GPTConfig, gpt
-from sim.planning.models.llama import CONFIGS as LLAMA
-from sim.planning.models.llama import LlamaConfig, llama, llama_sample
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.models import get_model
+from sim.planning.counting.models.decoder_layers import _rope_tables, _rotate
+from sim.planning.counting.models.gpt import CONFIGS, Block, GPTConfig, gpt
+from sim.planning.counting.models.llama import CONFIGS as LLAMA
+from sim.planning.counting.models.llama import LlamaConfig, llama, llama_sample
 
 
 def _params(model: nn.Module) -> int:

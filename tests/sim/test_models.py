@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from sim.planning.flops import count_layers
-from sim.planning.models import KNOWN, get_model
-from sim.planning.models.amoebanet import amoebanet
-from sim.planning.models.gpt import CONFIGS, GPTConfig, gpt, gpt_sample
-from sim.planning.models.resnet import resnet
-from sim.planning.models.unet import unet
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.models import KNOWN, get_model
+from sim.planning.counting.models.amoebanet import amoebanet
+from sim.planning.counting.models.gpt import CONFIGS, GPTConfig, gpt, gpt_sample
+from sim.planning.counting.models.resnet import resnet
+from sim.planning.counting.models.unet import unet
 
 TORCHGPIPE_BALANCES = [(370,), (135, 235), (44, 92, 124, 110), (26, 22, 33, 44, 44, 66, 66, 69)]
 

@@ -14,12 +14,12 @@ from torch import nn
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
 from sim.cli import main
-from sim.planning.costs_from_flops import FlopCosts, effective_efficiency
-from sim.planning.flops import ModelProfile, count_layers
-from sim.planning.hardware import DeviceSpec, get_device, get_link
-from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
+from sim.planning.costs.from_flops import FlopCosts, effective_efficiency
+from sim.planning.counting.flops import ModelProfile, count_layers
+from sim.planning.counting.models.gpt import GPTConfig, gpt, gpt_sample
+from sim.planning.counting.training import TRAINING, training_policy
+from sim.planning.hardware.catalog import DeviceSpec, get_device, get_link
 from sim.planning.plan import PlanRequest, block_partition, default_training, plan, resolve_link
-from sim.planning.training import TRAINING, training_policy
 
 MiB = 2**20
 
@@ -244,16 +244,10 @@ def test_cli_bad_input_is_one_line_exit_2(args: list[str], message: str, capsys:
 
 
 @pytest.mark.slow
-def test_torchgpipe_resnet101_speedups_within_10_percent(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torchgpipe_resnet101_speedups_within_10_percent() -> None:
     """benchmarks/published.py: one efficiency calibrated on the baseline, every speed-up predicted."""
-    import importlib.util
+    from benchmarks import published
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "published.py"
-    monkeypatch.syspath_prepend(str(path.parent))  # its own imports (_shared), whichever test ran first
-    spec = importlib.util.spec_from_file_location("published", path)
-    assert spec is not None and spec.loader is not None
-    published = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(published)
     table = published.resnet_table()
     assert table["calibrated_efficiency"] == 0.859  # the catalog P40, set once (Note [roofline sources])
     for row in table["rows"]:

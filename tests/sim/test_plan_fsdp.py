@@ -1,5 +1,5 @@
 """Sharded data parallelism in the planner as it runs: FSDP's resharding switch, hybrid sharding, and the collectives
-as tasks on the predicted timeline (sim.planning.zero, sim.core.collectives)."""
+as tasks on the predicted timeline (sim.planning.parallel.zero, sim.core.collectives)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from gpipe.schedule.timeline import COLLECTIVE
 from sim.cli import main
-from sim.planning.models import get_model
+from sim.planning.counting.models import get_model
 from sim.planning.plan import PlanRequest, plan, row_timeline
 from sim.planning.rows import Plan, PlanRow
 

@@ -1,6 +1,6 @@
 """torchgpipe's copy streams and accumulated weight gradients in the planner's memory, in closed form.
 
-Note [a copy stream per micro-batch] and Note [accumulated weight gradients] in :mod:`sim.planning.memory`.
+Note [a copy stream per micro-batch] and Note [accumulated weight gradients] in :mod:`sim.planning.parallel.memory`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from torch import nn
 
 from gpipe.schedule import gpipe
 from sim.core.cost import StageCost
-from sim.planning.flops import count_layers
-from sim.planning.memory import (
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.models.unet import unet, unet_sample
+from sim.planning.parallel.memory import (
     SEGMENT_BYTES,
     copy_stream_bytes,
     device_memory,
@@ -22,7 +23,6 @@ from sim.planning.memory import (
     round_segment,
     stage_backward_working_bytes,
 )
-from sim.planning.models.unet import unet, unet_sample
 from sim.planning.plan import PlanRequest, plan
 
 MiB = 2**20

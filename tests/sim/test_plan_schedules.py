@@ -27,10 +27,10 @@ from torch import nn
 from gpipe.schedule import Checkpoint, Op, Schedule, Task, gpipe, looped, register, unregister
 from sim.cli import main
 from sim.core.link import LinkSpec
-from sim.planning.costs_from_flops import FlopCosts
-from sim.planning.flops import ModelProfile, count_layers
-from sim.planning.hardware import DeviceSpec
-from sim.planning.memory import SEGMENT_BYTES
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.flops import ModelProfile, count_layers
+from sim.planning.hardware.catalog import DeviceSpec
+from sim.planning.parallel.memory import SEGMENT_BYTES
 from sim.planning.plan import PlanRequest, PlanRow, plan
 
 LOOPED, VEE, SPLIT, EVEN = "looped-plan", "vee-plan", "split-plan", "even-chunks-plan"
@@ -124,7 +124,7 @@ def test_split_stage_costs(profile: ModelProfile) -> None:
         assert w.weight == 0 and s.weight > matmul
         assert s.backward + s.weight == pytest.approx(w.backward, rel=1e-12)
     by_hand = ModelProfile(tuple(dataclasses.replace(x, input_backward=None) for x in profile.layers), profile.dtype)
-    with pytest.raises(ValueError, match="count the model with sim.planning.flops.count_layers"):
+    with pytest.raises(ValueError, match="count the model with sim.planning.counting.flops.count_layers"):
         FlopCosts(by_hand, DEVICE, "fp32-adam").stages((9,), 1, split=True)
 
 
@@ -204,7 +204,8 @@ def test_memory_per_device_follows_the_schedule(profile: ModelProfile) -> None:
             if name in ("gpipe", "1f1b"):  # the peak: a backward, all gradients allocated
                 assert part.task.startswith("B") and part.model_state == row.model_state_bytes[d]
                 # the first with every saved byte held, or (Note [accumulated weight gradients] in
-                # sim.planning.memory) a later one whose new weight gradient outweighs the activation freed since
+                # sim.planning.parallel.memory) a later one whose new weight gradient outweighs the activation freed
+                # since
                 assert part.saved == row.activation_bytes[d] or (part.saved < row.activation_bytes[d] and
                                                                  part.working > part.saved)
     raw = {k: [p.total - p.rounding for p in r.memory_parts] for k, r in rows.items()}

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sim.cli.plan import load_model
-from sim.planning.configurations import Configuration, make_schedule
-from sim.planning.flops import count_layers
+from sim.planning.counting.flops import count_layers
+from sim.planning.parallel.configurations import Configuration, make_schedule
 from sim.planning.plan import PlanRequest, plan
 
 _, MODEL, SAMPLE = load_model("gpt:layers=6,hidden=256,heads=4,seq=128,vocab=50000")

@@ -13,15 +13,15 @@ import torch
 
 from sim.cli import main
 from sim.core.cost import StageCost
-from sim.planning.cluster import Cluster
-from sim.planning.counts import ModelProfile
-from sim.planning.hardware import get_device, get_link
-from sim.planning.memory import round_block
-from sim.planning.models import get_model
+from sim.planning.counting.counts import ModelProfile
+from sim.planning.counting.models import get_model
+from sim.planning.counting.training import training_policy
+from sim.planning.hardware.catalog import get_device, get_link
+from sim.planning.parallel.cluster import Cluster
+from sim.planning.parallel.memory import round_block
+from sim.planning.parallel.zero import sharded_state
 from sim.planning.plan import PlanRequest, plan
 from sim.planning.rows import Plan, PlanRow
-from sim.planning.training import training_policy
-from sim.planning.zero import sharded_state
 
 SMALL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
 TRAINING = "fp16-adam"

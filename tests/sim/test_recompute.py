@@ -15,13 +15,13 @@ import torch
 
 from sim.cli import main
 from sim.core.link import LinkSpec
-from sim.planning.costs_from_flops import FlopCosts
-from sim.planning.counts import ModelProfile
-from sim.planning.flops import count_layers
-from sim.planning.hardware import get_device
-from sim.planning.models import get_model
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.counts import ModelProfile
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.models import get_model
+from sim.planning.hardware.catalog import get_device
+from sim.planning.parallel.recompute import core_table, schedule_checkpoint
 from sim.planning.plan import PlanRequest, plan
-from sim.planning.recompute import core_table, schedule_checkpoint
 
 H, A, S, V = 256, 8, 128, 1000
 SMALL = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V},attention=math"  # Korthikanti et al.'s attention

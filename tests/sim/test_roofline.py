@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from sim.planning.costs_from_flops import FlopCosts
-from sim.planning.counts import CONVOLUTION, MATMUL, MEMORY_BOUND
-from sim.planning.flops import UnknownOperatorError, count_layers
-from sim.planning.hardware import DeviceSpec, get_device, load_device
-from sim.planning.roofline import MissingDeviceParameterError, Roofline, shape_factor
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.counts import CONVOLUTION, MATMUL, MEMORY_BOUND
+from sim.planning.counting.flops import UnknownOperatorError, count_layers
+from sim.planning.hardware.catalog import DeviceSpec, get_device, load_device
+from sim.planning.hardware.roofline import MissingDeviceParameterError, Roofline, shape_factor
 
 ROOF = Roofline({"fp32": 0.5}, {"fp32": 0.25}, memory=0.5, kernel_seconds=1e-6, half_dim=16.0,
                 convolution_backward={"fp32": 0.125}, vector_math=0.25)

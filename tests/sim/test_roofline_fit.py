@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from sim.planning.costs_from_flops import FlopCosts
-from sim.planning.counts import CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
-from sim.planning.flops import count_layers
-from sim.planning.hardware import DEVICES, DeviceSpec
-from sim.planning.roofline import MissingDeviceParameterError, Roofline, shape_factor
-from sim.planning.roofline_fit import Fit, Timed, fit_roofline, predict_seconds
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.costs.roofline_fit import Fit, Timed, fit_roofline, predict_seconds
+from sim.planning.counting.counts import CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
+from sim.planning.counting.flops import count_layers
+from sim.planning.hardware.catalog import DEVICES, DeviceSpec
+from sim.planning.hardware.roofline import MissingDeviceParameterError, Roofline, shape_factor
 
 ROOF = Roofline({"fp32": 0.5}, {"fp32": 0.25}, memory=0.5, kernel_seconds=1e-6, half_dim=16.0,
                 convolution_backward={"fp32": 0.125}, vector_math=0.25)
@@ -147,7 +147,7 @@ def test_catalog_gpus_price_backward_and_vector_math_as_before() -> None:
 
 
 def test_calibration_calls_count_as_the_class_they_fit() -> None:
-    from sim.planning.calibrate_device import CONVOLUTIONS, GEMMS, _conv_calls, _count, _gemm, _memory_calls
+    from sim.planning.costs.calibrate_device import CONVOLUTIONS, GEMMS, _conv_calls, _count, _gemm, _memory_calls
 
     vector = {"gelu", "gelu backward", "softmax", "softmax backward", "layer norm", "layer norm backward",
               "batch norm", "batch norm backward", "max pool", "max pool backward"}

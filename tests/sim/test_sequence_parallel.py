@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from sim.core.link import LinkSpec
-from sim.planning.collectives import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
-from sim.planning.costs_from_flops import FlopCosts
-from sim.planning.counts import ALL_GATHER, ALL_REDUCE, COLLECTIVE, REDUCE_SCATTER, ModelProfile, OpTable
-from sim.planning.hardware import get_device
-from sim.planning.models import get_model
-from sim.planning.models.gpt import GPTConfig, gpt
-from sim.planning.recompute import core_table
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.counts import ALL_GATHER, ALL_REDUCE, COLLECTIVE, REDUCE_SCATTER, ModelProfile, OpTable
+from sim.planning.counting.models import get_model
+from sim.planning.counting.models.gpt import GPTConfig, gpt
+from sim.planning.hardware.catalog import get_device
+from sim.planning.parallel.collectives import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
+from sim.planning.parallel.recompute import core_table
 
 H, A, S, V = 256, 8, 128, 1000  # hidden, heads, tokens, vocabulary of the small GPT
 SMALL = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V},attention=math"  # Korthikanti et al.'s attention

@@ -1,4 +1,4 @@
-"""The split backward's host work in the planner (Note [split overhead] in sim.planning.roofline): a device's
+"""The split backward's host work in the planner (Note [split overhead] in sim.planning.hardware.roofline): a device's
 seconds per parameter tensor reach B and W of a counted model exactly, survive JSON, and are measured on the
 executor's own split."""
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from sim.planning.calibrate_split import LAYERS, measure_split, with_split_overhead
-from sim.planning.costs_from_flops import FlopCosts
-from sim.planning.flops import count_layers
-from sim.planning.hardware import DeviceSpec
-from sim.planning.roofline import Roofline
+from sim.planning.costs.calibrate_split import LAYERS, measure_split, with_split_overhead
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.flops import count_layers
+from sim.planning.hardware.catalog import DeviceSpec
+from sim.planning.hardware.roofline import Roofline
 
 ROOF = Roofline({"fp32": 0.5}, {"fp32": 0.25}, memory=0.5, kernel_seconds=1e-6, half_dim=16.0, vector_math=0.25)
 DEVICE = DeviceSpec("toy", {"fp32": 1e12}, 1e11, 2**30, roofline=ROOF)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from sim.cli import main
-from sim.planning.configurations import Configuration, configurations
-from sim.planning.models import ModelSpec, get_model
+from sim.planning.counting.models import ModelSpec, get_model
+from sim.planning.parallel.configurations import Configuration, configurations
 from sim.planning.request import PlanRequest
 from sim.planning.sweep_size import (
     BOUNDED_SHARE,

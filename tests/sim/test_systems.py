@@ -1,5 +1,5 @@
-"""Whole systems in the catalog (sim.planning.systems) and ``gpipe-sim plan --system``: a GB200 NVL72 is one NVLink
-domain of 72 GPUs, and a flag given explicitly wins over the system's (Note [a system's flags])."""
+"""Whole systems in the catalog (sim.planning.hardware.systems) and ``gpipe-sim plan --system``: a GB200 NVL72 is one
+NVLink domain of 72 GPUs, and a flag given explicitly wins over the system's (Note [a system's flags])."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from sim.cli import CommandError, build_parser, main
 from sim.cli.plan_defaults import layout, system
-from sim.planning.cluster import Cluster
-from sim.planning.hardware import get_link
-from sim.planning.systems import SYSTEMS, System, get_system
+from sim.planning.hardware.catalog import get_link
+from sim.planning.hardware.systems import SYSTEMS, System, get_system
+from sim.planning.parallel.cluster import Cluster
 
 TINY = "gpt:layers=2,hidden=576,heads=72,seq=144,vocab=512"  # 72 heads and 144 tokens: every t of a 72-GPU domain
 

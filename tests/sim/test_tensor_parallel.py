@@ -15,16 +15,16 @@ import torch
 
 from sim.cli import main
 from sim.core.link import LinkSpec
-from sim.planning.collectives import allreduce_seconds
-from sim.planning.costs_from_flops import FlopCosts
-from sim.planning.counts import COLLECTIVE, MATMUL, ModelProfile, OpTable
-from sim.planning.flops import count_layers
-from sim.planning.hardware import get_device
-from sim.planning.models import get_model
-from sim.planning.models.gpt import GPTConfig, gpt, gpt_sample
-from sim.planning.models.llama import LlamaConfig, llama, llama_sample
+from sim.planning.costs.from_flops import FlopCosts
+from sim.planning.counting.counts import COLLECTIVE, MATMUL, ModelProfile, OpTable
+from sim.planning.counting.flops import count_layers
+from sim.planning.counting.models import get_model
+from sim.planning.counting.models.gpt import GPTConfig, gpt, gpt_sample
+from sim.planning.counting.models.llama import LlamaConfig, llama, llama_sample
+from sim.planning.hardware.catalog import get_device
+from sim.planning.hardware.roofline import shape_factor
+from sim.planning.parallel.collectives import allreduce_seconds
 from sim.planning.plan import PlanRequest, check_tensor_parallel, plan
-from sim.planning.roofline import shape_factor
 
 H, A, S, V = 256, 8, 128, 1000  # hidden, heads, tokens, vocabulary of the small GPT
 SMALL = f"gpt:layers=2,hidden={H},heads={A},seq={S},vocab={V}"

@@ -23,8 +23,9 @@ from sim.core.device import device
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
 from sim.core.run import Run
-from sim.planning.cluster import Cluster
-from sim.planning.collectives import (
+from sim.planning.counting.training import TRAINING, Training, training_policy
+from sim.planning.parallel.cluster import Cluster
+from sim.planning.parallel.collectives import (
     allgather_seconds,
     allreduce_seconds,
     hierarchical_allgather_seconds,
@@ -32,9 +33,8 @@ from sim.planning.collectives import (
     hierarchical_reduce_scatter_seconds,
     reduce_scatter_seconds,
 )
-from sim.planning.replicas import step_seconds
-from sim.planning.training import TRAINING, Training, training_policy
-from sim.planning.zero import (
+from sim.planning.parallel.replicas import step_seconds
+from sim.planning.parallel.zero import (
     ZERO_STAGES,
     Kind,
     ModelState,
