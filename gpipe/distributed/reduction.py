@@ -40,7 +40,7 @@ from gpipe.schedule import Schedule, Task
 from gpipe.schedule.size import format_bytes
 from gpipe.schedule.timeline import COLLECTIVE
 
-__all__ = ["DDP_BUCKET_BYTES", "Bucket", "Reduction", "buckets"]
+__all__ = ["DDP_BUCKET_BYTES", "Bucket", "Reduction", "buckets", "stage_buckets"]
 
 #: ``DistributedDataParallel``'s ``bucket_cap_mb`` default, 25 MiB (torch.nn.parallel.DistributedDataParallel).
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -72,6 +72,12 @@ def buckets(stage: int, params: list[nn.Parameter], cap_bytes: int) -> list[Buck
         filled[-1].append(p)
         held += size
     return [Bucket(stage, len(filled) - 1 - k, tuple(ps)) for k, ps in enumerate(filled)]
+
+
+def stage_buckets(stage: int, partition: nn.Module, cap_bytes: int) -> list[Bucket]:
+    """:func:`buckets` of ``partition``'s parameters that require grad: what the executor reduces for stage
+    ``stage``, and what the simulator predicts it reduces (:mod:`sim.calibration.replicas`)."""
+    return buckets(stage, [p for p in partition.parameters() if p.requires_grad], cap_bytes)
 
 
 @dataclass

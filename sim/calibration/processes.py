@@ -6,7 +6,9 @@ else, Note [loopback only] in :mod:`gpipe.distributed.loopback`; no torchrun). T
 them by a short ping-pong (:func:`measure_link`) and train with :class:`gpipe.distributed.DistributedGPipe`, each
 recorded step gathered to rank 0 on one clock (Note [one time base] in :mod:`gpipe.distributed.clock`); after
 every step each rank profiles its own stages (Note [calibrated in the ranks]). The simulator predicts the same
-schedule from those seconds and the link; the step of median makespan is compared with it.
+schedule from those seconds and the link; the step of median makespan is compared with it. With ``replicas=R``
+the world is ``N * R`` ranks, ``R`` pipelines of ``N`` whose stages' gradients are all-reduced, and the prediction
+holds those all-reduces (:mod:`sim.calibration.replicas`).
 
 Note [what the prediction models]: each task's seconds as the ranks run them (their processes computing at once,
 the recorder's hooks), and every copy as a ping-pong timed while the ranks compute prices it (Note [a busy
@@ -30,7 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -38,10 +40,12 @@ from torch import Tensor, nn
 
 from gpipe import microbatch
 from gpipe.distributed.loopback import free_port, init_loopback_group
+from gpipe.distributed.reduction import DDP_BUCKET_BYTES
 from gpipe.frontend import Arguments, rank_counts
 from gpipe.profiling.profile import RecordedSeconds
 from gpipe.schedule import Schedule, schedule_kind
 from gpipe.schedule.timeline import Timeline
+from sim.calibration import replicas as data_parallel
 from sim.calibration.calibrate import partitions_of
 from sim.calibration.compare import Comparison, compare
 from sim.calibration.executor_costs import Batch, stage_costs
@@ -66,7 +70,8 @@ Build = Callable[[], tuple[nn.Sequential, Batch]]
 
 @dataclass(frozen=True)
 class ProcessOutcome:
-    """What :func:`run_processes` found: the schedule, the link, both timelines and their comparison."""
+    """What :func:`run_processes` found: the schedule, the link, both timelines and their comparison; with
+    replicas, the dp group's all-reduce and its collectives compared (``processes``: the ranks of one pipeline)."""
 
     processes: int
     schedule: Schedule
@@ -80,6 +85,9 @@ class ProcessOutcome:
     comparison: Comparison
     description: str = ""
     passes: tuple[tuple[RecordedSeconds, ...], ...] = field(default=(), repr=False, compare=False)
+    replication: data_parallel.Replication = data_parallel.ONE_PIPELINE
+    allreduce: LinkSpec | None = None  # one step of the dp group's ring all-reduce (Note [an all-reduce's price])
+    collectives: tuple[data_parallel.CollectiveComparison, ...] = ()
 
     @functools.cached_property
     def step_predictions(self) -> tuple[float, ...]:
@@ -108,7 +116,10 @@ class ProcessOutcome:
                 "makespan_error": c.makespan_error, "order_agreement": c.order_agreement,
                 "step_makespans": list(self.step_makespans), "step_predictions": list(self.step_predictions),
                 "paired_error": self.paired_error, "drift": self.drift, "chosen_step": self.chosen_step,
-                "comparison": c.to_dict()}
+                "comparison": c.to_dict(), "replicas": self.replication.replicas,
+                "bucket_bytes": self.replication.bucket_bytes,
+                "allreduce": None if self.allreduce is None else self.allreduce.to_dict(),
+                "collectives": [row.to_dict() for row in self.collectives]}
 
 
 # Note [a busy link]: during a step every rank computes while its messages move, and on a CPU gloo's threads then
@@ -183,14 +194,16 @@ def process_config(link: LinkSpec) -> SimConfig:
     return SimConfig(link=link, copy_streams=True, overlap_pairs=False)
 
 
-def _probe_gap(setup: Setup, n: int, rank: int, rows: int, steps: int = 6) -> float:
+def _probe_gap(setup: Setup, n: int, rows: int, replicas: int, steps: int = 6) -> float:
     """Note [gap between tasks]: a probe pipeline of ``n`` one-Linear stages with ``setup``'s schedule, chunks and
-    checkpoint, ``steps`` recorded steps after two others; every rank calls it, rank 0 returns the median gap (the
-    others 0)."""
+    checkpoint, in ``replicas`` replicas, ``steps`` recorded steps after two others; every rank calls it, rank 0
+    returns the median gap (the others 0)."""
     from gpipe.distributed import DistributedGPipe
 
     probe = DistributedGPipe(nn.Sequential(*[nn.Linear(4, 4) for _ in range(n)]), [1] * n, chunks=setup.chunks,
-                             checkpoint=setup.checkpoint, schedule=setup.schedule, timeout=120)
+                             checkpoint=setup.checkpoint, schedule=setup.schedule, timeout=120,
+                             data_parallel=replicas)
+    rank = probe.rank  # this replica's schedule device
     x, target = torch.randn(rows, 4), torch.zeros(rows)
     gaps: list[float] = []
     for k in range(2 + steps):
@@ -206,15 +219,30 @@ def _loss(output: Batch, _target: Tensor) -> Tensor:
     return loss_of(output)
 
 
+@dataclass(frozen=True)
+class _Found:
+    """What rank 0 sends the launcher: the link, the steps, every rank's passes, the gap, a message's price, the dp
+    group's all-reduce (with replicas) and each replica's world ranks by schedule device."""
+
+    link: LinkSpec
+    steps: list[dict[str, Any]]
+    gathered: list[list[RankPass]]
+    gap: float
+    price: MessageCpu
+    allreduce: LinkSpec | None
+    pipelines: list[list[int]]
+
+
 # Note [calibrated in the ranks]: a task's seconds depend on where it runs: in a rank, beside the other ranks
 # computing on the same cores and gloo's threads, a task takes longer than its stage profiled in the launcher
 # alone. So, as the single-process experiment interleaves its passes (Note [interleaved calibration] in
 # sim.calibration.experiment), every rank profiles its own stages after every step, warm-ups included, all ranks
 # at once (a barrier first), as their stages run at once in a step; rank 0 gathers the passes and the stage
-# seconds are their medians (Note [median pass] in sim.calibration.outcome). The prediction uses nothing the
-# steps measured.
+# seconds are their medians (Note [median pass] in sim.calibration.outcome), replica 0's where there are several.
+# The prediction uses nothing the steps measured. On loopback every pair of ranks shares one link, so world ranks 0
+# and 1 time it (and a message's CPU), whichever mesh coordinates they hold.
 def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance: tuple[int, ...],
-          sizes: tuple[int, ...], results: Any) -> None:
+          sizes: tuple[int, ...], replication: data_parallel.Replication, results: Any) -> None:
     """One spawned rank: time the link (rank 0 and 1), train, and after each step profile its own stages (Note
     [calibrated in the ranks]); rank 0 gets every recorded step and every rank's passes."""
     from gpipe.distributed import DistributedGPipe
@@ -230,9 +258,13 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         target = torch.zeros(tensors[0].shape[0])
         link = measure_link(dist.group.WORLD, rank, rounds=20, busy=True)  # Note [a busy link]
         price = measure_message_cpu(dist.group.WORLD, rank, sizes)  # Note [a message's CPU]
-        gap = _probe_gap(setup, len(balance), rank, tensors[0].shape[0])  # Note [gap between tasks]
+        gap = _probe_gap(setup, len(balance), tensors[0].shape[0], replication.replicas)  # Note [gap between tasks]
         pipe = DistributedGPipe(model, list(balance), chunks=setup.chunks, checkpoint=setup.checkpoint,
-                                schedule=setup.schedule, timeout=120)
+                                schedule=setup.schedule, timeout=120, data_parallel=replication.replicas,
+                                bucket_bytes=replication.bucket_bytes)
+        mesh = pipe.replicas
+        # Note [an all-reduce's price] in sim.calibration.replicas
+        allreduce = None if mesh is None else data_parallel.measure_allreduce(mesh.group, mesh.dp)
         first, last = pipe.placement[0], pipe.placement[-1]
         parts = partitions_of(model, balance)
         rows = microbatch.sizes(tensors[0].shape[0], setup.chunks)[0]
@@ -242,7 +274,7 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         steps, passes = [], []
         for k in range(setup.warmup_steps + setup.steps):
             pipe.record = k >= setup.warmup_steps
-            pipe.step(batch if rank == first else None, target if rank == last else None, _loss)
+            pipe.step(batch if pipe.rank == first else None, target if pipe.rank == last else None, _loss)
             for p in pipe.parameters():
                 p.grad = None
             if pipe.record:
@@ -255,28 +287,36 @@ def _rank(rank: int, world: int, port: int, build: Build, setup: Setup, balance:
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(passes, gathered, dst=0)
         if rank == 0:
-            results.put(("ok", link, steps, gathered, gap, price))
+            assert link is not None and price is not None
+            results.put(("ok", _Found(link, steps, gathered or [], gap, price, allreduce,
+                                      [list(range(world))] if mesh is None else mesh.pipelines)))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - the launcher reports it
         results.put(("error", rank, traceback.format_exc()))
 
 
 def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float = 600.0,
-                  description: str = "", on_spawn: Callable[[], None] | None = None) -> ProcessOutcome:
-    """Balance and calibrate here, measure on ``processes`` spawned ranks, simulate, compare (module docstring).
+                  description: str = "", on_spawn: Callable[[], None] | None = None,
+                  replicas: int = 1, bucket_bytes: int = DDP_BUCKET_BYTES) -> ProcessOutcome:
+    """Balance and calibrate here, measure on ``processes`` spawned ranks per pipeline, ``replicas`` pipelines (each
+    stage's gradients all-reduced in buckets of at most ``bucket_bytes``), simulate, compare (module docstring).
 
     ``on_spawn`` is called once the setup is checked and balanced, right before the ranks start (a command's
     "spawning" line: not printed for a setup refused here).
 
     Raises:
-        ValueError: fewer than two processes, or stages the schedule cannot place on them (refused as
-            :class:`gpipe.distributed.DistributedGPipe` refuses them).
+        ValueError: fewer than two ranks in all, replicas or bucket bytes below 1, or stages the schedule cannot
+            place on ``processes`` (refused as :class:`gpipe.distributed.DistributedGPipe` refuses them).
         RuntimeError: a rank failed (its traceback in the message) or none answered within ``timeout``.
     """
     from gpipe.balance import balance_by_time
 
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 2:
-        raise ValueError(f"--processes must be an integer >= 2 (one rank per schedule device), got {processes!r}")
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"--processes must be an integer >= 1 (one rank per schedule device), got {processes!r}")
+    replication = data_parallel.Replication(replicas, bucket_bytes)
+    if processes * replicas < 2:
+        raise ValueError("--processes 1 on one replica is a single rank: give --processes 2 or more, or --replicas "
+                         "2 or more")
     given = setup.schedule if isinstance(setup.schedule, Schedule) else None
     if given is not None and given.num_devices != processes:  # before any work, in the command's words
         raise ValueError(f"schedule {given.name!r} runs on {given.num_devices} devices, a rank each: give "
@@ -286,30 +326,38 @@ def run_processes(build: Build, setup: Setup, processes: int, *, timeout: float 
     model, batch = build()
     tensors = (batch,) if isinstance(batch, Tensor) else tuple(batch)
     sizes = microbatch.sizes(tensors[0].shape[0], setup.chunks)
+    first = tensors[0][:sizes[0]] if isinstance(batch, Tensor) else tuple(t[:sizes[0]] for t in tensors)
     with intra_op_threads(setup.threads):
         balance = setup.balance
         if balance is None:
-            first = tensors[0][:sizes[0]] if isinstance(batch, Tensor) else tuple(t[:sizes[0]] for t in tensors)
             balance = tuple(balance_by_time(n, model, first, timeout=setup.balance_timeout, device="cpu"))
         schedule = _rank_schedule(model, balance, setup, processes, len(sizes))
         cost = stage_costs(model, batch, balance, setup.chunks, ["cpu"] * len(balance), warmup=setup.warmup,
                            repeats=setup.repeats, split=schedule.splits_weight_gradient)
     if on_spawn is not None:
         on_spawn()
-    link, steps, gathered, gap, price = _spawn(build, replace(setup, balance=tuple(balance), stages=None),
-                                               tuple(balance), message_sizes(cost, schedule.placement), processes,
-                                               timeout)
-    measured = [Timeline.from_dict(d) for d in steps]
+    found = _spawn(build, replace(setup, balance=tuple(balance), stages=None), tuple(balance),
+                   message_sizes(cost, schedule.placement), processes * replicas, timeout, replication)
+    # Note [the loss is left out] in sim.calibration.replicas
+    measured = [data_parallel.without_loss(Timeline.from_dict(d)) for d in found.steps]
     makespans = tuple(t.makespan for t in measured)
     chosen = median_step(makespans)
-    passes = gathered_passes(gathered, schedule.placement)  # Note [calibrated in the ranks]
+    # Note [calibrated in the ranks]: replica 0's ranks, by schedule device
+    passes = gathered_passes([found.gathered[g] for g in found.pipelines[0]], schedule.placement)
     cost = replace(interleaved_cost(cost, passes, []), copy_seconds=None)  # copies priced by the measured link
-    cost = with_overheads(cost, Overheads(gap=gap))  # Note [gap between tasks] in sim.calibration.rank_passes
-    cost = with_wire(cost, schedule.placement, price)  # Note [a message's CPU] in sim.calibration.wire_cost
-    predicted = simulate(schedule, cost, process_config(link))
-    return ProcessOutcome(processes, schedule, tuple(balance), link, cost, predicted, measured[chosen], makespans,
-                          chosen, compare(predicted, measured[chosen]), description,
-                          tuple(tuple(p) for p in passes[setup.warmup_steps:]))
+    cost = with_overheads(cost, Overheads(gap=found.gap))  # Note [gap between tasks] in sim.calibration.rank_passes
+    cost = with_wire(cost, schedule.placement, found.price)  # Note [a message's CPU] in sim.calibration.wire_cost
+    if found.allreduce is not None:  # the gradients' all-reduces as tasks (sim.calibration.replicas)
+        with intra_op_threads(setup.threads):
+            cost = data_parallel.with_replicas(cost, partitions_of(model, balance), first, replication,
+                                               found.allreduce, split=schedule.splits_weight_gradient)
+    # Note [one prediction for every replica] in sim.calibration.replicas
+    predicted = data_parallel.replicated(simulate(schedule, cost, process_config(found.link)), replicas)
+    return ProcessOutcome(processes, schedule, tuple(balance), found.link, cost, predicted, measured[chosen],
+                          makespans, chosen, compare(predicted, measured[chosen]), description,
+                          tuple(tuple(p) for p in passes[setup.warmup_steps:]), replication, found.allreduce,
+                          data_parallel.compare_collectives(predicted, measured[chosen], replicas)
+                          if replicas > 1 else ())
 
 
 def _stage_count(setup: Setup, processes: int) -> int:
@@ -350,15 +398,15 @@ def _rank_schedule(model: nn.Sequential, balance: Sequence[int], setup: Setup, p
 
 
 def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], sizes: tuple[int, ...], world: int,
-           timeout: float) -> tuple[LinkSpec, list[dict[str, Any]], list[list[RankPass]], float, MessageCpu]:
+           timeout: float, replication: data_parallel.Replication = data_parallel.ONE_PIPELINE) -> _Found:
     """Run :func:`_rank` on ``world`` spawned processes; every one is stopped on the way out, Ctrl-C included."""
     import torch.multiprocessing as mp
 
     context = mp.get_context("spawn")
     results = context.Queue()
     port = free_port()
-    procs = [context.Process(target=_rank, args=(r, world, port, build, setup, balance, sizes, results), daemon=True)
-             for r in range(world)]
+    procs = [context.Process(target=_rank, args=(r, world, port, build, setup, balance, sizes, replication, results),
+                             daemon=True) for r in range(world)]
     try:
         for p in procs:
             p.start()
@@ -367,7 +415,7 @@ def _spawn(build: Build, setup: Setup, balance: tuple[int, ...], sizes: tuple[in
             raise RuntimeError(f"rank {got[1]} failed:\n{got[2]}")
         for p in procs:
             p.join(timeout=30)
-        return got[1], got[2], got[3], got[4], got[5]
+        return cast(_Found, got[1])
     finally:
         for p in procs:  # the launcher's exit, however it comes (Ctrl-C too), ends every rank
             if p.is_alive():

@@ -10,6 +10,7 @@ steps (``GPipe.step``), and compare the step of median makespan with the predict
     gpipe-sim demo --chunks 8 --checkpoint always --json
     gpipe-sim demo --schedule 1f1b       # any registered schedule (gpipe.schedule.SCHEDULES)
     gpipe-sim demo --schedule NAME --stages 4 --devices 2   # four stages on two workers, placed by its layout
+    gpipe-sim demo --processes 1 --replicas 2   # two spawned ranks, data parallel: the all-reduces predicted too
 
 The pipeline itself is :func:`sim.calibration.experiment.run`; ``gpipe-sim compare`` runs it on a user's model.
 """
