@@ -44,9 +44,10 @@ from gpipe.distributed.clock import measure_offsets, merge
 from gpipe.distributed.faults import Alarm, PipelineFailed, report
 from gpipe.distributed.group import Ranks, join, rank_device
 from gpipe.distributed.materialize import Init, materialize_layer
-from gpipe.distributed.reduction import DDP_BUCKET_BYTES, Bucket, Reduction, buckets
+from gpipe.distributed.reduction import DDP_BUCKET_BYTES, Bucket, Reduction, stage_buckets
 from gpipe.distributed.replicas import Replicas, merge_replicas, replica_share
 from gpipe.distributed.shapes import check_boundaries
+from gpipe.distributed.sharded import Sharded, check_zero, meta_twin
 from gpipe.distributed.start import Told, exchange, fingerprint, seed_from, structure_from
 from gpipe.frontend import Arguments, FrontEnd
 from gpipe.interpreter.pipeline import Pipeline
@@ -89,11 +90,17 @@ class DistributedGPipe(FrontEnd):
             backward (Note [buckets as DDP fills them] in :mod:`gpipe.distributed.reduction`). ZeRO-1 is torch's
             ``ZeroRedundancyOptimizer(pipe.parameters(), ..., process_group=pipe.replicas.group)``.
         bucket_bytes: the most bytes of gradients one reduction moves (DDP's default, 25 MiB).
+        zero: ``3``: each stage sharded over its replicas by torch's FSDP2 (ZeRO-3: ``fully_shard`` on each layer
+            with parameters, then the stage; :mod:`gpipe.distributed.sharded`), so ``parameters()`` are ``DTensor``
+            shards and gradients are reduce-scattered after the stage's last ``B``; ``0``: replicated.
+        reshard_after_forward: with ``zero=3``, gather each layer again for its backward (FSDP's default), or keep
+            it gathered from the stage's first forward of a step to its last backward.
 
     Raises:
         ValueError: on every rank, for a bad balance, chunks, checkpoint mode or schedule, or a number of stages
             the schedule cannot place on the group's ranks (a given schedule: other than one device per rank); a
-            ``data_parallel`` that does not divide the world, or given with ``group=``.
+            ``data_parallel`` that does not divide the world, or given with ``group=``; ``zero=3`` without replicas
+            or with a schedule that splits the backward (Note [split backward and FSDP]).
         ScheduleError: on every rank, for a given schedule that is not valid.
     """
 
@@ -101,7 +108,8 @@ class DistributedGPipe(FrontEnd):
                  checkpoint: str | None = None, schedule: str | Schedule = "gpipe", deferred_batch_norm: bool = False,
                  record: bool = False, group: Any = None, device: torch.device | str | None = None,
                  timeout: float = 300.0, seed: int = 0, init: Init | None = None, lookahead: int = 2,
-                 check_shapes: bool = True, data_parallel: int = 1, bucket_bytes: int = DDP_BUCKET_BYTES) -> None:
+                 check_shapes: bool = True, data_parallel: int = 1, bucket_bytes: int = DDP_BUCKET_BYTES,
+                 zero: int = 0, reshard_after_forward: bool = True) -> None:
         super().__init__()
         # Note [one front-end] in gpipe.frontend: every argument checked before the group is joined, then placed on
         # its ranks; this rank holds only its own stages' layers
@@ -115,6 +123,7 @@ class DistributedGPipe(FrontEnd):
         for name, value in (("data_parallel", data_parallel), ("bucket_bytes", bucket_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_zero(zero, data_parallel, reshard_after_forward, arguments)
         if data_parallel > 1 and group is not None:
             raise ValueError("data_parallel > 1 lays the default group's world out as a (pp, dp) mesh: "
                              "leave group= out")
@@ -135,13 +144,18 @@ class DistributedGPipe(FrontEnd):
             partitions.append(nn.Sequential(layers if mine else OrderedDict()))
             k += len(layers)
         self.partitions = nn.ModuleList(partitions)
-        self._layers = [layer for ls in stages for layer in ls.values()]  # the dry run's (Note [a step's start])
+        # the dry run's (Note [a step's start]); a layer to be sharded runs as its meta twin
+        self._layers = [meta_twin(layer) if zero and self.placement[j] == self.rank else layer
+                        for j, ls in enumerate(stages) for layer in ls.values()]
         self._checked: set[int] = set()  # fingerprints of input structures checked (Note [one exchange a step])
         self.check_shapes = check_shapes
         self.pipeline = Pipeline.of(partitions, [self.device] * len(stages), self.skip_layout)
-        self.buckets: dict[int, list[Bucket]] = {
-            j: buckets(j, [q for q in partitions[j].parameters() if q.requires_grad], bucket_bytes)
-            for j in self.stages} if self.replicas is not None else {}
+        self.sharded = None if self.replicas is None or not zero else Sharded(
+            {j: partitions[j] for j in self.stages}, self.replicas.mesh["dp"],
+            [ranks[self.rank] for ranks in self.replicas.pipelines], reshard_after_forward)
+        self.buckets: dict[int, list[Bucket]] = {  # with zero=3 the Reduction sums the step's loss alone
+            j: stage_buckets(j, partitions[j], bucket_bytes)
+            for j in self.stages} if self.replicas is not None and self.sharded is None else {}
         alarm = Alarm(self.ranks.store, self.ranks.watcher, self.world_rank, timeout,
                       peers="" if self.replicas is None else self.replicas.peers)
         self.links = Links(self.ranks, alarm, lookahead)
@@ -273,8 +287,8 @@ class DistributedGPipe(FrontEnd):
         pipeline = self.pipeline
         draw_plan = pipeline.draws.plan()
         drew: list[set[int]] = [set() for _ in range(n)]
-        recorder = Recorder(pipeline, schedule, torch.get_num_threads(), [self.device] * schedule.num_devices) \
-            if self.record else None
+        recorder = Recorder(pipeline if self.sharded is None else self.sharded.recorded(pipeline), schedule,
+                            torch.get_num_threads(), [self.device] * schedule.num_devices) if self.record else None
         clock = (time.time(), time.perf_counter())
         wire = Wire(self.links, schedule, self.skip_layout, rows, record=recorder is not None)
         gradients = Gradients(list(self.partitions), pipeline.split_plans)  # plans learnt in earlier steps kept
@@ -283,6 +297,8 @@ class DistributedGPipe(FrontEnd):
         reduction = None if self.replicas is None else Reduction(
             self.replicas.group, [ranks[rank] for ranks in self.replicas.pipelines], schedule, rank, self.buckets,
             alarm, recorder)
+        if self.sharded is not None:
+            self.sharded.begin(schedule, rank, alarm, recorder)
         for i, batch in enumerate(batches):
             wire.send(0, (Task(Op.F, i, 0), "input"), Message(batch, self._input_is_tuple))
         for i, target in enumerate(targets):
@@ -296,6 +312,8 @@ class DistributedGPipe(FrontEnd):
                 where = f"stage {task.stage}, task {task}"
                 if reduction is not None:
                     reduction.before(k, task)
+                if self.sharded is not None:
+                    self.sharded.before(k, task)
                 worker.run(task)
                 wire.flush(task)
                 if reduction is not None:
@@ -333,6 +351,8 @@ class DistributedGPipe(FrontEnd):
             worker.release()
             if reduction is not None:
                 reduction.close()
+            if self.sharded is not None:
+                self.sharded.end()
         for partition in self.partitions:
             DeferredBatchNorm.commit_all(partition)
         pipeline.draws.learn(draw_plan, drew)

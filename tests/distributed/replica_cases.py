@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import copy
 import re
+from collections import Counter
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
 
 from gpipe.distributed import DistributedGPipe
-from gpipe.schedule import Checkpoint
+from gpipe.schedule import Checkpoint, Op, Task
 from gpipe.schedule.timeline import COLLECTIVE
 from tests.distributed.cases import Boom, chain
 
@@ -30,18 +32,20 @@ def _batches(dp: int, steps: int) -> list[tuple[Tensor, Tensor]]:
 
 
 def trains(rank: int, world: int, schedule: str, checkpoint: Checkpoint, dp: int, balance: list[int],
-           zero: bool = False, bucket_bytes: int = 100, steps: int = 3) -> str:
+           zero: int = 0, bucket_bytes: int = 100, steps: int = 3, reshard_after_forward: bool = True) -> str:
     """``steps`` SGD steps of ``dp`` replicas equal those of the plain model on the global batch: every step's loss
-    on every rank, then this rank's parameters; each replica's collectives are spans with their bytes."""
+    on every rank, then this rank's parameters; each replica's collectives are spans with their bytes. ``zero``: 1,
+    torch's ZeroRedundancyOptimizer; 3, the stages sharded by FSDP2 (``reshard_after_forward`` passed on)."""
     torch.manual_seed(0)
     module = chain(sum(balance))
     reference = copy.deepcopy(module)
     pipe = DistributedGPipe(module, balance, chunks=2, schedule=schedule, checkpoint=checkpoint, record=True,
-                            timeout=30, data_parallel=dp, bucket_bytes=bucket_bytes)
+                            timeout=30, data_parallel=dp, bucket_bytes=bucket_bytes, zero=3 if zero == 3 else 0,
+                            reshard_after_forward=reshard_after_forward)
     assert pipe.replicas is not None
     r = pipe.replicas.replica
     optimizer: Any = ZeroRedundancyOptimizer(pipe.parameters(), torch.optim.SGD, process_group=pipe.replicas.group,
-                                             lr=0.1) if zero else torch.optim.SGD(pipe.parameters(), lr=0.1)
+                                             lr=0.1) if zero == 1 else torch.optim.SGD(pipe.parameters(), lr=0.1)
     plain = torch.optim.SGD(reference.parameters(), lr=0.1)
     local = slice(r * ROWS, (r + 1) * ROWS)
     for x, y in _batches(dp, steps):
@@ -56,8 +60,14 @@ def trains(rank: int, world: int, schedule: str, checkpoint: Checkpoint, dp: int
         torch.testing.assert_close(loss, expected.detach())
     whole = dict(reference.named_parameters())
     for name, p in pipe.named_parameters():
-        torch.testing.assert_close(p, whole[name.split(".", 2)[2]], msg=lambda m, name=name: f"{name}: {m}")
+        assert isinstance(p, DTensor) == (zero == 3), name
+        torch.testing.assert_close(p.full_tensor() if isinstance(p, DTensor) else p, whole[name.split(".", 2)[2]],
+                                   msg=lambda m, name=name: f"{name}: {m}")
     assert pipe.timeline is not None
+    if zero == 3:
+        _sharded_spans(pipe, reshard_after_forward)
+        pipe.close()
+        return "ok"
     spans = [s for s in pipe.timeline.spans if s.stream == COLLECTIVE]
     units = [b for j in pipe.stages for b in pipe.buckets[j]]
     last = pipe.rank == pipe.placement[-1]
@@ -70,6 +80,28 @@ def trains(rank: int, world: int, schedule: str, checkpoint: Checkpoint, dp: int
     assert spans[0].start < task_ends[spans[0].task], (spans[0], task_ends[spans[0].task])
     pipe.close()
     return "ok"
+
+
+def _sharded_spans(pipe: DistributedGPipe, reshard_after_forward: bool) -> None:
+    """The last step's collectives with FSDP2: each unit gathered before each of its stage's F, R and B (or once a
+    step, not resharded), reduce-scattered once, in the stage's last B; the loss's all-reduce on the last stage."""
+    assert pipe.sharded is not None and pipe.timeline is not None
+    schedule = pipe.schedule_for(2)
+    tasks = schedule.tasks[pipe.rank]
+    last = {tasks[k].stage: tasks[k] for k in schedule.gradient_positions[pipe.rank]}
+    expected: Counter[tuple[str, Task]] = Counter()
+    for j in pipe.stages:
+        mine = [t for t in tasks if t.stage == j]
+        gathers = mine if reshard_after_forward else mine[:1]
+        for unit in pipe.sharded.units[j]:
+            size = f"({unit.nbytes} B)"
+            expected.update((f"all-gather unit {unit.unit} {size}", t) for t in gathers)
+            expected[(f"reduce-scatter unit {unit.unit} {size}", last[j])] += 1
+    if pipe.rank == pipe.placement[-1]:
+        expected[("all-reduce loss (4 B)", Task(Op.F, schedule.m - 1, schedule.n - 1))] += 1
+    spans = [s for s in pipe.timeline.spans if s.stream == COLLECTIVE]
+    assert Counter((s.label, s.task) for s in spans) == expected, spans
+    assert all(0 <= s.start <= s.end for s in spans), spans
 
 
 def gathered(rank: int, world: int, dp: int) -> str:
@@ -92,13 +124,13 @@ def gathered(rank: int, world: int, dp: int) -> str:
     return "ok"
 
 
-def fails(rank: int, world: int, dp: int, victim: int) -> str:
+def fails(rank: int, world: int, dp: int, victim: int, zero: int = 0) -> str:
     """A backward that raises on global rank ``victim`` (a last stage's): every rank of every replica raises, naming
-    it, the other replica's ranks from their wait for the gradients' reduction."""
+    it, the other replica's ranks from their wait for the gradients' reduction (``zero=3``: for a unit's gather)."""
     pp = world // dp
     torch.manual_seed(0)
     pipe = DistributedGPipe(nn.Sequential(*[nn.Linear(6, 6) for _ in range(pp)], nn.Identity()), [1] * (pp - 1) + [2],
-                            chunks=2, timeout=30, data_parallel=dp)
+                            chunks=2, timeout=30, data_parallel=dp, zero=zero)
     if pipe.world_rank == victim:  # only this replica's copy of the last layer raises
         last = pipe.partitions[pipe.stages[-1]]
         last[len(last) - 1] = Boom("B")
