@@ -204,6 +204,7 @@ def page_numbers() -> dict[str, str]:
     state = 16 * gpt_config("175b").parameters / SWEEP["gpus"]  # bf16 with Adam, over t x p GPUs
     boundary, stage = 2 * s * h / 8, layers // 8 * sent8  # at t = 8, sequence parallel: 8 stages of 12 layers
     four = _row(sweep["inside"][4], "selective", True)
+    kept_on = [t for t in DEGREES[1:] if across[t].sequence_parallel]  # on HDR: where memory needs it
     return {
         "core": f"{5 * a * s / h:.0f} of the {34 + 5 * a * s / h:.0f}",
         "t4 state": f"{state / GiB:.1f} GiB", "t4 planner": f"{four.peak_memory_bytes / GiB:.1f} GiB",
@@ -223,6 +224,8 @@ def page_numbers() -> dict[str, str]:
         "zero1 step": f"{zero[1].step_seconds:.1f} s", "zero3 step": f"{zero[3].step_seconds:.1f} s",
         "zero0 sent": f"{_zero_sent(zero[0], parameters) / GiB:,.0f} GiB",
         "zero3 sent": f"{_zero_sent(zero[3], parameters) / GiB:,.0f} GiB",
+        "sp on hdr": "at every degree but " + ", ".join(f"`t = {t}`" for t in kept_on),
+        "zero3 chunks": f"With {zero[3].chunks} micro-batches,", "zero3 repeats": f"repeat {zero[3].chunks} times",
     }
 
 

@@ -31,7 +31,9 @@ STAMP_KEY = "gpipe_sim_stamp"
 CELL_TIMEOUT = 120  # seconds per cell; the slowest cell takes a few
 SECONDS_KEY = "gpipe_sim_seconds"
 #: Notebooks whose answers state their numbers as assertions: each answer's ```python block runs after the notebook.
-ANSWERS_RUN = frozenset({"05_capacity_planning.ipynb", "08_beyond_1f1b.ipynb", "09_from_scratch.ipynb"})
+ANSWERS_RUN = frozenset({"01_bubble.ipynb", "02_checkpointing.ipynb", "03_copy_streams.ipynb",
+                         "04_executor_vs_simulator.ipynb", "05_capacity_planning.ipynb", "06_ablation.ipynb",
+                         "07_own_schedule.ipynb", "08_beyond_1f1b.ipynb", "09_from_scratch.ipynb"})
 _ANSWER = re.compile(r"<details><summary>Answer</summary>.*?</details>", re.DOTALL)
 _PYTHON = re.compile(r"```python\n(.*?)```", re.DOTALL)
 

@@ -17,8 +17,8 @@ from gpipe.schedule.task import Checkpoint, Task
 from sim.core.cost import CostModel, StageCost
 
 __all__ = ["ACROSS", "BEYOND_A", "COMMUNICATION", "EXPENSIVE", "MEMORY_M", "MEMORY_P", "ROOFLINE_WIDTHS",
-           "across_steps", "beyond_cost", "beyond_numbers", "communication_runs", "consecutive_steps", "fragments",
-           "frontier", "memory_rows", "min_tokens", "peak_a"]
+           "across_steps", "answer_numbers", "beyond_cost", "beyond_numbers", "communication_runs",
+           "consecutive_steps", "fragments", "frontier", "memory_rows", "min_tokens", "peak_a", "saved_per_layer"]
 
 MiB, GiB = 2**20, 2**30
 
@@ -79,6 +79,12 @@ def _model_state(table: Table) -> dict[str, str]:
          f"GPT-3 13B ({params / 1e9:.1f}e9 parameters)"], rows)}
 
 
+def saved_per_layer(c: Any) -> float:
+    """Bytes one transformer layer of the GPT config ``c`` keeps for backward per sample, 16-bit, no recompute and
+    math attention: Korthikanti et al. (2022), ``s·h·(34 + 5·a·s/h)``."""
+    return c.seq_len * c.d_model * (34 + 5 * c.n_head * c.seq_len / c.d_model)
+
+
 def _activations(table: Table) -> dict[str, str]:
     from sim.planning.counting.models.gpt import gpt_config
 
@@ -86,7 +92,7 @@ def _activations(table: Table) -> dict[str, str]:
     for name in ("125m", "1.3b", "13b", "175b"):
         c = gpt_config(name)
         s, h, a = c.seq_len, c.d_model, c.n_head
-        per_layer = s * h * (34 + 5 * a * s / h)  # bytes per sample, 16-bit, no recompute (Korthikanti et al.)
+        per_layer = saved_per_layer(c)
         flash = s * h * 34 + 4 * a * s  # FlashAttention keeps no s x s tensor, a row's logsumexp in fp32
         rows.append([f"gpt:{name},attention=math", str(c.n_layer), str(h), str(a), str(s),
                      f"{per_layer / MiB:.0f} MiB", f"{2 * s * h / MiB:.0f} MiB",
@@ -212,6 +218,38 @@ def _roofline(table: Table) -> dict[str, str]:
     header = ["device", "dtype", "peak TFLOP/s", "GB/s", "ridge FLOP/byte"]
     header += [f"tokens, h={h}" for h in ROOFLINE_WIDTHS]
     return {"roofline_worked": worked, "roofline_table": table(header, rows)}
+
+
+def answer_numbers(simulate: Callable[..., Any]) -> dict[str, dict[str, str]]:
+    """The numbers the exercise answers of memory.md and micro-batch-size.md state, as they write them, by page
+    (tests/docs/test_concept_answers.py finds each and checks them against their closed forms)."""
+    from sim.planning.counting.models.gpt import gpt_config
+    from sim.planning.hardware.catalog import get_device
+
+    # memory 1: 13B on 8 A100s as 8 stages, mixed-precision Adam (16 B per parameter)
+    a100, h100, c, stages = get_device("a100-80gb"), get_device("h100-sxm"), gpt_config("13b"), 8
+    state, capacity = 16 * c.parameters / GiB, a100.memory_bytes / GiB
+    layers = c.n_layer // stages
+    left, five = capacity - state / stages, layers * saved_per_layer(c) / GiB
+    gpipe_always = {(n, policy): peaks for n, policy, _, peaks in memory_rows(simulate)}[("gpipe", "always")]
+    # micro-batch size 2 and 3: the H100 against the A100, and Q·Kᵀ of heads of 128, whose intensity tends to 128
+    ridge = {d.name: d.peak_flops["bf16"] / d.memory_bandwidth for d in (a100, h100)}
+    d = 128
+    return {
+        "concepts/memory.md": {
+            "state": f"`{state:.0f} GiB / {stages} ≈ {state / stages:.0f} GiB`",
+            "left": f"`{capacity:.0f} − {state / stages:.0f} ≈ {left:.0f} GiB`",
+            "capacity": f"{a100.memory_bytes / MiB:,.0f} MiB",
+            "layers": f"`{layers} × {saved_per_layer(c) / MiB:.0f} MiB ≈ {five:.1f} GiB`",
+            "gpipe always": f"peak at {max(gpipe_always) / MEMORY_A:.0f} A",
+        },
+        "concepts/micro-batch-size.md": {
+            "peak": f"{h100.peak_flops['bf16'] / a100.peak_flops['bf16']:.1f} times an A100's 16-bit peak",
+            "bandwidth": f"{h100.memory_bandwidth / a100.memory_bandwidth:.1f} times its bandwidth",
+            "ridges": f"about {round(ridge['h100-sxm'], -2):.0f} against {round(ridge['a100-80gb'], -1):.0f} FLOP/byte",
+            "qk": f"`d = {d}` FLOP/byte: {'below' if d < ridge['a100-80gb'] else 'above'} the A100's ridge",
+        },
+    }
 
 
 def _tokens(t: float) -> str:

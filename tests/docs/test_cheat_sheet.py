@@ -82,7 +82,8 @@ def test_an_overlapped_pair_takes_twice_the_larger_of_compute_and_communication(
 
 @pytest.mark.parametrize("replicas", [1, 2, 8])
 def test_the_zero_stages_are_the_planner_s_accounting(replicas: int) -> None:
-    """``sim.planning.parallel.zero.sharded_state`` on a stage of ``Ψ`` parameters in mixed precision with Adam (K = 12)."""
+    """``sim.planning.parallel.zero.sharded_state`` on a stage of ``Ψ`` parameters in mixed precision with Adam (K =
+    12)."""
     from sim.planning.hardware.catalog import get_device
     from sim.planning.parallel.zero import sharded_state
     from sim.planning.plan import default_training

@@ -228,13 +228,13 @@ def test_the_lecture_paths_answers_are_the_explorers_runs(monkeypatch: pytest.Mo
     grow = {name: t(name, 4, 1, 8, "0.5", "2.0") / t(name, 4, 1, 8, "0.5") for name in ("1f1b", "zb-h1", "zb-h2")}
     assert grow["zb-h1"] == grow["zb-h2"] > grow["1f1b"] and t("zb-h1", 4, 1, 8, "0.5") == t("zb-h2", 4, 1, 8, "0.5")
     for name, v in (("1f1b", 1), ("zb-h1", 1), ("zb-v", 2)):
-        assert f"{t(name, 4, v, 8, '0.5'):g} to {t(name, 4, v, 8, '0.5', '2.0'):g} forwards" in answers
+        assert f"{t(name, 4, v, 8, '0.5'):g} to {t(name, 4, v, 8, '0.5', '2.0'):g} ms" in answers
     found = run("searched", 4, 1, 8, "0.5", "2.0")
     assert found["t"] == found["l"] == t("zb-h1", 4, 1, 8, "0.5", "2.0") * ex.TICKS
-    assert f"takes {found['t'] / ex.TICKS:g} forwards and its lower bound {found['l'] / ex.TICKS:g}" in answers
+    assert f"takes {found['t'] / ex.TICKS:g} ms and its lower bound {found['l'] / ex.TICKS:g}" in answers
     looped, interleaved = run("searched", 4, 2, 8, "0.5", "2.0"), t("interleaved-1f1b", 4, 2, 8, "0.5", "2.0")
     gain = round(100 * (1 - looped["t"] / ex.TICKS / interleaved))
-    assert f"{looped['t'] / ex.TICKS:g} against {interleaved:g} forwards ({gain}% faster; lower bound " \
+    assert f"{looped['t'] / ex.TICKS:g} against {interleaved:g} ms ({gain}% faster; lower bound " \
            f"{looped['l'] / ex.TICKS:g})" in answers
     v_shaped = run("searched-v", 4, 2, 8, "0.5", "2.0")
     assert v_shaped["t"] == v_shaped["l"] == t("zb-v", 4, 2, 8, "0.5", "2.0") * ex.TICKS
