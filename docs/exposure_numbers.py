@@ -110,8 +110,8 @@ def budget(batch: int, microbatch: int, stages: int, bubble: float) -> tuple[int
 
 def _dp_example() -> dict[str, Any]:
     """The data-parallel example's seconds: one bucket's all-reduce, and a bucket's backward at each token count."""
+    from sim.core.rings import allreduce_seconds
     from sim.planning.hardware.catalog import get_device, get_link
-    from sim.planning.parallel.collectives import allreduce_seconds
 
     device, link = get_device(DP["device"]), get_link(DP["link"])
     flops = device.peak_flops["bf16"]

@@ -107,10 +107,10 @@ def _activations(table: Table) -> dict[str, str]:
 
 def _traffic(plan_result: Any, table: Table) -> dict[str, str]:
     """Bytes one GPU sends per step in the planner's fastest configurations, by kind of parallelism."""
+    from sim.core.rings import allreduce_seconds
     from sim.planning.counting.models.gpt import gpt_config
     from sim.planning.counting.training import TRAINING
     from sim.planning.hardware.catalog import get_link
-    from sim.planning.parallel.collectives import allreduce_seconds
 
     cfg = gpt_config("13b")
     s, h, layers, word = cfg.seq_len, cfg.d_model, cfg.n_layer, 2  # bf16

@@ -36,9 +36,10 @@ from sim.calibration.rank_passes import stage_inputs
 from sim.core.collectives import StageCollectives, Unit
 from sim.core.cost import CostModel
 from sim.core.link import LinkSpec
+from sim.core.rings import allreduce_seconds
 
 __all__ = ["ONE_PIPELINE", "CollectiveComparison", "Replication", "collectives_table", "compare_collectives",
-           "measure_allreduce", "replicated", "ring_allreduce_seconds", "unit_shares", "with_replicas", "without_loss"]
+           "measure_allreduce", "replicated", "unit_shares", "with_replicas", "without_loss"]
 
 Batch = Tensor | tuple[Tensor, ...]
 
@@ -67,8 +68,8 @@ ONE_PIPELINE = Replication()
 # Note [an all-reduce's price]: ProcessGroupGloo's all-reduce of a dense CPU tensor calls ``gloo::allreduce`` with no
 # algorithm set, which runs gloo's ring (gloo/allreduce.cc, ``ring``): a reduce-scatter and an all-gather of ``R - 1``
 # steps each, every step sending ``1 / R`` of the bytes to the next rank. So an all-reduce of ``b`` bytes over ``R``
-# ranks takes ``2 (R - 1) latency + 2 (R - 1) / R * b / bandwidth`` (:func:`ring_allreduce_seconds`, the planner's
-# ring of sim.planning.parallel.collectives, a layer calibration may not import), and a probe fits the two:
+# ranks takes ``2 (R - 1) latency + 2 (R - 1) / R * b / bandwidth`` (:func:`sim.core.rings.allreduce_seconds`, the
+# ring the planner prices data parallelism with), and a probe fits the two:
 # ``latency`` from an 8-byte all-reduce, ``bandwidth`` from the slope between ``payload`` and ``8 * payload`` bytes.
 # Each size's seconds are the median of its rounds, not the fastest: a step runs each bucket once, and pays a typical
 # round's scheduling delays. The probe runs idle (no compute beside it): a stage's last bucket, the one that can delay
@@ -76,11 +77,6 @@ ONE_PIPELINE = Replication()
 # (``async_op=True``) to when a waiter thread sees ``wait()`` return (Note [a collective's span] in
 # gpipe.distributed.reduction), and a round's seconds are the shortest of the group's ranks' (a rank that issued
 # first waited for the others: Note [a collective's own seconds]).
-def ring_allreduce_seconds(nbytes: float, replicas: int, link: LinkSpec) -> float:
-    """Gloo's ring all-reduce of ``nbytes`` over ``replicas`` ranks, ``link`` one step of it (Note [an all-reduce's
-    price]); 0 for one rank."""
-    steps = 2 * (replicas - 1)
-    return steps * link.latency + steps / replicas * nbytes / link.bandwidth if replicas > 1 else 0.0
 
 
 def measure_allreduce(group: Any, replicas: int, payload: int = 1 << 20, rounds: int = 10) -> LinkSpec:
@@ -153,7 +149,7 @@ def with_replicas(cost: CostModel, parts: Sequence[nn.Sequential], sample: Batch
             inputs = inputs or stage_inputs(parts, sample, range(len(parts)))
             profiles = profile_blocks(list(part), inputs[j], device="cpu", warmup=1, repeats=3, split=split)
             shares = unit_shares(part, buckets, [p.weight_seconds if split else p.backward_seconds for p in profiles])
-        units = tuple(Unit(share, reduce=ring_allreduce_seconds(b.nbytes, replication.replicas, link),
+        units = tuple(Unit(share, reduce=allreduce_seconds(b.nbytes, replication.replicas, link),
                            reduce_bytes=float(b.nbytes))
                       for share, b in zip(shares, sorted(buckets, key=lambda b: b.unit), strict=True))
         stages.append(replace(stage, collectives=StageCollectives(units)))

@@ -10,7 +10,7 @@ communication stream, one at a time in the order they are issued, beside the com
     reduction of unit u       issued when unit u of a gradient task has computed (each one, or the stage's last)
 
 The simulator receives each collective's seconds, priced by whoever built the costs (a ring, a hierarchical
-collective on a cluster's links: :mod:`sim.planning.parallel.collectives`); it decides when they run and what waits for
+collective on a cluster's links: :mod:`sim.core.rings`); it decides when they run and what waits for
 them. The timeline holds one span per collective on stream :data:`gpipe.schedule.timeline.COLLECTIVE`, named after the
 compute task it serves, so the Perfetto trace and the Gantt chart show them.
 """

@@ -25,10 +25,10 @@ from sim.core.collectives import Gather, add_collectives
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
+from sim.core.rings import allreduce_seconds
 from sim.planning.costs.from_flops import FlopCosts
 from sim.planning.counting.counts import OpTable
 from sim.planning.parallel.cluster import Cluster
-from sim.planning.parallel.collectives import allreduce_seconds
 from sim.planning.parallel.configurations import Configuration, make_schedule
 from sim.planning.parallel.context_parallel import ContextParallel, split_sequence
 from sim.planning.parallel.memory import (

@@ -24,7 +24,7 @@ from sim.calibration.replicas import (
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
-from sim.planning.parallel.collectives import allreduce_seconds
+from sim.core.rings import allreduce_seconds
 
 CAP = 200  # bytes: stage 0 in two buckets, stage 1 in four (4-byte floats)
 

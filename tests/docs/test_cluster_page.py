@@ -42,8 +42,8 @@ def test_saved_bytes_per_layer_are_korthikantis_plus_the_norms_statistics(cn: Mo
 def test_a_layers_forward_runs_four_ring_collectives(cn: ModuleType, t: int) -> None:
     """With sequence parallelism: two all-gathers and two reduce-scatters of ``2bsh`` bytes, each
     ``(t - 1)/t · bytes / bandwidth + (t - 1) · latency`` on its link."""
+    from sim.core.rings import reduce_scatter_seconds
     from sim.planning.hardware.catalog import get_link
-    from sim.planning.parallel.collectives import reduce_scatter_seconds
 
     s, h, _, _ = _shape(cn)
     message = 2 * s * h  # one sample, bf16

@@ -14,7 +14,7 @@ from sim.core.collectives import StageCollectives, Unit
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
-from sim.planning.parallel.collectives import allreduce_seconds
+from sim.core.rings import allreduce_seconds
 from sim.planning.parallel.replicas import step_seconds
 from tests.docs.test_figures import _load
 

@@ -15,12 +15,12 @@ from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
+from sim.core.rings import allreduce_seconds, hierarchical_allreduce_seconds
 from sim.planning.counting.counts import ModelProfile
 from sim.planning.counting.flops import count_layers
 from sim.planning.counting.models import get_model
 from sim.planning.hardware.catalog import get_link
 from sim.planning.parallel.cluster import Cluster
-from sim.planning.parallel.collectives import allreduce_seconds, hierarchical_allreduce_seconds
 from sim.planning.plan import PlanRequest, plan
 
 LINK = LinkSpec("in-node", 1e-6, 200e9)

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from sim.core.link import LinkSpec
+from sim.core.rings import allreduce_seconds
 from sim.planning.costs.from_flops import FlopCosts
 from sim.planning.counting.counts import ModelProfile
 from sim.planning.counting.models import get_model
 from sim.planning.hardware.catalog import get_device
-from sim.planning.parallel.collectives import allreduce_seconds
 from sim.planning.plan import PlanRequest, plan
 
 SMALL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"

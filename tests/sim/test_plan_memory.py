@@ -14,10 +14,10 @@ from sim.cli import main
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
+from sim.core.rings import allreduce_seconds
 from sim.planning.buyer import answer, cheapest
 from sim.planning.counting.flops import ModelProfile, count_layers
 from sim.planning.counting.models.unet import unet, unet_sample
-from sim.planning.parallel.collectives import allreduce_seconds
 from sim.planning.parallel.memory import SEGMENT_BYTES, device_memory, round_block, round_segment, workspace_bytes
 from sim.planning.plan import PlanRequest, plan
 

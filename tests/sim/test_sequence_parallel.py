@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from sim.core.link import LinkSpec
+from sim.core.rings import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
 from sim.planning.costs.from_flops import FlopCosts
 from sim.planning.counting.counts import ALL_GATHER, ALL_REDUCE, COLLECTIVE, REDUCE_SCATTER, ModelProfile, OpTable
 from sim.planning.counting.models import get_model
 from sim.planning.counting.models.gpt import GPTConfig, gpt
 from sim.planning.hardware.catalog import get_device
-from sim.planning.parallel.collectives import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
 from sim.planning.parallel.recompute import core_table
 
 H, A, S, V = 256, 8, 128, 1000  # hidden, heads, tokens, vocabulary of the small GPT

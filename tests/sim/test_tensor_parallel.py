@@ -15,6 +15,7 @@ import torch
 
 from sim.cli import main
 from sim.core.link import LinkSpec
+from sim.core.rings import allreduce_seconds
 from sim.planning.costs.from_flops import FlopCosts
 from sim.planning.counting.counts import COLLECTIVE, MATMUL, ModelProfile, OpTable
 from sim.planning.counting.flops import count_layers
@@ -23,7 +24,6 @@ from sim.planning.counting.models.gpt import GPTConfig, gpt, gpt_sample
 from sim.planning.counting.models.llama import LlamaConfig, llama, llama_sample
 from sim.planning.hardware.catalog import get_device
 from sim.planning.hardware.roofline import shape_factor
-from sim.planning.parallel.collectives import allreduce_seconds
 from sim.planning.plan import PlanRequest, check_tensor_parallel, plan
 
 H, A, S, V = 256, 8, 128, 1000  # hidden, heads, tokens, vocabulary of the small GPT

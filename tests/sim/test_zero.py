@@ -22,10 +22,7 @@ from sim.core.cost import CostModel, StageCost
 from sim.core.device import device
 from sim.core.engine import simulate
 from sim.core.link import LinkSpec
-from sim.core.run import Run
-from sim.planning.counting.training import TRAINING, Training, training_policy
-from sim.planning.parallel.cluster import Cluster
-from sim.planning.parallel.collectives import (
+from sim.core.rings import (
     allgather_seconds,
     allreduce_seconds,
     hierarchical_allgather_seconds,
@@ -33,6 +30,9 @@ from sim.planning.parallel.collectives import (
     hierarchical_reduce_scatter_seconds,
     reduce_scatter_seconds,
 )
+from sim.core.run import Run
+from sim.planning.counting.training import TRAINING, Training, training_policy
+from sim.planning.parallel.cluster import Cluster
 from sim.planning.parallel.replicas import step_seconds
 from sim.planning.parallel.zero import (
     ZERO_STAGES,

@@ -30,6 +30,7 @@ import numpy as np
 
 from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
 from sim.core.link import LinkSpec
+from sim.core.rings import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
 from sim.planning.costs.op_arrays import OpArrays, op_arrays
 from sim.planning.counting.counts import (
     ALL_GATHER,
@@ -43,7 +44,6 @@ from sim.planning.counting.flops import ModelProfile
 from sim.planning.counting.training import Training, training_policy
 from sim.planning.hardware.catalog import DeviceSpec
 from sim.planning.hardware.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
-from sim.planning.parallel.collectives import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
 from sim.planning.parallel.context_parallel import ContextParallel, kv_bytes
 from sim.planning.parallel.recompute import core_table
 
@@ -68,7 +68,7 @@ def effective_efficiency(device: DeviceSpec, flops: float, dtype: str = "fp32",
     return device.efficiency * flops / (flops + kernel_seconds * rate) if flops > 0 else 0.0
 
 
-#: The ring that prices each collective: ``(bytes, ranks, link) -> seconds`` (:mod:`sim.planning.parallel.collectives`).
+#: The ring that prices each collective: ``(bytes, ranks, link) -> seconds`` (:mod:`sim.core.rings`).
 _RING = {ALL_REDUCE: allreduce_seconds, REDUCE_SCATTER: reduce_scatter_seconds, ALL_GATHER: allgather_seconds}
 
 

@@ -11,7 +11,7 @@ Tensor-parallel groups stay in a node, context-parallel ranks come next, consecu
 crossing, replicas are outermost. A
 stage-to-stage copy between nodes goes on the network at one GPU's share of its node's ports
 (``ports * port bandwidth / gpus_per_node``), inside a node on the link. The data-parallel all-reduce of a stage is
-hierarchical when its group spans nodes (:func:`sim.planning.parallel.collectives.hierarchical_allreduce_seconds`), and
+hierarchical when its group spans nodes (:func:`sim.core.rings.hierarchical_allreduce_seconds`), and
 so are ZeRO's reduce-scatter and all-gather (:mod:`sim.planning.parallel.zero`).
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from sim.core.link import LinkSpec
-from sim.planning.parallel.collectives import (
+from sim.core.rings import (
     allgather_seconds,
     allreduce_seconds,
     hierarchical_allgather_seconds,

@@ -18,7 +18,7 @@ tensor-parallel rank, ``2·s·b·(K/t)·d·e`` bytes (``K`` key/value heads, hea
 one rank sends ``(c - 1) / c · kv`` bytes a layer forward and ``2 (c - 1) / c · kv`` backward in both variants
 (:func:`traffic_bytes`). The all-gather's are exposed, one collective per tensor (Note [keys and values apart]):
 two all-gathers of ``kv / 2`` forward, two all-gathers and two reduce-scatters backward, each a ring
-(:mod:`sim.planning.parallel.collectives`; hierarchical when the group spans nodes with several members in one). The
+(:mod:`sim.core.rings`; hierarchical when the group spans nodes with several members in one). The
 ring's step of ``kv / c`` bytes (twice that backward) overlaps the attention on one block,
 ``1 / c`` of the layer's attention kernel: only what a step takes beyond it is exposed,
 ``(c - 1) · max(0, step - attention / c)``, and a ring that crosses nodes runs at its slowest hop, the network.
@@ -52,14 +52,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sim.core.link import LinkSpec
-from sim.planning.counting.counts import MATMUL, LayerProfile, ModelProfile, OpTable
-from sim.planning.parallel.cluster import Cluster
-from sim.planning.parallel.collectives import (
+from sim.core.rings import (
     allgather_seconds,
     hierarchical_allgather_seconds,
     hierarchical_reduce_scatter_seconds,
     reduce_scatter_seconds,
 )
+from sim.planning.counting.counts import MATMUL, LayerProfile, ModelProfile, OpTable
+from sim.planning.parallel.cluster import Cluster
 
 __all__ = ["CP_COMMS", "ContextParallel", "attention_kernels", "check_context_parallel", "check_splittable", "kv_bytes",
            "split_sequence", "traffic_bytes"]

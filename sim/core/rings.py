@@ -5,8 +5,9 @@
     ring reduce-scatter = ring all-gather = (r - 1) / r * bytes / bandwidth + (r - 1) * latency
     ring all-reduce     = reduce-scatter + all-gather
 
-Used for data parallelism (:mod:`sim.planning.parallel.replicas`, :mod:`sim.planning.parallel.cluster`) and for the
-tensor-parallel collectives inside a stage (:mod:`sim.planning.costs.from_flops`).
+Used for data parallelism (:mod:`sim.planning.parallel.replicas`, :mod:`sim.planning.parallel.cluster`), the
+tensor-parallel collectives inside a stage (:mod:`sim.planning.costs.from_flops`), and the demo's replicas, whose
+gloo all-reduce is this ring (:mod:`sim.calibration.replicas`): so it lives in the core, below both.
 """
 
 from __future__ import annotations
