@@ -30,9 +30,8 @@ is refused before the count, with the flags that narrow it (:mod:`sim.planning.s
 
 ``--model`` takes a built-in (``gpt:SIZE``, ``llama:SIZE``, ``gpt:layers=...``, ``llama:layers=...``, ``resnet101``,
 ``unet:B,C``, ``amoebanet:L,D``; ``--help`` has them) or a user's ``MODULE:FUNCTION`` (a dotted module or a file),
-whose function takes no arguments and returns an ``nn.Sequential`` and a sample input (batch in dimension 0). A
-built-in past a size cap (:mod:`sim.planning.counting.models.limits`) is refused with an estimate before anything is
-counted.
+whose function takes no arguments and returns an ``nn.Sequential`` and a sample input (batch in dimension 0). Too
+large a built-in (:mod:`sim.planning.counting.models.limits`) is refused with an estimate before anything is counted.
 """
 
 from __future__ import annotations
