@@ -245,11 +245,9 @@ GPIPE_LAYERS: tuple[set[str], ...] = (
     {"gpipe"},
 )
 
-#: Imports up the layers, pending while gpipe/distributed/ is reshaped for data parallelism: the wire between ranks
-#: (a transport) reports through gpipe.distributed's clock, faults and group. Once the transport holds what the wire
-#: needs, this set empties.
-PENDING = {("gpipe.transport.wire", "gpipe.distributed.clock"), ("gpipe.transport.wire", "gpipe.distributed.faults"),
-           ("gpipe.transport.wire", "gpipe.distributed.group")}
+#: Imports up the layers, known and pending their fix: none (the wire between ranks lives in gpipe.distributed, beside
+#: the clock, faults and group it reports through). A pending pair leaves once it is gone (the test below).
+PENDING: set[tuple[str, str]] = set()
 
 
 def _gpipe_graph() -> dict[str, set[str]]:

@@ -1,4 +1,4 @@
-"""The executor on ``torch.distributed``: one process per schedule device, launched by torchrun (issue 23).
+"""The executor on ``torch.distributed``: one process per schedule device, launched by torchrun.
 
 ::
 
@@ -11,13 +11,13 @@
       materialize.py  meta layers made real, the same weights whatever the ranks
       replicas.py     replicas of the pipeline on a (pp, dp) device mesh: each one's batch, one timeline
       reduction.py    a stage's gradients all-reduced over its replicas in buckets during the backward, as spans
+      sharded.py      a stage sharded over its replicas with FSDP2 (ZeRO-3), its gathers and reductions as spans
+      wire.py         Wire: isend/irecv between ranks, receives posted ahead (the transport's interface between ranks,
+                      with :mod:`~gpipe.transport.routes` and :mod:`~gpipe.transport.structure`)
       pipe.py         DistributedGPipe: this rank's stages, step()
 
-Its transport, the wire between ranks, is :mod:`gpipe.transport.wire` (with :mod:`~gpipe.transport.routes` and
-:mod:`~gpipe.transport.structure`).
-
-Note [a light package]: :class:`DistributedGPipe` is imported when first asked for, so that the transport's
-wire, which reports through :mod:`gpipe.distributed.faults`, can be imported first without a circle at run time.
+Note [a light package]: :class:`DistributedGPipe` is imported when first asked for, so that what needs only a rank's
+machinery (:mod:`~gpipe.distributed.faults`' waits, the calibration's probes) does not load the executor.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -9,7 +9,7 @@
 Rank ``d`` is schedule device ``d`` (with ``data_parallel=dp > 1``, each of ``dp`` replicas' pipelines runs on its
 own ranks of a ``(pp, dp)`` device mesh: :mod:`gpipe.distributed.replicas`): it runs
 :class:`gpipe.interpreter.worker.Worker` on ``schedule.tasks[d]`` (one stage, or several as the schedule's layout
-places them) over :class:`gpipe.transport.wire.Wire`, and holds
+places them) over :class:`gpipe.distributed.wire.Wire`, and holds
 only those stages' layers (Note [materialised weights] in :mod:`gpipe.distributed.materialize`); the others are
 empty placeholders. ``parameters()`` are this rank's, for its own optimizer. Everything else its arguments decide
 (balance, schedule, placement, the schedule of each step) is decided as for :class:`gpipe.GPipe`, in
@@ -49,6 +49,7 @@ from gpipe.distributed.replicas import Replicas, merge_replicas, replica_share
 from gpipe.distributed.shapes import check_boundaries
 from gpipe.distributed.sharded import Sharded, check_zero, meta_twin
 from gpipe.distributed.start import Told, exchange, fingerprint, seed_from, structure_from
+from gpipe.distributed.wire import Links, Wire
 from gpipe.frontend import Arguments, FrontEnd
 from gpipe.interpreter.pipeline import Pipeline
 from gpipe.interpreter.recorder import Recorder
@@ -60,7 +61,6 @@ from gpipe.schedule.timeline import Timeline
 from gpipe.transport.base import DRIVER, Message
 from gpipe.transport.routes import loss_key
 from gpipe.transport.structure import Structure, structure_of
-from gpipe.transport.wire import Links, Wire
 
 __all__ = ["DistributedGPipe"]
 
@@ -80,7 +80,7 @@ class DistributedGPipe(FrontEnd):
         device: this rank's device; ``None``: ``cuda:LOCAL_RANK`` where CUDA is available, else the CPU.
         timeout: seconds any wait for another rank may last before the step fails on every rank.
         seed, init: how ``meta`` layers are initialised (Note [materialised weights]).
-        lookahead: receives posted ahead per peer (Note [receives posted ahead] in :mod:`gpipe.transport.wire`).
+        lookahead: receives posted ahead per peer (Note [receives posted ahead] in :mod:`gpipe.distributed.wire`).
         check_shapes: before the first step of each input structure, run the whole model on fake tensors on every
             rank to refuse a shape mismatch between stages (Note [a dry run on fake tensors]); ``False`` for a
             model whose forwards must run only on real data.

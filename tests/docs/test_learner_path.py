@@ -32,3 +32,18 @@ def test_every_page_it_links_exists() -> None:
             assert (ROOT / "tutorials" / Path(link).with_suffix(".ipynb").name).is_file(), link
         else:
             assert (DOCS / link).is_file(), link
+
+
+def test_getting_started_leads_with_the_bubble_before_the_demo() -> None:
+    """Its first section is the bubble, whose formula it states as the simulator computes it, then the demo."""
+    from gpipe.schedule import gpipe
+    from sim.core.cost import CostModel
+    from sim.core.engine import simulate
+
+    start = (DOCS / "getting-started.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", start, flags=re.MULTILINE)
+    assert headings[:2] == ["First, the bubble", "What the demo shows"]
+    assert "`(p − 1) / (m + p − 1)`" in start and "(img/generated/bubble_gantt.png)" in start
+    for p, m in ((4, 1), (4, 8), (2, 4)):
+        timeline = simulate(gpipe(m, p, "never"), CostModel.uniform(p, 1.0, 2.0))
+        assert abs(timeline.bubble_fraction() - (p - 1) / (m + p - 1)) < 1e-12
