@@ -134,9 +134,8 @@ class CommStream:
             for k, t in enumerate(tasks):
                 if t.op is Op.F and t.stage not in first_forward:
                     first_forward[t.stage] = k
-        # each stage's units in forward and in backward order, shared by its tasks
-        orders = {j: (list(range(len(c.units))), list(range(len(c.units)))[::-1])
-                  for j, c in enumerate(stages) if c is not None}
+        # each of this device's stages' units in forward and in backward order, shared by its tasks
+        orders: dict[int, tuple[list[int], list[int]]] = {}
         # per task: its units in the order it computes them, whether it gathers, reduces, replicates; None: no work
         self.plan: list[tuple[StageCollectives, list[int], bool, bool, bool] | None] = [None] * len(tasks)
         for k in (k for k in gradients if tasks[k].stage in last_gradient) if reductions_only else range(len(tasks)):
@@ -148,6 +147,9 @@ class CommStream:
             last = last_gradient.get(t.stage) == k
             reduces = t.op is gradient and (c.reduce_each or last)
             if gathers or reduces:
+                if t.stage not in orders:
+                    forward = list(range(len(c.units)))
+                    orders[t.stage] = (forward, forward[::-1])
                 self.plan[k] = (c, orders[t.stage][t.op in (Op.B, Op.W)], gathers, reduces, last)
         self.prefetched: dict[int, float] = {}  # task index -> end of its first unit's gather, issued early
         self.previous_end = 0.0  # when the device's previous task ended
