@@ -37,8 +37,7 @@ from torch.utils.hooks import RemovableHandle
 from gpipe.distributed.faults import Alarm, Pending, Waiter
 from gpipe.interpreter.recorder import Recorder
 from gpipe.schedule import Schedule, Task
-from gpipe.schedule.size import format_bytes
-from gpipe.schedule.timeline import COLLECTIVE
+from gpipe.schedule.timeline import COLLECTIVE, collective_label
 
 __all__ = ["DDP_BUCKET_BYTES", "Bucket", "Reduction", "buckets", "stage_buckets"]
 
@@ -186,10 +185,10 @@ class Reduction:
                 start = max(launched.issued, previous)
                 previous = end = max(launched.pending.at - self.recorder.t0, start)
                 nbytes = launched.flat.numel() * launched.flat.element_size()
-                name = "loss" if launched.bucket is None else f"unit {launched.bucket.unit}"
+                reduced_what: int | str = "loss" if launched.bucket is None else launched.bucket.unit
                 with self.recorder.lock:  # Note [a collective's span]: its own start and end, not the recorder's now
                     self.recorder.spans.append((self.d, COLLECTIVE, launched.task, start, end,
-                                                f"all-reduce {name} ({format_bytes(nbytes)})"))
+                                                collective_label("all-reduce", reduced_what, nbytes)))
         self.launched.clear()
         return last
 

@@ -75,8 +75,7 @@ from gpipe.frontend import Arguments
 from gpipe.interpreter.pipeline import Pipeline
 from gpipe.interpreter.recorder import Recorder
 from gpipe.schedule import Op, Schedule, ScheduleKind, Task
-from gpipe.schedule.size import format_bytes
-from gpipe.schedule.timeline import COLLECTIVE
+from gpipe.schedule.timeline import COLLECTIVE, collective_label
 
 __all__ = ["ZERO_STAGES", "Sharded", "ShardUnit", "check_zero", "meta_twin", "stage_units"]
 
@@ -181,7 +180,7 @@ class _Collectives:
             assert task is not None  # collectives run in tasks, each announced by Sharded.before
             with recorder.lock:
                 recorder.spans.append((self.d, COLLECTIVE, task, issued - recorder.t0, pending.at - recorder.t0,
-                                       f"{kind} unit {unit.unit} ({format_bytes(unit.nbytes)})"))
+                                       collective_label(kind, unit.unit, unit.nbytes)))
 
 
 class _TimedAllGather(AllGather):

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpipe.schedule import Task
-from gpipe.schedule.size import replace_file
+from gpipe.schedule.size import format_bytes, replace_file
 
 __all__ = [
     "COLLECTIVE",
@@ -44,6 +44,7 @@ __all__ = [
     "MemorySample",
     "Span",
     "Timeline",
+    "collective_label",
 ]
 
 _START_END = attrgetter("start", "end")  # spans in time order, ties by end
@@ -51,6 +52,12 @@ _START_END = attrgetter("start", "end")  # spans in time order, ties by end
 COMPUTE = "compute"
 COPY = "copy"
 COLLECTIVE = "collective"
+
+
+def collective_label(kind: str, what: int | str, nbytes: float) -> str:
+    """A collective span's label, written alike by the simulator and the executor so that predicted and measured
+    collectives pair by it: ``all-gather unit 0 (1.5 KiB)``; ``what``: a unit's index, or a name (``"loss"``)."""
+    return f"{kind} {f'unit {what}' if isinstance(what, int) else what} ({format_bytes(nbytes)})"
 
 
 @dataclass(frozen=True, init=False, slots=True)

@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpipe.schedule import Op, Schedule, Task
-from gpipe.schedule.size import format_bytes
-from gpipe.schedule.timeline import COLLECTIVE, COMPUTE, Span, Timeline
+from gpipe.schedule.timeline import COLLECTIVE, COMPUTE, Span, Timeline, collective_label
 
 __all__ = ["CommStream", "Gather", "StageCollectives", "Unit", "add_collectives"]
 
@@ -162,12 +161,12 @@ class CommStream:
 
     def _gather(self, k: int, c: StageCollectives, unit: int, issue: float) -> float:
         u = c.units[unit]
-        return self._run(issue, u.gather, self.tasks[k], f"all-gather unit {unit} ({format_bytes(u.gather_bytes)})")
+        return self._run(issue, u.gather, self.tasks[k], collective_label("all-gather", unit, u.gather_bytes))
 
     def _reduce(self, k: int, c: StageCollectives, unit: int, end: float, last: bool) -> None:
         u = c.units[unit]
         if u.reduce:
-            self._run(end, u.reduce, self.tasks[k], f"{c.reduce_kind} unit {unit} ({format_bytes(u.reduce_bytes)})")
+            self._run(end, u.reduce, self.tasks[k], collective_label(c.reduce_kind, unit, u.reduce_bytes))
         if last and u.replicate:
             self._run(end, u.replicate, self.tasks[k], f"all-reduce across replicas unit {unit}")
 
