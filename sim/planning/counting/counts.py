@@ -11,22 +11,26 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["ALL_GATHER", "ALL_REDUCE", "COLLECTIVE", "COLLECTIVE_NAMES", "CONVOLUTION", "MATMUL", "MEMORY_BOUND",
-           "REDUCE_SCATTER", "VECTOR_MATH", "AttentionCore", "LayerCount", "LayerProfile", "ModelProfile", "OpTable"]
+__all__ = ["ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "COLLECTIVE", "COLLECTIVE_NAMES", "CONVOLUTION", "MATMUL",
+           "MEMORY_BOUND", "REDUCE_SCATTER", "VECTOR_MATH", "AttentionCore", "LayerCount", "LayerProfile",
+           "ModelProfile", "OpTable"]
 
 #: What bounds a counted kernel (``OpTable.kinds``): memory-bound (bytes at bandwidth), a matrix multiply
 #: (``mm``, ``addmm``, ``bmm``, ...) or a convolution (an implicit GEMM), both compute-bound by their shape, or a
 #: memory-bound kernel with arithmetic per element (activations such as GELU, softmax, normalisations, pooling,
 #: losses), priced by its bytes at its own fraction of the bandwidth (Note [vector math] in
-#: :mod:`sim.planning.counting.operators`), or a collective among tensor-parallel ranks (which one:
+#: :mod:`sim.planning.counting.operators`), or a collective among tensor- or expert-parallel ranks (which one:
 #: ``OpTable.collectives``), priced on the tensor-parallel link (:mod:`sim.planning.counting.tensor_parallel`).
 MEMORY_BOUND, MATMUL, CONVOLUTION, VECTOR_MATH, COLLECTIVE = 0, 1, 2, 3, 4
 
 #: Which collective a :data:`COLLECTIVE` operator is (``OpTable.collectives``; 0 for every other operator). Its bytes
-#: are the whole message: the tensor an all-reduce sums, a reduce-scatter's input, an all-gather's output.
-ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = 1, 2, 3
+#: are the whole message: the tensor an all-reduce sums, a reduce-scatter's input, an all-gather's output, the rows
+#: one rank sends in an all-to-all (among the expert-parallel ranks, not the tensor-parallel ones: Note [all-to-all]
+#: in :mod:`sim.planning.counting.expert_parallel`).
+ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL = 1, 2, 3, 4
 #: Each collective's name, for messages.
-COLLECTIVE_NAMES = {ALL_REDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALL_GATHER: "all-gather"}
+COLLECTIVE_NAMES = {ALL_REDUCE: "all-reduce", REDUCE_SCATTER: "reduce-scatter", ALL_GATHER: "all-gather",
+                    ALL_TO_ALL: "all-to-all"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,7 +45,8 @@ class OpTable:
             built by hand): an operator with FLOPs is a matrix multiply, one without is memory-bound.
         dims: shape ``(ops, 3, 2)``: fixed and per-sample GEMM dimensions ``M, N, K`` of each compute-bound
             operator (a convolution's implicit GEMM); 0 where unknown or not a GEMM. ``None``: all unknown.
-        collectives: shape ``(ops,)``: :data:`ALL_REDUCE`, :data:`REDUCE_SCATTER` or :data:`ALL_GATHER` for each
+        collectives: shape ``(ops,)``: :data:`ALL_REDUCE`, :data:`REDUCE_SCATTER`, :data:`ALL_GATHER` or
+            :data:`ALL_TO_ALL` for each
             :data:`COLLECTIVE` operator, 0 for the others; ``None``: every collective an all-reduce.
         linear: shape ``(ops,)``: True for a 2-D matrix product (``mm``, ``addmm``: a Linear layer's forward and
             gradients; Note [linear products] in :mod:`sim.planning.counting.operators`), the products FP8 training runs
@@ -128,6 +133,9 @@ class LayerProfile:
         new_output_bytes: ``(fixed, per_sample)`` bytes of the output the layer allocates (tensors of its
             output that are not tensors of its input, such as the skips a tuple passes through);
             ``None``: all of ``output_bytes``.
+        expert_parameters: how many of ``parameters`` are routed experts' (this rank's shard of them), whose
+            optimizer state and gradients belong to the expert-data-parallel group (Note [mixture of experts] in
+            :mod:`sim.planning.counting.models.moe_config`); 0 for a layer without experts.
     """
 
     name: str
@@ -143,6 +151,7 @@ class LayerProfile:
     parameter_tensors: int
     input_backward: OpTable | None = None
     new_output_bytes: tuple[float, float] | None = None
+    expert_parameters: int = 0
 
     def at(self, batch: int) -> LayerCount:
         """The layer's totals at ``batch`` samples."""
@@ -198,6 +207,8 @@ class ModelProfile:
             planner can find (a user's model, a fused attention).
         context_parallel: the ranks each sample's tokens are split over; the count is one rank's
             (:func:`sim.planning.parallel.context_parallel.split_sequence`); 1: the whole sequence.
+        expert_parallel: the ranks the model's all-to-alls run among (Note [all-to-all] in
+            :mod:`sim.planning.counting.expert_parallel`); 1: a model without them.
     """
 
     layers: tuple[LayerProfile, ...]
@@ -206,6 +217,7 @@ class ModelProfile:
     attention_core: AttentionCore | None = None
     sequence_parallel: bool = False
     context_parallel: int = 1
+    expert_parallel: int = 1
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -213,6 +225,11 @@ class ModelProfile:
     @property
     def parameters(self) -> int:
         return sum(layer.parameters for layer in self.layers)
+
+    @property
+    def expert_parameters(self) -> int:
+        """The routed experts' parameters of this rank (:attr:`LayerProfile.expert_parameters`)."""
+        return sum(layer.expert_parameters for layer in self.layers)
 
     @property
     def parameter_bytes(self) -> int:

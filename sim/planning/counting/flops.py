@@ -19,7 +19,8 @@ tensor's shape, strides, dtype and storage, and which of those storages earlier 
 saves again is not new). That is the key a count is reused under, so a repeat whose input differs (the first block
 after an embedding that saves its output) is counted afresh. A reused layer's output is made again (fresh tensors
 of the same layout, marked saved where the counted layer's were), which needs outputs that are fresh storages of
-their own; a layer whose output is an input's storage or shares one is always counted. Nothing is reused for layers
+their own or tensors of the input passed on whole (the repeat passes its own input's); a layer whose output is
+otherwise an input's storage or shares one is always counted. Nothing is reused for layers
 the caller does not name: a user's module may read state the counter cannot see.
 
 Note [affine in the batch]: every count is taken at batch sizes 2 and 4 (the sample's other dimensions
@@ -50,6 +51,7 @@ from sim.planning.counting.counts import (
     ModelProfile,
     OpTable,
 )
+from sim.planning.counting.expert_parallel import is_expert
 from sim.planning.counting.operators import (
     Op,
     UnknownOperatorError,
@@ -64,6 +66,8 @@ __all__ = ["CountError", "LayerCount", "LayerProfile", "ModelProfile", "OpTable"
            "count_layers"]
 
 _COUNT_BATCH = 2  # counts at 2 and 4 samples (see Note [affine in the batch])
+#: The group sizes a count's collectives run among: the tensor-parallel ones', the all-to-alls'.
+_Groups = tuple[set[int], set[int]]
 
 
 def _affine(q1: float, q2: float, b: int) -> tuple[float, float]:
@@ -131,7 +135,7 @@ class _Pass:
 # gradient, all W.
 def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep: list[Any],
                params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
-               shared_param_keys: set[int], memory_bound: frozenset[str], groups: set[int]) -> _Pass:
+               shared_param_keys: set[int], memory_bound: frozenset[str], groups: _Groups) -> _Pass:
     """Forward and backward of one layer on meta inputs ``x``; ``seen`` maps saved storages to owners, ``groups``
     gathers the group sizes of the collectives it runs."""
     if first:
@@ -166,7 +170,7 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
     bwd_in: list[Op] = []
     state = {**params, **buffers}
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-    with hooks, _GpuDropout(), _Recorder(fwd, memory_bound, groups):
+    with hooks, _GpuDropout(), _Recorder(fwd, memory_bound, *groups):
         out = torch.func.functional_call(layer, state, (x_in,))
     outputs = _tensors(out)
     roots = [o for o in outputs if o.requires_grad]
@@ -175,9 +179,9 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
     if roots and wrt_in + wrt_params:
         grads = [torch.empty_like(o) for o in roots]
         if wrt_in and wrt_params:  # Note [split backward]: the input's gradient alone, then the whole backward
-            with _Recorder(bwd_in, memory_bound, groups):
+            with _Recorder(bwd_in, memory_bound, *groups):
                 torch.autograd.grad(roots, wrt_in, grads, retain_graph=True, allow_unused=True)
-        with _Recorder(bwd, memory_bound, groups):
+        with _Recorder(bwd, memory_bound, *groups):
             torch.autograd.grad(roots, wrt_in + wrt_params, grads, allow_unused=True)
         if wrt_in and not wrt_params:
             bwd_in = list(bwd)
@@ -211,12 +215,19 @@ class _Fresh:
 
 
 @dataclass(frozen=True)
+class _Passed:
+    """An output tensor that is the input's tensor at ``index`` (of the input's leaves), passed on whole."""
+
+    index: int
+
+
+@dataclass(frozen=True)
 class _Counted:
     """A counted layer, for a repeat of it (Note [identical layers]): its pass and how to make its output again."""
 
     step: _Pass
     spec: TreeSpec
-    leaves: tuple[Any, ...]  # non-tensors as they are, tensors as _Fresh
+    leaves: tuple[Any, ...]  # non-tensors as they are, tensors as _Fresh or _Passed
 
 
 def _signature(x: Any, seen: dict[int, int]) -> tuple[Any, ...] | None:
@@ -239,15 +250,27 @@ def _signature(x: Any, seen: dict[int, int]) -> tuple[Any, ...] | None:
     return tuple(key)
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same tensor: one storage, one layout (a detached copy of an input is)."""
+    return (_storage_key(a) == _storage_key(b) and a.shape == b.shape and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype)
+
+
 def _replayable(step: _Pass, x: Any, seen: dict[int, int]) -> _Counted | None:
-    """The record that makes ``step``'s output again; ``None`` if an output is not a fresh storage of its own."""
+    """The record that makes ``step``'s output again; ``None`` if an output is neither a fresh storage of its own nor
+    a tensor of the input passed on whole (the token ids a decoder with MTP modules carries to them)."""
     inputs = {_storage_key(t) for t in _tensors(x)}
+    given = tree_flatten(x)[0]
     leaves, spec = tree_flatten(step.output)
     storages: set[int] = set()
     record: list[Any] = []
     for leaf in leaves:
         if not isinstance(leaf, torch.Tensor):
             record.append(leaf)
+            continue
+        passed = next((i for i, t in enumerate(given) if isinstance(t, torch.Tensor) and _same(t, leaf)), None)
+        if passed is not None:
+            record.append(_Passed(passed))
             continue
         storage = _storage_key(leaf)
         again = torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device="meta")
@@ -259,10 +282,15 @@ def _replayable(step: _Pass, x: Any, seen: dict[int, int]) -> _Counted | None:
     return _Counted(step, spec, tuple(record))
 
 
-def _replay(counted: _Counted, seen: dict[int, int], keep: list[Any]) -> _Pass:
-    """``counted``'s pass with its output made again, each tensor saved where the counted layer's was."""
+def _replay(counted: _Counted, x: Any, seen: dict[int, int], keep: list[Any]) -> _Pass:
+    """``counted``'s pass on ``x`` with its output made again, each tensor saved where the counted layer's was and
+    each tensor of the input passed on as it was."""
+    given = tree_flatten(x)[0]
     leaves = []
     for leaf in counted.leaves:
+        if isinstance(leaf, _Passed):
+            leaves.append(given[leaf.index])
+            continue
         if not isinstance(leaf, _Fresh):
             leaves.append(leaf)
             continue
@@ -275,7 +303,7 @@ def _replay(counted: _Counted, seen: dict[int, int], keep: list[Any]) -> _Pass:
 
 
 def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None, memory_bound: frozenset[str],
-                groups: set[int], group_of: dict[int, int]) -> list[tuple[_Pass, list[nn.Parameter], int]]:
+                groups: _Groups, group_of: dict[int, int]) -> list[tuple[_Pass, list[nn.Parameter], int]]:
     """Each layer's pass, its new parameters, and the index of the layer whose count it is (itself, or the
     identical layer it repeats: Note [identical layers])."""
     seen: dict[int, int] = {}
@@ -291,7 +319,7 @@ def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None, m
         key = None if signature is None else (group_of[k], signature)
         if key is not None and key in counted:
             record, source = counted[key]
-            step = _replay(record, seen, keep)
+            step = _replay(record, x, seen, keep)
             result.append((step, new, source))
             x = step.output
             continue
@@ -382,7 +410,7 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
     group_of = _groups_of(identical, len(module))
     b = _COUNT_BATCH
     passes = []
-    groups: set[int] = set()
+    groups: _Groups = (set(), set())
     for k, batch in enumerate((b, 2 * b)):
         with torch.no_grad():
             meta_sample = _to_meta(sample, batch, dtype)
@@ -411,12 +439,18 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
             sum(p.numel() for p in new),
             sum(p.numel() * torch.empty((), dtype=_dtype(p, dtype)).element_size() for p in new), len(new),
             input_backward, _affine(p1.new_output_bytes, p2.new_output_bytes, b),
+            sum(p.numel() for p in new if is_expert(p)),
         ))
     floats = [p.dtype for p in module.parameters() if p.is_floating_point()]
     counted = dtype if dtype is not None else floats[0] if floats else torch.float32
-    if len(groups) > 1:
-        raise ValueError(f"the model's collectives run among groups of {sorted(groups)} ranks; a count needs one "
+    tensor, expert = groups
+    if len(expert) > 1:
+        raise ValueError(f"the model's all-to-alls run among groups of {sorted(expert)} ranks; a count needs one "
+                         "expert-parallel degree")
+    if len(tensor) > 1:
+        raise ValueError(f"the model's collectives run among groups of {sorted(tensor)} ranks; a count needs one "
                          "tensor-parallel degree")
     split = any(np.isin(t.collectives_or_default(), (REDUCE_SCATTER, ALL_GATHER)).any()
                 for layer in layers for t in (layer.forward, layer.backward))
-    return ModelProfile(tuple(layers), counted, groups.pop() if groups else 1, sequence_parallel=split)
+    return ModelProfile(tuple(layers), counted, tensor.pop() if tensor else 1, sequence_parallel=split,
+                        expert_parallel=expert.pop() if expert else 1)

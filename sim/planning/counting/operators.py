@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from sim.planning.counting.counts import ALL_REDUCE, COLLECTIVE, CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
+from sim.planning.counting.expert_parallel import EXPERT_MARKERS
 from sim.planning.counting.tensor_parallel import MARKERS
 
 __all__ = ["FUSED_KERNELS", "LINEAR_PRODUCTS", "MEMORY_BOUND_OPERATORS", "VECTOR_MATH_OPERATORS",
@@ -82,14 +83,15 @@ LINEAR_PRODUCTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm})
 class _Recorder(TorchDispatchMode):
     """Appends an :data:`Op` for every non-free ATen operator to ``ops``; ``memory_bound``: names of operators
     to count as memory-bound besides :data:`MEMORY_BOUND_OPERATORS` (Note [no free operators]); ``groups``
-    gathers the group size of every collective seen."""
+    gathers the group size of every tensor-parallel collective seen, ``expert_groups`` every all-to-all's."""
 
     def __init__(self, ops: list[Op], memory_bound: frozenset[str] = frozenset(),
-                 groups: set[int] | None = None) -> None:
+                 groups: set[int] | None = None, expert_groups: set[int] | None = None) -> None:
         super().__init__()
         self.ops = ops
         self.memory_bound = memory_bound
         self.groups = set() if groups is None else groups
+        self.expert_groups = set() if expert_groups is None else expert_groups
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -98,6 +100,12 @@ class _Recorder(TorchDispatchMode):
             self.groups.add(int(_arg(args, kwargs, 1, "group")))
             message = max(_tensor_bytes(_arg(args, kwargs, 0, "x")), _tensor_bytes(out))
             self.ops.append((0.0, float(message), collective_kind(MARKERS[func]), 0.0, 0.0, 0.0, 0.0))
+            return out
+        if func in EXPERT_MARKERS:  # the rows this rank sends (Note [all-to-all] in counting.expert_parallel)
+            x = _arg(args, kwargs, 0, "x")
+            self.expert_groups.add(int(_arg(args, kwargs, 1, "group")))
+            message = int(_arg(args, kwargs, 2, "rows")) * x.shape[-1] * x.element_size()
+            self.ops.append((0.0, float(message), collective_kind(EXPERT_MARKERS[func]), 0.0, 0.0, 0.0, 0.0))
             return out
         qualified = func._schema.name
         name = qualified.split("::")[-1]
@@ -108,8 +116,12 @@ class _Recorder(TorchDispatchMode):
         if qualified in FUSED_KERNELS:  # Note [fused kernels]
             traffic = float(sum(map(_tensor_bytes, inputs)) + sum(map(_tensor_bytes, outputs)))
             pass_ = _FLASH_PASSES.get(qualified)
-            work = (0.0, 0.0, 0.0, 0.0) if pass_ is None else _flash_attention(_arg(args, kwargs, 0, "q"), pass_)
-            self.ops.append((work[0], traffic, FUSED_KERNELS[qualified], *work[1:], 0.0))
+            work = (0.0, 0.0, 0.0, 0.0)
+            if pass_ is not None:
+                work = _flash_attention(_arg(args, kwargs, 0, "q"), _arg(args, kwargs, 2, "v"), pass_)
+            elif qualified == _GROUPED:
+                work = _grouped_gemm(_arg(args, kwargs, 0, "a"), _arg(args, kwargs, 1, "b"))
+            self.ops.append((work[0], traffic, FUSED_KERNELS[qualified], *work[1:], float(qualified == _GROUPED)))
             return out
         packet = func._overloadpacket
         kernels = _kernels(packet, args, kwargs, out)
@@ -156,6 +168,7 @@ MEMORY_BOUND_OPERATORS = frozenset({
     "tril", "triu", "masked_fill", "masked_fill_", "where", "amax", "var_mean", "std_mean",
     "max_pool3d_with_indices", "arange", "_unsafe_index", "threshold_backward", "sort", "topk", "cumsum",
     "bernoulli_", "bernoulli", "uniform_", "normal_", "rand_like", "randn_like", "native_group_norm",
+    "searchsorted", "index_put", "index_add",
     "native_group_norm_backward", "max", "min", "var", "std", "norm", "linalg_vector_norm", "prod", "any", "all",
     "leaky_relu_backward", "gelu_backward", "silu_backward", "tanh_backward", "sigmoid_backward", "elu_backward",
     "hardtanh_backward", "softplus_backward", "hardswish_backward", "hardsigmoid_backward", "mish_backward",
@@ -201,13 +214,29 @@ FUSED_KERNELS = {
     "gpipe_sim::swiglu": VECTOR_MATH, "gpipe_sim::swiglu_backward": VECTOR_MATH,
     "gpipe_sim::rope": MEMORY_BOUND, "gpipe_sim::rope_backward": MEMORY_BOUND,
     "gpipe_sim::flash_attention": MATMUL, "gpipe_sim::flash_attention_backward": MATMUL,
+    "gpipe_sim::grouped_mm": MATMUL,
 }
+_GROUPED = "gpipe_sim::grouped_mm"
+
+
+# Note [grouped GEMM]: the routed experts' products are one grouped GEMM each (``gpipe_sim::grouped_mm``: a batch of
+# G independent products ``(M, K) @ (K, N)``, as TransformerEngine's GroupedLinear and Megatron-Core's grouped GEMM
+# run them), its gradients two more. Unlike ``bmm``, whose batch the counter stacks into M (Note [GEMM shape]), it is
+# recorded at one group's shape: M is the tokens one expert gets, so a fine-grained MoE's few tokens per expert show
+# as a small GEMM, which the roofline prices at its lower rate. Its FLOPs are ``2·G·M·N·K``, and it is a linear
+# product (Note [linear products]): FP8 training runs the experts in FP8, as DeepSeek-V3 did.
+def _grouped_gemm(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float, float]:
+    """FLOPs and one group's GEMM dimensions ``M, N, K`` of a grouped product of ``a`` (G, M, K) and ``b`` (G, K, N)
+    (Note [grouped GEMM])."""
+    g, m, k = (int(n) for n in a.shape)
+    n = int(b.shape[-1])
+    return 2.0 * g * m * n * k, float(m), float(n), float(k)
 
 
 # Note [flash attention]: FlashAttention (Dao et al., 2022; FlashAttention-2, Dao, 2023) computes causal attention
 # in tiles held on chip, one kernel each way (Note [flash attention] in
 # :mod:`sim.planning.counting.models.decoder_layers`):   FLOPs     the kernel's own: 4·b·a·s²·d forward for the s×s
-# score and output products, halved, since the causal
+# score and output products (2·b·a·s²·(d + d_v) for values of another width, MLA's), halved, since the causal
 #             kernel skips the tiles above the diagonal; backward 2.5 times that (five s×s-sized products to the
 #             forward's two: the scores again, dV, dP, dQ, dK). FlashAttention's benchmarks count so
 #             (``flops`` in its benchmarks/benchmark_flash_attention.py). PaLM's and Megatron-LM's MFU count the full
@@ -229,11 +258,13 @@ FUSED_KERNELS = {
 _FLASH_PASSES = {"gpipe_sim::flash_attention": 1.0, "gpipe_sim::flash_attention_backward": 2.5}
 
 
-def _flash_attention(q: torch.Tensor, multiple: float) -> tuple[float, float, float, float]:
-    """FLOPs and GEMM dimensions ``M, N, K`` of a FlashAttention kernel on ``q`` (B, T, A, d), ``multiple`` times
-    the causal forward's ``2·b·a·s²·d`` (Note [flash attention])."""
+def _flash_attention(q: torch.Tensor, v: torch.Tensor, multiple: float) -> tuple[float, float, float, float]:
+    """FLOPs and GEMM dimensions ``M, N, K`` of a FlashAttention kernel on ``q`` (B, T, A, d) and ``v`` (B, T, K,
+    d_v), ``multiple`` times the causal forward's ``b·a·s²·(d + d_v)`` (``2·b·a·s²·d`` where d_v = d, as every head
+    but MLA's; Note [flash attention]); K is the mean of the two widths."""
     b, s, a, d = (int(n) for n in q.shape)
-    return multiple * 2.0 * b * a * s * s * d, float(b * a * s), float(s), float(d)
+    width = (d + int(v.shape[-1])) / 2.0
+    return multiple * 2.0 * b * a * s * s * width, float(b * a * s), float(s), width
 
 
 class UnknownOperatorError(ValueError):

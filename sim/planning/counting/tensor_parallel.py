@@ -56,7 +56,8 @@ import torch.nn.functional as F
 from sim.planning.counting.counts import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 __all__ = ["MARKERS", "SEQUENCE_DIM", "all_gather", "all_reduce", "column_parallel", "copy_to_tensor_parallel",
-           "reduce_from_tensor_parallel", "reduce_scatter", "scatter_to_sequence_parallel"]
+           "gather_from_sequence_parallel", "gather_tokens", "reduce_from_tensor_parallel", "reduce_scatter",
+           "scatter_to_sequence_parallel"]
 
 #: The dimension the tokens of a ``(B, T, C)`` activation run along, which sequence parallelism splits.
 SEQUENCE_DIM = 1
@@ -181,6 +182,20 @@ class _Gather(torch.autograd.Function):
         return reduce_scatter(grad, ctx.group), None
 
 
+class _GatherSplit(torch.autograd.Function):
+    """Every rank's tokens of a tensor each rank holds its part of, for a region every rank computes whole: an
+    all-gather forward, this rank's part of the gradient (the same on every rank) backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: int) -> torch.Tensor:
+        ctx.group = group
+        return all_gather(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.narrow(SEQUENCE_DIM, 0, grad.shape[SEQUENCE_DIM] // ctx.group), None
+
+
 class _Linears(torch.autograd.Function):
     """``total @ w.T + b`` for each weight; the input's gradient here, each output's gradient passed on whole to a
     stand-in that takes the weights' gradients (Note [weights apart])."""
@@ -244,6 +259,19 @@ def scatter_to_sequence_parallel(x: torch.Tensor, group: int) -> torch.Tensor:
     """This rank's ``1 / group`` of the tokens of ``x``, which every rank holds whole (a view); the gradient
     all-gathered (nothing at all for one rank)."""
     return x if group == 1 else _Scatter.apply(x, group)
+
+
+def gather_from_sequence_parallel(x: torch.Tensor, group: int) -> torch.Tensor:
+    """f with sequence parallelism on its own: every rank's tokens of ``x`` gathered, the gradient reduce-scattered
+    (nothing at all for one rank)."""
+    return x if group == 1 else _Gather.apply(x, group)
+
+
+def gather_tokens(x: torch.Tensor, group: int) -> torch.Tensor:
+    """Every rank's tokens of ``x`` gathered for a region each rank then computes whole; the gradient's part of this
+    rank's tokens backward, no collective (Megatron-LM's gather without ``tensor_parallel_output_grad``; nothing at
+    all for one rank)."""
+    return x if group == 1 else _GatherSplit.apply(x, group)
 
 
 def column_parallel(x: torch.Tensor, params: Sequence[tuple[torch.Tensor, torch.Tensor | None]], group: int,

@@ -11,11 +11,24 @@ Specs::
     nemotron:15b      a Nemotron-4 size (15b, 340b), at 4096 tokens
     nemotron:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V
                       a Nemotron-style decoder of that shape
+    deepseek:v3       DeepSeek-V3 (v3, v2), at 4096 tokens: MLA and DeepSeekMoE, V3 with its MTP module
+    deepseek:layers=L,hidden=H,heads=A,ffn=F,experts=E,top-k=K,expert-ffn=FE,seq=S,vocab=V
+                      a DeepSeek-style decoder of that shape (MLA's ranks and widths V3's unless given)
+    mixtral:8x7b      a Mixtral size (8x7b, 8x22b), at its context (32768, 65536 tokens)
+    mixtral:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,experts=E,top-k=K,seq=S,vocab=V
+                      a Mixtral-style decoder of that shape (each expert F wide)
+    qwen3:235b-a22b   Qwen3-235B-A22B, at 4096 tokens
+    qwen3:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,experts=E,top-k=K,seq=S,vocab=V
+                      a Qwen3-MoE-style decoder of that shape (each expert F wide, heads 128 wide unless head-dim=D)
 
     a shape of any family takes the decoder's other choices too, each defaulting to the family's (Note [decoder
     options] in sim.planning.counting.models.decoder): kv-heads=K (gpt: the heads), mlp=gelu|swiglu|relu2,
     norm=layernorm|rmsnorm, position=learned|rope, qkv=fused|split, bias=on|off, tied=on|off
-    (gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000,kv-heads=2,mlp=swiglu,norm=rmsnorm,bias=off,tied=on)
+    (gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000,kv-heads=2,mlp=swiglu,norm=rmsnorm,bias=off,tied=on),
+    and the mixture of experts' and MLA's (Note [mixture of experts] in sim.planning.counting.models.moe_config):
+    experts=E, top-k=K, shared-experts=N, expert-ffn=FE, dense-layers=n, router=softmax|sigmoid, node-limit=M,
+    head-dim=D, qk-norm=on|off, attention-kind=standard|mla, q-lora=RQ, kv-lora=RKV, rope-dim=DR, nope-dim=DN,
+    v-dim=DV, mtp=D
 
     options, after a size or among a shape's keys (gpt:175b,attention=math; llama:70b,kernels=eager), each
     defaulting to what Megatron-Core runs today (Note [spec defaults]):
@@ -36,7 +49,7 @@ read.
 :func:`get_model` returns a :class:`ModelSpec`, which builds the module (on the meta device by
 default, so a 175B model costs nothing) and a sample input of any batch size; for the decoders,
 :meth:`ModelSpec.tensor_parallel` names one rank's shard of a tensor-parallel split, with sequence parallelism or
-without.
+without, and for a mixture of experts :meth:`ModelSpec.expert_parallel` one rank's shard of its experts.
 
 Note [spec defaults]: a spec's options default to the kernels frameworks run today, FlashAttention and the fused
 kernels (``attention=flash``, ``kernels=megatron``), so ``gpt:175b`` plans what a practitioner trains; the
@@ -59,7 +72,7 @@ from sim.planning.counting.counts import AttentionCore, ModelProfile
 from sim.planning.counting.flops import count_layers
 from sim.planning.counting.models.amoebanet import amoebanet, amoebanet_sample, check_amoebanet
 from sim.planning.counting.models.decoder import DecoderConfig
-from sim.planning.counting.models.decoder_layers import decoder, decoder_blocks, token_ids
+from sim.planning.counting.models.decoder_layers import decoder, decoder_groups, token_ids
 from sim.planning.counting.models.decoder_specs import FAMILIES, describe, parse
 from sim.planning.counting.models.decoder_specs import KNOWN as DECODERS
 from sim.planning.counting.models.resnet import resnet101, resnet_sample
@@ -89,6 +102,9 @@ class ModelSpec:
             a decoder).
         identical: groups of layer indices the builder makes as the same computation (a decoder's blocks), for a
             count to reuse (Note [identical layers] in :mod:`sim.planning.counting.flops`); empty: none known.
+        experts: ``(ep, etp, imbalance) -> `` the spec of one rank's shard of the experts
+            (:meth:`expert_parallel`); ``None``: the model has no experts.
+        config: the decoder's config; ``None``: not a decoder.
     """
 
     name: str
@@ -98,6 +114,8 @@ class ModelSpec:
     shard: Callable[[int, bool], ModelSpec] | None = None
     attention_core: Callable[[int], AttentionCore] | None = None
     identical: tuple[Collection[int], ...] = ()
+    experts: Callable[[int, int, float], ModelSpec] | None = None
+    config: DecoderConfig | None = None
 
     def tensor_parallel(self, t: int, sequence_parallel: bool = False) -> ModelSpec:
         """The spec of one rank's shard over ``t`` ranks (itself for ``t = 1``); cheap: nothing is built.
@@ -112,9 +130,27 @@ class ModelSpec:
         if t == 1:
             return self
         if self.shard is None:
-            raise ValueError(f"model {self.name} has no tensor-parallel split (gpt, llama and nemotron have)")
+            raise ValueError(f"model {self.name} has no tensor-parallel split (the decoders have)")
         try:
             return self.shard(t, sequence_parallel)
+        except ValueError as exc:
+            raise ValueError(f"model {self.name}: {exc}") from None
+
+    def expert_parallel(self, ep: int, etp: int = 1, imbalance: float = 1.0) -> ModelSpec:
+        """The spec of one rank's shard of the experts: ``E/ep`` of them, each split over ``etp`` ranks, fed the
+        busiest rank's tokens, ``imbalance`` times the balanced share (Note [routed tokens] in
+        :mod:`sim.planning.counting.models.moe_layers`); composes with :meth:`tensor_parallel`. Cheap: nothing is
+        built.
+
+        Raises:
+            ValueError: the model has no experts, ``ep`` does not divide them, ``etp`` does not divide their width
+                or is neither 1 nor the tensor-parallel degree, or ``imbalance`` is below 1 (one line, naming the
+                model).
+        """
+        if self.experts is None:
+            raise ValueError(f"model {self.name} has no experts to split over expert-parallel ranks")
+        try:
+            return self.experts(ep, etp, imbalance)
         except ValueError as exc:
             raise ValueError(f"model {self.name}: {exc}") from None
 
@@ -140,8 +176,12 @@ class ModelSpec:
 
     def count(self, dtype: torch.dtype) -> ModelProfile:
         """The model counted on meta in ``dtype`` (:func:`sim.planning.counting.flops.count_layers`), with its attention
-        core where it has one (for selective recompute, :mod:`sim.planning.parallel.recompute`)."""
+        core where it has one (for selective recompute, :mod:`sim.planning.parallel.recompute`); a decoder's profile
+        says sequence parallelism as its config does (Note [routed tokens] in
+        :mod:`sim.planning.counting.models.moe_layers`: the experts' tokens are gathered without it too)."""
         profile = count_layers(self.module("meta"), self.sample(2, "meta"), dtype=dtype, identical=self.identical)
+        if self.config is not None:  # a mixture of experts gathers tokens without sequence parallelism too
+            profile = replace(profile, sequence_parallel=self.config.sequence_parallel)
         core = self.attention_core
         return profile if core is None else replace(profile, attention_core=core(dtype.itemsize))
 
@@ -168,10 +208,14 @@ def _decoder(name: str, title: str, family: str, cfg: DecoderConfig) -> ModelSpe
     def shard(t: int, sp: bool) -> ModelSpec:
         return _decoder(name, title, family, replace(cfg, tensor_parallel=t, sequence_parallel=sp))
 
+    def experts(ep: int, etp: int, imbalance: float) -> ModelSpec:
+        return _decoder(name, title, family, replace(cfg, expert_parallel=ep, expert_tensor_parallel=etp,
+                                                     expert_imbalance=imbalance))
+
     core = _core(cfg.n_head // cfg.tensor_parallel, cfg.seq_len, cfg.dropout > 0) if cfg.attention == "math" else None
     return ModelSpec(name, describe(family, title, cfg), lambda: decoder(cfg),
-                     lambda b, d: token_ids(b, cfg.seq_len, cfg.vocab_size, d), shard, core,
-                     (decoder_blocks(cfg.n_layer),))
+                     lambda b, d: token_ids(b, cfg.seq_len, cfg.vocab_size, d), shard, core, decoder_groups(cfg),
+                     experts if cfg.experts else None, cfg)
 
 
 def _core(heads: int, seq: int, dropout: bool) -> Callable[[int], AttentionCore]:

@@ -24,6 +24,12 @@ Note [decoder options]: each option is one architectural choice, the same for ev
     position           learned: a position embedding added to the tokens (GPT); rope: q and k rotated (RoFormer)
     qkv                fused: one GEMM C -> (A + 2K)·d (GPT-2's c_attn, Megatron-Core's linear_qkv); split: three
                        (Llama's wq, wk, wv). The FLOPs are the same; the GEMMs' shapes and the bytes read differ.
+    head_width, qk_norm  heads wider than C/A, and an RMSNorm over each head of q and k (Qwen3)
+    attention_kind     standard, or mla: DeepSeek's multi-head latent attention (Note [multi-head latent attention]
+                       in :mod:`sim.planning.counting.models.mla`)
+    experts, ...       a mixture of experts in the blocks from ``dense_layers`` on, and MTP modules after the last
+                       (Note [mixture of experts], Note [multi-token prediction] in
+                       :mod:`sim.planning.counting.models.moe_config`)
 
 Note [tied embeddings]: ``tied=True`` makes the head's weight the token embedding's Parameter, so the model has
 ``V·C`` fewer parameters (GPT-3's paper counts its sizes so). A pipeline keeps the embedding and the head on
@@ -59,6 +65,13 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from sim.planning.counting.models.limits import check_decoder_size
+from sim.planning.counting.models.moe_config import (
+    BlockParameters,
+    block_parameters,
+    check_moe,
+    is_moe_block,
+    mtp_parameters,
+)
 
 __all__ = ["ATTENTIONS", "KERNELS", "MLPS", "NORMS", "POSITIONS", "QKVS", "DecoderConfig", "check_sequence_parallel",
            "preset"]
@@ -126,6 +139,34 @@ class DecoderConfig:
         tensor_parallel: ranks a layer is split over; the model built is one rank's shard (Note [tensor parallel]).
         sequence_parallel: split the tokens between the tensor-parallel regions over the ranks too (Note [sequence
             parallel]); needs ``tensor_parallel > 1``.
+        head_width: each head's width where it is not ``d_model / n_head`` (Qwen3: 64 heads of 128 on 4096);
+            ``None``: ``d_model / n_head``.
+        qk_norm: an RMSNorm over each head of q and of k before RoPE (Qwen3).
+        experts: routed experts per MoE block (E); 0: a dense decoder (Note [mixture of experts] in
+            :mod:`sim.planning.counting.models.moe_config`).
+        experts_per_token: the experts each token is routed to (k), 1 to E.
+        shared_experts: experts every token goes through, as one dense SwiGLU MLP of that many times ``expert_ffn``.
+        expert_ffn: each expert's inner width; ``None``: ``ffn``.
+        dense_layers: the first blocks keep the dense MLP of width ``ffn``.
+        router: the router's scores: ``"softmax"`` over the experts (Mixtral, Qwen3, DeepSeek-V2) or ``"sigmoid"``,
+            normalised over the k chosen (DeepSeek-V3).
+        node_limit: DeepSeek's node-limited routing, each token's experts on at most this many nodes; ``None``: none.
+        expert_parallel: the counted shard is one rank of an expert-parallel group of this many ranks (ep): E/ep
+            experts, fed the tokens routed to them from the ep ranks (Note [all-to-all] in
+            :mod:`sim.planning.counting.expert_parallel`).
+        expert_tensor_parallel: each expert's FFN split over this many ranks (Megatron's column and row split);
+            1 or ``tensor_parallel``.
+        expert_imbalance: the counted rank is the busiest of its group: it receives this many times the balanced
+            share of the routed tokens; >= 1, 1.0 for perfectly balanced routing.
+        attention_kind: ``"standard"`` (A query heads over K key/value heads) or ``"mla"``, DeepSeek's multi-head
+            latent attention (Note [multi-head latent attention] in :mod:`sim.planning.counting.models.mla`).
+        q_lora_rank: MLA's query compression; ``None``: q projected from the hidden state directly.
+        kv_lora_rank: MLA's key/value latent width.
+        qk_rope_head_dim: MLA's decoupled RoPE width of each query head and of the one shared key.
+        qk_nope_head_dim: MLA's width of each head's query and key without RoPE.
+        v_head_dim: MLA's width of each value head.
+        mtp_layers: DeepSeek-V3's multi-token prediction modules after the last block, each one block more
+            (Note [multi-token prediction] in :mod:`sim.planning.counting.models.moe_config`).
     """
 
     n_layer: int = 12
@@ -148,14 +189,33 @@ class DecoderConfig:
     kernels: Literal["eager", "megatron"] = "eager"
     tensor_parallel: int = 1
     sequence_parallel: bool = False
+    head_width: int | None = None
+    qk_norm: bool = False
+    experts: int = 0
+    experts_per_token: int = 0
+    shared_experts: int = 0
+    expert_ffn: int | None = None
+    dense_layers: int = 0
+    router: Literal["softmax", "sigmoid"] = "softmax"
+    node_limit: int | None = None
+    expert_parallel: int = 1
+    expert_tensor_parallel: int = 1
+    expert_imbalance: float = 1.0
+    attention_kind: Literal["standard", "mla"] = "standard"
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         kind = type(self).__name__
-        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "ffn", "n_kv_head"):
+        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "ffn", "n_kv_head", "head_width"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{kind}.{name} must be >= 1, got {value}")
-        if self.d_model % self.n_head:
+        if self.head_width is None and self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} does not divide into n_head={self.n_head} heads")
         if self.n_head % self.kv_heads:
             raise ValueError(f"n_head={self.n_head} does not divide into n_kv_head={self.kv_heads} groups "
@@ -163,13 +223,13 @@ class DecoderConfig:
         for name, known in (("mlp", MLPS), ("norm", NORMS), ("position", POSITIONS), ("qkv", QKVS),
                             ("attention", ATTENTIONS), ("kernels", KERNELS)):
             _word(name, getattr(self, name), known)
-        for name in ("bias", "tied", "sequence_parallel"):
+        for name in ("bias", "tied", "sequence_parallel", "qk_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.position == "rope" and self.head_dim % 2:
-            raise ValueError(f"heads of d_model/n_head={self.head_dim} are odd; RoPE needs an even width")
+        if self.position == "rope" and self.attention_kind == "standard" and self.head_dim % 2:
+            raise ValueError(f"heads of width {self.head_dim} are odd; RoPE needs an even width")
         t = self.tensor_parallel
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise ValueError(f"tensor_parallel must be an integer >= 1, got {t!r}")
@@ -178,11 +238,12 @@ class DecoderConfig:
         if self.kv_heads % t:
             raise ValueError(f"tensor parallel {t} does not divide the {self.kv_heads} key/value heads "
                              f"(each rank keeps whole groups of query heads)")
-        if self.d_ff % t:
+        if (self.experts == 0 or self.dense_layers) and self.d_ff % t:
             raise ValueError(f"tensor parallel {t} does not divide the MLP's width {self.d_ff}")
         check_sequence_parallel(self.sequence_parallel, t, self.seq_len)
-        check_decoder_size(self.n_layer, self.d_model, self.d_ff, self.seq_len, self.vocab_size, self.n_head,
-                           self.parameters)
+        check_moe(self)
+        check_decoder_size(self.n_layer + self.mtp_layers, self.d_model, max(self.d_ff, self.expert_width),
+                           self.seq_len, self.vocab_size, self.n_head, self.parameters, self.experts)
 
     @property
     def d_ff(self) -> int:
@@ -196,52 +257,69 @@ class DecoderConfig:
 
     @property
     def head_dim(self) -> int:
-        """Width of one head (d = C / A)."""
-        return self.d_model // self.n_head
+        """Width of one head: ``head_width``, or d = C / A where it is ``None``."""
+        return self.d_model // self.n_head if self.head_width is None else self.head_width
+
+    @property
+    def expert_width(self) -> int:
+        """Each expert's inner width: ``expert_ffn``, or ``ffn`` where it is ``None``."""
+        return self.d_ff if self.expert_ffn is None else self.expert_ffn
 
     @property
     def shard_vocab(self) -> int:
         """Rows of the token embedding and of the head on one rank: ``ceil(V / t)`` (Note [tensor parallel])."""
         return -(-self.vocab_size // self.tensor_parallel)
 
-    def _block(self) -> tuple[int, int]:
-        """One block's parameters split over the ranks and those every rank keeps whole (Note [tensor parallel]):
-        q and o C² each, k and v C·K·d each, the MLP's matrices (2·C·F, or 3·C·F gated) and the column-parallel
-        biases; the norms (2·C each with LayerNorm's bias, else C) and the row-parallel biases (C each)."""
-        c, kv, f = self.d_model, self.kv_heads * self.head_dim, self.d_ff
-        gated = self.mlp == "swiglu"
-        split = 2 * c * c + 2 * c * kv + (3 if gated else 2) * c * f
-        if self.bias:
-            split += c + 2 * kv + (2 if gated else 1) * f
-        return split, 2 * self._norm + 2 * c * self.bias
+    def _blocks(self) -> tuple[tuple[BlockParameters, int], ...]:
+        """Each kind of block's parameters and how many blocks of it: the dense ones, the MoE ones, and the MTP
+        modules' block and own parameters (Note [mixture of experts], Note [multi-token prediction] in
+        :mod:`sim.planning.counting.models.moe_config`). Counts, not a list of every block: a size past the cap
+        (:func:`~sim.planning.counting.models.limits.check_decoder_size`) is refused at once, not after a loop."""
+        dense = min(self.dense_layers, self.n_layer) if self.experts else self.n_layer
+        last = block_parameters(self, is_moe_block(self, self.n_layer - 1))
+        return ((block_parameters(self, False), dense), (block_parameters(self, True), self.n_layer - dense),
+                (last, self.mtp_layers), (mtp_parameters(self), self.mtp_layers))
 
     @property
-    def _norm(self) -> int:
+    def norm_parameters(self) -> int:
         """Parameters of one norm: a gain, and a bias for LayerNorm."""
         return (2 if self.norm == "layernorm" else 1) * self.d_model
 
     @property
     def block_parameters(self) -> int:
-        """Parameters of one block (12·C² + 13·C for GPT's, with F = 4C)."""
-        split, whole = self._block()
-        return split + whole
+        """Parameters of one block, the last one's kind (12·C² + 13·C for GPT's, with F = 4C)."""
+        return block_parameters(self, is_moe_block(self, self.n_layer - 1)).total
 
     @property
     def parameters(self) -> int:
-        """All parameters: token embedding, learned positions, blocks, final norm and the head unless tied."""
-        return self._total(self.vocab_size, self.block_parameters)
+        """All parameters: token embedding, learned positions, blocks, final norm, the head unless tied, and the MTP
+        modules'."""
+        return self._total(self.vocab_size, sum(block.total * k for block, k in self._blocks()))
+
+    @property
+    def mtp_parameters(self) -> int:
+        """The MTP modules' own parameters (Note [multi-token prediction]), which ``parameters`` includes."""
+        return sum(block.total * k for block, k in self._blocks()[2:])
+
+    @property
+    def activated_parameters(self) -> int:
+        """The parameters one token's forward reads: ``parameters`` less the ``E - k`` routed experts it skips in
+        each MoE block (Note [mixture of experts])."""
+        skipped = sum(block.experts * k for block, k in self._blocks()) // max(self.experts, 1)
+        return self.parameters - skipped * (self.experts - self.experts_per_token)
 
     @property
     def shard_parameters(self) -> int:
-        """Parameters of one rank's shard (Note [tensor parallel]): each block's split part over ``t``, the rest whole;
-        the vocabulary of the embedding and the head over ``t``."""
-        split, whole = self._block()
-        return self._total(self.shard_vocab, split // self.tensor_parallel + whole)
+        """Parameters of one rank's shard (Note [tensor parallel]): each block's split part over ``t``, its routed
+        experts over ``ep x etp``, the rest whole; the vocabulary of the embedding and the head over ``t``."""
+        t, ep = self.tensor_parallel, self.expert_parallel * self.expert_tensor_parallel
+        return self._total(self.shard_vocab,
+                           sum((b.split // t + b.whole + b.experts // ep) * k for b, k in self._blocks()))
 
-    def _total(self, vocab: int, block: int) -> int:
+    def _total(self, vocab: int, blocks: int) -> int:
         c = self.d_model
         embeddings = (1 if self.tied else 2) * vocab * c + (self.seq_len * c if self.position == "learned" else 0)
-        return embeddings + self.n_layer * block + self._norm
+        return embeddings + blocks + self.norm_parameters
 
 
 def preset(configs: Mapping[str, C], name: str, family: str) -> C:

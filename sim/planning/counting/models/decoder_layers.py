@@ -75,63 +75,33 @@ import torch.nn.functional as F
 from torch import nn
 
 from sim.planning.counting.models.decoder import DecoderConfig
+from sim.planning.counting.models.decoder_parts import Branch, make_norm, normalise, rope_tables, rotate
+from sim.planning.counting.models.decoder_parts import rope_tables as _rope_tables  # noqa: F401 (the tests' name)
+from sim.planning.counting.models.decoder_parts import rotate as _rotate  # noqa: F401 (the tests' name)
 from sim.planning.counting.models.kernels import (
-    bias_dropout_add,
     bias_gelu,
     causal_softmax,
     flash_attention,
-    rms_norm,
     rope,
     swiglu,
 )
+from sim.planning.counting.models.mla import LatentAttention
+from sim.planning.counting.models.moe_config import is_moe_block
+from sim.planning.counting.models.moe_layers import MixtureOfExperts
 from sim.planning.counting.tensor_parallel import (
     column_parallel,
     reduce_from_tensor_parallel,
     scatter_to_sequence_parallel,
 )
 
-__all__ = ["MLP", "Attention", "Block", "Embedding", "Head", "decoder", "decoder_blocks", "token_ids"]
-
-
-def _rope_tables(cfg: DecoderConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every position's angles, (T, d): pair i turns at ``rope_theta ** (-2i/d)`` per position."""
-    d = cfg.head_dim
-    inv_freq = cfg.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)  # (d/2,)
-    angles = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32), inv_freq)  # (T, d/2)
-    angles = torch.cat((angles, angles), dim=-1)  # (T, d): the two halves of a head rotate as pairs
-    return angles.cos(), angles.sin()
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on (B, heads, T, d): element i of the first half and element i of the second turn as one pair."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-class _Branch(nn.Module):
-    """A residual branch (attention, MLP) that ends in a row-parallel linear layer, then its bias, dropout and the
-    residual add, fused where Megatron fuses them (Note [fused kernels])."""
-
-    def __init__(self, cfg: DecoderConfig) -> None:
-        super().__init__()
-        self.drop = nn.Dropout(cfg.dropout)
-        self.p = cfg.dropout
-        self.fused = cfg.kernels == "megatron"
-        self.fused_residual = self.fused and (cfg.bias or cfg.dropout > 0)
-        self.group, self.sequence_parallel = cfg.tensor_parallel, cfg.sequence_parallel
-
-    def _end(self, linear: nn.Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``residual`` plus ``linear(x)`` reduced over the ranks, with its dropout (``residual`` is this rank's tokens
-        with sequence parallelism)."""
-        sp = self.sequence_parallel
-        if self.fused_residual:  # the bias after the all-reduce, in bias_dropout_add
-            out = reduce_from_tensor_parallel(F.linear(x, linear.weight), self.group, sp)
-            return bias_dropout_add(out, linear.bias, residual, self.p if self.training else 0.0)[0]
-        return residual + self.drop(reduce_from_tensor_parallel(linear(x), self.group, sp))  # (B, T or T/t, C)
+__all__ = ["MLP", "Attention", "Block", "Embedding", "Head", "MultiTokenPrediction", "decoder", "decoder_blocks",
+           "decoder_groups", "token_ids"]
 
 
 class Embedding(nn.Module):
-    """Token ids (B, T) to hidden states (B, T, C): the tokens, plus learned positions where the config has them."""
+    """Token ids (B, T) to hidden states (B, T, C): the tokens, plus learned positions where the config has them;
+    with MTP modules, the hidden states and the ids, which the blocks pass on to them (Note [multi-token
+    prediction] in :mod:`sim.planning.counting.models.moe_config`)."""
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
@@ -140,8 +110,13 @@ class Embedding(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.group = cfg.tensor_parallel
         self.sequence_parallel = cfg.sequence_parallel
+        self.carry = cfg.mtp_layers > 0
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return (self.lookup(ids), ids) if self.carry else self.lookup(ids)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """The hidden states of ``ids`` (B, T): (B, T, C), or this rank's (B, T/t, C) with sequence parallelism."""
         if self.positions is None:  # (B, T, C), or (B, T/t, C): every rank's rows summed
             return self.drop(reduce_from_tensor_parallel(self.tokens(ids), self.group, self.sequence_parallel))
         pos = torch.arange(ids.shape[1], device=ids.device)
@@ -152,7 +127,7 @@ class Embedding(nn.Module):
         return self.drop(x)
 
 
-class Attention(_Branch):
+class Attention(Branch):
     """Causal self-attention of A query heads over K key/value heads, with RoPE where the config has it (Note
     [attention], Note [grouped attention])."""
 
@@ -177,11 +152,13 @@ class Attention(_Branch):
         self.rope = cfg.position == "rope"
         # Buffers, so they are model state and follow the model's device; not saved with its weights.
         if self.rope:
-            cos, sin = _rope_tables(cfg)
+            cos, sin = rope_tables(cfg)
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
         future = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1)  # what a token may not see
         self.register_buffer("future", future, persistent=False)
+        self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None  # Qwen3's, per head
+        self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
 
     def _project(self, x: torch.Tensor) -> list[torch.Tensor]:
         """q, k and v of ``x``, each (B, T, heads, d): every token, with sequence parallelism too."""
@@ -201,11 +178,13 @@ class Attention(_Branch):
         parallelism, as ``residual``)."""
         q, k, v = self._project(x)
         b, t, _, d = q.shape
+        if self.q_norm is not None and self.k_norm is not None:  # over each head's width, before RoPE
+            q, k = normalise(self.q_norm, q, self.fused), normalise(self.k_norm, k, self.fused)
         if self.rope and self.fused:  # TransformerEngine's fused RoPE in its (B, T, heads, d) layout
             q, k = rope(q, self.cos[:t], self.sin[:t]), rope(k, self.cos[:t], self.sin[:t])
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d): views
         if self.rope and not self.fused:
-            q, k = _rotate(q, self.cos[:t], self.sin[:t]), _rotate(k, self.cos[:t], self.sin[:t])
+            q, k = rotate(q, self.cos[:t], self.sin[:t]), rotate(k, self.cos[:t], self.sin[:t])
         p = self.p if self.training else 0.0
         if self.attention == "flash":  # in flash_attn_func's layout, (B, T, heads, d); Note [flash attention]
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -233,7 +212,7 @@ class Attention(_Branch):
         return (probs @ v).view(b, a, t, d)  # head h is group h // G
 
 
-class MLP(_Branch):
+class MLP(Branch):
     """C -> F/t -> C on one rank (Note [tensor parallel]): GELU or squared ReLU between two matrices, or SwiGLU's
     ``down(silu(gate(x)) * up(x))``; then the residual branch's end."""
 
@@ -268,33 +247,54 @@ class MLP(_Branch):
         return self._end(self.proj, h, residual)  # h: (B, T, F/t)
 
 
-def _norm(cfg: DecoderConfig) -> nn.Module:
-    if cfg.norm == "layernorm":
-        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-    return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-
-
-def _normalise(norm: nn.Module, x: torch.Tensor, fused: bool) -> torch.Tensor:
-    """``norm(x)``; an RMSNorm as TransformerEngine's fused kernel where ``fused`` (Note [fused kernels])."""
-    if fused and isinstance(norm, nn.RMSNorm):
-        return rms_norm(x, norm.weight, norm.eps)[0]
-    return norm(x)
-
-
 class Block(nn.Module):
-    """One pre-norm decoder block: attention and MLP, each inside a residual connection."""
+    """One pre-norm decoder block: attention (or MLA) and MLP (or, where ``moe``, a mixture of experts), each inside
+    a residual connection. A tuple's first tensor is the hidden states, the rest passed on (Note [multi-token
+    prediction] in :mod:`sim.planning.counting.models.moe_config`)."""
 
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: DecoderConfig, moe: bool = False) -> None:
         super().__init__()
-        self.norm1 = _norm(cfg)
-        self.attn = Attention(cfg)
-        self.norm2 = _norm(cfg)
-        self.mlp = MLP(cfg)
+        self.norm1 = make_norm(cfg)
+        self.attn = LatentAttention(cfg) if cfg.attention_kind == "mla" else Attention(cfg)
+        self.norm2 = make_norm(cfg)
+        self.mlp = MixtureOfExperts(cfg) if moe else MLP(cfg)
         self.fused = cfg.kernels == "megatron"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.attn(_normalise(self.norm1, x, self.fused), x)
-        return self.mlp(_normalise(self.norm2, x, self.fused), x)
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return (self.step(x[0]), *x[1:]) if isinstance(x, tuple) else self.step(x)
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """The block on hidden states ``x`` alone."""
+        x = self.attn(normalise(self.norm1, x, self.fused), x)
+        return self.mlp(normalise(self.norm2, x, self.fused), x)
+
+
+class MultiTokenPrediction(nn.Module):
+    """DeepSeek-V3's MTP module of depth ``depth`` (Note [multi-token prediction] in
+    :mod:`sim.planning.counting.models.moe_config`): from ``(h, ids, n_1 .. n_{d-1}, h_{d-1})`` (the main hidden
+    states, the ids, the earlier modules' normalised outputs and the last one's hidden states; ``h`` itself for the
+    first), the embedding of the tokens ``depth`` ahead and the two RMSNormed, concatenated, projected 2C -> C, one
+    block; its output normalised for the shared head. The last module passes on ``(h, n_1 .. n_D)``, the head's
+    input. The ids of the last ``depth`` positions wrap around (their loss is masked in training)."""
+
+    def __init__(self, cfg: DecoderConfig, embedding: Embedding, depth: int, last: bool) -> None:
+        super().__init__()
+        self.embedding = embedding  # shared: counted at the embedding
+        self.depth, self.last = depth, last
+        self.hidden_norm, self.token_norm, self.norm = make_norm(cfg), make_norm(cfg), make_norm(cfg)
+        self.project = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)  # whole on every rank
+        self.block = Block(cfg, is_moe_block(cfg, cfg.n_layer - 1))
+        self.fused = cfg.kernels == "megatron"
+
+    def forward(self, x: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        main, ids, *outputs = x
+        before = outputs.pop() if outputs else main
+        ahead = torch.cat((ids[:, self.depth:], ids[:, :self.depth]), dim=1)  # the tokens depth ahead
+        joined = torch.cat((normalise(self.hidden_norm, before, self.fused),
+                            normalise(self.token_norm, self.embedding.lookup(ahead), self.fused)), dim=-1)
+        h = self.block.step(F.linear(joined, self.project.weight))  # (B, T or T/t, C)
+        normed = normalise(self.norm, h, self.fused)
+        return (main, *outputs, normed) if self.last else (main, ids, *outputs, normed, h)
 
 
 class Head(nn.Module):
@@ -302,14 +302,19 @@ class Head(nn.Module):
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
-        self.norm = _norm(cfg)
+        self.norm = make_norm(cfg)
         self.out = nn.Linear(cfg.d_model, cfg.shard_vocab, bias=False)  # this rank's logits: (B, T, V/t)
         self.group = cfg.tensor_parallel
         self.sequence_parallel = cfg.sequence_parallel
         self.fused = cfg.kernels == "megatron"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _normalise(self.norm, x, self.fused)
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The logits of ``x``; of a tuple, the main hidden states' and each MTP module's (already normalised)."""
+        main, *extra = x if isinstance(x, tuple) else (x,)
+        logits = [self._logits(normalise(self.norm, main, self.fused)), *map(self._logits, extra)]
+        return logits[0] if len(logits) == 1 else tuple(logits)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return column_parallel(x, [(self.out.weight, None)], self.group, self.sequence_parallel)[0]
 
 
@@ -330,15 +335,24 @@ def decoder(cfg: DecoderConfig, **overrides: object) -> nn.Sequential:
     if cfg.tied:  # Note [tied embeddings]
         head.out.weight = embedding.tokens.weight
     layers: OrderedDict[str, nn.Module] = OrderedDict(embedding=embedding)
-    layers.update((f"block{i}", Block(cfg)) for i in range(cfg.n_layer))
+    layers.update((f"block{i}", Block(cfg, is_moe_block(cfg, i))) for i in range(cfg.n_layer))
+    depths = range(1, cfg.mtp_layers + 1)
+    layers.update((f"mtp{d}", MultiTokenPrediction(cfg, embedding, d, d == cfg.mtp_layers)) for d in depths)
     layers["head"] = head
     return nn.Sequential(layers)
 
 
 def decoder_blocks(n_layer: int) -> range:
     """The indices :func:`decoder` puts its ``n_layer`` blocks at: the layers a count may treat as identical
-    (:func:`sim.planning.counting.flops.count_layers`, Note [identical layers])."""
+    (:func:`sim.planning.counting.flops.count_layers`, Note [identical layers]) in a dense decoder."""
     return range(1, n_layer + 1)
+
+
+def decoder_groups(cfg: DecoderConfig) -> tuple[range, ...]:
+    """The groups of identical blocks :func:`decoder` builds for ``cfg``: the dense ones, then the MoE ones
+    (Note [identical layers] in :mod:`sim.planning.counting.flops`)."""
+    dense = cfg.dense_layers if cfg.experts else cfg.n_layer
+    return tuple(group for group in (range(1, dense + 1), range(dense + 1, cfg.n_layer + 1)) if group)
 
 
 def token_ids(batch: int, seq_len: int, vocab_size: int, device: torch.device | str = "meta") -> torch.Tensor:

@@ -10,7 +10,7 @@ count's time estimated, instead of a count that runs for hours or overflows.
 
 from __future__ import annotations
 
-__all__ = ["AMOEBANET_FILTERS", "AMOEBANET_LAYERS", "DECODER_LAYERS", "FFN", "HIDDEN", "SEQ", "UNET_BLOCKS",
+__all__ = ["AMOEBANET_FILTERS", "AMOEBANET_LAYERS", "DECODER_LAYERS", "EXPERTS", "FFN", "HIDDEN", "SEQ", "UNET_BLOCKS",
            "UNET_CHANNELS", "VOCAB", "check_amoebanet_size", "check_decoder_size", "check_unet_size"]
 
 DECODER_LAYERS = 2048  # blocks; GPT-3 175B has 96, Llama 3 405B 126: about 10 s to count
@@ -18,6 +18,7 @@ HIDDEN = 2**17  # 131,072; PaLM 540B has 18,432, Megatron-LM's 1T GPT 25,600
 FFN = 2**19  # 524,288, the MLP's width; PaLM 540B has 73,728
 SEQ = 2**20  # 1,048,576 tokens; Llama 3.1's context is 131,072 (heads x s^2 scores stay below 2^63 bytes)
 VOCAB = 2**21  # 2,097,152 tokens; Gemma has 256,000, Llama 3 128,256
+EXPERTS = 2**14  # 16,384 routed experts a block; DeepSeek-V3 has 256 (its config_671B.json), Kimi K2 384
 UNET_BLOCKS = 64  # B: 44 B + 21 = 2,837 layers, about 25 s; torchgpipe's largest U-Net has B = 48
 UNET_CHANNELS = 4096  # C; torchgpipe's largest has 160
 AMOEBANET_LAYERS = 96  # L: L + 4 cells, about 50 s; GPipe's largest AmoebaNet-D has L = 72
@@ -42,7 +43,7 @@ def _cap(what: str, value: int, cap: int, known: str, estimate: str) -> None:
 
 
 def check_decoder_size(layers: int, hidden: int, ffn: int, seq: int, vocab: int, heads: int,
-                       parameters: int) -> None:
+                       parameters: int, experts: int = 0) -> None:
     """Refuse a decoder of any family past a cap (Note [size caps]); the message estimates what it would cost.
 
     Raises:
@@ -54,6 +55,7 @@ def check_decoder_size(layers: int, hidden: int, ffn: int, seq: int, vocab: int,
     _cap("hidden size", hidden, HIDDEN, "PaLM 540B's is 18,432", size)
     _cap("MLP width", ffn, FFN, "PaLM 540B's is 73,728", size)
     _cap("vocabulary", vocab, VOCAB, "Gemma's is 256,000", size)
+    _cap("routed experts", experts, EXPERTS, "DeepSeek-V3 has 256", size)
     _cap("sequence", seq, SEQ, "Llama 3.1's context is 131,072 tokens",
          f"the attention's scores alone are {heads * seq * seq:.2g} elements a sample")
 
