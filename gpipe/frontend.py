@@ -26,12 +26,12 @@ generated schedule keeps its generator's own placement (one stage per device, or
 ``DistributedGPipe`` rank is one schedule device, so the layout always places the stages on the group's ranks, and a
 count it cannot use is refused.
 
-Note [a given schedule]: a :class:`Schedule` given in place of a name is the step itself: its stages are the
-partitions, its placement places them, its ``m`` and policy are ``chunks`` and ``checkpoint``, which default to them
-and, given, must agree (one source for each decision). It is validated when the pipeline is built, so a deadlock is a
-ScheduleError then, not a hang; a batch of fewer than ``m`` micro-batches is refused, as it has no other shape. Eval
-mode runs it without its ``R`` tasks (only its own ``B`` waits for one, so the lists stay valid), and inference
-GPipe's forwards on its placement, for any batch.
+Note [a given schedule]: a :class:`Schedule` given in place of a name is the step itself: its stages (each copy's, Note
+[stage slots] in :mod:`gpipe.schedule.schedule`) are the partitions, its placement places them, its ``m`` and policy are
+``chunks`` and ``checkpoint``, which default to them and, given, must agree (one source for each decision). It is
+validated when the pipeline is built, so a deadlock is a ScheduleError then, not a hang; a batch of fewer than ``m``
+micro-batches is refused, as it has no other shape. Eval mode runs it without its ``R`` tasks (only its own ``B`` waits
+for one, so the lists stay valid), and inference GPipe's forwards on its placement, for any batch.
 """
 
 from __future__ import annotations
@@ -42,14 +42,15 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from gpipe.batchnorm import DeferredBatchNorm
 from gpipe.checks import check_balance, check_chunks, check_unique
 from gpipe.schedule import CHECKPOINT_MODES, Checkpoint, Op, Schedule, ScheduleKind, schedule_kind
 from gpipe.skip.layout import SkipLayout
 
-__all__ = ["Arguments", "FrontEnd", "PipelineSpec", "given_schedule", "rank_counts", "stage_placement",
-           "step_schedule"]
+__all__ = ["Arguments", "FrontEnd", "PipelineSpec", "forwards_first", "given_schedule", "rank_counts",
+           "stage_placement", "step_schedule"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class Arguments:
                 schedule whose stages, ``m`` or policy disagree with the balance, ``chunks`` or ``checkpoint``.
             RuntimeError: invalid skip connections (see :func:`gpipe.skip.verify_skippables`).
             ScheduleError: a given schedule is not valid (a deadlock shows its grid).
+            ValueError: a schedule of copies of the stages with skip connections or batch norm (Note [one model,
+                two copies] in :mod:`gpipe.interpreter.copies`).
         """
         if not isinstance(module, nn.Sequential):
             raise TypeError(f"{owner} partitions an nn.Sequential, got {type(module).__name__}: wrap the layers in "
@@ -100,13 +103,27 @@ class Arguments:
         given, chunks, policy = given_schedule(schedule, len(stages), chunks, checkpoint)
         name = cast(str, schedule) if given is None else given.name
         kind = schedule_kind(name) if given is None else None  # a registered name (SCHEDULES), else a ValueError
-        return cls(module, tuple(stages), chunks, policy, name, given, kind, SkipLayout.of(list(module), stages),
-                   deferred_batch_norm)
+        layout = SkipLayout.of(list(module), stages)
+        copies = given.copies if given is not None else cast(ScheduleKind, kind).copies
+        if copies > 1:
+            _refuse_for_copies(name, copies, module, stages, layout)
+        return cls(module, tuple(stages), chunks, policy, name, given, kind, layout, deferred_batch_norm)
 
     @property
     def stages(self) -> int:
         """The number of stages (one partition each)."""
         return len(self.balance)
+
+    @property
+    def copies(self) -> int:
+        """The copies of the stages the schedule runs (DualPipe's two directions; Note [stage slots] in
+        :mod:`gpipe.schedule.schedule`): each stage's partition, and ``copies - 1`` copies of it."""
+        return self.given.copies if self.given is not None else cast(ScheduleKind, self.kind).copies
+
+    @property
+    def slots(self) -> int:
+        """The schedule's stages, ``copies x stages``: one partition each (Note [stage slots])."""
+        return self.copies * self.stages
 
     def on_devices(self, devices: int | None) -> PipelineSpec:
         """The pipeline on ``devices`` devices as :class:`gpipe.GPipe` places it (Note [a device count]): a given
@@ -114,7 +131,7 @@ class Arguments:
         if self.given is not None:
             return PipelineSpec(self, self.given.placement, self.given.placement)
         assert self.kind is not None
-        layout, placement = _placed(self.kind, self.stages, devices, self.chunks, self.checkpoint)
+        layout, placement = _placed(self.kind, self.slots, devices, self.chunks, self.checkpoint)
         return PipelineSpec(self, layout, placement)
 
     def on_ranks(self, world: int) -> PipelineSpec:
@@ -125,7 +142,7 @@ class Arguments:
             ValueError: a given schedule of other than ``world`` devices, or a name whose layout cannot place the
                 stages on ``world`` devices (the message names the fix).
         """
-        n = self.stages
+        n = self.slots
         if self.given is not None:
             if self.given.num_devices != world:
                 p = self.given.num_devices
@@ -164,8 +181,9 @@ class PipelineSpec:
 
     def schedule(self, m: int, checkpoint: str | None = None, name: str | None = None) -> Schedule:
         """The schedule a step of ``m`` micro-batches runs under ``checkpoint`` (default: the pipeline's), one stage
-        per partition: the registered ``name``'s, by default the pipeline's; a given schedule for its own ``m`` only
-        (Note [a given schedule]). Built and validated once per ``(m, checkpoint, name)``.
+        per partition (of each copy the schedule runs, :attr:`Arguments.slots`): the registered ``name``'s, by
+        default the pipeline's; a given schedule for its own ``m`` only (Note [a given schedule]). Built and
+        validated once per ``(m, checkpoint, name)``.
 
         Raises:
             ValueError: ``m`` differs from a given schedule's ``m``; a ``checkpoint`` a given schedule cannot run.
@@ -181,7 +199,8 @@ class PipelineSpec:
                 schedule = step_schedule(args.given, m, mode)
             else:
                 generator = args.kind if kind == args.schedule_name and args.kind is not None else schedule_kind(kind)
-                schedule = generator(m, args.stages, cast(Checkpoint, mode), self.layout).validate()
+                n = generator.copies * args.stages
+                schedule = generator(m, n, cast(Checkpoint, mode), self.layout).validate()
             self._schedules[key] = schedule
         return self._schedules[key]
 
@@ -300,9 +319,9 @@ def given_schedule(schedule: str | Schedule, stages: int, chunks: int | None,
         return None, chunks, "except_last" if checkpoint is None else cast(Checkpoint, checkpoint)
     schedule.validate()
     name = schedule.name
-    if schedule.n != stages:
-        raise ValueError(f"schedule {name!r} has {schedule.n} stages, but the balance makes {stages} partitions: give "
-                         f"a balance of {schedule.n} partitions, or a schedule of {stages} stages")
+    if schedule.stages != stages:
+        raise ValueError(f"schedule {name!r} has {schedule.stages} stages, but the balance makes {stages} partitions: "
+                         f"give a balance of {schedule.stages} partitions, or a schedule of {stages} stages")
     if chunks is not None and chunks != schedule.m:
         raise ValueError(f"chunks={chunks}, but schedule {name!r} runs m={schedule.m} micro-batches: leave chunks out "
                          f"(it defaults to the schedule's m) or give chunks={schedule.m}")
@@ -333,7 +352,41 @@ def step_schedule(given: Schedule, m: int, checkpoint: str) -> Schedule:
                          f"or without its recomputes (checkpoint='never'), not with checkpoint={checkpoint!r}")
     tasks = tuple(tuple(t for t in ts if t.op is not Op.R) for ts in given.tasks)
     pairs = tuple((a, b) for a, b in given.pairs if Op.R not in (a.op, b.op))
-    return Schedule(given.m, given.n, "never", given.placement, tasks, name=given.name, pairs=pairs).validate()
+    return Schedule(given.m, given.n, "never", given.placement, tasks, name=given.name, pairs=pairs,
+                    copies=given.copies).validate()
+
+
+def forwards_first(schedule: Schedule) -> Schedule:
+    """``schedule`` with each device's forwards first, in their order, then its other tasks in theirs, without pairs:
+    what ``forward()`` runs without grad on a schedule of copies (Note [inference on copies]).
+
+    Note [inference on copies]: inference runs GPipe's forwards on a pipeline's placement, but GPipe's generator
+    sends every micro-batch through every stage, and a schedule of copies (DualPipe; Note [stage slots] in
+    :mod:`gpipe.schedule.schedule`) sends each through its own copy's. Its own lists, forwards moved first, are
+    a forwards-first schedule of the same routes: a forward waits only for forwards, which keep their order, and
+    every other task finds its forwards done, so it is as free of deadlock as the schedule it came from.
+    """
+    tasks = tuple(tuple(t for t in ts if t.op is Op.F) + tuple(t for t in ts if t.op is not Op.F)
+                  for ts in schedule.tasks)
+    return Schedule(schedule.m, schedule.n, schedule.checkpoint, schedule.placement, tasks, name=schedule.name,
+                    copies=schedule.copies).validate()
+
+
+def _refuse_for_copies(name: str, copies: int, module: nn.Sequential, balance: Sequence[int],
+                       layout: SkipLayout) -> None:
+    """Refuse what a schedule of copies of the stages cannot run (Note [one model, two copies] in
+    :mod:`gpipe.interpreter.copies`): skip connections, and batch norm, whose running statistics would split."""
+    if layout.stashed_in:
+        raise ValueError(f"schedule {name!r} runs {copies} copies of the stages, and skip connections between copies "
+                         "are not supported: use a schedule of one copy")
+    layers, k = list(module), 0
+    for s, size in enumerate(balance):
+        norm = next((m for layer in layers[k:k + size] for m in layer.modules() if isinstance(m, _BatchNorm)), None)
+        if norm is not None:
+            raise ValueError(f"stage {s} has a {type(norm).__name__} layer, whose running statistics a schedule of "
+                             f"{copies} copies of the stages would split between them; use a schedule of one copy, "
+                             "or a norm without running statistics (LayerNorm, GroupNorm)")
+        k += size
 
 
 def _either(counts: Sequence[int]) -> str:

@@ -31,6 +31,10 @@ That lets a schedule start backwards before all forwards end, as 1F1B (``schedul
 (:attr:`Schedule.forwards_first <gpipe.schedule.Schedule.forwards_first>`: GPipe's, any such registered
 schedule); one that interleaves them trains only through ``step()``, and infers with GPipe's forwards.
 
+A schedule of copies of the stages (``schedule="dualpipe"``, DeepSeek-V3's two directions) runs a copy of each
+partition in its second slot, synced before each step and its gradients summed into the partition's after it
+(Note [one model, two copies] in :mod:`gpipe.interpreter.copies`); it trains through ``step()``.
+
 What the arguments decide (partitions, placement, the schedule of each step) is decided in :mod:`gpipe.frontend`,
 as for :class:`gpipe.distributed.DistributedGPipe` (Note [one front-end] there). Every step runs the
 :class:`gpipe.interpreter.pipeline.Pipeline` this ``GPipe`` built (Note [what a run is given] there). The
@@ -49,8 +53,9 @@ from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
 from gpipe.checks import check_devices
-from gpipe.frontend import Arguments, FrontEnd
+from gpipe.frontend import Arguments, FrontEnd, forwards_first
 from gpipe.interpreter.affinity import Cores, check_affinity
+from gpipe.interpreter.copies import StageCopies
 from gpipe.interpreter.gil import DEFAULT_SWITCH_INTERVAL, check_switch_interval
 from gpipe.interpreter.parking import Parked
 from gpipe.interpreter.pipeline import Pipeline
@@ -84,7 +89,9 @@ class GPipe(FrontEnd):
         record: record a measured :class:`~gpipe.schedule.timeline.Timeline` of every training step
             (:attr:`timeline`); settable later.
         schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`): ``"gpipe"``
-            (default), ``"1f1b"`` (trained with :meth:`step`), or one a user registered; or a
+            (default), ``"1f1b"`` (trained with :meth:`step`), ``"dualpipe"`` (DeepSeek-V3's two directions: a
+            device per stage, each also running a copy of another, Note [one model, two copies] in
+            :mod:`gpipe.interpreter.copies`), or one a user registered; or a
             :class:`~gpipe.schedule.Schedule` itself (generated, searched, read with
             :func:`~gpipe.schedule.read_schedule`), which every training step then runs as it is: its stages are the
             partitions, its placement places them, ``chunks`` and ``checkpoint`` must agree with it (Note [a given
@@ -117,16 +124,19 @@ class GPipe(FrontEnd):
         count = None if devices is None or isinstance(devices, (str, bytes, int, torch.device)) else len(devices)
         spec = self._take(Arguments.check("GPipe", module, balance, chunks=chunks, checkpoint=checkpoint,
                                           schedule=schedule, deferred_batch_norm=deferred_batch_norm).on_devices(count))
-        placement, n = spec.placement, len(self.balance)
+        placement, n = spec.placement, spec.arguments.slots  # a partition per slot (Note [stage slots])
         placed = check_devices(devices, n, placement)
         if cpu_affinity is not None and not isinstance(cpu_affinity, (str, bytes, int)) \
                 and len(cpu_affinity) == max(placement) + 1 < n:
             cpu_affinity = [list(cpu_affinity)[d] for d in placement]  # one per schedule device, as devices may be
         affinity = check_affinity(cpu_affinity, n)
         interval = check_switch_interval(switch_interval)
-        partitions = [nn.Sequential(layers).to(device) for layers, device in zip(spec.stage_layers(), placed,
-                                                                                  strict=True)]
-        self.partitions = nn.ModuleList(partitions)
+        copies = spec.arguments.copies
+        originals = [nn.Sequential(layers).to(device)
+                     for layers, device in zip(spec.stage_layers(), placed[:len(self.balance)], strict=True)]
+        self.partitions = nn.ModuleList(originals)  # the model's own: Note [one model, two copies]
+        self._copies = StageCopies(originals, placed, copies) if copies > 1 else None
+        partitions = list(self._copies.partitions) if self._copies is not None else originals
         # what every step runs: Note [what a run is given] in gpipe.interpreter.pipeline
         self.pipeline = Pipeline.of(partitions, placed, spec.arguments.skip_layout, cpu_affinity=affinity,
                                     switch_interval=interval)
@@ -195,8 +205,15 @@ class GPipe(FrontEnd):
         params = [p for p in self.parameters() if p.requires_grad]
         train = torch.is_grad_enabled() and (bool(params) or any(t.requires_grad for t in tensors))
         mode = self.checkpoint if (train and self.training) else "never"
-        # inference by a given schedule: GPipe's forwards on its placement, for any m (Note [a given schedule])
-        schedule = self.schedule_for(m, mode, "gpipe" if self.spec.arguments.given is not None and not train else None)
+        if self._copies is not None:
+            if train:
+                raise RuntimeError(f"the {self.schedule_name!r} schedule runs copies of the stages, whose gradients "
+                                   "are summed after its backward: train with pipe.step(input, target, loss_fn)")
+            self._copies.sync()
+            schedule = forwards_first(self.schedule_for(m, mode))  # Note [inference on copies] in gpipe.frontend
+        else:  # inference by a given schedule: GPipe's forwards on its placement, for any m (Note [a given schedule])
+            schedule = self.schedule_for(m, mode, "gpipe" if self.spec.arguments.given is not None and not train
+                                         else None)
         if not schedule.forwards_first:  # Note [step]
             if train:
                 raise RuntimeError(f"the {self.schedule_name!r} schedule interleaves forward and backward, so the "
@@ -267,7 +284,16 @@ class GPipe(FrontEnd):
         run = ThreadRun(self.pipeline, self.schedule_for(len(batches), mode), batches, was_tuple, True, self.record,
                   (plan, target_batches))
         run.input_requires_grad = [t.requires_grad for t in tensors]
-        run.execute_all()
+        if self._copies is not None:  # Note [one model, two copies] in gpipe.interpreter.copies
+            self._copies.sync()
+            try:
+                run.execute_all()
+            except BaseException:
+                self._copies.drop()
+                raise
+            self._copies.reduce()
+        else:
+            run.execute_all()
         self._keep_timeline(run)
         leaves = [t for t in tensors if t.requires_grad]
         if leaves:  # the input's gradient, as loss.backward() leaves it (into x.grad, or on into x's own graph)

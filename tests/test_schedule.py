@@ -21,6 +21,7 @@ from gpipe.schedule import (
     Task,
     clock_cycles,
     collector_paused,
+    dualpipe,
     dualpipe_v,
     gpipe,
     interleaved_one_f_one_b,
@@ -289,19 +290,19 @@ def test_collector_paused_restores_the_collector_and_ages_what_it_built() -> Non
     assert len(big) == len(more) and gpipe(3, 2).tasks == gpipe(3, 2).tasks and gc.isenabled()
 
 
-NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "dualpipe-v"]
+NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "dualpipe"]
 
 
 def test_the_registry_names_every_generator_once() -> None:
     """Note [one registry]: the built-in generators, in order, each with its description, constraints and policy."""
     assert list(SCHEDULES) == NAMES
     assert [SCHEDULES[k].generator for k in SCHEDULES] == [gpipe, one_f_one_b, interleaved_one_f_one_b, looped_bfs,
-                                                           zb_h1, zb_h2, zb_v, dualpipe_v]
-    assert [k.default_checkpoint for k in SCHEDULES.values()] == ["except_last"] + ["never"] * 7
+                                                           zb_h1, zb_h2, zb_v, dualpipe_v, dualpipe]
+    assert [k.default_checkpoint for k in SCHEDULES.values()] == ["except_last"] + ["never"] * 8
     for kind in SCHEDULES.values():
         assert kind.description and kind.constraints and "\n" not in kind.description + kind.constraints
-        assert kind(3, 2) == kind.generator(3, 2) and kind(3, 2).name == kind.name
-        assert kind(3, 2, "always", [0, 0]) == kind.generator(3, 2, "always", [0, 0])
+        assert kind(4, 2) == kind.generator(4, 2) and kind(4, 2).name == kind.name
+        assert kind(4, 2, "always", [0, 0]) == kind.generator(4, 2, "always", [0, 0])
     with pytest.raises(TypeError):
         SCHEDULES["mine"] = SCHEDULES["gpipe"]  # type: ignore[index]
 
@@ -386,7 +387,7 @@ def test_a_layout_places_n_stages_on_p_devices() -> None:
             schedule_kind("v-gpipe").layout(4, 3)
         with pytest.raises(ValueError, match=r"'gpipe' runs one stage per device: give as many devices as stages "
                                              r"\(4, not 2\).*\(interleaved-1f1b, looped-bfs, zb-v, dualpipe-v, "
-                                             r"looped-gpipe, v-gpipe\)"):
+                                             r"dualpipe, looped-gpipe, v-gpipe\)"):
             SCHEDULES["gpipe"].layout(4, 2)
         assert SCHEDULES["gpipe"].layout(3, 3) == (0, 1, 2)
     finally:

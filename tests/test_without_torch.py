@@ -33,7 +33,7 @@ def without_torch(code: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("code", [
     # every generator registered; a schedule built and drawn as its grid
-    "import gpipe.schedule as s\nassert len(s.SCHEDULES) == 8\nprint(s.step_grid(s.one_f_one_b(4, 2)))",
+    "import gpipe.schedule as s\nassert len(s.SCHEDULES) == 9\nprint(s.step_grid(s.one_f_one_b(4, 2)))",
     # the core simulates a schedule: GPipe's makespan, (m + n - 1)(t_f + t_b)
     "from gpipe.schedule import gpipe\nfrom sim.core.cost import CostModel\nfrom sim.core.engine import simulate\n"
     "assert simulate(gpipe(4, 2, 'never'), CostModel.uniform(2, 1.0, 2.0)).makespan == 15.0",

@@ -6,6 +6,9 @@
     pipe = DistributedGPipe(model, balance=[2, 3], chunks=4, schedule="1f1b")
     loss = pipe.step(x, y, loss_fn)   # x read on the first stage's rank, y on the last; the loss on every rank
 
+DualPipe's two copies of the stages (``schedule="dualpipe"``) run as two partitions a rank, their gradients summed
+with the mirror rank's (Note [mirrored stages] in :mod:`gpipe.distributed.mirrors`).
+
 Rank ``d`` is schedule device ``d`` (with ``data_parallel=dp > 1``, each of ``dp`` replicas' pipelines runs on its
 own ranks of a ``(pp, dp)`` device mesh: :mod:`gpipe.distributed.replicas`): it runs
 :class:`gpipe.interpreter.worker.Worker` on ``schedule.tasks[d]`` (one stage, or several as the schedule's layout
@@ -28,6 +31,7 @@ takes in every rank of the world: a rejected input stops every replica, and thei
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -44,6 +48,7 @@ from gpipe.distributed.clock import measure_offsets, merge
 from gpipe.distributed.faults import Alarm, PipelineFailed, report
 from gpipe.distributed.group import Ranks, join, rank_device
 from gpipe.distributed.materialize import Init, materialize_layer
+from gpipe.distributed.mirrors import Mirrors
 from gpipe.distributed.reduction import DDP_BUCKET_BYTES, Bucket, Reduction, stage_buckets
 from gpipe.distributed.replicas import Replicas, merge_replicas, replica_share
 from gpipe.distributed.shapes import check_boundaries
@@ -124,6 +129,9 @@ class DistributedGPipe(FrontEnd):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         check_zero(zero, data_parallel, reshard_after_forward, arguments)
+        if arguments.copies > 1 and data_parallel > 1:  # Note [mirrored stages] in gpipe.distributed.mirrors
+            raise ValueError(f"schedule {arguments.schedule_name!r} runs {arguments.copies} copies of the stages, "
+                             "which DistributedGPipe runs without data_parallel")
         if data_parallel > 1 and group is not None:
             raise ValueError("data_parallel > 1 lays the default group's world out as a (pp, dp) mesh: "
                              "leave group= out")
@@ -136,20 +144,22 @@ class DistributedGPipe(FrontEnd):
                               named_over=self.replicas.control)
         spec = self._take(arguments.on_ranks(self.ranks.world))
         self.placement = spec.placement
-        stages, partitions, k = spec.stage_layers(), [], 0
-        for j, layers in enumerate(stages):
-            mine = self.placement[j] == self.rank
-            for index, layer in enumerate(layers.values() if mine else (), start=k):
+        stages, partitions = spec.stage_layers(), []
+        starts = [sum(len(layers) for layers in stages[:s]) for s in range(len(stages))]  # each stage's first layer
+        for j, rank_of in enumerate(self.placement):  # a partition per slot (Note [stage slots] in gpipe.schedule)
+            s, mine = j % len(stages), rank_of == self.rank
+            # a second copy: the same layers, materialised alike (Note [mirrored stages] in gpipe.distributed.mirrors)
+            layers = copy.deepcopy(stages[s]) if mine and j >= len(stages) else stages[s]
+            for index, layer in enumerate(layers.values() if mine else (), start=starts[s]):
                 materialize_layer(layer, index, self.device, seed, init)
             partitions.append(nn.Sequential(layers if mine else OrderedDict()))
-            k += len(layers)
         self.partitions = nn.ModuleList(partitions)
         # the dry run's (Note [a step's start]); a layer to be sharded runs as its meta twin
         self._layers = [meta_twin(layer) if zero and self.placement[j] == self.rank else layer
                         for j, ls in enumerate(stages) for layer in ls.values()]
         self._checked: set[int] = set()  # fingerprints of input structures checked (Note [one exchange a step])
         self.check_shapes = check_shapes
-        self.pipeline = Pipeline.of(partitions, [self.device] * len(stages), self.skip_layout)
+        self.pipeline = Pipeline.of(partitions, [self.device] * len(partitions), self.skip_layout)
         self.sharded = None if self.replicas is None or not zero else Sharded(
             {j: partitions[j] for j in self.stages}, self.replicas.mesh["dp"],
             [ranks[self.rank] for ranks in self.replicas.pipelines], reshard_after_forward)
@@ -159,6 +169,7 @@ class DistributedGPipe(FrontEnd):
         alarm = Alarm(self.ranks.store, self.ranks.watcher, self.world_rank, timeout,
                       peers="" if self.replicas is None else self.replicas.peers)
         self.links = Links(self.ranks, alarm, lookahead)
+        self.mirrors = Mirrors(self.schedule, self.rank, self.ranks.group) if arguments.copies > 1 else None
         self.timeline: Timeline | None = None
         self.failure: str | None = None
 
@@ -199,7 +210,9 @@ class DistributedGPipe(FrontEnd):
         """Forward and backward of one mini-batch on every rank, by the schedule (as :meth:`gpipe.GPipe.step`).
 
         Every rank calls it: ``input`` is read on the first stage's rank and ``target`` on the last stage's (the
-        other ranks may pass ``None``). The loss is the plain model's on the whole batch, as in
+        other ranks may pass ``None``); with DualPipe, whose two copies start and end on the first and the last rank,
+        both read both (the same batch), each feeding its half (Note [mirrored stages] in
+        :mod:`gpipe.distributed.mirrors`). The loss is the plain model's on the whole batch, as in
         :meth:`gpipe.GPipe.step` (``loss_reduction`` too; Note [an exact loss] in :mod:`gpipe.loss`). Gradients
         accumulate into this rank's parameters, and into an input that requires grad on the first stage's rank.
 
@@ -224,8 +237,11 @@ class DistributedGPipe(FrontEnd):
     def _start(self, input: Any, target: Any, loss_fn: Callable[..., Tensor],
                loss_reduction: str | None) -> tuple[Any, ...]:
         """Note [a step's start]: check, exchange, then the same schedule or the same error on every rank."""
-        n, rank = len(self.balance), self.rank
+        n, rank, copies = len(self.balance), self.rank, self.spec.arguments.copies
         first, last = self.placement[0], self.placement[n - 1]
+        # the ranks of each copy's first and last stage (Note [stage slots] in gpipe.schedule): DualPipe's two ends
+        starts = {self.placement[c * n] for c in range(copies)}
+        ends = {self.placement[c * n + n - 1] for c in range(copies)}
         batches: list[tuple[Tensor, ...]] = []
         targets: list[tuple[Tensor, ...]] = []
         rows_here: list[int] | None = None
@@ -236,12 +252,12 @@ class DistributedGPipe(FrontEnd):
             if not torch.is_grad_enabled():
                 raise RuntimeError("pipe.step trains: call it with grad enabled (not under torch.no_grad())")
             reduction = reduction_of(loss_fn, loss_reduction)
-            if rank == first:
+            if rank in starts:
                 is_tuple, tensors = as_tensors(input, "the input")
                 batches = [tuple(t.to(self.device) for t in b) for b in scatter(tensors, self.chunks)]
                 rows_here = [b[0].size(0) for b in batches]
                 structure = structure_of(list(batches[0]), is_tuple)
-            if rank == last:
+            if rank in ends:
                 _, whole = as_tensors(target, "the target")
                 target_rows_here = whole[0].size(0)
                 targets = [tuple(t.to(self.device) for t in b) for b in scatter(whole, self.chunks)]
@@ -268,6 +284,11 @@ class DistributedGPipe(FrontEnd):
             told = [told[g] for g in replicas.pipelines[replicas.replica]]
         rows, target_rows = told[first].rows, told[last].target_rows
         assert rows is not None and target_rows is not None
+        for r, what, ref in [(r, "input", first) for r in sorted(starts) if told[r].rows != rows] + \
+                [(r, "target", last) for r in sorted(ends) if told[r].target_rows != target_rows]:
+            raise ValueError(f"ranks {sorted(starts | ends)} each read the input and the target of schedule "
+                             f"{self.schedule_name!r}, whose copies start and end on them, but rank {r}'s {what} "
+                             f"differs from rank {ref}'s: give them the same batch")
         if target_rows != sum(rows):
             raise ValueError(f"the target's batch size {target_rows} (rank {last}) differs from the input's "
                              f"{sum(rows)} (rank {first})")
@@ -299,10 +320,12 @@ class DistributedGPipe(FrontEnd):
             alarm, recorder)
         if self.sharded is not None:
             self.sharded.begin(schedule, rank, alarm, recorder)
-        for i, batch in enumerate(batches):
-            wire.send(0, (Task(Op.F, i, 0), "input"), Message(batch, self._input_is_tuple))
+        for i, batch in enumerate(batches):  # those whose route starts here (Note [stage slots] in gpipe.schedule)
+            if self.placement[j := schedule.route(i)[0]] == rank:
+                wire.send(j, (Task(Op.F, i, j), "input"), Message(batch, self._input_is_tuple))
         for i, target in enumerate(targets):
-            wire.send(n - 1, (Task(Op.F, i, n - 1), "target"), Message(target, len(target) > 1))
+            if self.placement[j := schedule.route(i)[-1]] == rank:
+                wire.send(j, (Task(Op.F, i, j), "target"), Message(target, len(target) > 1))
         checkpoints = any(schedule.is_checkpointed(i) for i in range(schedule.m))
         outside = rng.outside_state() if checkpoints else None
         where = "the start of the step"
@@ -318,8 +341,13 @@ class DistributedGPipe(FrontEnd):
                 wire.flush(task)
                 if reduction is not None:
                     reduction.after(k, task)
+            if self.mirrors is not None:
+                where = "the sum of the mirrored stages' gradients"
+                self.mirrors.reduce(self.partitions, alarm, recorder, schedule.tasks[rank][-1])
             where = "the end of the step"
-            if self.placement[n - 1] == rank:
+            if schedule.copies > 1:
+                loss = self._gathered_loss(wire, schedule, plan)
+            elif self.placement[n - 1] == rank:
                 assert plan is not None
                 losses = [wire.receive(DRIVER, (Task(Op.F, i, n - 1), "loss")).tensors[0]
                           for i in range(schedule.m)]
@@ -332,8 +360,10 @@ class DistributedGPipe(FrontEnd):
                 assert got is not None
                 loss = got
             if any(t.requires_grad for b in batches for t in b):  # the input's gradient, as loss.backward() leaves it
-                pairs = [(t, g) for i, b in enumerate(batches)
-                         for t, g in zip(b, wire.receive(DRIVER, (Task(Op.B, i, 0), "input-grad")).tensors, strict=True)
+                here = [(i, j) for i in range(len(batches)) if self.placement[j := schedule.route(i)[0]] == rank]
+                pairs = [(t, g) for i, j in here
+                         for t, g in zip(batches[i], wire.receive(DRIVER, (Task(Op.B, i, j), "input-grad")).tensors,
+                                         strict=True)
                          if g is not None and t.requires_grad]
                 torch.autograd.backward([t for t, _ in pairs], [cast(Tensor, g) for _, g in pairs])
             if reduction is not None:
@@ -363,6 +393,18 @@ class DistributedGPipe(FrontEnd):
             self.timeline = timeline
             self._recorded = {"timeline": timeline.to_dict(), "t0": recorder.t0, "transfers": wire.transfers}
         return loss.detach()
+
+    def _gathered_loss(self, wire: Wire, schedule: Schedule, plan: LossPlan | None) -> Tensor:
+        """The step's loss where the copies' routes end on several ranks: each sends the scaled losses of its
+        micro-batches to all, and every rank sums them in micro-batch order, as :meth:`LossPlan.total` does on one
+        (Note [an exact loss] in :mod:`gpipe.loss`)."""
+        mine = {i: wire.receive(DRIVER, (Task(Op.F, i, j), "loss")).tensors[0].detach().cpu()  # type: ignore[union-attr]
+                for i in range(schedule.m) if self.placement[j := schedule.route(i)[-1]] == self.rank}
+        parts: list[Any] = [None] * self.ranks.world
+        dist.all_gather_object(parts, (mine, plan is not None and plan.undefined), group=self.ranks.control)
+        losses = {i: loss for part, _ in parts for i, loss in part.items()}
+        total = torch.stack([losses[i] for i in range(schedule.m)]).sum()
+        return (total * float("nan") if any(undefined for _, undefined in parts) else total).to(self.device)
 
     def gather_timeline(self, rounds: int = 8) -> Timeline | None:
         """The last recorded step of every rank as one timeline on rank 0's clock (Note [one time base]).

@@ -158,7 +158,8 @@ class Wire(Transport):
 
     def flush(self, task: Task) -> None:
         """Send what ``task`` made for other ranks, in the pair's order (Note [one order per pair])."""
-        routes = [r for r in outgoing(task, self.schedule.n, self.layout) if self.placement[r[1]] != self.rank]
+        routes = [r for r in outgoing(task, self.schedule.n, self.layout, self.schedule.copies)
+                  if self.placement[r[1]] != self.rank]
         held = {key: (stage, message) for stage, key, message in self.outbox}
         self.outbox = []
         if set(held) != {key for key, _ in routes}:

@@ -144,11 +144,12 @@ class ThreadRun:
         """Run every task of the schedule at once (:meth:`GPipe.step`): the last stage computes the loss."""
         assert self.loss is not None
         self._send_inputs()
-        last = self.n - 1
         for i, target in enumerate(self.loss[1]):
+            last = self.schedule.route(i)[-1]  # Note [stage slots] in gpipe.schedule.schedule
             self.transport.send(last, (Task(Op.F, i, last), "target"), Message(target, len(target) > 1))
         self.finish(functools.partial(self.launch, self.schedule.tasks, self.schedule.device_of(0)))
         for i in range(self.schedule.m):
+            last = self.schedule.route(i)[-1]
             self.losses[i] = self.transport.receive(DRIVER, (Task(Op.F, i, last), "loss")).tensors[0]  # type: ignore[assignment]
 
     def execute_forward(self) -> None:
@@ -158,14 +159,15 @@ class ThreadRun:
         phases = self.phases
         later = [tasks[1] for tasks in phases] if self.train else None
         self.join(functools.partial(self.launch, [tasks[0] for tasks in phases], self.schedule.device_of(0), later))
-        last = self.n - 1
         for i in range(self.schedule.m):
+            last = self.schedule.route(i)[-1]
             tensors, self.output_is_tuple = self.transport.receive(DRIVER, (Task(Op.F, i, last), "output"))
             self.outputs[i] = tensors  # type: ignore[assignment]
 
     def _send_inputs(self) -> None:
         for i, batch in enumerate(self.batches):
-            self.transport.send(0, (Task(Op.F, i, 0), "input"), Message(batch, self.input_is_tuple))
+            first = self.schedule.route(i)[0]
+            self.transport.send(first, (Task(Op.F, i, first), "input"), Message(batch, self.input_is_tuple))
 
     def launch(self, task_lists: Sequence[Sequence[Task]], first: int,
                later: Sequence[Sequence[Task]] | None = None) -> None:
@@ -278,8 +280,8 @@ class ThreadRun:
         self.backward_started = True
         sizes = [self.outputs[i][0].size(0) for i in range(self.schedule.m)]
         pieces = [g.split(sizes, dim=0) if g is not None else [None] * len(sizes) for g in grads]
-        last = self.n - 1
         for i in range(self.schedule.m):
+            last = self.schedule.route(i)[-1]
             self.transport.send(last, (Task(Op.F, i, last), "grad"), Message(tuple(p[i] for p in pieces)))
 
     def finish_backward(self) -> None:
@@ -310,7 +312,7 @@ class ThreadRun:
     def input_grads(self) -> list[Tensor | None]:
         """The gradient of each input that requires one, gathered over the micro-batches."""
         grads: list[Tensor | None] = []
-        in_grads = [self.transport.receive(DRIVER, (Task(Op.B, i, 0), "input-grad")).tensors
+        in_grads = [self.transport.receive(DRIVER, (Task(Op.B, i, self.schedule.route(i)[0]), "input-grad")).tensors
                     for i in range(self.schedule.m)]
         for k, needs in enumerate(self.input_requires_grad):
             if not needs:

@@ -89,7 +89,6 @@ class Worker:
 
     def __init__(self, step: Step, d: int, device: torch.device, transport: Transport) -> None:
         self.step, self.d, self.device, self.transport = step, d, device, transport
-        self.n = step.schedule.n
         self.leaves: dict[tuple[int, int], tuple[tuple[Tensor, ...], bool]] = {}  # with whether it was a tuple
         self.graphs: dict[tuple[int, int], tuple[Tensor, ...]] = {}
         # kept by a split B for W (gpipe.autograd.split_backward)
@@ -137,7 +136,7 @@ class Worker:
         versions = [t._version for t in fed]
         arg: Any = fed if is_tuple else fed[0]
         layers: list[Callable[[Any], Any]] = list(cast(nn.Sequential, step.pipeline.partitions[j]))
-        with_loss = j == self.n - 1 and step.loss is not None
+        with_loss = step.schedule.is_last(j) and step.loss is not None
         if with_loss:  # GPipe.step: the loss is the task's last layer, seeded like the others (gpipe.autograd.rng)
             layers.append(functools.partial(self._loss, task))
         with use_tracker(tracker):
@@ -181,13 +180,14 @@ class Worker:
     def _forward(self, task: Task) -> None:
         step = self.step
         i, j = task.microbatch, task.stage
-        key = (task, "input") if j == 0 else (Task(Op.F, i, j - 1), "")
+        first = step.schedule.is_first(j)  # of its micro-batch's route (Note [stage slots] in gpipe.schedule)
+        key = (task, "input") if first else (Task(Op.F, i, j - 1), "")
         inputs, is_tuple = self.transport.receive(j, key)
         recorder = step.recorder
         d = self.d
         start = recorder.now(d) if recorder else 0.0
         if step.train:
-            leaves = tuple(t.detach().requires_grad_(t.requires_grad or (j > 0 and t.is_floating_point()))
+            leaves = tuple(t.detach().requires_grad_(t.requires_grad or (not first and t.is_floating_point()))
                            for t in cast(tuple[Tensor, ...], inputs))
             if step.schedule.is_checkpointed(i):
                 with torch.no_grad(), checkpointing():
@@ -205,7 +205,7 @@ class Worker:
                 outputs, was_tuple = self._call(task, cast(tuple[Tensor, ...], inputs), is_tuple, recompute=False)
         if recorder:
             recorder.span(d, COMPUTE, task, start)
-        if j < self.n - 1:
+        if not step.schedule.is_last(j):
             self.transport.send(j + 1, (task, ""), Message(tuple(t.detach() for t in outputs), was_tuple))
         elif step.loss is None:
             self.transport.send(DRIVER, (task, "output"),
@@ -239,7 +239,7 @@ class Worker:
     def _backward(self, task: Task) -> None:
         step = self.step
         i, j = task.microbatch, task.stage
-        if j < self.n - 1:
+        if not step.schedule.is_last(j):
             grads: Sequence[Tensor | None] = self.transport.receive(j, (Task(Op.B, i, j + 1), "")).tensors
         elif step.loss is not None:
             grads = self.out_grads.pop(i)
@@ -265,7 +265,7 @@ class Worker:
             recorder.span(self.d, COMPUTE, task, start)
             if (i, j) not in self.split:
                 recorder.free(self.d, i, j)
-        if j > 0:
+        if not step.schedule.is_first(j):
             self.transport.send(j - 1, (task, ""), Message(result))
         else:
             self.transport.send(DRIVER, (task, "input-grad"), Message(result))

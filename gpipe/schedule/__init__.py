@@ -31,7 +31,7 @@ One concept per module, each importing only those above it::
     text.py             the project's own text form of a schedule (a header, a line per device), both ways
     virtual_stages.py   interleaved_one_f_one_b(), looped_bfs(): several stages per device, placed looped
     zero_bubble.py      zb_h1(), zb_h2(), zb_v(): zero-bubble schedules (B and W split)
-    dualpipe.py         dualpipe_v(): DeepSeek's DualPipeV, overlapped pairs in a V
+    dualpipe.py         dualpipe_v(), dualpipe(): DeepSeek's DualPipeV and two-direction DualPipe, overlapped pairs
     size.py             schedule_bytes(), check_schedule_size(): a shape's memory, checked before it is built
     saved.py            held_bytes(): what each task keeps for backward and frees, the one saved-bytes rule
     search.py           search(): the fastest schedule found for per-stage costs under a memory limit, beside
@@ -66,7 +66,7 @@ from gpipe.schedule.virtual_stages import interleaved_one_f_one_b, looped_bfs
 from gpipe.schedule.zero_bubble import zb_h1, zb_h2, zb_v
 
 # isort: split
-from gpipe.schedule.dualpipe import dualpipe_v  # registers last (Note [one registry])
+from gpipe.schedule.dualpipe import dualpipe, dualpipe_v  # registers last (Note [one registry])
 
 # isort: split
 from gpipe.schedule.plot import plot_side_by_side, plot_timeline  # matplotlib only when a chart is drawn
@@ -96,6 +96,7 @@ __all__ = [
     "chrome_trace",
     "clock_cycles",
     "collector_paused",
+    "dualpipe",
     "dualpipe_v",
     "from_pipelining",
     "gpipe",

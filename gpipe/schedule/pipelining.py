@@ -57,8 +57,16 @@ def to_pipelining(schedule: Schedule) -> dict[int, list[str]]:
 
     ``B`` is written ``I`` when the schedule has ``W`` tasks, else ``B`` (a full backward). ``R`` tasks are
     dropped: their format has no recompute (checkpointing there is the module's own business).
+
+    Raises:
+        ValueError: the schedule runs copies of its stages (DualPipe's; Note [stage slots] in
+            :mod:`gpipe.schedule.schedule`): their format runs every micro-batch through every stage.
     """
     schedule.validate()
+    if schedule.copies > 1:
+        raise ValueError(f"schedule {schedule.name!r} runs {schedule.copies} copies of its stages, each micro-batch "
+                         "through one; torch pipelining's actions run every micro-batch through every stage, so it "
+                         "has no such form: save it with write_schedule")
     backward = "I" if schedule.splits_weight_gradient else "B"
     word = {Op.F: "F", Op.B: backward, Op.W: "W"}
     return {d: [f"{t.stage}{word[t.op]}{t.microbatch}" for t in ts if t.op is not Op.R]

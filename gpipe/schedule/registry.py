@@ -18,7 +18,9 @@ registers a schedule for its own run only).
 A schedule built to run several stages per device (interleaved 1F1B, V-shapes) registers its *layout* too:
 where ``n`` stages go on ``p`` devices (e.g. :func:`looped`, stage ``s`` on device ``s mod p``), so
 ``GPipe(devices=[...p...])`` and ``--devices P`` place the stages as it wants them (:meth:`ScheduleKind.layout`).
-One without a layout runs one stage per device unless given a placement.
+One without a layout runs one stage per device unless given a placement. A schedule whose ``n`` stages are several
+copies of the model's (DualPipe's two directions, Note [stage slots] in :mod:`gpipe.schedule.schedule`) registers
+its ``copies`` too, so ``GPipe`` makes ``copies x len(balance)`` slots of a balance of the model's stages.
 
 A schedule with a knob declares it as an option (Note [schedule options]): ``register(..., options={"round":
 "round_size"})``, and the name ``"interleaved-1f1b:round=4"`` runs the generator with ``round_size=4``.
@@ -92,6 +94,8 @@ class ScheduleKind:
         options: the options the name may carry, ``(key, parameter)`` pairs (Note [schedule options]).
         values: the options this kind's name gave, ``(key, value)`` pairs, bound in ``generator``; ``()`` for a
             registered (bare) name.
+        copies: the copies of the model's stages its ``n`` stages hold (Note [stage slots] in
+            :mod:`gpipe.schedule.schedule`): ``n = copies x`` the model's stages; 1 for most.
     """
 
     name: str
@@ -102,6 +106,7 @@ class ScheduleKind:
     place: Layout | None = None
     options: tuple[tuple[str, str], ...] = ()
     values: tuple[tuple[str, int], ...] = ()
+    copies: int = 1
 
     def layout(self, n: int, p: int) -> tuple[int, ...]:
         """The placement of ``n`` stages on ``p`` devices this schedule uses (each device gets a stage).
@@ -183,13 +188,15 @@ class ScheduleKind:
 
 
 def register(name: str, description: str, constraints: str = "any m >= 1 and n >= 1, any placement",
-             layout: Layout | None = None, options: Mapping[str, str] | None = None) -> Callable[[G], G]:
+             layout: Layout | None = None, options: Mapping[str, str] | None = None,
+             copies: int = 1) -> Callable[[G], G]:
     """Register the decorated generator under ``name``; the function itself is returned unchanged.
 
     ``layout`` says where ``n`` stages go on ``p`` devices, for a schedule built to run several stages per
     device (e.g. :func:`looped`); ``None``: one stage per device unless a placement is given. ``options`` maps
     each option the name may carry to the generator's keyword parameter it sets (Note [schedule options]), e.g.
-    ``{"round": "round_size"}`` for ``NAME:round=4``.
+    ``{"round": "round_size"}`` for ``NAME:round=4``. ``copies``: the copies of the model's stages its
+    schedules' stages hold (:attr:`ScheduleKind.copies`).
 
     Raises:
         ValueError: ``name`` is taken or not a lower-case word (letters, digits, ``-``, ``_``, ``.``); a
@@ -221,7 +228,8 @@ def register(name: str, description: str, constraints: str = "any m >= 1 and n >
                 raise ValueError(f"schedule {name!r}: option {key!r} sets the parameter {param!r}, which "
                                  f"{generator.__qualname__} lacks or has without a default; give it a keyword "
                                  "parameter with a default")
-        _registry[name] = ScheduleKind(name, generator, description, constraints, checkpoint, layout, declared)
+        _registry[name] = ScheduleKind(name, generator, description, constraints, checkpoint, layout, declared,
+                                       copies=copies)
         return generator
 
     return add

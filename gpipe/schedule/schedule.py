@@ -10,6 +10,17 @@ start, so a reader that ignores the pairs runs each pair's tasks one after the o
 valid run of the same order, and every existing schedule and consumer is unchanged. A pair starts once
 both its tasks' dependencies are done (the validator's deadlock check and the grid follow that rule), so
 neither may depend on the other; the simulator lets the two share the device (:mod:`sim.core.sharing`).
+
+Note [stage slots]: DeepSeek-V3's two-direction DualPipe feeds half the micro-batches at the first device and
+half at the last, through two copies of the model's stages. A schedule says so with :attr:`Schedule.copies`:
+its ``n`` stages are ``copies`` copies of a model of ``S = n // copies`` stages, stage (slot) ``c*S + s`` being
+stage ``s`` of copy ``c``, and a micro-batch travels only its own copy's slots (:meth:`Schedule.copy_of`:
+consecutive blocks, the first ``m / copies`` micro-batches copy 0); the first slot of a copy has no upstream
+and the last computes the loss. Slots rather than a new task field: a task stays ``(op, i, j)``, the text form,
+the grid, the cost model and every consumer that indexes by stage keep their meaning (a slot has its own
+costs, device and partition), and ``copies = 1`` is exactly the language as it was. What the copies share is
+the model: the executor keeps one partition per slot and sums the copies' gradients, the simulator counts each
+slot's parameters on its device (two copies, twice the parameters, as the DeepSeek-V3 report's Table 2 says).
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ class Schedule:
         name: the generator's name, for display.
         pairs: overlapped pairs ``(first, second)``: ``second`` comes right after ``first`` in one device's
             list, and the two run together (Note [overlapped pairs]); empty for most schedules.
+        copies: the copies of the model's stages the ``n`` stages hold (Note [stage slots]); 1 for most.
     """
 
     m: int
@@ -47,6 +59,7 @@ class Schedule:
     tasks: tuple[tuple[Task, ...], ...]
     name: str = "custom"
     pairs: tuple[tuple[Task, Task], ...] = ()
+    copies: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "placement", tuple(self.placement))
@@ -77,6 +90,32 @@ class Schedule:
 
     def is_checkpointed(self, microbatch: int) -> bool:
         return checkpointed(self.checkpoint, microbatch, self.m)
+
+    @property
+    def stages(self) -> int:
+        """The model's stages, ``n // copies``: the length of each micro-batch's route (Note [stage slots])."""
+        return self.n // self.copies
+
+    def copy_of(self, microbatch: int) -> int:
+        """The copy of the stages ``microbatch`` travels (Note [stage slots]): the first ``m / copies`` copy 0."""
+        return microbatch * self.copies // self.m
+
+    def route(self, microbatch: int) -> range:
+        """The stages ``microbatch`` runs, in order: its copy's slots (``range(n)`` for one copy)."""
+        first = self.copy_of(microbatch) * self.stages
+        return range(first, first + self.stages)
+
+    def model_stage(self, stage: int) -> int:
+        """Which of the model's stages slot ``stage`` is a copy of (Note [stage slots])."""
+        return stage % self.stages
+
+    def is_first(self, stage: int) -> bool:
+        """Whether ``stage`` starts its copy's route: its forward takes the micro-batch itself."""
+        return stage % self.stages == 0
+
+    def is_last(self, stage: int) -> bool:
+        """Whether ``stage`` ends its copy's route: its forward's output is the loss's input."""
+        return (stage + 1) % self.stages == 0
 
     @cached_property
     def splits_weight_gradient(self) -> bool:
@@ -113,7 +152,7 @@ class Schedule:
 
     def dependencies(self, task: Task) -> tuple[Task, ...]:
         """The tasks whose results ``task`` needs (Note [dependencies] in :mod:`gpipe.schedule.task`)."""
-        return dependencies(task, self.n, self.is_checkpointed(task.microbatch))
+        return dependencies(task, self.n, self.is_checkpointed(task.microbatch), self.copies)
 
     def overlaps(self) -> bool:
         """Whether two devices can ever run tasks at the same time.
@@ -153,8 +192,8 @@ class Schedule:
     def expected_tasks(self) -> set[Task]:
         """The set of tasks a valid schedule of this shape runs, each exactly once."""
         ops = [Op.F, Op.B] + ([Op.W] if self.splits_weight_gradient else [])
-        expected = {Task(op, i, j) for op in ops for i in range(self.m) for j in range(self.n)}
-        expected |= {Task(Op.R, i, j) for i in range(self.m) if self.is_checkpointed(i) for j in range(self.n)}
+        expected = {Task(op, i, j) for op in ops for i in range(self.m) for j in self.route(i)}
+        expected |= {Task(Op.R, i, j) for i in range(self.m) if self.is_checkpointed(i) for j in self.route(i)}
         return expected
 
     # -- checking and printing ---------------------------------------------------------------------
@@ -162,11 +201,11 @@ class Schedule:
     def validate(self) -> Schedule:
         """Check the schedule; return it unchanged, or raise :class:`~gpipe.schedule.ScheduleError`.
 
-        Checks: positive shape; placement covers every stage with a real device; every task exactly
-        once and on its stage's device; each overlapped pair adjacent on one device, neither task waiting
-        for the other; no deadlock (every device can run its list in order, each task after its
-        dependencies, a pair's two once both are ready). A deadlock's error shows the grid up to the
-        stuck step and the cycle of waiting tasks (:mod:`gpipe.schedule.validator`).
+        Checks: positive shape, ``copies`` dividing ``n``; placement covers every stage with a real device; every
+        task exactly once, on its stage's device and its micro-batch's route (Note [stage slots]); each overlapped
+        pair adjacent on one device, neither task waiting for the other; no deadlock (every device can run its list
+        in order, each task after its dependencies, a pair's two once both are ready). A deadlock's error shows the
+        grid up to the stuck step and the cycle of waiting tasks (:mod:`gpipe.schedule.validator`).
         """
         if self.__dict__.get("_valid"):  # Note [linear validation]: immutable, so checked once
             return self
@@ -183,5 +222,6 @@ class Schedule:
         return format_grid(self, *run_unit_steps(self))
 
     def __str__(self) -> str:
-        head = f"{self.name} schedule: m={self.m}, n={self.n}, checkpoint={self.checkpoint}"
+        copies = f", copies={self.copies}" if self.copies > 1 else ""
+        head = f"{self.name} schedule: m={self.m}, n={self.n}{copies}, checkpoint={self.checkpoint}"
         return head + "\n" + self.grid()

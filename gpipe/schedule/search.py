@@ -163,6 +163,9 @@ def _named(problem: Problem, unit: str) -> tuple[dict[str, float | str], list[tu
     fitting: list[tuple[str, Schedule]] = []
     costs, limits = problem.costs, problem.limits
     for name, kind in SCHEDULES.items():
+        if kind.copies > 1:  # Note [stage slots]: its stages are copies of fewer, not the problem's stages
+            named[name] = f"runs {kind.copies} copies of the model's stages; the search places one"
+            continue
         try:
             schedule = kind(problem.m, problem.n, "never", placement=problem.placement)
             schedule.validate()

@@ -4,8 +4,8 @@ what it waits for.
 A task prints as ``F2@1`` (forward of micro-batch 2 on stage 1) and :meth:`Task.parse` reads it back.
 
 Note [dependencies]: copies are not tasks. ``F(i, j)`` needs the output of ``F(i, j-1)``; ``B(i, j)``
-needs the gradient of ``B(i, j+1)`` (or, on the last stage, the loss of ``F(i, n-1)``), its own
-``F(i, j)``, and ``R(i, j)`` when checkpointed; ``R(i, j)`` needs only ``F(i, j)`` (it keeps the stage
+needs the gradient of ``B(i, j+1)`` (or, on the last stage, the loss of ``F(i, n-1)``: its own forward), its
+own ``F(i, j)``, and ``R(i, j)`` when checkpointed; ``R(i, j)`` needs only ``F(i, j)`` (it keeps the stage
 input), so it may run before the gradient arrives, as torchgpipe does; ``W(i, j)`` needs ``B(i, j)``.
 The simulator and the executor derive the copies from these edges.
 
@@ -133,18 +133,22 @@ def checkpointed(policy: Checkpoint, microbatch: int, m: int) -> bool:
     raise ValueError(f"unknown checkpoint mode {policy!r}; use one of {', '.join(CHECKPOINT_MODES)}")
 
 
-def dependencies(task: Task, n: int, has_recompute: bool) -> tuple[Task, ...]:
+def dependencies(task: Task, n: int, has_recompute: bool, copies: int = 1) -> tuple[Task, ...]:
     """The tasks whose results ``task`` needs (Note [dependencies]), with ``n`` stages; ``has_recompute``:
-    whether ``task``'s micro-batch is checkpointed (so its ``B`` waits for its ``R`` too)."""
+    whether ``task``'s micro-batch is checkpointed (so its ``B`` waits for its ``R`` too); ``copies``: how many
+    copies of the model the ``n`` stages hold (Note [stage slots] in :mod:`gpipe.schedule.schedule`), so a
+    micro-batch's route starts and ends at each ``n // copies``-th stage."""
     i, j = task.microbatch, task.stage
+    route = n // copies
     if task.op is Op.F:
-        return (Task(Op.F, i, j - 1),) if j > 0 else ()
+        return (Task(Op.F, i, j - 1),) if j % route else ()
     if task.op is Op.R:
         return (Task(Op.F, i, j),)
     if task.op is Op.B:
         deps = [Task(Op.F, i, j)]
         if has_recompute:
             deps.append(Task(Op.R, i, j))
-        deps.append(Task(Op.B, i, j + 1) if j < n - 1 else Task(Op.F, i, n - 1))
-        return tuple(dict.fromkeys(deps))
+        if (j + 1) % route:
+            deps.append(Task(Op.B, i, j + 1))
+        return tuple(deps)
     return (Task(Op.B, i, j),)

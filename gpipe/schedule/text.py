@@ -13,23 +13,25 @@
 
 The first line names the format; then one ``key: value`` line each, in any order: ``name`` (optional, default
 ``custom``), ``microbatches`` (``m``), ``stages`` (``n``), ``checkpoint`` (a policy), ``placement`` (stage ``j``'s
-device, ``n`` numbers), one ``device d:`` line for each device ``0 .. p-1`` with its tasks in their order
-(:class:`~gpipe.schedule.Task`'s text form, ``F2@1``), and, only for a schedule with overlapped pairs (Note
-[overlapped pairs] in :mod:`gpipe.schedule.schedule`), ``pairs: F5@0+B2@3 ...``, each pair's tasks joined by
-``+``. Blank lines and other lines that start with ``#`` are comments. Pure Python (no torch); torch pipelining's
-CSV is :mod:`gpipe.schedule.pipelining`.
+device, ``n`` numbers), ``copies`` (optional, default 1: the copies of the model's stages the ``n`` stages hold, Note
+[stage slots] in :mod:`gpipe.schedule.schedule`; written only when more than 1), one ``device d:`` line for each device
+``0 .. p-1`` with its tasks in their order (:class:`~gpipe.schedule.Task`'s text form, ``F2@1``), and, only for a
+schedule with overlapped pairs (Note [overlapped pairs] in :mod:`gpipe.schedule.schedule`), ``pairs: F5@0+B2@3 ...``,
+each pair's tasks joined by ``+``. Blank lines and other lines that start with ``#`` are comments. Pure Python (no
+torch); torch pipelining's CSV is :mod:`gpipe.schedule.pipelining`.
 
-Note [an exact round trip]: the text holds every field of a :class:`Schedule` (its name, shape, policy,
+Note [an exact round trip]: the text holds every field of a :class:`Schedule` (its name, shape, copies, policy,
 placement, each device's list in order and each pair in order), so ``parse_schedule(schedule_text(s)) == s``
 for every valid schedule: a schedule saved, hand-edited and read back is the schedule the simulator predicted and
 the executor runs, not a regeneration of it. A name is one printable line without spaces at its ends, so that
 it reads back the same; :func:`schedule_text` refuses any other.
 
-Note [counts before tasks]: a valid schedule runs a forward and a backward of each micro-batch on each stage, so
-``m n`` is less than the task words in the file, and ``n`` is the length of the placement line. The parser checks
-both on the words before the validator builds anything as long as ``m n`` (a task or two missing is the
-validator's to name): a header that claims ``microbatches: 99999999999999999999`` is refused at once, naming its
-line. With the size cap, :data:`MAX_TEXT_BYTES` (16 MiB, about two million tasks), a file reads in seconds.
+Note [counts before tasks]: a valid schedule runs a forward and a backward of each micro-batch on each stage of its
+route (``n / copies`` stages), so ``m n / copies`` is less than the task words in the file, and ``n`` is the length of
+the placement line. The parser checks both on the words before the validator builds anything as long as ``m n /
+copies`` (a task or two missing is the validator's to name): a header that claims ``microbatches:
+99999999999999999999`` is refused at once, naming its line. With the size cap, :data:`MAX_TEXT_BYTES` (16 MiB, about
+two million tasks), a file reads in seconds.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ HEADER = "# gpipe-sim schedule"
 MAX_TEXT_BYTES = 16 * 2**20
 _MAX_DIGITS = 100  # a number longer than this is refused as it is read (Python's int() stops at 4,300 digits)
 _SHOWN = 40  # characters of a word a message shows
-_KEYS = ("name", "microbatches", "stages", "checkpoint", "placement", "device D", "pairs")
+_KEYS = ("name", "microbatches", "stages", "copies", "checkpoint", "placement", "device D", "pairs")
 
 
 class _Lines:
@@ -109,8 +111,9 @@ def schedule_text(schedule: Schedule) -> str:
     if not name or not name.isprintable() or name != name.strip():
         raise ValueError(f"schedule name {_show(name)!r} cannot be written as text: a name is one printable line, "
                          "without spaces at its ends; rename it (dataclasses.replace(s, name=...))")
-    lines = [HEADER, f"name: {name}", f"microbatches: {schedule.m}", f"stages: {schedule.n}",
-             f"checkpoint: {schedule.checkpoint}", f"placement: {' '.join(map(str, schedule.placement))}"]
+    lines = [HEADER, f"name: {name}", f"microbatches: {schedule.m}", f"stages: {schedule.n}"]
+    lines += [f"copies: {schedule.copies}"] if schedule.copies > 1 else []
+    lines += [f"checkpoint: {schedule.checkpoint}", f"placement: {' '.join(map(str, schedule.placement))}"]
     lines += [f"device {d}: {' '.join(map(str, ts))}" for d, ts in enumerate(schedule.tasks)]
     if schedule.pairs:
         lines.append("pairs: " + " ".join(f"{a}+{b}" for a, b in schedule.pairs))
@@ -131,6 +134,11 @@ def parse_schedule(text: str) -> Schedule:
     m_line, m_text = lines.get("microbatches")
     n_line, n_text = lines.get("stages")
     m, n = _number(m_text, m_line, "the micro-batch count"), _number(n_text, n_line, "the stage count")
+    k_line, k_text = lines.values.get("copies", (0, "1"))
+    copies = _number(k_text, k_line, "the copies of the stages")
+    if copies > n or n % copies:
+        raise ValueError(f"line {k_line}: {_show(k_text)} copies of the stages must divide line {n_line}'s "
+                         f"{_show(n_text)} stages")
     c_line, checkpoint = lines.get("checkpoint")
     if checkpoint not in CHECKPOINT_MODES:
         raise ValueError(f"line {c_line}: checkpoint {_show(checkpoint)!r}; use one of {', '.join(CHECKPOINT_MODES)}")
@@ -150,15 +158,16 @@ def parse_schedule(text: str) -> Schedule:
                              f"devices 0..{count - 1}")
     tasks = [_tasks(*lines.devices[d]) for d in range(count)]
     total = sum(map(len, tasks))
-    if m * n > total:  # Note [counts before tasks]: m is bounded by the task words
-        raise ValueError(f"line {m_line}: {_show(m_text)} micro-batches on {n} stages need a forward and a backward "
-                         f"of each of {_show(str(m * n))} (micro-batch, stage) pairs, but the device lines list "
-                         f"{total} tasks")
+    if m * (n // copies) > total:  # Note [counts before tasks]: m is bounded by the task words
+        raise ValueError(f"line {m_line}: {_show(m_text)} micro-batches on {n // copies} stages need a forward and a "
+                         f"backward of each of {_show(str(m * (n // copies)))} (micro-batch, stage) pairs, but the "
+                         f"device lines list {total} tasks")
     for j, d in enumerate(placement):
         if d >= count:
             raise ValueError(f"line {p_line}: stage {j} is placed on device {d}, but the devices are 0..{count - 1}")
     pairs = _pairs(*lines.values["pairs"]) if "pairs" in lines.values else ()
-    schedule = Schedule(m, n, cast(Checkpoint, checkpoint), tuple(placement), tuple(tasks), name=name, pairs=pairs)
+    schedule = Schedule(m, n, cast(Checkpoint, checkpoint), tuple(placement), tuple(tasks), name=name, pairs=pairs,
+                        copies=copies)
     return schedule.validate()
 
 

@@ -44,6 +44,11 @@ class _Checked(TaskLists, Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def copies(self) -> int: ...
+
+    def copy_of(self, microbatch: int) -> int: ...
+
     def expected_tasks(self) -> set[Task]: ...
 
 
@@ -63,6 +68,10 @@ def check(schedule: _Checked, *, standard_edges: bool) -> None:
     if n < 1:
         raise ScheduleError(f"a schedule needs at least one stage, got n={n}")
     checkpointed(schedule.checkpoint, 0, m)  # rejects an unknown policy
+    copies = schedule.copies
+    if not 1 <= copies <= min(n, m) or n % copies:
+        raise ScheduleError(f"{copies} copies of the stages (Note [stage slots]) need a divisor of n={n} between "
+                            f"1 and m={m}")
     if len(placement) != n:
         raise ScheduleError(f"placement has {len(placement)} entries for {n} stages")
     for j, d in enumerate(placement):
@@ -72,7 +81,8 @@ def check(schedule: _Checked, *, standard_edges: bool) -> None:
     starts = _check_pairs(schedule) if schedule.pairs else None
     weights = _walk(schedule, ck, starts) if standard_edges else -1
     if weights >= 0:  # every task ran once, in range, on its device, of a kind this shape has
-        if sum(map(len, schedule.tasks)) != m * n * (3 if weights else 2) + n * sum(ck):
+        route = n // copies  # the stages each micro-batch runs
+        if sum(map(len, schedule.tasks)) != m * route * (3 if weights else 2) + route * sum(ck):
             _raise_wrong_tasks(schedule)
         return
     # something is wrong (or a subclass has its own edges): name the first problem, in task order
@@ -153,14 +163,16 @@ def _walk(schedule: _Checked, ck: Sequence[bool], starts: list[set[int]] | None 
     ``d``'s overlapped pairs start (their first task waits for the second's dependencies too).
 
     Returns the number of ``W`` tasks when every task ran, exactly once, within ``m`` and ``n``, on its
-    stage's device, and an ``R`` only for a checkpointed micro-batch; -1 otherwise (a deadlock, or a
+    stage's device and its micro-batch's route (Note [stage slots] in :mod:`gpipe.schedule.schedule`), and an
+    ``R`` only for a checkpointed micro-batch; -1 otherwise (a deadlock, or a
     problem :func:`_check_tasks` names). Missing tasks are for the caller to count.
     """
     m, n, placement = schedule.m, schedule.n, schedule.placement
     lists = schedule.tasks
     mn = m * n
     f_op, b_op, r_op = Op.F, Op.B, Op.R
-    last = n - 1
+    route = n // schedule.copies
+    copy = [schedule.copy_of(i) for i in range(m)]
     done = bytearray(4 * mn)  # task (op, i, j) is number op * m * n + i * n + j, op = F 0, B 1, R 2, W 3
     awaited = bytearray(4 * mn)  # whether a device waits for the task (cheaper to test than the dict)
     waiting: dict[int, list[int]] = {}  # task number -> devices whose head task waits for it
@@ -174,20 +186,20 @@ def _walk(schedule: _Checked, ck: Sequence[bool], starts: list[set[int]] | None 
         while k < end:
             t = ts[k]
             o, i, j = t.op, t.microbatch, t.stage
-            if i >= m or j >= n or placement[j] != d:
+            if i >= m or j >= n or placement[j] != d or j // route != copy[i]:
                 return -1
             base = i * n + j
             if o is f_op:
-                code, blocker = 0, (base - 1 if j and not done[base - 1] else -1)
+                code, blocker = 0, (base - 1 if j % route and not done[base - 1] else -1)
             elif o is b_op:
                 code = 1
                 if not done[base]:
                     blocker = base  # its own forward
                 elif ck[i] and not done[2 * mn + base]:
                     blocker = 2 * mn + base  # its recompute
-                elif j < last and not done[mn + base + 1]:
+                elif (j + 1) % route and not done[mn + base + 1]:
                     blocker = mn + base + 1  # the gradient of the next stage
-                else:  # on the last stage the loss needs F(i, n-1): its own forward, done
+                else:  # on the route's last stage the loss needs its own forward, done
                     blocker = -1
             elif o is r_op:
                 if not ck[i]:
@@ -196,7 +208,7 @@ def _walk(schedule: _Checked, ck: Sequence[bool], starts: list[set[int]] | None 
             else:
                 code, blocker = 3, (mn + base if not done[mn + base] else -1)
             if starts is not None and blocker < 0 and k in starts[d]:  # a pair starts when both can
-                blocker = _blocker(ts[k + 1], done, ck, m, n)
+                blocker = _blocker(ts[k + 1], done, ck, m, n, route)
             if blocker >= 0:
                 waiting.setdefault(blocker, []).append(d)
                 awaited[blocker] = 1
@@ -215,18 +227,19 @@ def _walk(schedule: _Checked, ck: Sequence[bool], starts: list[set[int]] | None 
     return weights
 
 
-def _blocker(t: Task, done: bytearray, ck: Sequence[bool], m: int, n: int) -> int:
+def _blocker(t: Task, done: bytearray, ck: Sequence[bool], m: int, n: int, route: int) -> int:
     """The number :func:`_walk` gives the first unfinished dependency of ``t`` (an overlapped pair's second
-    task), or -1; also -1 when ``t`` is out of range, which :func:`_walk` reports when it reaches it."""
+    task), or -1; also -1 when ``t`` is out of range, which :func:`_walk` reports when it reaches it. ``route``:
+    the stages of each micro-batch's route."""
     i, j, mn = t.microbatch, t.stage, m * n
     if i >= m or j >= n:
         return -1
     base = i * n + j
     if t.op is Op.F:
-        return base - 1 if j and not done[base - 1] else -1
+        return base - 1 if j % route and not done[base - 1] else -1
     if t.op is Op.B:
         for ready, number in ((done[base], base), (not ck[i] or done[2 * mn + base], 2 * mn + base),
-                              (j == n - 1 or done[mn + base + 1], mn + base + 1)):
+                              (not (j + 1) % route or done[mn + base + 1], mn + base + 1)):
             if not ready:
                 return number
         return -1

@@ -6,7 +6,8 @@ rank knows the whole schedule and skip layout, so it derives that order itself: 
 order, and inside a task the activation or gradient (channel ``""``) first, then each skip key in the layout's
 order (:func:`outgoing`). The transport holds a task's remote sends until the task ends and then sends them in
 this order, whatever order the layers produced them in. After the last task the last stage's rank sends the
-step's loss (:data:`LOSS`) to every other rank.
+step's loss (:data:`LOSS`) to every other rank; a schedule of copies, whose routes end on several ranks, gathers
+the micro-batches' losses on every rank instead (:class:`gpipe.distributed.DistributedGPipe`).
 """
 
 from __future__ import annotations
@@ -23,17 +24,19 @@ Route = tuple[Key, int]
 """A message's key and the stage it goes to."""
 
 
-def outgoing(task: Task, n: int, layout: SkipLayout) -> list[Route]:
-    """Every message ``task`` sends to another stage, in the canonical order (Note [one order per pair])."""
-    j = task.stage
+def outgoing(task: Task, n: int, layout: SkipLayout, copies: int = 1) -> list[Route]:
+    """Every message ``task`` sends to another stage, in the canonical order (Note [one order per pair]); ``copies``:
+    of the stages, whose routes each end at every ``n // copies``-th (Note [stage slots] in
+    :mod:`gpipe.schedule.schedule`)."""
+    j, route = task.stage, n // copies
     routes: list[Route] = []
     if task.op is Op.F:
-        if j < n - 1:
+        if (j + 1) % route:
             routes.append(((task, ""), j + 1))
         routes += [((task, key), layout.popped_in[key]) for key, s in layout.stashed_in.items()
                    if s == j and layout.popped_in[key] != j]
     elif task.op is Op.B:
-        if j > 0:
+        if j % route:
             routes.append(((task, ""), j - 1))
         routes += [((task, key), s) for key, s in layout.stashed_in.items()
                    if layout.popped_in[key] == j and s != j]
@@ -51,8 +54,8 @@ def incoming(schedule: Schedule, layout: SkipLayout, rank: int) -> dict[int, lis
     for sender, tasks in enumerate(schedule.tasks):
         if sender == rank:
             continue
-        routes = [r for t in tasks for r in outgoing(t, schedule.n, layout) if place[r[1]] == rank]
-        if sender == place[schedule.n - 1]:
+        routes = [r for t in tasks for r in outgoing(t, schedule.n, layout, schedule.copies) if place[r[1]] == rank]
+        if schedule.copies == 1 and sender == place[schedule.n - 1]:  # copies gather their losses: DistributedGPipe
             routes.append((loss_key(schedule), _any_stage(schedule, rank)))
         streams[sender] = routes
     return streams

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 from gpipe.schedule import Op
 from sim.core.collectives import StageCollectives
 
-__all__ = ["IDEAL_RUNNER", "TASK_KINDS", "CostModel", "IdealRunner", "Pair", "RunnerCosts", "StageCost", "check_cost"]
+__all__ = ["IDEAL_RUNNER", "TASK_KINDS", "CostModel", "IdealRunner", "Pair", "RunnerCosts", "StageCost", "check_cost",
+           "copied_stages"]
 
 
 def check_cost(name: str, value: float, *, allow_zero: bool = True) -> None:
@@ -244,3 +245,68 @@ class CostModel:
             extra = {k: v[j] for k, v in per_stage.items()}  # type: ignore[index]
             stages.append(StageCost(float(forward[j]), float(backward[j]), **extra))  # type: ignore[arg-type]
         return cls(tuple(stages), **rest)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _CopiedRunner:
+    """A runner's costs read for slots (Note [stage slots] in :mod:`gpipe.schedule.schedule`): slot ``j`` is the
+    model's stage ``j mod stages``; a measured pair holds between any copies of its two stages."""
+
+    base: RunnerCosts
+    stages: int
+    copies: int
+
+    @property
+    def handoff(self) -> float:
+        return self.base.handoff
+
+    @property
+    def gap(self) -> float:
+        return self.base.gap
+
+    @property
+    def launch(self) -> float:
+        return self.base.launch
+
+    @property
+    def turnaround(self) -> float:
+        return self.base.turnaround
+
+    @property
+    def contention(self) -> float:
+        return self.base.contention
+
+    @property
+    def pairs(self) -> tuple[Pair, ...]:
+        s, k = self.stages, self.copies
+        return tuple((a, x * s + j, b, y * s + i, c) for a, j, b, i, c in self.base.pairs
+                     for x in range(k) for y in range(k))
+
+    def host_seconds(self, op: Op, stage: int, checkpointed: bool) -> float:
+        return self.base.host_seconds(op, stage % self.stages, checkpointed)
+
+    def first_seconds(self, stage: int) -> float:
+        return self.base.first_seconds(stage % self.stages)
+
+    def issue_seconds(self, op: Op, stage: int, checkpointed: bool) -> float:
+        return self.base.issue_seconds(op, stage % self.stages, checkpointed)
+
+    def stage_seconds(self, op: Op, stage: int, checkpointed: bool) -> float | None:
+        return self.base.stage_seconds(op, stage % self.stages, checkpointed)
+
+
+def copied_stages(cost: CostModel, copies: int) -> CostModel:
+    """The cost model of a schedule whose stages are ``copies`` copies of ``cost``'s (DualPipe's two directions,
+    Note [stage slots] in :mod:`gpipe.schedule.schedule`): slot ``c * S + s`` costs what stage ``s`` does,
+    parameters and optimizer state included, so a device holding two copies holds both's model state; a
+    runner's per-stage costs are read through the same map. ``copies = 1`` returns ``cost`` itself.
+
+    Raises:
+        ValueError: ``copies`` is not a positive integer.
+    """
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"copies of the stages is a positive integer, got {copies!r}")
+    if copies == 1:
+        return cost
+    runner = cost.runner if cost.runner is IDEAL_RUNNER else _CopiedRunner(cost.runner, cost.n, copies)
+    return replace(cost, stages=cost.stages * copies, runner=runner)

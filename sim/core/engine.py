@@ -47,7 +47,12 @@ def simulate(schedule: Schedule, cost: CostModel, config: SimConfig = DEFAULT_CO
     with collector_paused():  # Note [gc] in gpipe.schedule.collector
         schedule.validate()
         if cost.n != schedule.n:
-            raise ValueError(f"the cost model has {cost.n} stages but the schedule has {schedule.n}")
+            copies = " (its stages are copies: sim.core.cost.copied_stages makes a model's costs theirs)" \
+                if schedule.copies > 1 else ""
+            raise ValueError(f"the cost model has {cost.n} stages but the schedule has {schedule.n}{copies}")
+        if config.lockstep_forward and schedule.copies > 1:
+            raise ValueError(f"lockstep_forward models torchgpipe's clock cycles along one route of the stages; "
+                             f"schedule {schedule.name!r} has {schedule.copies} copies of them")
         if cost.microbatch_scale and len(cost.microbatch_scale) != schedule.m:
             raise ValueError(f"the cost model scales {len(cost.microbatch_scale)} micro-batches but the schedule "
                              f"has {schedule.m}")

@@ -185,6 +185,8 @@ class Run:
                        "turnaround": runner.turnaround, "contention": runner.contention,
                        "pairs": [list(p) for p in runner.pairs]},
         }
+        if schedule.copies > 1:  # Note [stage slots] in gpipe.schedule.schedule: model_state_bytes counts each copy
+            meta["copies"] = schedule.copies
         spans = (*chain.from_iterable(self.spans), *chain.from_iterable(self.copies.spans),
                  *(chain.from_iterable(c.spans for c in self.comms) if self.comms is not None else ()))
         return Timeline(spans, tuple(chain.from_iterable(self.memory.samples)), self.devices, "simulated", meta)

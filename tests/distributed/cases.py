@@ -342,7 +342,7 @@ def refused(name: str, checkpoint: str, n: int, m: int, world: int) -> bool:
     """Whether schedule ``name`` refuses ``n`` stages on ``world`` ranks with ``m`` micro-batches (its
     documented ``ValueError``): such a case is left out of the parametrization, not skipped."""
     try:
-        SCHEDULES[name](m, n, checkpoint, devices=world).validate()  # type: ignore[arg-type]
+        SCHEDULES[name](m, n * SCHEDULES[name].copies, checkpoint, devices=world).validate()  # type: ignore[arg-type]
     except ValueError:
         return True
     return False

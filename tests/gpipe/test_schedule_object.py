@@ -42,11 +42,11 @@ def trains_like_the_model(schedule: Schedule, batch: int | None = None, *, step:
     """A step (or forward + backward) of a pipeline built on ``schedule``: the plain model's loss and gradients, and
     every worker ran its list in the schedule's order. Returns the pipeline."""
     torch.manual_seed(0)
-    model = chain(schedule.n)
+    model = chain(schedule.stages)
     reference = copy.deepcopy(model)
     rows = 2 * schedule.m if batch is None else batch
     x, y = torch.randn(rows, 6), torch.randn(rows, 3)
-    pipe = GPipe(model, [1] * schedule.n, devices=["cpu"] * schedule.num_devices, schedule=schedule, record=True)
+    pipe = GPipe(model, [1] * schedule.stages, devices=["cpu"] * schedule.num_devices, schedule=schedule, record=True)
     if step:
         loss = pipe.step(x, y, F.mse_loss)
     else:

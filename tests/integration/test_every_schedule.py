@@ -65,6 +65,8 @@ MODELS: dict[str, tuple[Callable[[], nn.Sequential], tuple[int, ...], tuple[int,
 
 def _shapes(kind: ScheduleKind, model: str) -> list[Shape]:
     _, one_each, placed = MODELS[model]
+    if kind.copies > 1:  # copies of the stages (DualPipe): a stage per device, each device a copy of another too
+        return [Shape(m, one_each, len(one_each)) for m in (6, 8)]
     if kind.place is not None:
         return [Shape(m, placed, 2) for m in (4, 8)]
     return [Shape(m, one_each, len(one_each)) for m in (3, 6)]
@@ -73,13 +75,15 @@ def _shapes(kind: ScheduleKind, model: str) -> list[Shape]:
 CASES = [pytest.param(name, checkpoint, model, shape,
                       id=f"{name}-{checkpoint}-{model}-m{shape.m}-n{shape.n}-p{shape.devices}")
          for name, kind in SCHEDULES.items() for model in MODELS for shape in _shapes(kind, model)
-         for checkpoint in CHECKPOINT_MODES]
+         for checkpoint in CHECKPOINT_MODES
+         if kind.copies == 1 or model != "skip"]  # copies of the stages take no skip connections (GPipe refuses)
 
 
 def _schedule(name: str, checkpoint: Checkpoint, shape: Shape) -> Schedule | ValueError:
     """The schedule of this case, or the ``ValueError`` its generator refuses it with (as documented)."""
     try:
-        return SCHEDULES[name](shape.m, shape.n, checkpoint, devices=shape.devices).validate()
+        kind = SCHEDULES[name]
+        return kind(shape.m, shape.n * kind.copies, checkpoint, devices=shape.devices).validate()
     except ValueError as refused:
         return refused
 
