@@ -36,7 +36,7 @@ import numpy as np
 
 from gpipe.schedule import SCHEDULES, Schedule, SearchResult, StageCosts, Task, search
 from gpipe.schedule.search_timing import peak_memory
-from gpipe.schedule.timeline import COMPUTE, Timeline
+from gpipe.schedule.timeline import COMPUTE, COPY, Timeline
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
@@ -237,7 +237,7 @@ def _encode(tl: Timeline, copies: list[list[Task]]) -> dict[str, Any]:
     for s in tl.spans:
         if s.stream == COMPUTE:
             compute[s.device] += (s.start - t0, s.end - t0)
-        else:
+        elif s.stream == COPY:  # a task's all-to-all (its communication) is in its compute span already
             arrived[s.device][s.task] = (s.start - t0, s.end - t0)
     if [len(a) for a in arrived] != [len(c) for c in copies]:
         raise ValueError("the copies differ between runs of one order; a pack stores one copy order per order")
@@ -253,7 +253,7 @@ def _copies_of(tl: Timeline) -> list[list[Task]]:
     """The copies each device receives, by the task whose result they carry, in a fixed order."""
     arrived: list[list[Task]] = [[] for _ in range(tl.num_devices)]
     for s in tl.spans:
-        if s.stream != COMPUTE:
+        if s.stream == COPY:
             arrived[s.device].append(s.task)
     return [sorted(a, key=str) for a in arrived]
 

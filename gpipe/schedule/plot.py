@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpipe.schedule import Op
-from gpipe.schedule.timeline import COLLECTIVE, COMPUTE, Timeline
+from gpipe.schedule.timeline import ALL_TO_ALL, COLLECTIVE, COMPUTE, Span, Timeline
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -23,16 +22,17 @@ COLOURS: dict[str, str] = {
     "W": "#c44e52",  # weight gradient: red
     "copy": "#8c8c8c",  # copies: grey
     "collective": "#8172b3",  # data-parallel collectives: purple
+    ALL_TO_ALL: "#da8bc3",  # a task's all-to-all (Note [communication spans] in sim.core.overlap): pink
 }
 
 
-def _kind(stream: str, op: Op) -> str:
+def _kind(s: Span) -> str:
     """The key of :data:`COLOURS` a span is drawn in."""
-    return op.value if stream == COMPUTE else "collective" if stream == COLLECTIVE else "copy"
-
-
-def _colour(stream: str, op: Op) -> str:
-    return COLOURS[_kind(stream, op)]
+    if s.stream == COMPUTE:
+        return s.task.op.value
+    if s.stream == COLLECTIVE:
+        return ALL_TO_ALL if s.label.startswith(ALL_TO_ALL + " ") else "collective"
+    return "copy"
 
 
 # Note [one collection per colour]: a chart's bars are drawn as one collection per row and colour, not one
@@ -45,7 +45,7 @@ def _draw(ax: Axes, timeline: Timeline, origin: float, title: str, labels: bool)
     bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for s in timeline.spans:
         y = y_of[(s.device, s.stream)]
-        bars.setdefault((y, _colour(s.stream, s.task.op)), []).append((s.start - origin, s.duration))
+        bars.setdefault((y, COLOURS[_kind(s)]), []).append((s.start - origin, s.duration))
         if labels and s.stream == COMPUTE and s.duration > makespan / 60:
             ax.text(s.start - origin + s.duration / 2, y, f"{s.task.microbatch}", ha="center", va="center",
                     fontsize=7, color="white")
@@ -69,7 +69,7 @@ def _rows(timeline: Timeline) -> list[tuple[int, str]]:
 
 #: The legend's word for each kind of span.
 NAMES: dict[str, str] = {"F": "forward", "B": "backward", "R": "recompute", "W": "weight grad", "copy": "copy",
-                         "collective": "collective"}
+                         "collective": "collective", ALL_TO_ALL: "all-to-all"}
 
 
 def drawn_kinds(timelines: Sequence[Timeline]) -> list[str]:
@@ -77,7 +77,7 @@ def drawn_kinds(timelines: Sequence[Timeline]) -> list[str]:
 
     The legend lists these and no others: a chart without copies or weight gradients does not name them.
     """
-    kinds = {_kind(s.stream, s.task.op) for t in timelines for s in t.spans}
+    kinds = {_kind(s) for t in timelines for s in t.spans}
     return [k for k in COLOURS if k in kinds]
 
 

@@ -38,6 +38,7 @@ from gpipe.schedule import Task
 from gpipe.schedule.size import format_bytes, replace_file
 
 __all__ = [
+    "ALL_TO_ALL",
     "COLLECTIVE",
     "COMPUTE",
     "COPY",
@@ -52,6 +53,8 @@ _START_END = attrgetter("start", "end")  # spans in time order, ties by end
 COMPUTE = "compute"
 COPY = "copy"
 COLLECTIVE = "collective"
+#: The kind of a task's all-to-all (a mixture of experts' dispatch and combine) in :func:`collective_label`.
+ALL_TO_ALL = "all-to-all"
 
 
 def collective_label(kind: str, what: int | str, nbytes: float) -> str:

@@ -9,6 +9,9 @@ match wins::
                                           the link given by --bandwidth [--latency]
     neither                               copies are free (the closed forms hold exactly)
 
+``--communication-time`` gives each task seconds on the network (a mixture of experts' all-to-all): the output
+reports them and how many no task's compute hides (``all_to_all`` in the JSON, :mod:`sim.core.exposure`).
+
 ``--hardware NAME`` names a catalog device, for display only (the header, and each device's peak memory
 as a fraction of its capacity); it changes no time. Files, in ``--out``, each up to a number of spans (one per
 task and per timed copy); a bigger run skips them with a note, unless ``--all-files``::
@@ -32,6 +35,7 @@ from sim.cli.options import MAX_SECONDS, add_out, integer, number, number_list, 
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
+from sim.core.exposure import Exposure, exposure
 from sim.core.link import LinkSpec
 from sim.core.size import SPANS_PER_PAIR, check_simulation_size
 from sim.files import OutputFolder, json_text
@@ -208,10 +212,13 @@ def check_size(args: argparse.Namespace, m: int, n: int, devices: int, priced: b
         ValueError: one line (exit status 2).
     """
     check_simulation_size(m, n, given=given, fix=fix)
-    spans = SPANS_PER_PAIR * m * n  # at most
+    # at most; given communication (a list of zeros counts, which overestimates), an all-to-all span per F, R and B
+    # too, on a row of its own (Note [communication spans] in sim.core.overlap)
+    talks = args.communication_time != "0"
+    spans = (SPANS_PER_PAIR + (3 if talks else 0)) * m * n
     written = spans if args.all_files else min(spans, TRACE_SPAN_LIMIT)
     plotted = args.all_files or 2 * m * n <= PLOT_SPAN_LIMIT  # every pair has an F and a B span at least
-    rows = devices * (3 if priced else 1)
+    rows = devices * ((3 if priced else 1) + (1 if talks else 0))
     check_simulation_size(m, n, given=given, fix="leave out --all-files" if args.all_files else fix,
                           written_spans=written, plot_rows=rows if plotted else 0,
                           plot_spans=(spans if args.all_files else min(spans, PLOT_SPAN_LIMIT)) if plotted else 0)
@@ -229,6 +236,13 @@ def _bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.4g} {unit}"
     return f"{int(n)} B"
+
+
+def _all_to_all(talks: Exposure) -> str:
+    """One line: the all-to-all seconds of all devices, those exposed and those hidden (:mod:`sim.core.exposure`)."""
+    return (f"all-to-all {talks.total_communication:.6g} s on the network: {talks.total_exposed:.6g} s exposed (no "
+            f"task computing), {talks.total_communication - talks.total_exposed:.6g} s hidden under another task's "
+            "compute")
 
 
 def write_files(timeline: Timeline, out: OutputFolder, *, plot_limit: int | None = PLOT_SPAN_LIMIT,
@@ -276,16 +290,19 @@ def run(args: argparse.Namespace) -> int:
         files["schedule"] = export.finish()
     note = None if args.all_files else skipped_note(files, len(timeline.spans), PLOT_SPAN_LIMIT, TRACE_SPAN_LIMIT)
     summary = timeline.summary()  # Note [metrics in one pass] in gpipe.schedule.timeline
-    model_state = timeline.meta["model_state_bytes"]
+    model_state, talks = timeline.meta["model_state_bytes"], exposure(timeline)
     for row in summary["devices"]:
         row["model_state_bytes"] = model_state[row["device"]]
+        row["all_to_all_seconds"] = talks.communication[row["device"]]
+        row["all_to_all_exposed"] = talks.exposed[row["device"]]
         if device is not None:
             row["memory_fraction"] = (row["peak_memory_bytes"] + row["model_state_bytes"]) / device.memory_bytes
     if args.json:
         doc = {**summary, "schedule": schedule.name, "m": schedule.m, "n": schedule.n,
                "checkpoint": schedule.checkpoint, "copies": _copies(cost, config),
                "copy_streams": config.copy_streams, "fork_join": config.enforce_backward_order,
-               "lockstep": config.lockstep_forward, "hardware": device.name if device else None, "files": files}
+               "lockstep": config.lockstep_forward, "hardware": device.name if device else None, "files": files,
+               "all_to_all": {"seconds": talks.total_communication, "exposed": talks.total_exposed}}
         print(json_text(doc))
         if note is not None:
             print(note, file=sys.stderr)  # stdout holds the JSON object alone
@@ -298,14 +315,19 @@ def run(args: argparse.Namespace) -> int:
           f"lockstep {'on' if config.lockstep_forward else 'off'}")
     print(f"makespan {timeline.makespan:.6g} s, bubble fraction {timeline.bubble_fraction():.4f} "
           f"({timeline.bubble_fraction():.1%} idle on average)")
+    if talks.total_communication:
+        print(_all_to_all(talks))
     print()
     header = f"{'device':>6}  {'busy (s)':>10}  {'utilisation':>11}  {'peak saved':>11}  {'model state':>11}"
-    print(header + (f"  {'of ' + device.name:>14}" if device else ""))
+    print(header + (f"  {'of ' + device.name:>14}" if device else "")
+          + (f"  {'a2a exposed (s)':>15}" if talks.total_communication else ""))
     for row in summary["devices"]:
         line = (f"{row['device']:>6}  {row['busy']:>10.6g}  {row['utilisation']:>11.1%}  "
                 f"{_bytes(row['peak_memory_bytes']):>11}  {_bytes(row['model_state_bytes']):>11}")
         if device is not None:
             line += f"  {row['memory_fraction']:>14.1%}"
+        if talks.total_communication:
+            line += f"  {row['all_to_all_exposed']:>15.6g}"
         print(line)
     if schedule.m <= GRID_LIMIT[0] and schedule.n <= GRID_LIMIT[1]:
         print()

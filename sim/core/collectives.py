@@ -12,7 +12,9 @@ communication stream, one at a time in the order they are issued, beside the com
 The simulator receives each collective's seconds, priced by whoever built the costs (a ring, a hierarchical
 collective on a cluster's links: :mod:`sim.core.rings`); it decides when they run and what waits for
 them. The timeline holds one span per collective on stream :data:`gpipe.schedule.timeline.COLLECTIVE`, named after the
-compute task it serves, so the Perfetto trace and the Gantt chart show them.
+compute task it serves, so the Perfetto trace and the Gantt chart show them. A task's all-to-all is drawn there too
+(Note [communication spans] in :mod:`sim.core.overlap`), but priced inside its task: it waits for none of this
+module's collectives, and they wait for none of it.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ class StageCost:
             ``None``: all it held for ``B`` (Note [memory] in :mod:`sim.core.memory`).
         communication: seconds of each ``F``, ``R`` and ``B`` of the stage that wait on the network, not on the
             device's compute (Note [communication]); ``W`` has none.
+        communication_bytes: bytes one rank sends in that communication, for its span's label only.
         collectives: the stage's data-parallel gathers and reductions, run as tasks on its device's communication
             stream (:mod:`sim.core.collectives`); ``None``: none.
     """
@@ -82,11 +83,12 @@ class StageCost:
     forward_checkpointed: float | None = None
     weight_bytes: int | None = None
     communication: float = 0.0
+    communication_bytes: int = 0
     collectives: StageCollectives | None = None
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "weight", "send_bytes", "saved_bytes", "checkpoint_bytes",
-                     "parameter_bytes", "gradient_bytes", "optimizer_bytes", "communication"):
+                     "parameter_bytes", "gradient_bytes", "optimizer_bytes", "communication", "communication_bytes"):
             check_cost(name, getattr(self, name))
         for name in ("recompute", "forward_checkpointed", "weight_bytes"):
             if getattr(self, name) is not None:

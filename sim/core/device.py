@@ -14,7 +14,7 @@ import simpy
 from gpipe.schedule import Op, Task
 from gpipe.schedule.timeline import COMPUTE, Span
 from sim.core.copies import Sends
-from sim.core.overlap import pair
+from sim.core.overlap import alone, pair
 from sim.core.run import Run
 from sim.core.tables import B, F, R, W
 
@@ -65,6 +65,8 @@ def device(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
     stream, shared, cores = run.streams[d] if run.streams is not None else None, run.shared[d], run.cores
     starts, first_half = run.pair_starts[d], None
     comm = run.comms[d] if run.comms is not None else None  # only on the plain path (sim.core.engine)
+    # Note [communication spans] in sim.core.overlap: F, R and B have a stage's communication, W none
+    talking, communication = any(run.communication[B]), run.communication
     issued_by = 0.0  # an asynchronous device's host time once it has issued the task
     t = 0.0  # this device's clock
     for k, task in enumerate(tasks):
@@ -168,6 +170,8 @@ def device(run: Run, d: int) -> Generator[simpy.Event, Any, None]:
             if shared is not None and held is not None:
                 shared.release(held)
         append_span(Span(d, COMPUTE, task, start, t))
+        if talking and communication[op][j]:  # Note [communication spans]; asynchronous: its kernels' end
+            alone(run, d, task, op, i, j, start, end if asynchronous else t)
         if asynchronous:
             free_at = issued_by + gap
         elif gap:

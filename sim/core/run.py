@@ -50,6 +50,7 @@ class Run:
         # Note [span order]: compute spans per device (one per task, in task order), copy spans per sending
         # device (in issue order), memory samples per device (one at t=0, then in time order)
         self.spans: list[list[Span]] = [[] for _ in range(devices)]
+        self.talks: list[list[Span]] = [[] for _ in range(devices)]  # all-to-all spans (sim.core.overlap)
         self.memory = Memory(cost.stages, devices, self.checkpointed, self.scales if self.scaled else None, splits)
         self.streams = None if config.copy_streams else [simpy.Resource(self.env, 1) for _ in range(devices)]
         self.host_end = [0.0] * devices  # an asynchronous device's host time after its last task
@@ -188,5 +189,6 @@ class Run:
         if schedule.copies > 1:  # Note [stage slots] in gpipe.schedule.schedule: model_state_bytes counts each copy
             meta["copies"] = schedule.copies
         spans = (*chain.from_iterable(self.spans), *chain.from_iterable(self.copies.spans),
+                 *chain.from_iterable(self.talks),
                  *(chain.from_iterable(c.spans for c in self.comms) if self.comms is not None else ()))
         return Timeline(spans, tuple(chain.from_iterable(self.memory.samples)), self.devices, "simulated", meta)

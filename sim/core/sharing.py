@@ -7,13 +7,17 @@ from typing import Any
 
 import simpy
 
-__all__ = ["COMPUTING", "TALKING", "Phase", "SharedCores", "pair_ends", "phased_pair_ends", "task_phases"]
+__all__ = ["COMPUTING", "TALKING", "Phase", "Ran", "SharedCores", "pair_ends", "phased_pair", "phased_pair_ends",
+           "task_phases"]
 
 #: What a phase of a task uses (Note [communication] in :mod:`sim.core.cost`): the device's compute, or its link.
 COMPUTING, TALKING = 0, 1
 
 #: One phase of a task: ``(COMPUTING or TALKING, seconds at full speed)``.
 Phase = tuple[int, float]
+
+#: One phase of a task as it ran: ``(COMPUTING or TALKING, start, end)``.
+Ran = tuple[int, float, float]
 
 
 def pair_ends(start: float, a: float, b: float) -> tuple[float, float]:
@@ -46,10 +50,24 @@ def phased_pair_ends(start: float, a: Sequence[Phase], b: Sequence[Phase]) -> tu
         c >= x:      0 .. x       x .. 2c - x        2c - x .. 2c
               F  computes    computes, shared    sends              the backward's link time under the
               B  receives    computes, shared    computes           forward's compute, and the other way round
+
+        c < x:       0 .. c       c .. 2x - c        2x - c .. 2x
+              F  computes    sends, shared       sends              the link shared where neither computes:
+              B  receives    receives, shared    computes           2(x - c) of the pair's 2x
+
+    :func:`phased_pair` gives when each phase runs.
     """
     if all(use == COMPUTING for use, _ in (*a, *b)):
         return pair_ends(start, sum((s for _, s in a), 0.0), sum((s for _, s in b), 0.0))
-    left, ends, t = [list(a), list(b)], [start, start], start
+    ran = phased_pair(start, a, b)
+    return (ran[0][-1][2] if ran[0] else start), (ran[1][-1][2] if ran[1] else start)
+
+
+def phased_pair(start: float, a: Sequence[Phase], b: Sequence[Phase]) -> tuple[tuple[Ran, ...], tuple[Ran, ...]]:
+    """When each phase of two tasks runs that start together at ``start`` (:func:`phased_pair_ends`' sharing):
+    each task's phases in order, as ``(use, start, end)``; the last one's end is the task's."""
+    ran: tuple[list[Ran], list[Ran]] = ([], [])
+    left, began, t = [list(a), list(b)], [start, start], start
     while left[0] or left[1]:
         using = [phases[0][0] for phases in left if phases]
         rates = [1.0 / using.count(phases[0][0]) if phases else 0.0 for phases in left]
@@ -62,11 +80,11 @@ def phased_pair_ends(start: float, a: Sequence[Phase], b: Sequence[Phase]) -> tu
             remaining = seconds - step * rates[k]
             if remaining <= 1e-12 * max(1.0, seconds):  # this phase is done (the one that set the step exactly)
                 phases.pop(0)
-                if not phases:
-                    ends[k] = t
+                ran[k].append((use, began[k], t))
+                began[k] = t
             else:
                 phases[0] = (use, remaining)
-    return ends[0], ends[1]
+    return tuple(ran[0]), tuple(ran[1])
 
 
 class SharedCores:
