@@ -16,7 +16,9 @@ One published configuration is evaluated exactly with ``--balance`` (the partiti
 ``--optimizer``; ``--json`` gives each row's memory per device part by part. ``--tensor-parallel`` splits every layer
 of a ``gpt`` or ``llama`` model over ranks inside a node (Megatron-LM's tensor parallelism; its all-reduces run over
 ``--link``), each configuration then using ``t x stages x replicas`` GPUs; ``--context-parallel`` splits each
-sequence over ``c`` more (:mod:`sim.planning.parallel.context_parallel`)::
+sequence over ``c`` more (:mod:`sim.planning.parallel.context_parallel`); ``--expert-parallel`` splits a mixture of
+experts' routed experts over a stage's GPUs, its all-to-all priced as each task's communication
+(:mod:`sim.planning.parallel.experts`, :mod:`sim.cli.plan_experts`)::
 
     gpipe-sim plan --model gpt:175b --batch 1536 --gpus 64 --hardware a100-80gb --link nvlink3 \
         --network infiniband-hdr --tensor-parallel 8 --stages 8 --schedule 1f1b --chunks 1536 \
@@ -50,6 +52,7 @@ from gpipe.schedule.trace import write_chrome_trace
 from sim.cli import CommandError
 from sim.cli.options import MAX_INT, add_force, integer, number, output_folder, schedule_names, schedules_help
 from sim.cli.plan_defaults import DECODERS, LINK, add_sharding_options, context, ints, keep, layout, sharding, system
+from sim.cli.plan_experts import add_expert_options, expert_options, routing_of, shards_of
 from sim.cli.plan_table import print_answers, print_table
 from sim.cli.user_code import Target, blame, call, layer_failure, load_target
 from sim.core.size import check_simulation_size
@@ -75,13 +78,12 @@ from sim.planning.plan import (
     resolve_network,
     row_timeline,
 )
-from sim.planning.request import shard_keys
 from sim.planning.search_plan import SEARCHED
 from sim.planning.sweep_size import SweepSpace, check_sweep_size
 
 __all__ = ["add_parser", "load_model", "run"]
 
-BUILTIN_FAMILIES = ("gpt", "llama", "nemotron", "resnet101", "resnet", "unet", "amoebanet")
+BUILTIN_FAMILIES = (*DECODERS, "resnet101", "resnet", "unet", "amoebanet")
 BUILTINS = ("gpt:SIZE, llama:SIZE, nemotron:SIZE, gpt:layers=..., llama:layers=..., nemotron:layers=..., "
             "resnet101, unet:B,C, amoebanet:L,D")
 FILES = ("plan.json", "throughput.png", "memory.png", "best.trace.json")  # what --out receives
@@ -98,6 +100,7 @@ def add_parser(subparsers: Any) -> None:
                               description=__doc__.split("\n\n", 1)[0].split(": ", 1)[1] if __doc__ else None)
     p.add_argument("--model", required=True, metavar="SPEC",
                    help="gpt:SIZE (125m..175b), llama:SIZE (8b, 70b, 405b), nemotron:SIZE (15b, 340b), "
+                        "deepseek:v3, deepseek:v2, mixtral:8x7b, mixtral:8x22b, qwen3:235b-a22b, "
                         "gpt:layers=L,hidden=H,heads=A,seq=S,vocab=V[,ffn=F], "
                         "llama:layers=L,hidden=H,heads=A,kv-heads=K,ffn=F,seq=S,vocab=V, nemotron:layers=... (as "
                         "llama); any family's shape also takes kv-heads=K, mlp=gelu|swiglu|relu2, "
@@ -130,6 +133,7 @@ def add_parser(subparsers: Any) -> None:
                         "the norms and dropouts over the tensor-parallel ranks by tokens (gpt and llama; at tensor "
                         "parallel 1 it is off; default: on for gpt and llama, else off)")
     add_sharding_options(p)
+    add_expert_options(p)
     p.add_argument("--tensor-parallel", default=None, metavar="LIST",
                    help="tensor-parallel degrees to try (gpt and llama models; each divides the heads, the KV heads "
                         "and a GPU count, at most --gpus-per-node; default: every such divisor of --gpus-per-node "
@@ -351,14 +355,16 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
     network = resolve_network(args.network) if args.network is not None else None
     if args.network_ports is not None:
         integer("--network-ports", args.network_ports, 1)
-    shards = _shards(args.model, degrees, splits)  # refuses a bad degree before counting
+    moe = expert_options(args, routing_of(args.model), gpus, stages, degrees)
+    shards = shards_of(args.model, degrees, splits, moe, args.model.strip().lower().partition(":")[0] in
+                       BUILTIN_FAMILIES)  # refuses a bad degree before counting
     tokens = _tokens(args.model)
     contexts, cp_comm = context(args, tokens)
     out = output_folder(args, FILES) if args.out is not None and args.target_throughput is None else None
-    profiles: dict[tuple[int, bool], ModelProfile] = {}
+    profiles: dict[tuple[int, bool] | tuple[int, bool, int, int], ModelProfile] = {}
     if shards is None:
         name, module, sample, target = _load(args.model)
-    layers = len(module if shards is None else shards[(1, False)].module("meta"))  # built, not counted
+    layers = len(module if shards is None else next(iter(shards.values())).module("meta"))  # built, not counted
     # the sweep's largest simulation, refused before the count if it would not fit (sim.core.size)
     m = min(max(chunks) if chunks is not None else MAX_CHUNKS, args.batch)
     n = len(balance) if balance is not None else min(layers, max(gpus) * max(virtual))
@@ -366,7 +372,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
                           f"{n} stages", fix="lower --chunks or --gpus")
     if not args.no_limit:  # Note [sweep limit] in sim.planning.sweep_size: before the (seconds-long) count
         space = SweepSpace(args.batch, layers, gpus, degrees, contexts, splits, checkpoints, schedules, virtual, zero,
-                           chunks, stages, replicas, balance, reshard, shard_group)
+                           chunks, stages, replicas, balance, reshard, shard_group, moe.experts)
         check_sweep_size(space, bounded=keep(args) is not None, workers=len(available_cores()))
     if shards is None:
         try:
@@ -377,7 +383,7 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
                 raise
             raise layer_failure(target, error.layer, module[error.layer], error.error) from None
     else:
-        name = shards[(1, False)].name
+        name = next(iter(shards.values())).name
         for key, shard in shards.items():  # each shard counted once, its identical blocks once
             profiles[key] = shard.count(training.torch_dtype)
     request = PlanRequest(profile=profiles, batch=args.batch, device=device, gpus=gpus, link=link, training=training,
@@ -388,7 +394,8 @@ def _sweep(args: argparse.Namespace, hardware: str, price: float | None) -> tupl
                           network_ports=args.network_ports, tokens_per_sample=tokens, zero=zero,
                           sequence_parallel=splits, search=args.search, keep=keep(args),
                           context_parallel=contexts, cp_comm=cp_comm, reshard_after_forward=reshard,
-                          shard_group=shard_group)
+                          shard_group=shard_group, routing=moe.routing, expert_parallel=moe.expert_parallel,
+                          expert_tensor_parallel=moe.expert_tensor_parallel, expert_imbalance=moe.expert_imbalance)
     result = plan(request, progress=not args.no_progress and sys.stderr.isatty())
     return result, out, request
 
@@ -398,32 +405,6 @@ def _tokens(spec: str) -> int | None:
     if spec.strip().lower().partition(":")[0] not in DECODERS:
         return None
     return int(get_model(spec).sample(1, "meta").shape[1])
-
-
-def _shards(spec: str, degrees: list[int], splits: list[bool]) -> dict[tuple[int, bool], Any] | None:
-    """The spec of one rank's shard per ``(degree, sequence parallel)``, for a built-in decoder (counted with its
-    identical blocks once); ``None`` for another model without tensor parallelism (loaded as it always was).
-
-    Raises:
-        CommandError: tensor or sequence parallelism asked of a model without them.
-        ValueError: a degree the model's heads do not take.
-    """
-    family = spec.strip().lower().partition(":")[0]
-    if family not in DECODERS:
-        if degrees != [1] and family in BUILTIN_FAMILIES:
-            get_model(spec).tensor_parallel(max(degrees))  # a ValueError: the model has no split
-        if degrees != [1] or any(splits):
-            what = f"--tensor-parallel {max(degrees)}" if degrees != [1] else "--sequence-parallel on"
-            whose = "the user's" if family not in BUILTIN_FAMILIES else "not a decoder"
-            raise CommandError(f"{what} needs a built-in gpt or llama model, whose layers it splits; {spec} is "
-                               f"{whose}")
-        return None
-    entry = get_model(spec)
-    out = {(1, False): entry}
-    for t, sp in shard_keys(degrees, splits):  # t = 1 without sequence parallelism (Note [sequence parallel needs
-        # ranks] in sim.planning.request)
-        out[(t, sp)] = entry.tensor_parallel(t, sequence_parallel=sp)
-    return out
 
 
 def _run_one(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import argparse
 from sim.cli import CommandError
 from sim.cli.options import MAX_INT, integer
 from sim.planning.counting.models import ModelSpec, get_model
+from sim.planning.counting.models.decoder_specs import FAMILIES
 from sim.planning.hardware.systems import get_system
 from sim.planning.parallel.context_parallel import CP_COMMS, check_context_parallel
 from sim.planning.parallel.recompute import CHECKPOINTS
@@ -19,7 +20,7 @@ from sim.planning.request import GPUS_PER_NODE, PRACTICE_ZERO, practice_checkpoi
 __all__ = ["DECODERS", "LINK", "add_sharding_options", "context", "ints", "keep", "layout", "sharding", "system",
            "words"]
 
-DECODERS = ("gpt", "llama", "nemotron")  # the built-ins with a tensor-parallel split
+DECODERS = tuple(FAMILIES)  # the built-in decoders, each with a tensor-parallel split
 LINK = "pcie"  # --link without --system: the PCIe generation of the device
 
 

@@ -41,6 +41,10 @@ def _columns(result: Plan, width: int) -> list[tuple[str, int, Any]]:
         cols.append(("zero", 6, lambda r: f"{_zero(r):>6}"))
     if any(r.sequence_parallel for r in rows):
         cols.append(("sp", 3, lambda r: f"{'on' if r.sequence_parallel else 'off':>3}"))
+    if result.expert_imbalance is not None:  # a mixture of experts: its layout and its all-to-all, per step a device
+        cols += [("ep", 6, lambda r: f"{_experts(r):>6}"),
+                 ("a2a (s)", 8, lambda r: _number(r.all_to_all_seconds if r.simulated else None, ".4g", 8)),
+                 ("exposed", 8, lambda r: _number(r.all_to_all_exposed_seconds if r.simulated else None, ".4g", 8))]
     cols.append(("samples/s", 11, lambda r: _number(r.throughput, ".2f", 11)))
     if any(r.tokens_per_second for r in rows):
         cols.append(("tokens/s", 10, lambda r: _number(r.tokens_per_second, ".4g", 10)))
@@ -89,8 +93,11 @@ def print_table(result: Plan, top: int) -> None:
         shown.append(result.best)
     fitting = sum(r.fits for r in result.rows)
     print(f"{result.model}: batch {result.batch} on {result.device} ({gib(result.device_memory_bytes)} GiB), "
-          f"link {result.link}{f', network {result.network}' if result.network else ''}, training {result.training}; "
-          f"{len(result.rows) + result.skipped} configurations, {fitting} fit"
+          f"link {result.link}{f', network {result.network}' if result.network else ''}, training {result.training}"
+          + (f", expert imbalance {result.expert_imbalance:g}"
+             f"{' (balanced routing)' if result.expert_imbalance == 1 else ''}"
+             if result.expert_imbalance is not None else "")
+          + f"; {len(result.rows) + result.skipped} configurations, {fitting} fit"
           + (f", {result.skipped} skipped (slower at their compute alone than the fastest shown)"
              if result.skipped else ""))
     cols = _columns(result, max(5, *(len(r.schedule) for r in shown)))
@@ -126,6 +133,10 @@ def describe(r: PlanRow) -> str:
         if r.tensor_parallel > 1 else ""
     split += f"context parallel {r.context_parallel} x " if r.context_parallel > 1 else ""
     zero = f", ZeRO-{r.zero}" if r.zero else ""
+    if r.expert_parallel * r.expert_tensor_parallel > 1:
+        zero += f", expert parallel {_experts(r)}"
+    if r.all_to_all_seconds:
+        zero += f" (all-to-all {r.all_to_all_seconds:.3g} s a step, {r.all_to_all_exposed_seconds:.3g} s exposed)"
     if r.zero == 3 and not r.reshard_after_forward:
         zero += " (gathered once a step)"
     if r.zero and r.shard_group is not None:
@@ -151,6 +162,11 @@ def print_answers(answers: list[Answer]) -> None:
         cost = f", ${a.dollars_per_hour:.2f}/h, ${r.cost_per_million:.2f} per million samples" \
             if a.dollars_per_hour is not None and r.cost_per_million is not None else ""
         print(f"  {a.plan.device}: {describe(r)}, {gib(r.peak_memory_bytes)} GiB peak per device{cost}")
+
+
+def _experts(r: PlanRow) -> str:
+    """The ep column: the expert-parallel degree, ``/etp`` where each expert is split over tensor-parallel ranks."""
+    return f"{r.expert_parallel}{f'/{r.expert_tensor_parallel}' if r.expert_tensor_parallel > 1 else ''}"
 
 
 def _zero(r: PlanRow) -> str:

@@ -106,7 +106,7 @@ def plan(request: PlanRequest, *, progress: bool = False, workers: int | None = 
                 request.policy.name, request.price_per_gpu_hour,
                 tuple(_mark_best(rows + searched, request.objective)), missing,
                 cluster.network.name if cluster.network else None, request.tokens_per_sample, tuple(gains),
-                len(skipped))
+                len(skipped), None if request.routing is None else request.expert_imbalance)
 
 
 def row_timeline(request: PlanRequest, row: PlanRow) -> Timeline:

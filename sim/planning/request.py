@@ -1,5 +1,6 @@
 """What a plan is asked: :class:`PlanRequest`, checked when it is built, and the checks and resolutions it runs
-(links named by family, the network, the training default, the numbers of a request).
+(the training default, the numbers of a request; links named by family and the network are
+:mod:`sim.planning.links`').
 
 :func:`sim.planning.plan.plan` takes a request and trusts it; ``gpipe-sim plan`` calls the checks that need no model
 (:func:`check_request`, :func:`check_tensor_parallel`) before counting one, so a bad request costs nothing; each
@@ -18,8 +19,10 @@ from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES, schedule_kind
 from sim.core.link import LinkSpec
 from sim.planning.counting.counts import ModelProfile
 from sim.planning.counting.training import Training, training_policy
-from sim.planning.hardware.catalog import LINKS, DeviceSpec, get_device, get_link
+from sim.planning.hardware.catalog import DeviceSpec, get_device
+from sim.planning.links import resolve_link, resolve_network
 from sim.planning.parallel.context_parallel import check_context_parallel, check_splittable
+from sim.planning.parallel.experts import Routing, check_experts, check_fold
 from sim.planning.parallel.memory import COPY_STREAMS
 from sim.planning.parallel.recompute import CHECKPOINTS
 from sim.planning.parallel.zero import ZERO_STAGES
@@ -30,52 +33,6 @@ __all__ = ["GPUS_PER_NODE", "PRACTICE_ZERO", "VIRTUAL", "PlanRequest", "check_re
 
 GPUS_PER_NODE = 8  # a tensor-parallel group stays inside a node (Note [tensor parallel ranks])
 VIRTUAL = (1, 2, 4)  # default stages per device for a schedule with a layout (Note [virtual stages], configurations.py)
-
-_LINK_FAMILIES = {  # a family name picks the generation that comes with the device (first prefix that matches;
-    # "" matches any). The PCIe and NVL H100 cards reach one peer over a bridge; an MI300 has no NVLink (name
-    # its link, xgmi-mi300).
-    "nvlink": {"v100": "nvlink2", "a100": "nvlink3", "h800": "nvlink4-h800", "h100-pcie": "nvlink4-bridge",
-               "h100-nvl": "nvlink4-bridge",
-               "h100": "nvlink4", "h200": "nvlink4", "b200": "nvlink5", "gb200": "nvlink5"},
-    "pcie": {"tesla-p40": "pcie3-x16", "v100": "pcie3-x16", "a100": "pcie4-x16", "h100": "pcie5-x16",
-             "h800": "pcie5-x16", "h200": "pcie5-x16", "b200": "pcie5-x16", "gb200": "pcie5-x16", "l40s": "pcie4-x16",
-             "mi3": "pcie5-x16", "": "pcie4-x16"},
-}
-
-
-def resolve_link(name: str | LinkSpec, device: DeviceSpec) -> LinkSpec:
-    """A catalog link, or the generation of a family (``nvlink``, ``pcie``) that comes with ``device``.
-
-    Raises:
-        KeyError: an unknown link, or a family the device does not have (the message lists the links).
-    """
-    if isinstance(name, LinkSpec):
-        return name
-    key = name.strip().lower()
-    if key in LINKS:
-        return get_link(key)
-    family = _LINK_FAMILIES.get(key)
-    if family is not None:
-        for prefix, link in family.items():
-            if device.name.startswith(prefix):
-                return get_link(link)
-        raise KeyError(f"device {device.name!r} has no {key}; name a link: {', '.join(LINKS)}")
-    raise KeyError(f"unknown link {name!r}; known: {', '.join([*_LINK_FAMILIES, *LINKS])}")
-
-
-def resolve_network(name: str | LinkSpec) -> LinkSpec:
-    """A catalog link for the network between nodes (``infiniband-ndr``, ``roce-400g``, ...), one port of it.
-
-    Raises:
-        KeyError: an unknown name (the message lists the catalog's links).
-    """
-    if isinstance(name, LinkSpec):
-        return name
-    key = name.strip().lower()
-    if key not in LINKS:
-        raise KeyError(f"unknown network {name!r}; known: {', '.join(LINKS)}")
-    return get_link(key)
-
 
 def default_training(device: DeviceSpec, optimizer: str = "adam") -> Training:
     """Mixed precision in the device's 16-bit dtype (bf16, else fp16), else fp32; Adam by default."""
@@ -195,13 +152,15 @@ class PlanRequest:
             schedule, objective or copy streams, a price below 0, a balance that does not cover the model's layers,
             a tensor-parallel degree above a node, not dividing a GPU count or without its shard's count, a model
             counted in another precision than the policy's, a context-parallel degree below 1, whose ``2c`` chunks
-            do not divide the sequence, that no GPU count takes, or of a model without FlashAttention.
+            do not divide the sequence, that no GPU count takes, or of a model without FlashAttention, an
+            expert-parallel degree that does not divide the experts or fold onto a stage's GPUs (or without its
+            count), an expert tensor-parallel degree neither 1 nor a tensor-parallel one, an imbalance below 1.
     """
 
     profile: ModelProfile | Mapping[Any, ModelProfile] = field(hash=False)
     """The counted model (:func:`sim.planning.counting.flops.count_layers`, in the policy's dtype), or for each
     tensor-parallel degree the count of one rank's shard (``{1: whole, 2: shard, ...}``; a key ``(t, True)`` for a
-    sequence-parallel shard)."""
+    sequence-parallel shard, ``(t, sp, ep, etp)`` for one rank of an expert-parallel group)."""
     batch: int
     """Global batch, samples per step."""
     device: DeviceSpec | str
@@ -282,11 +241,21 @@ class PlanRequest:
     among them (Note [bounded sweep] in :mod:`sim.planning.sweep_workers`): the best row is the full sweep's; ``None``:
     evaluate every configuration."""
 
+    routing: Routing | None = None
+    """A mixture of experts' router (:class:`~sim.planning.parallel.experts.Routing`); ``None``: a dense model."""
+    expert_parallel: Sequence[int] = (1,)
+    """Expert-parallel degrees to try (:mod:`sim.planning.parallel.experts`), each dividing the routed experts and
+    folding onto a stage's ``t x c x d`` GPUs; each needs the count of one of its ranks, key ``(t, sp, ep, etp)``."""
+    expert_tensor_parallel: Sequence[int] = (1,)
+    """Expert tensor-parallel degrees to try: 1, or a tensor-parallel degree (each expert's FFN split as the MLP)."""
+    expert_imbalance: float = 1.0
+    """The busiest expert-parallel rank's tokens over a balanced share (>= 1; 1.0: perfectly balanced routing)."""
+
     def __post_init__(self) -> None:
         if isinstance(self.profile, Mapping):
             object.__setattr__(self, "profile", MappingProxyType(dict(self.profile)))
         for name in ("gpus", "checkpoints", "virtual", "zero", "sequence_parallel", "context_parallel",
-                     "reshard_after_forward"):
+                     "reshard_after_forward", "expert_parallel", "expert_tensor_parallel"):
             object.__setattr__(self, name, _tuple(name, getattr(self, name)))
         for name in ("chunks", "schedules", "stages", "replicas", "tensor_parallel"):
             if getattr(self, name) is not None:
@@ -317,11 +286,14 @@ class PlanRequest:
         return None if self.network is None else resolve_network(self.network)
 
     @property
-    def counts(self) -> dict[tuple[int, bool], ModelProfile]:
-        """The counts keyed ``(tensor_parallel, sequence_parallel)``: a key ``t`` is ``(t, False)``."""
+    def counts(self) -> dict[tuple[int, bool, int, int], ModelProfile]:
+        """The counts keyed ``(tensor_parallel, sequence_parallel, expert_parallel, expert_tensor_parallel)``: a key
+        ``t`` is ``(t, False, 1, 1)``, a key ``(t, sp)`` is ``(t, sp, 1, 1)``."""
         if isinstance(self.profile, ModelProfile):
-            return {(self.profile.tensor_parallel, False): self.profile}
-        return {(k, False) if isinstance(k, int) else (int(k[0]), bool(k[1])): v for k, v in self.profile.items()}
+            return {(self.profile.tensor_parallel, False, 1, 1): self.profile}
+        return {(k, False, 1, 1) if isinstance(k, int) else
+                (int(k[0]), bool(k[1]), *((int(k[2]), int(k[3])) if len(k) == 4 else (1, 1))): v
+                for k, v in self.profile.items()}
 
     @property
     def schedule_names(self) -> tuple[str, ...]:
@@ -332,7 +304,7 @@ class PlanRequest:
     def degrees(self) -> tuple[int, ...]:
         """The tensor-parallel degrees swept, each once: :attr:`tensor_parallel`, or those of the counts."""
         if self.tensor_parallel is None:
-            return tuple(dict.fromkeys(t for t, _ in self.counts))
+            return tuple(dict.fromkeys(key[0] for key in self.counts))
         return tuple(dict.fromkeys(self.tensor_parallel))
 
     @property
@@ -341,10 +313,18 @@ class PlanRequest:
         return tuple(dict.fromkeys(bool(x) for x in self.sequence_parallel))
 
     @property
-    def shards(self) -> list[tuple[int, bool]]:
-        """The ``(tensor_parallel, sequence_parallel)`` counts the sweep prices: each pair asked, less sequence
-        parallelism at ``t = 1`` (:func:`shard_keys`)."""
-        return shard_keys(self.degrees, self.splits)
+    def experts(self) -> tuple[tuple[int, int], ...]:
+        """The ``(expert_parallel, expert_tensor_parallel)`` pairs swept, each once."""
+        return tuple((ep, etp) for ep in dict.fromkeys(self.expert_parallel)
+                     for etp in dict.fromkeys(self.expert_tensor_parallel))
+
+    @property
+    def shards(self) -> list[tuple[int, bool, int, int]]:
+        """The ``(tensor_parallel, sequence_parallel, expert_parallel, expert_tensor_parallel)`` counts the sweep
+        prices: each tensor-parallel pair asked, less sequence parallelism at ``t = 1`` (:func:`shard_keys`), with each
+        expert pair whose ``etp`` is 1 or ``t``."""
+        return [(t, sp, ep, etp) for t, sp in shard_keys(self.degrees, self.splits) for ep, etp in self.experts
+                if etp in (1, t)]
 
     @property
     def contexts(self) -> tuple[int, ...]:
@@ -376,13 +356,22 @@ class PlanRequest:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < max(1, self.search)):
             raise ValueError(f"keep is the number of fastest configurations per GPU count to rank exactly, an integer "
                              f">= 1 and >= search ({self.search}), got {keep!r}")
-        for t, sp in self.shards:
-            if (t, sp) not in counts or counts[(t, sp)].tensor_parallel != t or counts[(t, sp)].sequence_parallel != sp:
+        check_experts(self.routing, self.expert_parallel, self.expert_tensor_parallel, self.expert_imbalance)
+        if any(etp not in (1, *self.degrees) for etp in self.expert_tensor_parallel):
+            raise ValueError(f"expert tensor parallel degrees are 1 or a tensor-parallel degree "
+                             f"({', '.join(map(str, self.degrees))}), got {list(self.expert_tensor_parallel)}")
+        for key in self.shards:
+            t, sp, ep, etp = key
+            if key not in counts or (counts[key].tensor_parallel, counts[key].sequence_parallel,
+                                     counts[key].expert_parallel) != (t, sp, ep):
                 what = " with sequence parallelism" if sp else ""
+                what += f" and expert parallel {ep} x {etp}" if (ep, etp) != (1, 1) else ""
                 raise ValueError(f"tensor parallel {t}{what} needs the count of one rank's shard (a model built with "
-                                 f"tensor_parallel={t}{', sequence_parallel=True' if sp else ''}); got counts for "
-                                 f"{sorted(counts)}")
-            _check_count(counts[(t, sp)], self, policy)
+                                 f"tensor_parallel={t}{', sequence_parallel=True' if sp else ''}"
+                                 f"{f', expert_parallel={ep}, expert_tensor_parallel={etp}' if ep * etp > 1 else ''})"
+                                 f"; got counts for {sorted(counts)}")
+            _check_count(counts[key], self, policy)
+        check_fold(self.gpus, self.stages, self.expert_parallel, self.expert_tensor_parallel)
         if any(len(counts[k]) != self.layers for k in self.shards):
             raise ValueError("the counts of the tensor-parallel shards have different numbers of layers")
         check_context_parallel(self.context_parallel, self.cp_comm, self.tokens_per_sample)

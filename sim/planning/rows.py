@@ -36,7 +36,8 @@ class PlanRow:
         checkpoint: ``never``, ``except_last`` or ``always`` (torchgpipe's, per stage), ``layers`` or
             ``selective`` (per layer; :mod:`sim.planning.parallel.recompute`).
         schedule: the name of a registered schedule (:data:`gpipe.schedule.SCHEDULES`).
-        balance: layers per stage (``stages * virtual`` stages).
+        balance: layers per stage of the model (``stages * virtual`` stages; over the copies of a schedule of copies,
+            DualPipe's two).
         step_seconds: one training step (see the module docstring).
         throughput: samples per second.
         bubble_fraction: mean idle fraction of the simulated pipeline.
@@ -62,14 +63,21 @@ class PlanRow:
         hfu: hardware FLOPs utilisation: as ``mfu`` with the recomputed forward FLOPs counted too.
         bound: what bounds the step: the largest of ``compute``, ``bubble`` (devices idle inside the pipeline),
             ``tensor-parallel`` (its collectives), ``context-parallel`` (its key/value traffic that attention did not
-            hide), ``data-parallel`` (traffic the backward left exposed) and ``optimizer``; ``memory`` for a
-            configuration that does not fit.
+            hide), ``all-to-all`` (expert traffic no compute hid), ``data-parallel`` (traffic the backward left
+            exposed) and ``optimizer``; ``memory`` for a configuration that does not fit.
         context_parallel: ranks each sample's tokens are split over (:mod:`sim.planning.parallel.context_parallel`);
             memory, model state and ``microbatch`` (in whole samples) are per rank.
         reshard_after_forward: ZeRO-3's gathers before each backward as well as each forward (FSDP's default), or
             once a step (Note [zero traffic] in :mod:`sim.planning.parallel.zero`).
         shard_group: hybrid sharding's group of replicas (Note [hybrid sharding] in :mod:`sim.planning.sweep`);
             ``None``: ZeRO shards over every replica.
+        expert_parallel: ranks a mixture of experts' routed experts are split over
+            (:mod:`sim.planning.parallel.experts`); 1: none (or a dense model).
+        expert_tensor_parallel: ranks each expert's FFN is split over.
+        all_to_all_seconds: per step, on the busiest device, the seconds its expert all-to-alls run (dispatch and
+            combine, forward and backward; :func:`sim.core.exposure.exposure`).
+        all_to_all_exposed_seconds: of those, the seconds no task computed beside them: what an overlapped pair
+            (DualPipe, DualPipe-V) did not hide; all of them for a schedule without pairs.
     """
 
     gpus: int
@@ -104,6 +112,10 @@ class PlanRow:
     context_parallel: int = 1
     reshard_after_forward: bool = True
     shard_group: int | None = None
+    expert_parallel: int = 1
+    expert_tensor_parallel: int = 1
+    all_to_all_seconds: float = 0.0
+    all_to_all_exposed_seconds: float = 0.0
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -166,6 +178,8 @@ class Plan:
     """Configurations not evaluated: none could be among the fastest :attr:`PlanRequest.keep
     <sim.planning.request.PlanRequest.keep>` of its GPU count (Note [bounded sweep] in
     :mod:`sim.planning.sweep_workers`)."""
+    expert_imbalance: float | None = None
+    """A mixture of experts' routing imbalance assumed (1.0: balanced); ``None``: a dense model."""
 
     @property
     def best(self) -> PlanRow | None:
@@ -179,4 +193,5 @@ class Plan:
                 "training": self.training, "price_per_gpu_hour": self.price_per_gpu_hour,
                 "best": best.to_dict() if best else None, "rows": [r.to_dict() for r in self.rows],
                 "missing": dict(self.missing), "network": self.network, "tokens_per_sample": self.tokens_per_sample,
-                "searches": [g.to_dict() for g in self.searches], "skipped": self.skipped}
+                "searches": [g.to_dict() for g in self.searches], "skipped": self.skipped,
+                "expert_imbalance": self.expert_imbalance}

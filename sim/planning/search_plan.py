@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from gpipe.schedule import schedule_kind
 from gpipe.schedule.search import StageCosts, search
 from sim.planning.parallel.configurations import Configuration, make_schedule
 from sim.planning.parallel.recompute import schedule_checkpoint
@@ -40,10 +41,12 @@ def configuration_of(row: PlanRow) -> Configuration:
     """The configuration a row of the sweep was evaluated for."""
     return Configuration(row.gpus, row.stages, row.replicas, row.chunks, row.checkpoint, row.schedule, row.virtual,
                          row.tensor_parallel, row.zero, row.sequence_parallel, row.context_parallel,
-                         row.reshard_after_forward, row.shard_group)
+                         row.reshard_after_forward, row.shard_group, row.expert_parallel, row.expert_tensor_parallel)
 
 
 def _why_not(row: PlanRow) -> str | None:
+    if schedule_kind(row.schedule).copies > 1:
+        return "not searched: the search places one copy of the stages, and this schedule runs several"
     if schedule_checkpoint(row.checkpoint) != "never":
         return f"not searched: checkpoint {row.checkpoint} recomputes whole stages, and a searched schedule has no R"
     if row.zero == 3 and row.replicas > 1:

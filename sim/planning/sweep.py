@@ -25,12 +25,14 @@ from sim.core.collectives import Gather, add_collectives
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
+from sim.core.exposure import exposure
 from sim.core.rings import allreduce_seconds
 from sim.planning.costs.from_flops import FlopCosts
 from sim.planning.counting.counts import OpTable
 from sim.planning.parallel.cluster import Cluster
 from sim.planning.parallel.configurations import Configuration, make_schedule
 from sim.planning.parallel.context_parallel import ContextParallel, split_sequence
+from sim.planning.parallel.experts import ExpertParallel, dispatch_buffer_bytes, sharded_state_of_experts
 from sim.planning.parallel.memory import (
     MemoryParts,
     device_memory,
@@ -61,6 +63,13 @@ __all__ = ["Sweep"]
 TIMELINES_KEPT = 32
 NAN = math.nan
 
+# Note [expert gradients]: a stage's routed experts are held alike by its ``edp`` expert-data-parallel ranks only
+# (sim.planning.parallel.experts), so their gradients reduce, and under ZeRO their optimizer
+# state and its step shard, over that group; every other parameter over the data-parallel group. A unit of the
+# stage's collectives (Note [units] in sim.planning.parallel.zero) carries the stage's share of expert parameters and
+# runs both, one after the other on the device's communication stream. The all-gather after a ZeRO-1 or -2 step is
+# priced over the data-parallel group for the whole copy, the experts' part included: an upper bound.
+
 
 def _per_device(values: Sequence[float], placement: Sequence[int], devices: int) -> list[float]:
     out = [0.0] * devices
@@ -72,7 +81,9 @@ def _per_device(values: Sequence[float], placement: Sequence[int], devices: int)
 class Sweep:
     """Evaluates the configurations of one request, reusing what repeats (Note [reuse in a sweep]): its counts priced
     on the device (one :class:`~sim.planning.costs.from_flops.FlopCosts` per ``(tensor_parallel,
-    sequence_parallel, context_parallel)`` count, :attr:`costs`) and laid out on the machine (:attr:`cluster`).
+    sequence_parallel, context_parallel, expert_parallel, expert_tensor_parallel)`` count, :attr:`costs`) and laid
+    out on the machine (:attr:`cluster`; in Megatron-Core's order where experts are split, Note [experts' layout]
+    in :mod:`sim.planning.parallel.cluster`).
 
     Raises:
         KeyError: the device has no peak for the policy's dtype, or its roofline lacks an operator the model runs
@@ -84,11 +95,18 @@ class Sweep:
         device, policy, link = request.device_spec, request.policy, request.link_spec
         counts = request.counts
         self.request = request
-        self.cluster = Cluster(link, request.gpus_per_node, request.network_spec, request.network_ports)
-        self.costs = {(t, sp, c): FlopCosts(split_sequence(counts[(t, sp)], c), device, policy, request.kernel_seconds,
-                                            tensor_link=link,
-                                            context=ContextParallel.on(self.cluster, t, c, request.cp_comm))
-                      for t, sp in request.shards for c in request.contexts}
+        self.cluster = Cluster(link, request.gpus_per_node, request.network_spec, request.network_ports,
+                               data_inside=max(request.expert_parallel) > 1)
+        routing, fp8 = request.routing, policy.other_compute is not None
+
+        def experts(ep: int, etp: int) -> ExpertParallel | None:
+            if ep == 1 or routing is None:
+                return None
+            return ExpertParallel.on(self.cluster, ep, etp, routing, request.expert_imbalance, fp8)
+        self.costs = {(t, sp, c, ep, etp): FlopCosts(
+            split_sequence(counts[(t, sp, ep, etp)], c), device, policy, request.kernel_seconds, tensor_link=link,
+            context=ContextParallel.on(self.cluster, t, c, request.cp_comm), experts=experts(ep, etp))
+            for t, sp, ep, etp in request.shards for c in request.contexts}
         self.batch, self.price = request.batch, request.price_per_gpu_hour
         self.pinned = None if request.balance is None else tuple(request.balance)
         self.copy_streams, self.tokens = request.copy_streams, request.tokens_per_sample
@@ -101,7 +119,7 @@ class Sweep:
         self._timelines: dict[tuple[object, ...], Timeline] = {}  # the latest (Note [reuse in a sweep])
         self.last_timeline: Timeline | None = None  # of the configuration evaluated last, if it was simulated
         self._tasks: dict[tuple[object, ...], list[Schedule]] = {}  # schedules by (m, n, devices, checkpoint)
-        self._counted: dict[tuple[int, bool, int], tuple[tuple[float, float], ...]] = {}
+        self._counted: dict[tuple[int, bool, int, int, int], tuple[tuple[float, float], ...]] = {}
         self._work: dict[tuple[object, ...], tuple[float, float]] = {}  # floor's: a micro-batch's compute, its chain
         # each stage's sharded state, working sets and collectives per data-parallel layout (the latest few)
         self._shards: dict[tuple[object, ...], tuple[list[StageCost], list[int], list[int]]] = {}
@@ -117,10 +135,12 @@ class Sweep:
         same.append(schedule)
         return schedule
 
-    def _balance(self, p: Configuration, costs: FlopCosts, mb: int) -> tuple[int, ...]:
+    def _balance(self, p: Configuration, costs: FlopCosts, mb: int, copies: int) -> tuple[int, ...]:
+        """The model's stages of ``p`` balanced: its ``stages * virtual`` slots over the schedule's ``copies`` (Note
+        [copies in the sweep])."""
         if self.pinned is not None:
             return self.pinned
-        n = p.stages * p.virtual
+        n = p.stages * p.virtual // copies
         key = (p.count_key, n, mb, p.checkpoint,
                p.chunks if p.checkpoint == "except_last" else 0)
         if key not in self._balances:
@@ -172,22 +192,34 @@ class Sweep:
         q, rem = divmod(per_replica, p.chunks)
         mb = q + (1 if rem else 0)
         scale = tuple((q + (1 if i < rem else 0)) / mb for i in range(p.chunks)) if rem else ()
-        balance = self._balance(p, costs, mb)
+        balance = self._balance(p, costs, mb, schedule.copies)
         split = schedule.splits_weight_gradient
         key = (p.count_key, balance, mb, split, p.checkpoint)
         if key not in self._stages:
             self._stages[key] = costs.stages(balance, mb, split, p.checkpoint)
-        whole = self._stages[key]  # each stage's model state unsharded
+        # Note [copies in the sweep]: a schedule of copies (DualPipe) balances the model's stages and runs each slot
+        # as the stage it copies (Note [stage slots] in gpipe.schedule.schedule); each slot holds its own parameters,
+        # gradients and optimizer state and reduces its gradients over the data-parallel group. The sum of the two
+        # copies' gradients, between the two devices that hold them, is not priced: one stage's gradients on the
+        # link or the network once a step, where the data-parallel reduction of both copies is.
+        slots = [schedule.model_stage(j) for j in range(schedule.n)]
+        whole = tuple(self._stages[key][s] for s in slots)  # each stage's model state unsharded
         devices, placement = schedule.num_devices, schedule.placement
         working = stage_working_bytes(costs.profile, balance, mb)
         backward = stage_backward_working_bytes(costs.profile, balance, mb, costs.training.gradient_bytes)
+        if costs.experts is not None:  # Note [dispatch buffers] in sim.planning.parallel.experts
+            sent = dispatch_buffer_bytes(costs.profile, balance, mb, costs.experts.imbalance)
+            working, backward = ([w + b for w, b in zip(x, sent, strict=True)] for x in (working, backward))
+        working, backward = [working[s] for s in slots], [backward[s] for s in slots]
         stages: Sequence[StageCost] = whole
         if p.data_group > 1:
-            shard_key = (key, placement, p.zero, p.replicas, p.context_parallel, p.reshard, p.shard_group)
+            shard_key = (key, placement, p.zero, p.replicas, p.context_parallel, p.reshard, p.shard_group,
+                         p.expert_parallel, p.expert_tensor_parallel)
             if shard_key not in self._shards:
                 if len(self._shards) >= TIMELINES_KEPT:
                     self._shards.pop(next(iter(self._shards)))
-                self._shards[shard_key] = self._sharded(p, costs, balance, mb, whole, working, backward, placement)
+                self._shards[shard_key] = self._sharded(p, costs, balance, mb, whole, working, backward, placement,
+                                                        slots)
             stages, working, backward = self._shards[shard_key]
         state = [int(x) for x in _per_device([s.model_state_bytes for s in stages], placement, devices)]
         limit = costs.device.memory_bytes
@@ -196,7 +228,8 @@ class Sweep:
                                     parameters=costs.profile.parameters, tensor_parallel=p.tensor_parallel,
                                     zero=p.zero, reshard_after_forward=p.reshard, shard_group=p.shard_group,
                                     sequence_parallel=p.sequence_parallel, model_state_bytes=tuple(state),
-                                    context_parallel=p.context_parallel)
+                                    context_parallel=p.context_parallel, expert_parallel=p.expert_parallel,
+                                    expert_tensor_parallel=p.expert_tensor_parallel)
         if max(state) > limit:  # Note [not simulated]: the model state alone does not fit
             parts = [_state_only(stages, schedule.stages_on(d)) for d in range(devices)]
             return PlanRow(step_seconds=NAN, throughput=NAN, bubble_fraction=NAN,
@@ -233,13 +266,16 @@ class Sweep:
         if not gathers and any(c is not None for c in collectives):
             timeline = add_collectives(timeline, schedule, collectives, self.config.overlap_pairs)
         self.last_timeline = timeline
-        updates = _per_device(costs.update_seconds(balance), placement, devices)
+        per_stage = self._updates(p, costs, balance)
+        updates = _per_device([per_stage[s] for s in slots], placement, devices)
         gather = self._collective(p, "allgather_seconds", sharding=True)
+        parameters = costs.stage_parameters(balance)
         after = [after_step_bytes(compute_copy_bytes(n, costs.training), p.zero, p.sharding_group)
-                 for n in costs.stage_parameters(balance)]
+                 for n in (parameters[s] for s in slots)]
         step, exposed = step_seconds(timeline, updates, p.sharding_group, p.zero, [
             sum(gather(after[j], d) for j in schedule.stages_on(d) if after[j]) for d in range(devices)], drained)
         throughput = self.batch / step if step > 0 else math.inf
+        talk = exposure(timeline) if any(s.communication for s in stages) else None
         dollars = p.gpus * self.price / 3600 * 1e6 / throughput if self.price is not None else None
         activations = tuple(timeline.peak_memory(d) for d in range(devices))
         span = drained - timeline.start
@@ -247,8 +283,11 @@ class Sweep:
         return PlanRow(step_seconds=step, throughput=throughput, bubble_fraction=bubble,
                        memory_bytes=memory, activation_bytes=activations, fits=True, cost_per_million=dollars,
                        memory_parts=tuple(parts), allreduce_exposed_seconds=exposed,
+                       all_to_all_seconds=max(talk.communication) if talk else 0.0,
+                       all_to_all_exposed_seconds=max(talk.exposed) if talk else 0.0,
                        **self._utilisation(p, costs, mb, step, throughput, max(updates, default=0.0), exposed,
-                                          timeline, drained),
+                                          timeline, drained, (max(talk.communication), max(talk.exposed)) if talk
+                                          else (0.0, 0.0)),
                        **base)
 
     def _collective(self, p: Configuration, name: str, sharding: bool = False) -> Callable[[float, int], float]:
@@ -276,10 +315,11 @@ class Sweep:
 
     def _sharded(self, p: Configuration, costs: FlopCosts, balance: tuple[int, ...], mb: int,
                  whole: Sequence[StageCost], working: Sequence[int], backward: Sequence[int],
-                 placement: Sequence[int]) -> tuple[list[StageCost], list[int], list[int]]:
+                 placement: Sequence[int], slots: Sequence[int]) -> tuple[list[StageCost], list[int], list[int]]:
         """Stages, working sets and backward working sets of ``p``'s replicas (:mod:`sim.planning.parallel.zero`): the
         model state a device holds of each stage under the ZeRO stage, what the stage's tasks hold besides (a gathered
-        layer, a gradient bucket; unscaled by an uneven micro-batch, a bound), and the stage's collectives."""
+        layer, a gradient bucket; unscaled by an uneven micro-batch, a bound), and the stage's collectives; ``slots``:
+        each slot's stage of the model."""
         training, layers = costs.training, costs.profile.layers
         forward = costs.layer_seconds(mb)[0]
         bounds = [0, *itertools.accumulate(balance)]
@@ -290,14 +330,22 @@ class Sweep:
         across = self._across_groups(p)
         stages, work, back = [], [], []
         for j, stage in enumerate(whole):
-            own = [x.parameters for x in layers[bounds[j]:bounds[j + 1]]]
+            mine = slice(bounds[slots[j]], bounds[slots[j] + 1])
+            own = [x.parameters for x in layers[mine]]
             device = placement[j]
-            held = sharded_state(stage, sum(own), training, p.zero, group)
+            experts = sum(x.expert_parameters for x in layers[mine])
+            share = experts / sum(own) if experts else 0.0
+            held = sharded_state(stage, sum(own), training, p.zero, group) if not experts else \
+                sharded_state_of_experts(stage.parameter_bytes, stage.gradient_bytes, stage.optimizer_bytes, sum(own),
+                                         experts, training, p.zero, group, p.expert_data_group)
             extra = transient_bytes(own, training, p.zero, group, reshard_after_forward=p.reshard)
 
-            def price(kind: Kind, nbytes: float, d: int = device) -> float:
-                return prices[kind](nbytes, d)
-            collectives = stage_collectives(own, [float(x) for x in forward[bounds[j]:bounds[j + 1]]], training,
+            def price(kind: Kind, nbytes: float, d: int = device, f: float = share) -> float:
+                # Note [expert gradients]: a unit's routed experts' share reduces over the expert-data-parallel group
+                return prices[kind]((1 - f) * nbytes, d) + (self.cluster.strided_seconds(
+                    str(kind), f * nbytes, p.expert_parallel * p.expert_tensor_parallel, p.expert_data_group)
+                    if f else 0.0)
+            collectives = stage_collectives(own, [float(x) for x in forward[mine]], training,
                                             p.zero, p.data_group, price, reshard_after_forward=p.reshard,
                                             shard=group, replicate=across)
             stages.append(replace(stage, parameter_bytes=held.parameters, gradient_bytes=held.gradients,
@@ -305,6 +353,19 @@ class Sweep:
             work.append(working[j] + extra.forward)
             back.append(backward[j] + extra.backward)
         return stages, work, back
+
+    def _updates(self, p: Configuration, costs: FlopCosts, balance: tuple[int, ...]) -> list[float]:
+        """Each stage's optimizer step over its whole state; under ZeRO its routed experts' part weighted so that
+        :func:`~sim.planning.parallel.replicas.step_seconds`, dividing by the sharding group, leaves their shard of the
+        expert-data-parallel group (Note [expert gradients])."""
+        updates = costs.update_seconds(balance)
+        layers, bounds = costs.profile.layers, [0, *itertools.accumulate(balance)]
+        experts = [sum(x.expert_parameters for x in layers[a:b]) for a, b in itertools.pairwise(bounds)]
+        if not p.zero or not any(experts):
+            return updates
+        scale = p.sharding_group / p.expert_data_group
+        return [u * (1 - e / n + e / n * scale) if n else u
+                for u, e, n in zip(updates, experts, costs.stage_parameters(balance), strict=True)]
 
     def _flops(self, p: Configuration, costs: FlopCosts) -> tuple[float, float]:
         """A step's model FLOPs (forward and backward, every rank) and the FLOPs its recompute adds."""
@@ -331,9 +392,10 @@ class Sweep:
         return total(fwd) + total(bwd), recomputed
 
     def _utilisation(self, p: Configuration, costs: FlopCosts, mb: int, step: float, throughput: float, update: float,
-                     exposed: float, timeline: Timeline, drained: float) -> dict[str, Any]:
+                     exposed: float, timeline: Timeline, drained: float, talk: tuple[float, float]) -> dict[str, Any]:
         """``tokens_per_second``, ``mfu``, ``hfu`` and ``bound`` of a simulated configuration (:class:`PlanRow`);
-        ``drained``: when its last compute or copy ended (the collectives' exposed tail is ``exposed``)."""
+        ``drained``: when its last compute or copy ended (the collectives' exposed tail is ``exposed``); ``talk``: the
+        busiest device's all-to-all seconds and those exposed (inside its tasks' spans, so out of ``compute``)."""
         model, recomputed = self._flops(p, costs)
         peak = p.gpus * costs.device.peak_flops.get(costs.training.compute.lower(), NAN) * step
         busy = max(timeline.busy(d) for d in range(timeline.num_devices))
@@ -341,8 +403,8 @@ class Sweep:
         whole = max(float(fwd.sum() + bwd.sum()), 1e-300)
         collective = sum(float(x.sum()) for x in costs.collective_seconds(mb)) / whole
         context = sum(float(x.sum()) for x in costs.context_seconds(mb)) / whole
-        parts = {"compute": busy * (1 - collective - context), "tensor-parallel": busy * collective,
-                 "context-parallel": busy * context,
+        parts = {"compute": busy * (1 - collective - context) - talk[0], "tensor-parallel": busy * collective,
+                 "context-parallel": busy * context, "all-to-all": talk[1],
                  "bubble": drained - timeline.start - busy, "data-parallel": exposed, "optimizer": update}
         return {"tokens_per_second": throughput * self.tokens if self.tokens else None,
                 "mfu": model / peak if peak > 0 else None, "hfu": (model + recomputed) / peak if peak > 0 else None,

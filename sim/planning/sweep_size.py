@@ -72,6 +72,8 @@ class SweepSpace:
     balance: Sequence[int] | None = None
     reshard_after_forward: Sequence[bool] = (True,)
     shard_group: int | None = None
+    experts: Sequence[tuple[int, int]] = ((1, 1),)
+    """``(expert_parallel, expert_tensor_parallel)`` pairs (:attr:`~sim.planning.request.PlanRequest.experts`)."""
 
     def __post_init__(self) -> None:
         for name in ("degrees", "contexts", "splits"):

@@ -50,7 +50,7 @@ def test_a_sweep_past_a_minute_is_refused_before_the_model_is_counted(no_count: 
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", *LARGE, "--no-progress"]) == 2
     error = capsys.readouterr().err
-    assert error.startswith("gpipe-sim plan: error: this sweep spans 66,408 configurations") and error.count("\n") == 1
+    assert error.startswith("gpipe-sim plan: error: this sweep spans 72,796 configurations") and error.count("\n") == 1
     for flag in ("--stages", "--chunks", "--schedule", "--tensor-parallel", "--no-limit"):
         assert flag in error
     assert "--top K" not in error  # a table ranks its fastest already

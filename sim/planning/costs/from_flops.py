@@ -18,7 +18,9 @@ A tensor-parallel shard's collectives (:data:`~sim.planning.counting.counts.COLL
 :mod:`sim.planning.counting.tensor_parallel`) are priced on the link given for tensor parallelism, each as a ring of its
 kind (all-reduce, reduce-scatter, all-gather) among the profile's ``tensor_parallel`` ranks (Note [collectives in the
 stage]). A context-parallel rank's key/value traffic joins its layers' seconds the same way
-(:mod:`sim.planning.parallel.context_parallel`).
+(:mod:`sim.planning.parallel.context_parallel`). An expert-parallel rank's all-to-alls
+(:data:`~sim.planning.counting.counts.ALL_TO_ALL`) are not compute: their seconds are the stage's
+:attr:`~sim.core.cost.StageCost.communication` (:mod:`sim.planning.parallel.experts`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from sim.planning.costs.op_arrays import OpArrays, op_arrays
 from sim.planning.counting.counts import (
     ALL_GATHER,
     ALL_REDUCE,
+    ALL_TO_ALL,
     CONVOLUTION,
     MATMUL,
     REDUCE_SCATTER,
@@ -45,6 +48,7 @@ from sim.planning.counting.training import Training, training_policy
 from sim.planning.hardware.catalog import DeviceSpec
 from sim.planning.hardware.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
 from sim.planning.parallel.context_parallel import ContextParallel, kv_bytes
+from sim.planning.parallel.experts import ExpertParallel
 from sim.planning.parallel.recompute import core_table
 
 __all__ = ["KERNEL_SECONDS", "FlopCosts", "effective_efficiency"]
@@ -96,7 +100,8 @@ class FlopCosts:
 
     def __init__(self, profile: ModelProfile, device: DeviceSpec, training: Training | str = "fp32-adam",
                  kernel_seconds: float | None = None, memory_efficiency: float | None = None,
-                 tensor_link: LinkSpec | None = None, context: ContextParallel | None = None) -> None:
+                 tensor_link: LinkSpec | None = None, context: ContextParallel | None = None,
+                 experts: ExpertParallel | None = None) -> None:
         """Args:
             profile: the counts (:func:`sim.planning.counting.flops.count_layers`).
             device: the hardware: its roofline times each kernel; without one its ``efficiency`` scales every rate.
@@ -112,13 +117,15 @@ class FlopCosts:
                 :func:`~sim.planning.parallel.context_parallel.split_sequence`, whose key/value traffic joins each
                 layer's seconds (Note [context parallel traffic] in :mod:`sim.planning.parallel.context_parallel`);
                 needed by such a profile.
+            experts: the expert-parallel group of a profile counted as one of its ranks, pricing its all-to-alls.
 
         Raises:
             KeyError: the device has no peak for the policy's compute dtype, or an unknown policy;
                 :class:`~sim.planning.hardware.roofline.MissingDeviceParameterError` (a ``KeyError``) when the model
                 runs an operator whose fraction the device's roofline lacks (the message names both).
             ValueError: a negative ``kernel_seconds``, a ``memory_efficiency`` outside (0, 1], a tensor-parallel
-                profile without ``tensor_link``, or a context-parallel one without its ``context`` of that degree.
+                profile without ``tensor_link``, or a context-parallel one without its ``context`` of that degree, or an
+                expert-parallel one without its ``experts`` of that degree.
         """
         self.profile = profile
         self.device = device
@@ -137,7 +144,10 @@ class FlopCosts:
         if (context.degree if context is not None else 1) != profile.context_parallel:
             raise ValueError(f"the model was counted as one of {profile.context_parallel} context-parallel ranks; give "
                              "a context of that degree")
-        self.tensor_link, self.context = tensor_link, context
+        if (experts.degree if experts is not None else 1) != profile.expert_parallel:
+            raise ValueError(f"the model was counted as one of {profile.expert_parallel} expert-parallel ranks; give "
+                             "experts of that degree")
+        self.tensor_link, self.context, self.experts = tensor_link, context, experts
         self._kv = np.array([kv_bytes(x, profile.dtype.itemsize) for x in profile.layers])
         self.kernel_seconds = kernel_seconds
         memory_efficiency_given = memory_efficiency
@@ -171,6 +181,7 @@ class FlopCosts:
         self._split_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._collective_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._context_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._exchange_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _rates(self, device: DeviceSpec) -> tuple[float, np.ndarray | None, float]:
         """The matrix-multiply rate, the rate per kind (roofline only) and the roofline's ``half_dim``."""
@@ -219,12 +230,13 @@ class FlopCosts:
                  attention: bool = False) -> np.ndarray:
         """Seconds of each layer of ``flat`` at ``batch``; ``collectives``: of its tensor-parallel collectives only;
         ``attention``: of its attention kernels only."""
+        ring = (flat.collective > 0) & (flat.collective != ALL_TO_ALL)  # the all-to-alls: exchange_seconds
         if collectives:
             per_op = np.zeros(len(flat.collective))
-            if flat.collective.any():
+            if ring.any():
                 assert self.tensor_link is not None  # the constructor refuses collectives without it
                 nbytes = np.maximum(flat.bytes[:, 0] + flat.bytes[:, 1] * batch, 0.0)
-                where = np.flatnonzero(flat.collective)
+                where = np.flatnonzero(ring)
                 per_op[where] = [_RING[int(flat.collective[i])](nbytes[i], self.profile.tensor_parallel,
                                                                 self.tensor_link) for i in where]
             return _per_layer(per_op, flat)
@@ -239,10 +251,11 @@ class FlopCosts:
             per_op = roofline_seconds(flops, nbytes, np.where(flat.fp8, self._fp8_rate, rates[flat.kinds]), dims,
                                       self._half_dims[flat.kinds], self._kind_bandwidth[flat.kinds],
                                       self.kernel_seconds)
-        if flat.collective.any():  # Note [collectives in the stage]
+        per_op[flat.collective == ALL_TO_ALL] = 0.0
+        if ring.any():  # Note [collectives in the stage]
             assert self.tensor_link is not None
             group, link = self.profile.tensor_parallel, self.tensor_link
-            where = np.flatnonzero(flat.collective)
+            where = np.flatnonzero(ring)
             per_op[where] = [_RING[int(flat.collective[i])](nbytes[i], group, link) for i in where]
         if attention:
             per_op = np.where(flat.attention, per_op, 0.0)
@@ -254,6 +267,19 @@ class FlopCosts:
             self._collective_cache[microbatch] = (self._seconds(self._fwd, microbatch, collectives=True),
                                                   self._seconds(self._bwd, microbatch, True, collectives=True))
         return self._collective_cache[microbatch]
+
+    def exchange_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, its forward all-to-alls' seconds and the bytes they send: a stage's
+        :attr:`~sim.core.cost.StageCost.communication`, not compute; the backward's move as many (Note
+        [communication] in :mod:`sim.core.cost`; :meth:`~sim.planning.parallel.experts.ExpertParallel.exchanges`)."""
+        if microbatch not in self._exchange_cache:
+            flat, out = self._fwd, np.zeros((2, len(self._fwd.collective)))
+            where = np.flatnonzero(flat.collective == ALL_TO_ALL)
+            if len(where) and self.experts is not None:  # without: one rank, which sends nothing
+                out[:, where] = self.experts.exchanges(flat.bytes[where, 0] + flat.bytes[where, 1] * microbatch,
+                                                       np.searchsorted(flat.starts, where, "right"))
+            self._exchange_cache[microbatch] = (_per_layer(out[0], flat), _per_layer(out[1], flat))
+        return self._exchange_cache[microbatch]
 
     def context_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
         """Of :meth:`layer_seconds`, what each layer's context-parallel key/value traffic adds, forward and backward
@@ -349,6 +375,7 @@ class FlopCosts:
         """
         _check_balance(balance, len(self.profile))
         fwd, bwd = self.layer_seconds(microbatch)
+        exchange, exchanged = self.exchange_seconds(microbatch)
         wgt = np.zeros_like(bwd)
         if split:
             bwd, wgt = self.split_backward_seconds(microbatch)
@@ -385,6 +412,8 @@ class FlopCosts:
                 parameter_bytes=params * tr.weight_bytes,
                 gradient_bytes=params * tr.gradient_bytes,
                 optimizer_bytes=params * tr.optimizer_bytes,
+                communication=float(exchange[start:stop].sum()),
+                communication_bytes=int(exchanged[start:stop].sum()),
             ))
             start = stop
         return tuple(out)

@@ -3,7 +3,8 @@ and the schedule each runs (:func:`make_schedule`); :mod:`sim.planning.sweep` ev
 
 A configuration is ``t x c x p x d`` GPUs (tensor- and context-parallel ranks, pipeline devices, replicas), a number
 of micro-batches, a recompute policy, a schedule and its stages per device, a ZeRO stage (with FSDP's resharding
-and hybrid sharding group) and sequence parallelism on or off.
+and hybrid sharding group), sequence parallelism on or off, and for a mixture of experts its expert-parallel and
+expert tensor-parallel degrees, folded onto each stage's ``t x c x d`` GPUs (:mod:`sim.planning.parallel.experts`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpipe.schedule import Schedule, ScheduleKind, schedule_kind
+from sim.planning.parallel.experts import expert_data_group, folds
 from sim.planning.parallel.recompute import schedule_checkpoint
 
 __all__ = ["MAX_CHUNKS", "Configuration", "Space", "configurations", "make_schedule"]
@@ -39,6 +41,14 @@ class Configuration:
     context_parallel: int = 1
     reshard: bool = True
     shard_group: int | None = None
+    expert_parallel: int = 1
+    expert_tensor_parallel: int = 1
+
+    @property
+    def expert_data_group(self) -> int:
+        """Ranks that hold the same routed experts and reduce their gradients together (``edp``)."""
+        return expert_data_group(self.tensor_parallel, self.context_parallel, self.replicas, self.expert_parallel,
+                                 self.expert_tensor_parallel)
 
     @property
     def sharding_group(self) -> int:
@@ -52,17 +62,31 @@ class Configuration:
         return self.replicas * self.context_parallel
 
     @property
-    def count_key(self) -> tuple[int, bool, int]:
-        """What one GPU's count is a shard by: ``(tensor_parallel, sequence_parallel, context_parallel)``, the key
-        of :attr:`Sweep.costs`."""
-        return self.tensor_parallel, self.sequence_parallel, self.context_parallel
+    def count_key(self) -> tuple[int, bool, int, int, int]:
+        """What one GPU's count is a shard by: ``(tensor_parallel, sequence_parallel, context_parallel,
+        expert_parallel, expert_tensor_parallel)``, the key of :attr:`Sweep.costs`."""
+        return (self.tensor_parallel, self.sequence_parallel, self.context_parallel, self.expert_parallel,
+                self.expert_tensor_parallel)
 
 
 # Note [virtual stages]: a schedule registered with a layout (``ScheduleKind.place``: several stages per device)
 # runs ``v`` stages on each of the pipeline's ``p`` devices, ``n = v * p`` stages placed by ``layout(n, p)``; the
 # sweep tries each ``v`` of ``virtual`` whose ``n`` the model's layers cover and whose placement the layout
-# accepts (a V-shape takes ``v = 2`` only). A schedule without a layout runs one stage per device (``v = 1``).
+# accepts (a V-shape takes ``v = 2`` only). A schedule without a layout runs one stage per device (``v = 1``). A
+# schedule of copies (DualPipe: Note [stage slots] in gpipe.schedule.schedule) runs ``v = copies`` slots on each
+# device, copies of ``p`` stages of the model: its balance has ``p`` stages (Note [copies in the sweep] in
+# sim.planning.sweep).
 def _virtuals(kind: ScheduleKind, depth: int, layers: int, virtual: Sequence[int], why: dict[str, str]) -> list[int]:
+    if kind.copies > 1:
+        if depth > layers:
+            why[kind.name] = f"{depth} stages need {depth} layers, the model has {layers}"
+            return []
+        try:
+            kind.layout(kind.copies * depth, depth)
+        except ValueError as exc:
+            why[kind.name] = str(exc)
+            return []
+        return [kind.copies]
     if kind.place is None:
         return [1]
     out = []
@@ -115,12 +139,15 @@ class Space(Protocol):
     def reshard_after_forward(self) -> Sequence[bool]: ...
     @property
     def shard_group(self) -> int | None: ...
+    @property
+    def experts(self) -> Sequence[tuple[int, int]]: ...
 
 
 def configurations(request: Space, why: dict[str, str]) -> list[Configuration]:
     """Every configuration of ``request``, under its constraints: ``t * c`` divides the GPU count, a pipeline has at
     most one device per layer, a replica at least one sample and a micro-batch at least one; sequence parallelism
-    only with ``t > 1`` and ZeRO only with replicas to shard over (``why`` collects each schedule's refusals)."""
+    only with ``t > 1``, ZeRO only with replicas to shard over, and each ``(ep, etp)`` of ``request.experts`` where it
+    folds onto a stage's GPUs, ``etp`` 1 or ``t`` (``why`` collects each schedule's refusals)."""
     batch, layers, chunks, stages, replicas = (request.batch, request.layers, request.chunks, request.stages,
                                                request.replicas)
     pinned = len(request.balance) if request.balance is not None else None
@@ -145,14 +172,15 @@ def configurations(request: Space, why: dict[str, str]) -> list[Configuration]:
                      for reshard in (dict.fromkeys(request.reshard_after_forward) if z == 3 else (True,))]
             per_replica = math.ceil(batch / r)
             ms = chunks if chunks is not None else [2**k for k in range(8) if 2**k <= min(per_replica, MAX_CHUNKS)]
-            vs = [(k.name, [v for v in _virtuals(k, n, layers, request.virtual, why) if pinned in (None, v * n)])
-                  for k in kinds]
+            vs = [(k.name, [v for v in _virtuals(k, n, layers, request.virtual, why)
+                            if pinned in (None, v * n // k.copies)]) for k in kinds]
+            experts = [(ep, etp) for ep, etp in request.experts if etp in (1, t) and folds(t, c, r, ep, etp)]
             for m in ms:
                 if m > per_replica:
                     continue
-                out.extend(Configuration(g, n, r, m, ck, s, v, t, z, sp, c, reshard, group if z else None)
+                out.extend(Configuration(g, n, r, m, ck, s, v, t, z, sp, c, reshard, group if z else None, ep, etp)
                            for ck in request.checkpoints for s, each in vs for v in each for sp in sps
-                           for z, reshard in zeros)
+                           for z, reshard in zeros for ep, etp in experts)
     return out
 
 
