@@ -1,5 +1,6 @@
 """The cheat-sheet's formulas (docs/cheat-sheet.md), read from the page and evaluated as written, against the
-simulator, the planner's ZeRO accounting and its count of a transformer layer.
+simulator, the planner's ZeRO accounting, its count of a transformer layer, its context-parallel traffic and its FP8
+rows.
 
 A formula written with ``·`` is Python once ``·`` is ``*`` and ``−`` is ``-``: each test takes the formula of its
 row from the page, so a wrong formula on the page fails here, not only a wrong number in the code.
@@ -120,3 +121,76 @@ def test_korthikantis_activations_are_the_planner_s_count(t: int) -> None:
 
 def test_the_cheat_sheet_links_the_cluster_page() -> None:
     assert "(concepts/cluster.md)" in PAGE.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(("buckets", "reduce", "backward"), [(4, 0.4, 2.0), (4, 0.8, 2.0), (8, 0.5, 2.0)])
+def test_the_exposure_formulas_are_the_simulator_s(buckets: int, reduce: float, backward: float) -> None:
+    """The bucketed all-reduce left after one stage's backward, and an FSDP forward with prefetch, simulated."""
+    from gpipe.schedule import gpipe
+
+    en = _load("exposure_numbers")
+    tl = simulate(gpipe(1, 1, "never"), en.bucket_cost(1.0, backward, reduce, buckets))
+    compute = max(s.end for s in tl.compute_spans(0))
+    assert tl.makespan - compute == pytest.approx(
+        _formula("bucketed all-reduce left")(k=buckets, r=reduce, t_b=backward))
+    gather = reduce / 2
+    tl = simulate(gpipe(1, 1, "never"), en.fsdp_cost(1.0, backward, gather, buckets))
+    forward = next(s for s in tl.compute_spans(0) if s.task.op.value == "F")
+    assert forward.end == pytest.approx(_formula("FSDP forward")(k=buckets, g=gather, t_f=1.0))
+
+
+@pytest.mark.parametrize("link", ["nvlink3", "infiniband-hdr"])
+def test_the_thresholds_are_the_exposure_page_s(link: str) -> None:
+    """Each threshold as docs/exposure_numbers.py computes it for the page (checked against the simulator and the
+    planner in test_exposed_communication.py), and the batch budget's replicas."""
+    from sim.planning.hardware.catalog import get_device, get_link
+
+    en, cp = _load("exposure_numbers"), _load("cp_numbers")
+    p, w = get_device("a100-80gb").peak_flops["bf16"], get_link(link).bandwidth
+    for t in (2, 8):
+        assert _formula("tensor parallel: smallest hidden size")(t=t, P=p, W=w) == pytest.approx(
+            en.tp_min_hidden(t, p, w))
+    for d in (2, 16):
+        assert _formula("data parallel: fewest tokens")(d=d, P=p, W=w) == pytest.approx(en.dp_min_tokens(d, p, w))
+    assert _formula("pipeline: smallest layers per stage")(P=p, W=w) == pytest.approx(en.pipeline_min_width(p, w))
+    assert _formula("context-parallel ring: fewest tokens")(K=8, a=128, e=2, P=p, W=w) == pytest.approx(
+        cp.ring_min_tokens(8, 128, 2, p, w))
+    m, d = en.budget(1536, 1, 8, 0.1)
+    assert int(_formula("replicas a global batch")(B=1536, b=1, m=m)) == d
+    steps = _formula("steps to a given loss")
+    assert steps(S_min=1.0, B_noise=1.0, B=1.0) / steps(S_min=1.0, B_noise=1.0, B=2.0) == pytest.approx(
+        en.steps_ratio(1.0, 1.0))
+
+
+@pytest.mark.parametrize("c", [2, 4, 16])
+def test_the_context_parallel_formulas_are_the_planner_s(c: int) -> None:
+    """The keys and values the count's attention reads, ``traffic_bytes``, and the all-gather's seconds on a ring
+    inside one node (``ContextParallel.seconds``)."""
+    import numpy as np
+
+    from sim.planning.hardware.catalog import get_link
+    from sim.planning.parallel.context_parallel import ContextParallel, kv_bytes, traffic_bytes
+
+    cp = _load("cp_numbers")
+    s, t = 8192, cp.CP["tensor"]
+    kv = _formula("context-parallel keys and values")(s=s, b=1, K=cp.LLAMA["kv_heads"], t=t, d=cp.LLAMA["d"], e=2)
+    assert kv == kv_bytes(cp._count(s).layers[1], 2)
+    assert _formula("context-parallel traffic")(c=c, kv=kv) == pytest.approx(traffic_bytes(kv, c)[0])
+    link = get_link("nvlink4")
+    forward, backward = ContextParallel(c, "all-gather", link).seconds(np.array([kv]), np.zeros(1), np.zeros(1))
+    gather = _formula("context-parallel all-gather")(c=c, kv=kv, W=link.bandwidth, **{"α": link.latency})
+    assert forward[0] == pytest.approx(gather) and backward[0] == pytest.approx(2 * gather)
+
+
+def test_the_fp8_formulas_are_the_planner_s() -> None:
+    """Amdahl's law over the planner's parts of GPT 1.3B's step gives the planner's speedup, under the bound; FP8's
+    model state is the planner's policy."""
+    from sim.planning.counting.training import training_policy
+
+    fp8 = _load("fp8_numbers")
+    x = fp8.terms()
+    speedup = fp8.plan_row("bf16-adam").step_seconds / fp8.plan_row("fp8-adam").step_seconds
+    assert _formula("FP8 speedup:")(**x) == pytest.approx(speedup, rel=1e-9)
+    assert speedup < _formula("FP8 speedup bound")(f=x["f"])
+    psi = 1000
+    assert _formula("model state, FP8")(P=psi) == training_policy("fp8-adam").model_state_bytes_per_parameter * psi
