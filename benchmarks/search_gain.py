@@ -41,6 +41,11 @@ the named schedule (:func:`probe_link`): a schedule searched for hand-offs of te
 that then wait on copies of a millisecond. Each run's prediction comes from that run's own calibration (the ranks'
 own, on processes), never from the search's input.
 
+Note [one spawn for the probe]: spawning two ranks (each imports torch) costs more than the smoke test's whole run
+on them. So ``--quick`` probes the link with a run of the named schedule as :func:`measure` makes it, and that run is
+the named schedule's measured one on processes when the search there picks the same named schedule. The full run
+keeps a short probe of its own, taken before the quiet waits and alternating rounds that its measurements follow.
+
 Goals (issue 36): a measured gain of at least 5% wherever the predicted one exceeds 5%, and every prediction
 within the fidelity goals: mean |error| <= 5%, max <= 10%.
 
@@ -159,26 +164,33 @@ def best_named(result: SearchResult) -> tuple[str, Schedule]:
     return name, schedule_kind(name)(CHUNKS, len(BALANCE), "never", placement=PLACEMENT).validate()
 
 
-def measure(backend: str, schedule: Schedule, args: argparse.Namespace) -> dict[str, Any]:
-    """One run of ``schedule`` on ``backend``, calibrated afresh: its prediction, its steps and its error. A run
-    during which other processes used more than ``BUSY`` cores runs again, up to ``args.tries`` attempts,
-    and the quietest is kept (every attempt's load and error stay in ``tries``)."""
+def attempt(backend: str, schedule: Schedule, args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """One run of ``schedule`` on ``backend``, calibrated afresh: its prediction, its steps, its error and what other
+    processes used meanwhile (a try of :func:`measure`), and the run's outcome."""
     setup = Setup(chunks=CHUNKS, checkpoint="never", schedule=schedule, balance=BALANCE, devices=("cpu",) * DEVICES,
                   steps=args.steps, pair_rounds=args.pair_rounds, threads=THREADS)
     make = functools.partial(build, args.channels, args.size)
-    tries: list[dict[str, Any]] = []
+    wait_until_quiet(args.quiet_wait)
+    meter = BackgroundLoad()
+    began = time.perf_counter()
+    outcome: Any = run(*make(), setup) if backend == "threads" else run_processes(make, setup, DEVICES)
+    if outcome.schedule != schedule:
+        raise RuntimeError(f"{backend} ran {outcome.schedule.name}, not the schedule it was given")
+    c = outcome.comparison
+    return {"predicted_ms": c.predicted_makespan * 1e3, "measured_ms": c.measured_makespan * 1e3,
+            "error": c.makespan_error, "paired_error": outcome.paired_error, "drift": outcome.drift,
+            "step_ms": [m * 1e3 for m in outcome.step_makespans], "background": meter.cores() or 0.0,
+            "seconds": time.perf_counter() - began}, outcome
+
+
+def measure(backend: str, schedule: Schedule, args: argparse.Namespace,
+            first: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Runs of ``schedule`` on ``backend`` (:func:`attempt`, ``first`` the one already made, if any): a run during
+    which other processes used more than ``BUSY`` cores runs again, up to ``args.tries`` attempts, and the quietest
+    is kept (every attempt's load and error stay in ``tries``)."""
+    tries: list[dict[str, Any]] = [] if first is None else [first]
     while len(tries) < args.tries and (not tries or tries[-1]["background"] > BUSY):
-        wait_until_quiet(args.quiet_wait)
-        meter = BackgroundLoad()
-        began = time.perf_counter()
-        outcome: Any = run(*make(), setup) if backend == "threads" else run_processes(make, setup, DEVICES)
-        if outcome.schedule != schedule:
-            raise RuntimeError(f"{backend} ran {outcome.schedule.name}, not the schedule it was given")
-        c = outcome.comparison
-        tries.append({"predicted_ms": c.predicted_makespan * 1e3, "measured_ms": c.measured_makespan * 1e3,
-                      "error": c.makespan_error, "paired_error": outcome.paired_error, "drift": outcome.drift,
-                      "step_ms": [m * 1e3 for m in outcome.step_makespans], "background": meter.cores() or 0.0,
-                      "seconds": time.perf_counter() - began})
+        tries.append(attempt(backend, schedule, args)[0])
     kept = min(tries, key=lambda found: found["background"])
     return {**kept, "tries": [{k: found[k] for k in ("error", "measured_ms", "background")} for found in tries]}
 
@@ -225,24 +237,29 @@ def plans(args: argparse.Namespace, time_limit: float) -> dict[str, dict[str, An
     limit = memory_limit(cost, config)
     found: dict[str, dict[str, Any]] = {}
     for backend in BACKENDS:
-        link = None
+        link, probed = None, None
         if backend == "processes":
-            link = probe_link(args, found["threads"]["named"])
+            link, probed = probe_link(args, found["threads"]["named"])
             costs = replace(costs, copy=link.transfer_seconds(max(s.send_bytes for s in cost.stages[:-1])))
         result = search(CHUNKS, PLACEMENT, costs, limit, time_limit=time_limit, seed=0)
         name, named = best_named(result)
         found[backend] = {"costs": costs, "limit": limit, "result": result, "searched": result.schedule.validate(),
-                          "name": name, "named": named, "link": link}
+                          "name": name, "named": named, "link": link,
+                          "probed": probed if probed is not None and named == found["threads"]["named"] else None}
     return found
 
 
-def probe_link(args: argparse.Namespace, named: Schedule) -> LinkSpec:
+def probe_link(args: argparse.Namespace, named: Schedule) -> tuple[LinkSpec, dict[str, Any] | None]:
     """The link between two ranks as the processes' experiment times it (Note [a busy link] in
-    :mod:`sim.calibration.processes`), from a short run of ``named``."""
+    :mod:`sim.calibration.processes`), from a short run of ``named``; with ``--quick``, from a run as
+    :func:`measure` makes it, also returned (Note [one spawn for the probe])."""
+    if args.quick:
+        found, outcome = attempt("processes", named, args)
+        return outcome.link, found
     setup = Setup(chunks=CHUNKS, checkpoint="never", schedule=named, balance=BALANCE, steps=1, warmup_steps=1,
                   pair_rounds=1, threads=THREADS)
     wait_until_quiet(args.quiet_wait)
-    return run_processes(functools.partial(build, args.channels, args.size), setup, DEVICES).link
+    return run_processes(functools.partial(build, args.channels, args.size), setup, DEVICES).link, None
 
 
 def describe(backend: str, plan: dict[str, Any]) -> dict[str, Any]:
@@ -309,7 +326,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for backend in BACKENDS:
             for which in order if backend == "threads" else order[::-1]:
                 label = "searched" if which == "searched" else found[backend]["name"]
-                got = measure(backend, found[backend][which], args)
+                first = found[backend].get("probed") if which == "named" and r == 0 else None
+                got = measure(backend, found[backend][which], args, first)
                 runs[(backend, which)].append(got)
                 print(f"round {r + 1} {backend:>9} {label:>16}: predicted {got['predicted_ms']:8.2f} ms, measured "
                       f"{got['measured_ms']:8.2f} ms ({got['error']:+.1%}), busy {got['background']:.2f}", flush=True)

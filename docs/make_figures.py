@@ -54,8 +54,9 @@ def _stamp() -> str:
         for p in sorted((ROOT / folder).rglob("*.py")):
             h.update(str(p.relative_to(ROOT)).encode())
             h.update(p.read_bytes())
-    sources = [DOCS / name for name in ("make_figures.py", "teaching_numbers.py", "cluster_numbers.py", "explorer.py")]
-    for source in sources + sorted((DOCS / "figures").glob("*.py")):
+    # every module of docs/ and docs/figures/: a page's module imports the docs' counting modules (cluster_numbers,
+    # cp_numbers, ...), and one missing here would leave its figures and numbers stale
+    for source in sorted(DOCS.glob("*.py")) + sorted((DOCS / "figures").glob("*.py")):
         h.update(source.read_bytes())
     return h.hexdigest()
 

@@ -11,14 +11,28 @@ from __future__ import annotations
 
 import pytest
 
-#: The files that take minutes on one worker, longest first (measured with ``--durations`` on this machine).
+#: The files that take minutes, then those that take half a minute or more, longest first (measured with
+#: ``--durations`` on this machine). The later ones come late in collection order (integration, sim), where a long
+#: file started last would leave the other worker idle for its length.
 SLOW_FIRST = (
     "tests/docs/test_site.py",
     "tests/docs/test_notebooks.py",
-    "tests/docs/test_figures.py",
+    "tests/distributed/test_processes_cli.py",
     "tests/benchmarks/test_search_gain_smoke.py",
+    "tests/docs/test_figures.py",
+    "tests/distributed/test_two_ranks.py",
+    "tests/distributed/test_replicas.py",
+    "tests/integration/test_cli_end_to_end.py",
+    "tests/distributed/test_four_ranks.py",
+    "tests/sim/test_compare_schedule_file.py",
+    "tests/integration/test_placed_calibration.py",
+    "tests/integration/test_executor_vs_simulator.py",
     "tests/docs/test_explorer.py",
-    "tests/benchmarks/investigations/test_step_spread_smoke.py",
+    "tests/sim/test_cli_simulate.py",
+    "tests/sim/test_count_reuse.py",
+    "tests/sim/test_flops.py",
+    "tests/sim/test_plan_interrupt.py",
+    "tests/sim/test_bounded_sweep.py",
 )
 
 

@@ -11,6 +11,7 @@ already running.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -162,13 +163,19 @@ def private_names(root: Path, user: str = "sim", owner: str = "gpipe") -> list[s
 # -- the project --------------------------------------------------------------------------------------
 
 
+@functools.cache
+def project(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """:func:`graph` of this repository's ``packages``, read once for all the tests below (none changes it)."""
+    return graph(ROOT, packages)
+
+
 def test_no_import_circle() -> None:
-    found = cycle(graph(ROOT))
+    found = cycle(project())
     assert found is None, "import circle: " + " -> ".join(found or [])
 
 
 def test_gpipe_never_imports_sim() -> None:
-    arrows = sorted(f"{m} -> {t}" for m, targets in graph(ROOT).items() if m.split(".")[0] == "gpipe"
+    arrows = sorted(f"{m} -> {t}" for m, targets in project().items() if m.split(".")[0] == "gpipe"
                     for t in targets if t.split(".")[0] == "sim")
     assert not arrows, "gpipe imports sim: " + ", ".join(arrows)
 
@@ -190,7 +197,7 @@ LAYERS = {
 
 
 def test_the_simulator_imports_only_the_layers_below_it() -> None:
-    arrows = sorted(f"{m} -> {t}" for m, targets in graph(ROOT).items() if unit(m) in LAYERS
+    arrows = sorted(f"{m} -> {t}" for m, targets in project().items() if unit(m) in LAYERS
                     for t in targets if t.startswith("sim") and t != "sim" and unit(t) not in LAYERS[unit(m)])
     assert not arrows, "a layer of sim imports one above it: " + ", ".join(arrows)
 
@@ -216,7 +223,7 @@ def room(module: str) -> str:
 
 def _planning_graph() -> dict[str, set[str]]:
     """sim.planning's imports of itself."""
-    return {m: {t for t in targets if t.startswith("sim.planning")} for m, targets in graph(ROOT).items()
+    return {m: {t for t in targets if t.startswith("sim.planning")} for m, targets in project().items()
             if m.startswith("sim.planning")}
 
 
@@ -252,13 +259,13 @@ PENDING: set[tuple[str, str]] = set()
 
 def _gpipe_graph() -> dict[str, set[str]]:
     """gpipe's imports of itself, the pending ones left out."""
-    edges = graph(ROOT, ("gpipe",))
+    edges = project(("gpipe",))
     return {m: {t for t in targets if (m, t) not in PENDING} for m, targets in edges.items()}
 
 
 def test_every_unit_of_the_executor_has_a_layer() -> None:
     placed = set().union(*GPIPE_LAYERS)
-    missing = sorted({unit(m) for m in graph(ROOT, ("gpipe",))} - placed)
+    missing = sorted({unit(m) for m in project(("gpipe",))} - placed)
     assert not missing, "give each a layer in GPIPE_LAYERS: " + ", ".join(missing)
 
 
@@ -274,7 +281,7 @@ def test_the_executors_units_import_each_other_in_no_circle() -> None:
 
 def test_each_pending_import_is_still_there() -> None:
     """A pending import that is gone leaves :data:`PENDING`, so the layers hold it from then on."""
-    edges = graph(ROOT, ("gpipe",))
+    edges = project(("gpipe",))
     gone = sorted(f"{m} -> {t}" for m, t in PENDING if t not in edges.get(m, set()))
     assert not gone, "no longer imported, take it out of PENDING: " + ", ".join(gone)
 

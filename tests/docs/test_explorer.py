@@ -129,7 +129,7 @@ def test_searched_runs_are_valid_and_no_slower_than_a_named_schedule_in_their_me
             run = packs[name]["runs"][key]
             order = shape["orders"][run.get("o", 0)]
             tasks = [parse_tasks(t) for t in order["tasks"]]
-            Schedule(m, p * v, "never", reference.placement, tasks).validate()
+            Schedule(m, p * v, "never", reference.placement, tuple(tasks)).validate()
             assert max(run["k"]) <= shape["limit"] * ex.SAVED + 1e-9 and run["l"] <= run["t"]
             found, limit = ex.searched(reference, v, **times)
             assert limit == pytest.approx(shape["limit"])

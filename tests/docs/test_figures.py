@@ -201,14 +201,6 @@ def test_python_examples_in_the_pages_run(page: Path, tmp_path: Path, monkeypatc
             exec(compile(block, f"{rel}, block {k + 1}", "exec"), namespace)  # noqa: S102 (our own docs)
 
 
-def test_the_beyond_1f1b_figures_draw(tmp_path: Path) -> None:
-    """ZB-V against DualPipe-V with and without communication, bubble against memory for every schedule, and two
-    steps of the zero-bubble schedules back to back."""
-    names = ["dualpipe_communication.png", "across_steps.png", "bubble_memory.png"]
-    drawn = _load("make_figures").build(tmp_path, only=names)
-    assert [p.name for p in drawn] == names and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in drawn)
-
-
 def test_the_communication_table_has_dualpipe_v_ahead_only_with_communication(fragments: dict[str, str]) -> None:
     lines = fragments["communication_table"].splitlines()[2:]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines]

@@ -73,6 +73,12 @@ def test_site_builds_strict(site: Path) -> None:
                  "img/generated/deferred_bn.png", "img/demo_timeline.png",
                  "tutorials/01_bubble.ipynb", "search/search_index.json"):
         assert (site / page).is_file(), f"the site lacks {page}"
+    from tests.docs.test_figures import _load
+
+    # every figure a page's module registers is drawn by the build, the one place each is drawn in a test run
+    drawn = {p.name for p in (site / "img" / "generated").glob("*.png") if p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"}
+    missing = set(_load("make_figures").FIGURES) - drawn
+    assert not missing, f"the build drew no PNG for {sorted(missing)}"
     html = (site / "index.html").read_text()
     assert "fonts.googleapis.com" not in html, "the theme must not load Google Fonts (theme.font: false)"
 
