@@ -38,14 +38,20 @@ def _surjective(raw: list[int]) -> list[int]:
     return [labels.setdefault(d, len(labels)) for d in raw]
 
 
+#: The registered schedules whose steady phase overlaps pairs of tasks (Note [overlapped pairs] in
+#: gpipe.schedule.schedule).
+_PAIRED = ("dualpipe-v", "dualpipe")
+
+
 @st.composite
 def cases(draw: st.DrawFn, shared: bool | None = None, pairs: bool = True) -> Case:
     """A schedule, a cost model and switches. One stage per device (each schedule that allows it), on a random
     placement when ``shared``; or a registered schedule's own layout of two stages per device (``shared`` not
-    False), overlapped pairs (DualPipeV) only where they are modelled (sim.core.overlap.check_pairs): copy streams,
-    no contention."""
+    False), overlapped pairs (:data:`_PAIRED`) only where they are modelled (sim.core.overlap.check_pairs): copy
+    streams, no contention."""
     per_device = [k for k, kind in SCHEDULES.items() if kind.place is None]
-    placed = [k for k, kind in SCHEDULES.items() if kind.place is not None and (pairs or k != "dualpipe-v")]
+    placed = [k for k, kind in SCHEDULES.items()
+              if kind.place is not None and (pairs or k not in _PAIRED)]
     name = draw(st.sampled_from(per_device + (placed if shared is not False else [])))
     kind = SCHEDULES[name]
     n, m = draw(st.integers(1, 5)), draw(st.integers(1, 6))
