@@ -191,7 +191,7 @@ def parse(spec: str, name: str, arg: str) -> tuple[str, str, DecoderConfig]:
     cfg = _config(spec, lambda **values: replace(family.lookup(size), **values),
                   _fields(spec, options, tuple(_OPTIONS), ()))
     words = [f"{k}={getattr(cfg, _KEYS[k])}" for k, v in _OPTIONS.items() if getattr(cfg, _KEYS[k]) != v]
-    return ",".join([f"{name}:{size.lower()}", *words]), f"{family.title} {size.upper()}", cfg
+    return ",".join([f"{name}:{size.lower()}", *words]), f"{family.title} {_size_title(size)}", cfg
 
 
 def describe(name: str, title: str, cfg: DecoderConfig) -> str:
@@ -238,3 +238,9 @@ def _experts(cfg: DecoderConfig) -> str:
     shard = "" if ep * etp == 1 else f", expert-parallel shard of {ep}" + (f" x {etp}" if etp > 1 else "")
     balance = "balanced routing" if cfg.expert_imbalance == 1.0 else "the busiest rank's routing"
     return f"{shard}, {balance} (imbalance {float(cfg.expert_imbalance)!r})"
+
+
+def _size_title(size: str) -> str:
+    """A size as its makers write it: upper case (``405B``, ``235B-A22B``, ``V3``) but for the ``x`` of experts times
+    their size (Mistral's ``8x7B``)."""
+    return size.upper().replace("X", "x")
