@@ -24,7 +24,8 @@ experts' routed experts over a stage's GPUs, its all-to-all priced as each task'
         --network infiniband-hdr --tensor-parallel 8 --stages 8 --schedule 1f1b --chunks 1536 \
         --checkpoint layers,selective
 
-``--checkpoint layers`` and ``selective`` recompute per layer (:mod:`sim.planning.parallel.recompute`); ``--network``
+``--checkpoint layers``, ``selective`` and ``modules`` (``--recompute-modules``) recompute per layer
+(:mod:`sim.planning.parallel.recompute`); ``--network``
 (and ``--network-ports``) puts the nodes of ``--gpus-per-node`` GPUs on a network, which stage copies and data-parallel
 all-reduces that cross nodes use (:mod:`sim.planning.parallel.cluster`); ``--system`` names the machine whole
 (:mod:`sim.planning.hardware.systems`: ``gb200-nvl72`` is one NVLink domain of 72 GPUs). A sweep estimated past a minute
@@ -165,9 +166,10 @@ def add_parser(subparsers: Any) -> None:
                    help="micro-batch counts to try (default: powers of two up to the batch, at most 128)")
     p.add_argument("--checkpoint", default=None, metavar="LIST",
                    help=f"checkpoint policies to try, of {','.join(CHECKPOINTS)}: torchgpipe's per stage, "
-                        "layers (each layer keeps its input and recomputes itself) or selective (the attention "
-                        f"core alone recomputed) (default: {','.join(CHECKPOINT_MODES)},layers, and selective for a "
-                        "model that writes its attention out, attention=math)")
+                        "layers (each layer keeps its input and recomputes itself), selective (the attention "
+                        "core alone recomputed) or modules (--recompute-modules recomputed) (default: "
+                        f"{','.join(CHECKPOINT_MODES)},layers, selective for a model that writes its attention out, "
+                        "attention=math, and modules for one with MLA or MoE blocks)")
     p.add_argument("--schedule", default=",".join(SCHEDULES), metavar="LIST",
                    help=f"schedules to try, of {schedules_help()} (default: {','.join(SCHEDULES)})")
     p.add_argument("--virtual", default=",".join(map(str, VIRTUAL)), metavar="LIST",

@@ -11,9 +11,10 @@ from sim.cli import CommandError
 from sim.cli.options import MAX_INT, integer
 from sim.planning.counting.models import ModelSpec, get_model
 from sim.planning.counting.models.decoder_specs import FAMILIES
+from sim.planning.counting.modules import MODULES
 from sim.planning.hardware.systems import get_system
 from sim.planning.parallel.context_parallel import CP_COMMS, check_context_parallel
-from sim.planning.parallel.recompute import CHECKPOINTS
+from sim.planning.parallel.recompute import CHECKPOINTS, deepseek_modules, modules_policy
 from sim.planning.parallel.zero import ZERO_STAGES
 from sim.planning.request import GPUS_PER_NODE, PRACTICE_ZERO, practice_checkpoints, practice_degrees
 
@@ -58,12 +59,36 @@ def layout(args: argparse.Namespace, gpus: list[int]) -> tuple[list[int], list[b
         degrees = list(practice_degrees(lambda t: _splits_over(entry, t, splits), gpus, args.gpus_per_node))
     else:
         degrees = [1]
+    given = _recompute_modules(args)
+    practice = deepseek_modules(*_mla_or_moe(get_model(args.model))) if decoder else ()
     if args.checkpoint is not None:
-        checkpoints = words("--checkpoint", args.checkpoint, CHECKPOINTS)
+        if given and "modules" not in args.checkpoint:
+            raise CommandError("--recompute-modules names what --checkpoint modules recomputes; add modules to "
+                               "--checkpoint")
+        checkpoints = [modules_policy(given or practice or ("layernorm",)) if w == "modules" else w
+                       for w in words("--checkpoint", args.checkpoint, (*CHECKPOINTS, "modules"))]
     else:
         core = decoder and get_model(args.model).attention_core is not None
-        checkpoints = list(practice_checkpoints(core, args.copy_streams))
+        checkpoints = list(practice_checkpoints(core, args.copy_streams, given or practice))
     return degrees, [w == "on" for w in splits], checkpoints
+
+
+def _mla_or_moe(entry: ModelSpec) -> tuple[bool, bool]:
+    """Whether ``entry``'s decoder has MLA blocks, and MoE blocks."""
+    cfg = entry.config
+    return (False, False) if cfg is None else (cfg.attention_kind == "mla", cfg.experts > 0)
+
+
+def _recompute_modules(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--recompute-modules`` (none where not given): what ``--checkpoint modules`` recomputes, which is otherwise
+    DeepSeek-V3's set of the modules the model has, ``layernorm`` alone for a dense one (Note [recompute modules] in
+    :mod:`sim.planning.counting.modules`)."""
+    if args.recompute_modules is None:
+        return ()
+    names = tuple(words("--recompute-modules", args.recompute_modules, MODULES))
+    if not names:
+        raise CommandError("--recompute-modules needs at least one module")
+    return names
 
 
 def _splits_over(entry: ModelSpec, t: int, splits: list[str]) -> bool:

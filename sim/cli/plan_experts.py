@@ -1,7 +1,8 @@
 """``gpipe-sim plan``'s expert-parallel options (``--expert-parallel``, ``--expert-tensor-parallel``,
 ``--expert-imbalance``, ``--node-limit``), as given or, for a mixture of experts left without them, today's practice
 (Note [default expert parallelism]); every refusal comes before the model is counted
-(:mod:`sim.planning.parallel.experts`)."""
+(:mod:`sim.planning.parallel.experts`). ``--recompute-modules`` is registered here too, as the recompute that MoE and
+MLA models' default sweep adds (:mod:`sim.cli.plan_defaults`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sim.cli import CommandError
 from sim.cli.options import integer, number
 from sim.cli.plan_defaults import DECODERS, ints
 from sim.planning.counting.models import ModelSpec, get_model
+from sim.planning.counting.modules import MODULES
 from sim.planning.parallel.experts import Routing, check_experts, check_fold, folds
 from sim.planning.request import shard_keys
 
@@ -38,6 +40,10 @@ def add_expert_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-limit", type=int, default=None, metavar="M",
                    help="node-limited routing: each token's experts on at most M nodes, its all-to-all in two hops "
                         "(DeepSeek-V3's; default: the model's)")
+    p.add_argument("--recompute-modules", default=None, metavar="LIST",
+                   help=f"what --checkpoint modules recomputes inside each backward, of {','.join(MODULES)} "
+                        "(Megatron-Core's --recompute-modules; default: DeepSeek-V3's, those of them the model has, "
+                        "which the default sweep tries for a model with MLA or MoE blocks)")
 
 
 @dataclass(frozen=True)

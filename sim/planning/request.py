@@ -24,7 +24,7 @@ from sim.planning.links import resolve_link, resolve_network
 from sim.planning.parallel.context_parallel import check_context_parallel, check_splittable
 from sim.planning.parallel.experts import Routing, check_experts, check_fold
 from sim.planning.parallel.memory import COPY_STREAMS
-from sim.planning.parallel.recompute import CHECKPOINTS
+from sim.planning.parallel.recompute import check_checkpoint, modules_policy
 from sim.planning.parallel.zero import ZERO_STAGES
 
 __all__ = ["GPUS_PER_NODE", "PRACTICE_ZERO", "VIRTUAL", "PlanRequest", "check_request", "check_search",
@@ -45,7 +45,8 @@ def default_training(device: DeviceSpec, optimizer: str = "adam") -> Training:
 # Note [today's defaults]: asked without layout flags, the planner sweeps what practitioners run (Megatron-Core,
 # TorchTitan, the Llama 3 and Nemotron reports): tensor parallelism over each degree inside a node that the model's
 # heads take, with sequence parallelism (it only saves memory: its collectives move what the all-reduces did);
-# per-layer recompute (``layers``, and ``selective`` where the model writes its attention core out) beside
+# per-layer recompute (``layers``, ``selective`` where the model writes its attention core out, and DeepSeek-V3's
+# ``modules:layernorm+mla_up_proj+moe_act`` for a model with MLA or MoE blocks: Note [recompute modules]) beside
 # torchgpipe's per-stage policies; and ZeRO-1 beside plain data parallelism (Megatron's distributed optimizer).
 # ZeRO-2 and -3 and sequence parallelism off stay options: they never win where ZeRO-1 fits, or cost a sweep.
 # Context parallelism is 1 unless asked (``--context-parallel``), with Megatron-Core's ring (its default
@@ -63,11 +64,13 @@ def practice_degrees(takes: Callable[[int], bool], gpus: Sequence[int], gpus_per
                  if gpus_per_node % t == 0 and any(g % t == 0 for g in gpus) and (t == 1 or takes(t)))
 
 
-def practice_checkpoints(attention_core: bool, copy_streams: str = "shared") -> tuple[str, ...]:
-    """The recompute policies of Note [today's defaults]: torchgpipe's, ``layers`` (with one copy stream) and
-    ``selective`` (for a model with an attention core)."""
+def practice_checkpoints(attention_core: bool, copy_streams: str = "shared", modules: Sequence[str] = ()
+                         ) -> tuple[str, ...]:
+    """The recompute policies of Note [today's defaults]: torchgpipe's, ``layers`` (with one copy stream),
+    ``selective`` (for a model with an attention core) and, for a model with MLA or MoE blocks, DeepSeek-V3's modules
+    of those it has (``modules``: :func:`~sim.planning.parallel.recompute.deepseek_modules`)."""
     return (*CHECKPOINT_MODES, *(("layers",) if copy_streams == "shared" else ()),
-            *(("selective",) if attention_core else ()))
+            *(("selective",) if attention_core else ()), *((modules_policy(modules),) if modules else ()))
 
 
 def check_request(batch: int, gpus: Sequence[int], chunks: Sequence[int] | None = None) -> None:
@@ -175,7 +178,7 @@ class PlanRequest:
     chunks: Sequence[int] | None = None
     """Micro-batch counts to try; ``None``: powers of two up to the batch per replica (at most 128)."""
     checkpoints: Sequence[str] = CHECKPOINT_MODES
-    """Checkpoint policies to try (:data:`sim.planning.parallel.recompute.CHECKPOINTS`)."""
+    """Checkpoint policies to try (:data:`sim.planning.parallel.recompute.CHECKPOINTS`, or ``modules:A+B``)."""
     schedules: Sequence[str] | None = None
     """Schedule names to try; ``None``: every registered one (:data:`gpipe.schedule.SCHEDULES`) when the plan runs."""
     stages: Sequence[int] | None = None
@@ -414,8 +417,7 @@ def _check_count(profile: ModelProfile, request: PlanRequest, training: Training
     """Refuse a request one count cannot run: its numbers, checkpoints, schedules, or another precision."""
     check_request(request.batch, request.gpus, request.chunks)
     for ck in request.checkpoints:
-        if ck not in CHECKPOINTS:
-            raise ValueError(f"unknown checkpoint mode {ck!r}; use {', '.join(CHECKPOINTS)}")
+        check_checkpoint(ck)
         if ck == "selective" and profile.attention_core is None:
             raise ValueError("checkpoint selective recomputes the attention core, which this model has not "
                              "(a built-in gpt or llama with the math attention has)")

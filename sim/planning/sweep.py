@@ -43,7 +43,7 @@ from sim.planning.parallel.memory import (
     workspace_bytes,
 )
 from sim.planning.parallel.partition import block_partition
-from sim.planning.parallel.recompute import core_table, recompute_fraction, schedule_checkpoint
+from sim.planning.parallel.recompute import inside_backward, inside_table, recompute_fraction, schedule_checkpoint
 from sim.planning.parallel.replicas import step_seconds
 from sim.planning.parallel.zero import (
     Kind,
@@ -120,6 +120,7 @@ class Sweep:
         self.last_timeline: Timeline | None = None  # of the configuration evaluated last, if it was simulated
         self._tasks: dict[tuple[object, ...], list[Schedule]] = {}  # schedules by (m, n, devices, checkpoint)
         self._counted: dict[tuple[int, bool, int, int, int], tuple[tuple[float, float], ...]] = {}
+        self._inside: dict[tuple[tuple[int, bool, int, int, int], str], tuple[float, float]] = {}  # recomputed in B
         self._work: dict[tuple[object, ...], tuple[float, float]] = {}  # floor's: a micro-batch's compute, its chain
         # each stage's sharded state, working sets and collectives per data-parallel layout (the latest few)
         self._shards: dict[tuple[object, ...], tuple[list[StageCost], list[int], list[int]]] = {}
@@ -145,8 +146,8 @@ class Sweep:
                p.chunks if p.checkpoint == "except_last" else 0)
         if key not in self._balances:
             fwd, bwd = costs.layer_seconds(mb)
-            if p.checkpoint == "selective":
-                bwd = bwd + costs.core_seconds(mb)
+            if inside_backward(p.checkpoint):
+                bwd = bwd + costs.core_seconds(mb, p.checkpoint)
             self._balances[key] = block_partition(fwd * (1 + recompute_fraction(p.checkpoint, p.chunks)) + bwd, n)
         return self._balances[key]
 
@@ -162,7 +163,7 @@ class Sweep:
         if work is None:
             costs = self.costs[p.count_key]
             fwd, bwd = costs.layer_seconds(mb)
-            core = float(costs.core_seconds(mb).sum()) if p.checkpoint == "selective" else 0.0
+            core = float(costs.core_seconds(mb, p.checkpoint).sum()) if inside_backward(p.checkpoint) else 0.0
             spread = float(fwd.sum()) * (1 + recompute_fraction(p.checkpoint, p.chunks)) + float(bwd.sum()) + core
             # the chain: F of micro-batch 0 on every stage, then its B back (a split B without W; a recompute may
             # run while the gradient travels, so it is off the chain; selective's is inside B)
@@ -371,15 +372,17 @@ class Sweep:
         """A step's model FLOPs (forward and backward, every rank) and the FLOPs its recompute adds."""
         profile = costs.profile
         key = p.count_key
+
+        def per_step(tables: Sequence[OpTable]) -> tuple[float, float]:  # (fixed, per sample)
+            return (sum(float(t.flops[:, 0].sum()) for t in tables), sum(float(t.flops[:, 1].sum()) for t in tables))
         if key not in self._counted:
-            def per_step(tables: Sequence[OpTable]) -> tuple[float, float]:  # (fixed, per sample)
-                return (sum(float(t.flops[:, 0].sum()) for t in tables),
-                        sum(float(t.flops[:, 1].sum()) for t in tables))
-            core = profile.attention_core
             self._counted[key] = (per_step([x.forward for x in profile.layers]),
-                                  per_step([x.backward for x in profile.layers]),
-                                  per_step([core_table(x.forward, core) for x in profile.layers] if core else []))
-        fwd, bwd, core_fwd = self._counted[key]
+                                  per_step([x.backward for x in profile.layers]))
+        fwd, bwd = self._counted[key]
+        inside = (key, p.checkpoint)
+        if inside_backward(p.checkpoint) and inside not in self._inside:
+            core = profile.attention_core
+            self._inside[inside] = per_step([inside_table(x.forward, p.checkpoint, core) for x in profile.layers])
         ranks = p.tensor_parallel * p.context_parallel  # of a pipeline device, each running its own count
         runs = p.chunks * p.replicas * ranks  # micro-batches of every rank in a step
 
@@ -387,8 +390,8 @@ class Sweep:
             return q[0] * runs + q[1] * self.batch * ranks
 
         recomputed = total(fwd) * recompute_fraction(p.checkpoint, p.chunks)
-        if p.checkpoint == "selective":
-            recomputed = total(core_fwd)
+        if inside_backward(p.checkpoint):
+            recomputed = total(self._inside[inside])
         return total(fwd) + total(bwd), recomputed
 
     def _utilisation(self, p: Configuration, costs: FlopCosts, mb: int, step: float, throughput: float, update: float,

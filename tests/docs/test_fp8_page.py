@@ -76,8 +76,9 @@ def test_the_memory_table_is_the_planner_s_policies(fp8: ModuleType) -> None:
     parameters = sum(x.parameters for x in fp8._profile().layers)
     bf16, fp8_row = (fp8.plan_row(p) for p in POLICIES)
     assert fp8_row.model_state_bytes[0] - bf16.model_state_bytes[0] == 2 * parameters
-    grown = fp8_row.peak_memory_bytes - bf16.peak_memory_bytes  # and a working set a little larger
-    assert grown == pytest.approx(2 * parameters, rel=1e-3)
+    grown = fp8_row.peak_memory_bytes - bf16.peak_memory_bytes  # less the Linears' inputs kept in FP8 (Note [fp8
+    kept = fp8_row.activation_bytes[0] - bf16.activation_bytes[0]  # saved] in sim.planning.counting.saved)
+    assert kept < 0 and grown == pytest.approx(2 * parameters + kept, rel=1e-3)
 
 
 def test_the_page_is_in_the_nav_and_linked() -> None:

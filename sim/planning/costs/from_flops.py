@@ -49,7 +49,7 @@ from sim.planning.hardware.catalog import DeviceSpec
 from sim.planning.hardware.roofline import KIND_NAMES, MissingDeviceParameterError, roofline_seconds
 from sim.planning.parallel.context_parallel import ContextParallel, kv_bytes
 from sim.planning.parallel.experts import ExpertParallel
-from sim.planning.parallel.recompute import core_table
+from sim.planning.parallel.recompute import core_table, inside_backward, inside_table, layer_saved
 
 __all__ = ["KERNEL_SECONDS", "FlopCosts", "effective_efficiency"]
 
@@ -176,7 +176,8 @@ class FlopCosts:
         self._tensors = tensors
         core = profile.attention_core
         self._core = None if core is None else op_arrays([core_table(t.forward, core) for t in profile.layers])
-        self._core_cache: dict[int, np.ndarray] = {}
+        self._core_cache: dict[tuple[int, str], np.ndarray] = {}
+        self._fp8 = fp8
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._split_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._collective_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -304,18 +305,22 @@ class FlopCosts:
                                        self._seconds(self._bwd, microbatch, backward=True) + bwd)
         return self._cache[microbatch]
 
-    def core_seconds(self, microbatch: int) -> np.ndarray:
-        """Forward seconds of every layer's attention core for one micro-batch (0 for a layer without one).
+    def core_seconds(self, microbatch: int, policy: str = "selective") -> np.ndarray:
+        """Forward seconds of what ``policy`` recomputes inside every layer's backward for one micro-batch: the
+        attention core (``selective``) or the marked modules (``modules:``; 0 for a layer without them).
 
         Raises:
-            ValueError: the profile has no :attr:`~sim.planning.counting.counts.ModelProfile.attention_core`.
+            ValueError: ``selective`` for a profile without an
+                :attr:`~sim.planning.counting.counts.ModelProfile.attention_core`.
         """
-        if self._core is None:
+        if policy == "selective" and self._core is None:
             raise ValueError("selective recompute needs the model's attention core (a built-in gpt or llama with "
                              "the math attention)")
-        if microbatch not in self._core_cache:
-            self._core_cache[microbatch] = self._seconds(self._core, microbatch)
-        return self._core_cache[microbatch]
+        if (microbatch, policy) not in self._core_cache:
+            tables = self._core if self._core is not None and policy == "selective" else op_arrays(
+                [inside_table(t.forward, policy, None) for t in self.profile.layers], self._fp8)
+            self._core_cache[microbatch, policy] = self._seconds(tables, microbatch)
+        return self._core_cache[microbatch, policy]
 
     def split_backward_seconds(self, microbatch: int) -> tuple[np.ndarray, np.ndarray]:
         """Input-gradient (``B``) and weight-gradient (``W``) seconds of every layer, for a split backward.
@@ -381,9 +386,10 @@ class FlopCosts:
             bwd, wgt = self.split_backward_seconds(microbatch)
         layers, tr = self.profile.layers, self.training
         core = self.profile.attention_core
+        if inside_backward(recompute):
+            bwd = bwd + self.core_seconds(microbatch, recompute)
         if recompute == "selective":
             assert core is not None  # core_seconds raises first
-            bwd = bwd + self.core_seconds(microbatch)
             cores = np.array([core.saved_bytes * microbatch * bool(core_table(x.forward, core).kernels)
                               for x in layers])
         out = []
@@ -391,7 +397,9 @@ class FlopCosts:
         for size in balance:
             stop = start + size
             first, last = layers[start], layers[stop - 1]
-            saved = sum(layer.saved_bytes[0] + layer.saved_bytes[1] * microbatch for layer in layers[start:stop])
+            saved = sum(q[0] + q[1] * microbatch  # Note [saved under a policy] in sim.planning.parallel.recompute
+                        for q in (layer_saved(layers[i], recompute, self._fp8 and 0 < i < len(layers) - 1)
+                                  for i in range(start, stop)))
             if start > 0:  # what the first layer saves of its input was counted at the previous layer
                 saved += first.input_saved_bytes[0] + first.input_saved_bytes[1] * microbatch
             kept = _bytes(first.input_bytes, microbatch)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 __all__ = ["ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "COLLECTIVE", "COLLECTIVE_NAMES", "CONVOLUTION", "MATMUL",
-           "MEMORY_BOUND", "REDUCE_SCATTER", "VECTOR_MATH", "AttentionCore", "LayerCount", "LayerProfile",
+           "MEMORY_BOUND", "REDUCE_SCATTER", "VECTOR_MATH", "AttentionCore", "Held", "LayerCount", "LayerProfile",
            "ModelProfile", "OpTable"]
 
 #: What bounds a counted kernel (``OpTable.kinds``): memory-bound (bytes at bandwidth), a matrix multiply
@@ -51,6 +51,8 @@ class OpTable:
         linear: shape ``(ops,)``: True for a 2-D matrix product (``mm``, ``addmm``: a Linear layer's forward and
             gradients; Note [linear products] in :mod:`sim.planning.counting.operators`), the products FP8 training runs
             in FP8; ``None``: none is known to be one.
+        modules: shape ``(ops,)``: the bits of the marked modules each operator of a forward ran in (Note [recompute
+            modules] in :mod:`sim.planning.counting.modules`); ``None``: none.
     """
 
     flops: np.ndarray
@@ -59,6 +61,7 @@ class OpTable:
     dims: np.ndarray | None = None
     collectives: np.ndarray | None = None
     linear: np.ndarray | None = None
+    modules: np.ndarray | None = None
 
     def kinds_or_default(self) -> np.ndarray:
         """:attr:`kinds`, or for a table built by hand: matrix multiply where it has FLOPs, else memory-bound."""
@@ -79,6 +82,10 @@ class OpTable:
     def linear_or_default(self) -> np.ndarray:
         """:attr:`linear`, or False for every operator."""
         return self.linear if self.linear is not None else np.zeros(self.kernels, dtype=bool)
+
+    def modules_or_default(self) -> np.ndarray:
+        """:attr:`modules`, or 0 for every operator."""
+        return self.modules if self.modules is not None else np.zeros(self.kernels, dtype=np.int8)
 
     @property
     def kernels(self) -> int:
@@ -111,6 +118,22 @@ class LayerCount:
 
 
 
+@dataclass(frozen=True)
+class Held:
+    """Saved bytes of one layer that the same marked modules produced (Note [recompute modules] in
+    :mod:`sim.planning.counting.modules`; Note [fp8 saved] in :mod:`sim.planning.counting.saved`).
+
+    Attributes:
+        modules: the bits of the modules that produced them (0: none, kept whatever the recompute).
+        bf16: ``(fixed, per_sample)`` bytes as the layer keeps them (part of ``LayerProfile.saved_bytes``).
+        fp8: ``(fixed, per_sample)`` bytes under FP8 training, the Linears' inputs in FP8.
+    """
+
+    modules: int
+    bf16: tuple[float, float]
+    fp8: tuple[float, float]
+
+
 @dataclass(frozen=True, eq=False)
 class LayerProfile:
     """What one layer costs, for any batch size (Note [affine in the batch] in :mod:`sim.planning.counting.flops`).
@@ -136,6 +159,8 @@ class LayerProfile:
         expert_parameters: how many of ``parameters`` are routed experts' (this rank's shard of them), whose
             optimizer state and gradients belong to the expert-data-parallel group (Note [mixture of experts] in
             :mod:`sim.planning.counting.models.moe_config`); 0 for a layer without experts.
+        held: ``saved_bytes`` told apart by the modules that produced them, with their FP8 training bytes (one
+            :class:`Held` per set of modules); empty: not counted apart (a profile built by hand).
     """
 
     name: str
@@ -152,6 +177,7 @@ class LayerProfile:
     input_backward: OpTable | None = None
     new_output_bytes: tuple[float, float] | None = None
     expert_parameters: int = 0
+    held: tuple[Held, ...] = ()
 
     def at(self, batch: int) -> LayerCount:
         """The layer's totals at ``batch`` samples."""

@@ -9,7 +9,9 @@ meta]); the tables this module returns are :mod:`sim.planning.counting.counts`'.
 
 Per layer: parameters (count, bytes; a shared parameter counts once, at its first layer), output
 bytes (what a stage boundary after this layer sends), and the bytes saved for backward, parameters
-excluded, each storage counted once (at the first layer that saves it).
+excluded, each storage counted once (at the first layer that saves it), told apart by the marked modules that
+produced them and with their FP8 training bytes (:mod:`sim.planning.counting.modules`,
+:mod:`sim.planning.counting.saved`).
 
 Note [identical layers]: a decoder's blocks are one module repeated, so counting each of them (96 in GPT-3 175B)
 repeats the same work. A caller that knows which layers are the same computation (same class, parameter shapes and
@@ -52,6 +54,7 @@ from sim.planning.counting.counts import (
     OpTable,
 )
 from sim.planning.counting.expert_parallel import is_expert
+from sim.planning.counting.modules import recording
 from sim.planning.counting.operators import (
     Op,
     UnknownOperatorError,
@@ -61,6 +64,7 @@ from sim.planning.counting.operators import (
     _tensor_bytes,
     _tensors,
 )
+from sim.planning.counting.saved import held, kept
 
 __all__ = ["CountError", "LayerCount", "LayerProfile", "ModelProfile", "OpTable", "UnknownOperatorError",
            "count_layers"]
@@ -125,6 +129,8 @@ class _Pass:
     input_saved_bytes: int
     output: Any
     new_output_bytes: int
+    marks: dict[int, tuple[int, int]]
+    op_bits: list[int]
 
 
 # Note [split backward]: a schedule with W tasks runs a layer's backward as B, the gradient of its input alone,
@@ -148,6 +154,7 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
     saved_new = 0
     saved_input = 0
     local: set[int] = set()
+    new_keys: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         nonlocal saved_new, saved_input
@@ -162,6 +169,7 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
         else:
             seen[key] = nbytes
             saved_new += nbytes
+            new_keys[key] = nbytes
             keep.append(t)
         return t
 
@@ -170,10 +178,11 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
     bwd_in: list[Op] = []
     state = {**params, **buffers}
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-    with hooks, _GpuDropout(), _Recorder(fwd, memory_bound, *groups):
+    with hooks, _GpuDropout(), recording(fwd) as marks, _Recorder(fwd, memory_bound, *groups):
         out = torch.func.functional_call(layer, state, (x_in,))
     outputs = _tensors(out)
     roots = [o for o in outputs if o.requires_grad]
+    by_module = kept(roots, new_keys, marks.produced)
     wrt_in = [t for t in inputs if t.requires_grad]
     wrt_params = [p for p in params.values() if p.requires_grad]
     if roots and wrt_in + wrt_params:
@@ -191,7 +200,7 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
     keep.extend(inputs)
     new = sum(_tensor_bytes(t) for t in outputs if _storage_key(t) not in input_keys)
     return _Pass(fwd, bwd, bwd_in, sum(map(_tensor_bytes, outputs)), sum(map(_tensor_bytes, inputs)),
-                 saved_new, saved_input, out, new)
+                 saved_new, saved_input, out, new, by_module, marks.op_bits)
 
 
 def _meta_state(layer: nn.Module, dtype: torch.dtype | None
@@ -428,7 +437,8 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
     for k, ((p1, new, s1), (p2, _, s2)) in enumerate(zip(*passes, strict=True)):
         what = f"layer {names[k]}"
         if (s1, s2) not in tables:
-            tables[s1, s2] = (_table(p1.forward, p2.forward, b, what + " (forward)"),
+            bits = np.asarray(p1.op_bits, dtype=np.int8) if any(p1.op_bits) else None  # Note [recompute modules]
+            tables[s1, s2] = (replace(_table(p1.forward, p2.forward, b, what + " (forward)"), modules=bits),
                               _table(p1.backward, p2.backward, b, what + " (backward)"),
                               _table(p1.input_backward, p2.input_backward, b, what + " (input gradient)"))
         forward, backward, input_backward = tables[s1, s2]
@@ -440,6 +450,7 @@ def count_layers(module: nn.Sequential, sample: Any, dtype: torch.dtype | None =
             sum(p.numel() * torch.empty((), dtype=_dtype(p, dtype)).element_size() for p in new), len(new),
             input_backward, _affine(p1.new_output_bytes, p2.new_output_bytes, b),
             sum(p.numel() for p in new if is_expert(p)),
+            held(p1.marks, p2.marks, b),
         ))
     floats = [p.dtype for p in module.parameters() if p.is_floating_point()]
     counted = dtype if dtype is not None else floats[0] if floats else torch.float32

@@ -30,9 +30,9 @@ __all__ = ["CAST_BYTES_PER_ELEMENT", "fp8_tables"]
 #      gradient's product reads those transposes and casts nothing. Amax comes with the cast (delayed scaling).
 #   4. a weight is cast once per step (TE caches it over the micro-batches), priced in the optimizer step
 #      (``Training.update_bytes``); its FP8 copy and transpose are model state (``Training.fp8_weight_bytes``).
-# The products' own bytes stay BF16's (an upper bound for a memory-bound product), and so do the activations kept
-# for backward, although TE keeps a Linear's input as its FP8 transpose: an upper bound on activation memory.
-# Current scaling (amax before the cast) would add one read of the BF16 tensor per cast.
+# The products' own bytes stay BF16's (an upper bound for a memory-bound product). The activations kept for backward
+# are TE's: a Linear's input as its FP8 copy (Note [fp8 saved] in sim.planning.counting.saved), in every layer but the
+# first and last. Current scaling (amax before the cast) would add one read of the BF16 tensor per cast.
 #: Bytes one cast kernel moves per element of its tensor (Note [fp8 training]): BF16 read, FP8 copy and transpose.
 CAST_BYTES_PER_ELEMENT = 2 + 1 + 1
 

@@ -34,6 +34,7 @@ from torch.utils.flop_counter import flop_registry
 
 from sim.planning.counting.counts import ALL_REDUCE, COLLECTIVE, CONVOLUTION, MATMUL, MEMORY_BOUND, VECTOR_MATH
 from sim.planning.counting.expert_parallel import EXPERT_MARKERS
+from sim.planning.counting.modules import produced
 from sim.planning.counting.tensor_parallel import MARKERS
 
 __all__ = ["FUSED_KERNELS", "LINEAR_PRODUCTS", "MEMORY_BOUND_OPERATORS", "VECTOR_MATH_OPERATORS",
@@ -96,6 +97,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        produced(lambda: _tensors(out))  # Note [recompute modules] in sim.planning.counting.modules
         if func in MARKERS:  # the whole message; priced on the link (sim.planning.counting.tensor_parallel)
             self.groups.add(int(_arg(args, kwargs, 1, "group")))
             message = max(_tensor_bytes(_arg(args, kwargs, 0, "x")), _tensor_bytes(out))

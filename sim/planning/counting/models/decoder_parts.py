@@ -10,6 +10,7 @@ from torch import nn
 
 from sim.planning.counting.models.decoder import DecoderConfig
 from sim.planning.counting.models.kernels import bias_dropout_add, rms_norm
+from sim.planning.counting.modules import recompute_module
 from sim.planning.counting.tensor_parallel import reduce_from_tensor_parallel
 
 __all__ = ["Branch", "make_norm", "normalise", "rope_tables", "rotate"]
@@ -65,6 +66,7 @@ def make_norm(cfg: DecoderConfig, width: int | None = None) -> nn.Module:
 def normalise(norm: nn.Module, x: torch.Tensor, fused: bool) -> torch.Tensor:
     """``norm(x)``; an RMSNorm as TransformerEngine's fused kernel where ``fused`` (Note [fused kernels] in
     :mod:`sim.planning.counting.models.decoder_layers`)."""
-    if fused and isinstance(norm, nn.RMSNorm):
-        return rms_norm(x, norm.weight, norm.eps)[0]
-    return norm(x)
+    with recompute_module("layernorm"):  # Note [recompute modules] in sim.planning.counting.modules
+        if fused and isinstance(norm, nn.RMSNorm):
+            return rms_norm(x, norm.weight, norm.eps)[0]
+        return norm(x)

@@ -37,6 +37,7 @@ from torch import nn
 from sim.planning.counting.models.decoder import DecoderConfig
 from sim.planning.counting.models.decoder_parts import Branch, make_norm, normalise, rope_tables, rotate
 from sim.planning.counting.models.kernels import flash_attention, rope
+from sim.planning.counting.modules import recompute_module
 from sim.planning.counting.tensor_parallel import column_parallel
 
 __all__ = ["LatentAttention"]
@@ -85,19 +86,21 @@ class LatentAttention(Branch):
         first = self.q_up if self.q_down is None else self.q_down
         q, kv = column_parallel(x, [(first.weight, None), (self.kv_down.weight, None)], self.group,
                                 self.sequence_parallel)  # every token: (B, T, r_q or A·(d_n + d_r)), (B, T, r_kv + d_r)
-        if self.q_norm is not None:  # the query's latent, normalised and projected up
-            q = F.linear(normalise(self.q_norm, q, self.fused), self.q_up.weight)
-        b, t, _ = q.shape
-        latent, k_rope = kv.split((self.latent, self.rope_dim), dim=-1)
-        kv = F.linear(normalise(self.kv_norm, latent, self.fused), self.kv_up.weight)
-        k_nope, v = kv.view(b, t, self.heads, self.nope + self.v_dim).split((self.nope, self.v_dim), dim=-1)
-        q_nope, q_rope = q.view(b, t, self.heads, self.nope + self.rope_dim).split((self.nope, self.rope_dim), -1)
-        k_rope = self._turn(k_rope.reshape(b, t, 1, self.rope_dim)).expand(b, t, self.heads, self.rope_dim)
-        q = torch.cat((q_nope, self._turn(q_rope)), dim=-1)  # (B, T, A/t, d_n + d_r)
-        k = torch.cat((k_nope, k_rope), dim=-1)
+        b, t = q.shape[:2]
+        with recompute_module("mla_up_proj"):  # the latents' norms, the up-projections and RoPE: Note [recompute
+            if self.q_norm is not None:  # modules]; the query's latent, normalised and projected up
+                q = F.linear(normalise(self.q_norm, q, self.fused), self.q_up.weight)
+            latent, k_rope = kv.split((self.latent, self.rope_dim), dim=-1)
+            kv = F.linear(normalise(self.kv_norm, latent, self.fused), self.kv_up.weight)
+            k_nope, v = kv.view(b, t, self.heads, self.nope + self.v_dim).split((self.nope, self.v_dim), dim=-1)
+            q_nope, q_rope = q.view(b, t, self.heads, self.nope + self.rope_dim).split((self.nope, self.rope_dim), -1)
+            k_rope = self._turn(k_rope.reshape(b, t, 1, self.rope_dim)).expand(b, t, self.heads, self.rope_dim)
+            q = torch.cat((q_nope, self._turn(q_rope)), dim=-1)  # (B, T, A/t, d_n + d_r)
+            k = torch.cat((k_nope, k_rope), dim=-1)
+            v = v.contiguous() if self.flash else v
         p = self.p if self.training else 0.0
         if self.flash:  # Note [flash attention] in decoder_layers
-            y = flash_attention(q, k, v.contiguous(), self.scale, p)[0]
+            y = flash_attention(q, k, v, self.scale, p)[0]
         else:
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=p,
                                                is_causal=True, scale=self.scale).transpose(1, 2)

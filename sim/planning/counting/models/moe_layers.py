@@ -21,6 +21,12 @@ sigmoid scores, which only chooses the experts and is set by its load-balancing 
 buffer. Node-limited routing (``node_limit``) restricts which experts a token may take, not how many: it changes
 where the all-to-all's bytes go, which the planner prices, and nothing counted here.
 
+Note [unpermutation]: the k outputs of each token are gathered back into token order, multiplied by their gates and
+summed over the k, which keeps for the backward what Megatron-Core's unpermutation keeps (the gathered outputs and
+the gates, for the gates' gradient; its ``scatter_add`` keeps only indices). An ``index_add`` of the weighted rows
+in expert order would compute the same sum but keep the weighted rows as well (its backward saves its source), one
+more ``n·k x C`` tensor a block that no trainer keeps.
+
 What is counted per MoE block: the router's GEMM C -> E, its scores and top-k (memory-bound), the sort and the
 permutation (a gather of n·k rows, a scatter into the slots), the dispatch and combine all-to-alls (Note
 [all-to-all] in :mod:`sim.planning.counting.expert_parallel`), the experts' three grouped GEMMs at N tokens each
@@ -44,6 +50,7 @@ from torch import nn
 from sim.planning.counting.expert_parallel import combine, dispatch, expert_parameter
 from sim.planning.counting.models.decoder import DecoderConfig
 from sim.planning.counting.models.kernels import swiglu
+from sim.planning.counting.modules import recompute_module
 from sim.planning.counting.tensor_parallel import (
     column_parallel,
     gather_from_sequence_parallel,
@@ -161,12 +168,15 @@ class MixtureOfExperts(nn.Module):
         received = dispatch(slots.view(self.experts, cap, c), self.ep, n * self.k)  # (E/ep, ep·cap, C)
         received = gather_from_sequence_parallel(received, self.etp)  # (E/ep, N, C): every etp rank's tokens
         gate, up = grouped_mm(received, self.gate), grouped_mm(received, self.up)  # (E/ep, N, F_e/etp)
-        hidden = swiglu(gate, up) if self.fused else F.silu(gate) * up
+        with recompute_module("moe_act"):  # Note [recompute modules]
+            hidden = swiglu(gate, up) if self.fused else F.silu(gate) * up
         out = reduce_from_tensor_parallel(grouped_mm(hidden, self.down), self.etp, True)  # (E/ep, ep·cap, C)
         back = combine(out, self.ep, n * self.k).reshape(self.experts * cap, c)  # this rank's slots
         back = torch.cat((back, back.new_zeros(1, c)))  # a dropped pair's output: zero
-        weighted = back.index_select(0, slot) * gates.reshape(-1).index_select(0, order).unsqueeze(1)  # (n·k, C)
-        return flat.new_zeros(n, c).index_add(0, token, weighted).view(b, s, c)  # the unpermutation
+        # the unpermutation (Note [unpermutation]): each token's k outputs gathered in token order, weighted, summed
+        mine = torch.empty_like(slot).scatter(0, order, slot)  # pair j's slot, pair j being token j // k's
+        outputs = back.index_select(0, mine).view(n, self.k, c)
+        return (outputs * gates.unsqueeze(2)).sum(dim=1).view(b, s, c)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual`` plus the experts' output for ``x`` (this rank's tokens with sequence parallelism, as
