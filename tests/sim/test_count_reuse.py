@@ -1,4 +1,4 @@
-"""Counting a decoder's identical blocks once (Note [identical layers] in sim.planning.counting.flops): the profile is
+"""Counting a decoder's identical blocks once (Note [identical layers] in sim.planning.counting.reuse): the profile is
 the full count's, every table and byte equal, and only the layers whose inputs differ are run."""
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from torch import nn
 
 from gpipe.schedule import CHECKPOINT_MODES, SCHEDULES
 from sim.cli import main
-from sim.planning.costs.from_flops import FlopCosts, effective_efficiency
+from sim.planning.costs.efficiency import effective_efficiency
+from sim.planning.costs.from_flops import FlopCosts
 from sim.planning.counting.flops import ModelProfile, count_layers
 from sim.planning.counting.models.gpt import GPTConfig, gpt, gpt_sample
 from sim.planning.counting.training import TRAINING, training_policy

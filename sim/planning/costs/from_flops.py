@@ -33,6 +33,7 @@ import numpy as np
 from sim.core.cost import IDEAL_RUNNER, CostModel, RunnerCosts, StageCost
 from sim.core.link import LinkSpec
 from sim.core.rings import allgather_seconds, allreduce_seconds, reduce_scatter_seconds
+from sim.planning.costs.efficiency import KERNEL_SECONDS
 from sim.planning.costs.op_arrays import OpArrays, op_arrays
 from sim.planning.counting.counts import (
     ALL_GATHER,
@@ -51,26 +52,7 @@ from sim.planning.parallel.context_parallel import ContextParallel, kv_bytes
 from sim.planning.parallel.experts import ExpertParallel
 from sim.planning.parallel.recompute import core_table, inside_backward, inside_table, layer_saved
 
-__all__ = ["KERNEL_SECONDS", "FlopCosts", "effective_efficiency"]
-
-# Note [small micro-batches]: the fixed cost per kernel is what makes the efficiency fall for small micro-batches.
-# For a compute-bound operator of ``f`` FLOPs the fraction of peak reached is ``efficiency(f) = efficiency * f /
-# (f + f_half)``, ``f_half = kernel_seconds * peak * efficiency``: a saturating curve, half of the asymptote at
-# ``f_half`` FLOPs, all of it for large kernels. ``f`` grows with the micro-batch, so a pipeline with many small
-# micro-batches loses throughput, as on real GPUs. The rationale is the latency-bandwidth ("alpha-beta", Hockney
-# 1994) model applied to kernels: a launch costs a few microseconds (NVIDIA's CUDA C++ Best Practices Guide puts
-# kernel launch overhead in the microseconds), and a kernel too small to fill every SM still pays its ramp-up and
-# tail. The default, 5 microseconds, is that order of magnitude, chosen a priori and not fitted.
-#: Default fixed cost of one kernel, seconds (Note [small micro-batches]).
-KERNEL_SECONDS = 5e-6
-
-
-def effective_efficiency(device: DeviceSpec, flops: float, dtype: str = "fp32",
-                         kernel_seconds: float = KERNEL_SECONDS) -> float:
-    """The fraction of peak one compute-bound kernel of ``flops`` FLOPs reaches (Note [small micro-batches])."""
-    rate = device.achievable_flops(dtype)
-    return device.efficiency * flops / (flops + kernel_seconds * rate) if flops > 0 else 0.0
-
+__all__ = ["FlopCosts"]
 
 #: The ring that prices each collective: ``(bytes, ranks, link) -> seconds`` (:mod:`sim.core.rings`).
 _RING = {ALL_REDUCE: allreduce_seconds, REDUCE_SCATTER: reduce_scatter_seconds, ALL_GATHER: allgather_seconds}
@@ -107,7 +89,7 @@ class FlopCosts:
             device: the hardware: its roofline times each kernel; without one its ``efficiency`` scales every rate.
             training: a :class:`Training` or its name.
             kernel_seconds: fixed cost per kernel; ``None``: the roofline's, or :data:`KERNEL_SECONDS`
-                (Note [small micro-batches]).
+                (Note [small micro-batches] in :mod:`sim.planning.costs.efficiency`).
             memory_efficiency: the fraction of the datasheet bandwidth memory-bound work reaches, vector-math
                 kernels included; ``None``: the roofline's (``memory`` and ``vector_math``), or the device's
                 ``efficiency`` (Note [one efficiency]).

@@ -13,17 +13,8 @@ excluded, each storage counted once (at the first layer that saves it), told apa
 produced them and with their FP8 training bytes (:mod:`sim.planning.counting.modules`,
 :mod:`sim.planning.counting.saved`).
 
-Note [identical layers]: a decoder's blocks are one module repeated, so counting each of them (96 in GPT-3 175B)
-repeats the same work. A caller that knows which layers are the same computation (same class, parameter shapes and
-code path: the built-in decoders' blocks) names them in ``identical``; a member is then counted once per distinct
-input and the others take that count. A layer's count depends on itself and on its input: the input's tree, each
-tensor's shape, strides, dtype and storage, and which of those storages earlier layers saved already (what it
-saves again is not new). That is the key a count is reused under, so a repeat whose input differs (the first block
-after an embedding that saves its output) is counted afresh. A reused layer's output is made again (fresh tensors
-of the same layout, marked saved where the counted layer's were), which needs outputs that are fresh storages of
-their own or tensors of the input passed on whole (the repeat passes its own input's); a layer whose output is
-otherwise an input's storage or shares one is always counted. Nothing is reused for layers
-the caller does not name: a user's module may read state the counter cannot see.
+Note [identical layers]: a repeated block is counted once per distinct input and the others take that count
+(:mod:`sim.planning.counting.reuse`).
 
 Note [affine in the batch]: every count is taken at batch sizes 2 and 4 (the sample's other dimensions
 kept) and stored as ``fixed + per_sample * batch``, so one count serves every micro-batch size of a
@@ -35,13 +26,13 @@ operators a layer runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_map
 
 from sim.planning.counting.counts import (
     ALL_GATHER,
@@ -64,6 +55,7 @@ from sim.planning.counting.operators import (
     _tensor_bytes,
     _tensors,
 )
+from sim.planning.counting.reuse import Counted, LayerPass, replay, replayable, signature
 from sim.planning.counting.saved import held, kept
 
 __all__ = ["CountError", "LayerCount", "LayerProfile", "ModelProfile", "OpTable", "UnknownOperatorError",
@@ -118,21 +110,6 @@ class CountError(RuntimeError):
         self.layer, self.error = layer, error
 
 
-@dataclass
-class _Pass:
-    forward: list[Op]
-    backward: list[Op]
-    input_backward: list[Op]
-    output_bytes: int
-    input_bytes: int
-    saved_bytes: int
-    input_saved_bytes: int
-    output: Any
-    new_output_bytes: int
-    marks: dict[int, tuple[int, int]]
-    op_bits: list[int]
-
-
 # Note [split backward]: a schedule with W tasks runs a layer's backward as B, the gradient of its input alone,
 # and W, the rest (weight gradients, accumulation): what zero-bubble schedules assume of an ideal split, each
 # operator computed once. So each layer's backward is also counted with the input's gradient alone (autograd
@@ -141,7 +118,7 @@ class _Pass:
 # gradient, all W.
 def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep: list[Any],
                params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
-               shared_param_keys: set[int], memory_bound: frozenset[str], groups: _Groups) -> _Pass:
+               shared_param_keys: set[int], memory_bound: frozenset[str], groups: _Groups) -> LayerPass:
     """Forward and backward of one layer on meta inputs ``x``; ``seen`` maps saved storages to owners, ``groups``
     gathers the group sizes of the collectives it runs."""
     if first:
@@ -199,7 +176,7 @@ def _run_layer(layer: nn.Module, x: Any, first: bool, seen: dict[int, int], keep
             bwd.append((0.0, 3.0 * _tensor_bytes(p), 0.0, 0.0, 0.0, 0.0, 0.0))  # memory-bound
     keep.extend(inputs)
     new = sum(_tensor_bytes(t) for t in outputs if _storage_key(t) not in input_keys)
-    return _Pass(fwd, bwd, bwd_in, sum(map(_tensor_bytes, outputs)), sum(map(_tensor_bytes, inputs)),
+    return LayerPass(fwd, bwd, bwd_in, sum(map(_tensor_bytes, outputs)), sum(map(_tensor_bytes, inputs)),
                  saved_new, saved_input, out, new, by_module, marks.op_bits)
 
 
@@ -213,122 +190,24 @@ def _meta_state(layer: nn.Module, dtype: torch.dtype | None
     return params, buffers
 
 
-@dataclass(frozen=True)
-class _Fresh:
-    """An output tensor to make again: its layout, and the bytes saved of its storage (``None``: not saved)."""
-
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: torch.dtype
-    saved: int | None
-
-
-@dataclass(frozen=True)
-class _Passed:
-    """An output tensor that is the input's tensor at ``index`` (of the input's leaves), passed on whole."""
-
-    index: int
-
-
-@dataclass(frozen=True)
-class _Counted:
-    """A counted layer, for a repeat of it (Note [identical layers]): its pass and how to make its output again."""
-
-    step: _Pass
-    spec: TreeSpec
-    leaves: tuple[Any, ...]  # non-tensors as they are, tensors as _Fresh or _Passed
-
-
-def _signature(x: Any, seen: dict[int, int]) -> tuple[Any, ...] | None:
-    """What a layer's count depends on in its input (Note [identical layers]); ``None``: not comparable. Not
-    ``requires_grad``: every layer but the first takes a detached input that requires a gradient."""
-    leaves, spec = tree_flatten(x)
-    first: dict[int, int] = {}
-    key: list[Any] = [spec]
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, torch.Tensor):
-            storage = _storage_key(leaf)
-            key.append((tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype, leaf.device.type,
-                        int(leaf.untyped_storage().nbytes()), first.setdefault(storage, i), seen.get(storage)))
-        else:
-            try:
-                hash(leaf)
-            except TypeError:
-                return None
-            key.append((type(leaf), leaf))
-    return tuple(key)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` are the same tensor: one storage, one layout (a detached copy of an input is)."""
-    return (_storage_key(a) == _storage_key(b) and a.shape == b.shape and a.stride() == b.stride()
-            and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype)
-
-
-def _replayable(step: _Pass, x: Any, seen: dict[int, int]) -> _Counted | None:
-    """The record that makes ``step``'s output again; ``None`` if an output is neither a fresh storage of its own nor
-    a tensor of the input passed on whole (the token ids a decoder with MTP modules carries to them)."""
-    inputs = {_storage_key(t) for t in _tensors(x)}
-    given = tree_flatten(x)[0]
-    leaves, spec = tree_flatten(step.output)
-    storages: set[int] = set()
-    record: list[Any] = []
-    for leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
-            record.append(leaf)
-            continue
-        passed = next((i for i, t in enumerate(given) if isinstance(t, torch.Tensor) and _same(t, leaf)), None)
-        if passed is not None:
-            record.append(_Passed(passed))
-            continue
-        storage = _storage_key(leaf)
-        again = torch.empty_strided(leaf.shape, leaf.stride(), dtype=leaf.dtype, device="meta")
-        if (storage in inputs or storage in storages or leaf.device.type != "meta" or leaf.storage_offset()
-                or again.untyped_storage().nbytes() != leaf.untyped_storage().nbytes()):
-            return None
-        storages.add(storage)
-        record.append(_Fresh(tuple(leaf.shape), leaf.stride(), leaf.dtype, seen.get(storage)))
-    return _Counted(step, spec, tuple(record))
-
-
-def _replay(counted: _Counted, x: Any, seen: dict[int, int], keep: list[Any]) -> _Pass:
-    """``counted``'s pass on ``x`` with its output made again, each tensor saved where the counted layer's was and
-    each tensor of the input passed on as it was."""
-    given = tree_flatten(x)[0]
-    leaves = []
-    for leaf in counted.leaves:
-        if isinstance(leaf, _Passed):
-            leaves.append(given[leaf.index])
-            continue
-        if not isinstance(leaf, _Fresh):
-            leaves.append(leaf)
-            continue
-        t = torch.empty_strided(leaf.shape, leaf.stride, dtype=leaf.dtype, device="meta")
-        if leaf.saved is not None:
-            seen[_storage_key(t)] = leaf.saved
-        keep.append(t)  # alive, so no later storage takes its key
-        leaves.append(t)
-    return replace(counted.step, output=tree_unflatten(leaves, counted.spec))
-
-
 def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None, memory_bound: frozenset[str],
-                groups: _Groups, group_of: dict[int, int]) -> list[tuple[_Pass, list[nn.Parameter], int]]:
+                groups: _Groups, group_of: dict[int, int]) -> list[tuple[LayerPass, list[nn.Parameter], int]]:
     """Each layer's pass, its new parameters, and the index of the layer whose count it is (itself, or the
     identical layer it repeats: Note [identical layers])."""
     seen: dict[int, int] = {}
     keep: list[Any] = []
     owners: set[int] = set()
-    counted: dict[tuple[int, tuple[Any, ...]], tuple[_Counted, int]] = {}
+    counted: dict[tuple[int, tuple[Any, ...]], tuple[Counted, int]] = {}
     x = sample
     result = []
     for k, layer in enumerate(module):
         new = [p for p in layer.parameters() if id(p) not in owners]  # parameters() dedupes within a layer
         owners.update(id(p) for p in new)
-        signature = _signature(x, seen) if k in group_of and k > 0 else None
-        key = None if signature is None else (group_of[k], signature)
+        given = signature(x, seen) if k in group_of and k > 0 else None
+        key = None if given is None else (group_of[k], given)
         if key is not None and key in counted:
             record, source = counted[key]
-            step = _replay(record, x, seen, keep)
+            step = replay(record, x, seen, keep)
             result.append((step, new, source))
             x = step.output
             continue
@@ -340,7 +219,7 @@ def _count_pass(module: nn.Sequential, sample: Any, dtype: torch.dtype | None, m
             raise CountError(k, next(name for name, child in module.named_children() if child is layer), exc) from exc
         keep.extend(params.values())
         if key is not None:
-            record_ = _replayable(step, x, seen)
+            record_ = replayable(step, x, seen)
             if record_ is not None:
                 counted[key] = (record_, k)
         result.append((step, new, k))

@@ -101,7 +101,7 @@ class ModelSpec:
             selective recompute (:mod:`sim.planning.parallel.recompute`); ``None``: none (a fused attention, not
             a decoder).
         identical: groups of layer indices the builder makes as the same computation (a decoder's blocks), for a
-            count to reuse (Note [identical layers] in :mod:`sim.planning.counting.flops`); empty: none known.
+            count to reuse (Note [identical layers] in :mod:`sim.planning.counting.reuse`); empty: none known.
         experts: ``(ep, etp, imbalance) -> `` the spec of one rank's shard of the experts
             (:meth:`expert_parallel`); ``None``: the model has no experts.
         config: the decoder's config; ``None``: not a decoder.

@@ -344,13 +344,14 @@ def decoder(cfg: DecoderConfig, **overrides: object) -> nn.Sequential:
 
 def decoder_blocks(n_layer: int) -> range:
     """The indices :func:`decoder` puts its ``n_layer`` blocks at: the layers a count may treat as identical
-    (:func:`sim.planning.counting.flops.count_layers`, Note [identical layers]) in a dense decoder."""
+    (:func:`sim.planning.counting.flops.count_layers`, Note [identical layers] in
+    :mod:`sim.planning.counting.reuse`) in a dense decoder."""
     return range(1, n_layer + 1)
 
 
 def decoder_groups(cfg: DecoderConfig) -> tuple[range, ...]:
     """The groups of identical blocks :func:`decoder` builds for ``cfg``: the dense ones, then the MoE ones
-    (Note [identical layers] in :mod:`sim.planning.counting.flops`)."""
+    (Note [identical layers] in :mod:`sim.planning.counting.reuse`)."""
     dense = cfg.dense_layers if cfg.experts else cfg.n_layer
     return tuple(group for group in (range(1, dense + 1), range(dense + 1, cfg.n_layer + 1)) if group)
 
