@@ -139,13 +139,19 @@ def test_dualpipe_v_is_torch_s_order(p: int) -> None:
 def test_every_policy_gives_a_valid_schedule_with_r_before_its_pair_or_b(checkpoint: str, m: int, p: int) -> None:
     s = dualpipe_v(m, 2 * p, checkpoint).validate()  # type: ignore[arg-type]
     assert s.splits_weight_gradient and s.pairs
+    assert_recompute_right_before_its_backward(s, dualpipe_v(m, 2 * p))
+
+
+def assert_recompute_right_before_its_backward(s: Schedule, unchecked: Schedule) -> None:
+    """Each ``R`` of ``s`` comes right before its ``B``, or before the pair that starts its ``B``, and ``s`` less its
+    ``R`` tasks is ``unchecked``, the same schedule without checkpointing."""
     firsts = dict(s.pairs)
     for ts in s.tasks:
         for k, t in enumerate(ts):
             if t.op is Op.R:
                 after = ts[k + 1] if ts[k + 1].op is Op.B else firsts[ts[k + 1]]
                 assert after == Task(Op.B, t.microbatch, t.stage)
-    assert [t for t in s.all_tasks() if t.op is not Op.R] == list(dualpipe_v(m, 2 * p).all_tasks())
+    assert [t for t in s.all_tasks() if t.op is not Op.R] == list(unchecked.all_tasks())
 
 
 def test_dualpipe_v_refuses_what_it_cannot_run() -> None:

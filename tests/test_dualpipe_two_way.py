@@ -27,6 +27,7 @@ from gpipe.schedule import (
 from sim.core.config import SimConfig
 from sim.core.cost import CostModel, IdealRunner, StageCost, copied_stages
 from sim.core.engine import simulate
+from tests.test_dualpipe import assert_recompute_right_before_its_backward
 
 
 @pytest.mark.parametrize(("m", "p"), [(2, 1), (4, 2), (5, 2), (7, 4), (8, 4), (9, 3), (12, 6)])
@@ -89,14 +90,7 @@ def test_the_two_directions_mirror_each_other(m: int, p: int) -> None:
 @pytest.mark.parametrize("checkpoint", CHECKPOINT_MODES)
 @pytest.mark.parametrize(("m", "p"), [(2, 1), (3, 2), (8, 4), (9, 3)])
 def test_every_policy_gives_a_valid_schedule_with_r_before_its_b(checkpoint: Checkpoint, m: int, p: int) -> None:
-    s = dualpipe(m, 2 * p, checkpoint).validate()
-    firsts = dict(s.pairs)
-    for ts in s.tasks:
-        for k, t in enumerate(ts):
-            if t.op is Op.R:
-                after = ts[k + 1] if ts[k + 1].op is Op.B else firsts[ts[k + 1]]
-                assert after == Task(Op.B, t.microbatch, t.stage)
-    assert [t for t in s.all_tasks() if t.op is not Op.R] == list(dualpipe(m, 2 * p).all_tasks())
+    assert_recompute_right_before_its_backward(dualpipe(m, 2 * p, checkpoint).validate(), dualpipe(m, 2 * p))
 
 
 def test_dualpipe_refuses_what_it_cannot_run() -> None:
