@@ -37,7 +37,7 @@ from sim.core.cost import CostModel, StageCost
 from sim.core.engine import simulate
 from sim.core.exposure import Exposure, exposure
 from sim.core.link import LinkSpec
-from sim.core.size import SPANS_PER_PAIR, check_simulation_size
+from sim.core.size import SPANS_PER_PAIR, TALK_SPANS_PER_PAIR, check_simulation_size
 from sim.files import OutputFolder, json_text
 from sim.planning.hardware.catalog import DeviceSpec, get_device, get_link
 
@@ -215,7 +215,7 @@ def check_size(args: argparse.Namespace, m: int, n: int, devices: int, priced: b
     # at most; given communication (a list of zeros counts, which overestimates), an all-to-all span per F, R and B
     # too, on a row of its own (Note [communication spans] in sim.core.overlap)
     talks = args.communication_time != "0"
-    spans = (SPANS_PER_PAIR + (3 if talks else 0)) * m * n
+    spans = (SPANS_PER_PAIR + (TALK_SPANS_PER_PAIR if talks else 0)) * m * n
     written = spans if args.all_files else min(spans, TRACE_SPAN_LIMIT)
     plotted = args.all_files or 2 * m * n <= PLOT_SPAN_LIMIT  # every pair has an F and a B span at least
     rows = devices * ((3 if priced else 1) + (1 if talks else 0))

@@ -9,7 +9,8 @@ per-stage tables, its device's process and the summary's row (:data:`STAGE_BYTES
 ``timeline.png`` (:data:`PLOT_ROW_BYTES`, :data:`PLOT_SPAN_BYTES`). Each constant is the largest its share was
 measured at on this project's runs (peak resident memory, and tracemalloc over every registered schedule), rounded
 up: refusing a run that would just have fit costs less than running the machine out of memory. A run has at most
-:data:`SPANS_PER_PAIR` spans per pair: four tasks (F, R, B, W) and two copies.
+:data:`SPANS_PER_PAIR` spans per pair: four tasks (F, R, B, W) and two copies, and :data:`TALK_SPANS_PER_PAIR` more
+where the tasks communicate (the all-to-all of F, R and B: Note [communication spans] in :mod:`sim.core.overlap`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from gpipe.schedule.size import PAIR_BYTES as SCHEDULE_PAIR_BYTES
 from gpipe.schedule.size import Available, check_memory
 
 __all__ = ["FILE_SPAN_BYTES", "PAIR_BYTES", "PLOT_ROW_BYTES", "PLOT_SPAN_BYTES", "SPANS_PER_PAIR", "STAGE_BYTES",
-           "check_simulation_size", "simulation_bytes"]
+           "TALK_SPANS_PER_PAIR", "check_simulation_size", "simulation_bytes"]
 
 #: Bytes per (micro-batch, stage) pair: the schedule and the simulation's state at its peak (Note [bytes of a
 #: simulation]); at least what building the schedule takes (:data:`gpipe.schedule.size.PAIR_BYTES`).
@@ -28,6 +29,7 @@ FILE_SPAN_BYTES = 2_000  #: bytes per span written to trace.json or timeline.jso
 PLOT_ROW_BYTES = 400_000  #: bytes per row of timeline.png
 PLOT_SPAN_BYTES = 6_000  #: bytes per bar of timeline.png
 SPANS_PER_PAIR = 6  #: at most: F, R, B, W and two copies
+TALK_SPANS_PER_PAIR = 3  #: at most, where tasks communicate: the all-to-all of F, R and B
 
 
 def simulation_bytes(m: int, n: int, *, written_spans: int = 0, plot_rows: int = 0, plot_spans: int = 0) -> int:
