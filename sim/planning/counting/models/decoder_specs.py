@@ -5,21 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 
-from sim.planning.counting.models.decoder import MLPS, NORMS, POSITIONS, QKVS, DecoderConfig
+from sim.planning.counting.models.decoder import MLPS, NORMS, POSITIONS, QKVS, DecoderConfig, preset
 from sim.planning.counting.models.deepseek import CONFIGS as DEEPSEEK_CONFIGS
-from sim.planning.counting.models.deepseek import DeepSeekConfig, deepseek_config
+from sim.planning.counting.models.deepseek import DeepSeekConfig
 from sim.planning.counting.models.gpt import CONFIGS as GPT_CONFIGS
 from sim.planning.counting.models.gpt import GPTConfig, gpt_config
 from sim.planning.counting.models.llama import CONFIGS as LLAMA_CONFIGS
 from sim.planning.counting.models.llama import LlamaConfig, llama_config
 from sim.planning.counting.models.mixtral import CONFIGS as MIXTRAL_CONFIGS
-from sim.planning.counting.models.mixtral import MixtralConfig, mixtral_config
+from sim.planning.counting.models.mixtral import MixtralConfig
 from sim.planning.counting.models.moe_config import ATTENTION_KINDS, ROUTERS
 from sim.planning.counting.models.nemotron import CONFIGS as NEMOTRON_CONFIGS
 from sim.planning.counting.models.nemotron import NemotronConfig, nemotron_config
 from sim.planning.counting.models.qwen3 import CONFIGS as QWEN3_CONFIGS
-from sim.planning.counting.models.qwen3 import Qwen3Config, qwen3_config
+from sim.planning.counting.models.qwen3 import Qwen3Config
 
 __all__ = ["FAMILIES", "KNOWN", "Family", "describe", "parse"]
 
@@ -76,12 +77,15 @@ FAMILIES = {
                     (*_SHAPE, "kv-heads", "ffn"), "fused kernels (Megatron-Core)"),
     "nemotron": Family(NemotronConfig, NEMOTRON_CONFIGS, nemotron_config, "15b", "Nemotron-4",
                        "Nemotron-style decoder", (*_SHAPE, "kv-heads", "ffn"), "fused kernels (Megatron-Core)"),
-    "deepseek": Family(DeepSeekConfig, DEEPSEEK_CONFIGS, deepseek_config, "v3", "DeepSeek", "DeepSeek-style decoder",
-                       (*_SHAPE, "ffn", "experts", "top-k", "expert-ffn"), "fused kernels (Megatron-Core)"),
-    "mixtral": Family(MixtralConfig, MIXTRAL_CONFIGS, mixtral_config, "8x7b", "Mixtral", "Mixtral-style decoder",
-                      (*_SHAPE, "kv-heads", "ffn", "experts", "top-k"), "fused kernels (Megatron-Core)"),
-    "qwen3": Family(Qwen3Config, QWEN3_CONFIGS, qwen3_config, "235b-a22b", "Qwen3", "Qwen3-MoE-style decoder",
-                    (*_SHAPE, "kv-heads", "ffn", "experts", "top-k"), "fused kernels (Megatron-Core)"),
+    "deepseek": Family(DeepSeekConfig, DEEPSEEK_CONFIGS, partial(preset, DEEPSEEK_CONFIGS, family="DeepSeek"), "v3",
+                       "DeepSeek", "DeepSeek-style decoder", (*_SHAPE, "ffn", "experts", "top-k", "expert-ffn"),
+                       "fused kernels (Megatron-Core)"),
+    "mixtral": Family(MixtralConfig, MIXTRAL_CONFIGS, partial(preset, MIXTRAL_CONFIGS, family="Mixtral"), "8x7b",
+                      "Mixtral", "Mixtral-style decoder", (*_SHAPE, "kv-heads", "ffn", "experts", "top-k"),
+                      "fused kernels (Megatron-Core)"),
+    "qwen3": Family(Qwen3Config, QWEN3_CONFIGS, partial(preset, QWEN3_CONFIGS, family="Qwen3"), "235b-a22b",
+                    "Qwen3", "Qwen3-MoE-style decoder", (*_SHAPE, "kv-heads", "ffn", "experts", "top-k"),
+                    "fused kernels (Megatron-Core)"),
 }
 
 _LETTERS = {"layers": "L", "hidden": "H", "heads": "A", "kv-heads": "K", "ffn": "F", "seq": "S", "vocab": "V",

@@ -27,12 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from torch import nn
+from sim.planning.counting.models.decoder import DecoderConfig
 
-from sim.planning.counting.models.decoder import DecoderConfig, preset
-from sim.planning.counting.models.decoder_layers import decoder
-
-__all__ = ["CONFIGS", "DeepSeekConfig", "deepseek", "deepseek_config"]
+__all__ = ["CONFIGS", "DeepSeekConfig"]
 
 
 @dataclass(frozen=True)
@@ -81,23 +78,3 @@ CONFIGS: dict[str, DeepSeekConfig] = {
                          shared_experts=2, expert_ffn=1536, dense_layers=1, router="softmax", node_limit=None,
                          mtp_layers=0),
 }
-
-
-def deepseek_config(name: str) -> DeepSeekConfig:
-    """The named DeepSeek size (``"v3"``, ``"V2"``).
-
-    Raises:
-        KeyError: an unknown name; the message lists the known ones.
-    """
-    return preset(CONFIGS, name, "DeepSeek")
-
-
-def deepseek(cfg: DeepSeekConfig | str = "v3", **overrides: object) -> nn.Sequential:
-    """A DeepSeek decoder as ``nn.Sequential(embedding, block_0 .. block_{L-1}, mtp1 .., head)``; build it under
-    ``with torch.device("meta"):`` (V3 has 685B parameters with its MTP module).
-
-    Raises:
-        KeyError: an unknown size name.
-        ValueError: an invalid config.
-    """
-    return decoder(deepseek_config(cfg) if isinstance(cfg, str) else cfg, **overrides)

@@ -21,12 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from torch import nn
+from sim.planning.counting.models.decoder import DecoderConfig
 
-from sim.planning.counting.models.decoder import DecoderConfig, preset
-from sim.planning.counting.models.decoder_layers import decoder
-
-__all__ = ["CONFIGS", "MixtralConfig", "mixtral", "mixtral_config"]
+__all__ = ["CONFIGS", "MixtralConfig"]
 
 
 @dataclass(frozen=True)
@@ -62,22 +59,3 @@ CONFIGS: dict[str, MixtralConfig] = {
     "8x7b": MixtralConfig(),
     "8x22b": MixtralConfig(n_layer=56, n_head=48, d_model=6144, seq_len=65536, vocab_size=32768, ffn=16384),
 }
-
-
-def mixtral_config(name: str) -> MixtralConfig:
-    """The named Mixtral size (``"8x7b"``, ``"8x22B"``).
-
-    Raises:
-        KeyError: an unknown name; the message lists the known ones.
-    """
-    return preset(CONFIGS, name, "Mixtral")
-
-
-def mixtral(cfg: MixtralConfig | str = "8x7b", **overrides: object) -> nn.Sequential:
-    """A Mixtral decoder as ``nn.Sequential(embedding, block_0 .. block_{L-1}, head)``.
-
-    Raises:
-        KeyError: an unknown size name.
-        ValueError: an invalid config.
-    """
-    return decoder(mixtral_config(cfg) if isinstance(cfg, str) else cfg, **overrides)

@@ -20,12 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from torch import nn
+from sim.planning.counting.models.decoder import DecoderConfig
 
-from sim.planning.counting.models.decoder import DecoderConfig, preset
-from sim.planning.counting.models.decoder_layers import decoder
-
-__all__ = ["CONFIGS", "Qwen3Config", "qwen3", "qwen3_config"]
+__all__ = ["CONFIGS", "Qwen3Config"]
 
 
 @dataclass(frozen=True)
@@ -61,22 +58,3 @@ class Qwen3Config(DecoderConfig):
 
 #: Qwen3's MoE size (the module docstring gives each number's source).
 CONFIGS: dict[str, Qwen3Config] = {"235b-a22b": Qwen3Config()}
-
-
-def qwen3_config(name: str) -> Qwen3Config:
-    """The named Qwen3 MoE size (``"235b-a22b"``).
-
-    Raises:
-        KeyError: an unknown name; the message lists the known ones.
-    """
-    return preset(CONFIGS, name, "Qwen3")
-
-
-def qwen3(cfg: Qwen3Config | str = "235b-a22b", **overrides: object) -> nn.Sequential:
-    """A Qwen3 MoE decoder as ``nn.Sequential(embedding, block_0 .. block_{L-1}, head)``.
-
-    Raises:
-        KeyError: an unknown size name.
-        ValueError: an invalid config.
-    """
-    return decoder(qwen3_config(cfg) if isinstance(cfg, str) else cfg, **overrides)
