@@ -21,6 +21,7 @@ from sim.planning.parallel.context_parallel import (
     split_sequence,
     traffic_bytes,
 )
+from sim.planning.parallel.recompute import layer_saved
 from sim.planning.plan import PlanRequest, plan
 
 SEQ, HEADS, KV_HEADS, HIDDEN = 64, 8, 2, 256
@@ -52,6 +53,9 @@ def test_one_rank_does_a_cth_of_the_work_and_keeps_a_cth_of_the_activations() ->
     assert rank.context_parallel == c and rank.parameters == whole.parameters
     for a, b in zip(whole.layers, rank.layers, strict=True):
         assert b.saved_bytes == (a.saved_bytes[0], a.saved_bytes[1] / c)
+        for policy, fp8 in (("never", False), ("never", True), ("modules:layernorm", False)):  # what the planner reads
+            fixed, per_sample = layer_saved(a, policy, fp8)
+            assert layer_saved(b, policy, fp8) == pytest.approx((fixed, per_sample / c))
         assert b.output_bytes == (a.output_bytes[0], a.output_bytes[1] / c)
         for x, y in ((a.forward, b.forward), (a.backward, b.backward)):
             np.testing.assert_allclose(y.flops_at(3).sum(), x.flops[:, 0].sum() + x.flops[:, 1].sum() * 3 / c)

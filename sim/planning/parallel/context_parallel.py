@@ -146,6 +146,7 @@ def split_sequence(profile: ModelProfile, degree: int) -> ModelProfile:
             input_backward=None if x.input_backward is None else _split_table(x.input_backward, degree, 2 * kv),
             output_bytes=_split(x.output_bytes, degree), input_bytes=_split(x.input_bytes, degree),
             saved_bytes=_split(x.saved_bytes, degree), input_saved_bytes=_split(x.input_saved_bytes, degree),
+            held=tuple(replace(h, bf16=_split(h.bf16, degree), fp8=_split(h.fp8, degree)) for h in x.held),
             new_output_bytes=None if x.new_output_bytes is None else _split(x.new_output_bytes, degree)))
     return replace(profile, layers=tuple(layers), context_parallel=degree)
 
