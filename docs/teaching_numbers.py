@@ -44,6 +44,7 @@ def memory_rows(simulate: Callable[..., Any]) -> list[tuple[str, str, float, lis
                 schedule: Schedule = kind(MEMORY_M, MEMORY_P * v, policy, devices=MEMORY_P).validate()
             except ValueError:
                 continue
+            v = schedule.stages // MEMORY_P  # DualPipe's slots each hold a whole stage of one of its two copies
             t, split = 1e-3 / v, schedule.splits_weight_gradient
             stage = StageCost(forward=t, backward=t if split else 2 * t, weight=t if split else 0.0,
                               saved_bytes=MEMORY_A // v, checkpoint_bytes=MEMORY_A // 8)
@@ -269,7 +270,8 @@ COMMUNICATION, EXPENSIVE = (0.0, 0.25e-3, 0.5e-3, 1e-3), 0.5e-3
 
 def beyond_cost(schedule: Schedule, communication: float = 0.0) -> CostModel:
     """The page's cost model for ``schedule`` (its stages per device from its shape)."""
-    v, split = schedule.n // schedule.num_devices, schedule.splits_weight_gradient
+    # stages per device of one copy: DualPipe's slots each hold a whole stage of one of its two copies
+    v, split = schedule.stages // schedule.num_devices, schedule.splits_weight_gradient
     t = 1e-3 / v
     stage = StageCost(forward=t, backward=t if split else 2 * t, weight=t if split else 0.0,
                       saved_bytes=BEYOND_A // v, communication=communication)
