@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ BENCHMARKS = ("sim_speed", "executor_speed", "executor_speed_large", "executor_s
               "split_cost", "distributed_speed", "gloo_directions", "rng_cost", "fidelity", "fidelity_quick",
               "fidelity_gaps", "step_spread", "fidelity_processes", "switch_interval",
               "pair_probes", "gpu_check", "fidelity_cuda", "published", "unet_memory", "cpu_check", "plan_speed")
+#: Other pages' fragments of a benchmark's results, by name: each a function of the results folder, called at every
+#: build as the tables above are read (docs/figures/moe.py registers DeepSeek-V3's).
+RESULT_FRAGMENTS: dict[str, Callable[[Path], str]] = {}
 
 
 def benchmark_fragments(results: Path | None = None) -> dict[str, str]:
@@ -26,6 +30,7 @@ def benchmark_fragments(results: Path | None = None) -> dict[str, str]:
             module = f"benchmarks.investigations.{name}" if found else f"benchmarks.{name}"
             out[f"bench_{name}"] = (f"*No results yet.* Run `.venv/bin/python -m {module}` to produce "
                                     f"`benchmarks/results/{name}.json`; the next site build renders it here.")
+    out.update({name: render(folder) for name, render in RESULT_FRAGMENTS.items()})
     return out
 
 

@@ -194,3 +194,55 @@ def test_the_fp8_formulas_are_the_planner_s() -> None:
     assert speedup < _formula("FP8 speedup bound")(f=x["f"])
     psi = 1000
     assert _formula("model state, FP8")(P=psi) == training_policy("fp8-adam").model_state_bytes_per_parameter * psi
+
+
+def test_the_moe_formulas_are_the_planner_s() -> None:
+    """The all-to-all's message against ``all_to_all_bytes`` and the counter's markers (DeepSeek-V3 at EP 64), and
+    the activated parameters against the presets' count."""
+    from dataclasses import replace
+
+    from sim.planning.counting.models import get_model
+    from sim.planning.parallel.experts import all_to_all_bytes
+
+    moe = _load("moe_numbers")
+    cfg = moe.config()
+    message = _formula("expert-parallel all-to-all")(T=cfg.seq_len, k=cfg.experts_per_token, h=cfg.d_model, e=2)
+    assert message == all_to_all_bytes(cfg.seq_len, cfg.experts_per_token, cfg.d_model, 2)
+    assert moe.counted_messages() == (message,) * 4
+    for name in ("deepseek:v3", "mixtral:8x7b"):
+        spec = get_model(name).config
+        assert spec is not None
+        c = replace(spec, mtp_layers=0)
+        activated = _formula("MoE activated parameters")(N=c.parameters, L_moe=c.n_layer - c.dense_layers,
+                                                          E=c.experts, k=c.experts_per_token, h=c.d_model,
+                                                          F_e=c.expert_width)
+        assert activated == c.activated_parameters, name
+
+
+@pytest.mark.parametrize("limit", [1, 4, 8])
+def test_the_two_hops_are_the_planner_s(limit: int) -> None:
+    """DeepSeek-V3's node-limited all-to-all on the HGX H800 (EP 64 over 8 nodes), ``ExpertParallel.seconds``."""
+    from sim.planning.parallel.experts import ExpertParallel, Routing
+
+    moe = _load("moe_numbers")
+    cluster, _ = moe._cluster()
+    nic, link = cluster.nic, cluster.link
+    group = ExpertParallel.on(cluster, 64, 1, Routing(256, 8, limit))
+    nbytes = 2.0**28
+    formula = _formula("the same in DeepSeek-V3's two hops")(
+        M=limit, n=group.nodes, k=8, g=group.inside, bytes=nbytes, W_net=nic.bandwidth, W_nvl=link.bandwidth,
+        α_net=nic.latency, α_nvl=link.latency)
+    assert group.seconds(nbytes, False) == pytest.approx(formula)
+
+
+@pytest.mark.parametrize(("t_f", "t_b", "t_w"), [(1.0, 1.0, 0.5), (1.5, 1.0, 0.5), (2.0, 2.0, 1.0)])
+@pytest.mark.parametrize("p", [4, 8])
+def test_dualpipe_s_bubble_is_table_2_s_with_pairs_in_turn(t_f: float, t_b: float, t_w: float, p: int) -> None:
+    """The costs at which the report's count holds (docs/concepts/beyond-1f1b.md says where it does not)."""
+    from gpipe.schedule import dualpipe
+    from sim.core.config import SimConfig
+
+    tl = simulate(dualpipe(2 * p, 2 * p), CostModel((StageCost(t_f, t_b, weight=t_w),) * (2 * p), copy_seconds=0.0),
+                  SimConfig(overlap_pairs=False))
+    bubble = _formula("DualPipe's bubble")(p=p, t_f=t_f, t_b=t_b, t_w=t_w)
+    assert [tl.makespan - tl.busy(d) for d in range(p)] == pytest.approx([bubble] * p)
