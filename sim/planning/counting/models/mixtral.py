@@ -19,16 +19,16 @@ announcement.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from sim.planning.counting.models.decoder import DecoderConfig
+from sim.planning.counting.models.llama import LlamaConfig
 
 __all__ = ["CONFIGS", "MixtralConfig"]
 
 
 @dataclass(frozen=True)
-class MixtralConfig(DecoderConfig):
-    """A decoder with Mixtral's defaults, Mixtral 8x7B's shape (the fields: :class:`DecoderConfig`).
+class MixtralConfig(LlamaConfig):
+    """A decoder with Mixtral's defaults, Mixtral 8x7B's shape (the fields: :class:`DecoderConfig`): Llama's block
+    (RMSNorm, SwiGLU, grouped-query attention, RoPE, no biases, q, k and v apart, no dropout) and its own sizes.
 
     Attributes:
         seq_len: 32768, 8x7B's context (Jiang et al., 2024, section 2).
@@ -43,12 +43,6 @@ class MixtralConfig(DecoderConfig):
     vocab_size: int = 32000
     ffn: int | None = 14336
     n_kv_head: int | None = 8
-    mlp: Literal["gelu", "swiglu", "relu2"] = "swiglu"
-    norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
-    bias: bool = False
-    position: Literal["learned", "rope"] = "rope"
-    qkv: Literal["fused", "split"] = "split"
-    dropout: float = 0.0
     rope_theta: float = 1e6
     experts: int = 8
     experts_per_token: int = 2

@@ -18,16 +18,16 @@ References: Qwen Team (2025), "Qwen3 Technical Report" (arXiv 2505.09388).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from sim.planning.counting.models.decoder import DecoderConfig
+from sim.planning.counting.models.llama import LlamaConfig
 
 __all__ = ["CONFIGS", "Qwen3Config"]
 
 
 @dataclass(frozen=True)
-class Qwen3Config(DecoderConfig):
-    """A decoder with Qwen3-MoE's defaults, Qwen3-235B-A22B's shape (the fields: :class:`DecoderConfig`).
+class Qwen3Config(LlamaConfig):
+    """A decoder with Qwen3-MoE's defaults, Qwen3-235B-A22B's shape (the fields: :class:`DecoderConfig`): Llama's block
+    (RMSNorm, SwiGLU, grouped-query attention, RoPE, no biases, q, k and v apart, no dropout) and its own sizes.
 
     Attributes:
         seq_len: 4096, the general pre-training stage's length.
@@ -42,12 +42,6 @@ class Qwen3Config(DecoderConfig):
     vocab_size: int = 151936
     ffn: int | None = 1536
     n_kv_head: int | None = 4
-    mlp: Literal["gelu", "swiglu", "relu2"] = "swiglu"
-    norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
-    bias: bool = False
-    position: Literal["learned", "rope"] = "rope"
-    qkv: Literal["fused", "split"] = "split"
-    dropout: float = 0.0
     rope_theta: float = 1e6
     norm_eps: float = 1e-6
     head_width: int | None = 128
